@@ -1,0 +1,50 @@
+// The closed forms of the seed documents, exactly as written, for side-by-side comparison with the
+// simulator. Each function cites its seed; none of them is used to produce trainmem's own estimate.
+// B=micro-batch T=seq C=hidden L=layers NH=heads V=vocab I=ffn
+#pragma once
+
+#include <cstdint>
+
+#include "trainmem/inventory.h"
+#include "trainmem/model.h"
+#include "trainmem/setup.h"
+#include "trainmem/units.h"
+
+namespace trainmem {
+
+// Seed 001, training-memory-kernel-v1. Llama-shaped parameter count:
+//   P_embed = V*H, P_layer = 2H + 2H^2 + 2H*D_kv + 3H*I, P_norm = H, P_total = P_embed + L*P_layer + P_norm
+// with D_kv = num_kv_heads * (H / num_attention_heads). M_weights = P*B_w (B_w 4 for fp32, 2 for fp16/bf16,
+// 4+2 under mixed precision), M_grad = 4P, M_opt = 8P, M_act = L*S*H*K*4 with K = 10 (per single sequence),
+// M_total = M_weights + M_grad + M_opt + M_act + M_cuda with M_cuda = 512 MB.
+struct Seed001Contract {
+  Elems p_embed, p_layer, p_norm, p_total;
+  uint64_t bytes_per_weight = 0;
+  Bytes weights, gradients, optimizer, activations, cuda, total;
+};
+inline constexpr uint64_t kSeed001ActivationTensorsK = 10;  // "Q, K, V, attn_scores, attn_out, gate, up, down, 2x residual"
+// "M_cuda ~ 512 MB (CUDA context, cuBLAS workspace, allocator overhead)": read as 512 MiB, the unit the seed's
+// other figures use.
+inline constexpr uint64_t kSeed001CudaBytes = 512ull * 1024 * 1024;
+Seed001Contract seed001_contract(const ModelSpec& m, const TrainSetup& s);
+
+// Seed 002 (Korthikanti et al. 2022, as retold): activations per layer sbh(34 + 5as/h) = 34sbh + 5as^2b bytes
+// (fp16 activations, 1-byte dropout masks), parameters P = 12Lh^2 + vh + sh (no biases or norms),
+// weights 2P (fp16), gradients 2P (fp16), optimizer 12P (fp32 copy, momentum, variance: ZeRO's count).
+struct Seed002Korthikanti {
+  Bytes activations_per_layer, activations;
+  Elems params;
+  Bytes weights, gradients, optimizer, total;
+};
+Seed002Korthikanti seed002_korthikanti(const ModelSpec& m, const TrainSetup& s);
+
+// Seed 000 (nanoGPT under autocast): with Ne = B*T*C, Na = B*NH*T^2, Nl = B*T*V, N parameters, Nbuf buffer
+// elements: M_act = L(36Ne + 6Na) + 6Ne + 6Nl, M_steady = 16N + 4Nbuf,
+// M_peak = M_steady + M_act + 4Nl = L(36Ne + 6Na) + 6Ne + 10Nl + 16N + 4Nbuf.
+struct Seed000Peak {
+  Elems ne, na, nl, n, nbuf;
+  Bytes activations, steady_state, peak;
+};
+Seed000Peak seed000_peak(const ModelSpec& m, const Inventory& inv, const TrainSetup& s);
+
+}  // namespace trainmem

@@ -1,0 +1,28 @@
+// The GPU catalog (data/gpus/gpus.json, compiled in): memory sizes and compute capability per card, each
+// with the public reading it comes from.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "trainmem/units.h"
+
+namespace trainmem {
+
+struct GpuSpec {
+  std::string name;        // catalog key, e.g. "a100-80gb"
+  std::string torch_name;  // torch.cuda.get_device_name(), e.g. "NVIDIA A100-SXM4-80GB"
+  uint32_t sm = 0;         // compute capability x 10 (80 = sm_80)
+  uint64_t datasheet_gb = 0;
+  Bytes runtime_total;     // CUDA runtime total (cudaMemGetInfo total): what the process can use at most
+  Bytes smi_total;         // nvidia-smi Total
+  std::string source;
+};
+
+const std::vector<GpuSpec>& gpu_catalog();
+// Throws trainmem::Error listing the known names when `name` is not in the catalog.
+const GpuSpec& find_gpu(std::string_view name);
+
+}  // namespace trainmem

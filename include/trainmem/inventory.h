@@ -1,0 +1,47 @@
+// The tensor inventory of a model: one row per parameter and per buffer, in the order named_parameters()
+// and named_buffers() list them, with transformers' (or nanoGPT's) names. Totals are sums of rows.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "trainmem/dtype.h"
+#include "trainmem/model.h"
+#include "trainmem/units.h"
+
+namespace trainmem {
+
+enum class RowKind { kParameter, kBuffer };
+
+struct TensorRow {
+  std::string name;                 // e.g. "transformer.h.0.attn.c_attn.weight"
+  std::vector<uint64_t> shape;      // e.g. {768, 2304}
+  Elems elems;                      // product of shape
+  DType dtype = DType::kF32;        // dtype at construction (parameters: float32)
+  RowKind kind = RowKind::kParameter;
+  bool persistent = true;           // buffers: registered with persistent=True (saved in state_dict)
+};
+
+struct Inventory {
+  std::vector<TensorRow> parameters;
+  std::vector<TensorRow> buffers;
+};
+
+// Every parameter and buffer of the model that `spec` describes.
+Inventory build_inventory(const ModelSpec& spec);
+
+Elems parameter_count(const Inventory& inv);
+Elems buffer_elems(const Inventory& inv);
+// Bytes of all parameters stored as `dtype`.
+Bytes parameter_bytes(const Inventory& inv, DType dtype);
+// The dtype of a row after model.to(model_dtype): parameters and floating-point buffers take model_dtype,
+// other buffers (bool masks, int64 ids) keep theirs. A float32 model leaves every row as constructed.
+DType stored_dtype(const TensorRow& r, DType model_dtype);
+// Bytes of all buffers after model.to(model_dtype).
+Bytes buffer_bytes(const Inventory& inv, DType model_dtype);
+
+// The shape as "(768, 2304)".
+std::string shape_string(const std::vector<uint64_t>& shape);
+
+}  // namespace trainmem

@@ -1,0 +1,134 @@
+// ModelSpec: the nn.Module that training builds, fully resolved from a config (hf_config.h): every field
+// that changes a parameter, a buffer or the forward computation. Families share one struct; the per-family
+// tables (src/models/*.cc) read only the fields that apply to them.
+// B=micro-batch T=seq C=hidden L=layers NH=heads KV=kv-heads D=head-dim F=ffn V=vocab E=experts
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace trainmem {
+
+// Which code builds and runs the model.
+enum class Impl {
+  kHf,       // Hugging Face transformers' modeling_<model_type>.py
+  kNanoGpt,  // karpathy/nanoGPT model.py
+  kStack,    // a plain stack of layers (model_type "mlp"), for allocator experiments (seed 003)
+};
+
+// The architecture family: which table of tensors and which forward pass.
+enum class Family {
+  kGpt2,     // GPT-2 (HF Conv1D layout) and nanoGPT (nn.Linear layout)
+  kLlama,    // llama, mistral, qwen2, qwen3, gemma, gemma2, phi3, mixtral
+  kGptNeox,  // gpt_neox (Pythia)
+  kOpt,      // opt
+  kStack,    // mlp layer stack
+};
+
+// attn_implementation: "eager" (explicit softmax(QK^T)V) or "sdpa" (F.scaled_dot_product_attention).
+enum class AttnImpl { kEager, kSdpa };
+
+enum class NormKind { kLayerNorm, kRmsNorm };
+
+// Activation functions by how they are computed, because that decides what autograd saves: a fused
+// F.gelu saves its input once, transformers' NewGELUActivation is a chain of elementwise ops that each save.
+enum class Act {
+  kGeluNew,   // "gelu_new": 0.5*x*(1+tanh(sqrt(2/pi)*(x+0.044715*pow(x,3)))) as separate torch ops
+  kGeluFast,  // "gelu_fast": 0.5*x*(1+tanh(x*0.7978845608*(1+0.044715*x*x))) as separate torch ops
+  kGeluTanh,  // "gelu_pytorch_tanh": F.gelu(x, approximate="tanh"), one fused op
+  kGeluErf,   // "gelu": F.gelu(x) / nn.GELU(), exact erf form, one fused op
+  kQuickGelu, // "quick_gelu": x * sigmoid(1.702 * x)
+  kSilu,      // "silu" / "swish": F.silu
+  kRelu,      // "relu"
+  kSigmoid,
+};
+
+struct EmbeddingSpec {
+  uint64_t vocab_size = 0;          // V: rows of the token embedding and of lm_head
+  uint64_t position_rows = 0;       // rows of a learned position table; 0 when positions are rotary
+  bool tied = false;                // lm_head.weight is the token embedding (named_parameters lists it once)
+  uint64_t proj_dim = 0;            // OPT word_embed_proj_dim when it differs from C (project_in/project_out)
+  bool scaled_by_sqrt_hidden = false;  // Gemma multiplies the embeddings by sqrt(C)
+};
+
+struct AttentionSpec {
+  uint64_t heads = 0;       // NH
+  uint64_t kv_heads = 0;    // KV (== NH without grouped-query attention)
+  uint64_t head_dim = 0;    // D (usually C / NH, explicit for Gemma and Qwen3)
+  bool fused_qkv = false;   // one (NH+2KV)*D projection (GPT-2 c_attn, NeoX query_key_value, Phi-3 qkv_proj)
+  bool qkv_bias = false;
+  bool out_bias = false;
+  bool qk_norm = false;     // Qwen3: RMSNorm(D) on q and k
+  uint64_t rotary_dim = 0;  // rotated dims per head (partial rotary for NeoX/Phi); 0 when not rotary
+  double softcap = 0.0;     // Gemma2 attn_logit_softcapping; 0 = off
+};
+
+struct MlpSpec {
+  uint64_t ffn = 0;            // F: intermediate size
+  bool gated = false;          // down(act(gate(x)) * up(x)) instead of fc2(act(fc1(x)))
+  bool fused_gate_up = false;  // Phi-3 gate_up_proj
+  bool bias = false;
+  Act act = Act::kGeluTanh;
+};
+
+struct MoeSpec {
+  uint64_t experts = 0;  // E; 0 = a dense MLP
+  uint64_t top_k = 0;    // experts per token
+};
+
+struct NormSpec {
+  NormKind kind = NormKind::kLayerNorm;
+  bool bias = true;     // LayerNorm bias (nanoGPT bias=False drops it; RMSNorm has none)
+  bool affine = true;   // OPT layer_norm_elementwise_affine
+};
+
+// Dropout probabilities in training mode (0 = the op is skipped: F.dropout with p=0 returns its input).
+struct DropoutSpec {
+  double embd = 0.0;    // after the embeddings (GPT-2 embd_pdrop, nanoGPT dropout)
+  double attn = 0.0;    // on the attention probabilities (attn_pdrop, attention_dropout)
+  double resid = 0.0;   // after the attention and MLP output projections (resid_pdrop, hidden_dropout)
+  double act = 0.0;     // after the MLP activation (OPT activation_dropout)
+};
+
+// One layer of the "mlp" layer stack (seed 003's nn.Sequential experiments).
+enum class StackOp { kLinear, kRelu, kGelu, kSigmoid, kLayerNorm };
+struct StackLayer {
+  StackOp op = StackOp::kLinear;
+  uint64_t out_features = 0;  // kLinear only
+  bool bias = true;           // kLinear and kLayerNorm
+};
+
+struct ModelSpec {
+  std::string name;        // preset name or file path
+  std::string model_type;  // as in config.json
+  std::string source;      // where the config comes from
+  Impl impl = Impl::kHf;
+  Family family = Family::kGpt2;
+  AttnImpl attn_impl = AttnImpl::kSdpa;
+
+  uint64_t hidden = 0;          // C
+  uint64_t layers = 0;          // L
+  uint64_t max_positions = 0;   // longest sequence the model accepts (learned tables); 0 = unbounded
+  EmbeddingSpec embed;
+  AttentionSpec attn;
+  MlpSpec mlp;
+  MoeSpec moe;
+  NormSpec norm;
+  uint64_t norms_per_layer = 2;  // Gemma2 has 4
+  bool final_norm = true;        // OPT-350m (do_layer_norm_before=False) has none
+  bool pre_norm = true;          // OPT do_layer_norm_before
+  bool parallel_residual = false;  // NeoX use_parallel_residual
+  DropoutSpec dropout;           // probabilities used in model.train()
+
+  // model_type "mlp" only
+  uint64_t stack_input = 0;
+  std::vector<StackLayer> stack;
+};
+
+std::string_view family_name(Family f);
+std::string_view impl_name(Impl i);
+std::string_view attn_impl_name(AttnImpl a);
+std::string_view act_name(Act a);
+
+}  // namespace trainmem

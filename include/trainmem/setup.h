@@ -1,0 +1,66 @@
+// TrainSetup: how the model is trained (precision, optimizer, batch, sequence, device), independent of the
+// model's shape. Parsing of the CLI spellings lives here so that every front end accepts the same words.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "trainmem/dtype.h"
+#include "trainmem/model.h"
+
+namespace trainmem {
+
+enum class Precision {
+  kFp32,     // everything float32
+  kFp16Amp,  // torch.autocast(dtype=float16) over float32 weights (with a GradScaler)
+  kBf16Amp,  // torch.autocast(dtype=bfloat16) over float32 weights
+  kFp16,     // model.to(float16): weights, gradients, optimizer state and buffers in float16
+  kBf16,     // model.to(bfloat16)
+};
+
+enum class Optimizer { kAdamW, kAdam, kSgd, kSgdMomentum, kNone };
+
+// Which torch.optim code path runs the update (it decides temporaries and where `step` lives).
+enum class OptimizerImpl {
+  kAuto,     // nanoGPT: fused (configure_optimizers passes fused=True on CUDA); otherwise foreach, the
+             // torch.optim default on CUDA
+  kForeach,  // _multi_tensor_* (torch._foreach_ ops)
+  kFused,    // _fused_adamw_ kernels; `step` is a device tensor
+  kForLoop,  // _single_tensor_*
+};
+
+struct TrainSetup {
+  uint64_t batch = 8;      // B: micro-batch size
+  uint64_t seq = 1024;     // T: tokens per sequence
+  Precision precision = Precision::kBf16Amp;
+  Optimizer optimizer = Optimizer::kAdamW;
+  OptimizerImpl optimizer_impl = OptimizerImpl::kAuto;
+  uint64_t grad_accum = 1;  // micro-batches per optimizer step
+  std::string gpu;          // catalog name, empty when not given
+};
+
+// The dtype parameters are stored in (and gradients and optimizer state follow).
+DType param_dtype(Precision p);
+// The dtype matmuls run in: the autocast dtype, or the storage dtype without autocast.
+DType compute_dtype(Precision p);
+bool uses_autocast(Precision p);
+// Optimizer state tensors per parameter (exp_avg and exp_avg_sq for Adam(W), momentum_buffer for SGD with
+// momentum), each shaped and typed like the parameter (torch.zeros_like(p, memory_format=preserve_format)).
+uint64_t optimizer_states_per_param(Optimizer o);
+// The implementation that actually runs for `o` and `impl` with a model built by `model_impl`.
+OptimizerImpl resolve_optimizer_impl(Optimizer o, OptimizerImpl impl, Impl model_impl);
+
+std::string_view precision_name(Precision p);
+std::string_view optimizer_name(Optimizer o);
+std::string_view optimizer_impl_name(OptimizerImpl i);
+std::optional<Precision> parse_precision(std::string_view s);
+std::optional<Optimizer> parse_optimizer(std::string_view s);
+std::optional<OptimizerImpl> parse_optimizer_impl(std::string_view s);
+
+// Throws trainmem::Error when the setup cannot run on the model (zero sizes, a sequence longer than a
+// learned position table, ...).
+void validate_setup(const ModelSpec& m, const TrainSetup& s);
+
+}  // namespace trainmem

@@ -1,0 +1,52 @@
+// Reads the compiled-in GPU catalog once.
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include "key_reader.h"
+#include "trainmem/error.h"
+#include "trainmem/gpu.h"
+
+namespace trainmem {
+
+namespace detail {
+std::string_view gpu_catalog_json();  // generated from data/gpus/gpus.json
+}
+
+namespace {
+
+std::vector<GpuSpec> parse_catalog() {
+  const nlohmann::json doc = nlohmann::json::parse(detail::gpu_catalog_json());
+  std::vector<GpuSpec> out;
+  for (const nlohmann::json& g : doc.at("gpus")) {
+    config::KeyReader r(g, "data/gpus/gpus.json");
+    GpuSpec s;
+    s.name = r.text({"name"}, std::nullopt);
+    s.torch_name = r.text({"torch_name"}, std::nullopt);
+    s.sm = static_cast<uint32_t>(r.integer({"sm"}, std::nullopt, 10, 200));
+    s.datasheet_gb = r.integer({"datasheet_gb"}, std::nullopt, 1, 100000);
+    s.runtime_total = Bytes(checked_mul(r.integer({"runtime_total_mib"}, std::nullopt, 1, 1u << 30), kMiB, "GPU"));
+    s.smi_total = Bytes(checked_mul(r.integer({"smi_total_mib"}, std::nullopt, 1, 1u << 30), kMiB, "GPU"));
+    s.source = r.text({"source"}, std::nullopt);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+}  // namespace
+
+const std::vector<GpuSpec>& gpu_catalog() {
+  static const std::vector<GpuSpec> catalog = parse_catalog();
+  return catalog;
+}
+
+const GpuSpec& find_gpu(std::string_view name) {
+  for (const GpuSpec& g : gpu_catalog()) {
+    if (g.name == name) return g;
+  }
+  std::string names;
+  for (const GpuSpec& g : gpu_catalog()) names += (names.empty() ? "" : ", ") + g.name;
+  throw Error(fmt::format("--gpu \"{}\": unknown GPU; expected one of {}", name, names));
+}
+
+}  // namespace trainmem

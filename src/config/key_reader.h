@@ -1,0 +1,51 @@
+// KeyReader: reads typed values out of one config.json object. Every error names the file (origin), the
+// key, the value found and what was expected. A key given as null counts as absent (transformers does the
+// same: `head_dim: null` means "derive it").
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace trainmem::config {
+
+class KeyReader {
+ public:
+  KeyReader(const nlohmann::json& obj, std::string origin) : obj_(obj), origin_(std::move(origin)) {}
+
+  // The first of `keys` present (aliases, e.g. {"n_embd", "hidden_size"}), or nullptr.
+  const nlohmann::json* find(std::initializer_list<std::string_view> keys, std::string* found = nullptr) const;
+  bool has(std::initializer_list<std::string_view> keys) const { return find(keys) != nullptr; }
+
+  // An integer in [lo, hi]. Absent: `def`, or an error when `def` is empty (the key is required).
+  uint64_t integer(std::initializer_list<std::string_view> keys, std::optional<uint64_t> def, uint64_t lo,
+                   uint64_t hi) const;
+  std::optional<uint64_t> optional_integer(std::initializer_list<std::string_view> keys, uint64_t lo,
+                                           uint64_t hi) const;
+  bool boolean(std::initializer_list<std::string_view> keys, std::optional<bool> def) const;
+  double number(std::initializer_list<std::string_view> keys, std::optional<double> def, double lo,
+                double hi) const;
+  std::string text(std::initializer_list<std::string_view> keys, std::optional<std::string> def) const;
+
+  // Throws trainmem::Error: "<origin>: key "<key>" = <value>: <expected>".
+  [[noreturn]] void fail(std::string_view key, const nlohmann::json& value, std::string_view expected) const;
+  [[noreturn]] void fail_missing(std::initializer_list<std::string_view> keys, std::string_view expected) const;
+  const std::string& origin() const { return origin_; }
+
+ private:
+  const nlohmann::json& obj_;
+  std::string origin_;
+};
+
+// Ranges accepted for sizes. They are far above any real model and keep every derived byte count and table
+// within reach (a model with 10^9 layers is a typo, not a model).
+inline constexpr uint64_t kMaxLayers = 100'000;
+inline constexpr uint64_t kMaxWidth = 1ull << 24;      // hidden, ffn, head_dim, proj dims: 16,777,216
+inline constexpr uint64_t kMaxHeads = 1ull << 16;      // attention / kv heads: 65,536
+inline constexpr uint64_t kMaxVocab = 1ull << 32;      // 4,294,967,296 tokens
+inline constexpr uint64_t kMaxPositions = 1ull << 32;  // learned position rows
+inline constexpr uint64_t kMaxExperts = 1ull << 16;
+
+}  // namespace trainmem::config

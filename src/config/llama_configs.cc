@@ -1,0 +1,111 @@
+// Config readers for the Llama family. One table holds each model type's transformers defaults and the
+// architecture facts its modeling file hard-wires; read_llama_family reads the keys.
+#include <fmt/format.h>
+
+#include "families.h"
+#include "trainmem/error.h"
+
+namespace trainmem::config {
+
+namespace {
+
+struct LlamaFamilyDefaults {
+  std::string_view model_type;
+  uint64_t vocab, hidden, ffn, layers, heads;
+  uint64_t kv_heads;   // 0: num_key_value_heads=None -> num_attention_heads
+  uint64_t head_dim;   // 0: head_dim=None -> hidden_size // num_attention_heads
+  uint64_t max_pos;
+  bool tied;
+  std::string_view act;
+  // Architecture facts of the modeling file (not config keys):
+  bool qkv_bias_fixed;      // qwen2: q/k/v always biased, o_proj never
+  bool reads_attention_bias;  // attention_bias key exists (q, k, v and o biases)
+  bool reads_mlp_bias;      // mlp_bias key exists
+  bool qk_norm;             // qwen3
+  bool fused;               // phi3: qkv_proj and gate_up_proj
+  uint64_t norms_per_layer; // gemma2: 4
+  bool moe;                 // mixtral
+  bool scaled_embeddings;   // gemma, gemma2: embeddings * sqrt(hidden)
+};
+
+// Defaults from each configuration_<model_type>.py in transformers (the __init__ signature).
+constexpr LlamaFamilyDefaults kFamily[] = {
+    // type      vocab   hidden ffn    L   NH  KV  D    max_pos  tied  act
+    {"llama",    32000,  4096, 11008, 32, 32, 0,  0,   2048,    false, "silu",
+     false, true, true, false, false, 2, false, false},
+    {"mistral",  32000,  4096, 14336, 32, 32, 8,  0,   131072,  false, "silu",
+     false, false, false, false, false, 2, false, false},
+    {"qwen2",    151936, 4096, 22016, 32, 32, 32, 0,   32768,   false, "silu",
+     true, false, false, false, false, 2, false, false},
+    {"qwen3",    151936, 4096, 22016, 32, 32, 32, 128, 32768,   false, "silu",
+     false, true, false, true, false, 2, false, false},
+    {"gemma",    256000, 3072, 24576, 28, 16, 16, 256, 8192,    true,  "gelu_pytorch_tanh",
+     false, true, false, false, false, 2, false, true},
+    {"gemma2",   256000, 2304, 9216,  26, 8,  4,  256, 8192,    true,  "gelu_pytorch_tanh",
+     false, true, false, false, false, 4, false, true},
+    {"phi3",     32064,  3072, 8192,  32, 32, 0,  0,   4096,    false, "silu",
+     false, false, false, false, true, 2, false, false},
+    {"mixtral",  32000,  4096, 14336, 32, 32, 8,  0,   131072,  false, "silu",
+     false, false, false, false, false, 2, true, false},
+};
+
+const LlamaFamilyDefaults* find_family(const std::string& t) {
+  for (const auto& d : kFamily) {
+    if (d.model_type == t) return &d;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+bool read_llama_family(const KeyReader& r, const std::string& model_type, ModelSpec& m) {
+  const LlamaFamilyDefaults* d = find_family(model_type);
+  if (!d) return false;
+  m.family = Family::kLlama;
+  m.embed.vocab_size = r.integer({"vocab_size"}, d->vocab, 1, kMaxVocab);
+  m.hidden = r.integer({"hidden_size"}, d->hidden, 1, kMaxWidth);
+  m.mlp.ffn = r.integer({"intermediate_size"}, d->ffn, 1, kMaxWidth);
+  m.layers = r.integer({"num_hidden_layers"}, d->layers, 1, kMaxLayers);
+  m.attn.kv_heads = r.optional_integer({"num_key_value_heads"}, 1, kMaxHeads).value_or(d->kv_heads);
+  m.attn.head_dim = r.optional_integer({"head_dim"}, 1, kMaxWidth).value_or(d->head_dim);
+  read_heads(r, {"num_attention_heads"}, d->heads, {"hidden_size"}, m.hidden, m.attn);
+  m.max_positions = 0;  // rotary positions: max_position_embeddings does not bound training sequences
+  m.attn.rotary_dim = m.attn.head_dim;
+  if (model_type == "phi3") {
+    // Phi3RotaryEmbedding rotates int(head_dim * partial_rotary_factor) dims.
+    const double f = r.number({"partial_rotary_factor"}, 1.0, 0.0, 1.0);
+    m.attn.rotary_dim = static_cast<uint64_t>(static_cast<double>(m.attn.head_dim) * f);
+  }
+  m.embed.tied = r.boolean({"tie_word_embeddings"}, d->tied);
+  m.embed.scaled_by_sqrt_hidden = d->scaled_embeddings;
+  // Gemma2MLP uses ACT2FN[config.hidden_activation]; every other MLP (GemmaMLP inherits LlamaMLP) uses
+  // ACT2FN[config.hidden_act].
+  m.mlp.act = model_type == "gemma2" ? read_activation(r, {"hidden_activation"}, d->act)
+                                     : read_activation(r, {"hidden_act"}, d->act);
+  m.mlp.gated = true;
+  m.mlp.fused_gate_up = d->fused;
+  m.attn.fused_qkv = d->fused;
+  m.attn.qk_norm = d->qk_norm;
+  if (d->qkv_bias_fixed) m.attn.qkv_bias = true;
+  if (d->reads_attention_bias) m.attn.qkv_bias = m.attn.out_bias = r.boolean({"attention_bias"}, false);
+  if (d->reads_mlp_bias) m.mlp.bias = r.boolean({"mlp_bias"}, false);
+  m.norm = {NormKind::kRmsNorm, false, true};
+  m.norms_per_layer = d->norms_per_layer;
+  if (model_type == "gemma2") m.attn.softcap = r.number({"attn_logit_softcapping"}, 50.0, 0.0, 1e9);
+  if (d->moe) {
+    m.moe.experts = r.integer({"num_local_experts"}, 8, 1, kMaxExperts);
+    m.moe.top_k = r.integer({"num_experts_per_tok"}, 2, 1, kMaxExperts);
+    if (m.moe.top_k > m.moe.experts) {
+      r.fail("num_experts_per_tok", m.moe.top_k,
+             fmt::format("at most \"num_local_experts\" = {}", m.moe.experts));
+    }
+  }
+  m.dropout.attn = read_probability(r, {"attention_dropout"}, 0.0);
+  if (model_type == "phi3") {
+    m.dropout.embd = read_probability(r, {"embd_pdrop"}, 0.0);
+    m.dropout.resid = read_probability(r, {"resid_pdrop"}, 0.0);
+  }
+  return true;
+}
+
+}  // namespace trainmem::config

@@ -1,0 +1,93 @@
+#include "trainmem/inventory.h"
+
+#include "../models/table.h"
+#include "trainmem/error.h"
+
+namespace trainmem {
+
+namespace models {
+
+static Elems shape_elems(const std::vector<uint64_t>& shape) {
+  uint64_t n = 1;
+  for (uint64_t d : shape) n = checked_mul(n, d, "element count of a tensor shape");
+  return Elems(n);
+}
+
+void Table::param(std::string name, std::vector<uint64_t> shape) {
+  TensorRow r;
+  r.elems = shape_elems(shape);
+  r.name = std::move(name);
+  r.shape = std::move(shape);
+  r.dtype = DType::kF32;  // nn.Module parameters are created in the default dtype, float32
+  r.kind = RowKind::kParameter;
+  inv_.parameters.push_back(std::move(r));
+}
+
+void Table::buffer(std::string name, std::vector<uint64_t> shape, DType dtype, bool persistent) {
+  TensorRow r;
+  r.elems = shape_elems(shape);
+  r.name = std::move(name);
+  r.shape = std::move(shape);
+  r.dtype = dtype;
+  r.kind = RowKind::kBuffer;
+  r.persistent = persistent;
+  inv_.buffers.push_back(std::move(r));
+}
+
+}  // namespace models
+
+Inventory build_inventory(const ModelSpec& spec) {
+  models::Table t;
+  switch (spec.family) {
+    case Family::kGpt2:
+      if (spec.impl == Impl::kNanoGpt) {
+        models::nanogpt_tensors(spec, t);
+      } else {
+        models::gpt2_tensors(spec, t);
+      }
+      break;
+    case Family::kLlama: models::llama_tensors(spec, t); break;
+    case Family::kGptNeox: models::gpt_neox_tensors(spec, t); break;
+    case Family::kOpt: models::opt_tensors(spec, t); break;
+    case Family::kStack: models::stack_tensors(spec, t); break;
+  }
+  return t.take();
+}
+
+Elems parameter_count(const Inventory& inv) {
+  Elems n;
+  for (const auto& r : inv.parameters) n += r.elems;
+  return n;
+}
+
+Elems buffer_elems(const Inventory& inv) {
+  Elems n;
+  for (const auto& r : inv.buffers) n += r.elems;
+  return n;
+}
+
+Bytes parameter_bytes(const Inventory& inv, DType dtype) { return bytes_of(parameter_count(inv), dtype); }
+
+DType stored_dtype(const TensorRow& r, DType model_dtype) {
+  if (r.kind == RowKind::kParameter) return model_dtype;
+  // nn.Module.to(dtype) casts floating-point tensors only.
+  return is_floating(r.dtype) ? model_dtype : r.dtype;
+}
+
+Bytes buffer_bytes(const Inventory& inv, DType model_dtype) {
+  Bytes b;
+  for (const auto& r : inv.buffers) b += bytes_of(r.elems, stored_dtype(r, model_dtype));
+  return b;
+}
+
+std::string shape_string(const std::vector<uint64_t>& shape) {
+  std::string s = "(";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  if (shape.size() == 1) s += ",";
+  return s + ")";
+}
+
+}  // namespace trainmem

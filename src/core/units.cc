@@ -1,0 +1,64 @@
+#include "trainmem/units.h"
+
+#include <fmt/format.h>
+
+#include "trainmem/error.h"
+
+namespace trainmem {
+
+uint64_t checked_add(uint64_t a, uint64_t b, std::string_view what) {
+  uint64_t r = 0;
+  if (__builtin_add_overflow(a, b, &r)) {
+    throw Error(fmt::format("{} overflows 64 bits ({} + {})", what, a, b));
+  }
+  return r;
+}
+
+uint64_t checked_sub(uint64_t a, uint64_t b, std::string_view what) {
+  if (b > a) throw Error(fmt::format("{} would go negative ({} - {})", what, a, b));
+  return a - b;
+}
+
+uint64_t checked_mul(uint64_t a, uint64_t b, std::string_view what) {
+  uint64_t r = 0;
+  if (__builtin_mul_overflow(a, b, &r)) {
+    throw Error(fmt::format("{} overflows 64 bits ({} x {})", what, a, b));
+  }
+  return r;
+}
+
+uint64_t ceil_div(uint64_t a, uint64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
+
+uint64_t round_up(uint64_t a, uint64_t multiple) {
+  return checked_mul(ceil_div(a, multiple), multiple, "rounded size");
+}
+
+Elems numel(std::initializer_list<uint64_t> shape) {
+  uint64_t n = 1;
+  for (uint64_t d : shape) n = checked_mul(n, d, "element count of a tensor shape");
+  return Elems(n);
+}
+
+double to_mib(Bytes b) { return static_cast<double>(b.value) / static_cast<double>(kMiB); }
+double to_gib(Bytes b) { return static_cast<double>(b.value) / static_cast<double>(kGiB); }
+
+std::string format_bytes(Bytes b) {
+  const double v = static_cast<double>(b.value);
+  if (b.value >= kGiB) return fmt::format("{:.2f} GiB", v / static_cast<double>(kGiB));
+  if (b.value >= kMiB) return fmt::format("{:.1f} MiB", v / static_cast<double>(kMiB));
+  if (b.value >= kKiB) return fmt::format("{:.1f} KiB", v / static_cast<double>(kKiB));
+  return fmt::format("{} B", b.value);
+}
+
+std::string with_commas(uint64_t v) {
+  std::string digits = std::to_string(v);
+  std::string out;
+  const size_t n = digits.size();
+  for (size_t i = 0; i < n; ++i) {
+    out += digits[i];
+    if ((n - i - 1) % 3 == 0 && i + 1 < n) out += ',';
+  }
+  return out;
+}
+
+}  // namespace trainmem

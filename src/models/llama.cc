@@ -1,0 +1,105 @@
+// The Llama family as transformers builds it: LlamaForCausalLM and the models that share its layout
+// (mistral, qwen2, qwen3, gemma, gemma2, phi3, mixtral). Differences are spec fields, each read in one place:
+//   qwen2: q/k/v biases            qwen3: q_norm/k_norm (D)      gemma2: 4 RMSNorms per layer
+//   phi3: fused qkv_proj and gate_up_proj                        mixtral: router + E experts per layer
+// B=micro-batch T=seq C=hidden L=layers NH=heads KV=kv-heads D=head-dim F=ffn V=vocab E=experts
+#include <fmt/format.h>
+
+#include "table.h"
+
+namespace trainmem::models {
+
+namespace {
+
+void attention_rows(const ModelSpec& m, const std::string& p, Table& t) {
+  const uint64_t C = m.hidden, D = m.attn.head_dim, Q = m.attn.heads * D, KV = m.attn.kv_heads * D;
+  const std::string a = p + "self_attn.";
+  if (m.attn.fused_qkv) {
+    // Phi3Attention registers o_proj before qkv_proj.
+    t.param(a + "o_proj.weight", {C, Q});
+    t.param(a + "qkv_proj.weight", {Q + 2 * KV, C});
+    return;
+  }
+  t.param(a + "q_proj.weight", {Q, C});
+  if (m.attn.qkv_bias) t.param(a + "q_proj.bias", {Q});
+  t.param(a + "k_proj.weight", {KV, C});
+  if (m.attn.qkv_bias) t.param(a + "k_proj.bias", {KV});
+  t.param(a + "v_proj.weight", {KV, C});
+  if (m.attn.qkv_bias) t.param(a + "v_proj.bias", {KV});
+  t.param(a + "o_proj.weight", {C, Q});
+  if (m.attn.out_bias) t.param(a + "o_proj.bias", {C});
+  if (m.attn.qk_norm) {
+    t.param(a + "q_norm.weight", {D});
+    t.param(a + "k_norm.weight", {D});
+  }
+}
+
+void mlp_rows(const ModelSpec& m, const std::string& p, Table& t) {
+  const uint64_t C = m.hidden, F = m.mlp.ffn;
+  if (m.moe.experts > 0) {
+    // MixtralSparseMoeBlock: a router gate (E, C) and E experts, stored as two fused 3-D tensors
+    // (transformers 5.x MixtralExperts: gate_up_proj (E, 2F, C), down_proj (E, C, F)).
+    const uint64_t E = m.moe.experts;
+    t.param(p + "mlp.gate.weight", {E, C});
+    t.param(p + "mlp.experts.gate_up_proj", {E, 2 * F, C});
+    t.param(p + "mlp.experts.down_proj", {E, C, F});
+    return;
+  }
+  if (m.mlp.fused_gate_up) {
+    t.param(p + "mlp.gate_up_proj.weight", {2 * F, C});
+    t.param(p + "mlp.down_proj.weight", {C, F});
+    return;
+  }
+  t.param(p + "mlp.gate_proj.weight", {F, C});
+  if (m.mlp.bias) t.param(p + "mlp.gate_proj.bias", {F});
+  t.param(p + "mlp.up_proj.weight", {F, C});
+  if (m.mlp.bias) t.param(p + "mlp.up_proj.bias", {F});
+  t.param(p + "mlp.down_proj.weight", {C, F});
+  if (m.mlp.bias) t.param(p + "mlp.down_proj.bias", {C});
+}
+
+void norm_rows(const ModelSpec& m, const std::string& p, Table& t) {
+  const uint64_t C = m.hidden;
+  t.param(p + "input_layernorm.weight", {C});
+  t.param(p + "post_attention_layernorm.weight", {C});
+  if (m.norms_per_layer == 4) {  // Gemma2 sandwich norms
+    t.param(p + "pre_feedforward_layernorm.weight", {C});
+    t.param(p + "post_feedforward_layernorm.weight", {C});
+  }
+}
+
+}  // namespace
+
+void rotary_buffers(const std::string& prefix, uint64_t rotary_dim, Table& t) {
+  // inv_freq = 1 / base ** (arange(0, dim, 2) / dim): one entry per pair of rotated dims.
+  const uint64_t n = rotary_dim / 2 + rotary_dim % 2;
+  t.buffer(prefix + "inv_freq", {n}, DType::kF32, false);
+  t.buffer(prefix + "original_inv_freq", {n}, DType::kF32, false);
+}
+
+void llama_buffers(const ModelSpec& m, Table& t) {
+  if (m.embed.scaled_by_sqrt_hidden) {
+    // Gemma's GemmaTextScaledWordEmbedding: register_buffer("embed_scale", torch.tensor(hidden**0.5),
+    // persistent=False), a 0-dim float32 tensor.
+    t.buffer("model.embed_tokens.embed_scale", {}, DType::kF32, false);
+  }
+  // One rotary embedding for the whole model (model.rotary_emb since transformers 4.45).
+  rotary_buffers("model.rotary_emb.", m.attn.rotary_dim, t);
+}
+
+void llama_tensors(const ModelSpec& m, Table& t) {
+  const uint64_t C = m.hidden, V = m.embed.vocab_size;
+  t.param("model.embed_tokens.weight", {V, C});
+  for (uint64_t l = 0; l < m.layers; ++l) {
+    const std::string p = fmt::format("model.layers.{}.", l);
+    // DecoderLayer registers self_attn, mlp, then its norms.
+    attention_rows(m, p, t);
+    mlp_rows(m, p, t);
+    norm_rows(m, p, t);
+  }
+  t.param("model.norm.weight", {C});
+  if (!m.embed.tied) t.param("lm_head.weight", {V, C});
+  llama_buffers(m, t);
+}
+
+}  // namespace trainmem::models

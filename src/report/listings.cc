@@ -1,0 +1,106 @@
+// Reports of what the model is: preset listing, GPU catalog, parameter inventory.
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include "text_table.h"
+#include "trainmem/report.h"
+
+namespace trainmem {
+
+std::string render_models_table(const std::vector<ModelListing>& models) {
+  report::TextTable t({{"preset", report::TextTable::kLeft},
+                       {"model_type", report::TextTable::kLeft},
+                       {"parameters", report::TextTable::kRight},
+                       {"", report::TextTable::kRight}});
+  for (const auto& m : models) {
+    t.row({m.name, m.model_type, with_commas(m.parameters.value),
+           fmt::format("{:.2f} B", static_cast<double>(m.parameters.value) / 1e9)});
+  }
+  return t.str("");
+}
+
+std::string render_models_json(const std::vector<ModelListing>& models) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& m : models) {
+    out.push_back({{"name", m.name}, {"model_type", m.model_type}, {"parameters", m.parameters.value},
+                   {"source", m.source}});
+  }
+  return out.dump(2) + "\n";
+}
+
+std::string render_gpus_table(const std::vector<GpuSpec>& gpus) {
+  report::TextTable t({{"gpu", report::TextTable::kLeft},
+                       {"device name", report::TextTable::kLeft},
+                       {"sm", report::TextTable::kRight},
+                       {"runtime total", report::TextTable::kRight},
+                       {"nvidia-smi total", report::TextTable::kRight}});
+  for (const auto& g : gpus) {
+    t.row({g.name, g.torch_name, std::to_string(g.sm), fmt::format("{} MiB", g.runtime_total.value / kMiB),
+           fmt::format("{} MiB", g.smi_total.value / kMiB)});
+  }
+  return t.str("");
+}
+
+std::string render_inventory_table(const ModelSpec& m, const Inventory& inv, DType dtype) {
+  std::string out = fmt::format("{}: model_type {}, {} implementation, {} attention; parameters stored as {}\n\n",
+                                m.name, m.model_type, impl_name(m.impl), attn_impl_name(m.attn_impl),
+                                dtype_name(dtype));
+  auto section = [&](const std::vector<TensorRow>& rows, bool buffers) {
+    report::TextTable t({{buffers ? "buffer" : "parameter", report::TextTable::kLeft},
+                         {"shape", report::TextTable::kLeft},
+                         {"dtype", report::TextTable::kLeft},
+                         {"elements", report::TextTable::kRight},
+                         {"bytes", report::TextTable::kRight}});
+    Elems n;
+    Bytes b;
+    for (const auto& r : rows) {
+      const DType d = stored_dtype(r, dtype);
+      const Bytes rb = bytes_of(r.elems, d);
+      n += r.elems;
+      b += rb;
+      t.row({r.name + (buffers && !r.persistent ? " (non-persistent)" : ""), shape_string(r.shape),
+             std::string(dtype_name(d)), with_commas(r.elems.value), with_commas(rb.value)});
+    }
+    t.rule();
+    t.row({fmt::format("{} {}", rows.size(), buffers ? "buffers" : "parameter tensors"), "", "",
+           with_commas(n.value), with_commas(b.value)});
+    return t.str("");
+  };
+  out += section(inv.parameters, false);
+  out += "\n";
+  out += inv.buffers.empty() ? "  (no buffers)\n" : section(inv.buffers, true);
+  const Bytes pb = parameter_bytes(inv, dtype);
+  out += fmt::format("\ntotal parameters: {} ({}), buffers: {} elements ({})\n",
+                     with_commas(parameter_count(inv).value), format_bytes(pb), with_commas(buffer_elems(inv).value),
+                     format_bytes(buffer_bytes(inv, dtype)));
+  return out;
+}
+
+std::string render_inventory_json(const ModelSpec& m, const Inventory& inv, DType dtype) {
+  auto rows = [&](const std::vector<TensorRow>& rs, bool buffers) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const auto& r : rs) {
+      const DType d = stored_dtype(r, dtype);
+      nlohmann::json row = {{"name", r.name}, {"shape", r.shape}, {"dtype", dtype_name(d)},
+                            {"elements", r.elems.value}, {"bytes", bytes_of(r.elems, d).value}};
+      if (buffers) row["persistent"] = r.persistent;
+      a.push_back(row);
+    }
+    return a;
+  };
+  nlohmann::json out = {
+      {"model", {{"name", m.name}, {"model_type", m.model_type}, {"impl", impl_name(m.impl)},
+                 {"attention", attn_impl_name(m.attn_impl)}, {"source", m.source}}},
+      {"dtype", dtype_name(dtype)},
+      {"parameters", rows(inv.parameters, false)},
+      {"buffers", rows(inv.buffers, true)},
+      {"totals", {{"parameter_count", parameter_count(inv).value},
+                  {"parameter_bytes", parameter_bytes(inv, dtype).value},
+                  {"buffer_elements", buffer_elems(inv).value},
+                  {"buffer_bytes", buffer_bytes(inv, dtype).value}}},
+  };
+  return out.dump(2) + "\n";
+}
+
+}  // namespace trainmem

@@ -1,0 +1,201 @@
+// trainmem: how much GPU memory will training this transformer take, and why.
+// A thin CLI over the library: parse flags, run the pipeline, print. Errors print "trainmem: <message>" and
+// exit 2.
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+#include <string>
+
+#include "trainmem/config.h"
+#include "trainmem/error.h"
+#include "trainmem/estimate.h"
+#include "trainmem/formulas.h"
+#include "trainmem/gpu.h"
+#include "trainmem/inventory.h"
+#include "trainmem/report.h"
+#include "trainmem/setup.h"
+
+namespace {
+
+using namespace trainmem;
+
+constexpr int kExitBadInput = 2;
+
+// Flags shared by the subcommands, as strings: they are parsed strictly after CLI11 has read them, so that
+// every bad value gets the same kind of message.
+struct Flags {
+  std::string model = "gpt2", impl, attention = "sdpa", format = "table", dtype = "float32";
+  std::vector<std::string> overrides;
+  std::string batch = "8", seq = "1024", grad_accum = "1";
+  std::string precision = "bf16-amp", optimizer = "adamw", optimizer_impl = "auto", gpu;
+};
+
+void add_model_flags(CLI::App* c, Flags& f) {
+  c->add_option("--model,-m", f.model, "preset name (trainmem models) or path to a config.json")->capture_default_str();
+  c->add_option("--impl", f.impl, "hf | nanogpt (default: nanogpt for model_type nanogpt, hf otherwise)");
+  c->add_option("--attention", f.attention, "eager | sdpa")->capture_default_str();
+  c->add_option("--set", f.overrides, "override a config key: --set key=value (repeatable)");
+}
+
+void add_setup_flags(CLI::App* c, Flags& f) {
+  c->add_option("--batch,-b", f.batch, "micro-batch size")->capture_default_str();
+  c->add_option("--seq,-s", f.seq, "sequence length in tokens")->capture_default_str();
+  c->add_option("--precision,-p", f.precision, "fp32 | fp16-amp | bf16-amp | fp16 | bf16")->capture_default_str();
+  c->add_option("--optimizer", f.optimizer, "adamw | adam | sgd | sgd-momentum | none")->capture_default_str();
+  c->add_option("--optimizer-impl", f.optimizer_impl, "auto | foreach | fused | for-loop")->capture_default_str();
+  c->add_option("--grad-accum", f.grad_accum, "micro-batches per optimizer step")->capture_default_str();
+  c->add_option("--gpu", f.gpu, "GPU from the catalog (trainmem gpus)");
+}
+
+void add_format_flag(CLI::App* c, Flags& f) {
+  c->add_option("--format,-f", f.format, "table | json")->capture_default_str();
+}
+
+[[noreturn]] void bad_flag(const std::string& flag, const std::string& value, const std::string& expected) {
+  throw Error(fmt::format("{} \"{}\": expected {}", flag, value, expected));
+}
+
+// A positive integer in [1, max]: digits only, so "-3", "1.5", "1e3" and "" are rejected.
+uint64_t parse_count(const std::string& flag, const std::string& s, uint64_t max) {
+  const std::string expected = fmt::format("an integer in [1, {}]", max);
+  if (s.empty() || s.size() > 20 || s.find_first_not_of("0123456789") != std::string::npos) {
+    bad_flag(flag, s, expected);
+  }
+  uint64_t v = 0;
+  for (char ch : s) {
+    if (__builtin_mul_overflow(v, 10, &v) || __builtin_add_overflow(v, static_cast<uint64_t>(ch - '0'), &v)) {
+      bad_flag(flag, s, expected);
+    }
+  }
+  if (v == 0 || v > max) bad_flag(flag, s, expected);
+  return v;
+}
+
+ModelSpec load(const Flags& f) {
+  ModelRequest req;
+  req.model = f.model;
+  req.overrides = f.overrides;
+  if (!f.impl.empty()) {
+    req.impl = parse_impl(f.impl);
+    if (!req.impl) bad_flag("--impl", f.impl, "hf or nanogpt");
+  }
+  const auto attn = parse_attn_impl(f.attention);
+  if (!attn) bad_flag("--attention", f.attention, "eager or sdpa");
+  req.attention = *attn;
+  return load_model(req, DiskFileReader());
+}
+
+TrainSetup setup_from(const Flags& f) {
+  TrainSetup s;
+  s.batch = parse_count("--batch", f.batch, 1u << 20);
+  s.seq = parse_count("--seq", f.seq, 1u << 24);
+  s.grad_accum = parse_count("--grad-accum", f.grad_accum, 1u << 20);
+  const auto p = parse_precision(f.precision);
+  if (!p) bad_flag("--precision", f.precision, "fp32, fp16-amp, bf16-amp, fp16 or bf16");
+  s.precision = *p;
+  const auto o = parse_optimizer(f.optimizer);
+  if (!o) bad_flag("--optimizer", f.optimizer, "adamw, adam, sgd, sgd-momentum or none");
+  s.optimizer = *o;
+  const auto oi = parse_optimizer_impl(f.optimizer_impl);
+  if (!oi) bad_flag("--optimizer-impl", f.optimizer_impl, "auto, foreach, fused or for-loop");
+  s.optimizer_impl = *oi;
+  if (!f.gpu.empty()) s.gpu = find_gpu(f.gpu).name;
+  return s;
+}
+
+bool json_format(const Flags& f) {
+  if (f.format != "table" && f.format != "json") bad_flag("--format", f.format, "table or json");
+  return f.format == "json";
+}
+
+int run_models(const Flags& f) {
+  std::vector<ModelListing> rows;
+  for (const Preset& p : presets()) {
+    ModelRequest req;
+    req.model = std::string(p.name);
+    const ModelSpec m = load_model(req, DiskFileReader());
+    rows.push_back({m.name, m.model_type, parameter_count(build_inventory(m)), m.source});
+  }
+  std::cout << (json_format(f) ? render_models_json(rows) : render_models_table(rows));
+  return 0;
+}
+
+int run_params(const Flags& f) {
+  const ModelSpec m = load(f);
+  const auto d = parse_dtype(f.dtype);
+  if (!d || !is_floating(*d)) bad_flag("--dtype", f.dtype, "float32, float16 or bfloat16");
+  const Inventory inv = build_inventory(m);
+  std::cout << (json_format(f) ? render_inventory_json(m, inv, *d) : render_inventory_table(m, inv, *d));
+  return 0;
+}
+
+int run_formulas(const Flags& f) {
+  const ModelSpec m = load(f);
+  const TrainSetup s = setup_from(f);
+  validate_setup(m, s);
+  const Inventory inv = build_inventory(m);
+  const FormulaReport r{m, s, parameter_count(inv), seed001_contract(m, s), seed002_korthikanti(m, s),
+                        seed000_peak(m, inv, s)};
+  std::cout << (json_format(f) ? render_formulas_json(r) : render_formulas_table(r));
+  return 0;
+}
+
+int run_estimate(const Flags& f) {
+  const ModelSpec m = load(f);
+  const TrainSetup s = setup_from(f);
+  const bool json = json_format(f);
+  const Estimate e = estimate(m, build_inventory(m), s);
+  const GpuSpec* gpu = s.gpu.empty() ? nullptr : &find_gpu(s.gpu);
+  std::cout << (json ? render_estimate_json(e, gpu) : render_estimate_table(e, gpu));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"trainmem: how much GPU memory training a transformer takes, and why"};
+  app.require_subcommand(1);
+  Flags f;
+  auto* models = app.add_subcommand("models", "list the built-in model presets with their parameter counts");
+  add_format_flag(models, f);
+  app.add_subcommand("gpus", "list the GPU catalog");
+  auto* params = app.add_subcommand("params", "every parameter and buffer tensor with shape, elements and bytes");
+  add_model_flags(params, f);
+  params->add_option("--dtype", f.dtype, "float32 | float16 | bfloat16")->capture_default_str();
+  add_format_flag(params, f);
+  auto* formulas = app.add_subcommand("formulas", "the seed documents' closed forms side by side");
+  add_model_flags(formulas, f);
+  add_setup_flags(formulas, f);
+  add_format_flag(formulas, f);
+  auto* est = app.add_subcommand("estimate", "peak GPU memory of one training step, component by component");
+  add_model_flags(est, f);
+  add_setup_flags(est, f);
+  add_format_flag(est, f);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return kExitBadInput;
+  }
+  try {
+    if (models->parsed()) return run_models(f);
+    if (app.got_subcommand("gpus")) {
+      std::cout << render_gpus_table(gpu_catalog());
+      return 0;
+    }
+    if (params->parsed()) return run_params(f);
+    if (formulas->parsed()) return run_formulas(f);
+    if (est->parsed()) return run_estimate(f);
+  } catch (const Error& e) {
+    std::cerr << "trainmem: " << e.what() << "\n";
+    return kExitBadInput;
+  }
+  return 0;
+}

@@ -8,9 +8,10 @@ namespace trainmem {
 
 namespace {
 
-uint64_t mul(std::initializer_list<uint64_t> xs) {
+// A product of sizes; `what` names the term in the overflow message.
+uint64_t mul(std::string_view what, std::initializer_list<uint64_t> xs) {
   uint64_t r = 1;
-  for (uint64_t x : xs) r = checked_mul(r, x, "closed-form term");
+  for (uint64_t x : xs) r = checked_mul(r, x, what);
   return r;
 }
 
@@ -19,20 +20,21 @@ uint64_t mul(std::initializer_list<uint64_t> xs) {
 Seed001Contract seed001_contract(const ModelSpec& m, const TrainSetup& s) {
   const uint64_t V = m.embed.vocab_size, H = m.hidden, L = m.layers, I = m.mlp.ffn;
   // "D_kv: num_kv_heads x head_dim, head_dim: H / num_attention_heads"
-  const uint64_t d_kv = mul({m.attn.kv_heads, H / m.attn.heads});
+  const uint64_t d_kv = mul("seed 001 D_kv", {m.attn.kv_heads, H / m.attn.heads});
   Seed001Contract c;
-  c.p_embed = Elems(mul({V, H}));
-  c.p_layer = Elems(2 * H) + Elems(mul({2, H, H})) + Elems(mul({2, H, d_kv})) + Elems(mul({3, H, I}));
+  c.p_embed = Elems(mul("seed 001 P_embed", {V, H}));
+  c.p_layer = Elems(2 * H) + Elems(mul("seed 001 P_layer", {2, H, H})) + Elems(mul("seed 001 P_layer", {2, H, d_kv})) +
+              Elems(mul("seed 001 P_layer", {3, H, I}));
   c.p_norm = Elems(H);
   c.p_total = c.p_embed + c.p_layer * L + c.p_norm;
   // "B_w: bytes per weight (4 for f32, 2 for fp16/bf16)"; "Mixed precision stores master weights in f32 +
   // fp16 copy: M_weights = P x (4 + 2)".
   c.bytes_per_weight = uses_autocast(s.precision) ? 4 + 2 : itemsize(param_dtype(s.precision));
-  c.weights = Bytes(mul({c.p_total.value, c.bytes_per_weight}));
-  c.gradients = Bytes(mul({c.p_total.value, 4}));  // "Gradients always f32 regardless of mixed precision"
-  c.optimizer = Bytes(mul({c.p_total.value, 8}));  // "M_opt = P x 4 (m) + P x 4 (v)"
+  c.weights = Bytes(mul("seed 001 M_weights", {c.p_total.value, c.bytes_per_weight}));
+  c.gradients = Bytes(mul("seed 001 M_grad", {c.p_total.value, 4}));  // "Gradients always f32 regardless of mixed precision"
+  c.optimizer = Bytes(mul("seed 001 M_opt", {c.p_total.value, 8}));  // "M_opt = P x 4 (m) + P x 4 (v)"
   // "M_act = L x S x H x K x 4"; "activation memory is per single sequence" (the batch does not appear).
-  c.activations = Bytes(mul({L, s.seq, H, kSeed001ActivationTensorsK, 4}));
+  c.activations = Bytes(mul("seed 001 M_act = L*S*H*K*4", {L, s.seq, H, kSeed001ActivationTensorsK, 4}));
   c.cuda = Bytes(kSeed001CudaBytes);
   c.total = c.weights + c.gradients + c.optimizer + c.activations + c.cuda;
   return c;
@@ -43,32 +45,33 @@ Seed002Korthikanti seed002_korthikanti(const ModelSpec& m, const TrainSetup& s) 
   const uint64_t v = m.embed.vocab_size;
   Seed002Korthikanti k;
   // "Activation memory per layer: sbh(34 + 5as/h) or 34sbh + 5as^2b"
-  k.activations_per_layer = Bytes(mul({34, sq, b, h})) + Bytes(mul({5, a, sq, sq, b}));
+  k.activations_per_layer = Bytes(mul("seed 002 34sbh", {34, sq, b, h})) + Bytes(mul("seed 002 5as^2b", {5, a, sq, sq, b}));
   k.activations = k.activations_per_layer * L;
   // "Total # parameters: Lh^2(3 + 1 + 8) + vh + sh"
-  k.params = Elems(mul({12, L, h, h})) + Elems(mul({v, h})) + Elems(mul({sq, h}));
-  k.weights = Bytes(mul({2, k.params.value}));     // "stored in FP16 ... each parameter takes 2 bytes"
-  k.gradients = Bytes(mul({2, k.params.value}));   // "Total gradient memory consumption: 2 * (...)"
-  k.optimizer = Bytes(mul({12, k.params.value}));  // "for optimizer state: 12 * (...)"
+  k.params = Elems(mul("seed 002 12Lh^2", {12, L, h, h})) + Elems(mul("seed 002 vh", {v, h})) +
+             Elems(mul("seed 002 sh", {sq, h}));
+  k.weights = Bytes(mul("seed 002 weights", {2, k.params.value}));     // "stored in FP16 ... each parameter takes 2 bytes"
+  k.gradients = Bytes(mul("seed 002 gradients", {2, k.params.value}));   // "Total gradient memory consumption: 2 * (...)"
+  k.optimizer = Bytes(mul("seed 002 optimizer", {12, k.params.value}));  // "for optimizer state: 12 * (...)"
   k.total = k.weights + k.activations + k.gradients + k.optimizer;
   return k;
 }
 
 Seed000Peak seed000_peak(const ModelSpec& m, const Inventory& inv, const TrainSetup& s) {
   Seed000Peak p;
-  p.ne = Elems(mul({s.batch, s.seq, m.hidden}));                // "N_e = Bsz x T x D_model"
-  p.na = Elems(mul({s.batch, m.attn.heads, s.seq, s.seq}));      // "N_a = Bsz x N_heads x T^2"
-  p.nl = Elems(mul({s.batch, s.seq, m.embed.vocab_size}));       // "N_l = Bsz x T x D_vocab"
+  p.ne = Elems(mul("N_e = B*T*C", {s.batch, s.seq, m.hidden}));                // "N_e = Bsz x T x D_model"
+  p.na = Elems(mul("N_a = B*NH*T^2", {s.batch, m.attn.heads, s.seq, s.seq}));      // "N_a = Bsz x N_heads x T^2"
+  p.nl = Elems(mul("N_l = B*T*V", {s.batch, s.seq, m.embed.vocab_size}));       // "N_l = Bsz x T x D_vocab"
   p.n = parameter_count(inv);
   p.nbuf = buffer_elems(inv);
   const uint64_t L = m.layers;
   // "M_activations = N_layers x (36N_e + 6N_a) + 6N_e + 6N_l"
-  p.activations = Bytes(mul({L, 36, p.ne.value})) + Bytes(mul({L, 6, p.na.value})) + Bytes(mul({6, p.ne.value})) +
-                  Bytes(mul({6, p.nl.value}));
+  p.activations = Bytes(mul("seed 000 36LN_e", {L, 36, p.ne.value})) + Bytes(mul("seed 000 6LN_a", {L, 6, p.na.value})) +
+                  Bytes(mul("seed 000 6N_e", {6, p.ne.value})) + Bytes(mul("seed 000 6N_l", {6, p.nl.value}));
   // "M_steady_state = 16N_param + 4N_buf"
-  p.steady_state = Bytes(mul({16, p.n.value})) + Bytes(mul({4, p.nbuf.value}));
+  p.steady_state = Bytes(mul("seed 000 16N", {16, p.n.value})) + Bytes(mul("seed 000 4N_buf", {4, p.nbuf.value}));
   // "M_peak_memory = M_steady_state + M_activations + 4N_l"
-  p.peak = p.steady_state + p.activations + Bytes(mul({4, p.nl.value}));
+  p.peak = p.steady_state + p.activations + Bytes(mul("seed 000 4N_l", {4, p.nl.value}));
   return p;
 }
 

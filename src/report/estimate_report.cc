@@ -14,7 +14,7 @@ std::string headline(const Estimate& e) {
   const ModelSpec& m = e.model;
   const TrainSetup& s = e.setup;
   return fmt::format(
-      "{} ({} {}, {} attention): batch {} x seq {}, {}, {} ({})\n"
+      "{} (model_type {}, {} code, {} attention): batch {} x seq {}, {}, {} ({})\n"
       "parameters: {} ({:.1f} M), all trainable\n",
       m.name, m.model_type, impl_name(m.impl), attn_impl_name(m.attn_impl), s.batch, s.seq,
       precision_name(s.precision), optimizer_name(s.optimizer), optimizer_impl_name(s.optimizer_impl),

@@ -29,7 +29,7 @@ std::string render_formulas_table(const FormulaReport& f) {
   const Seed001Contract& c = f.seed001;
   const int64_t diff = static_cast<int64_t>(c.p_total.value) - static_cast<int64_t>(f.inventory_parameters.value);
   TT t1(cols);
-  t1.row({"parameter_count", with_commas(c.p_total.value), fmt::format("{:+} vs inventory", diff),
+  t1.row({"parameter_count", with_commas(c.p_total.value), fmt::format("{}{} vs inventory", diff < 0 ? "-" : "+", with_commas(static_cast<uint64_t>(diff < 0 ? -diff : diff))),
           "V*H + L*(2H + 2H^2 + 2H*D_kv + 3H*I) + H"});
   t1.row(bytes_row("weight_memory", c.weights, fmt::format("P x {}", c.bytes_per_weight)));
   t1.row(bytes_row("gradient_memory", c.gradients, "P x 4"));

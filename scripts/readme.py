@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""Keeps the README's example outputs true.
+
+Every block in README.md written as
+
+    <!-- run: trainmem estimate --model gpt2 -->
+    ```text
+    ...output...
+    ```
+
+holds the real output of that command (run from the repository root with build/trainmem). With --write the
+blocks are regenerated; with --check (a ctest) the script fails when any block is stale.
+"""
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BLOCK = re.compile(r"(<!-- run: (?P<cmd>[^>]*?) -->\n```text\n)(?P<out>.*?)(```)", re.S)
+
+
+def run(cmd: str, exe: Path) -> str:
+    args = cmd.split()
+    assert args[0] == "trainmem", cmd
+    proc = subprocess.run([str(exe)] + args[1:], cwd=ROOT, capture_output=True, text=True)
+    out = proc.stdout + proc.stderr
+    if proc.returncode not in (0, 2):
+        raise SystemExit(f"readme: `{cmd}` exited {proc.returncode}:\n{out}")
+    return out if out.endswith("\n") else out + "\n"
+
+
+def main() -> int:
+    mode = sys.argv[1]
+    exe = Path(sys.argv[2]).resolve()
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    stale = []
+
+    def replace(m: re.Match) -> str:
+        out = run(m.group("cmd"), exe)
+        if out != m.group("out"):
+            stale.append(m.group("cmd"))
+        return m.group(1) + out + m.group(4)
+
+    new = BLOCK.sub(replace, text)
+    if mode == "--write":
+        readme.write_text(new)
+        print(f"readme: {len(stale)} block(s) updated")
+        return 0
+    if stale:
+        print("README.md shows outdated output for:\n  " + "\n  ".join(stale))
+        print("run: python3 scripts/readme.py --write build/trainmem")
+        return 1
+    print(f"readme: {len(BLOCK.findall(text))} example outputs are current")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,276 @@
+#!/usr/bin/python3
+"""Check trainmem against real PyTorch training steps on CPU, over a grid of small configurations.
+
+    /usr/bin/python3 validate/cpu/grid.py --trainmem build/trainmem [--out report.json] [--only SUBSTR]
+                                          [--compare-raw] [--list]
+
+For each configuration: write its config.json to a temp dir, run one training step in-process
+(measure.measure), run `trainmem estimate ... --format json`, and compare
+
+  parameters              parameters.count                   == measured parameters           (exact)
+  gradients_bytes         memory.gradients_bytes             == measured gradients_bytes      (exact)
+  optimizer_state_bytes   memory.optimizer_state_bytes
+                          - memory.optimizer_steps_bytes     == measured optimizer_state_bytes (exact; AdamW
+                                                                step scalars are CPU tensors here, excluded on
+                                                                both sides)
+  saved_activations_bytes memory.saved_activations_bytes     within 0.5% of measured saved_activation_bytes_cuda
+                                                                (--compare-raw: saved_activation_bytes, the CPU
+                                                                torch 1.13 figure)
+
+A comparison whose trainmem field is absent is reported as "missing" and is not a failure. weights_bytes and
+buffers_bytes are shown for information. Exit status 1 if any available comparison fails or trainmem fails.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import measure  # noqa: E402
+
+SAVED_TOLERANCE = 0.005  # 0.5 %
+
+# Shared shapes for the Llama family (small: C=64, F=160, V=96).
+_LL = {"vocab_size": 96, "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2,
+       "num_attention_heads": 4, "num_key_value_heads": 2, "attention_dropout": 0.0}
+
+
+def _ll(model_type, **kw):
+    c = {"model_type": model_type, **_LL}
+    c.update(kw)
+    return c
+
+
+# (name, config, batch, seq, precision). Every dropout probability is written as 0 into the config files.
+GRID = [
+    # --- mlp stacks (trainmem --impl stack)
+    ("mlp-linear256x250", {"model_type": "mlp", "input": 256, "layers": [{"linear": 250, "bias": True}]},
+     4, 8, "fp32"),
+    ("mlp-200-100-200-sigmoid", {"model_type": "mlp", "input": 200,
+                                 "layers": [{"linear": 100}, "relu", {"linear": 200}, "sigmoid"]}, 3, 8, "fp32"),
+    ("mlp-mixed-bf16", {"model_type": "mlp", "input": 96,
+                        "layers": [{"linear": 128, "bias": False}, "gelu", "layer_norm", {"linear": 32}, "relu"]},
+     2, 8, "bf16"),
+    # --- nanoGPT
+    ("nanogpt-bias-L2", {"model_type": "nanogpt", "n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 128,
+                         "block_size": 64, "bias": True, "dropout": 0.0}, 2, 32, "fp32"),
+    ("nanogpt-nobias-bf16", {"model_type": "nanogpt", "n_layer": 1, "n_head": 2, "n_embd": 48, "vocab_size": 100,
+                             "block_size": 128, "bias": False, "dropout": 0.0}, 3, 128, "bf16"),
+    ("nanogpt-L3-T8", {"model_type": "nanogpt", "n_layer": 3, "n_head": 3, "n_embd": 96, "vocab_size": 256,
+                       "block_size": 32, "bias": True, "dropout": 0.0}, 4, 8, "fp32"),
+    ("nanogpt-nobias-B1", {"model_type": "nanogpt", "n_layer": 2, "n_head": 2, "n_embd": 32, "vocab_size": 64,
+                           "block_size": 16, "bias": False, "dropout": 0.0}, 1, 16, "fp32"),
+    # --- GPT-2
+    ("gpt2-tied", {"model_type": "gpt2", "n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 128,
+                   "n_positions": 64, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}, 2, 16, "fp32"),
+    ("gpt2-untied-bf16", {"model_type": "gpt2", "n_layer": 1, "n_head": 2, "n_embd": 32, "vocab_size": 96,
+                          "n_positions": 64, "n_inner": 96, "tie_word_embeddings": False, "resid_pdrop": 0.0,
+                          "embd_pdrop": 0.0, "attn_pdrop": 0.0}, 1, 32, "bf16"),
+    ("gpt2-gelu-B3", {"model_type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 48, "vocab_size": 80,
+                      "n_positions": 32, "activation_function": "gelu", "resid_pdrop": 0.0, "embd_pdrop": 0.0,
+                      "attn_pdrop": 0.0}, 3, 24, "bf16"),
+    # --- Llama family
+    ("llama-gqa-hd24", _ll("llama", head_dim=24), 2, 16, "fp32"),
+    ("llama-gqa-hd24-bf16", _ll("llama", head_dim=24), 1, 64, "bf16"),
+    ("llama-bias-tied", _ll("llama", num_key_value_heads=4, attention_bias=True, mlp_bias=True,
+                            tie_word_embeddings=True), 2, 8, "fp32"),
+    ("llama-B4-T128", _ll("llama", num_hidden_layers=1), 4, 128, "fp32"),
+    ("qwen2-bias-gqa-bf16", _ll("qwen2", tie_word_embeddings=True), 2, 32, "bf16"),
+    ("qwen2-B4", _ll("qwen2", num_key_value_heads=1), 4, 8, "fp32"),
+    ("qwen3-hd128", _ll("qwen3", num_attention_heads=2, num_key_value_heads=1, head_dim=128), 1, 16, "fp32"),
+    ("qwen3-qknorm-bf16", _ll("qwen3", head_dim=32, tie_word_embeddings=True), 2, 32, "bf16"),
+    ("gemma", _ll("gemma", num_key_value_heads=1, head_dim=32, hidden_act="gelu_pytorch_tanh"), 2, 16, "fp32"),
+    ("gemma-bf16", _ll("gemma", num_key_value_heads=1, head_dim=32), 3, 16, "bf16"),
+    ("gemma2", _ll("gemma2", head_dim=32, sliding_window=8, query_pre_attn_scalar=32), 2, 16, "fp32"),
+    ("gemma2-bf16", _ll("gemma2", head_dim=16, sliding_window=8), 1, 32, "bf16"),
+    ("phi3-partial0.5", _ll("phi3", num_key_value_heads=4, partial_rotary_factor=0.5, resid_pdrop=0.0,
+                            embd_pdrop=0.0), 2, 16, "fp32"),
+    ("phi3-gqa-bf16", _ll("phi3", partial_rotary_factor=0.5, resid_pdrop=0.0, embd_pdrop=0.0), 2, 24, "bf16"),
+    ("mistral-sliding", _ll("mistral", sliding_window=8), 2, 16, "fp32"),
+    ("mistral-bf16", _ll("mistral"), 4, 16, "bf16"),
+    # --- GPT-NeoX
+    ("neox-parallel-rot0.25", {"model_type": "gpt_neox", "vocab_size": 96, "hidden_size": 64,
+                               "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+                               "rotary_pct": 0.25, "use_parallel_residual": True, "attention_dropout": 0.0,
+                               "hidden_dropout": 0.0}, 2, 16, "fp32"),
+    ("neox-sequential-bf16", {"model_type": "gpt_neox", "vocab_size": 96, "hidden_size": 64,
+                              "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+                              "rotary_pct": 0.25, "use_parallel_residual": False, "attention_dropout": 0.0,
+                              "hidden_dropout": 0.0}, 2, 32, "bf16"),
+    ("neox-tied-nobias", {"model_type": "gpt_neox", "vocab_size": 64, "hidden_size": 48,
+                          "intermediate_size": 96, "num_hidden_layers": 1, "num_attention_heads": 4,
+                          "rotary_pct": 0.5, "attention_bias": False, "tie_word_embeddings": True,
+                          "attention_dropout": 0.0, "hidden_dropout": 0.0}, 3, 8, "fp32"),
+    # --- OPT
+    ("opt-prenorm", {"model_type": "opt", "vocab_size": 96, "hidden_size": 64, "ffn_dim": 256,
+                     "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 64,
+                     "do_layer_norm_before": True, "dropout": 0.0, "attention_dropout": 0.0,
+                     "activation_dropout": 0.0}, 2, 16, "fp32"),
+    ("opt-postnorm-proj-bf16", {"model_type": "opt", "vocab_size": 96, "hidden_size": 64, "ffn_dim": 128,
+                                "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 64,
+                                "do_layer_norm_before": False, "word_embed_proj_dim": 48, "dropout": 0.0,
+                                "attention_dropout": 0.0, "activation_dropout": 0.0}, 2, 32, "bf16"),
+    ("opt-prenorm-proj-untied-nobias", {"model_type": "opt", "vocab_size": 80, "hidden_size": 32, "ffn_dim": 64,
+                                        "num_hidden_layers": 1, "num_attention_heads": 2,
+                                        "max_position_embeddings": 32, "word_embed_proj_dim": 24,
+                                        "enable_bias": False, "tie_word_embeddings": False, "dropout": 0.0,
+                                        "attention_dropout": 0.0, "activation_dropout": 0.0}, 1, 8, "fp32"),
+]
+
+
+def _impl(model_type):
+    if model_type == "mlp":
+        return "stack"
+    if model_type == "nanogpt":
+        return "nanogpt"
+    return "hf"
+
+
+def run_trainmem(binary, cfg_path, model_type, batch, seq, precision, retries=30):
+    cmd = [binary, "estimate", "--model", cfg_path, "--impl", _impl(model_type), "--batch", str(batch),
+           "--seq", str(seq), "--precision", precision, "--optimizer", "adamw", "--optimizer-impl", "foreach",
+           "--format", "json"]
+    if model_type != "mlp":
+        cmd[4:4] = ["--attention", "eager"]
+    for attempt in range(retries):
+        if not os.path.exists(binary):  # the build dir may be being rebuilt
+            time.sleep(2)
+            continue
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        except OSError as e:  # e.g. "text file busy" while the binary is being relinked
+            if attempt + 1 < retries:
+                time.sleep(2)
+                continue
+            return None, f"{' '.join(cmd)}: {e}"
+        if p.returncode != 0:
+            return None, f"{' '.join(cmd)}\nexit {p.returncode}: {p.stderr.strip() or p.stdout.strip()}"
+        try:
+            return json.loads(p.stdout), None
+        except json.JSONDecodeError as e:
+            return None, f"{' '.join(cmd)}: output is not JSON ({e})"
+    return None, f"{binary} not found"
+
+
+def _get(d, path):
+    for k in path.split("."):
+        if not isinstance(d, dict) or k not in d:
+            return None
+        d = d[k]
+    return d
+
+
+def compare(measured, tm, compare_raw=False):
+    """Rows of (quantity, measured, trainmem or None, status, diff %)."""
+    rows = []
+    mem = tm.get("memory", {}) if tm else {}
+
+    def row(name, m, t, exact=True, tol=0.0, info=False):
+        if t is None:
+            status = "missing"
+            diff = None
+        else:
+            diff = 0.0 if m == t == 0 else (100.0 * (t - m) / m if m else float("inf"))
+            ok = (t == m) if exact else abs(t - m) <= tol * abs(m)
+            status = ("ok" if ok else "differs") if info else ("ok" if ok else "FAIL")
+        rows.append({"quantity": name, "measured": m, "trainmem": t, "diff_pct": diff, "status": status,
+                     "informational": info})
+
+    row("parameters", measured["parameters"], _get(tm, "parameters.count"))
+    row("gradients_bytes", measured["gradients_bytes"], mem.get("gradients_bytes"))
+    st = mem.get("optimizer_state_bytes")
+    if st is not None:
+        st -= mem.get("optimizer_steps_bytes", 0) or 0
+    row("optimizer_state_bytes", measured["optimizer_state_bytes"], st)
+    key = "saved_activation_bytes" if compare_raw else "saved_activation_bytes_cuda"
+    row("saved_activations_bytes", measured[key], mem.get("saved_activations_bytes"), exact=False,
+        tol=SAVED_TOLERANCE)
+    row("weights_bytes", measured["weights_bytes"], mem.get("weights_bytes"), info=True)
+    row("buffers_bytes", measured["buffers_bytes"], mem.get("buffers_bytes"), info=True)
+    return rows
+
+
+def _fmt(v):
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:+.3f}%"
+    return f"{v:,}"
+
+
+def print_table(name, spec, measured, rows, err, elapsed):
+    cfg_desc = f"{spec['model_type']} B={spec['batch']} T={spec['seq']} {spec['precision']}"
+    print(f"== {name}  ({cfg_desc}, measured in {elapsed:.2f}s)")
+    if err:
+        print(f"   trainmem FAILED: {err}")
+    w = [25, 15, 15, 11, 8]
+    print("   " + "quantity".ljust(w[0]) + "measured".rjust(w[1]) + "trainmem".rjust(w[2]) + "diff".rjust(w[3])
+          + "  status")
+    for r in rows:
+        print("   " + r["quantity"].ljust(w[0]) + _fmt(r["measured"]).rjust(w[1]) + _fmt(r["trainmem"]).rjust(w[2])
+              + _fmt(r["diff_pct"]).rjust(w[3]) + "  " + r["status"] + (" (info)" if r["informational"] else ""))
+    print(f"   saved activations: cpu torch {measured['torch']} {measured['saved_activation_bytes']:,} B, "
+          f"cuda torch 2.x equivalent {measured['saved_activation_bytes_cuda']:,} B "
+          f"(inputs {measured['saved_input_bytes']:,} B; {measured['saved_storage_count']} storages)")
+    top = ", ".join(f"{k} {v:,}" for k, v in list(measured["saved_by_grad_fn_cuda"].items())[:6])
+    print(f"   by grad_fn (cuda): {top}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trainmem", required=True, help="path to the trainmem executable")
+    ap.add_argument("--out", help="write the full report (JSON) here")
+    ap.add_argument("--only", help="run only configurations whose name contains this")
+    ap.add_argument("--compare-raw", action="store_true",
+                    help="compare saved activations with the raw CPU torch 1.13 figure instead of the CUDA "
+                         "torch 2.x equivalent")
+    ap.add_argument("--list", action="store_true", help="list the configurations and exit")
+    a = ap.parse_args(argv)
+    grid = [g for g in GRID if not a.only or a.only in g[0]]
+    if a.list:
+        for name, cfg, b, t, p in grid:
+            print(f"{name:34s} {cfg['model_type']:9s} B={b} T={t} {p}")
+        return 0
+    binary = os.path.abspath(a.trainmem)
+    report = []
+    failures = 0
+    missing = 0
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="trainmem-grid-") as tmp:
+        for name, cfg, batch, seq, prec in grid:
+            cfg = dict(cfg)
+            # dropout 0 written into the config file itself, for both sides
+            cfg = measure.models.zero_dropout(cfg)
+            path = os.path.join(tmp, name + ".json")
+            with open(path, "w") as f:
+                json.dump(cfg, f, indent=1)
+            t1 = time.time()
+            m = measure.measure(cfg, batch, seq, prec, "adamw", dropout_off=True, with_tensors=False)
+            elapsed = time.time() - t1
+            tm, err = run_trainmem(binary, path, cfg["model_type"], batch, seq, prec)
+            rows = compare(m, tm, a.compare_raw)
+            spec = {"model_type": cfg["model_type"], "batch": batch, "seq": seq, "precision": prec}
+            print_table(name, spec, m, rows, err, elapsed)
+            bad = bool(err) or any(r["status"] == "FAIL" for r in rows)
+            failures += bad
+            missing += any(r["status"] == "missing" and not r["informational"] for r in rows)
+            report.append({"name": name, "config": cfg, **spec, "measured": m,
+                           "trainmem_memory": (tm or {}).get("memory"), "trainmem_parameters": (tm or {}).get(
+                               "parameters"), "trainmem_error": err, "comparisons": rows, "ok": not bad})
+    total = time.time() - t0
+    print()
+    print(f"{len(grid)} configurations in {total:.1f}s: {len(grid) - failures} ok, {failures} failing"
+          + (f", {missing} with comparisons missing from trainmem's output" if missing else ""))
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"configurations": report, "failures": failures, "seconds": total,
+                       "compared_saved": "raw cpu" if a.compare_raw else "cuda torch 2.x equivalent"}, f, indent=1)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1373 @@
+"""Reference implementations for the trainmem CPU oracle.
+
+Plain torch.nn re-implementations of the models trainmem simulates, written to follow the real code paths
+op by op (the op sequence decides what autograd saves), so that one training step run here with real PyTorch
+reports the tensors that the real models would save.
+
+  nanogpt   karpathy/nanoGPT model.py (GPT), manual attention path (torch < 2.0 has no SDPA: the float32
+            causal-mask buffer `bias` (1,1,block,block) is registered), nn.GELU(), tied lm_head,
+            F.cross_entropy(logits.view(-1, V), targets.view(-1), ignore_index=-1).
+  gpt2      transformers 5.x GPT2LMHeadModel, eager attention (Conv1D = addmm, gelu_new as its composite
+            formula, division by a 0-dim tensor sqrt(D), additive float (B,1,T,T) causal mask).
+  llama, mistral, qwen2, qwen3, gemma, gemma2, phi3, mixtral
+            transformers 5.x *ForCausalLM with eager attention (mixtral: 5.x fused 3-D experts with the eager
+            experts loop, no router aux loss; its saved tensors depend on the routing, i.e. on the data).
+  gpt_neox  transformers 5.x GPTNeoXForCausalLM, eager attention.
+  opt       transformers 5.x OPTForCausalLM, eager attention.
+  mlp       an nn.Sequential of Linear / ReLU / GELU / Sigmoid / LayerNorm (trainmem's "stack" impl).
+
+Sources: /work/research/hf_*.md (quotes of the transformers source) and nanoGPT model.py. Every model's
+forward(input_ids, labels) returns the scalar training loss (the mlp stack: forward(x) returns output.sum()).
+
+build_model(config, device=None) builds a random-weight model; device="meta" builds it without memory (for
+parameter counts of full-size models).
+"""
+
+import math
+from types import SimpleNamespace
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "mixtral")
+MODEL_TYPES = ("nanogpt", "gpt2", "gpt_neox", "opt", "mlp") + LLAMA_FAMILY
+
+
+def _is_meta(device):
+    return device is not None and torch.device(device).type == "meta"
+
+
+def _normal_(p, std=0.02):
+    if p.device.type != "meta":
+        with torch.no_grad():
+            p.normal_(0.0, std)
+    return p
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Activations: transformers ACT2FN (activations.py), each written as the code that runs.
+
+
+class NewGELUActivation(nn.Module):
+    """gelu_new: the composite formula (8 elementwise ops), exactly as transformers writes it."""
+
+    def forward(self, input):
+        return 0.5 * input * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (input + 0.044715 * torch.pow(input, 3.0))))
+
+
+class FastGELUActivation(nn.Module):
+    def forward(self, input):
+        return 0.5 * input * (1.0 + torch.tanh(input * 0.7978845608 * (1.0 + 0.044715 * input * input)))
+
+
+class QuickGELUActivation(nn.Module):
+    def forward(self, input):
+        return input * torch.sigmoid(1.702 * input)
+
+
+class GELUActivation(nn.Module):
+    """"gelu": nn.functional.gelu (erf)."""
+
+    def forward(self, input):
+        return F.gelu(input)
+
+
+class PytorchGELUTanh(nn.Module):
+    """"gelu_pytorch_tanh": nn.functional.gelu(approximate="tanh")."""
+
+    def forward(self, input):
+        return F.gelu(input, approximate="tanh")
+
+
+def act_fn(name):
+    table = {
+        "gelu_new": NewGELUActivation,
+        "gelu_fast": FastGELUActivation,
+        "quick_gelu": QuickGELUActivation,
+        "gelu": GELUActivation,
+        "gelu_pytorch_tanh": PytorchGELUTanh,
+        "silu": nn.SiLU,
+        "swish": nn.SiLU,
+        "relu": nn.ReLU,
+        "sigmoid": nn.Sigmoid,
+        "tanh": nn.Tanh,
+    }
+    if name not in table:
+        raise ValueError(f"unsupported activation {name!r}; one of {sorted(table)}")
+    return table[name]()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Shared transformers pieces.
+
+
+def for_causal_lm_loss(logits, labels, vocab_size, ignore_index=-100):
+    """transformers loss/loss_utils.py ForCausalLMLoss (+ fixed_cross_entropy, reduction "mean")."""
+    # Upcast to float if we need to compute the loss to avoid potential precision issues
+    logits = logits.float()
+    # Shift so that tokens < n predict n
+    labels = F.pad(labels, (0, 1), value=ignore_index)
+    shift_labels = labels[..., 1:].contiguous()
+    # Flatten the tokens
+    logits = logits.view(-1, vocab_size)
+    shift_labels = shift_labels.view(-1)
+    shift_labels = shift_labels.to(logits.device)
+    return F.cross_entropy(logits, shift_labels, ignore_index=ignore_index, reduction="mean")
+
+
+def eager_causal_mask(batch, seq, dtype, device, sliding_window=None):
+    """masking_utils (5.x) create_causal_mask / create_sliding_window_causal_mask for eager attention with no
+    attention_mask and no cache: a bool (1,1,T,T) expanded to (B,1,T,T), then
+    torch.where(mask, tensor(0.0, dtype), finfo(dtype).min) -> materialized float (B,1,T,T) in dtype."""
+    cache_position = torch.arange(seq, device=device)
+    kv_arange = torch.arange(seq, device=device)
+    q_idx = cache_position.view(1, 1, seq, 1)
+    kv_idx = kv_arange.view(1, 1, 1, seq)
+    mask = kv_idx <= q_idx
+    if sliding_window is not None:
+        mask = mask & (kv_idx > q_idx - sliding_window)
+    mask = mask.expand(batch, -1, seq, seq)
+    min_dtype = torch.finfo(dtype).min
+    return torch.where(mask, torch.tensor(0.0, device=device, dtype=dtype), min_dtype)
+
+
+def rotate_half(x):
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    """Llama family (full rotary)."""
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    q_embed = (q * cos) + (rotate_half(q) * sin)
+    k_embed = (k * cos) + (rotate_half(k) * sin)
+    return q_embed, k_embed
+
+
+def apply_rotary_pos_emb_phi3(q, k, cos, sin, unsqueeze_dim=1):
+    """Phi3 (partial rotary; the cat runs even when rotary_dim == head_dim)."""
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    rotary_dim = cos.shape[-1]
+    q_rot, q_pass = q[..., :rotary_dim], q[..., rotary_dim:]
+    k_rot, k_pass = k[..., :rotary_dim], k[..., rotary_dim:]
+    q_embed = torch.cat([(q_rot * cos) + (rotate_half(q_rot) * sin), q_pass], dim=-1)
+    k_embed = torch.cat([(k_rot * cos) + (rotate_half(k_rot) * sin), k_pass], dim=-1)
+    return q_embed, k_embed
+
+
+def apply_rotary_pos_emb_neox(q, k, cos, sin, unsqueeze_dim=1):
+    """GPT-NeoX (partial rotary, cat of the rotated and pass-through parts)."""
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    rotary_dim = cos.shape[-1]
+    q_rot, q_pass = q[..., :rotary_dim], q[..., rotary_dim:]
+    k_rot, k_pass = k[..., :rotary_dim], k[..., rotary_dim:]
+    q_embed = (q_rot * cos) + (rotate_half(q_rot) * sin)
+    k_embed = (k_rot * cos) + (rotate_half(k_rot) * sin)
+    q_embed = torch.cat([q_embed, q_pass], dim=-1)
+    k_embed = torch.cat([k_embed, k_pass], dim=-1)
+    return q_embed, k_embed
+
+
+class RotaryEmbedding(nn.Module):
+    """LlamaRotaryEmbedding (5.x), default rope: inv_freq (dim/2,) fp32 buffer plus the late-5.x
+    original_inv_freq clone; cos/sin computed once per forward under no_grad, cast to x.dtype."""
+
+    def __init__(self, dim, base, device=None):
+        super().__init__()
+        dev = "meta" if _is_meta(device) else None
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(dtype=torch.float) / dim))
+        if dev:
+            inv_freq = inv_freq.to(dev)
+        self.attention_scaling = 1.0
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("original_inv_freq", inv_freq.clone(), persistent=False)
+
+    @torch.no_grad()
+    def forward(self, x, position_ids):
+        inv_freq_expanded = self.inv_freq[None, :, None].float().expand(position_ids.shape[0], -1, 1).to(x.device)
+        position_ids_expanded = position_ids[:, None, :].float()
+        freqs = (inv_freq_expanded.float() @ position_ids_expanded.float()).transpose(1, 2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = emb.cos() * self.attention_scaling
+        sin = emb.sin() * self.attention_scaling
+        return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
+
+
+def repeat_kv(hidden_states, n_rep):
+    batch, num_key_value_heads, slen, head_dim = hidden_states.shape
+    if n_rep == 1:
+        return hidden_states
+    hidden_states = hidden_states[:, :, None, :, :].expand(batch, num_key_value_heads, n_rep, slen, head_dim)
+    return hidden_states.reshape(batch, num_key_value_heads * n_rep, slen, head_dim)
+
+
+def eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, softcap=None):
+    """Llama-family / GPT-NeoX / OPT eager kernel (5.x): matmul * scaling, [softcap], + mask,
+    softmax(dtype=float32).to(query.dtype), dropout, matmul, transpose(1,2).contiguous()."""
+    n_rep = getattr(module, "num_key_value_groups", 1)
+    key_states = repeat_kv(key, n_rep)
+    value_states = repeat_kv(value, n_rep)
+    attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling
+    if softcap is not None:
+        attn_weights = attn_weights / softcap
+        attn_weights = torch.tanh(attn_weights)
+        attn_weights = attn_weights * softcap
+    if attention_mask is not None:
+        attn_weights = attn_weights + attention_mask
+    attn_weights = F.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    attn_weights = F.dropout(attn_weights, p=dropout, training=module.training)
+    attn_output = torch.matmul(attn_weights, value_states)
+    attn_output = attn_output.transpose(1, 2).contiguous()
+    return attn_output
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Config resolution helpers.
+
+
+def _get(cfg, keys, default=None):
+    if isinstance(keys, str):
+        keys = (keys,)
+    for k in keys:
+        if k in cfg and cfg[k] is not None:
+            return cfg[k]
+    return default
+
+
+def _rope_dict(cfg):
+    for k in ("rope_parameters", "rope_scaling"):
+        v = cfg.get(k)
+        if isinstance(v, dict):
+            return v
+    return {}
+
+
+def _rope_theta(cfg, default=10000.0):
+    v = cfg.get("rope_theta")
+    if v is None:
+        v = _rope_dict(cfg).get("rope_theta")
+    if v is None:
+        v = cfg.get("rotary_emb_base")
+    return float(v if v is not None else default)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# nanoGPT (karpathy/nanoGPT model.py)
+
+
+class NanoLayerNorm(nn.Module):
+    """LayerNorm but with an optional bias."""
+
+    def __init__(self, ndim, bias, device=None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(ndim, device=device))
+        self.bias = nn.Parameter(torch.zeros(ndim, device=device)) if bias else None
+
+    def forward(self, input):
+        return F.layer_norm(input, self.weight.shape, self.weight, self.bias, 1e-5)
+
+
+class NanoCausalSelfAttention(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        assert c.n_embd % c.n_head == 0
+        self.c_attn = nn.Linear(c.n_embd, 3 * c.n_embd, bias=c.bias, device=device)
+        self.c_proj = nn.Linear(c.n_embd, c.n_embd, bias=c.bias, device=device)
+        self.attn_dropout = nn.Dropout(c.dropout)
+        self.resid_dropout = nn.Dropout(c.dropout)
+        self.n_head = c.n_head
+        self.n_embd = c.n_embd
+        self.dropout = c.dropout
+        # torch 1.13 has no scaled_dot_product_attention: the slow path and its float32 mask buffer.
+        self.flash = False
+        self.register_buffer("bias", torch.tril(torch.ones(c.block_size, c.block_size, device=device))
+                             .view(1, 1, c.block_size, c.block_size))
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float('-inf'))
+        att = F.softmax(att, dim=-1)
+        att = self.attn_dropout(att)
+        y = att @ v
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        y = self.resid_dropout(self.c_proj(y))
+        return y
+
+
+class NanoMLP(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.c_fc = nn.Linear(c.n_embd, 4 * c.n_embd, bias=c.bias, device=device)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(4 * c.n_embd, c.n_embd, bias=c.bias, device=device)
+        self.dropout = nn.Dropout(c.dropout)
+
+    def forward(self, x):
+        x = self.c_fc(x)
+        x = self.gelu(x)
+        x = self.c_proj(x)
+        x = self.dropout(x)
+        return x
+
+
+class NanoBlock(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.ln_1 = NanoLayerNorm(c.n_embd, bias=c.bias, device=device)
+        self.attn = NanoCausalSelfAttention(c, device)
+        self.ln_2 = NanoLayerNorm(c.n_embd, bias=c.bias, device=device)
+        self.mlp = NanoMLP(c, device)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+class NanoGPT(nn.Module):
+    uses_targets = True
+
+    def __init__(self, cfg, device=None):
+        super().__init__()
+        c = SimpleNamespace(
+            block_size=int(_get(cfg, "block_size", 1024)),
+            vocab_size=int(_get(cfg, "vocab_size", 50304)),
+            n_layer=int(_get(cfg, "n_layer", 12)),
+            n_head=int(_get(cfg, "n_head", 12)),
+            n_embd=int(_get(cfg, "n_embd", 768)),
+            dropout=float(_get(cfg, "dropout", 0.0)),
+            bias=bool(_get(cfg, "bias", True)),
+        )
+        self.config = c
+        self.vocab_size = c.vocab_size
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(c.vocab_size, c.n_embd, device=device),
+            wpe=nn.Embedding(c.block_size, c.n_embd, device=device),
+            drop=nn.Dropout(c.dropout),
+            h=nn.ModuleList([NanoBlock(c, device) for _ in range(c.n_layer)]),
+            ln_f=NanoLayerNorm(c.n_embd, bias=c.bias, device=device),
+        ))
+        self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False, device=device)
+        self.transformer.wte.weight = self.lm_head.weight  # weight tying
+
+    def forward(self, idx, targets):
+        device = idx.device
+        b, t = idx.size()
+        assert t <= self.config.block_size
+        pos = torch.arange(0, t, dtype=torch.long, device=device)
+        tok_emb = self.transformer.wte(idx)
+        pos_emb = self.transformer.wpe(pos)
+        x = self.transformer.drop(tok_emb + pos_emb)
+        for block in self.transformer.h:
+            x = block(x)
+        x = self.transformer.ln_f(x)
+        logits = self.lm_head(x)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        return loss
+
+
+# ----------------------------------------------------------------------------------------------------------
+# GPT-2 (transformers 5.x modeling_gpt2.py, eager)
+
+
+class Conv1D(nn.Module):
+    def __init__(self, nf, nx, device=None):
+        super().__init__()
+        self.nf = nf
+        self.weight = nn.Parameter(_normal_(torch.empty(nx, nf, device=device)))
+        self.bias = nn.Parameter(torch.zeros(nf, device=device))
+
+    def forward(self, x):
+        size_out = x.size()[:-1] + (self.nf,)
+        x = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
+        x = x.view(size_out)
+        return x
+
+
+def gpt2_eager_attention_forward(module, query, key, value, attention_mask):
+    attn_weights = torch.matmul(query, key.transpose(-1, -2))
+    if module.scale_attn_weights:
+        attn_weights = attn_weights / torch.full([], value.size(-1) ** 0.5, dtype=attn_weights.dtype,
+                                                 device=attn_weights.device)
+    if module.scale_attn_by_inverse_layer_idx:
+        attn_weights = attn_weights / float(module.layer_idx + 1)
+    if attention_mask is not None:
+        attn_weights = attn_weights + attention_mask
+    attn_weights = F.softmax(attn_weights, dim=-1)
+    # Downcast (if necessary) back to V's dtype (if in mixed-precision) -- No-Op otherwise
+    attn_weights = attn_weights.type(value.dtype)
+    attn_weights = module.attn_dropout(attn_weights)
+    attn_output = torch.matmul(attn_weights, value)
+    attn_output = attn_output.transpose(1, 2)
+    return attn_output
+
+
+class GPT2Attention(nn.Module):
+    def __init__(self, c, layer_idx, device=None):
+        super().__init__()
+        self.embed_dim = c.n_embd
+        self.num_heads = c.n_head
+        self.head_dim = self.embed_dim // self.num_heads
+        self.split_size = self.embed_dim
+        if self.head_dim * self.num_heads != self.embed_dim:
+            raise ValueError("embed_dim must be divisible by num_heads")
+        self.scale_attn_weights = c.scale_attn_weights
+        self.scale_attn_by_inverse_layer_idx = c.scale_attn_by_inverse_layer_idx
+        self.reorder_and_upcast_attn = c.reorder_and_upcast_attn
+        self.layer_idx = layer_idx
+        self.c_attn = Conv1D(3 * self.embed_dim, self.embed_dim, device)
+        self.c_proj = Conv1D(self.embed_dim, self.embed_dim, device)
+        self.attn_dropout = nn.Dropout(c.attn_pdrop)
+        self.resid_dropout = nn.Dropout(c.resid_pdrop)
+        self.is_causal = True
+
+    def _upcast_and_reordered_attn(self, query, key, value, attention_mask):
+        bsz, num_heads, q_seq_len, dk = query.size()
+        _, _, k_seq_len, _ = key.size()
+        attn_weights = torch.empty(bsz * num_heads, q_seq_len, k_seq_len, dtype=torch.float32, device=query.device)
+        scale_factor = 1.0
+        if self.scale_attn_weights:
+            scale_factor /= float(value.size(-1)) ** 0.5
+        if self.scale_attn_by_inverse_layer_idx:
+            scale_factor /= float(self.layer_idx + 1)
+        q, k = query.reshape(-1, q_seq_len, dk), key.transpose(-1, -2).reshape(-1, dk, k_seq_len)
+        attn_weights = torch.baddbmm(attn_weights, q.float(), k.float(), beta=0, alpha=scale_factor)
+        attn_weights = attn_weights.reshape(bsz, num_heads, q_seq_len, k_seq_len)
+        if attention_mask is not None:
+            attn_weights = attn_weights + attention_mask
+        attn_weights = F.softmax(attn_weights, dim=-1)
+        attn_weights = attn_weights.type(value.dtype)
+        attn_weights = self.attn_dropout(attn_weights)
+        attn_output = torch.matmul(attn_weights, value)
+        attn_output = attn_output.transpose(1, 2)
+        return attn_output
+
+    def forward(self, hidden_states, attention_mask):
+        query_states, key_states, value_states = self.c_attn(hidden_states).split(self.split_size, dim=2)
+        shape_kv = (*key_states.shape[:-1], -1, self.head_dim)
+        key_states = key_states.view(shape_kv).transpose(1, 2)
+        value_states = value_states.view(shape_kv).transpose(1, 2)
+        shape_q = (*query_states.shape[:-1], -1, self.head_dim)
+        query_states = query_states.view(shape_q).transpose(1, 2)
+        if self.reorder_and_upcast_attn:
+            attn_output = self._upcast_and_reordered_attn(query_states, key_states, value_states, attention_mask)
+        else:
+            attn_output = gpt2_eager_attention_forward(self, query_states, key_states, value_states, attention_mask)
+        attn_output = attn_output.reshape(*attn_output.shape[:-2], -1).contiguous()
+        attn_output = self.c_proj(attn_output)
+        attn_output = self.resid_dropout(attn_output)
+        return attn_output
+
+
+class GPT2MLP(nn.Module):
+    def __init__(self, intermediate_size, c, device=None):
+        super().__init__()
+        self.c_fc = Conv1D(intermediate_size, c.n_embd, device)
+        self.c_proj = Conv1D(c.n_embd, intermediate_size, device)
+        self.act = act_fn(c.activation_function)
+        self.dropout = nn.Dropout(c.resid_pdrop)
+
+    def forward(self, hidden_states):
+        hidden_states = self.c_fc(hidden_states)
+        hidden_states = self.act(hidden_states)
+        hidden_states = self.c_proj(hidden_states)
+        hidden_states = self.dropout(hidden_states)
+        return hidden_states
+
+
+class GPT2Block(nn.Module):
+    def __init__(self, c, layer_idx, device=None):
+        super().__init__()
+        hidden_size = c.n_embd
+        inner_dim = c.n_inner if c.n_inner is not None else 4 * hidden_size
+        self.ln_1 = nn.LayerNorm(hidden_size, eps=c.layer_norm_epsilon, device=device)
+        self.attn = GPT2Attention(c, layer_idx, device)
+        self.ln_2 = nn.LayerNorm(hidden_size, eps=c.layer_norm_epsilon, device=device)
+        self.mlp = GPT2MLP(inner_dim, c, device)
+
+    def forward(self, hidden_states, attention_mask):
+        residual = hidden_states
+        hidden_states = self.ln_1(hidden_states)
+        attn_output = self.attn(hidden_states, attention_mask)
+        hidden_states = attn_output + residual
+        residual = hidden_states
+        hidden_states = self.ln_2(hidden_states)
+        feed_forward_hidden_states = self.mlp(hidden_states)
+        hidden_states = residual + feed_forward_hidden_states
+        return hidden_states
+
+
+class GPT2Model(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.embed_dim = c.n_embd
+        self.wte = nn.Embedding(c.vocab_size, self.embed_dim, device=device)
+        self.wpe = nn.Embedding(c.n_positions, self.embed_dim, device=device)
+        self.drop = nn.Dropout(c.embd_pdrop)
+        self.h = nn.ModuleList([GPT2Block(c, i, device) for i in range(c.n_layer)])
+        self.ln_f = nn.LayerNorm(self.embed_dim, eps=c.layer_norm_epsilon, device=device)
+
+    def forward(self, input_ids):
+        input_shape = input_ids.size()
+        input_ids = input_ids.view(-1, input_shape[-1])
+        batch_size = input_ids.shape[0]
+        inputs_embeds = self.wte(input_ids)
+        cache_position = torch.arange(0, inputs_embeds.shape[1], device=inputs_embeds.device)
+        position_ids = cache_position.unsqueeze(0)
+        position_embeds = self.wpe(position_ids)
+        hidden_states = inputs_embeds + position_embeds.to(inputs_embeds.device)
+        causal_mask = eager_causal_mask(batch_size, input_shape[-1], inputs_embeds.dtype, inputs_embeds.device)
+        hidden_states = self.drop(hidden_states)
+        output_shape = (-1,) + input_shape[1:] + (hidden_states.size(-1),)
+        for block in self.h:
+            hidden_states = block(hidden_states, causal_mask)
+        hidden_states = self.ln_f(hidden_states)
+        hidden_states = hidden_states.view(output_shape)
+        return hidden_states
+
+
+class GPT2LMHeadModel(nn.Module):
+    def __init__(self, cfg, device=None):
+        super().__init__()
+        c = SimpleNamespace(
+            vocab_size=int(_get(cfg, "vocab_size", 50257)),
+            n_positions=int(_get(cfg, ("n_positions", "max_position_embeddings"), 1024)),
+            n_embd=int(_get(cfg, ("n_embd", "hidden_size"), 768)),
+            n_layer=int(_get(cfg, ("n_layer", "num_hidden_layers"), 12)),
+            n_head=int(_get(cfg, ("n_head", "num_attention_heads"), 12)),
+            n_inner=_get(cfg, "n_inner", None),
+            activation_function=_get(cfg, "activation_function", "gelu_new"),
+            resid_pdrop=float(_get(cfg, "resid_pdrop", 0.1)),
+            embd_pdrop=float(_get(cfg, "embd_pdrop", 0.1)),
+            attn_pdrop=float(_get(cfg, "attn_pdrop", 0.1)),
+            layer_norm_epsilon=float(_get(cfg, "layer_norm_epsilon", 1e-5)),
+            scale_attn_weights=bool(_get(cfg, "scale_attn_weights", True)),
+            scale_attn_by_inverse_layer_idx=bool(_get(cfg, "scale_attn_by_inverse_layer_idx", False)),
+            reorder_and_upcast_attn=bool(_get(cfg, "reorder_and_upcast_attn", False)),
+            tie_word_embeddings=bool(_get(cfg, "tie_word_embeddings", True)),
+        )
+        if _get(cfg, "add_cross_attention", False):
+            raise ValueError("add_cross_attention is not supported")
+        self.config = c
+        self.vocab_size = c.vocab_size
+        self.transformer = GPT2Model(c, device)
+        self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False, device=device)
+        if c.tie_word_embeddings:
+            self.lm_head.weight = self.transformer.wte.weight
+
+    def forward(self, input_ids, labels):
+        hidden_states = self.transformer(input_ids)
+        logits = self.lm_head(hidden_states[:, slice(0, None), :])
+        return for_causal_lm_loss(logits, labels, vocab_size=self.vocab_size)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Llama family (transformers 5.x modeling_{llama,mistral,qwen2,qwen3,gemma,gemma2,phi3}.py, eager)
+
+
+_LLAMA_DEFAULTS = {
+    # type      vocab   hidden ffn    L   NH  KV    D     tied   act                  eps
+    "llama":   (32000, 4096, 11008, 32, 32, None, None, False, "silu", 1e-6),
+    "mistral": (32000, 4096, 14336, 32, 32, 8, None, False, "silu", 1e-6),
+    "qwen2":   (151936, 4096, 22016, 32, 32, 32, None, False, "silu", 1e-6),
+    "qwen3":   (151936, 4096, 22016, 32, 32, 32, 128, False, "silu", 1e-6),
+    "gemma":   (256000, 3072, 24576, 28, 16, 16, 256, True, "gelu_pytorch_tanh", 1e-6),
+    "gemma2":  (256000, 2304, 9216, 26, 8, 4, 256, True, "gelu_pytorch_tanh", 1e-6),
+    "phi3":    (32064, 3072, 8192, 32, 32, None, None, False, "silu", 1e-5),
+    "mixtral": (32000, 4096, 14336, 32, 32, 8, None, False, "silu", 1e-5),
+}
+
+
+def resolve_llama_config(cfg):
+    t = cfg["model_type"]
+    vocab, hidden, ffn, layers, heads, kv, hd, tied, act, eps = _LLAMA_DEFAULTS[t]
+    c = SimpleNamespace(model_type=t)
+    c.vocab_size = int(_get(cfg, "vocab_size", vocab))
+    c.hidden_size = int(_get(cfg, "hidden_size", hidden))
+    c.intermediate_size = int(_get(cfg, "intermediate_size", ffn))
+    c.num_hidden_layers = int(_get(cfg, "num_hidden_layers", layers))
+    c.num_attention_heads = int(_get(cfg, "num_attention_heads", heads))
+    kvh = cfg["num_key_value_heads"] if "num_key_value_heads" in cfg else kv
+    c.num_key_value_heads = int(kvh if kvh is not None else c.num_attention_heads)
+    hdv = cfg["head_dim"] if "head_dim" in cfg else hd
+    c.head_dim = int(hdv if hdv is not None else c.hidden_size // c.num_attention_heads)
+    if c.num_attention_heads % c.num_key_value_heads:
+        raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+    c.tie_word_embeddings = bool(_get(cfg, "tie_word_embeddings", tied))
+    if t == "gemma2":
+        c.hidden_act = _get(cfg, "hidden_activation", act)
+    else:
+        c.hidden_act = _get(cfg, "hidden_act", act)
+    c.rms_norm_eps = float(_get(cfg, "rms_norm_eps", eps))
+    c.rope_theta = _rope_theta(cfg)
+    # biases
+    c.q_bias = c.k_bias = c.v_bias = c.o_bias = False
+    c.mlp_bias = False
+    if t == "qwen2":
+        c.q_bias = c.k_bias = c.v_bias = True
+    if t in ("llama", "qwen3", "gemma", "gemma2"):
+        ab = bool(_get(cfg, "attention_bias", False))
+        c.q_bias = c.k_bias = c.v_bias = c.o_bias = ab
+    if t == "llama":
+        c.mlp_bias = bool(_get(cfg, "mlp_bias", False))
+    c.moe = t == "mixtral"
+    if c.moe:
+        c.num_local_experts = int(_get(cfg, "num_local_experts", 8))
+        c.num_experts_per_tok = int(_get(cfg, "num_experts_per_tok", 2))
+        c.router_jitter_noise = float(_get(cfg, "router_jitter_noise", 0.0))
+    c.qk_norm = t == "qwen3"
+    c.fused = t == "phi3"
+    c.gemma_norm = t in ("gemma", "gemma2")
+    c.four_norms = t == "gemma2"
+    c.embed_scale = t in ("gemma", "gemma2")
+    c.attention_dropout = float(_get(cfg, "attention_dropout", 0.0))
+    c.resid_pdrop = float(_get(cfg, "resid_pdrop", 0.0)) if t == "phi3" else 0.0
+    # rotary
+    c.rotary_dim = c.head_dim
+    if t == "phi3":
+        f = cfg.get("partial_rotary_factor")
+        if f is None:
+            f = _rope_dict(cfg).get("partial_rotary_factor", 1.0)
+        c.rotary_dim = int(c.head_dim * float(f))
+    # scaling / softcapping
+    c.scaling = c.head_dim ** -0.5
+    c.attn_softcap = None
+    c.final_softcap = None
+    if t == "gemma2":
+        c.scaling = float(_get(cfg, "query_pre_attn_scalar", 256)) ** -0.5
+        c.attn_softcap = cfg.get("attn_logit_softcapping", 50.0)
+        c.final_softcap = cfg.get("final_logit_softcapping", 30.0)
+    # sliding windows per layer (masks only; no saved tensor depends on them)
+    sw = cfg.get("sliding_window", 4096 if t in ("mistral", "gemma2") else None)
+    if t == "phi3":
+        sw = None  # not applied to the eager mask here (masks are never saved; only their shape matters)
+    if t in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):
+        sw = None
+    c.layer_windows = []
+    for i in range(c.num_hidden_layers):
+        if t == "gemma2":
+            c.layer_windows.append(sw if (i + 1) % 2 else None)
+        elif t in ("qwen2", "qwen3") and sw is not None:
+            c.layer_windows.append(sw if i >= int(cfg.get("max_window_layers", 28)) else None)
+        else:
+            c.layer_windows.append(sw)
+    pad = cfg.get("pad_token_id")
+    c.pad_token_id = pad if isinstance(pad, int) and 0 <= pad < c.vocab_size else None
+    return c
+
+
+class LlamaRMSNorm(nn.Module):
+    def __init__(self, hidden_size, eps=1e-6, device=None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size, device=device))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states):
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+class GemmaRMSNorm(nn.Module):
+    def __init__(self, dim, eps=1e-6, device=None):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim, device=device))
+
+    def _norm(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+    def forward(self, x):
+        output = self._norm(x.float())
+        # Llama does x.to(float16) * w whilst Gemma is (x * w).to(float16)
+        output = output * (1.0 + self.weight.float())
+        return output.type_as(x)
+
+
+class GemmaTextScaledWordEmbedding(nn.Embedding):
+    def __init__(self, num_embeddings, embedding_dim, padding_idx, embed_scale=1.0, device=None):
+        super().__init__(num_embeddings, embedding_dim, padding_idx, device=device)
+        self.register_buffer("embed_scale", torch.tensor(embed_scale, device=device), persistent=False)
+
+    def forward(self, input_ids):
+        return super().forward(input_ids) * self.embed_scale.to(self.weight.dtype)
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias, device=device)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias, device=device)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias, device=device)
+        self.act_fn = act_fn(c.hidden_act)
+
+    def forward(self, x):
+        down_proj = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        return down_proj
+
+
+class Phi3MLP(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(c.hidden_size, 2 * c.intermediate_size, bias=False, device=device)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False, device=device)
+        self.activation_fn = act_fn(c.hidden_act)
+
+    def forward(self, hidden_states):
+        up_states = self.gate_up_proj(hidden_states)
+        gate, up_states = up_states.chunk(2, dim=-1)
+        up_states = up_states * self.activation_fn(gate)
+        return self.down_proj(up_states)
+
+
+class MixtralTopKRouter(nn.Module):
+    """5.x: F.linear -> softmax(logits.float()) -> topk -> renormalize (top-k weights stay float32)."""
+
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.top_k = c.num_experts_per_tok
+        self.num_experts = c.num_local_experts
+        self.hidden_dim = c.hidden_size
+        self.weight = nn.Parameter(_normal_(torch.empty(self.num_experts, self.hidden_dim, device=device)))
+
+    def forward(self, hidden_states):
+        hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+        router_logits = F.linear(hidden_states, self.weight)
+        router_probs = torch.nn.functional.softmax(router_logits.float(), dim=-1)
+        router_top_value, router_indices = torch.topk(router_probs, self.top_k, dim=-1)
+        router_top_value /= router_top_value.sum(dim=-1, keepdim=True)
+        router_scores = router_top_value
+        return router_logits, router_scores, router_indices
+
+
+class MixtralExperts(nn.Module):
+    """5.x fused 3-D experts, eager implementation (grouped_mm does not exist in torch 1.13)."""
+
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.num_experts = c.num_local_experts
+        self.hidden_dim = c.hidden_size
+        self.intermediate_dim = c.intermediate_size
+        self.gate_up_proj = nn.Parameter(_normal_(torch.empty(self.num_experts, 2 * self.intermediate_dim,
+                                                              self.hidden_dim, device=device)))
+        self.down_proj = nn.Parameter(_normal_(torch.empty(self.num_experts, self.hidden_dim, self.intermediate_dim,
+                                                           device=device)))
+        self.act_fn = act_fn(c.hidden_act)
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        final_hidden_states = torch.zeros_like(hidden_states)
+        with torch.no_grad():
+            expert_mask = torch.nn.functional.one_hot(top_k_index, num_classes=self.num_experts)
+            expert_mask = expert_mask.permute(2, 1, 0)
+            expert_hit = torch.greater(expert_mask.sum(dim=(-1, -2)), 0).nonzero()
+        for expert_idx in expert_hit:
+            expert_idx = expert_idx[0]
+            if expert_idx == self.num_experts:
+                continue
+            top_k_pos, token_idx = torch.where(expert_mask[expert_idx])
+            current_state = hidden_states[token_idx]
+            gate, up = nn.functional.linear(current_state, self.gate_up_proj[expert_idx]).chunk(2, dim=-1)
+            current_hidden_states = self.act_fn(gate) * up
+            current_hidden_states = nn.functional.linear(current_hidden_states, self.down_proj[expert_idx])
+            current_hidden_states = current_hidden_states * top_k_weights[token_idx, top_k_pos, None]
+            final_hidden_states.index_add_(0, token_idx, current_hidden_states.to(final_hidden_states.dtype))
+        return final_hidden_states
+
+
+class MixtralSparseMoeBlock(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.top_k = c.num_experts_per_tok
+        self.jitter_noise = c.router_jitter_noise
+        self.gate = MixtralTopKRouter(c, device)
+        self.experts = MixtralExperts(c, device)
+
+    def forward(self, hidden_states):
+        batch_size, sequence_length, hidden_dim = hidden_states.shape
+        if self.training and self.jitter_noise > 0:
+            hidden_states *= torch.empty_like(hidden_states).uniform_(1.0 - self.jitter_noise, 1.0 + self.jitter_noise)
+        hidden_states = hidden_states.view(-1, hidden_states.shape[-1])
+        _, top_k_weights, top_k_index = self.gate(hidden_states)
+        hidden_states = self.experts(hidden_states, top_k_index, top_k_weights)
+        hidden_states = hidden_states.reshape(batch_size, sequence_length, hidden_dim)
+        return hidden_states
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, c, layer_idx, device=None):
+        super().__init__()
+        self.config = c
+        self.layer_idx = layer_idx
+        self.head_dim = c.head_dim
+        self.num_key_value_groups = c.num_attention_heads // c.num_key_value_heads
+        self.num_key_value_heads = c.num_key_value_heads
+        self.scaling = c.scaling
+        self.attention_dropout = c.attention_dropout
+        self.softcap = c.attn_softcap
+        self.sliding_window = c.layer_windows[layer_idx]
+        H, KV, D, C = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.hidden_size
+        if c.fused:
+            op_size = H * D + 2 * (KV * D)
+            self.o_proj = nn.Linear(H * D, C, bias=False, device=device)
+            self.qkv_proj = nn.Linear(C, op_size, bias=False, device=device)
+        else:
+            self.q_proj = nn.Linear(C, H * D, bias=c.q_bias, device=device)
+            self.k_proj = nn.Linear(C, KV * D, bias=c.k_bias, device=device)
+            self.v_proj = nn.Linear(C, KV * D, bias=c.v_bias, device=device)
+            self.o_proj = nn.Linear(H * D, C, bias=c.o_bias, device=device)
+        if c.qk_norm:
+            self.q_norm = LlamaRMSNorm(D, eps=c.rms_norm_eps, device=device)
+            self.k_norm = LlamaRMSNorm(D, eps=c.rms_norm_eps, device=device)
+
+    def forward(self, hidden_states, position_embeddings, attention_mask):
+        c = self.config
+        input_shape = hidden_states.shape[:-1]
+        hidden_shape = (*input_shape, -1, self.head_dim)
+        if c.fused:
+            qkv = self.qkv_proj(hidden_states)
+            query_pos = c.num_attention_heads * self.head_dim
+            query_states = qkv[..., :query_pos]
+            key_states = qkv[..., query_pos: query_pos + self.num_key_value_heads * self.head_dim]
+            value_states = qkv[..., query_pos + self.num_key_value_heads * self.head_dim:]
+            query_states = query_states.view(hidden_shape).transpose(1, 2)
+            key_states = key_states.view(hidden_shape).transpose(1, 2)
+            value_states = value_states.view(hidden_shape).transpose(1, 2)
+        elif c.qk_norm:
+            query_states = self.q_norm(self.q_proj(hidden_states).view(hidden_shape)).transpose(1, 2)
+            key_states = self.k_norm(self.k_proj(hidden_states).view(hidden_shape)).transpose(1, 2)
+            value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        else:
+            query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+            key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+            value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        cos, sin = position_embeddings
+        if c.fused:
+            query_states, key_states = apply_rotary_pos_emb_phi3(query_states, key_states, cos, sin)
+        else:
+            query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        attn_output = eager_attention_forward(
+            self, query_states, key_states, value_states, attention_mask,
+            scaling=self.scaling, dropout=0.0 if not self.training else self.attention_dropout,
+            softcap=self.softcap)
+        attn_output = attn_output.reshape(*input_shape, -1).contiguous()
+        attn_output = self.o_proj(attn_output)
+        return attn_output
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, c, layer_idx, device=None):
+        super().__init__()
+        self.config = c
+        self.self_attn = LlamaAttention(c, layer_idx, device)
+        if c.moe:
+            self.mlp = MixtralSparseMoeBlock(c, device)
+        else:
+            self.mlp = Phi3MLP(c, device) if c.fused else LlamaMLP(c, device)
+        Norm = GemmaRMSNorm if c.gemma_norm else LlamaRMSNorm
+        self.input_layernorm = Norm(c.hidden_size, eps=c.rms_norm_eps, device=device)
+        self.post_attention_layernorm = Norm(c.hidden_size, eps=c.rms_norm_eps, device=device)
+        if c.four_norms:
+            self.pre_feedforward_layernorm = Norm(c.hidden_size, eps=c.rms_norm_eps, device=device)
+            self.post_feedforward_layernorm = Norm(c.hidden_size, eps=c.rms_norm_eps, device=device)
+        if c.fused:
+            self.resid_attn_dropout = nn.Dropout(c.resid_pdrop)
+            self.resid_mlp_dropout = nn.Dropout(c.resid_pdrop)
+
+    def forward(self, hidden_states, position_embeddings, masks):
+        c = self.config
+        mask = masks[self.self_attn.sliding_window]
+        if c.four_norms:  # gemma2
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+            hidden_states = self.self_attn(hidden_states, position_embeddings, mask)
+            hidden_states = self.post_attention_layernorm(hidden_states)
+            hidden_states = residual + hidden_states
+            residual = hidden_states
+            hidden_states = self.pre_feedforward_layernorm(hidden_states)
+            hidden_states = self.mlp(hidden_states)
+            hidden_states = self.post_feedforward_layernorm(hidden_states)
+            hidden_states = residual + hidden_states
+            return hidden_states
+        residual = hidden_states
+        hidden_states = self.input_layernorm(hidden_states)
+        hidden_states = self.self_attn(hidden_states, position_embeddings, mask)
+        if c.fused:  # phi3
+            hidden_states = residual + self.resid_attn_dropout(hidden_states)
+        else:
+            hidden_states = residual + hidden_states
+        residual = hidden_states
+        hidden_states = self.post_attention_layernorm(hidden_states)
+        hidden_states = self.mlp(hidden_states)
+        if c.fused:
+            hidden_states = residual + self.resid_mlp_dropout(hidden_states)
+        else:
+            hidden_states = residual + hidden_states
+        return hidden_states
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.config = c
+        if c.embed_scale:
+            self.embed_tokens = GemmaTextScaledWordEmbedding(c.vocab_size, c.hidden_size, c.pad_token_id,
+                                                             embed_scale=c.hidden_size ** 0.5, device=device)
+        else:
+            self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size, c.pad_token_id, device=device)
+        self.layers = nn.ModuleList([LlamaDecoderLayer(c, i, device) for i in range(c.num_hidden_layers)])
+        Norm = GemmaRMSNorm if c.gemma_norm else LlamaRMSNorm
+        self.norm = Norm(c.hidden_size, eps=c.rms_norm_eps, device=device)
+        self.rotary_emb = RotaryEmbedding(c.rotary_dim, c.rope_theta, device=device)
+
+    def forward(self, input_ids):
+        inputs_embeds = self.embed_tokens(input_ids)
+        B, T = inputs_embeds.shape[:2]
+        position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + 0
+        position_ids = position_ids.unsqueeze(0)
+        masks = {}
+        for w in set(self.config.layer_windows):
+            masks[w] = eager_causal_mask(B, T, inputs_embeds.dtype, inputs_embeds.device, sliding_window=w)
+        hidden_states = inputs_embeds
+        position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, position_embeddings, masks)
+        hidden_states = self.norm(hidden_states)
+        return hidden_states
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg, device=None):
+        super().__init__()
+        c = resolve_llama_config(cfg)
+        self.config = c
+        self.vocab_size = c.vocab_size
+        self.model = LlamaModel(c, device)
+        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False, device=device)
+        if c.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids, labels):
+        hidden_states = self.model(input_ids)
+        logits = self.lm_head(hidden_states[:, slice(0, None), :])
+        if self.config.final_softcap is not None:
+            logits = logits / self.config.final_softcap
+            logits = torch.tanh(logits)
+            logits = logits * self.config.final_softcap
+        return for_causal_lm_loss(logits, labels, vocab_size=self.vocab_size)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# GPT-NeoX (transformers 5.x modeling_gpt_neox.py, eager)
+
+
+def resolve_neox_config(cfg):
+    c = SimpleNamespace()
+    c.vocab_size = int(_get(cfg, "vocab_size", 50432))
+    c.hidden_size = int(_get(cfg, "hidden_size", 6144))
+    c.num_hidden_layers = int(_get(cfg, "num_hidden_layers", 44))
+    c.num_attention_heads = int(_get(cfg, "num_attention_heads", 64))
+    c.intermediate_size = int(_get(cfg, "intermediate_size", 24576))
+    c.hidden_act = _get(cfg, "hidden_act", "gelu")
+    c.layer_norm_eps = float(_get(cfg, "layer_norm_eps", 1e-5))
+    c.use_parallel_residual = bool(_get(cfg, "use_parallel_residual", True))
+    c.attention_bias = bool(_get(cfg, "attention_bias", True))
+    c.tie_word_embeddings = bool(_get(cfg, "tie_word_embeddings", False))
+    c.attention_dropout = float(_get(cfg, "attention_dropout", 0.0))
+    c.hidden_dropout = float(_get(cfg, "hidden_dropout", 0.0))
+    if c.hidden_size % c.num_attention_heads:
+        raise ValueError("hidden_size must be divisible by num_attention_heads")
+    c.head_size = c.hidden_size // c.num_attention_heads
+    # 5.x: rope_parameters["partial_rotary_factor"] = kwargs.pop("rotary_pct", 0.25); 4.46-4.57 configs also
+    # carry partial_rotary_factor = rotary_pct.
+    pct = cfg.get("rotary_pct")
+    if pct is None:
+        pct = cfg.get("partial_rotary_factor")
+    if pct is None:
+        pct = _rope_dict(cfg).get("partial_rotary_factor", 0.25)
+    c.rotary_ndims = int(c.head_size * float(pct))
+    c.rope_theta = _rope_theta(cfg)
+    return c
+
+
+class GPTNeoXAttention(nn.Module):
+    def __init__(self, c, layer_idx, device=None):
+        super().__init__()
+        self.config = c
+        self.head_size = c.head_size
+        self.attention_dropout = c.attention_dropout
+        self.rotary_ndims = c.rotary_ndims
+        self.scaling = self.head_size ** -0.5
+        self.is_causal = True
+        self.layer_idx = layer_idx
+        self.query_key_value = nn.Linear(c.hidden_size, 3 * c.hidden_size, bias=c.attention_bias, device=device)
+        self.dense = nn.Linear(c.hidden_size, c.hidden_size, bias=c.attention_bias, device=device)
+
+    def forward(self, hidden_states, attention_mask, position_embeddings):
+        input_shape = hidden_states.shape[:-1]
+        hidden_shape = (*input_shape, -1, 3 * self.head_size)
+        qkv = self.query_key_value(hidden_states).view(hidden_shape).transpose(1, 2)
+        query_states, key_states, value_states = qkv.chunk(3, dim=-1)
+        cos, sin = position_embeddings
+        query_states, key_states = apply_rotary_pos_emb_neox(query_states, key_states, cos, sin)
+        attn_output = eager_attention_forward(
+            self, query_states, key_states, value_states, attention_mask,
+            scaling=self.scaling, dropout=0.0 if not self.training else self.attention_dropout)
+        attn_output = attn_output.reshape(*input_shape, -1).contiguous()
+        attn_output = self.dense(attn_output)
+        return attn_output
+
+
+class GPTNeoXMLP(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.dense_h_to_4h = nn.Linear(c.hidden_size, c.intermediate_size, device=device)
+        self.dense_4h_to_h = nn.Linear(c.intermediate_size, c.hidden_size, device=device)
+        self.act = act_fn(c.hidden_act)
+
+    def forward(self, hidden_states):
+        hidden_states = self.dense_h_to_4h(hidden_states)
+        hidden_states = self.act(hidden_states)
+        hidden_states = self.dense_4h_to_h(hidden_states)
+        return hidden_states
+
+
+class GPTNeoXLayer(nn.Module):
+    def __init__(self, c, layer_idx, device=None):
+        super().__init__()
+        self.use_parallel_residual = c.use_parallel_residual
+        self.input_layernorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, device=device)
+        self.post_attention_layernorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, device=device)
+        self.post_attention_dropout = nn.Dropout(c.hidden_dropout)
+        self.post_mlp_dropout = nn.Dropout(c.hidden_dropout)
+        self.attention = GPTNeoXAttention(c, layer_idx, device)
+        self.mlp = GPTNeoXMLP(c, device)
+
+    def forward(self, hidden_states, attention_mask, position_embeddings):
+        attn_output = self.attention(self.input_layernorm(hidden_states), attention_mask, position_embeddings)
+        attn_output = self.post_attention_dropout(attn_output)
+        if self.use_parallel_residual:
+            # pseudocode: x = x + attn(ln1(x)) + mlp(ln2(x))
+            mlp_output = self.mlp(self.post_attention_layernorm(hidden_states))
+            mlp_output = self.post_mlp_dropout(mlp_output)
+            hidden_states = mlp_output + attn_output + hidden_states
+        else:
+            # pseudocode: x = x + attn(ln1(x)); x = x + mlp(ln2(x))
+            attn_output = attn_output + hidden_states
+            mlp_output = self.mlp(self.post_attention_layernorm(attn_output))
+            mlp_output = self.post_mlp_dropout(mlp_output)
+            hidden_states = mlp_output + attn_output
+        return hidden_states
+
+
+class GPTNeoXModel(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.config = c
+        self.embed_in = nn.Embedding(c.vocab_size, c.hidden_size, device=device)
+        self.emb_dropout = nn.Dropout(c.hidden_dropout)
+        self.layers = nn.ModuleList([GPTNeoXLayer(c, i, device) for i in range(c.num_hidden_layers)])
+        self.final_layer_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, device=device)
+        self.rotary_emb = RotaryEmbedding(c.rotary_ndims, c.rope_theta, device=device)
+
+    def forward(self, input_ids):
+        inputs_embeds = self.embed_in(input_ids)
+        B, T = inputs_embeds.shape[:2]
+        cache_position = torch.arange(0, T, device=inputs_embeds.device)
+        position_ids = cache_position.unsqueeze(0)
+        causal_mask = eager_causal_mask(B, T, inputs_embeds.dtype, inputs_embeds.device)
+        hidden_states = self.emb_dropout(inputs_embeds)
+        position_embeddings = self.rotary_emb(hidden_states, position_ids)
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, causal_mask, position_embeddings)
+        hidden_states = self.final_layer_norm(hidden_states)
+        return hidden_states
+
+
+class GPTNeoXForCausalLM(nn.Module):
+    def __init__(self, cfg, device=None):
+        super().__init__()
+        c = resolve_neox_config(cfg)
+        self.config = c
+        self.vocab_size = c.vocab_size
+        self.gpt_neox = GPTNeoXModel(c, device)
+        self.embed_out = nn.Linear(c.hidden_size, c.vocab_size, bias=False, device=device)
+        if c.tie_word_embeddings:
+            self.embed_out.weight = self.gpt_neox.embed_in.weight
+
+    def forward(self, input_ids, labels):
+        hidden_states = self.gpt_neox(input_ids)
+        logits = self.embed_out(hidden_states[:, slice(0, None), :])
+        return for_causal_lm_loss(logits, labels, vocab_size=self.vocab_size)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# OPT (transformers 5.x modeling_opt.py, eager)
+
+
+def resolve_opt_config(cfg):
+    c = SimpleNamespace()
+    c.vocab_size = int(_get(cfg, "vocab_size", 50272))
+    c.hidden_size = int(_get(cfg, "hidden_size", 768))
+    c.num_hidden_layers = int(_get(cfg, "num_hidden_layers", 12))
+    c.ffn_dim = int(_get(cfg, "ffn_dim", 3072))
+    c.max_position_embeddings = int(_get(cfg, "max_position_embeddings", 2048))
+    c.do_layer_norm_before = bool(_get(cfg, "do_layer_norm_before", True))
+    c._remove_final_layer_norm = bool(_get(cfg, "_remove_final_layer_norm", False))
+    c.word_embed_proj_dim = int(_get(cfg, "word_embed_proj_dim", c.hidden_size))
+    c.dropout = float(_get(cfg, "dropout", 0.1))
+    c.attention_dropout = float(_get(cfg, "attention_dropout", 0.0))
+    c.num_attention_heads = int(_get(cfg, "num_attention_heads", 12))
+    c.activation_function = _get(cfg, "activation_function", "relu")
+    c.enable_bias = bool(_get(cfg, "enable_bias", True))
+    c.layer_norm_elementwise_affine = bool(_get(cfg, "layer_norm_elementwise_affine", True))
+    c.tie_word_embeddings = bool(_get(cfg, "tie_word_embeddings", True))
+    pad = cfg.get("pad_token_id", 1)
+    c.pad_token_id = pad if isinstance(pad, int) and 0 <= pad < c.vocab_size else None
+    if c.hidden_size % c.num_attention_heads:
+        raise ValueError("hidden_size must be divisible by num_attention_heads")
+    return c
+
+
+class OPTLearnedPositionalEmbedding(nn.Embedding):
+    def __init__(self, num_embeddings, embedding_dim, device=None):
+        self.offset = 2
+        super().__init__(num_embeddings + self.offset, embedding_dim, device=device)
+
+    def forward(self, attention_mask, past_key_values_length=0, position_ids=None):
+        if position_ids is None:
+            position_ids = torch.cumsum(attention_mask, dim=1)
+            position_ids = (position_ids * attention_mask - 1).long()
+            position_ids = position_ids[:, past_key_values_length:]
+        return super().forward(position_ids + self.offset)
+
+
+class OPTAttention(nn.Module):
+    def __init__(self, c, layer_idx, device=None):
+        super().__init__()
+        self.embed_dim = c.hidden_size
+        self.num_heads = c.num_attention_heads
+        self.dropout = c.attention_dropout
+        self.head_dim = self.embed_dim // self.num_heads
+        self.scaling = self.head_dim ** -0.5
+        self.layer_idx = layer_idx
+        self.k_proj = nn.Linear(self.embed_dim, self.embed_dim, bias=c.enable_bias, device=device)
+        self.v_proj = nn.Linear(self.embed_dim, self.embed_dim, bias=c.enable_bias, device=device)
+        self.q_proj = nn.Linear(self.embed_dim, self.embed_dim, bias=c.enable_bias, device=device)
+        self.out_proj = nn.Linear(self.embed_dim, self.embed_dim, bias=c.enable_bias, device=device)
+
+    def forward(self, hidden_states, attention_mask):
+        bsz, tgt_len, _ = hidden_states.size()
+        query_states = self.q_proj(hidden_states) * self.scaling
+        query_states = query_states.view(bsz, -1, self.num_heads, self.head_dim).transpose(1, 2)
+        key_states = self.k_proj(hidden_states)
+        value_states = self.v_proj(hidden_states)
+        key_states = key_states.view(bsz, -1, self.num_heads, self.head_dim).transpose(1, 2)
+        value_states = value_states.view(bsz, -1, self.num_heads, self.head_dim).transpose(1, 2)
+        attn_output = eager_attention_forward(
+            self, query_states, key_states, value_states, attention_mask,
+            dropout=0.0 if not self.training else self.dropout, scaling=1.0)
+        attn_output = attn_output.reshape(bsz, tgt_len, -1).contiguous()
+        attn_output = self.out_proj(attn_output)
+        return attn_output
+
+
+class OPTDecoderLayer(nn.Module):
+    def __init__(self, c, layer_idx, device=None):
+        super().__init__()
+        self.embed_dim = c.hidden_size
+        self.self_attn = OPTAttention(c, layer_idx, device)
+        self.do_layer_norm_before = c.do_layer_norm_before
+        self.dropout = c.dropout
+        self.activation_fn = act_fn(c.activation_function)
+        self.self_attn_layer_norm = nn.LayerNorm(self.embed_dim, elementwise_affine=c.layer_norm_elementwise_affine,
+                                                 device=device)
+        self.fc1 = nn.Linear(self.embed_dim, c.ffn_dim, bias=c.enable_bias, device=device)
+        self.fc2 = nn.Linear(c.ffn_dim, self.embed_dim, bias=c.enable_bias, device=device)
+        self.final_layer_norm = nn.LayerNorm(self.embed_dim, elementwise_affine=c.layer_norm_elementwise_affine,
+                                             device=device)
+
+    def forward(self, hidden_states, attention_mask):
+        residual = hidden_states
+        # 125m, 1.7B, ..., 175B applies layer norm BEFORE attention
+        if self.do_layer_norm_before:
+            hidden_states = self.self_attn_layer_norm(hidden_states)
+        hidden_states = self.self_attn(hidden_states, attention_mask)
+        hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
+        hidden_states = residual + hidden_states
+        # 350m applies layer norm AFTER attention
+        if not self.do_layer_norm_before:
+            hidden_states = self.self_attn_layer_norm(hidden_states)
+        # Fully Connected
+        hidden_states_shape = hidden_states.shape
+        hidden_states = hidden_states.reshape(-1, hidden_states.size(-1))
+        residual = hidden_states
+        if self.do_layer_norm_before:
+            hidden_states = self.final_layer_norm(hidden_states)
+        hidden_states = self.fc1(hidden_states)
+        hidden_states = self.activation_fn(hidden_states)
+        hidden_states = self.fc2(hidden_states)
+        hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
+        hidden_states = (residual + hidden_states).view(hidden_states_shape)
+        if not self.do_layer_norm_before:
+            hidden_states = self.final_layer_norm(hidden_states)
+        return hidden_states
+
+
+class OPTDecoder(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.config = c
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.word_embed_proj_dim, c.pad_token_id, device=device)
+        self.embed_positions = OPTLearnedPositionalEmbedding(c.max_position_embeddings, c.hidden_size, device)
+        if c.word_embed_proj_dim != c.hidden_size:
+            self.project_out = nn.Linear(c.hidden_size, c.word_embed_proj_dim, bias=False, device=device)
+        else:
+            self.project_out = None
+        if c.word_embed_proj_dim != c.hidden_size:
+            self.project_in = nn.Linear(c.word_embed_proj_dim, c.hidden_size, bias=False, device=device)
+        else:
+            self.project_in = None
+        if c.do_layer_norm_before and not c._remove_final_layer_norm:
+            self.final_layer_norm = nn.LayerNorm(c.hidden_size, elementwise_affine=c.layer_norm_elementwise_affine,
+                                                 device=device)
+        else:
+            self.final_layer_norm = None
+        self.layers = nn.ModuleList([OPTDecoderLayer(c, i, device) for i in range(c.num_hidden_layers)])
+
+    def forward(self, input_ids):
+        input_ids = input_ids.view(-1, input_ids.shape[-1])
+        inputs_embeds = self.embed_tokens(input_ids)
+        past_seen_tokens = 0
+        seq_length = past_seen_tokens + inputs_embeds.shape[1]
+        attention_mask = torch.ones(inputs_embeds.shape[0], seq_length, device=inputs_embeds.device)
+        position_ids = torch.cumsum(attention_mask, dim=1)
+        position_ids = (position_ids * attention_mask - 1).long()
+        position_ids = position_ids[:, past_seen_tokens:]
+        # create_causal_mask with an all-ones 2-D padding mask: eager -> float (B,1,T,T)
+        causal_mask = eager_causal_mask(inputs_embeds.shape[0], seq_length, inputs_embeds.dtype, inputs_embeds.device)
+        pos_embeds = self.embed_positions(attention_mask, past_seen_tokens, position_ids=position_ids)
+        if self.project_in is not None:
+            inputs_embeds = self.project_in(inputs_embeds)
+        hidden_states = inputs_embeds + pos_embeds.to(inputs_embeds.device)
+        for decoder_layer in self.layers:
+            hidden_states = decoder_layer(hidden_states, causal_mask)
+        if self.final_layer_norm is not None:
+            hidden_states = self.final_layer_norm(hidden_states)
+        if self.project_out is not None:
+            hidden_states = self.project_out(hidden_states)
+        return hidden_states
+
+
+class OPTModel(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.decoder = OPTDecoder(c, device)
+
+    def forward(self, input_ids):
+        return self.decoder(input_ids)
+
+
+class OPTForCausalLM(nn.Module):
+    def __init__(self, cfg, device=None):
+        super().__init__()
+        c = resolve_opt_config(cfg)
+        self.config = c
+        self.vocab_size = c.vocab_size
+        self.model = OPTModel(c, device)
+        self.lm_head = nn.Linear(c.word_embed_proj_dim, c.vocab_size, bias=False, device=device)
+        if c.tie_word_embeddings:
+            self.lm_head.weight = self.model.decoder.embed_tokens.weight
+
+    def forward(self, input_ids, labels):
+        hidden_states = self.model(input_ids)
+        logits = self.lm_head(hidden_states[:, slice(0, None), :]).contiguous()
+        return for_causal_lm_loss(logits, labels, vocab_size=self.vocab_size)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# "mlp" layer stack (trainmem impl "stack")
+
+
+class MLPStack(nn.Module):
+    is_stack = True
+
+    def __init__(self, cfg, device=None):
+        super().__init__()
+        self.input_features = int(cfg["input"])
+        width = self.input_features
+        layers = []
+        for spec in cfg["layers"]:
+            if isinstance(spec, dict) and "linear" in spec:
+                out = int(spec["linear"])
+                layers.append(nn.Linear(width, out, bias=bool(spec.get("bias", True)), device=device))
+                width = out
+            elif spec == "relu":
+                layers.append(nn.ReLU())
+            elif spec == "gelu":
+                layers.append(nn.GELU())
+            elif spec == "sigmoid":
+                layers.append(nn.Sigmoid())
+            elif spec == "layer_norm":
+                layers.append(nn.LayerNorm(width, device=device))
+            else:
+                raise ValueError(f"unsupported mlp layer {spec!r}")
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x):
+        return self.net(x).sum()
+
+
+# ----------------------------------------------------------------------------------------------------------
+
+
+def build_model(config, device=None):
+    """A random-weight model for a config dict (a transformers config.json, nanoGPT GPTConfig keys, or an
+    "mlp" layer stack). The model is in train mode and float32."""
+    t = config.get("model_type")
+    if t == "nanogpt":
+        m = NanoGPT(config, device)
+    elif t == "gpt2":
+        m = GPT2LMHeadModel(config, device)
+    elif t in LLAMA_FAMILY:
+        m = LlamaForCausalLM(config, device)
+    elif t == "gpt_neox":
+        m = GPTNeoXForCausalLM(config, device)
+    elif t == "opt":
+        m = OPTForCausalLM(config, device)
+    elif t == "mlp":
+        m = MLPStack(config, device)
+    else:
+        raise ValueError(f"unsupported model_type {t!r}; one of {', '.join(MODEL_TYPES)}")
+    m.train()
+    return m
+
+
+def zero_dropout(config):
+    """A copy of config with every dropout probability set to 0 (CPU dropout saves a float mask where CUDA
+    saves a bool one, so the oracle runs without dropout)."""
+    out = dict(config)
+    for k, v in config.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and ("dropout" in k or "pdrop" in k):
+            out[k] = 0.0
+    if out.get("model_type") == "nanogpt":
+        out["dropout"] = 0.0
+    return out
+
+
+def count_parameters(config):
+    """(parameters, parameter tensors) of the model, built on the meta device (no memory)."""
+    m = build_model(config, device="meta")
+    params = list(m.parameters())
+    return sum(p.numel() for p in params), len(params)

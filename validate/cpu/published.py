@@ -1,0 +1,70 @@
+#!/usr/bin/python3
+"""Parameter counts of the reference models (validate/cpu/models.py) for the preset config.json files,
+built on the meta device (no memory), against the published exact counts (/work/research/param_counts.md)
+and, with --trainmem, against `trainmem params --format json` / `trainmem estimate`.
+
+    /usr/bin/python3 validate/cpu/published.py [--trainmem build/trainmem]
+"""
+
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import models  # noqa: E402
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+
+# sum(p.numel() for p in model.parameters()) of the real models, tied weights counted once.
+PUBLISHED = {
+    "gpt2": 124_439_808, "gpt2-medium": 354_823_168, "gpt2-large": 774_030_080, "gpt2-xl": 1_557_611_200,
+    "llama-2-7b": 6_738_415_616, "llama-2-13b": 13_015_864_320, "llama-3-8b": 8_030_261_248,
+    "mistral-7b": 7_241_732_096, "tinyllama-1.1b": 1_100_048_384, "qwen2-0.5b": 494_032_768,
+    "qwen2-0.5b-instruct": 494_032_768, "qwen2-1.5b-instruct": 1_543_714_304, "qwen3-0.6b": 596_049_920,
+    "gemma-2b": 2_506_172_416, "gemma-2-2b": 2_614_341_888, "phi-3-mini": 3_821_079_552,
+    "pythia-160m": 162_322_944, "opt-125m": 125_239_296, "llama-3.2-1b-instruct": 1_235_814_400,
+    "smollm2-135m": 134_515_008, "mixtral-8x7b": 46_702_792_704,
+    # nanoGPT GPT-2 small as configured in data/models/nanogpt-gpt2.json (no published figure: nanoGPT's own
+    # get_num_params() subtracts wpe; this is sum(numel)).
+}
+
+
+def trainmem_count(binary, path):
+    p = subprocess.run([binary, "estimate", "--model", path, "--batch", "1", "--seq", "8", "--format", "json"],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        return None
+    return json.loads(p.stdout)["parameters"]["count"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trainmem", help="also compare with trainmem's parameter count")
+    a = ap.parse_args()
+    files = sorted(glob.glob(os.path.join(ROOT, "data", "models", "*.json"))) + sorted(
+        glob.glob(os.path.join(ROOT, "tests", "testdata", "configs", "*.json")))
+    bad = 0
+    print(f"{'config':26s} {'reference model':>16s} {'published':>16s} {'trainmem':>16s}  status")
+    for f in files:
+        name = os.path.basename(f)[:-5]
+        with open(f) as fh:
+            cfg = json.load(fh)
+        try:
+            n, _ = models.count_parameters(cfg)
+        except ValueError as e:
+            print(f"{name:26s} {'-':>16s}  skipped: {e}")
+            continue
+        pub = PUBLISHED.get(name)
+        tm = trainmem_count(a.trainmem, f) if a.trainmem else None
+        ok = (pub is None or pub == n) and (tm is None or tm == n)
+        bad += not ok
+        fmt = lambda v: "-" if v is None else format(v, ",")  # noqa: E731
+        print(f"{name:26s} {n:16,d} {fmt(pub):>16} {fmt(tm):>16}  {'ok' if ok else 'MISMATCH'}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

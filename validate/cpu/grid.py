@@ -130,16 +130,25 @@ def _impl(model_type):
     return "hf"
 
 
-def run_trainmem(binary, cfg_path, model_type, batch, seq, precision, retries=30):
+def wait_for(binary, seconds=120):
+    """The build dir may be rebuilt concurrently: wait for the executable to (re)appear."""
+    deadline = time.time() + seconds
+    while not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
+        if time.time() > deadline:
+            return False
+        time.sleep(2)
+    return True
+
+
+def run_trainmem(binary, cfg_path, model_type, batch, seq, precision, retries=10):
     cmd = [binary, "estimate", "--model", cfg_path, "--impl", _impl(model_type), "--batch", str(batch),
            "--seq", str(seq), "--precision", precision, "--optimizer", "adamw", "--optimizer-impl", "foreach",
            "--format", "json"]
     if model_type != "mlp":
         cmd[4:4] = ["--attention", "eager"]
     for attempt in range(retries):
-        if not os.path.exists(binary):  # the build dir may be being rebuilt
-            time.sleep(2)
-            continue
+        if not wait_for(binary, 20):
+            break
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
         except OSError as e:  # e.g. "text file busy" while the binary is being relinked
@@ -236,6 +245,9 @@ def main(argv=None):
             print(f"{name:34s} {cfg['model_type']:9s} B={b} T={t} {p}")
         return 0
     binary = os.path.abspath(a.trainmem)
+    if not wait_for(binary):
+        print(f"{binary}: not found (build it with `make build`)", file=sys.stderr)
+        return 1
     report = []
     failures = 0
     missing = 0

@@ -21,6 +21,9 @@ struct TensorRow {
   DType dtype = DType::kF32;        // dtype at construction (parameters: float32)
   RowKind kind = RowKind::kParameter;
   bool persistent = true;           // buffers: registered with persistent=True (saved in state_dict)
+  // Buffers: how many parameter rows nn.Module._apply moves to the device before this buffer (children
+  // first, then a module's own parameters, then its own buffers): the allocation order of model.to(device).
+  size_t load_after = 0;
 };
 
 struct Inventory {

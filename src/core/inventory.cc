@@ -31,6 +31,7 @@ void Table::buffer(std::string name, std::vector<uint64_t> shape, DType dtype, b
   r.dtype = dtype;
   r.kind = RowKind::kBuffer;
   r.persistent = persistent;
+  r.load_after = inv_.parameters.size();
   inv_.buffers.push_back(std::move(r));
 }
 

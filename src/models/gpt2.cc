@@ -52,6 +52,10 @@ void nanogpt_tensors(const ModelSpec& m, Table& t) {
     if (b) t.param(h + "attn.c_attn.bias", {3 * C});
     t.param(h + "attn.c_proj.weight", {C, C});
     if (b) t.param(h + "attn.c_proj.bias", {C});
+    // Without flash attention (attn_impl eager) CausalSelfAttention registers the causal mask as a float32
+    // buffer: register_buffer("bias", torch.tril(torch.ones(block_size, block_size)).view(1, 1, block_size,
+    // block_size)), persistent by default. Seed 000 counts it: 4 bytes x T^2 x L.
+    if (m.attn_impl == AttnImpl::kEager) t.buffer(h + "attn.bias", {1, 1, P, P}, DType::kF32, true);
     t.param(h + "ln_2.weight", {C});
     if (b) t.param(h + "ln_2.bias", {C});
     t.param(h + "mlp.c_fc.weight", {F, C});
@@ -62,15 +66,6 @@ void nanogpt_tensors(const ModelSpec& m, Table& t) {
   t.param("transformer.ln_f.weight", {C});
   if (b) t.param("transformer.ln_f.bias", {C});
   // lm_head.weight is tied: `self.transformer.wte.weight = self.lm_head.weight` (model.py).
-
-  // Without flash attention (attn_impl eager) CausalSelfAttention registers the causal mask as a float32
-  // buffer: register_buffer("bias", torch.tril(torch.ones(block_size, block_size)).view(1, 1, block_size,
-  // block_size)), persistent by default. Seed 000 counts it: 4 bytes x T^2 x L.
-  if (m.attn_impl == AttnImpl::kEager) {
-    for (uint64_t l = 0; l < m.layers; ++l) {
-      t.buffer(fmt::format("transformer.h.{}.attn.bias", l), {1, 1, P, P}, DType::kF32, true);
-    }
-  }
 }
 
 }  // namespace trainmem::models

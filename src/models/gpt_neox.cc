@@ -29,10 +29,8 @@ void gpt_neox_tensors(const ModelSpec& m, Table& t) {
   }
   t.param("gpt_neox.final_layer_norm.weight", {C});
   t.param("gpt_neox.final_layer_norm.bias", {C});
+  rotary_buffers("gpt_neox.rotary_emb.", m.attn.rotary_dim, t);  // GPTNeoXModel.rotary_emb
   if (!m.embed.tied) t.param("embed_out.weight", {V, C});
-  gpt_neox_buffers(m, t);
 }
-
-void gpt_neox_buffers(const ModelSpec& m, Table& t) { rotary_buffers("gpt_neox.rotary_emb.", m.attn.rotary_dim, t); }
 
 }  // namespace trainmem::models

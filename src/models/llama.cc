@@ -77,19 +77,14 @@ void rotary_buffers(const std::string& prefix, uint64_t rotary_dim, Table& t) {
   t.buffer(prefix + "original_inv_freq", {n}, DType::kF32, false);
 }
 
-void llama_buffers(const ModelSpec& m, Table& t) {
+void llama_tensors(const ModelSpec& m, Table& t) {
+  const uint64_t C = m.hidden, V = m.embed.vocab_size;
+  t.param("model.embed_tokens.weight", {V, C});
   if (m.embed.scaled_by_sqrt_hidden) {
     // Gemma's GemmaTextScaledWordEmbedding: register_buffer("embed_scale", torch.tensor(hidden**0.5),
     // persistent=False), a 0-dim float32 tensor.
     t.buffer("model.embed_tokens.embed_scale", {}, DType::kF32, false);
   }
-  // One rotary embedding for the whole model (model.rotary_emb since transformers 4.45).
-  rotary_buffers("model.rotary_emb.", m.attn.rotary_dim, t);
-}
-
-void llama_tensors(const ModelSpec& m, Table& t) {
-  const uint64_t C = m.hidden, V = m.embed.vocab_size;
-  t.param("model.embed_tokens.weight", {V, C});
   for (uint64_t l = 0; l < m.layers; ++l) {
     const std::string p = fmt::format("model.layers.{}.", l);
     // DecoderLayer registers self_attn, mlp, then its norms.
@@ -98,8 +93,10 @@ void llama_tensors(const ModelSpec& m, Table& t) {
     norm_rows(m, p, t);
   }
   t.param("model.norm.weight", {C});
+  // One rotary embedding for the whole model (model.rotary_emb since transformers 4.45), registered after
+  // the final norm.
+  rotary_buffers("model.rotary_emb.", m.attn.rotary_dim, t);
   if (!m.embed.tied) t.param("lm_head.weight", {V, C});
-  llama_buffers(m, t);
 }
 
 }  // namespace trainmem::models

@@ -27,10 +27,8 @@ void gpt_neox_tensors(const ModelSpec& m, Table& t);  // HF GPTNeoXForCausalLM
 void opt_tensors(const ModelSpec& m, Table& t);       // HF OPTForCausalLM
 void stack_tensors(const ModelSpec& m, Table& t);     // nn.Sequential layer stack
 
-// Buffers (named_buffers()) as transformers 5.x registers them.
+// GPT-2's buffers (none in transformers 5.x).
 void gpt2_buffers(const ModelSpec& m, Table& t);
-void llama_buffers(const ModelSpec& m, Table& t);
-void gpt_neox_buffers(const ModelSpec& m, Table& t);
 // The rotary embedding's inverse frequencies: inv_freq (rotary_dim/2,) float32, persistent=False, and in
 // transformers 5.x a registered clone original_inv_freq of the same shape.
 void rotary_buffers(const std::string& prefix, uint64_t rotary_dim, Table& t);

@@ -1,0 +1,51 @@
+// Facts of the PyTorch runtime that decide bytes, by PyTorch version and GPU architecture. Every constant
+// names the source file of PyTorch it comes from.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "trainmem/units.h"
+
+namespace trainmem {
+
+struct TorchVersion {
+  int major = 2, minor = 9;
+  friend auto operator<=>(TorchVersion, TorchVersion) = default;
+};
+std::optional<TorchVersion> parse_torch_version(std::string_view s);  // "2.9", "2.9.1", "1.13"
+std::string torch_version_name(TorchVersion v);
+
+// How cuBLASLt gets its workspace.
+enum class LtWorkspace {
+  kNone,        // not counted (the library allocates it itself)
+  kPerCall,     // allocated through the caching allocator around each cuBLASLt gemm and freed after it
+  kPersistent,  // one per (handle, stream), kept
+  kUnified,     // shares the cuBLAS workspace: no allocation of its own
+};
+
+struct RuntimeFacts {
+  TorchVersion torch;
+  uint32_t sm = 80;
+  // cuBLAS workspace per (handle, stream), allocated through the caching allocator on the first gemm of each
+  // thread. 0 when cuBLAS allocates it itself (not visible in memory_allocated).
+  Bytes cublas_workspace;
+  LtWorkspace lt_mode = LtWorkspace::kNone;
+  Bytes cublaslt_workspace;
+};
+
+// aten/src/ATen/cuda/CublasHandlePool.cpp (2.x): "/* :4096:2:16:8 default, 32MiB for Hopper */"
+//   default_size = sm90 ? 4096 * 8 * 1024 : 4096 * 1024 * 2 + 16 * 1024 * 8
+// Seed 000 and seed 003 measured 8,519,680 B per workspace on an A100 and on Colab GPUs.
+inline constexpr uint64_t kCublasWorkspaceBytes = 4096ull * 1024 * 2 + 16ull * 1024 * 8;  // 8,519,680
+inline constexpr uint64_t kCublasWorkspaceSm90Bytes = 4096ull * 8 * 1024;                 // 33,554,432
+// aten/src/ATen/cuda/CublasHandlePool.cpp: CUBLASLT_WORKSPACE_SIZE in KiB, "default size in KiB according
+// to #73328": 1024.
+inline constexpr uint64_t kCublasLtWorkspaceBytes = 1024ull * 1024;
+
+// The runtime facts of a PyTorch version on a GPU of compute capability `sm` (80 = sm_80).
+RuntimeFacts runtime_facts(TorchVersion v, uint32_t sm);
+
+}  // namespace trainmem

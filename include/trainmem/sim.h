@@ -1,0 +1,60 @@
+// The step simulator: runs the training loop tensor by tensor (model load, forward, loss, backward,
+// optimizer step, zero_grad) over the simulated PyTorch runtime and returns the timeline with its summary.
+#pragma once
+
+#include <string>
+
+#include "trainmem/inventory.h"
+#include "trainmem/model.h"
+#include "trainmem/runtime.h"
+#include "trainmem/setup.h"
+#include "trainmem/timeline.h"
+
+namespace trainmem {
+
+// The training script around the model: what it keeps alive and when.
+enum class LoopKind {
+  kNanoGpt,  // nanoGPT train.py: `logits, loss = model(X, Y)` keeps the logits until the next forward
+             // returns; the next batch is fetched right after the forward; GradScaler for float16; grad clip
+             // 1.0; zero_grad(set_to_none=True)
+  kHf,       // transformers Trainer: the batch is moved to the device for each micro-batch, the loss comes
+             // from the model's output (logits dropped before backward), grad clip 1.0 (max_grad_norm),
+             // zero_grad(set_to_none=True)
+  kSeed000,  // the nanoGPT fork of seed 000 (as its memory trace shows): loss computed outside the model and
+             // the logits dropped before backward, next batch prefetched, GradScaler, grad clip 1.0, gradients
+             // kept between steps (zero_grad(set_to_none=False))
+  kPlain,    // `loss = model(x).sum(); loss.backward(); opt.step(); opt.zero_grad()` (seed 003)
+};
+std::string_view loop_name(LoopKind k);
+std::optional<LoopKind> parse_loop(std::string_view s);
+LoopKind default_loop(const ModelSpec& m);
+
+struct SimOptions {
+  LoopKind loop = LoopKind::kNanoGpt;
+  TorchVersion torch{2, 9};
+  uint32_t sm = 80;
+  uint32_t steps = 2;  // optimizer steps to run (the first creates the optimizer state)
+};
+
+// A moment of the timeline: the event index and the live bytes right after it.
+struct Moment {
+  size_t event = 0;
+  Phase phase = Phase::kSetup;
+  uint32_t step = 0, micro = 0;
+  LiveBytes live;
+};
+
+struct SimResult {
+  Timeline timeline;
+  Moment peak;                  // the highest total of live requested bytes
+  Moment steady;                // just before a forward once the loop is in steady state
+  Moment after_forward;         // right after the loss of the steady micro-batch (before backward)
+  Bytes saved_activations;      // storages autograd holds at the end of that forward, each once, excluding
+                                // parameters and buffers (requested bytes)
+  Bytes activations_at_peak;    // activations + autocast copies + backward in flight + temporaries at the peak
+  uint32_t micro_batches_simulated = 0;
+};
+
+SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s, const SimOptions& o);
+
+}  // namespace trainmem

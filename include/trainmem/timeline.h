@@ -1,0 +1,66 @@
+// The step timeline: every allocation and free of one or more training steps, in order, with the category of
+// the memory and the phase of the step. Produced by the simulator (sim.h), consumed by the allocator model and
+// the reports.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "trainmem/units.h"
+
+namespace trainmem {
+
+// What a block of memory holds.
+enum class Category : uint8_t {
+  kWeights,        // parameters
+  kBuffers,        // registered buffers
+  kGradients,      // .grad of parameters
+  kOptimizer,      // optimizer state (moments, momentum, fused `step`)
+  kInputs,         // input ids and targets
+  kActivations,    // forward results: held by Python or saved by autograd for backward
+  kWeightCopies,   // autocast's cached 16-bit copies of float32 parameters
+  kBackward,       // gradients flowing through the backward pass (not yet a parameter's .grad)
+  kTemporaries,    // op-internal scratch (casts, workspaces of single kernels, optimizer temporaries)
+  kWorkspace,      // persistent cuBLAS / cuBLASLt workspaces
+};
+inline constexpr size_t kCategoryCount = 10;
+std::string_view category_name(Category c);
+
+// Where in the training loop an event happens.
+enum class Phase : uint8_t { kSetup, kForward, kLoss, kBackward, kOptimizer, kZeroGrad };
+std::string_view phase_name(Phase p);
+
+// What a tensor is, cheap to record: a static description, the layer it belongs to (-1: none) and, for
+// parameters, buffers and their gradients or state, the inventory row.
+struct Label {
+  const char* what = "";
+  int32_t layer = -1;
+  int32_t row = -1;
+};
+
+struct Event {
+  enum Kind : uint8_t { kAlloc, kFree, kRecategorize } kind;
+  Category category;    // for kRecategorize: the new category
+  Category from;        // for kRecategorize: the old category
+  Phase phase;
+  uint32_t step;        // optimizer step (1-based)
+  uint32_t micro;       // micro-batch within the step (1-based)
+  uint64_t storage;     // id of the storage (block) the event concerns
+  Bytes bytes;          // requested bytes (numel x itemsize)
+  Label label;          // what the tensor is
+};
+
+struct Timeline {
+  std::vector<Event> events;
+};
+
+// Live bytes per category at one moment.
+struct LiveBytes {
+  std::array<Bytes, kCategoryCount> by_category{};
+  Bytes total;
+};
+
+}  // namespace trainmem

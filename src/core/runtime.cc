@@ -1,0 +1,53 @@
+#include "trainmem/runtime.h"
+
+#include <fmt/format.h>
+
+#include <charconv>
+
+namespace trainmem {
+
+std::optional<TorchVersion> parse_torch_version(std::string_view s) {
+  TorchVersion v;
+  const char* p = s.data();
+  const char* end = s.data() + s.size();
+  auto r = std::from_chars(p, end, v.major);
+  if (r.ec != std::errc() || r.ptr == end || *r.ptr != '.') return std::nullopt;
+  r = std::from_chars(r.ptr + 1, end, v.minor);
+  if (r.ec != std::errc()) return std::nullopt;
+  if (r.ptr != end) {  // an optional patch level: ".1"
+    int patch = 0;
+    if (*r.ptr != '.') return std::nullopt;
+    r = std::from_chars(r.ptr + 1, end, patch);
+    if (r.ec != std::errc() || r.ptr != end) return std::nullopt;
+  }
+  if (v < TorchVersion{1, 13} || v > TorchVersion{2, 11}) return std::nullopt;
+  return v;
+}
+
+std::string torch_version_name(TorchVersion v) { return fmt::format("{}.{}", v.major, v.minor); }
+
+RuntimeFacts runtime_facts(TorchVersion v, uint32_t sm) {
+  RuntimeFacts f;
+  f.torch = v;
+  f.sm = sm;
+  if (v < TorchVersion{2, 0}) {
+    // 1.13's ATen/cuda/CUDAContext.h has no workspace API: cuBLAS allocates its own workspace outside the
+    // caching allocator, so it does not appear in memory_allocated.
+    f.cublas_workspace = Bytes(0);
+    f.lt_mode = LtWorkspace::kNone;
+    return f;
+  }
+  // 2.0 (PR #89027 / #91564, Jan 2023): the :4096:2:16:8 default, 32 MiB on Hopper (major 9, minor 0).
+  f.cublas_workspace = Bytes(sm == 90 ? kCublasWorkspaceSm90Bytes : kCublasWorkspaceBytes);
+  f.cublaslt_workspace = Bytes(kCublasLtWorkspaceBytes);
+  if (v <= TorchVersion{2, 7}) {
+    f.lt_mode = LtWorkspace::kPerCall;  // CUDABlas.cpp: allocator.allocate(workspaceSize) inside each Lt gemm
+  } else if (v <= TorchVersion{2, 9}) {
+    f.lt_mode = LtWorkspace::kPersistent;  // PR #156495: "LT now allocates one workspace per handle+stream"
+  } else {
+    f.lt_mode = LtWorkspace::kUnified;  // PR #168175: cuBLASLt uses the cuBLAS workspace by default
+  }
+  return f;
+}
+
+}  // namespace trainmem

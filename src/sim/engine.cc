@@ -1,0 +1,455 @@
+#include "engine.h"
+
+#include <algorithm>
+#include <limits>
+#include <queue>
+
+#include "trainmem/error.h"
+
+namespace trainmem::sim {
+
+Shape::Shape(std::initializer_list<uint64_t> dims) {
+  for (uint64_t x : dims) d[n++] = x;
+}
+
+Elems Shape::numel() const {
+  uint64_t e = 1;
+  for (uint8_t i = 0; i < n; ++i) e = checked_mul(e, d[i], "element count of a tensor");
+  return Elems(e);
+}
+
+Strides contiguous_strides(const Shape& s) {
+  Strides st{};
+  int64_t acc = 1;
+  for (int i = s.n - 1; i >= 0; --i) {
+    st[i] = acc;
+    acc *= static_cast<int64_t>(std::max<uint64_t>(s.d[i], 1));
+  }
+  return st;
+}
+
+bool is_contiguous(const Shape& s, const Strides& st) {
+  int64_t expected = 1;
+  for (int i = s.n - 1; i >= 0; --i) {
+    if (s.d[i] == 1) continue;  // size-1 dims may have any stride
+    if (st[i] != expected) return false;
+    expected *= static_cast<int64_t>(s.d[i]);
+  }
+  return true;
+}
+
+namespace {
+
+// The dims of `s` ordered from the largest stride to the smallest (ties: the later dim is inner).
+std::array<int, 5> stride_order(const Shape& s, const Strides& st) {
+  std::array<int, 5> order{0, 1, 2, 3, 4};
+  std::stable_sort(order.begin(), order.begin() + s.n, [&](int a, int b) {
+    if (st[a] != st[b]) return st[a] > st[b];
+    return a < b;
+  });
+  return order;
+}
+
+}  // namespace
+
+bool is_dense(const Shape& s, const Strides& st) {
+  const auto order = stride_order(s, st);
+  int64_t expected = 1;
+  for (int k = s.n - 1; k >= 0; --k) {
+    const int i = order[k];
+    if (s.d[i] == 1) continue;
+    if (st[i] != expected) return false;
+    expected *= static_cast<int64_t>(s.d[i]);
+  }
+  return true;
+}
+
+Strides dense_strides_like(const Shape& s, const Strides& st) {
+  if (is_dense(s, st)) return st;
+  const auto order = stride_order(s, st);
+  Strides out{};
+  int64_t acc = 1;
+  for (int k = s.n - 1; k >= 0; --k) {
+    out[order[k]] = acc;
+    acc *= static_cast<int64_t>(std::max<uint64_t>(s.d[order[k]], 1));
+  }
+  return out;
+}
+
+// ATen's computeStride (TensorUtils.cpp): walks the old dims in chunks that are contiguous with each other
+// and matches them against the new dims.
+std::optional<Strides> view_strides(const Shape& from, const Strides& st, const Shape& to) {
+  Strides out{};
+  if (from.numel().value == 0) return contiguous_strides(to);
+  int64_t view_d = static_cast<int64_t>(to.n) - 1;
+  int64_t chunk_base_stride = st[from.n - 1];
+  int64_t tensor_numel = 1;
+  int64_t view_numel = 1;
+  for (int64_t tensor_d = static_cast<int64_t>(from.n) - 1; tensor_d >= 0; tensor_d--) {
+    tensor_numel *= static_cast<int64_t>(from.d[tensor_d]);
+    if (tensor_d == 0 || (from.d[tensor_d - 1] != 1 &&
+                          st[tensor_d - 1] != tensor_numel * chunk_base_stride)) {
+      while (view_d >= 0 && (view_numel < tensor_numel || to.d[view_d] == 1)) {
+        out[view_d] = view_numel * chunk_base_stride;
+        view_numel *= static_cast<int64_t>(to.d[view_d]);
+        view_d--;
+      }
+      if (view_numel != tensor_numel) return std::nullopt;
+      if (tensor_d > 0) {
+        chunk_base_stride = st[tensor_d - 1];
+        tensor_numel = 1;
+        view_numel = 1;
+      }
+    }
+  }
+  if (view_d != -1) return std::nullopt;
+  return out;
+}
+
+// ---- T: a counted reference --------------------------------------------------------------------------
+
+T::T(TensorImpl* p) : p_(p) {
+  if (p_) ++p_->refs;
+}
+T::T(const T& o) : p_(o.p_) {
+  if (p_) ++p_->refs;
+}
+T& T::operator=(const T& o) {
+  if (this != &o) {
+    T tmp(o);
+    std::swap(p_, tmp.p_);
+  }
+  return *this;
+}
+T& T::operator=(T&& o) noexcept {
+  if (this != &o) {
+    reset();
+    p_ = o.p_;
+    o.p_ = nullptr;
+  }
+  return *this;
+}
+T::~T() { reset(); }
+
+void T::reset() {
+  if (!p_) return;
+  TensorImpl* p = p_;
+  p_ = nullptr;
+  if (--p->refs == 0) {
+    Engine* e = p->eng;
+    e->release(p->storage);
+    e->delete_impl(p);
+  }
+}
+
+// ---- storages ----------------------------------------------------------------------------------------
+
+Engine::~Engine() {
+  // Drop every reference before the storages go: nodes (saved tensors), grads, parameters.
+  nodes_.clear();
+  acc_nodes_.clear();
+  grads_.clear();
+  for (T& w : cublas_ws_) w.reset();
+  for (T& w : cublaslt_ws_) w.reset();
+  params_.clear();
+  for (TensorImpl* p : free_impls_) delete p;
+}
+
+TensorImpl* Engine::new_impl() {
+  TensorImpl* p;
+  if (!free_impls_.empty()) {
+    p = free_impls_.back();
+    free_impls_.pop_back();
+    *p = TensorImpl{};
+  } else {
+    p = new TensorImpl{};
+  }
+  p->eng = this;
+  return p;
+}
+
+void Engine::delete_impl(TensorImpl* p) { free_impls_.push_back(p); }
+
+uint64_t Engine::alloc_storage(Bytes b, Category c, Label l) {
+  const uint64_t id = storages_.size();
+  storages_.push_back(StorageInfo{b, c, 0, l});
+  live_.by_category[static_cast<size_t>(c)] += b;
+  live_.total += b;
+  tl_->events.push_back(Event{Event::kAlloc, c, c, phase, step, micro, id, b, l});
+  return id;
+}
+
+void Engine::free_storage(uint64_t id) {
+  StorageInfo& s = storages_[id];
+  live_.by_category[static_cast<size_t>(s.category)] -= s.bytes;
+  live_.total -= s.bytes;
+  tl_->events.push_back(Event{Event::kFree, s.category, s.category, phase, step, micro, id, s.bytes, s.label});
+}
+
+void Engine::retain(uint64_t id) { ++storages_[id].refs; }
+
+void Engine::release(uint64_t id) {
+  if (--storages_[id].refs == 0) free_storage(id);
+}
+
+void Engine::recategorize(uint64_t id, Category c) {
+  StorageInfo& s = storages_[id];
+  if (s.category == c) return;
+  live_.by_category[static_cast<size_t>(s.category)] -= s.bytes;
+  live_.by_category[static_cast<size_t>(c)] += s.bytes;
+  tl_->events.push_back(Event{Event::kRecategorize, c, s.category, phase, step, micro, id, s.bytes, s.label});
+  s.category = c;
+}
+
+// ---- tensors -----------------------------------------------------------------------------------------
+
+T Engine::empty(const Shape& s, DType dt, Category c, Label l) {
+  return empty_strided(s, contiguous_strides(s), dt, c, l);
+}
+
+T Engine::empty_strided(const Shape& s, const Strides& st, DType dt, Category c, Label l) {
+  TensorImpl* p = new_impl();
+  p->shape = s;
+  p->dtype = dt;
+  p->strides = st;
+  p->label = l;
+  p->storage = alloc_storage(bytes_of(s.numel(), dt), c, l);
+  retain(p->storage);
+  return T(p);
+}
+
+T Engine::view(const T& base, const Shape& s, const Strides& st) {
+  TensorImpl* p = new_impl();
+  p->shape = s;
+  p->dtype = base->dtype;
+  p->strides = st;
+  p->label = base->label;
+  p->storage = base->storage;
+  p->requires_grad = base->requires_grad;
+  p->grad_fn = base->grad_fn;
+  retain(p->storage);
+  return T(p);
+}
+
+T Engine::parameter(const Shape& s, DType dt, int32_t index, Label l) {
+  T t = empty(s, dt, Category::kWeights, l);
+  t->requires_grad = true;
+  t->is_param = true;
+  auto acc = std::make_unique<Node>();
+  acc->name = "AccumulateGrad";
+  acc->seq = std::numeric_limits<uint64_t>::max();  // "always called ASAP during backwards"
+  acc->is_accumulate = true;
+  acc->param = index;
+  acc->inbuf.resize(1);
+  t->grad_fn = {acc.get(), 0};
+  if (static_cast<size_t>(index) >= params_.size()) {
+    params_.resize(index + 1);
+    grads_.resize(index + 1);
+    acc_nodes_.resize(index + 1);
+  }
+  params_[index] = t;
+  acc_nodes_[index] = std::move(acc);
+  return t;
+}
+
+T Engine::leaf(const Shape& s, DType dt, Category c, Label l) { return empty(s, dt, c, l); }
+
+T& Engine::grad(int32_t index) { return grads_[index]; }
+
+Bytes Engine::saved_bytes() const {
+  std::vector<uint64_t> ids;
+  for (const auto& n : nodes_) {
+    for (const T& t : n->saved) {
+      if (!t) continue;
+      const Category c = storages_[t->storage].category;
+      if (c == Category::kWeights || c == Category::kBuffers) continue;
+      ids.push_back(t->storage);
+    }
+  }
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  Bytes b;
+  for (uint64_t id : ids) b += storages_[id].bytes;
+  return b;
+}
+
+void Engine::gemm(bool lt) {
+  const size_t thread = phase == Phase::kBackward ? 1 : 0;
+  if (rt_.cublas_workspace.value > 0 && !cublas_ws_[thread]) {
+    // CublasHandlePool.cpp getNewWorkspace(): CUDACachingAllocator::get()->allocate(getChosenWorkspaceSize())
+    cublas_ws_[thread] = empty(Shape{rt_.cublas_workspace.value}, DType::kU8, Category::kWorkspace,
+                               Label{thread ? "cuBLAS workspace (autograd thread)" : "cuBLAS workspace"});
+  }
+  if (!lt) return;
+  if (rt_.lt_mode == LtWorkspace::kPerCall) {
+    T w = empty(Shape{rt_.cublaslt_workspace.value}, DType::kU8, Category::kTemporaries,
+                Label{"cuBLASLt workspace"});  // freed when the gemm returns
+  } else if (rt_.lt_mode == LtWorkspace::kPersistent && !cublaslt_ws_[thread]) {
+    cublaslt_ws_[thread] = empty(Shape{rt_.cublaslt_workspace.value}, DType::kU8, Category::kWorkspace,
+                                 Label{thread ? "cuBLASLt workspace (autograd thread)" : "cuBLASLt workspace"});
+  }
+}
+
+// ---- autograd ----------------------------------------------------------------------------------------
+
+Node* Engine::record(const char* name, std::initializer_list<const T*> inputs, std::initializer_list<T*> outputs,
+                     std::vector<T> saved, BackwardFn fn) {
+  if (!grad_mode) return nullptr;
+  bool any = false;
+  for (const T* in : inputs) any = any || (in && *in && (*in)->requires_grad);
+  if (!any) return nullptr;
+  auto node = std::make_unique<Node>();
+  node->name = name;
+  node->seq = ++seq_;
+  node->saved = std::move(saved);
+  node->fn = std::move(fn);
+  for (const T* in : inputs) {
+    const bool diff = in && *in && (*in)->requires_grad;
+    node->next.push_back(diff ? (*in)->grad_fn : GradEdge{});
+    node->in_meta.push_back(in && *in ? InputMeta{(*in)->shape, (*in)->dtype} : InputMeta{});
+  }
+  node->inbuf.resize(outputs.size());
+  uint32_t slot = 0;
+  for (T* out : outputs) {
+    if (out && *out) {
+      (*out)->requires_grad = true;
+      (*out)->grad_fn = {node.get(), slot};
+    }
+    ++slot;
+  }
+  Node* raw = node.get();
+  nodes_.push_back(std::move(node));
+  return raw;
+}
+
+namespace {
+
+struct ReadyOrder {
+  bool operator()(const Node* a, const Node* b) const { return a->seq < b->seq; }
+};
+
+// Dense, uniquely referenced: the engine may add into it in place (InputBuffer::accumulate,
+// can_accumulate_inplace) or steal it as .grad (AccumulateGrad).
+bool uniquely_owned(const Engine& e, const T& t) {
+  return t->refs == 1 && e.storage(t->storage).refs == 1 && is_dense(t->shape, t->strides);
+}
+
+}  // namespace
+
+// engine.cpp validate_outputs: a gradient whose shape differs from its input's (broadcast) is reduced with
+// sum_to, one whose dtype differs is cast with .to(): each a new tensor replacing the old.
+void Engine::validate_outputs(Node& n, std::vector<T>& grads) {
+  for (size_t i = 0; i < grads.size() && i < n.in_meta.size(); ++i) {
+    T& g = grads[i];
+    if (!g || !n.next[i]) continue;
+    const InputMeta& m = n.in_meta[i];
+    if (g.shape().numel() != m.shape.numel()) {
+      T r = empty(m.shape, g.dtype(), Category::kBackward, g->label);
+      g = std::move(r);
+    }
+    if (g.dtype() != m.dtype) {
+      T c = empty_strided(g.shape(), dense_strides_like(g.shape(), g->strides), m.dtype, Category::kBackward,
+                          g->label);
+      g = std::move(c);
+    }
+  }
+}
+
+void Engine::deliver(T g, GradEdge e, std::vector<Node*>& ready) {
+  Node* n = e.node;
+  T& slot = n->inbuf[e.slot];
+  if (g) {
+    if (!slot) {
+      slot = std::move(g);
+    } else if (uniquely_owned(*this, slot)) {
+      g.reset();  // old.add_(new): in place
+    } else {
+      T sum = empty_strided(slot.shape(), dense_strides_like(slot.shape(), slot->strides), slot.dtype(),
+                          Category::kBackward, slot->label);  // old + new
+      slot = std::move(sum);
+      g.reset();
+    }
+  }
+  if (--n->deps == 0) {
+    ready.push_back(n);
+    std::push_heap(ready.begin(), ready.end(), ReadyOrder());
+  }
+}
+
+void Engine::accumulate_param(Node& n, T g) {
+  if (!g) return;
+  T& grad = grads_[n.param];
+  const T& p = params_[n.param];
+  if (grad) {
+    g.reset();  // variable_grad += new_grad, in place
+    return;
+  }
+  // obeys_layout_contract: a dense parameter needs a grad with the same strides.
+  if (uniquely_owned(*this, g) && g->strides == p->strides && g->dtype == p->dtype) {
+    recategorize(g->storage, Category::kGradients);  // stolen: the engine's tensor becomes .grad
+    grad = std::move(g);
+  } else {
+    grad = empty(p.shape(), p.dtype(), Category::kGradients, p->label);  // clone_obey_contract
+    g.reset();
+  }
+}
+
+void Engine::backward(const T& loss) {
+  if (!loss->requires_grad || !loss->grad_fn) throw Error("internal: backward() of a tensor without grad_fn");
+  // Dependencies: count the edges into each node reachable from the loss.
+  std::vector<Node*> stack{loss->grad_fn.node};
+  std::vector<Node*> seen{loss->grad_fn.node};
+  loss->grad_fn.node->deps = 0;
+  for (auto& a : acc_nodes_) {
+    if (a) a->deps = 0;
+  }
+  // Mark visited with a high bit in deps during the walk, then clear it.
+  constexpr uint32_t kSeen = 1u << 31;
+  loss->grad_fn.node->deps = kSeen;
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (const GradEdge& e : n->next) {
+      if (!e) continue;
+      Node* m = e.node;
+      if (!(m->deps & kSeen)) {
+        m->deps = kSeen;
+        seen.push_back(m);
+        stack.push_back(m);
+      }
+      ++m->deps;
+    }
+  }
+  for (Node* n : seen) n->deps &= ~kSeen;
+
+  std::vector<Node*> ready;
+  // torch.autograd.backward seeds the root with ones_like(loss) (_make_grads); the seed list lives until
+  // backward returns.
+  T seed = empty(loss.shape(), loss.dtype(), Category::kBackward, Label{"grad of the loss"});
+  {
+    Node* root = loss->grad_fn.node;
+    root->inbuf[loss->grad_fn.slot] = seed;
+    ready.push_back(root);
+  }
+  while (!ready.empty()) {
+    std::pop_heap(ready.begin(), ready.end(), ReadyOrder());
+    Node* n = ready.back();
+    ready.pop_back();
+    std::vector<T> in = std::move(n->inbuf);
+    n->inbuf.assign(in.size(), T());
+    if (n->is_accumulate) {
+      accumulate_param(*n, std::move(in[0]));
+      continue;
+    }
+    std::vector<T> out = n->fn(*this, *n, in);
+    validate_outputs(*n, out);
+    in.clear();         // call_function returns: the incoming gradients are dropped
+    n->saved.clear();   // release_variables()
+    for (size_t i = 0; i < n->next.size(); ++i) {
+      if (n->next[i]) deliver(i < out.size() ? std::move(out[i]) : T(), n->next[i], ready);
+    }
+  }
+  nodes_.clear();  // the graph is freed once backward is done (retain_graph=False)
+}
+
+}  // namespace trainmem::sim

@@ -1,0 +1,201 @@
+// The simulated PyTorch runtime: storages with reference counts, tensor handles whose lifetimes mirror Python
+// references, autograd nodes with saved tensors, and the backward engine. Model forward programs
+// (src/sim/models/*.cc) are transliterations of the Python code they model, written with these handles, so
+// that a tensor is freed exactly when the Python program would drop its last reference.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "trainmem/dtype.h"
+#include "trainmem/runtime.h"
+#include "trainmem/timeline.h"
+#include "trainmem/units.h"
+
+namespace trainmem::sim {
+
+// A tensor shape of up to 5 dims.
+struct Shape {
+  std::array<uint64_t, 5> d{};
+  uint8_t n = 0;
+  Shape() = default;
+  Shape(std::initializer_list<uint64_t> dims);
+  uint64_t operator[](size_t i) const { return d[i]; }
+  uint64_t back() const { return d[n - 1]; }
+  Elems numel() const;
+};
+
+// Element strides of a tensor, as PyTorch keeps them: whether an op must copy (reshape, contiguous, bmm,
+// a view in backward) depends on them, so they are tracked exactly rather than approximated.
+using Strides = std::array<int64_t, 5>;
+Strides contiguous_strides(const Shape& s);
+bool is_contiguous(const Shape& s, const Strides& st);
+// Non-overlapping and dense: some permutation of the dims is contiguous (what empty_like preserves).
+bool is_dense(const Shape& s, const Strides& st);
+// The strides of a view of (shape, strides) as `to`, or nullopt when no view exists and reshape must copy
+// (ATen's computeStride).
+std::optional<Strides> view_strides(const Shape& from, const Strides& st, const Shape& to);
+// Dense strides with the dims ordered as `st` orders them: empty_like(preserve_format), and the layout
+// TensorIterator gives an elementwise result (ATen's infer_dense_strides).
+Strides dense_strides_like(const Shape& s, const Strides& st);
+
+
+class Engine;
+struct Node;
+
+// The autograd identity of a tensor: its grad_fn and output slot, or the parameter it is (leaf).
+struct GradEdge {
+  Node* node = nullptr;
+  uint32_t slot = 0;
+  explicit operator bool() const { return node != nullptr; }
+};
+
+struct TensorImpl {
+  Engine* eng = nullptr;
+  uint64_t storage = 0;  // storage id
+  Shape shape;
+  DType dtype = DType::kF32;
+  Strides strides{};
+  bool requires_grad = false;
+  GradEdge grad_fn;      // for a parameter: its AccumulateGrad node
+  uint32_t refs = 0;
+  bool is_param = false;
+  Label label;
+};
+
+// A reference to a tensor, like a Python variable: copying adds a reference, destruction drops one.
+class T {
+ public:
+  T() = default;
+  explicit T(TensorImpl* p);
+  T(const T& o);
+  T(T&& o) noexcept : p_(o.p_) { o.p_ = nullptr; }
+  T& operator=(const T& o);
+  T& operator=(T&& o) noexcept;
+  ~T();
+  void reset();
+  explicit operator bool() const { return p_ != nullptr; }
+  TensorImpl* operator->() const { return p_; }
+  TensorImpl* get() const { return p_; }
+  const Shape& shape() const { return p_->shape; }
+  DType dtype() const { return p_->dtype; }
+  Bytes bytes() const { return bytes_of(p_->shape.numel(), p_->dtype); }
+
+ private:
+  TensorImpl* p_ = nullptr;
+};
+
+// What an autograd node's backward does, given the incoming gradients (one per forward output, possibly
+// empty) it returns one gradient per next edge (possibly empty).
+using BackwardFn = std::function<std::vector<T>(Engine&, Node&, std::vector<T>& grads)>;
+
+// What validate_outputs checks a gradient against: the input's shape and dtype.
+struct InputMeta {
+  Shape shape;
+  DType dtype = DType::kF32;
+};
+
+struct Node {
+  const char* name = "";  // e.g. "AddmmBackward0"
+  uint64_t seq = 0;       // creation order; the engine runs the highest ready sequence number first
+  int32_t layer = -1;
+  std::vector<T> saved;   // tensors saved for backward (released after the node runs)
+  std::vector<GradEdge> next;  // one per differentiable input
+  std::vector<InputMeta> in_meta;  // one per differentiable input
+  std::vector<T> inbuf;   // incoming gradients, one slot per forward output
+  uint32_t deps = 0;      // incoming edges not yet delivered during the current backward
+  BackwardFn fn;
+  bool is_accumulate = false;
+  int32_t param = -1;     // AccumulateGrad: the parameter index
+};
+
+struct StorageInfo {
+  Bytes bytes;
+  Category category = Category::kActivations;
+  uint32_t refs = 0;  // tensor impls referring to it
+  Label label;
+};
+
+class Engine {
+ public:
+  explicit Engine(Timeline* tl) : tl_(tl) {}
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Where subsequent events are attributed.
+  Phase phase = Phase::kSetup;
+  uint32_t step = 0, micro = 0;
+  bool grad_mode = true;  // torch.no_grad() when false: no nodes are recorded
+
+  // A new storage and a tensor over it.
+  T empty(const Shape& s, DType dt, Category c, Label l);
+  // A new storage with the given strides (empty_like of a permuted tensor).
+  T empty_strided(const Shape& s, const Strides& st, DType dt, Category c, Label l);
+  // A view sharing `base`'s storage (no allocation), with its autograd identity.
+  T view(const T& base, const Shape& s, const Strides& st);
+  // A parameter (leaf requiring grad) with its AccumulateGrad node; `index` is its inventory row.
+  T parameter(const Shape& s, DType dt, int32_t index, Label l);
+  // A buffer or an input (leaf without grad).
+  T leaf(const Shape& s, DType dt, Category c, Label l);
+
+  // Records an autograd node for an op whose differentiable inputs are `inputs` and whose outputs are
+  // `outputs` (which get grad_fn and requires_grad when any input requires grad). Returns nullptr when no
+  // input requires grad (or grad mode is off): nothing is saved then.
+  Node* record(const char* name, std::initializer_list<const T*> inputs, std::initializer_list<T*> outputs,
+               std::vector<T> saved, BackwardFn fn);
+
+  // Runs loss.backward(): seeds the gradient with ones_like(loss) and executes every reachable node.
+  void backward(const T& loss);
+  // The .grad of parameter `index` (empty handle when None).
+  T& grad(int32_t index);
+  std::vector<T>& grads() { return grads_; }
+  // Parameter metadata for AccumulateGrad.
+  size_t parameter_count() const { return params_.size(); }
+
+  // Storage bookkeeping (used by T).
+  void retain(uint64_t id);
+  void release(uint64_t id);
+  void recategorize(uint64_t id, Category c);
+  const StorageInfo& storage(uint64_t id) const { return storages_[id]; }
+  TensorImpl* new_impl();
+  void delete_impl(TensorImpl* p);
+  uint64_t alloc_storage(Bytes b, Category c, Label l);
+  void free_storage(uint64_t id);
+
+  const LiveBytes& live() const { return live_; }
+  size_t event_count() const { return tl_->events.size(); }
+  // Bytes of the distinct storages that autograd nodes hold (saved tensors), excluding parameters and
+  // buffers: what the forward pass leaves for backward.
+  Bytes saved_bytes() const;
+
+  // cuBLAS: the first gemm of a thread allocates that thread's workspace (forward ops run on the Python
+  // thread, backward ops on the autograd engine's device thread). `lt`: the gemm goes through cuBLASLt.
+  void set_runtime(const RuntimeFacts& rt) { rt_ = rt; }
+  const RuntimeFacts& runtime() const { return rt_; }
+  void gemm(bool lt);
+
+ private:
+  void deliver(T g, GradEdge e, std::vector<Node*>& ready);
+  void validate_outputs(Node& n, std::vector<T>& grads);
+  void accumulate_param(Node& n, T g);
+
+  Timeline* tl_;
+  std::vector<StorageInfo> storages_;
+  std::vector<std::unique_ptr<Node>> nodes_;     // live graph nodes of the current forward/backward
+  std::vector<std::unique_ptr<Node>> acc_nodes_; // one AccumulateGrad per parameter (persistent)
+  std::vector<T> params_;   // the parameters themselves (weak in spirit: the model holds them)
+  std::vector<T> grads_;    // .grad per parameter
+  std::vector<TensorImpl*> free_impls_;
+  uint64_t seq_ = 0;
+  LiveBytes live_;
+  RuntimeFacts rt_;
+  std::array<T, 2> cublas_ws_;    // per thread: 0 = Python thread, 1 = autograd thread
+  std::array<T, 2> cublaslt_ws_;
+};
+
+}  // namespace trainmem::sim

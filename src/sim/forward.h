@@ -1,0 +1,49 @@
+// Internal: the loaded model and the forward programs of each family.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "ops.h"
+#include "trainmem/inventory.h"
+#include "trainmem/model.h"
+
+namespace trainmem::sim {
+
+// The model on the device: its parameters and buffers as simulated tensors, by inventory row.
+struct LoadedModel {
+  std::vector<T> params;
+  std::vector<T> buffers;
+  std::unordered_map<std::string_view, int> param_row, buffer_row;
+  const Inventory* inv = nullptr;
+
+  // The parameter named `name`, or an empty handle when the model has none (an optional bias).
+  const T& p(std::string_view name) const;
+  const T* opt(std::string_view name) const;
+  const T& buf(std::string_view name) const;
+};
+
+// model.to(device): parameters and buffers allocated in nn.Module._apply order.
+LoadedModel load_model(Engine& e, const Inventory& inv, DType model_dtype);
+
+// What the model's forward returns.
+struct ForwardOut {
+  T logits;
+  T loss;  // empty when no targets were given
+};
+
+// Each family's forward, transliterated from the Python it models. `targets` null: no loss in the model.
+ForwardOut nanogpt_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& idx, const T* targets);
+ForwardOut gpt2_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids, const T* labels);
+ForwardOut llama_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids, const T* labels);
+ForwardOut gpt_neox_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids, const T* labels);
+ForwardOut opt_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids, const T* labels);
+ForwardOut stack_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& x);
+
+// transformers' ForCausalLMLoss (loss_utils.py): logits.float(), labels padded with -100 and shifted,
+// cross_entropy over (B*T, V).
+T causal_lm_loss(Ctx& c, const T& logits, const T& labels);
+
+}  // namespace trainmem::sim

@@ -1,0 +1,62 @@
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "forward.h"
+#include "trainmem/error.h"
+
+namespace trainmem::sim {
+
+const T& LoadedModel::p(std::string_view name) const {
+  auto it = param_row.find(name);
+  if (it == param_row.end()) throw Error(fmt::format("internal: the model has no parameter {}", name));
+  return params[it->second];
+}
+
+const T* LoadedModel::opt(std::string_view name) const {
+  auto it = param_row.find(name);
+  return it == param_row.end() ? nullptr : &params[it->second];
+}
+
+const T& LoadedModel::buf(std::string_view name) const {
+  auto it = buffer_row.find(name);
+  if (it == buffer_row.end()) throw Error(fmt::format("internal: the model has no buffer {}", name));
+  return buffers[it->second];
+}
+
+namespace {
+
+Shape shape_of(const TensorRow& r) {
+  Shape s;
+  for (uint64_t d : r.shape) s.d[s.n++] = d;
+  return s;
+}
+
+}  // namespace
+
+LoadedModel load_model(Engine& e, const Inventory& inv, DType model_dtype) {
+  LoadedModel w;
+  w.inv = &inv;
+  w.params.resize(inv.parameters.size());
+  w.buffers.resize(inv.buffers.size());
+  size_t b = 0;
+  auto load_buffers_before = [&](size_t param_index) {
+    for (; b < inv.buffers.size() && inv.buffers[b].load_after <= param_index; ++b) {
+      const TensorRow& r = inv.buffers[b];
+      w.buffers[b] = e.leaf(shape_of(r), stored_dtype(r, model_dtype), Category::kBuffers,
+                            Label{r.name.c_str(), -1, static_cast<int32_t>(b)});
+      w.buffer_row.emplace(r.name, static_cast<int>(b));
+    }
+  };
+  for (size_t i = 0; i < inv.parameters.size(); ++i) {
+    load_buffers_before(i);
+    const TensorRow& r = inv.parameters[i];
+    w.params[i] = e.parameter(shape_of(r), model_dtype, static_cast<int32_t>(i),
+                              Label{r.name.c_str(), -1, static_cast<int32_t>(i)});
+    w.param_row.emplace(r.name, static_cast<int>(i));
+  }
+  load_buffers_before(inv.parameters.size());
+  return w;
+}
+
+}  // namespace trainmem::sim

@@ -1,0 +1,324 @@
+// The training loop around the model, per LoopKind: what it allocates and keeps alive between the
+// model's forward and the optimizer's step.
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "forward.h"
+#include "trainmem/error.h"
+#include "trainmem/sim.h"
+
+namespace trainmem {
+
+std::string_view loop_name(LoopKind k) {
+  switch (k) {
+    case LoopKind::kNanoGpt: return "nanogpt";
+    case LoopKind::kHf: return "hf";
+    case LoopKind::kSeed000: return "seed000";
+    case LoopKind::kPlain: return "plain";
+  }
+  return "?";
+}
+
+std::optional<LoopKind> parse_loop(std::string_view s) {
+  for (LoopKind k : {LoopKind::kNanoGpt, LoopKind::kHf, LoopKind::kSeed000, LoopKind::kPlain}) {
+    if (loop_name(k) == s) return k;
+  }
+  return std::nullopt;
+}
+
+LoopKind default_loop(const ModelSpec& m) {
+  switch (m.impl) {
+    case Impl::kNanoGpt: return LoopKind::kNanoGpt;
+    case Impl::kHf: return LoopKind::kHf;
+    case Impl::kStack: return LoopKind::kPlain;
+  }
+  return LoopKind::kHf;
+}
+
+namespace sim {
+
+namespace {
+
+// multi_tensor_apply (ATen/native/cuda/MultiTensorApply.cuh): kChunkSize elements per chunk; _foreach_norm
+// keeps one float partial per chunk of every tensor.
+constexpr uint64_t kForeachChunkElems = 65536;
+
+struct Loop {
+  const ModelSpec& m;
+  const Inventory& inv;
+  const TrainSetup& s;
+  const SimOptions& o;
+  Engine& e;
+  Ctx c;
+  LoadedModel w;
+  OptimizerImpl opt_impl;
+  bool scaler;  // GradScaler active: float16 autocast
+  T scale, growth_tracker;  // GradScaler state
+  std::vector<T> state;     // optimizer state tensors, created on the first step
+  T X, Y;                   // the current batch
+  T kept_logits;            // nanoGPT: `logits` lives until the next forward returns
+  T kept_loss;              // the training script's `loss` variable, rebound each micro-batch
+
+  Loop(const ModelSpec& m_, const Inventory& inv_, const TrainSetup& s_, const SimOptions& o_, Engine& e_)
+      : m(m_), inv(inv_), s(s_), o(o_), e(e_), c(e_) {}
+
+  T batch_tensor(const char* what) {
+    if (m.family == Family::kStack) {
+      return e.leaf(Shape{s.batch, m.stack_input}, param_dtype(s.precision), Category::kInputs, Label{what});
+    }
+    return e.leaf(Shape{s.batch, s.seq}, DType::kI64, Category::kInputs, Label{what});
+  }
+
+  void get_batch() {
+    // x, y = x.to(device), y.to(device): x first. Rebinding releases the previous batch unless autograd
+    // still holds it (embedding saves the ids, nll_loss the targets).
+    T x = batch_tensor("input ids");
+    T y = m.family == Family::kStack ? T() : batch_tensor("targets");
+    X = std::move(x);
+    Y = std::move(y);
+  }
+
+  // The seed 000 fork warms cuBLAS up before building the model (its dummy_step): seed 000's workspace demo,
+  // out = a.mm(a); out.backward(gradient) with 2x2 float32 tensors.
+  void warmup() {
+    const Shape s2{2, 2};
+    auto t = [&](const char* what) { return e.empty(s2, DType::kF32, Category::kTemporaries, Label{what}); };
+    e.phase = Phase::kSetup;
+    T a = t("warm-up a");
+    T out = t("warm-up a.mm(a)");
+    e.gemm(false);  // the Python thread's cuBLAS workspace
+    T gradient = t("warm-up gradient");
+    e.phase = Phase::kBackward;
+    T g_mat2 = t("warm-up grad");
+    e.gemm(false);  // the autograd thread's cuBLAS workspace
+    { T g_self = t("warm-up grad"); }  // summed into the first in place
+    e.phase = Phase::kSetup;
+  }
+
+  ForwardOut run_forward(const T* targets) {
+    switch (m.family) {
+      case Family::kGpt2:
+        return m.impl == Impl::kNanoGpt ? nanogpt_forward(c, m, w, X, targets) : gpt2_forward(c, m, w, X, targets);
+      case Family::kLlama: return llama_forward(c, m, w, X, targets);
+      case Family::kGptNeox: return gpt_neox_forward(c, m, w, X, targets);
+      case Family::kOpt: return opt_forward(c, m, w, X, targets);
+      case Family::kStack: return stack_forward(c, m, w, X);
+    }
+    throw Error("internal: unknown family");
+  }
+
+  T scale_loss(T loss) {
+    // loss = loss / gradient_accumulation_steps (a python number: a new 0-dim tensor)
+    if (s.grad_accum > 1 || o.loop == LoopKind::kNanoGpt || o.loop == LoopKind::kSeed000) {
+      loss = mul_scalar(c, loss, "loss / grad_accum");
+    }
+    return loss;
+  }
+
+  T scaler_scale(const T& loss) {
+    if (!scaler) return loss;
+    if (!scale) {
+      // GradScaler._lazy_init_scale_growth_tracker: _scale (float32) and _growth_tracker (int32)
+      scale = e.leaf(Shape{}, DType::kF32, Category::kTemporaries, Label{"GradScaler _scale"});
+      growth_tracker = e.leaf(Shape{}, DType::kI32, Category::kTemporaries, Label{"GradScaler _growth_tracker"});
+    }
+    return mul(c, loss, scale, "scaled loss");  // outputs * self._scale
+  }
+
+  // One micro-batch: forward (+ loss) under autocast, then backward.
+  void micro_batch(uint32_t step, uint32_t micro, SimResult& r, bool record) {
+    e.step = step;
+    e.micro = micro;
+    e.phase = Phase::kForward;
+    if (o.loop == LoopKind::kHf) get_batch();  // Trainer: _prepare_inputs moves this micro-batch's tensors
+    T loss;
+    {
+      ForwardOut out;
+      if (o.loop == LoopKind::kSeed000) {
+        out = run_forward(nullptr);
+        e.phase = Phase::kLoss;
+        // model_step: F.cross_entropy(logits.view(-1, V), Y.view(-1)) outside the model; the logits are not
+        // kept.
+        const uint64_t V = out.logits.shape().back();
+        const T flat = view(c, out.logits, Shape{out.logits.shape().numel().value / V, V});
+        const T tflat = view(c, Y, Shape{Y.shape().numel().value});
+        out.loss = cross_entropy(c, flat, tflat);
+        out.logits.reset();
+      } else if (m.family == Family::kStack) {
+        out = run_forward(nullptr);
+        e.phase = Phase::kLoss;
+        out.loss = out.logits;  // the stack's forward already reduced to a scalar (y.sum())
+        out.logits.reset();
+      } else {
+        out = run_forward(&Y);
+        if (o.loop == LoopKind::kNanoGpt) kept_logits = std::move(out.logits);  // `logits, loss = model(X, Y)`
+      }
+      e.phase = Phase::kLoss;
+      kept_loss.reset();  // `loss = model(...)` rebinds the script's variable
+      loss = scale_loss(std::move(out.loss));
+      c.exit_autocast();  // the `with ctx:` block ends
+    }
+    if (o.loop == LoopKind::kNanoGpt || o.loop == LoopKind::kSeed000) get_batch();  // prefetch
+    if (record) {
+      r.after_forward = Moment{e.event_count(), e.phase, step, micro, e.live()};
+      r.saved_activations = e.saved_bytes();
+    }
+    e.phase = Phase::kBackward;
+    T scaled = scaler_scale(loss);
+    kept_loss = std::move(loss);
+    e.backward(scaled);
+  }
+
+  void clip_grad_norm() {
+    // torch.nn.utils.clip_grad_norm_(params, 1.0), foreach path: _foreach_norm (one partial per 64Ki-element
+    // chunk of every tensor, then one float per tensor), torch.stack of the norms, the total norm, the
+    // clip coefficient; the grads are scaled in place.
+    uint64_t max_chunks = 1;
+    for (const TensorRow& p : inv.parameters) max_chunks = std::max(max_chunks, ceil_div(p.elems.value, kForeachChunkElems));
+    const uint64_t n = inv.parameters.size();
+    T norms;
+    {
+      T partial = e.empty(Shape{n * max_chunks}, DType::kF32, Category::kTemporaries, Label{"clip_grad_norm_ partials"});
+      norms = e.empty(Shape{n}, DType::kF32, Category::kTemporaries, Label{"clip_grad_norm_ per-tensor norms"});
+    }
+    T total;
+    {
+      T stacked = e.empty(Shape{n}, DType::kF32, Category::kTemporaries, Label{"clip_grad_norm_ stack"});
+      total = e.empty(Shape{}, DType::kF32, Category::kTemporaries, Label{"clip_grad_norm_ total"});
+    }
+    T coef = e.empty(Shape{}, DType::kF32, Category::kTemporaries, Label{"clip_grad_norm_ clip_coef"});
+    T clamped = e.empty(Shape{}, DType::kF32, Category::kTemporaries, Label{"clip_grad_norm_ clamped"});
+  }
+
+  void optimizer_step(bool first) {
+    e.phase = Phase::kOptimizer;
+    if (s.optimizer == Optimizer::kNone) return;
+    const uint64_t states = optimizer_states_per_param(s.optimizer);
+    const bool adam = s.optimizer == Optimizer::kAdamW || s.optimizer == Optimizer::kAdam;
+    const bool device_step = adam && opt_impl == OptimizerImpl::kFused;
+    for (const std::vector<size_t>& group : param_groups()) {
+      if (first) {
+        // _init_group, parameter by parameter: step (a 0-dim float32, on the device only when fused or
+        // capturable), exp_avg, exp_avg_sq = zeros_like(p). SGD's momentum_buffer = clone(grad).
+        for (size_t i : group) {
+          const T& p = w.params[i];
+          const Label l{inv.parameters[i].name.c_str(), -1, static_cast<int32_t>(i)};
+          if (device_step) state.push_back(e.empty(Shape{}, DType::kF32, Category::kOptimizer, l));
+          for (uint64_t k = 0; k < states; ++k) state.push_back(e.empty(p.shape(), p.dtype(), Category::kOptimizer, l));
+        }
+      }
+      if (adam && opt_impl == OptimizerImpl::kForeach) {
+        // _multi_tensor_adam: exp_avg_sq_sqrt = torch._foreach_sqrt(device_exp_avg_sqs), one tensor per
+        // parameter of the group, alive until the group's update returns.
+        std::vector<T> sqrt;
+        for (size_t i : group) {
+          sqrt.push_back(e.empty(w.params[i].shape(), w.params[i].dtype(), Category::kTemporaries,
+                                 Label{"adam exp_avg_sq_sqrt", -1, static_cast<int32_t>(i)}));
+        }
+      } else if (adam && opt_impl == OptimizerImpl::kForLoop) {
+        // _single_tensor_adam: denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps), per parameter
+        for (size_t i : group) {
+          T sq = e.empty(w.params[i].shape(), w.params[i].dtype(), Category::kTemporaries, Label{"adam sqrt"});
+          T denom = e.empty(w.params[i].shape(), w.params[i].dtype(), Category::kTemporaries, Label{"adam denom"});
+        }
+      }
+    }
+  }
+
+  // The optimizer's parameter groups, in order. nanoGPT's configure_optimizers and transformers' Trainer
+  // both put the weight-decayed tensors (nanoGPT: dim >= 2; Trainer: all but biases and norm weights, which
+  // for the supported models are exactly the 1-D tensors) in a first group and the rest in a second.
+  std::vector<std::vector<size_t>> param_groups() const {
+    std::vector<size_t> decay, rest;
+    for (size_t i = 0; i < inv.parameters.size(); ++i) {
+      (inv.parameters[i].shape.size() >= 2 ? decay : rest).push_back(i);
+    }
+    if (o.loop == LoopKind::kPlain) {
+      std::vector<size_t> all(inv.parameters.size());
+      for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+      return {all};
+    }
+    return {decay, rest};
+  }
+
+  void zero_grad() {
+    e.phase = Phase::kZeroGrad;
+    if (o.loop == LoopKind::kSeed000) return;  // set_to_none=False: the gradients are zeroed in place
+    for (T& g : e.grads()) g.reset();         // set_to_none=True
+  }
+};
+
+Moment moment_at(const Timeline& tl, size_t index, const LiveBytes& live) {
+  const Event& ev = tl.events[index];
+  return Moment{index, ev.phase, ev.step, ev.micro, live};
+}
+
+}  // namespace
+
+}  // namespace sim
+
+SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s, const SimOptions& o) {
+  validate_setup(m, s);
+  SimResult r;
+  sim::Engine e(&r.timeline);
+  e.set_runtime(runtime_facts(o.torch, o.sm));
+  sim::Loop loop(m, inv, s, o, e);
+  loop.c.autocast = uses_autocast(s.precision);
+  loop.c.ac_dtype = compute_dtype(s.precision);
+  loop.c.seed000_block_locals = o.loop == LoopKind::kSeed000;
+  loop.opt_impl = resolve_optimizer_impl(s.optimizer, s.optimizer_impl, m.impl);
+  loop.scaler = s.precision == Precision::kFp16Amp && m.family != Family::kStack;
+
+  e.phase = Phase::kSetup;
+  if (o.loop == LoopKind::kSeed000) loop.warmup();
+  loop.w = sim::load_model(e, inv, param_dtype(s.precision));
+  if (o.loop != LoopKind::kHf) loop.get_batch();
+
+  const uint32_t micros = static_cast<uint32_t>(std::min<uint64_t>(s.grad_accum, 2));
+  r.micro_batches_simulated = micros;
+  for (uint32_t step = 1; step <= o.steps; ++step) {
+    for (uint32_t micro = 1; micro <= micros; ++micro) {
+      if (step == o.steps && micro == 1) {
+        // memory_allocated() just before the next step's forward
+        r.steady = Moment{e.event_count() == 0 ? 0 : e.event_count() - 1, Phase::kForward, step, micro, e.live()};
+      }
+      loop.micro_batch(step, micro, r, step == o.steps && micro == micros);
+    }
+    if (o.loop != LoopKind::kPlain) loop.clip_grad_norm();  // grad_clip / max_grad_norm = 1.0
+    loop.optimizer_step(step == 1);
+    loop.zero_grad();
+  }
+
+  // The peak: the highest total of live requested bytes over the run.
+  LiveBytes live;
+  Bytes best;
+  size_t best_i = 0;
+  LiveBytes at_best;
+  for (size_t i = 0; i < r.timeline.events.size(); ++i) {
+    const Event& ev = r.timeline.events[i];
+    auto& cat = live.by_category[static_cast<size_t>(ev.category)];
+    if (ev.kind == Event::kAlloc) {
+      cat += ev.bytes;
+      live.total += ev.bytes;
+    } else if (ev.kind == Event::kFree) {
+      cat -= ev.bytes;
+      live.total -= ev.bytes;
+    } else {
+      live.by_category[static_cast<size_t>(ev.from)] -= ev.bytes;
+      cat += ev.bytes;
+    }
+    if (live.total > best) {
+      best = live.total;
+      best_i = i;
+      at_best = live;
+    }
+  }
+  r.peak = sim::moment_at(r.timeline, best_i, at_best);
+  for (Category cat : {Category::kActivations, Category::kWeightCopies, Category::kBackward, Category::kTemporaries}) {
+    r.activations_at_peak += at_best.by_category[static_cast<size_t>(cat)];
+  }
+  return r;
+}
+
+}  // namespace trainmem

@@ -1,0 +1,100 @@
+// The op library: each function does what the torch function of the same name does to memory on CUDA in
+// PyTorch 2.x (what it allocates, what autograd saves, what its backward allocates and frees), with autocast
+// applied the way aten/src/ATen/autocast_mode.cpp applies it. Model forward programs call these.
+// B=micro-batch T=seq C=hidden H=heads D=head-dim V=vocab
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "engine.h"
+#include "trainmem/runtime.h"
+
+namespace trainmem::sim {
+
+// Forward-pass state: autocast (with its cache of 16-bit weight copies), the layer being built (for labels),
+// training mode, and the runtime facts.
+struct Ctx {
+  Engine& e;
+  bool autocast = false;
+  DType ac_dtype = DType::kBF16;
+  std::vector<T> ac_cache;  // cached casts, indexed by parameter row
+  int32_t layer = -1;
+  bool training = true;
+  // The nanoGPT fork of seed 000 binds the layer-norm outputs of a block to locals, which keeps them alive
+  // until the block returns (its trace frees both after the MLP's residual add).
+  bool seed000_block_locals = false;
+
+  explicit Ctx(Engine& eng) : e(eng) {}
+  Label L(const char* what) const { return Label{what, layer, -1}; }
+  // Leaving the outermost autocast region clears the cache (torch.clear_autocast_cache()); the copies live
+  // on while backward nodes hold them.
+  void exit_autocast() { ac_cache.clear(); }
+  const RuntimeFacts& rt() const { return e.runtime(); }
+};
+
+// ---- dtype casts and autocast ------------------------------------------------------------------------
+T to(Ctx& c, const T& x, DType dt, const char* what);          // x.to(dt): x itself when dt matches
+T autocast_lowp(Ctx& c, const T& x);                            // an argument of a lower_precision_fp op
+T autocast_fp32(Ctx& c, const T& x);                            // an argument of an fp32 op
+
+// ---- elementwise -------------------------------------------------------------------------------------
+T add(Ctx& c, const T& a, const T& b, const char* what);
+T sub(Ctx& c, const T& a, const T& b, const char* what);
+T mul(Ctx& c, const T& a, const T& b, const char* what);
+T div(Ctx& c, const T& a, const T& b, const char* what);
+T add_scalar(Ctx& c, const T& a, const char* what);  // a + python number
+T mul_scalar(Ctx& c, const T& a, const char* what);  // a * python number (also a / number)
+T neg(Ctx& c, const T& a, const char* what);
+T pow_scalar(Ctx& c, const T& a, const char* what);  // torch.pow(a, number): an fp32 op under autocast
+T rsqrt(Ctx& c, const T& a, const char* what);        // an fp32 op under autocast
+T tanh(Ctx& c, const T& a, const char* what);
+T sigmoid(Ctx& c, const T& a, const char* what);
+T relu(Ctx& c, const T& a, const char* what);
+T gelu(Ctx& c, const T& a, const char* what);         // F.gelu, erf or tanh approximation: one fused op
+T silu(Ctx& c, const T& a, const char* what);
+T mean_last(Ctx& c, const T& a, const char* what);    // a.mean(-1, keepdim=True)
+T dropout(Ctx& c, const T& a, double p, const char* what);
+T masked_fill(Ctx& c, const T& a, const T& mask, const char* what);
+T full_scalar(Ctx& c, DType dt, const char* what);    // torch.full([], v, dtype=dt, device=cuda)
+
+// ---- views and copies ----------------------------------------------------------------------------------
+T view(Ctx& c, const T& x, const Shape& s);           // x.view(s)
+T reshape(Ctx& c, const T& x, const Shape& s);        // a view when possible, otherwise a copy
+T transpose(Ctx& c, const T& x, int i, int j);        // x.transpose(i, j)
+T unsqueeze(Ctx& c, const T& x, int dim);
+T expand(Ctx& c, const T& x, const Shape& s);         // stride-0 broadcast view
+T contiguous(Ctx& c, const T& x, const char* what);   // x itself when contiguous, otherwise a copy
+std::vector<T> split_last(Ctx& c, const T& x, std::vector<uint64_t> sizes);  // x.split(sizes, dim=-1)
+T slice_last(Ctx& c, const T& x, uint64_t begin, uint64_t end);             // x[..., begin:end]
+T cat_last(Ctx& c, std::vector<T> xs, const char* what);                    // torch.cat(xs, dim=-1)
+
+// ---- products ------------------------------------------------------------------------------------------
+// F.linear / nn.Linear: weight (out, in), optional bias.
+T linear(Ctx& c, const T& x, const T& w, const T* b, const char* what);
+// transformers' Conv1D: torch.addmm(bias, x.view(-1, nx), weight) with weight (nx, nf), then view back.
+T conv1d(Ctx& c, const T& x, const T& w, const T& b, const char* what);
+// torch.matmul for batched operands (3-D or 4-D): the batch dims are merged by reshape (a copy when the
+// strides do not allow a view) and one bmm runs.
+T matmul(Ctx& c, const T& a, const T& b, const char* what);
+T embedding(Ctx& c, const T& weight, const T& ids, const char* what);
+
+// ---- normalisation, softmax ------------------------------------------------------------------------------
+T layer_norm(Ctx& c, const T& x, const T* w, const T* b, const char* what);
+// F.softmax / F.log_softmax over the last dim; `dtype` as passed explicitly (autocast sets float32 when
+// none is given).
+T softmax(Ctx& c, const T& x, std::optional<DType> dtype, const char* what);
+T log_softmax(Ctx& c, const T& x, std::optional<DType> dtype, const char* what);
+
+// ---- attention -----------------------------------------------------------------------------------------
+enum class SdpaBackend { kFlash, kEfficient, kMath };
+SdpaBackend sdpa_backend(const Ctx& c, const T& q, bool has_mask, double dropout_p);
+// F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p, is_causal) with q, k, v (B, H, T, D).
+T sdpa(Ctx& c, const T& q, const T& k, const T& v, const T* mask, double dropout_p, bool is_causal);
+
+// ---- loss ----------------------------------------------------------------------------------------------
+// F.cross_entropy(logits (N, V), target (N,)) with class indices: log_softmax + nll_loss, as the composite
+// ATen op does it (and as autocast intercepts nll_loss).
+T cross_entropy(Ctx& c, const T& logits, const T& target);
+
+}  // namespace trainmem::sim

@@ -1,0 +1,208 @@
+// Normalisation, softmax, attention and the loss.
+// B=micro-batch T=seq H=heads D=head-dim N=rows V=vocab
+#include "ops_util.h"
+#include "trainmem/error.h"
+
+namespace trainmem::sim {
+
+using detail::grad_empty;
+using detail::grad_like;
+
+T layer_norm(Ctx& c, const T& x0, const T* w0, const T* b0, const char* what) {
+  // layer_norm is on autocast's fp32 list: a 16-bit input is copied to float32, and that copy is what
+  // NativeLayerNormBackward0 saves.
+  const T x = autocast_fp32(c, x0);
+  const T w = w0 ? autocast_fp32(c, *w0) : T();
+  const T b = b0 ? autocast_fp32(c, *b0) : T();
+  // native_layer_norm: Y = empty_like(X); mean and rstd have one float (acc_type) per row.
+  T out = c.e.empty(x.shape(), x.dtype(), Category::kActivations, c.L(what));
+  const Shape rows{detail::rows_of(x.shape()).value};
+  T mean = c.e.empty(rows, DType::kF32, Category::kActivations, c.L("layer_norm mean"));
+  T rstd = c.e.empty(rows, DType::kF32, Category::kActivations, c.L("layer_norm rstd"));
+  std::vector<T> saved{x, mean, rstd};
+  if (w) saved.push_back(w);
+  if (b) saved.push_back(b);
+  const bool gx = x->requires_grad;
+  const Shape xs = x.shape();
+  const DType xd = x.dtype();
+  const Shape ws = w ? w.shape() : Shape{};
+  const DType wd = w ? w.dtype() : DType::kF32;
+  const bool hw = static_cast<bool>(w), hb = static_cast<bool>(b);
+  c.e.record("NativeLayerNormBackward0", {&x, w ? &w : nullptr, b ? &b : nullptr}, {&out}, std::move(saved),
+             [gx, xs, xd, ws, wd, hw, hb](Engine& e, Node&, std::vector<T>& g) {
+               std::vector<T> r(3);
+               if (!g[0]) return r;
+               if (gx) r[0] = grad_empty(e, xs, xd, g[0]->label);  // dX = empty_like(X)
+               if (hw) r[1] = grad_empty(e, ws, wd, g[0]->label);  // dgamma
+               if (hb) r[2] = grad_empty(e, ws, wd, g[0]->label);  // dbeta
+               return r;
+             });
+  return out;
+}
+
+namespace {
+
+// _softmax / _log_softmax of x into `out_dt`. SoftMax.cpp: with a dtype different from the input's, CUDA
+// half input to float output runs in one kernel (half_to_float); any other combination first copies the
+// input to the dtype (a temporary, freed when the op returns).
+T softmax_like(Ctx& c, const T& x0, std::optional<DType> dtype, bool log, const char* what) {
+  // softmax and log_softmax are fp32_set_opt_dtype under autocast: float32 unless a dtype is passed.
+  if (c.autocast && !dtype && is_floating(x0.dtype())) dtype = DType::kF32;
+  const DType out_dt = dtype.value_or(x0.dtype());
+  T x = x0;
+  const bool half_to_float = x0.dtype() == DType::kF16 && out_dt == DType::kF32;
+  if (out_dt != x0.dtype() && !half_to_float) x = to(c, x0, out_dt, "softmax input cast");
+  T out = c.e.empty_strided(x.shape(), dense_strides_like(x.shape(), x->strides), out_dt, Category::kActivations,
+                            c.L(what));
+  const DType in_dt = x.dtype();
+  c.e.record(log ? "LogSoftmaxBackward0" : "SoftmaxBackward0", {&x}, {&out}, {out},
+             [in_dt, log](Engine& e, Node& n, std::vector<T>& g) {
+               if (!g[0]) return std::vector<T>{T()};
+               T gi = grad_like(e, g[0], in_dt);  // the gradient in the input's dtype
+               if (!log) {
+                 // softmax_backward_cuda_out: "Tensor tmp = grad * output;" before the kernel.
+                 T tmp = grad_like(e, g[0], detail::promote(g[0], n.saved[0]));
+               }
+               return std::vector<T>{gi};
+             });
+  return out;
+}
+
+}  // namespace
+
+T softmax(Ctx& c, const T& x, std::optional<DType> dtype, const char* what) {
+  return softmax_like(c, x, dtype, false, what);
+}
+
+T log_softmax(Ctx& c, const T& x, std::optional<DType> dtype, const char* what) {
+  return softmax_like(c, x, dtype, true, what);
+}
+
+T cross_entropy(Ctx& c, const T& logits, const T& target) {
+  // Loss.cpp cross_entropy_loss: nll_loss_nd(log_softmax(self, 1, self.scalar_type()), target, ...). The
+  // explicit dtype keeps log_softmax in the logits' dtype under autocast; nll_loss is on the fp32 list, so
+  // a 16-bit log-probability tensor is copied to float32 and NllLossBackward0 saves that copy.
+  const T lsm = log_softmax(c, logits, logits.dtype(), "log_softmax");
+  const T x = autocast_fp32(c, lsm);
+  T loss = c.e.empty(Shape{}, x.dtype(), Category::kActivations, c.L("loss"));
+  T total_weight = c.e.empty(Shape{}, x.dtype(), Category::kActivations, c.L("nll total_weight"));
+  const Shape xs = x.shape();
+  const DType xd = x.dtype();
+  c.e.record("NllLossBackward0", {&x}, {&loss}, {x, target, total_weight},
+             [xs, xd](Engine& e, Node&, std::vector<T>& g) {
+               // nll_loss_backward: a zero-filled gradient the size of the log-probabilities.
+               return std::vector<T>{g[0] ? grad_empty(e, xs, xd, Label{"nll_loss grad"}) : T()};
+             });
+  return loss;
+}
+
+// ---- scaled dot product attention ------------------------------------------------------------------------
+
+SdpaBackend sdpa_backend(const Ctx& c, const T& q, bool has_mask, double dropout_p) {
+  (void)dropout_p;
+  const uint64_t D = q.shape().back();
+  const DType dt = c.autocast ? c.ac_dtype : q.dtype();
+  const uint32_t sm = c.rt().sm;
+  // sdp_utils.cpp: flash needs fp16/bf16, sm80+, no attention mask, a head dim that is a multiple of 8 and
+  // at most 256; memory-efficient attention also takes float32 and masks.
+  if ((dt == DType::kF16 || dt == DType::kBF16) && sm >= 80 && !has_mask && D % 8 == 0 && D <= 256) {
+    return SdpaBackend::kFlash;
+  }
+  if (sm >= 50 && D % 8 == 0 && (dt != DType::kBF16 || sm >= 80)) return SdpaBackend::kEfficient;
+  return SdpaBackend::kMath;
+}
+
+namespace {
+
+uint64_t round_up_to(uint64_t x, uint64_t m) { return (x + m - 1) / m * m; }
+
+T sdpa_math(Ctx& c, const T& q, const T& k, const T& v, const T* mask, double dropout_p, bool is_causal) {
+  // attention.cpp _scaled_dot_product_attention_math (2.5+): 16-bit inputs are upcast to float32 copies,
+  // q and k are scaled (new tensors), the scores are a float32 (B, H, L, S) tensor, softmax saves its result.
+  const DType origin = q.dtype();
+  T qa = to(c, q, DType::kF32, "sdpa math q fp32");
+  T ka = to(c, k, DType::kF32, "sdpa math k fp32");
+  T va = to(c, v, DType::kF32, "sdpa math v fp32");
+  T qs = mul_scalar(c, qa, "sdpa math scaled q");
+  T kt = transpose(c, ka, -2, -1);
+  T ks = mul_scalar(c, kt, "sdpa math scaled k");
+  T attn = matmul(c, qs, ks, "sdpa math scores");
+  if (mask || is_causal) {
+    // the mask is added in place (attn.add_(mask)); a causal mask is built as a bool (L, S) then made float
+    T m = c.e.empty(Shape{q.shape()[2], k.shape()[2]}, DType::kF32, Category::kTemporaries, c.L("sdpa causal mask"));
+  }
+  attn = softmax(c, attn, std::nullopt, "sdpa math softmax");
+  attn = dropout(c, attn, dropout_p, "sdpa math dropout");
+  T out = matmul(c, attn, va, "sdpa math output");
+  return to(c, out, origin, "sdpa math output cast");
+}
+
+}  // namespace
+
+T sdpa(Ctx& c, const T& q0, const T& k0, const T& v0, const T* mask, double dropout_p, bool is_causal) {
+  const T v = autocast_lowp(c, v0);
+  const T k = autocast_lowp(c, k0);
+  const T q = autocast_lowp(c, q0);
+  if (!c.training) dropout_p = 0.0;
+  const SdpaBackend be = sdpa_backend(c, q, mask != nullptr, dropout_p);
+  if (be == SdpaBackend::kMath) return sdpa_math(c, q, k, v, mask, dropout_p, is_causal);
+  const uint64_t B = q.shape()[0], H = q.shape()[1], L = q.shape()[2], D = q.shape()[3];
+  const uint64_t Hk = k.shape()[1], S = k.shape()[2];
+  // The kernels take (B, L, H, D) views (q.transpose(1, 2)); the output is allocated (B, L, H, D) and the
+  // caller sees its (B, H, L, D) transpose.
+  T out_blhd = c.e.empty(Shape{B, L, H, D}, q.dtype(), Category::kActivations, c.L("sdpa output"));
+  Shape os{B, H, L, D};
+  Strides ost = out_blhd->strides;
+  std::swap(ost[1], ost[2]);
+  T out = c.e.view(out_blhd, os, ost);
+  out_blhd.reset();
+  const bool flash = be == SdpaBackend::kFlash;
+  // logsumexp, float32: flash (B, H, L) (flash_api.cpp); efficient pads L to a multiple of 32 (kAlignLSE).
+  constexpr uint64_t kAlignLse = 32;
+  T lse = c.e.empty(Shape{B, H, flash ? L : round_up_to(L, kAlignLse)}, DType::kF32, Category::kActivations,
+                    c.L("sdpa logsumexp"));
+  std::vector<T> saved{q, k, v, out, lse};
+  if (mask) saved.push_back(*mask);
+  if (!flash && dropout_p == 0.0) {
+    // without dropout the efficient kernel keeps seed and offset as two 0-dim int64 CUDA tensors
+    saved.push_back(c.e.empty(Shape{}, DType::kI64, Category::kActivations, c.L("sdpa philox seed")));
+    saved.push_back(c.e.empty(Shape{}, DType::kI64, Category::kActivations, c.L("sdpa philox offset")));
+  }
+  const Shape qs = q.shape(), ks = k.shape(), vs = v.shape();
+  const Strides qst = q->strides, kst = k->strides, vst = v->strides;
+  const DType dt = q.dtype();
+  c.e.record(flash ? "ScaledDotProductFlashAttentionBackward0" : "ScaledDotProductEfficientAttentionBackward0",
+             {&q, &k, &v}, {&out}, std::move(saved),
+             [flash, B, H, L, D, Hk, S, qs, ks, vs, qst, kst, vst, dt](Engine& e, Node&, std::vector<T>& g) {
+               std::vector<T> r(3);
+               if (!g[0]) return r;
+               auto like = [&](const Shape& s, const Strides& st) {
+                 return e.empty_strided(s, dense_strides_like(s, st), dt, Category::kBackward, g[0]->label);
+               };
+               if (flash) {
+                 // mha_bwd: dq, dk, dv = empty_like; softmax_d and dq_accum in float32 with the sequence rounded
+                 // up to 128 and the head dim to 32 (64 above 128); GQA expands dk/dv to all heads first.
+                 const uint64_t Lr = round_up_to(L, 128);
+                 const uint64_t Dr = round_up_to(round_up_to(D, 8), D <= 128 ? 32 : 64);
+                 r[0] = like(qs, qst);
+                 r[1] = like(ks, kst);
+                 r[2] = like(vs, vst);
+                 T softmax_d = e.empty(Shape{B, H, Lr}, DType::kF32, Category::kTemporaries, Label{"flash softmax_d"});
+                 T dq_accum = e.empty(Shape{B, Lr, H, Dr}, DType::kF32, Category::kTemporaries, Label{"flash dq_accum"});
+                 if (Hk != H) {
+                   T dk_exp = e.empty(Shape{B, S, H, D}, dt, Category::kTemporaries, Label{"flash dk_expanded"});
+                   T dv_exp = e.empty(Shape{B, S, H, D}, dt, Category::kTemporaries, Label{"flash dv_expanded"});
+                 }
+               } else {
+                 // attention_backward.cu: grad_out.contiguous(), three gradients, delta (B, H, L) float32
+                 r[0] = like(qs, qst);
+                 r[1] = like(ks, kst);
+                 r[2] = like(vs, vst);
+                 T delta = e.empty(Shape{B, H, L}, DType::kF32, Category::kTemporaries, Label{"efficient attention delta"});
+               }
+               return r;
+             });
+  return out;
+}
+
+}  // namespace trainmem::sim

@@ -1,0 +1,166 @@
+// Matrix products and embeddings. Under autocast these are lower_precision_fp ops; the wrapper casts its
+// arguments with cached_cast in the order GCC evaluates call arguments, right to left (seed 000's trace: the
+// weight copy is allocated before the input copy). The backward of mm/addmm/bmm computes the second
+// operand's gradient first (seed 000's trace: the weight gradient before the input gradient).
+// B=micro-batch T=seq M=rows (B*T) V=vocab C=hidden
+#include "ops_util.h"
+#include "trainmem/error.h"
+
+namespace trainmem::sim {
+
+using detail::grad_empty;
+
+namespace {
+
+// The incoming gradient of a product, viewable as a matrix: when it is not, the backward reshapes it into a
+// contiguous copy that lives until the node is done.
+T grad_as(Engine& e, const T& g, const Shape& s) {
+  if (view_strides(g.shape(), g->strides, s)) return g;
+  return grad_empty(e, s, g.dtype(), g->label);
+}
+
+// The 2-D (or 3-D batched) operand a product saves: `x` itself when it can be viewed with the merged shape,
+// otherwise the copy that reshape makes.
+T as_operand(Ctx& c, const T& x, const Shape& merged) {
+  if (view_strides(x.shape(), x->strides, merged)) return x;
+  return c.e.empty(x.shape(), x.dtype(), Category::kActivations, c.L("matmul operand copy"));
+}
+
+// mm-like node: y = x @ W (+ b) with x (..., in) and `out_f` output features; W is an nn.Linear weight
+// (out, in) used as weight.t(), or a Conv1D weight (in, out). Its gradient has the weight's own layout.
+T product_2d(Ctx& c, const T& x, const T& w, const T* b, uint64_t out_f, bool lt, const char* what) {
+  const uint64_t in = x.shape().back();
+  const Shape m2{detail::rows_of(x.shape()).value, in};
+  T x2 = as_operand(c, x, m2);
+  T out = c.e.empty(detail::with_last(x.shape(), out_f), x.dtype(), Category::kActivations, c.L(what));
+  c.e.gemm(lt);  // the output is allocated first, then cuBLAS takes the thread's handle (and workspace)
+  std::vector<T> saved;
+  const bool gx = x->requires_grad, gw = w->requires_grad;
+  if (gw) saved.push_back(x2);  // mat1, needed for mat2's gradient
+  if (gx) saved.push_back(w);   // mat2 (the weight, or its autocast copy)
+  const Shape xs = x.shape(), ws = w.shape();
+  const Shape g2{m2[0], out_f};
+  const bool has_b = b && *b;
+  auto fn = [gx, gw, xs, ws, g2, has_b](Engine& e, Node&, std::vector<T>& g) {
+    std::vector<T> r(3);
+    if (!g[0]) return r;
+    T gm = grad_as(e, g[0], g2);
+    if (gw) {
+      r[1] = grad_empty(e, ws, g[0].dtype(), g[0]->label);  // mm_mat2_backward: (out, in) like the weight
+      e.gemm(false);
+    }
+    if (gx) {
+      r[0] = grad_empty(e, xs, g[0].dtype(), g[0]->label);  // mm_mat1_backward
+      e.gemm(false);
+    }
+    if (has_b) r[2] = g[0];  // maybe_multiply(grad, beta) is grad itself; validate_outputs reduces it
+    return r;
+  };
+  if (has_b) {
+    c.e.record("AddmmBackward0", {&x, &w, b}, {&out}, std::move(saved), fn);
+  } else {
+    c.e.record("MmBackward0", {&x, &w}, {&out}, std::move(saved), fn);
+  }
+  return out;
+}
+
+}  // namespace
+
+T linear(Ctx& c, const T& x0, const T& w0, const T* b0, const char* what) {
+  const T b = b0 ? autocast_lowp(c, *b0) : T();
+  const T w = autocast_lowp(c, w0);
+  const T x = autocast_lowp(c, x0);
+  // Linear.cpp: a bias with a 2-D (or contiguous N-D) input takes addmm, which goes through cuBLASLt's
+  // gemm_and_bias; otherwise matmul (cuBLAS) and an in-place bias add.
+  const bool addmm = b && (x.shape().n == 2 || is_contiguous(x.shape(), x->strides));
+  return product_2d(c, x, w, b ? &b : nullptr, w.shape()[0], addmm, what);
+}
+
+T conv1d(Ctx& c, const T& x0, const T& w0, const T& b0, const char* what) {
+  const uint64_t nx = x0.shape().back(), nf = w0.shape()[1];
+  const T xv = view(c, x0, Shape{detail::rows_of(x0.shape()).value, nx});  // x.view(-1, x.size(-1))
+  const T b = autocast_lowp(c, b0);
+  const T w = autocast_lowp(c, w0);
+  const T x = autocast_lowp(c, xv);
+  const T y = product_2d(c, x, w, &b, nf, /*lt=*/true, what);
+  return view(c, y, detail::with_last(x0.shape(), nf));  // x.view(size_out)
+}
+
+T matmul(Ctx& c, const T& a0, const T& b0, const char* what) {
+  const T b = autocast_lowp(c, b0);
+  const T a = autocast_lowp(c, a0);
+  const Shape& as = a.shape();
+  const Shape& bs = b.shape();
+  uint64_t batch = 1;
+  for (int i = 0; i + 2 < as.n; ++i) batch = checked_mul(batch, as.d[i], "batch of a matmul");
+  const uint64_t m = as.d[as.n - 2], k = as.back(), n = bs.back();
+  // _matmul_impl: tensor.expand(...).reshape({batch, rows, cols}) then bmm; reshape copies when the batch
+  // dims cannot be merged (e.g. q = x.view(B,T,H,D).transpose(1,2)).
+  const T a3 = as_operand(c, a, Shape{batch, m, k});
+  const T b3 = as_operand(c, b, Shape{batch, k, n});
+  T out3 = c.e.empty(Shape{batch, m, n}, a.dtype(), Category::kActivations, c.L(what));
+  c.e.gemm(false);
+  std::vector<T> saved;
+  const bool ga = a->requires_grad, gb = b->requires_grad;
+  if (gb) saved.push_back(a3);
+  if (ga) saved.push_back(b3);
+  c.e.record("BmmBackward0", {&a, &b}, {&out3}, std::move(saved),
+             [ga, gb, as, bs](Engine& e, Node&, std::vector<T>& g) {
+               std::vector<T> r(2);
+               if (!g[0]) return r;
+               if (gb) {
+                 r[1] = grad_empty(e, bs, g[0].dtype(), g[0]->label);
+                 e.gemm(false);
+               }
+               if (ga) {
+                 r[0] = grad_empty(e, as, g[0].dtype(), g[0]->label);
+                 e.gemm(false);
+               }
+               return r;
+             });
+  // at::_unsafe_view(bmm result, output_shape): its backward reshapes the incoming gradient back to the bmm
+  // shape, copying it when its strides do not allow a view (and dropping the original when the node ends).
+  Shape os = as;
+  os.d[os.n - 1] = n;
+  return view(c, out3, os);
+}
+
+T embedding(Ctx& c, const T& weight, const T& ids, const char* what) {
+  const uint64_t V = weight.shape()[0], C = weight.shape()[1];
+  Shape os = ids.shape();
+  os.d[os.n++] = C;
+  T out = c.e.empty(os, weight.dtype(), Category::kActivations, c.L(what));
+  const uint64_t N = ids.shape().numel().value;
+  const Shape ws = weight.shape();
+  // EmbeddingBackward0 saves the indices; embedding_dense_backward (Embedding.cu,
+  // EmbeddingBackwardKernel.cu) builds the (V, C) gradient, sorting the indices first when there are more
+  // than 3072 of them.
+  c.e.record("EmbeddingBackward0", {&weight}, {&out}, {ids}, [N, V, C, ws](Engine& e, Node&, std::vector<T>& g) {
+    if (!g[0]) return std::vector<T>{T()};
+    constexpr uint64_t kSortThreshold = 3072;  // "num_indices <= 3072 && !scale_grad_by_freq"
+    constexpr uint64_t kRowsPerThread = 10;    // NROWS_PER_THREAD
+    const DType gd = g[0].dtype();
+    if (N <= kSortThreshold) return std::vector<T>{grad_empty(e, ws, gd, g[0]->label)};
+    auto idx = [&](uint64_t n, const char* w) { return e.empty(Shape{n}, DType::kI64, Category::kTemporaries, Label{w}); };
+    T sorted = idx(N, "embedding bwd sorted_indices");
+    T orig = idx(N, "embedding bwd orig_indices");
+    { T range = idx(N, "embedding bwd arange"); }
+    T grad_weight = grad_empty(e, ws, gd, g[0]->label);
+    const uint64_t max_segments = std::min(N, V);
+    const uint64_t max_partial = N / kRowsPerThread + max_segments;
+    T seg = idx(N, "embedding bwd segment_offsets");
+    T nseg = e.empty(Shape{}, DType::kI64, Category::kTemporaries, Label{"embedding bwd num_of_segments"});
+    { T dummy = idx(N, "embedding bwd unique_by_key output"); }
+    T pps = idx(max_segments, "embedding bwd partials_per_segment");
+    T ppso = idx(max_segments, "embedding bwd partials_per_segment_offset");
+    T npart = e.empty(Shape{}, DType::kI64, Category::kTemporaries, Label{"embedding bwd num_of_partial_segments"});
+    T pso = idx(max_partial, "embedding bwd partial_segment_offset");
+    // grad_weight_per_segment accumulates in float32 for half and bfloat16 gradients.
+    const DType acc = (gd == DType::kF16 || gd == DType::kBF16) ? DType::kF32 : gd;
+    { T per_segment = e.empty(Shape{max_partial, C}, acc, Category::kTemporaries, Label{"embedding bwd grad_weight_per_segment"}); }
+    return std::vector<T>{grad_weight};
+  });
+  return out;
+}
+
+}  // namespace trainmem::sim

@@ -1,0 +1,170 @@
+// Views and copies. A view shares its base's storage; its backward is a view of the gradient unless the
+// gradient's strides make that impossible, in which case reshape copies (ViewBackward0 calls
+// grad.reshape(self.sizes())). Which ops copy is decided from real strides (engine.cc view_strides).
+#include "ops_util.h"
+#include "trainmem/error.h"
+
+namespace trainmem::sim {
+
+using detail::grad_like;
+
+namespace {
+
+// The gradient `g` reshaped to `s`: a view when the strides allow, otherwise a contiguous copy.
+T grad_reshape(Engine& e, const T& g, const Shape& s) {
+  if (auto st = view_strides(g.shape(), g->strides, s)) return e.view(g, s, *st);
+  return detail::grad_empty(e, s, g.dtype(), g->label);
+}
+
+}  // namespace
+
+T view(Ctx& c, const T& x, const Shape& s) {
+  auto st = view_strides(x.shape(), x->strides, s);
+  if (!st) throw Error("internal: view of a tensor whose strides do not allow it (use reshape)");
+  T out = c.e.view(x, s, *st);
+  const Shape in = x.shape();
+  c.e.record("ViewBackward0", {&x}, {&out}, {}, [in](Engine& e, Node&, std::vector<T>& g) {
+    return std::vector<T>{g[0] ? grad_reshape(e, g[0], in) : T()};
+  });
+  return out;
+}
+
+T reshape(Ctx& c, const T& x, const Shape& s) {
+  if (view_strides(x.shape(), x->strides, s)) return view(c, x, s);
+  // _unsafe_view(clone(contiguous), shape): the copy is a new tensor; CloneBackward0 passes the gradient
+  // through, UnsafeViewBackward0 reshapes it.
+  T out = c.e.empty(s, x.dtype(), Category::kActivations, c.L("reshape copy"));
+  const Shape in = x.shape();
+  c.e.record("UnsafeViewBackward0", {&x}, {&out}, {}, [in](Engine& e, Node&, std::vector<T>& g) {
+    return std::vector<T>{g[0] ? grad_reshape(e, g[0], in) : T()};
+  });
+  return out;
+}
+
+T transpose(Ctx& c, const T& x, int i, int j) {
+  const int n = x.shape().n;
+  if (i < 0) i += n;
+  if (j < 0) j += n;
+  Shape s = x.shape();
+  Strides st = x->strides;
+  std::swap(s.d[i], s.d[j]);
+  std::swap(st[i], st[j]);
+  T out = c.e.view(x, s, st);
+  c.e.record("TransposeBackward0", {&x}, {&out}, {}, [i, j](Engine& e, Node&, std::vector<T>& g) {
+    if (!g[0]) return std::vector<T>{T()};
+    Shape gs = g[0].shape();
+    Strides gst = g[0]->strides;
+    std::swap(gs.d[i], gs.d[j]);
+    std::swap(gst[i], gst[j]);
+    return std::vector<T>{e.view(g[0], gs, gst)};
+  });
+  return out;
+}
+
+T unsqueeze(Ctx& c, const T& x, int dim) {
+  Shape s;
+  Strides st{};
+  const Shape& xs = x.shape();
+  if (dim < 0) dim += xs.n + 1;
+  for (int i = 0, k = 0; i <= xs.n; ++i) {
+    if (i == dim) {
+      s.d[s.n] = 1;
+      st[s.n] = k < xs.n ? x->strides[k] * static_cast<int64_t>(xs.d[k]) : 1;
+      ++s.n;
+    }
+    if (i < xs.n) {
+      s.d[s.n] = xs.d[i];
+      st[s.n] = x->strides[i];
+      ++s.n;
+      ++k;
+    }
+  }
+  T out = c.e.view(x, s, st);
+  const Shape in = xs;
+  c.e.record("UnsqueezeBackward0", {&x}, {&out}, {}, [in](Engine& e, Node&, std::vector<T>& g) {
+    return std::vector<T>{g[0] ? e.view(g[0], in, *view_strides(g[0].shape(), g[0]->strides, in)) : T()};
+  });
+  return out;
+}
+
+T expand(Ctx& c, const T& x, const Shape& s) {
+  Strides st{};
+  for (int i = 0; i < s.n; ++i) st[i] = (x.shape().d[i] == s.d[i]) ? x->strides[i] : 0;
+  T out = c.e.view(x, s, st);
+  const Shape in = x.shape();
+  // ExpandBackward0: at::sum_to(grad, self.sizes()): a new, reduced tensor.
+  c.e.record("ExpandBackward0", {&x}, {&out}, {}, [in](Engine& e, Node&, std::vector<T>& g) {
+    return std::vector<T>{g[0] ? detail::grad_empty(e, in, g[0].dtype(), g[0]->label) : T()};
+  });
+  return out;
+}
+
+T contiguous(Ctx& c, const T& x, const char* what) {
+  if (is_contiguous(x.shape(), x->strides)) return x;
+  T out = c.e.empty(x.shape(), x.dtype(), Category::kActivations, c.L(what));
+  c.e.record("CloneBackward0", {&x}, {&out}, {}, [](Engine&, Node&, std::vector<T>& g) {
+    return std::vector<T>{g[0]};  // passthrough
+  });
+  return out;
+}
+
+std::vector<T> split_last(Ctx& c, const T& x, std::vector<uint64_t> sizes) {
+  std::vector<T> outs;
+  for (uint64_t sz : sizes) outs.push_back(c.e.view(x, detail::with_last(x.shape(), sz), x->strides));
+  const Shape in = x.shape();
+  const DType dt = x.dtype();
+  // SplitBackward0: split_backward cats the gradients (zeros for the missing ones) into a new tensor.
+  auto fn = [in, dt, sizes](Engine& e, Node&, std::vector<T>& g) {
+    std::vector<T> zeros;
+    for (size_t i = 0; i < g.size(); ++i) {
+      if (!g[i]) zeros.push_back(detail::grad_empty(e, detail::with_last(in, sizes[i]), dt, Label{"zeros"}));
+    }
+    bool any = false;
+    for (const T& t : g) any = any || static_cast<bool>(t);
+    if (!any) return std::vector<T>{T()};
+    return std::vector<T>{detail::grad_empty(e, in, dt, Label{"split grad"})};
+  };
+  switch (outs.size()) {
+    case 2: c.e.record("SplitBackward0", {&x}, {&outs[0], &outs[1]}, {}, fn); break;
+    case 3: c.e.record("SplitBackward0", {&x}, {&outs[0], &outs[1], &outs[2]}, {}, fn); break;
+    default: throw Error("internal: split into an unsupported number of parts");
+  }
+  return outs;
+}
+
+T slice_last(Ctx& c, const T& x, uint64_t begin, uint64_t end) {
+  T out = c.e.view(x, detail::with_last(x.shape(), end - begin), x->strides);
+  const Shape in = x.shape();
+  // SliceBackward0: slice_backward allocates zeros of the input's size and copies the gradient in.
+  c.e.record("SliceBackward0", {&x}, {&out}, {}, [in](Engine& e, Node&, std::vector<T>& g) {
+    return std::vector<T>{g[0] ? detail::grad_empty(e, in, g[0].dtype(), g[0]->label) : T()};
+  });
+  return out;
+}
+
+T cat_last(Ctx& c, std::vector<T> xs, const char* what) {
+  Shape s = xs[0].shape();
+  uint64_t last = 0;
+  for (const T& x : xs) last += x.shape().back();
+  s.d[s.n - 1] = last;
+  DType dt = xs[0].dtype();
+  for (const T& x : xs) dt = detail::promote(xs[0], x);
+  T out = c.e.empty(s, dt, Category::kActivations, c.L(what));
+  std::vector<uint64_t> sizes;
+  for (const T& x : xs) sizes.push_back(x.shape().back());
+  // CatBackward0 saves nothing; each input's gradient is a narrow view of the incoming one.
+  auto fn = [sizes](Engine& e, Node&, std::vector<T>& g) {
+    std::vector<T> r(sizes.size());
+    if (!g[0]) return r;
+    for (size_t i = 0; i < sizes.size(); ++i) r[i] = e.view(g[0], detail::with_last(g[0].shape(), sizes[i]), g[0]->strides);
+    return r;
+  };
+  if (xs.size() == 2) {
+    c.e.record("CatBackward0", {&xs[0], &xs[1]}, {&out}, {}, fn);
+  } else {
+    throw Error("internal: cat of an unsupported number of tensors");
+  }
+  return out;
+}
+
+}  // namespace trainmem::sim

@@ -453,3 +453,35 @@ void Engine::backward(const T& loss) {
 }
 
 }  // namespace trainmem::sim
+
+namespace trainmem {
+
+std::string_view category_name(Category c) {
+  switch (c) {
+    case Category::kWeights: return "weights";
+    case Category::kBuffers: return "buffers";
+    case Category::kGradients: return "gradients";
+    case Category::kOptimizer: return "optimizer state";
+    case Category::kInputs: return "inputs";
+    case Category::kActivations: return "activations";
+    case Category::kWeightCopies: return "autocast weight copies";
+    case Category::kBackward: return "backward gradients";
+    case Category::kTemporaries: return "temporaries";
+    case Category::kWorkspace: return "workspaces";
+  }
+  return "?";
+}
+
+std::string_view phase_name(Phase p) {
+  switch (p) {
+    case Phase::kSetup: return "setup";
+    case Phase::kForward: return "forward";
+    case Phase::kLoss: return "loss";
+    case Phase::kBackward: return "backward";
+    case Phase::kOptimizer: return "optimizer step";
+    case Phase::kZeroGrad: return "zero_grad";
+  }
+  return "?";
+}
+
+}  // namespace trainmem

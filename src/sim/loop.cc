@@ -147,9 +147,7 @@ struct Loop {
         out.logits.reset();
       } else if (m.family == Family::kStack) {
         out = run_forward(nullptr);
-        e.phase = Phase::kLoss;
-        out.loss = out.logits;  // the stack's forward already reduced to a scalar (y.sum())
-        out.logits.reset();
+        kept_logits = std::move(out.logits);  // `y = model(x)` stays bound until the next forward
       } else {
         out = run_forward(&Y);
         if (o.loop == LoopKind::kNanoGpt) kept_logits = std::move(out.logits);  // `logits, loss = model(X, Y)`

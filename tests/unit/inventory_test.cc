@@ -105,7 +105,7 @@ TEST(Inventory, ReproducesSeed000SteadyStateRows) {
   s.batch = 12;
   s.seq = 1024;
   s.precision = Precision::kBf16Amp;
-  const Estimate e = estimate(m, inv, s);
+  const Estimate e = estimate(m, inv, s, SimOptions{});
   EXPECT_EQ(e.gradients.value, 497'495'040u);
   EXPECT_EQ(e.optimizer_moments.value, 994'990'080u);
   // nanoGPT's AdamW is fused on CUDA, so each of the 75 parameter tensors has a 4-byte `step` on the device:

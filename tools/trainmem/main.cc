@@ -15,13 +15,17 @@
 #include "trainmem/gpu.h"
 #include "trainmem/inventory.h"
 #include "trainmem/report.h"
+#include "trainmem/runtime.h"
 #include "trainmem/setup.h"
+#include "trainmem/sim.h"
 
 namespace {
 
 using namespace trainmem;
 
 constexpr int kExitBadInput = 2;
+
+[[noreturn]] void bad_flag(const std::string& flag, const std::string& value, const std::string& expected);
 
 // Flags shared by the subcommands, as strings: they are parsed strictly after CLI11 has read them, so that
 // every bad value gets the same kind of message.
@@ -30,6 +34,7 @@ struct Flags {
   std::vector<std::string> overrides;
   std::string batch = "8", seq = "1024", grad_accum = "1";
   std::string precision = "bf16-amp", optimizer = "adamw", optimizer_impl = "auto", gpu;
+  std::string loop, torch = "2.9";
 };
 
 void add_model_flags(CLI::App* c, Flags& f) {
@@ -46,7 +51,25 @@ void add_setup_flags(CLI::App* c, Flags& f) {
   c->add_option("--optimizer", f.optimizer, "adamw | adam | sgd | sgd-momentum | none")->capture_default_str();
   c->add_option("--optimizer-impl", f.optimizer_impl, "auto | foreach | fused | for-loop")->capture_default_str();
   c->add_option("--grad-accum", f.grad_accum, "micro-batches per optimizer step")->capture_default_str();
-  c->add_option("--gpu", f.gpu, "GPU from the catalog (trainmem gpus)");
+  c->add_option("--gpu", f.gpu, "GPU from the catalog (trainmem gpus); sets the architecture (default sm_80)");
+  c->add_option("--loop", f.loop, "training script: nanogpt | hf | seed000 | plain (default: by --impl)");
+  c->add_option("--torch", f.torch, "PyTorch version whose runtime behaviour to model (1.13 .. 2.11)")
+      ->capture_default_str();
+}
+
+SimOptions sim_options(const Flags& f, const ModelSpec& m, const TrainSetup& s) {
+  SimOptions o;
+  o.loop = default_loop(m);
+  if (!f.loop.empty()) {
+    auto l = parse_loop(f.loop);
+    if (!l) bad_flag("--loop", f.loop, "nanogpt, hf, seed000 or plain");
+    o.loop = *l;
+  }
+  auto v = parse_torch_version(f.torch);
+  if (!v) bad_flag("--torch", f.torch, "a PyTorch version from 1.13 to 2.11, like 2.9");
+  o.torch = *v;
+  if (!s.gpu.empty()) o.sm = find_gpu(s.gpu).sm;
+  return o;
 }
 
 void add_format_flag(CLI::App* c, Flags& f) {
@@ -146,7 +169,8 @@ int run_estimate(const Flags& f) {
   const ModelSpec m = load(f);
   const TrainSetup s = setup_from(f);
   const bool json = json_format(f);
-  const Estimate e = estimate(m, build_inventory(m), s);
+  const Inventory inv = build_inventory(m);
+  const Estimate e = estimate(m, inv, s, sim_options(f, m, s));
   const GpuSpec* gpu = s.gpu.empty() ? nullptr : &find_gpu(s.gpu);
   std::cout << (json ? render_estimate_json(e, gpu) : render_estimate_table(e, gpu));
   return 0;

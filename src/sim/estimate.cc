@@ -1,0 +1,68 @@
+#include "trainmem/estimate.h"
+
+namespace trainmem {
+
+// torch.optim Adam(W) keeps state['step'] as a float32 scalar tensor: on the parameter's device when fused
+// or capturable, on the CPU otherwise (torch/optim/adam.py _init_group).
+inline constexpr uint64_t kOptimizerStepBytes = 4;
+
+namespace {
+
+const char* category_note(Category c) {
+  switch (c) {
+    case Category::kWeights: return "parameters";
+    case Category::kBuffers: return "registered buffers";
+    case Category::kGradients: return ".grad of the parameters";
+    case Category::kOptimizer: return "optimizer state";
+    case Category::kInputs: return "input ids and targets";
+    case Category::kActivations: return "forward tensors held by Python or saved for backward";
+    case Category::kWeightCopies: return "autocast's 16-bit copies of the weights, saved for backward";
+    case Category::kBackward: return "gradients in flight through the backward pass";
+    case Category::kTemporaries: return "op scratch and optimizer temporaries";
+    case Category::kWorkspace: return "cuBLAS/cuBLASLt workspaces (one per thread)";
+  }
+  return "";
+}
+
+}  // namespace
+
+Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s, const SimOptions& o) {
+  validate_setup(m, s);
+  Estimate e;
+  e.model = m;
+  e.setup = s;
+  e.options = o;
+  e.setup.optimizer_impl = resolve_optimizer_impl(s.optimizer, s.optimizer_impl, m.impl);
+  const DType pd = param_dtype(s.precision);
+  e.parameters = parameter_count(inv);
+  e.trainable = e.parameters;
+  e.weights = parameter_bytes(inv, pd);
+  e.buffers = buffer_bytes(inv, pd);
+  e.gradients = bytes_of(e.trainable, pd);
+  e.optimizer_moments = bytes_of(e.trainable, pd) * optimizer_states_per_param(s.optimizer);
+  const bool adam = s.optimizer == Optimizer::kAdamW || s.optimizer == Optimizer::kAdam;
+  if (adam && e.setup.optimizer_impl == OptimizerImpl::kFused) {
+    e.optimizer_steps = Bytes(kOptimizerStepBytes) * inv.parameters.size();
+  }
+  e.optimizer_state = e.optimizer_moments + e.optimizer_steps;
+  const Elems tokens(checked_mul(s.batch, m.family == Family::kStack ? m.stack_input : s.seq, "tokens"));
+  e.inputs = m.family == Family::kStack ? bytes_of(tokens, pd) : bytes_of(tokens, DType::kI64) * 2;
+
+  e.sim = simulate(m, inv, e.setup, o);
+  e.saved_activations = e.sim.saved_activations;
+  e.steady_state = e.sim.steady.live.total;
+  e.peak_allocated = e.sim.peak.live.total;
+  e.peak_phase = e.sim.peak.phase;
+  e.peak_step = e.sim.peak.step;
+  e.peak_micro = e.sim.peak.micro;
+  e.activations = e.sim.activations_at_peak;
+  for (size_t i = 0; i < kCategoryCount; ++i) {
+    const Category c = static_cast<Category>(i);
+    const Bytes b = e.sim.peak.live.by_category[i];
+    if (b.value == 0 && c != Category::kActivations) continue;
+    e.components.push_back({std::string(category_name(c)), b, category_note(c)});
+  }
+  return e;
+}
+
+}  // namespace trainmem

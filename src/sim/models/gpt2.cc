@@ -1,0 +1,94 @@
+// transformers' GPT2LMHeadModel (modeling_gpt2.py, 5.x), labels given, use_cache=False.
+// B=micro-batch T=seq C=hidden H=heads D=head-dim V=vocab
+#include <fmt/format.h>
+
+#include "hf_common.h"
+
+namespace trainmem::sim {
+
+namespace {
+
+T gpt2_attention(Ctx& c, const ModelSpec& m, const LoadedModel& w, uint64_t l, const T& x, const T* mask) {
+  auto n = [l](const char* s) { return fmt::format("transformer.h.{}.attn.{}", l, s); };
+  const uint64_t B = x.shape()[0], Tn = x.shape()[1], C = m.hidden, H = m.attn.heads, D = m.attn.head_dim;
+  T q, k, v;
+  {
+    std::vector<T> qkv = split_last(c, conv1d(c, x, w.p(n("c_attn.weight")), w.p(n("c_attn.bias")), "attn.c_attn"),
+                                    {C, C, C});
+    k = transpose(c, view(c, qkv[1], Shape{B, Tn, H, D}), 1, 2);
+    v = transpose(c, view(c, qkv[2], Shape{B, Tn, H, D}), 1, 2);
+    q = transpose(c, view(c, qkv[0], Shape{B, Tn, H, D}), 1, 2);
+  }
+  T o;
+  if (m.attn_impl == AttnImpl::kEager) {
+    // eager_attention_forward (GPT-2): matmul, / torch.full([], sqrt(D)), + mask, softmax (no dtype),
+    // .type(value.dtype), dropout, matmul, transpose(1, 2)
+    T s = matmul(c, q, transpose(c, k, -1, -2), "attn q@k^T");
+    {
+      T denom = full_scalar(c, s.dtype(), "torch.full([], sqrt(D))");
+      s = div(c, s, denom, "attn / sqrt(D)");
+    }
+    if (mask) s = add(c, s, *mask, "attn + mask");
+    s = softmax(c, s, std::nullopt, "attn softmax");
+    s = to(c, s, v.dtype(), "attn weights .type(v.dtype)");
+    s = dropout(c, s, m.dropout.attn, "attn dropout");
+    o = transpose(c, matmul(c, s, v, "attn @ v"), 1, 2);
+  } else {
+    o = sdpa_attention(c, q, k, v, 1, m.dropout.attn);
+  }
+  // attn_output.reshape(*shape[:-2], -1).contiguous(): a copy for the eager transpose, a view after SDPA
+  o = reshape(c, o, Shape{B, Tn, C});
+  o = contiguous(c, o, "attn output contiguous");
+  o = conv1d(c, o, w.p(n("c_proj.weight")), w.p(n("c_proj.bias")), "attn.c_proj");
+  return dropout(c, o, m.dropout.resid, "attn resid dropout");
+}
+
+T gpt2_mlp(Ctx& c, const ModelSpec& m, const LoadedModel& w, uint64_t l, const T& x) {
+  auto n = [l](const char* s) { return fmt::format("transformer.h.{}.mlp.{}", l, s); };
+  T h = conv1d(c, x, w.p(n("c_fc.weight")), w.p(n("c_fc.bias")), "mlp.c_fc");
+  h = activation(c, m.mlp.act, h);
+  h = conv1d(c, h, w.p(n("c_proj.weight")), w.p(n("c_proj.bias")), "mlp.c_proj");
+  return dropout(c, h, m.dropout.resid, "mlp dropout");
+}
+
+// GPT2Model.forward: returns the final hidden states; its locals (embeddings, mask) die when it returns.
+T gpt2_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
+  const uint64_t B = ids.shape()[0], Tn = ids.shape()[1];
+  c.layer = -1;
+  T inputs_embeds = embedding(c, w.p("transformer.wte.weight"), ids, "wte");
+  // cache_position = torch.arange(T); position_ids = cache_position.unsqueeze(0)
+  T position_ids = c.e.empty(Shape{1, Tn}, DType::kI64, Category::kActivations, c.L("position_ids"));
+  T position_embeds = embedding(c, w.p("transformer.wpe.weight"), position_ids, "wpe");
+  T hidden = add(c, inputs_embeds, position_embeds, "inputs_embeds + position_embeds");
+  T mask;
+  if (m.attn_impl == AttnImpl::kEager) mask = eager_mask(c, B, Tn, inputs_embeds.dtype());
+  hidden = dropout(c, hidden, m.dropout.embd, "embd dropout");
+  for (uint64_t l = 0; l < m.layers; ++l) {
+    c.layer = static_cast<int32_t>(l);
+    auto n = [l](const char* s) { return fmt::format("transformer.h.{}.{}", l, s); };
+    T residual = hidden;
+    hidden = layer_norm(c, hidden, &w.p(n("ln_1.weight")), &w.p(n("ln_1.bias")), "ln_1");
+    hidden = gpt2_attention(c, m, w, l, hidden, mask ? &mask : nullptr);
+    hidden = add(c, hidden, residual, "attn_output + residual");
+    residual = hidden;
+    hidden = layer_norm(c, hidden, &w.p(n("ln_2.weight")), &w.p(n("ln_2.bias")), "ln_2");
+    hidden = gpt2_mlp(c, m, w, l, hidden);
+    hidden = add(c, residual, hidden, "residual + feed_forward");
+  }
+  c.layer = -1;
+  return layer_norm(c, hidden, &w.p("transformer.ln_f.weight"), &w.p("transformer.ln_f.bias"), "ln_f");
+}
+
+}  // namespace
+
+ForwardOut gpt2_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids, const T* labels) {
+  // GPT2LMHeadModel.forward: the transformer outputs (holding the final hidden states) live until it returns.
+  T hidden = gpt2_model(c, m, w, ids);
+  ForwardOut out;
+  const T* head = w.opt("lm_head.weight");
+  out.logits = linear(c, hidden, head ? *head : w.p("transformer.wte.weight"), nullptr, "lm_head");
+  if (labels) out.loss = causal_lm_loss(c, out.logits, *labels);
+  return out;
+}
+
+}  // namespace trainmem::sim

@@ -1,0 +1,189 @@
+// Pieces shared by the transformers models: the eager attention mask, rotary embeddings, eager and SDPA
+// attention interfaces, activations, and ForCausalLMLoss (transformers 5.x).
+// B=micro-batch T=seq C=hidden H=heads KV=kv-heads D=head-dim V=vocab R=rotary dims
+#include "hf_common.h"
+
+#include "trainmem/error.h"
+
+namespace trainmem::sim {
+
+T causal_lm_loss(Ctx& c, const T& logits0, const T& labels0) {
+  // loss_utils.py ForCausalLMLoss: logits = logits.float(); labels = F.pad(labels, (0, 1), value=-100);
+  // shift_labels = labels[..., 1:].contiguous(); cross_entropy(logits.view(-1, V), shift_labels.view(-1))
+  const uint64_t V = logits0.shape().back();
+  const uint64_t B = labels0.shape()[0], Tn = labels0.shape()[1];
+  T logits = to(c, logits0, DType::kF32, "logits.float()");
+  T labels = c.e.empty(Shape{B, Tn + 1}, DType::kI64, Category::kActivations, c.L("padded labels"));
+  // labels[..., 1:] has strides (T+1, 1): contiguous only when B == 1 (a size-1 dim's stride does not count),
+  // and then .contiguous() returns the view itself, which keeps the padded (1, T+1) storage.
+  const Shape ss{B, Tn};
+  Strides st{static_cast<int64_t>(Tn + 1), 1};
+  T shift = is_contiguous(ss, st) ? c.e.view(labels, ss, st)
+                                  : c.e.empty(ss, DType::kI64, Category::kActivations, c.L("shift_labels"));
+  const T flat = view(c, logits, Shape{B * Tn, V});
+  const T tflat = view(c, shift, Shape{B * Tn});
+  return cross_entropy(c, flat, tflat);
+}
+
+T eager_mask(Ctx& c, uint64_t B, uint64_t Tn, DType dt) {
+  // masking_utils eager_mask: the bool (B, 1, T, T) mask of sdpa_mask, then torch.where(mask,
+  // torch.tensor(0.0, dtype), finfo(dtype).min): a (B, 1, T, T) tensor in the embeddings' dtype.
+  T bool_mask = c.e.empty(Shape{B, 1, Tn, Tn}, DType::kBool, Category::kTemporaries, c.L("causal mask (bool)"));
+  T zero = c.e.empty(Shape{}, dt, Category::kTemporaries, c.L("mask zero"));
+  return c.e.empty(Shape{B, 1, Tn, Tn}, dt, Category::kActivations, c.L("causal mask"));
+}
+
+Rotary rotary_embedding(Ctx& c, const T& inv_freq, uint64_t Tn, DType x_dtype) {
+  // LlamaRotaryEmbedding.forward under @torch.no_grad(), autocast disabled, position_ids (1, T):
+  // freqs = (inv_freq[None, :, None].float() @ position_ids[:, None, :].float()).transpose(1, 2);
+  // emb = cat((freqs, freqs), -1); cos = emb.cos() * attention_scaling; sin likewise; cast to x.dtype.
+  const bool grad = c.e.grad_mode;
+  const bool ac = c.autocast;
+  c.e.grad_mode = false;
+  c.autocast = false;
+  const uint64_t half = inv_freq.shape()[0];
+  T inv = to(c, inv_freq, DType::kF32, "inv_freq.float()");
+  T pos = c.e.empty(Shape{1, 1, Tn}, DType::kF32, Category::kActivations, c.L("position_ids.float()"));
+  T freqs = transpose(c, matmul(c, reshape(c, inv, Shape{1, half, 1}), pos, "rotary freqs"), 1, 2);
+  T emb = cat_last(c, {freqs, freqs}, "rotary emb");
+  freqs.reset();
+  Rotary r;
+  {
+    T cos = mul_scalar(c, mul_scalar(c, emb, "emb.cos()"), "cos * attention_scaling");
+    T sin = mul_scalar(c, mul_scalar(c, emb, "emb.sin()"), "sin * attention_scaling");
+    emb.reset();
+    r.cos = to(c, cos, x_dtype, "cos.to(x.dtype)");
+    r.sin = to(c, sin, x_dtype, "sin.to(x.dtype)");
+  }
+  c.e.grad_mode = grad;
+  c.autocast = ac;
+  return r;
+}
+
+namespace {
+
+T rotate_half(Ctx& c, const T& x) {
+  const uint64_t D = x.shape().back();
+  T x1 = slice_last(c, x, 0, D / 2);
+  T x2 = slice_last(c, x, D / 2, D);
+  return cat_last(c, {neg(c, x2, "rotate_half -x2"), x1}, "rotate_half");
+}
+
+}  // namespace
+
+T apply_rotary(Ctx& c, const T& x, const Rotary& r) {
+  // q_embed = (q * cos) + (rotate_half(q) * sin), cos/sin unsqueezed to (1, 1, T, R); with partial rotary
+  // (NeoX, Phi-3) only the first R dims rotate and the rest is concatenated back.
+  const T cos = unsqueeze(c, r.cos, 1);
+  const T sin = unsqueeze(c, r.sin, 1);
+  const uint64_t D = x.shape().back(), R = r.cos.shape().back();
+  if (R == D) {
+    T a = mul(c, x, cos, "q * cos");
+    T b = mul(c, rotate_half(c, x), sin, "rotate_half(q) * sin");
+    return add(c, a, b, "rotary embed");
+  }
+  T rot = slice_last(c, x, 0, R);
+  T pass = slice_last(c, x, R, D);
+  T a = mul(c, rot, cos, "q_rot * cos");
+  T b = mul(c, rotate_half(c, rot), sin, "rotate_half(q_rot) * sin");
+  T embed = add(c, a, b, "rotary embed");
+  a.reset();
+  b.reset();
+  return cat_last(c, {embed, pass}, "cat([q_embed, q_pass])");
+}
+
+T repeat_kv(Ctx& c, const T& x, uint64_t n_rep) {
+  // hidden_states[:, :, None, :, :].expand(B, KV, n_rep, T, D).reshape(B, KV * n_rep, T, D): a copy
+  if (n_rep == 1) return x;
+  const Shape& s = x.shape();
+  T e = expand(c, unsqueeze(c, x, 2), Shape{s[0], s[1], n_rep, s[2], s[3]});
+  return reshape(c, e, Shape{s[0], s[1] * n_rep, s[2], s[3]});
+}
+
+AttnOut eager_attention(Ctx& c, const T& q, const T& k0, const T& v0, const T* mask, uint64_t n_rep,
+                        double dropout_p, const char* scale_op, double softcap) {
+  // eager_attention_forward (transformers 5.x, models/llama/modeling_llama.py)
+  T k = repeat_kv(c, k0, n_rep);
+  T v = repeat_kv(c, v0, n_rep);
+  T w = matmul(c, q, transpose(c, k, 2, 3), "attn q@k^T");
+  w = mul_scalar(c, w, scale_op);  // * scaling
+  if (softcap > 0) {  // Gemma2: / softcap, tanh, * softcap
+    w = mul_scalar(c, w, "attn / softcap");
+    w = tanh(c, w, "attn tanh");
+    w = mul_scalar(c, w, "attn * softcap");
+  }
+  if (mask) w = add(c, w, *mask, "attn + mask");
+  w = to(c, softmax(c, w, DType::kF32, "attn softmax"), q.dtype(), "attn weights .to(q.dtype)");
+  w = dropout(c, w, dropout_p, "attn dropout");
+  T o = matmul(c, w, v, "attn @ v");
+  o = contiguous(c, transpose(c, o, 1, 2), "attn output contiguous");
+  return AttnOut{o, w};
+}
+
+T sdpa_attention(Ctx& c, const T& q, const T& k0, const T& v0, uint64_t n_rep, double dropout_p) {
+  // integrations/sdpa_attention.py: GQA goes to SDPA's enable_gqa (torch >= 2.5, no mask); otherwise
+  // repeat_kv copies k and v. is_causal = q_len > 1 and no mask.
+  const bool gqa = c.rt().torch >= TorchVersion{2, 5} && q.shape()[3] <= 256;
+  T k = gqa ? k0 : repeat_kv(c, k0, n_rep);
+  T v = gqa ? v0 : repeat_kv(c, v0, n_rep);
+  T o = sdpa(c, q, k, v, nullptr, dropout_p, q.shape()[2] > 1);
+  return contiguous(c, transpose(c, o, 1, 2), "attn output contiguous");
+}
+
+T activation(Ctx& c, Act a, const T& x) {
+  switch (a) {
+    case Act::kGeluErf:
+    case Act::kGeluTanh: return gelu(c, x, "act (gelu)");
+    case Act::kSilu: return silu(c, x, "act (silu)");
+    case Act::kRelu: return relu(c, x, "act (relu)");
+    case Act::kSigmoid: return sigmoid(c, x, "act (sigmoid)");
+    case Act::kQuickGelu: {
+      // x * torch.sigmoid(1.702 * x)
+      T s = sigmoid(c, mul_scalar(c, x, "1.702 * x"), "sigmoid(1.702x)");
+      return mul(c, x, s, "quick_gelu");
+    }
+    case Act::kGeluNew: {
+      // NewGELUActivation: 0.5 * input * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (input + 0.044715 *
+      // torch.pow(input, 3.0)))). pow is an fp32 op under autocast, so the right-hand side is float32.
+      T half = mul_scalar(c, x, "gelu_new 0.5*x");
+      T inner;
+      {
+        T p = pow_scalar(c, x, "gelu_new x^3");
+        T b = mul_scalar(c, p, "gelu_new 0.044715*x^3");
+        p.reset();
+        T s = add(c, x, b, "gelu_new x + 0.044715x^3");
+        b.reset();
+        T d = mul_scalar(c, s, "gelu_new sqrt(2/pi)*(...)");
+        s.reset();
+        T t = tanh(c, d, "gelu_new tanh");
+        d.reset();
+        inner = add_scalar(c, t, "gelu_new 1 + tanh");
+      }
+      return mul(c, half, inner, "gelu_new");
+    }
+    case Act::kGeluFast: {
+      // FastGELUActivation: 0.5 * input * (1.0 + torch.tanh(input * 0.7978845608 * (1.0 + 0.044715 * input *
+      // input)))
+      T half = mul_scalar(c, x, "gelu_fast 0.5*x");
+      T inner;
+      {
+        T ax = mul_scalar(c, x, "gelu_fast x*0.79788");
+        T b = mul_scalar(c, x, "gelu_fast 0.044715*x");
+        T bb = mul(c, b, x, "gelu_fast 0.044715*x*x");
+        b.reset();
+        T one = add_scalar(c, bb, "gelu_fast 1 + ...");
+        bb.reset();
+        T prod = mul(c, ax, one, "gelu_fast product");
+        ax.reset();
+        one.reset();
+        T t = tanh(c, prod, "gelu_fast tanh");
+        prod.reset();
+        inner = add_scalar(c, t, "gelu_fast 1 + tanh");
+      }
+      return mul(c, half, inner, "gelu_fast");
+    }
+  }
+  throw Error("internal: unknown activation");
+}
+
+}  // namespace trainmem::sim

@@ -1,0 +1,25 @@
+// Internal: pieces shared by the transformers model programs.
+#pragma once
+
+#include "../forward.h"
+
+namespace trainmem::sim {
+
+struct Rotary {
+  T cos, sin;  // (1, T, R) in the hidden states' dtype
+};
+struct AttnOut {
+  T output;   // (B, T, H, D) contiguous
+  T weights;  // returned to the caller with the output (dropped by the decoder layer)
+};
+
+T eager_mask(Ctx& c, uint64_t B, uint64_t Tn, DType dt);
+Rotary rotary_embedding(Ctx& c, const T& inv_freq, uint64_t Tn, DType x_dtype);
+T apply_rotary(Ctx& c, const T& x, const Rotary& r);
+T repeat_kv(Ctx& c, const T& x, uint64_t n_rep);
+AttnOut eager_attention(Ctx& c, const T& q, const T& k, const T& v, const T* mask, uint64_t n_rep,
+                        double dropout_p, const char* scale_op, double softcap);
+T sdpa_attention(Ctx& c, const T& q, const T& k, const T& v, uint64_t n_rep, double dropout_p);
+T activation(Ctx& c, Act a, const T& x);
+
+}  // namespace trainmem::sim

@@ -1,0 +1,166 @@
+// transformers' LlamaForCausalLM and relatives (modeling_llama.py and the files generated from it, 5.x):
+// llama, mistral, qwen2, qwen3, gemma, gemma2, phi3 (mixtral's experts: see moe below). Labels given,
+// use_cache=False.
+// B=micro-batch T=seq C=hidden H=heads KV=kv-heads D=head-dim F=ffn V=vocab E=experts
+#include <fmt/format.h>
+
+#include "hf_common.h"
+#include "trainmem/error.h"
+
+namespace trainmem::sim {
+
+namespace {
+
+bool is_gemma(const ModelSpec& m) { return m.model_type == "gemma" || m.model_type == "gemma2"; }
+
+// LlamaRMSNorm: input_dtype = h.dtype; h = h.to(float32); variance = h.pow(2).mean(-1, keepdim=True);
+// h = h * torch.rsqrt(variance + eps); return weight * h.to(input_dtype).
+// GemmaRMSNorm: output = x.float() * rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps);
+// output = output * (1.0 + weight.float()); return output.type_as(x).
+T rms_norm(Ctx& c, const ModelSpec& m, const T& x, const T& weight, const char* what) {
+  const DType in = x.dtype();
+  T h = to(c, x, DType::kF32, "rms_norm h.to(float32)");
+  T r;
+  {
+    T var = mean_last(c, pow_scalar(c, h, "rms_norm h.pow(2)"), "rms_norm variance");
+    r = rsqrt(c, add_scalar(c, var, "rms_norm variance + eps"), "rms_norm rsqrt");
+  }
+  h = mul(c, h, r, "rms_norm h * rsqrt");
+  r.reset();
+  if (is_gemma(m)) {
+    T wf = to(c, weight, DType::kF32, "weight.float()");
+    T one = add_scalar(c, wf, "1.0 + weight");
+    wf.reset();
+    h = mul(c, h, one, what);
+    return to(c, h, in, "rms_norm type_as(x)");
+  }
+  return mul(c, weight, to(c, h, in, "rms_norm h.to(input_dtype)"), what);
+}
+
+struct Layer {
+  const LoadedModel& w;
+  uint64_t l;
+  std::string n(const char* s) const { return fmt::format("model.layers.{}.{}", l, s); }
+  const T& p(const char* s) const { return w.p(n(s)); }
+  const T* o(const char* s) const { return w.opt(n(s)); }
+};
+
+AttnOut attention(Ctx& c, const ModelSpec& m, const Layer& L, const T& x, const Rotary& rot, const T* mask) {
+  const uint64_t B = x.shape()[0], Tn = x.shape()[1], H = m.attn.heads, KV = m.attn.kv_heads, D = m.attn.head_dim;
+  const Shape qs{B, Tn, H, D}, kvs{B, Tn, KV, D};
+  T q, k, v;
+  if (m.attn.fused_qkv) {
+    // Phi-3: qkv = self.qkv_proj(x); query = qkv[..., :H*D]; key = ...; value = ... (views)
+    T qkv = linear(c, x, L.p("self_attn.qkv_proj.weight"), nullptr, "attn.qkv_proj");
+    q = transpose(c, view(c, slice_last(c, qkv, 0, H * D), qs), 1, 2);
+    k = transpose(c, view(c, slice_last(c, qkv, H * D, (H + KV) * D), kvs), 1, 2);
+    v = transpose(c, view(c, slice_last(c, qkv, (H + KV) * D, (H + 2 * KV) * D), kvs), 1, 2);
+  } else {
+    q = view(c, linear(c, x, L.p("self_attn.q_proj.weight"), L.o("self_attn.q_proj.bias"), "attn.q_proj"), qs);
+    if (m.attn.qk_norm) q = rms_norm(c, m, q, L.p("self_attn.q_norm.weight"), "attn.q_norm");
+    q = transpose(c, q, 1, 2);
+    k = view(c, linear(c, x, L.p("self_attn.k_proj.weight"), L.o("self_attn.k_proj.bias"), "attn.k_proj"), kvs);
+    if (m.attn.qk_norm) k = rms_norm(c, m, k, L.p("self_attn.k_norm.weight"), "attn.k_norm");
+    k = transpose(c, k, 1, 2);
+    v = transpose(c, view(c, linear(c, x, L.p("self_attn.v_proj.weight"), L.o("self_attn.v_proj.bias"), "attn.v_proj"), kvs), 1, 2);
+  }
+  q = apply_rotary(c, q, rot);
+  k = apply_rotary(c, k, rot);
+  AttnOut a;
+  if (m.attn_impl == AttnImpl::kEager) {
+    a = eager_attention(c, q, k, v, mask, H / KV, m.dropout.attn, "attn * scaling", m.attn.softcap);
+  } else {
+    a.output = sdpa_attention(c, q, k, v, H / KV, m.dropout.attn);
+  }
+  q.reset();
+  k.reset();
+  v.reset();
+  // attn_output.reshape(*input_shape, -1).contiguous(); self.o_proj(attn_output)
+  a.output = contiguous(c, reshape(c, a.output, Shape{B, Tn, H * D}), "attn output contiguous");
+  a.output = linear(c, a.output, L.p("self_attn.o_proj.weight"), L.o("self_attn.o_proj.bias"), "attn.o_proj");
+  return a;
+}
+
+T mlp(Ctx& c, const ModelSpec& m, const Layer& L, const T& x) {
+  if (m.mlp.fused_gate_up) {
+    // Phi3MLP: up_states = gate_up_proj(x); gate, up_states = up_states.chunk(2, -1);
+    // up_states = up_states * act(gate); return down_proj(up_states)
+    const uint64_t F = m.mlp.ffn;
+    T up;
+    {
+      std::vector<T> parts = split_last(c, linear(c, x, L.p("mlp.gate_up_proj.weight"), nullptr, "mlp.gate_up_proj"), {F, F});
+      up = mul(c, parts[1], activation(c, m.mlp.act, parts[0]), "mlp up * act(gate)");
+    }
+    return linear(c, up, L.p("mlp.down_proj.weight"), nullptr, "mlp.down_proj");
+  }
+  // LlamaMLP: down_proj(act_fn(gate_proj(x)) * up_proj(x))
+  T h;
+  {
+    T a = activation(c, m.mlp.act, linear(c, x, L.p("mlp.gate_proj.weight"), L.o("mlp.gate_proj.bias"), "mlp.gate_proj"));
+    T u = linear(c, x, L.p("mlp.up_proj.weight"), L.o("mlp.up_proj.bias"), "mlp.up_proj");
+    h = mul(c, a, u, "mlp act(gate) * up");
+  }
+  return linear(c, h, L.p("mlp.down_proj.weight"), L.o("mlp.down_proj.bias"), "mlp.down_proj");
+}
+
+T decoder_layer(Ctx& c, const ModelSpec& m, const Layer& L, T hidden, const Rotary& rot, const T* mask) {
+  const bool sandwich = m.norms_per_layer == 4;  // Gemma2
+  T residual = hidden;
+  hidden = rms_norm(c, m, hidden, L.p("input_layernorm.weight"), "input_layernorm");
+  {
+    AttnOut a = attention(c, m, L, hidden, rot, mask);
+    hidden = std::move(a.output);  // `hidden_states, _ = self.self_attn(...)`
+  }
+  if (sandwich) hidden = rms_norm(c, m, hidden, L.p("post_attention_layernorm.weight"), "post_attention_layernorm");
+  hidden = add(c, residual, dropout(c, hidden, m.dropout.resid, "resid_attn_dropout"), "residual + attn");
+  residual = hidden;
+  hidden = rms_norm(c, m, hidden, L.p(sandwich ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight"),
+                    sandwich ? "pre_feedforward_layernorm" : "post_attention_layernorm");
+  if (m.moe.experts > 0) throw Error("the step simulator does not model mixture-of-experts layers yet");
+  hidden = mlp(c, m, L, hidden);
+  if (sandwich) hidden = rms_norm(c, m, hidden, L.p("post_feedforward_layernorm.weight"), "post_feedforward_layernorm");
+  return add(c, residual, dropout(c, hidden, m.dropout.resid, "resid_mlp_dropout"), "residual + mlp");
+}
+
+// LlamaModel.forward: returns the final hidden states; its locals (embeddings, mask, cos/sin) die with it.
+T llama_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
+  const uint64_t B = ids.shape()[0], Tn = ids.shape()[1];
+  c.layer = -1;
+  T inputs_embeds = embedding(c, w.p("model.embed_tokens.weight"), ids, "embed_tokens");
+  if (m.embed.scaled_by_sqrt_hidden) {
+    // GemmaTextScaledWordEmbedding: super().forward(ids) * self.embed_scale.to(self.weight.dtype)
+    T scale = to(c, w.buf("model.embed_tokens.embed_scale"), w.p("model.embed_tokens.weight").dtype(), "embed_scale.to()");
+    inputs_embeds = mul(c, inputs_embeds, scale, "embeddings * embed_scale");
+  }
+  T position_ids = c.e.empty(Shape{1, Tn}, DType::kI64, Category::kActivations, c.L("position_ids"));
+  T mask;
+  if (m.attn_impl == AttnImpl::kEager) mask = eager_mask(c, B, Tn, inputs_embeds.dtype());
+  T hidden = inputs_embeds;
+  const Rotary rot = rotary_embedding(c, w.buf("model.rotary_emb.inv_freq"), Tn, hidden.dtype());
+  hidden = dropout(c, hidden, m.dropout.embd, "embd dropout");
+  for (uint64_t l = 0; l < m.layers; ++l) {
+    c.layer = static_cast<int32_t>(l);
+    hidden = decoder_layer(c, m, Layer{w, l}, hidden, rot, mask ? &mask : nullptr);
+  }
+  c.layer = -1;
+  return rms_norm(c, m, hidden, w.p("model.norm.weight"), "norm");
+}
+
+}  // namespace
+
+ForwardOut llama_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids, const T* labels) {
+  T hidden = llama_model(c, m, w, ids);
+  ForwardOut out;
+  const T* head = w.opt("lm_head.weight");
+  out.logits = linear(c, hidden, head ? *head : w.p("model.embed_tokens.weight"), nullptr, "lm_head");
+  if (m.model_type == "gemma2") {
+    // final_logit_softcapping: logits / cap, tanh, * cap
+    out.logits = mul_scalar(c, out.logits, "logits / softcap");
+    out.logits = tanh(c, out.logits, "logits tanh");
+    out.logits = mul_scalar(c, out.logits, "logits * softcap");
+  }
+  if (labels) out.loss = causal_lm_loss(c, out.logits, *labels);
+  return out;
+}
+
+}  // namespace trainmem::sim

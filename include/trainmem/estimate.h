@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "trainmem/allocator.h"
+#include "trainmem/gpu.h"
 #include "trainmem/inventory.h"
 #include "trainmem/model.h"
 #include "trainmem/setup.h"
@@ -17,6 +19,36 @@ struct Component {
   std::string name;
   Bytes bytes;
   std::string note;  // what it is
+};
+
+// A tensor live at some moment, for explaining a peak or an out-of-memory.
+struct LiveTensor {
+  std::string name;  // "h.11.attn softmax", "transformer.wte.weight"
+  Category category = Category::kActivations;
+  Bytes bytes;       // requested
+  Bytes block;       // block size in the caching allocator
+};
+
+// Whether the step fits the GPU, and if not, the out-of-memory it would hit.
+struct DeviceVerdict {
+  std::string gpu;
+  Bytes capacity;      // the CUDA runtime total (torch.cuda.get_device_properties().total_memory)
+  Bytes context;       // held outside the caching allocator (CUDA context, kernels)
+  Bytes usable;        // capacity - context: what the caching allocator can reserve
+  bool fits = true;
+  int64_t headroom = 0;  // usable - peak reserved (negative: short by that much)
+  struct Oom {
+    size_t event = 0;
+    Phase phase = Phase::kForward;
+    uint32_t step = 0, micro = 0;
+    std::string tensor;  // the tensor whose allocation fails
+    Bytes requested, segment;  // its bytes and the segment cudaMalloc was asked for
+    Bytes allocated, reserved;  // allocator state at that moment (after releasing its cache)
+    Bytes overflow;             // reserved + segment - usable
+    std::vector<LiveTensor> live;  // the largest live tensors at that moment
+    Bytes live_total;
+  };
+  std::optional<Oom> oom;
 };
 
 struct Estimate {
@@ -37,14 +69,27 @@ struct Estimate {
                             // parameters and buffers
   Bytes activations;        // at the peak: everything but weights, buffers, gradients, optimizer state,
                             // inputs and workspaces
-  Bytes steady_state;       // memory_allocated() just before the next step's forward
-  Bytes peak_allocated;     // the highest total of live tensors
+  Bytes peak_tensors;       // the highest total of live tensors (requested bytes)
   Phase peak_phase = Phase::kForward;
   uint32_t peak_step = 0, peak_micro = 0;
-  std::vector<Component> components;  // live at the peak, summing to peak_allocated
+  std::vector<Component> components;  // live at the peak, summing to peak_tensors
+  // From the caching allocator replayed over the step (block and segment sizes):
+  Bytes steady_state;       // memory_allocated() just before the next step's forward
+  Bytes peak_allocated;     // max_memory_allocated()
+  Bytes peak_reserved;      // max_memory_reserved()
+  Bytes fragmentation;      // peak_reserved - peak_allocated: cached but unallocated at the reserved peak
+  Bytes device_total;       // what nvidia-smi shows: peak reserved + the context (when a GPU is given)
+  uint64_t segments = 0;    // cudaMalloc segments at the reserved peak
+  std::optional<DeviceVerdict> device;
   SimResult sim;
+  AllocatorReplay alloc;
 };
 
-Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s, const SimOptions& o);
+// The full estimate; `gpu` (optional) adds the device totals and the verdict.
+Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s, const SimOptions& o,
+                  const AllocatorConfig& ac = {}, const GpuSpec* gpu = nullptr);
+
+// The name of a timeline label ("h.3.attn softmax", a parameter's name).
+std::string label_name(const Label& l);
 
 }  // namespace trainmem

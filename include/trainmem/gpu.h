@@ -18,7 +18,9 @@ struct GpuSpec {
   uint64_t datasheet_gb = 0;
   Bytes runtime_total;     // CUDA runtime total (cudaMemGetInfo total): what the process can use at most
   Bytes smi_total;         // nvidia-smi Total
+  Bytes context;           // memory the process holds outside the caching allocator (CUDA context, kernels)
   std::string source;
+  std::string context_source;
 };
 
 const std::vector<GpuSpec>& gpu_catalog();

@@ -38,6 +38,7 @@ std::string render_formulas_table(const FormulaReport& f);
 std::string render_formulas_json(const FormulaReport& f);
 
 std::string render_estimate_table(const Estimate& e, const GpuSpec* gpu);
+std::string render_verdict(const DeviceVerdict& v, const GpuSpec* gpu);
 std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu);
 
 }  // namespace trainmem

@@ -27,7 +27,9 @@ std::vector<GpuSpec> parse_catalog() {
     s.datasheet_gb = r.integer({"datasheet_gb"}, std::nullopt, 1, 100000);
     s.runtime_total = Bytes(checked_mul(r.integer({"runtime_total_mib"}, std::nullopt, 1, 1u << 30), kMiB, "GPU"));
     s.smi_total = Bytes(checked_mul(r.integer({"smi_total_mib"}, std::nullopt, 1, 1u << 30), kMiB, "GPU"));
+    s.context = Bytes(checked_mul(r.integer({"context_mib"}, std::nullopt, 0, 1u << 20), kMiB, "GPU"));
     s.source = r.text({"source"}, std::nullopt);
+    s.context_source = r.text({"context_source"}, std::nullopt);
     out.push_back(std::move(s));
   }
   return out;

@@ -30,25 +30,54 @@ std::string where(const Estimate& e) {
 
 }  // namespace
 
+std::string render_verdict(const DeviceVerdict& v, const GpuSpec* gpu) {
+  std::string out = fmt::format("{} ({}): {} total, {} outside PyTorch, {} for the caching allocator\n", v.gpu,
+                                gpu ? gpu->torch_name : "", format_bytes(v.capacity), format_bytes(v.context),
+                                format_bytes(v.usable));
+  if (v.fits) {
+    return out + fmt::format("FITS: {} of headroom at the reserved peak\n", format_bytes(Bytes(static_cast<uint64_t>(v.headroom))));
+  }
+  const DeviceVerdict::Oom& o = *v.oom;
+  out += fmt::format(
+      "DOES NOT FIT: out of memory in the {} of step {}, allocating {} for {} (cudaMalloc of a {} segment)\n"
+      "  allocated {}, reserved {} after releasing the cache; short by {}\n",
+      phase_name(o.phase), o.step, format_bytes(o.requested), o.tensor, format_bytes(o.segment),
+      format_bytes(o.allocated), format_bytes(o.reserved), format_bytes(o.overflow));
+  using TT = report::TextTable;
+  TT t({{"largest live tensors", TT::kLeft}, {"category", TT::kLeft}, {"size", TT::kRight}});
+  for (const LiveTensor& l : o.live) t.row({l.name, std::string(category_name(l.category)), format_bytes(l.bytes)});
+  t.rule();
+  t.row({"all live tensors", "", format_bytes(o.live_total)});
+  return out + t.str();
+}
+
 std::string render_estimate_table(const Estimate& e, const GpuSpec* gpu) {
   using TT = report::TextTable;
   TT t({{"at the peak", TT::kLeft}, {"bytes", TT::kRight}, {"size", TT::kRight}, {"share", TT::kRight},
         {"what", TT::kLeft}});
-  const uint64_t total = e.peak_allocated.value;
+  const uint64_t total = e.peak_tensors.value;
   for (const Component& c : e.components) {
     t.row({c.name, with_commas(c.bytes.value), format_bytes(c.bytes), report::percent(c.bytes.value, total), c.note});
   }
   t.rule();
-  t.row({"peak", with_commas(total), format_bytes(e.peak_allocated), "100.0%", "in the " + where(e)});
+  t.row({"live tensors", with_commas(total), format_bytes(e.peak_tensors), "100.0%", "peak, in the " + where(e)});
   std::string out = headline(e) + "\n" + t.str();
-  out += fmt::format("\n  steady state (before a step's forward): {} ({})\n", with_commas(e.steady_state.value),
-                     format_bytes(e.steady_state));
-  out += fmt::format("  saved for backward at the end of forward: {} ({})\n", with_commas(e.saved_activations.value),
-                     format_bytes(e.saved_activations));
-  if (gpu) {
-    out += fmt::format("\n{} ({}): {} usable by the process; the peak of live tensors uses {} of it\n", gpu->name,
-                       gpu->torch_name, format_bytes(gpu->runtime_total),
-                       report::percent(total, gpu->runtime_total.value));
+
+  TT a({{"caching allocator", TT::kLeft}, {"bytes", TT::kRight}, {"size", TT::kRight}, {"what", TT::kLeft}});
+  auto row = [&](const char* name, Bytes b, const std::string& what) {
+    a.row({name, with_commas(b.value), format_bytes(b), what});
+  };
+  row("steady state", e.steady_state, "memory_allocated() before a step's forward");
+  row("saved activations", e.saved_activations, "what autograd holds at the end of forward (tensors)");
+  row("peak allocated", e.peak_allocated, "max_memory_allocated(): blocks, with rounding gaps");
+  row("peak reserved", e.peak_reserved, fmt::format("max_memory_reserved(): {} cudaMalloc segments", e.segments));
+  row("fragmentation", e.fragmentation, "reserved but not allocated at the peaks");
+  if (e.device) row("nvidia-smi", e.device_total, fmt::format("peak reserved + {} outside PyTorch", format_bytes(e.device->context)));
+  out += '\n';
+  out += a.str();
+  if (e.device) {
+    out += '\n';
+    out += render_verdict(*e.device, gpu);
   }
   return out;
 }
@@ -74,13 +103,33 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
                   {"optimizer_steps_bytes", e.optimizer_steps.value}, {"inputs_bytes", e.inputs.value},
                   {"saved_activations_bytes", e.saved_activations.value},
                   {"activations_bytes", e.activations.value}, {"steady_state_bytes", e.steady_state.value},
+                  {"peak_tensor_bytes", e.peak_tensors.value},
                   {"peak_allocated_bytes", e.peak_allocated.value}, {"peak_phase", phase_name(e.peak_phase)},
-                  {"peak_step", e.peak_step}, {"peak_micro_batch", e.peak_micro}}},
+                  {"peak_step", e.peak_step}, {"peak_micro_batch", e.peak_micro},
+                  {"peak_reserved_bytes", e.peak_reserved.value}, {"fragmentation_bytes", e.fragmentation.value},
+                  {"segments", e.segments}}},
       {"peak_components", comps},
   };
-  if (gpu) {
-    out["device"] = {{"name", gpu->name}, {"torch_name", gpu->torch_name}, {"sm", gpu->sm},
-                     {"capacity_bytes", gpu->runtime_total.value}};
+  if (e.device) {
+    const DeviceVerdict& v = *e.device;
+    out["memory"]["device_total_bytes"] = e.device_total.value;
+    nlohmann::json d = {{"name", v.gpu}, {"torch_name", gpu ? gpu->torch_name : ""}, {"sm", gpu ? gpu->sm : 0},
+                        {"capacity_bytes", v.capacity.value}, {"context_bytes", v.context.value},
+                        {"usable_bytes", v.usable.value}, {"fits", v.fits}, {"headroom_bytes", v.headroom}};
+    if (v.oom) {
+      const DeviceVerdict::Oom& o = *v.oom;
+      nlohmann::json live = nlohmann::json::array();
+      for (const LiveTensor& l : o.live) {
+        live.push_back({{"name", l.name}, {"category", category_name(l.category)}, {"bytes", l.bytes.value},
+                        {"block_bytes", l.block.value}});
+      }
+      d["oom"] = {{"phase", phase_name(o.phase)}, {"step", o.step}, {"micro_batch", o.micro}, {"tensor", o.tensor},
+                  {"requested_bytes", o.requested.value}, {"segment_bytes", o.segment.value},
+                  {"allocated_bytes", o.allocated.value}, {"reserved_bytes", o.reserved.value},
+                  {"overflow_bytes", o.overflow.value}, {"live_tensor_bytes", o.live_total.value},
+                  {"largest_live_tensors", live}};
+    }
+    out["device"] = d;
   }
   return out.dump(2) + "\n";
 }

@@ -1,5 +1,7 @@
 #include "trainmem/estimate.h"
 
+#include <algorithm>
+
 namespace trainmem {
 
 // torch.optim Adam(W) keeps state['step'] as a float32 scalar tensor: on the parameter's device when fused
@@ -26,7 +28,54 @@ const char* category_note(Category c) {
 
 }  // namespace
 
-Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s, const SimOptions& o) {
+std::string label_name(const Label& l) {
+  if (l.layer >= 0) return "h." + std::to_string(l.layer) + " " + l.what;
+  return l.what;
+}
+
+namespace {
+
+DeviceVerdict verdict(const Estimate& e, const GpuSpec& gpu, const AllocatorConfig& ac) {
+  DeviceVerdict v;
+  v.gpu = gpu.name;
+  v.capacity = gpu.runtime_total;
+  v.context = gpu.context;
+  v.usable = Bytes(gpu.runtime_total.value - std::min(gpu.runtime_total.value, gpu.context.value));
+  const AllocatorReplay r = replay_allocator(e.sim.timeline, ac, e.options.torch, v.usable);
+  v.fits = !r.oom;
+  v.headroom = static_cast<int64_t>(v.usable.value) - static_cast<int64_t>(e.peak_reserved.value);
+  if (r.oom) {
+    const Event& ev = e.sim.timeline.events[r.oom->event];
+    DeviceVerdict::Oom o;
+    o.event = r.oom->event;
+    o.phase = ev.phase;
+    o.step = ev.step;
+    o.micro = ev.micro;
+    o.tensor = label_name(ev.label);
+    o.requested = r.oom->requested;
+    o.segment = r.oom->segment;
+    o.allocated = r.oom->allocated;
+    o.reserved = r.oom->reserved;
+    o.overflow = Bytes(r.oom->reserved.value + r.oom->segment.value - std::min(v.usable.value, r.oom->reserved.value + r.oom->segment.value));
+    // The tensors live just before the failing allocation, largest first.
+    std::vector<LiveBlock> live = live_blocks_after(e.sim.timeline, ac, e.options.torch, r.oom->event - 1);
+    std::sort(live.begin(), live.end(), [](const LiveBlock& a, const LiveBlock& b) { return a.block > b.block; });
+    for (const LiveBlock& b : live) {
+      o.live_total += b.requested;
+      if (o.live.size() < 12) {
+        const Event& a = e.sim.timeline.events[b.alloc_event];
+        o.live.push_back({label_name(a.label), a.category, b.requested, b.block});
+      }
+    }
+    v.oom = std::move(o);
+  }
+  return v;
+}
+
+}  // namespace
+
+Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s, const SimOptions& o,
+                  const AllocatorConfig& ac, const GpuSpec* gpu) {
   validate_setup(m, s);
   Estimate e;
   e.model = m;
@@ -50,8 +99,7 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
 
   e.sim = simulate(m, inv, e.setup, o);
   e.saved_activations = e.sim.saved_activations;
-  e.steady_state = e.sim.steady.live.total;
-  e.peak_allocated = e.sim.peak.live.total;
+  e.peak_tensors = e.sim.peak.live.total;
   e.peak_phase = e.sim.peak.phase;
   e.peak_step = e.sim.peak.step;
   e.peak_micro = e.sim.peak.micro;
@@ -61,6 +109,17 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
     const Bytes b = e.sim.peak.live.by_category[i];
     if (b.value == 0 && c != Category::kActivations) continue;
     e.components.push_back({std::string(category_name(c)), b, category_note(c)});
+  }
+
+  e.alloc = replay_allocator(e.sim.timeline, ac, o.torch, std::nullopt);
+  e.steady_state = Bytes(e.alloc.allocated.empty() ? 0 : e.alloc.allocated[e.sim.steady.event]);
+  e.peak_allocated = e.alloc.peak_allocated;
+  e.peak_reserved = e.alloc.peak_reserved;
+  e.fragmentation = e.peak_reserved - e.peak_allocated;
+  e.segments = e.alloc.segments_peak;
+  if (gpu) {
+    e.device_total = e.peak_reserved + gpu->context;
+    e.device = verdict(e, *gpu, ac);
   }
   return e;
 }

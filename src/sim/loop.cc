@@ -147,6 +147,8 @@ struct Loop {
         out.logits.reset();
       } else if (m.family == Family::kStack) {
         out = run_forward(nullptr);
+        e.phase = Phase::kLoss;
+        out.loss = sum_loss(c, out.logits);  // loss = y.sum()
         kept_logits = std::move(out.logits);  // `y = model(x)` stays bound until the next forward
       } else {
         out = run_forward(&Y);
@@ -164,7 +166,10 @@ struct Loop {
     }
     e.phase = Phase::kBackward;
     T scaled = scaler_scale(loss);
-    kept_loss = std::move(loss);
+    // the script keeps `loss` bound (nanoGPT, the seed 000 fork, the Trainer's returned loss); seed 003 calls
+    // y.sum().backward() on a temporary
+    if (o.loop != LoopKind::kPlain) kept_loss = std::move(loss);
+    loss.reset();
     e.backward(scaled);
   }
 

@@ -8,6 +8,7 @@
 #include <iostream>
 #include <string>
 
+#include "trainmem/allocator.h"
 #include "trainmem/config.h"
 #include "trainmem/error.h"
 #include "trainmem/estimate.h"
@@ -34,7 +35,7 @@ struct Flags {
   std::vector<std::string> overrides;
   std::string batch = "8", seq = "1024", grad_accum = "1";
   std::string precision = "bf16-amp", optimizer = "adamw", optimizer_impl = "auto", gpu;
-  std::string loop, torch = "2.9";
+  std::string loop, torch = "2.9", alloc_conf;
 };
 
 void add_model_flags(CLI::App* c, Flags& f) {
@@ -55,6 +56,7 @@ void add_setup_flags(CLI::App* c, Flags& f) {
   c->add_option("--loop", f.loop, "training script: nanogpt | hf | seed000 | plain (default: by --impl)");
   c->add_option("--torch", f.torch, "PyTorch version whose runtime behaviour to model (1.13 .. 2.11)")
       ->capture_default_str();
+  c->add_option("--alloc-conf", f.alloc_conf, "PYTORCH_CUDA_ALLOC_CONF, e.g. expandable_segments:True");
 }
 
 SimOptions sim_options(const Flags& f, const ModelSpec& m, const TrainSetup& s) {
@@ -170,8 +172,9 @@ int run_estimate(const Flags& f) {
   const TrainSetup s = setup_from(f);
   const bool json = json_format(f);
   const Inventory inv = build_inventory(m);
-  const Estimate e = estimate(m, inv, s, sim_options(f, m, s));
+  const SimOptions o = sim_options(f, m, s);
   const GpuSpec* gpu = s.gpu.empty() ? nullptr : &find_gpu(s.gpu);
+  const Estimate e = estimate(m, inv, s, o, parse_alloc_conf(f.alloc_conf, o.torch), gpu);
   std::cout << (json ? render_estimate_json(e, gpu) : render_estimate_table(e, gpu));
   return 0;
 }

@@ -77,6 +77,8 @@ T block(Ctx& c, const ModelSpec& m, const Block& p, T x) {
     x = add(c, x, attention(c, m, p, h1), "residual (attn)");
     T h2 = layer_norm(c, x, &p.ln2_w, p.ln2_b, "ln_2");
     x = add(c, x, mlp(c, m, p, h2), "residual (mlp)");
+    h1.reset();  // CPython clears a frame's locals in the order they were first bound
+    h2.reset();
     return x;
   }
   T a;

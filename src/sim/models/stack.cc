@@ -23,16 +23,19 @@ ForwardOut stack_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const
     }
   }
   c.layer = -1;
-  // y.sum(): a 0-dim tensor; SumBackward0's grad.expand(sizes) is a view (no allocation). The stack's output
-  // is held by the script (`y = model(x)`) until the step ends.
   ForwardOut out;
-  out.loss = c.e.empty(Shape{}, x.dtype(), Category::kActivations, c.L("y.sum()"));
-  const Shape ys = x.shape();
-  c.e.record("SumBackward0", {&x}, {&out.loss}, {}, [ys](Engine& e, Node&, std::vector<T>& g) {
+  out.logits = x;  // y = model(x)
+  return out;
+}
+
+T sum_loss(Ctx& c, const T& y) {
+  // y.sum(): a 0-dim tensor; SumBackward0's grad.expand(sizes) is a view (no allocation).
+  T loss = c.e.empty(Shape{}, y.dtype(), Category::kActivations, c.L("y.sum()"));
+  const Shape ys = y.shape();
+  c.e.record("SumBackward0", {&y}, {&loss}, {}, [ys](Engine& e, Node&, std::vector<T>& g) {
     return std::vector<T>{g[0] ? e.view(g[0], ys, Strides{}) : T()};
   });
-  out.logits = x;
-  return out;
+  return loss;
 }
 
 }  // namespace trainmem::sim

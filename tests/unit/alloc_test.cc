@@ -1,0 +1,262 @@
+// The caching allocator model: its documented rules (c10/cuda/CUDACachingAllocator.cpp), PYTORCH_CUDA_ALLOC_CONF
+// parsing, and the figures PyTorch's allocator reported in seed 000 and seed 003.
+#include "trainmem/allocator.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+#include "trainmem/estimate.h"
+
+namespace trainmem {
+namespace {
+
+using testing::error_of;
+constexpr TorchVersion kTorch{2, 9};
+
+// A timeline from a list of operations: +n allocates n bytes (the next id), -k frees the k-th allocation.
+Timeline timeline(std::initializer_list<int64_t> ops) {
+  Timeline t;
+  std::vector<uint64_t> sizes;
+  for (int64_t op : ops) {
+    Event e{};
+    if (op > 0) {
+      e.kind = Event::kAlloc;
+      e.storage = sizes.size();
+      e.bytes = Bytes(static_cast<uint64_t>(op));
+      sizes.push_back(static_cast<uint64_t>(op));
+    } else {
+      e.kind = Event::kFree;
+      e.storage = static_cast<uint64_t>(-op);
+      e.bytes = Bytes(sizes[e.storage]);
+    }
+    t.events.push_back(e);
+  }
+  return t;
+}
+
+constexpr int64_t MiB = 1 << 20;
+
+TEST(AllocatorRules, RoundSizeIsAMultipleOf512WithPowerOfTwoDivisionsWhenConfigured) {
+  const AllocatorConfig none;
+  EXPECT_EQ(round_size(1, none, kTorch), 512u);
+  EXPECT_EQ(round_size(1'000'000, none, kTorch), 1'000'448u);
+  EXPECT_EQ(round_size(8'519'680, none, kTorch), 8'519'680u);
+  AllocatorConfig four;
+  four.roundup_power2_divisions.fill(4);
+  EXPECT_EQ(round_size(1200, four, kTorch), 1536u);            // 1200 <= 512 * 4: plain 512 rounding
+  EXPECT_EQ(round_size(600 * MiB, four, kTorch), 640u * MiB);  // quarters of [512, 1024) MiB
+  EXPECT_EQ(round_size(512 * MiB, four, kTorch), 512u * MiB);  // powers of two stay
+}
+
+TEST(AllocatorRules, SegmentSizeByPool) {
+  EXPECT_EQ(allocation_size(512), 2u * MiB);               // small pool: 2 MiB segments
+  EXPECT_EQ(allocation_size(MiB), 2u * MiB);
+  EXPECT_EQ(allocation_size(MiB + 512), 20u * MiB);        // 1-10 MiB: 20 MiB segments
+  EXPECT_EQ(allocation_size(10 * MiB), 10u * MiB);         // >= 10 MiB: rounded to 2 MiB
+  EXPECT_EQ(allocation_size(11 * MiB), 12u * MiB);
+}
+
+TEST(AllocatorRules, ALargeBlockIsSplitOnlyWhenMoreThanOneMiBRemains) {
+  // 11 MiB in a 12 MiB segment: 1 MiB remains, not > 1 MiB: the whole 12 MiB is allocated (a 1 MiB gap).
+  AllocatorReplay r = replay_allocator(timeline({11 * MiB}), {}, kTorch, std::nullopt);
+  EXPECT_EQ(r.allocated.back(), 12u * MiB);
+  EXPECT_EQ(r.reserved.back(), 12u * MiB);
+  // 10.5 MiB in a 12 MiB segment: 1.5 MiB remains and is split off; a later 1.5 MiB tensor reuses it.
+  r = replay_allocator(timeline({10 * MiB + MiB / 2, MiB + MiB / 2}), {}, kTorch, std::nullopt);
+  EXPECT_EQ(r.allocated.back(), 12u * MiB);
+  EXPECT_EQ(r.reserved.back(), 12u * MiB);
+}
+
+TEST(AllocatorRules, SmallTensorsPackIntoTwoMiBSegments) {
+  // 4096 tensors of 512 B fill exactly one 2 MiB segment; the next one opens a second.
+  std::vector<int64_t> ops(4096, 500);
+  Timeline t = timeline({});
+  for (size_t i = 0; i < ops.size() + 1; ++i) t.events.push_back(Event{Event::kAlloc, Category::kActivations,
+                                                                        Category::kActivations, Phase::kForward, 0, 0,
+                                                                        i, Bytes(500), Label{}});
+  const AllocatorReplay r = replay_allocator(t, {}, kTorch, std::nullopt);
+  EXPECT_EQ(r.allocated.back(), 4097u * 512);
+  EXPECT_EQ(r.reserved.back(), 4u * MiB);
+  EXPECT_EQ(r.segments_peak, 2u);
+}
+
+TEST(AllocatorRules, FreedBlocksAreCachedAndReusedBestFit) {
+  // 30 MiB and 20 MiB segments; freeing both then asking for 18 MiB takes the 20 MiB block (best fit), not
+  // a new segment, and reserved memory never shrinks on free.
+  const AllocatorReplay r = replay_allocator(timeline({30 * MiB, 20 * MiB, -0, -1, 18 * MiB}), {}, kTorch, std::nullopt);
+  EXPECT_EQ(r.reserved.back(), 50u * MiB);
+  EXPECT_EQ(r.allocated.back(), 18u * MiB);  // the 2 MiB remainder (> 1 MiB) is split off and stays cached
+}
+
+TEST(AllocatorRules, NeighbouringFreeBlocksMerge) {
+  // Three 4 MiB tensors share one 20 MiB segment; freed together they merge back into one 20 MiB block,
+  // which a 19 MiB request can use whole.
+  const AllocatorReplay r =
+      replay_allocator(timeline({4 * MiB, 4 * MiB, 4 * MiB, -0, -1, -2, 19 * MiB}), {}, kTorch, std::nullopt);
+  EXPECT_EQ(r.reserved.back(), 20u * MiB);
+  EXPECT_EQ(r.allocated.back(), 20u * MiB);  // 1 MiB remainder is not split
+}
+
+TEST(AllocatorRules, MaxSplitSizeKeepsOversizeBlocksForLargeRequests) {
+  AllocatorConfig c = parse_alloc_conf("max_split_size_mb:64", kTorch);
+  // A cached 100 MiB block is not handed to a 30 MiB request: a new segment is made.
+  const AllocatorReplay r = replay_allocator(timeline({100 * MiB, -0, 30 * MiB}), c, kTorch, std::nullopt);
+  EXPECT_EQ(r.reserved.back(), 130u * MiB);
+  // But an 90 MiB request may take it whole (within max_non_split_rounding, 20 MiB).
+  const AllocatorReplay r2 = replay_allocator(timeline({100 * MiB, -0, 90 * MiB}), c, kTorch, std::nullopt);
+  EXPECT_EQ(r2.reserved.back(), 100u * MiB);
+  EXPECT_EQ(r2.allocated.back(), 100u * MiB);
+}
+
+TEST(AllocatorRules, ExpandableSegmentsAllocateExactlyAndGrowByPages) {
+  const AllocatorConfig c = parse_alloc_conf("expandable_segments:True", kTorch);
+  // 11 MiB: no 1 MiB gap (any remainder is split); the large pool maps 20 MiB pages.
+  AllocatorReplay r = replay_allocator(timeline({11 * MiB}), c, kTorch, std::nullopt);
+  EXPECT_EQ(r.allocated.back(), 11u * MiB);
+  EXPECT_EQ(r.reserved.back(), 20u * MiB);
+  // The segment grows in place: 11 + 15 MiB fit in two pages.
+  r = replay_allocator(timeline({11 * MiB, 15 * MiB}), c, kTorch, std::nullopt);
+  EXPECT_EQ(r.reserved.back(), 40u * MiB);
+  EXPECT_EQ(r.allocated.back(), 26u * MiB);
+}
+
+TEST(AllocatorRules, CacheIsReleasedAndCudaMallocRetriedBeforeGivingUp) {
+  // On a 100 MiB device: 60 MiB is freed to the cache, then 70 MiB does not fit beside it; the allocator
+  // frees the cached segment and retries (num_alloc_retries).
+  AllocatorReplay r = replay_allocator(timeline({60 * MiB, -0, 70 * MiB}), {}, kTorch, Bytes(100 * MiB));
+  EXPECT_FALSE(r.oom);
+  EXPECT_EQ(r.alloc_retries, 1u);
+  EXPECT_EQ(r.reserved.back(), 70u * MiB);
+  // With the 60 MiB still live it is an out-of-memory, reported for the 70 MiB segment.
+  r = replay_allocator(timeline({60 * MiB, 70 * MiB}), {}, kTorch, Bytes(100 * MiB));
+  ASSERT_TRUE(r.oom);
+  EXPECT_EQ(r.oom->event, 1u);
+  EXPECT_EQ(r.oom->segment.value, 70u * MiB);
+  EXPECT_EQ(r.oom->reserved.value, 60u * MiB);
+}
+
+TEST(AllocConf, ParsesPyTorchSyntaxAndRejectsWhatPyTorchRejects) {
+  AllocatorConfig c = parse_alloc_conf("max_split_size_mb:128, roundup_power2_divisions:[256:1,512:2,>:8]", {2, 5});
+  EXPECT_EQ(c.max_split_size, 128u * MiB);
+  EXPECT_EQ(c.roundup_power2_divisions[7], 1u);  // [128, 256) MiB gets the first key's value
+  EXPECT_EQ(c.roundup_power2_divisions[9], 8u);  // up to 2.8, '>' also overwrites the last explicit interval
+  EXPECT_EQ(c.roundup_power2_divisions[15], 8u);
+  EXPECT_EQ(error_of([] { parse_alloc_conf("max_split_size_mb:20", {2, 5}); }),
+            "--alloc-conf \"max_split_size_mb:20\": CachingAllocator option max_split_size_mb too small, must be > 20");
+  EXPECT_EQ(error_of([] { parse_alloc_conf("expandable_segments:yes", kTorch); }),
+            "--alloc-conf \"expandable_segments:yes\": Expected a single True/False argument for expandable_segments");
+  EXPECT_EQ(error_of([] { parse_alloc_conf("garbage_collection_threshold:1.5", kTorch); }),
+            "--alloc-conf \"garbage_collection_threshold:1.5\": garbage_collect_threshold too big, set it 0.0~1.0");
+  EXPECT_EQ(error_of([] { parse_alloc_conf("max_spilt_size_mb:128", kTorch); }),
+            "--alloc-conf \"max_spilt_size_mb:128\": Unrecognized CachingAllocator option: max_spilt_size_mb");
+  EXPECT_EQ(error_of([] { parse_alloc_conf("roundup_power2_divisions:3", kTorch); }),
+            "--alloc-conf \"roundup_power2_divisions:3\": For roundups, the divisions has to be power of 2 ");
+}
+
+// ---- measured figures -----------------------------------------------------------------------------------
+
+Estimate seed000() {
+  const ModelSpec m = testing::preset("nanogpt-gpt2", AttnImpl::kEager);
+  TrainSetup s;
+  s.batch = 12;
+  s.seq = 1024;
+  s.precision = Precision::kFp16Amp;
+  SimOptions o;
+  o.loop = LoopKind::kSeed000;
+  o.torch = {2, 0};
+  o.steps = 3;
+  return estimate(m, build_inventory(m), s, o);
+}
+
+nlohmann::json seed000_measured() {
+  std::ifstream in(std::string(TRAINMEM_SOURCE_DIR) + "/validate/measured/seed000_trace.json");
+  return nlohmann::json::parse(in).at("measured");
+}
+
+TEST(AllocatorSeed000, SteadyStateMemoryAllocatedWithItsGapsWithinFiveHundredthsOfAPercent) {
+  // Seed 000: torch.cuda.memory_allocated() = 2,064,403,456 B at the start of a step, of which 6,855,368 B are
+  // gaps. (The model reproduces it to the byte; the issue asks for 0.05%.)
+  const Estimate e = seed000();
+  const double measured = 2'064'403'456.0;
+  EXPECT_NEAR(static_cast<double>(e.steady_state.value), measured, measured * 0.0005);
+  EXPECT_EQ(e.steady_state.value, 2'064'403'456u);
+  EXPECT_EQ(e.steady_state.value - e.sim.steady.live.total.value, 6'855'368u);  // the gaps
+}
+
+TEST(AllocatorSeed000, ReservedMemoryAtBothSnapshotsIsReproduced) {
+  const Estimate e = seed000();
+  const nlohmann::json me = seed000_measured();
+  // pre-forward of the second iteration and after the third iteration's forward
+  size_t second_forward = 0, third_after = e.sim.after_forward.event - 1;
+  for (size_t i = 0; i < e.sim.timeline.events.size(); ++i) {
+    const Event& ev = e.sim.timeline.events[i];
+    if (ev.step == 2 && ev.phase == Phase::kForward) {
+      second_forward = i - 1;
+      break;
+    }
+  }
+  EXPECT_EQ(e.alloc.reserved[second_forward], me.at("steady_state_reserved_bytes").get<uint64_t>());
+  EXPECT_EQ(e.alloc.reserved[third_after], me.at("after_forward_step3_reserved_bytes").get<uint64_t>());
+  EXPECT_EQ(e.alloc.allocated[third_after], me.at("after_forward_memory_allocated_bytes").get<uint64_t>());
+}
+
+TEST(AllocatorSeed000, PeakAllocatedWithinHalfAPercentOfTheMeasured21898GiB) {
+  const Estimate e = seed000();
+  const double measured = 21.898;  // GiB, "pytorch.cuda.max_memory_allocated() returns 21.898GB"
+  EXPECT_NEAR(to_gib(e.peak_allocated), measured, measured * 0.005);
+  EXPECT_NEAR(to_gib(e.peak_allocated), measured, 0.0005);  // in fact to the printed precision
+  EXPECT_EQ(e.peak_phase, Phase::kBackward);
+}
+
+// Seed 003's experiments, as a layer stack with no optimizer and PyTorch 2.3 (Colab, 2024).
+AllocatorReplay stack(const std::string& json, uint64_t batch, const SimResult** sim_out) {
+  static SimResult sim;
+  const ModelSpec m = testing::from_json(json);
+  TrainSetup s;
+  s.batch = batch;
+  s.seq = 1;
+  s.precision = Precision::kFp32;
+  s.optimizer = Optimizer::kNone;
+  SimOptions o;
+  o.loop = LoopKind::kPlain;
+  o.torch = {2, 3};
+  o.steps = 1;
+  sim = simulate(m, build_inventory(m), s, o);
+  *sim_out = &sim;
+  return replay_allocator(sim.timeline, {}, o.torch, std::nullopt);
+}
+
+uint64_t allocated_at_end_of(const SimResult& sim, const AllocatorReplay& r, Phase p) {
+  size_t last = 0;
+  for (size_t i = 0; i < sim.timeline.events.size(); ++i) {
+    if (sim.timeline.events[i].phase == p) last = i;
+  }
+  return r.allocated[last];
+}
+
+TEST(AllocatorSeed003, SingleLinearLayerForwardAndBackward) {
+  // "Memory after forward pass: 8778752" and "Memory after backward pass: 17555456" for nn.Linear(256, 250)
+  // with a (1, 256) float32 input: 512-byte blocks plus one cuBLAS workspace per thread.
+  const SimResult* sim = nullptr;
+  const AllocatorReplay r = stack(R"({"model_type": "mlp", "input": 256, "layers": [{"linear": 250}]})", 1, &sim);
+  EXPECT_EQ(allocated_at_end_of(*sim, r, Phase::kForward), 8'778'752u);
+  EXPECT_EQ(allocated_at_end_of(*sim, r, Phase::kBackward), 17'555'456u);
+}
+
+TEST(AllocatorSeed003, TwoLayerNetworkForwardAndBackward) {
+  // test_multi_layer_forward/backward: Linear(200,100), ReLU, Linear(100,200), Sigmoid, batch 5. The seed's
+  // expected totals: weights and biases in 512-byte blocks, the input of each Linear, the output, one
+  // workspace after forward; after backward the gradients, the input x and output y, two workspaces.
+  const SimResult* sim = nullptr;
+  const AllocatorReplay r = stack(
+      R"({"model_type": "mlp", "input": 200, "layers": [{"linear": 100}, "relu", {"linear": 200}, "sigmoid"]})", 5, &sim);
+  const uint64_t params = 80'384 + 512 + 80'384 + 1'024;
+  EXPECT_EQ(allocated_at_end_of(*sim, r, Phase::kForward), params + 4'096 + 2'048 + 4'096 + 8'519'680);
+  EXPECT_EQ(allocated_at_end_of(*sim, r, Phase::kBackward), 2 * params + 4'096 + 4'096 + 2 * 8'519'680);
+}
+
+}  // namespace
+}  // namespace trainmem

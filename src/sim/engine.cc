@@ -43,10 +43,16 @@ namespace {
 // The dims of `s` ordered from the largest stride to the smallest (ties: the later dim is inner).
 std::array<int, 5> stride_order(const Shape& s, const Strides& st) {
   std::array<int, 5> order{0, 1, 2, 3, 4};
-  std::stable_sort(order.begin(), order.begin() + s.n, [&](int a, int b) {
-    if (st[a] != st[b]) return st[a] > st[b];
-    return a < b;
-  });
+  // insertion sort (stable) on at most 5 dims
+  for (int i = 1; i < s.n; ++i) {
+    const int x = order[i];
+    int j = i - 1;
+    while (j >= 0 && st[order[j]] < st[x]) {
+      order[j + 1] = order[j];
+      --j;
+    }
+    order[j + 1] = x;
+  }
   return order;
 }
 
@@ -147,6 +153,7 @@ void T::reset() {
 Engine::~Engine() {
   // Drop every reference before the storages go: nodes (saved tensors), grads, parameters.
   nodes_.clear();
+  spare_.clear();
   acc_nodes_.clear();
   grads_.clear();
   for (T& w : cublas_ws_) w.reset();
@@ -240,7 +247,7 @@ T Engine::parameter(const Shape& s, DType dt, int32_t index, Label l) {
   acc->seq = std::numeric_limits<uint64_t>::max();  // "always called ASAP during backwards"
   acc->is_accumulate = true;
   acc->param = index;
-  acc->inbuf.resize(1);
+  acc->inbuf = Grads(1);
   t->grad_fn = {acc.get(), 0};
   if (static_cast<size_t>(index) >= params_.size()) {
     params_.resize(index + 1);
@@ -292,23 +299,31 @@ void Engine::gemm(bool lt) {
 
 // ---- autograd ----------------------------------------------------------------------------------------
 
-Node* Engine::record(const char* name, std::initializer_list<const T*> inputs, std::initializer_list<T*> outputs,
-                     std::vector<T> saved, BackwardFn fn) {
+Node* Engine::new_node(const char* name, std::initializer_list<const T*> inputs, std::initializer_list<T*> outputs,
+                       Saved saved) {
   if (!grad_mode) return nullptr;
   bool any = false;
   for (const T* in : inputs) any = any || (in && *in && (*in)->requires_grad);
   if (!any) return nullptr;
-  auto node = std::make_unique<Node>();
+  std::unique_ptr<Node> node;
+  if (!spare_.empty()) {
+    node = std::move(spare_.back());
+    spare_.pop_back();
+  } else {
+    node = std::make_unique<Node>();
+  }
   node->name = name;
   node->seq = ++seq_;
   node->saved = std::move(saved);
-  node->fn = std::move(fn);
+  node->n_next = 0;
+  node->deps = 0;
   for (const T* in : inputs) {
     const bool diff = in && *in && (*in)->requires_grad;
-    node->next.push_back(diff ? (*in)->grad_fn : GradEdge{});
-    node->in_meta.push_back(in && *in ? InputMeta{(*in)->shape, (*in)->dtype} : InputMeta{});
+    node->next[node->n_next] = diff ? (*in)->grad_fn : GradEdge{};
+    node->in_meta[node->n_next] = in && *in ? InputMeta{(*in)->shape, (*in)->dtype} : InputMeta{};
+    ++node->n_next;
   }
-  node->inbuf.resize(outputs.size());
+  node->inbuf = Grads(outputs.size());
   uint32_t slot = 0;
   for (T* out : outputs) {
     if (out && *out) {
@@ -338,8 +353,8 @@ bool uniquely_owned(const Engine& e, const T& t) {
 
 // engine.cpp validate_outputs: a gradient whose shape differs from its input's (broadcast) is reduced with
 // sum_to, one whose dtype differs is cast with .to(): each a new tensor replacing the old.
-void Engine::validate_outputs(Node& n, std::vector<T>& grads) {
-  for (size_t i = 0; i < grads.size() && i < n.in_meta.size(); ++i) {
+void Engine::validate_outputs(Node& n, Grads& grads) {
+  for (size_t i = 0; i < grads.size() && i < n.n_next; ++i) {
     T& g = grads[i];
     if (!g || !n.next[i]) continue;
     const InputMeta& m = n.in_meta[i];
@@ -409,7 +424,8 @@ void Engine::backward(const T& loss) {
   while (!stack.empty()) {
     Node* n = stack.back();
     stack.pop_back();
-    for (const GradEdge& e : n->next) {
+    for (uint8_t k = 0; k < n->n_next; ++k) {
+      const GradEdge& e = n->next[k];
       if (!e) continue;
       Node* m = e.node;
       if (!(m->deps & kSeen)) {
@@ -435,21 +451,31 @@ void Engine::backward(const T& loss) {
     std::pop_heap(ready.begin(), ready.end(), ReadyOrder());
     Node* n = ready.back();
     ready.pop_back();
-    std::vector<T> in = std::move(n->inbuf);
-    n->inbuf.assign(in.size(), T());
+    Grads in = std::move(n->inbuf);
+    n->inbuf = Grads(in.size());
     if (n->is_accumulate) {
       accumulate_param(*n, std::move(in[0]));
       continue;
     }
-    std::vector<T> out = n->fn(*this, *n, in);
+    Grads out = n->fn(*this, *n, in);
     validate_outputs(*n, out);
     in.clear();         // call_function returns: the incoming gradients are dropped
     n->saved.clear();   // release_variables()
-    for (size_t i = 0; i < n->next.size(); ++i) {
+    for (uint8_t i = 0; i < n->n_next; ++i) {
       if (n->next[i]) deliver(i < out.size() ? std::move(out[i]) : T(), n->next[i], ready);
     }
   }
-  nodes_.clear();  // the graph is freed once backward is done (retain_graph=False)
+  recycle_nodes();  // the graph is freed once backward is done (retain_graph=False)
+}
+
+void Engine::recycle_nodes() {
+  for (auto& n : nodes_) {
+    n->saved.clear();
+    n->inbuf.clear();
+    n->fn.reset();
+    spare_.push_back(std::move(n));
+  }
+  nodes_.clear();
 }
 
 }  // namespace trainmem::sim

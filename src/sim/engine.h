@@ -5,6 +5,8 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
+#include <new>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -89,9 +91,66 @@ class T {
   TensorImpl* p_ = nullptr;
 };
 
-// What an autograd node's backward does, given the incoming gradients (one per forward output, possibly
-// empty) it returns one gradient per next edge (possibly empty).
-using BackwardFn = std::function<std::vector<T>(Engine&, Node&, std::vector<T>& grads)>;
+// A small fixed-capacity list of tensors: the gradients flowing into or out of a node, or what a node saves.
+// Nodes are created by the thousand per step; inline storage keeps the simulator free of heap traffic.
+template <size_t N>
+struct TensorList {
+  std::array<T, N> v{};
+  uint8_t n = 0;
+  TensorList() = default;
+  explicit TensorList(size_t count) : n(static_cast<uint8_t>(count)) {}
+  TensorList(std::initializer_list<T> xs) {
+    for (const T& x : xs) v[n++] = x;
+  }
+  T& operator[](size_t i) { return v[i]; }
+  const T& operator[](size_t i) const { return v[i]; }
+  size_t size() const { return n; }
+  void push_back(T t) { v[n++] = std::move(t); }
+  void clear() {
+    for (uint8_t i = 0; i < n; ++i) v[i].reset();
+    n = 0;
+  }
+  T* begin() { return v.data(); }
+  T* end() { return v.data() + n; }
+  const T* begin() const { return v.data(); }
+  const T* end() const { return v.data() + n; }
+};
+inline constexpr size_t kMaxEdges = 4;  // differentiable inputs (and forward outputs) of one op
+using Grads = TensorList<kMaxEdges>;
+using Saved = TensorList<8>;
+
+// A move-only callable with inline storage (no allocation): a node's backward.
+class BackwardFn {
+ public:
+  static constexpr size_t kCapacity = 320;
+  BackwardFn() = default;
+  template <typename F>
+  BackwardFn(F f) {  // NOLINT: implicit from lambdas
+    static_assert(sizeof(F) <= kCapacity, "backward closure too large for BackwardFn");
+    new (buf_) F(std::move(f));
+    call_ = [](void* p, Engine& e, Node& n, Grads& g) { return (*static_cast<F*>(p))(e, n, g); };
+    destroy_ = [](void* p) { static_cast<F*>(p)->~F(); };
+  }
+  BackwardFn(BackwardFn&&) = delete;
+  BackwardFn& operator=(BackwardFn&& o) = delete;
+  ~BackwardFn() { reset(); }
+  template <typename F>
+  void assign(F f) {
+    reset();
+    new (this) BackwardFn(std::move(f));
+  }
+  void reset() {
+    if (destroy_) destroy_(buf_);
+    destroy_ = nullptr;
+    call_ = nullptr;
+  }
+  Grads operator()(Engine& e, Node& n, Grads& g) { return call_(buf_, e, n, g); }
+
+ private:
+  alignas(std::max_align_t) unsigned char buf_[kCapacity];
+  Grads (*call_)(void*, Engine&, Node&, Grads&) = nullptr;
+  void (*destroy_)(void*) = nullptr;
+};
 
 // What validate_outputs checks a gradient against: the input's shape and dtype.
 struct InputMeta {
@@ -102,11 +161,11 @@ struct InputMeta {
 struct Node {
   const char* name = "";  // e.g. "AddmmBackward0"
   uint64_t seq = 0;       // creation order; the engine runs the highest ready sequence number first
-  int32_t layer = -1;
-  std::vector<T> saved;   // tensors saved for backward (released after the node runs)
-  std::vector<GradEdge> next;  // one per differentiable input
-  std::vector<InputMeta> in_meta;  // one per differentiable input
-  std::vector<T> inbuf;   // incoming gradients, one slot per forward output
+  Saved saved;            // tensors saved for backward (released after the node runs)
+  std::array<GradEdge, kMaxEdges> next{};     // one per differentiable input
+  std::array<InputMeta, kMaxEdges> in_meta{};  // one per differentiable input
+  uint8_t n_next = 0;
+  Grads inbuf;            // incoming gradients, one slot per forward output
   uint32_t deps = 0;      // incoming edges not yet delivered during the current backward
   BackwardFn fn;
   bool is_accumulate = false;
@@ -146,8 +205,15 @@ class Engine {
   // Records an autograd node for an op whose differentiable inputs are `inputs` and whose outputs are
   // `outputs` (which get grad_fn and requires_grad when any input requires grad). Returns nullptr when no
   // input requires grad (or grad mode is off): nothing is saved then.
+  template <typename F>
   Node* record(const char* name, std::initializer_list<const T*> inputs, std::initializer_list<T*> outputs,
-               std::vector<T> saved, BackwardFn fn);
+               Saved saved, F fn) {
+    Node* n = new_node(name, inputs, outputs, std::move(saved));
+    if (n) n->fn.assign(std::move(fn));
+    return n;
+  }
+  Node* new_node(const char* name, std::initializer_list<const T*> inputs, std::initializer_list<T*> outputs,
+                 Saved saved);
 
   // Runs loss.backward(): seeds the gradient with ones_like(loss) and executes every reachable node.
   void backward(const T& loss);
@@ -181,12 +247,14 @@ class Engine {
 
  private:
   void deliver(T g, GradEdge e, std::vector<Node*>& ready);
-  void validate_outputs(Node& n, std::vector<T>& grads);
+  void validate_outputs(Node& n, Grads& grads);
+  void recycle_nodes();
   void accumulate_param(Node& n, T g);
 
   Timeline* tl_;
   std::vector<StorageInfo> storages_;
   std::vector<std::unique_ptr<Node>> nodes_;     // live graph nodes of the current forward/backward
+  std::vector<std::unique_ptr<Node>> spare_;     // recycled nodes
   std::vector<std::unique_ptr<Node>> acc_nodes_; // one AccumulateGrad per parameter (persistent)
   std::vector<T> params_;   // the parameters themselves (weak in spirit: the model holds them)
   std::vector<T> grads_;    // .grad per parameter

@@ -76,11 +76,11 @@ T result_like(Ctx& c, const T& like, DType dt, const char* what) {
 enum class Save { kNothing, kInput, kResult };
 T unary(Ctx& c, const char* node, const T& a, DType out_dt, Save save, const char* what) {
   T out = result_like(c, a, out_dt, what);
-  std::vector<T> saved;
+  Saved saved;
   if (save == Save::kInput) saved.push_back(a);
   if (save == Save::kResult) saved.push_back(out);
-  c.e.record(node, {&a}, {&out}, std::move(saved), [](Engine& e, Node&, std::vector<T>& g) {
-    return std::vector<T>{g[0] ? grad_like(e, g[0], g[0].dtype()) : T()};
+  c.e.record(node, {&a}, {&out}, std::move(saved), [](Engine& e, Node&, Grads& g) {
+    return Grads{g[0] ? grad_like(e, g[0], g[0].dtype()) : T()};
   });
   return out;
 }
@@ -93,8 +93,8 @@ T to(Ctx& c, const T& x, DType dt, const char* what) {
                             x->is_param ? Category::kWeightCopies : Category::kActivations, x->is_param ? x->label : c.L(what));
   const DType src = x.dtype();
   // ToCopyBackward0 saves only self.options(); its backward is grad.to(src).
-  c.e.record("ToCopyBackward0", {&x}, {&out}, {}, [src](Engine& e, Node&, std::vector<T>& g) {
-    return std::vector<T>{g[0] ? grad_like(e, g[0], src) : T()};
+  c.e.record("ToCopyBackward0", {&x}, {&out}, {}, [src](Engine& e, Node&, Grads& g) {
+    return Grads{g[0] ? grad_like(e, g[0], src) : T()};
   });
   return out;
 }
@@ -124,10 +124,10 @@ T add_like(Ctx& c, const char* node, const T& a, const T& b, bool negate_b, cons
   const Shape s = detail::broadcast(a.shape(), b.shape());
   T out = c.e.empty_strided(s, detail::result_strides(s, a, b), detail::promote(a, b), Category::kActivations,
                             c.L(what));
-  c.e.record(node, {&a, &b}, {&out}, {}, [negate_b](Engine& e, Node&, std::vector<T>& g) {
-    if (!g[0]) return std::vector<T>{T(), T()};
+  c.e.record(node, {&a, &b}, {&out}, {}, [negate_b](Engine& e, Node&, Grads& g) {
+    if (!g[0]) return Grads{T(), T()};
     T gb = negate_b ? grad_like(e, g[0], g[0].dtype()) : g[0];
-    return std::vector<T>{g[0], gb};
+    return Grads{g[0], gb};
   });
   return out;
 }
@@ -142,12 +142,12 @@ T mul(Ctx& c, const T& a, const T& b, const char* what) {
   T out = c.e.empty_strided(s, detail::result_strides(s, a, b), detail::promote(a, b), Category::kActivations,
                             c.L(what));
   // "self: mul_tensor_backward(grad, other, self.scalar_type())": other is saved iff self needs grad.
-  std::vector<T> saved;
+  Saved saved;
   const bool ga = a->requires_grad, gb = b->requires_grad;
   if (ga) saved.push_back(b);
   if (gb) saved.push_back(a);
-  c.e.record("MulBackward0", {&a, &b}, {&out}, std::move(saved), [ga, gb, s](Engine& e, Node& n, std::vector<T>& g) {
-    std::vector<T> r(2);
+  c.e.record("MulBackward0", {&a, &b}, {&out}, std::move(saved), [ga, gb, s](Engine& e, Node& n, Grads& g) {
+    Grads r(2);
     if (!g[0]) return r;
     // grad * other and grad * self, each full-shape (validate_outputs reduces broadcast operands).
     if (ga) r[0] = grad_like(e, g[0], detail::promote(g[0], n.saved[0]));
@@ -164,10 +164,10 @@ T div(Ctx& c, const T& a, const T& b, const char* what) {
                             c.L(what));
   // "other" is used by both formulas and always saved; "self" only for other's gradient.
   const bool gb = b->requires_grad;
-  std::vector<T> saved{b};
+  Saved saved{b};
   if (gb) saved.push_back(a);
-  c.e.record("DivBackward0", {&a, &b}, {&out}, std::move(saved), [gb](Engine& e, Node& n, std::vector<T>& g) {
-    std::vector<T> r(2);
+  c.e.record("DivBackward0", {&a, &b}, {&out}, std::move(saved), [gb](Engine& e, Node& n, Grads& g) {
+    Grads r(2);
     if (!g[0]) return r;
     r[0] = grad_like(e, g[0], g[0].dtype());  // grad / other
     if (gb) {
@@ -184,8 +184,8 @@ T div(Ctx& c, const T& a, const T& b, const char* what) {
 
 T add_scalar(Ctx& c, const T& a, const char* what) {
   T out = result_like(c, a, a.dtype(), what);
-  c.e.record("AddBackward1", {&a}, {&out}, {}, [](Engine&, Node&, std::vector<T>& g) {
-    return std::vector<T>{g[0]};  // passthrough
+  c.e.record("AddBackward1", {&a}, {&out}, {}, [](Engine&, Node&, Grads& g) {
+    return Grads{g[0]};  // passthrough
   });
   return out;
 }
@@ -203,13 +203,13 @@ T silu(Ctx& c, const T& a, const char* what) { return unary(c, "SiluBackward0", 
 T pow_scalar(Ctx& c, const T& a0, const char* what) {
   const T a = autocast_fp32(c, a0);  // pow is on autocast's fp32 list
   T out = result_like(c, a, a.dtype(), what);
-  c.e.record("PowBackward0", {&a}, {&out}, {a}, [](Engine& e, Node& n, std::vector<T>& g) {
-    if (!g[0]) return std::vector<T>{T()};
+  c.e.record("PowBackward0", {&a}, {&out}, {a}, [](Engine& e, Node& n, Grads& g) {
+    if (!g[0]) return Grads{T()};
     // pow_backward: grad * (exp * self.pow(exp - 1)): self.pow(exp-1) and exp*that are live until the end
     // of the expression.
     T t1 = grad_like(e, n.saved[0], n.saved[0].dtype());
     T t2 = grad_like(e, n.saved[0], n.saved[0].dtype());
-    return std::vector<T>{grad_like(e, g[0], detail::promote(g[0], n.saved[0]))};
+    return Grads{grad_like(e, g[0], detail::promote(g[0], n.saved[0]))};
   });
   return out;
 }
@@ -217,12 +217,12 @@ T pow_scalar(Ctx& c, const T& a0, const char* what) {
 T rsqrt(Ctx& c, const T& a0, const char* what) {
   const T a = autocast_fp32(c, a0);  // rsqrt is on autocast's fp32 list
   T out = result_like(c, a, a.dtype(), what);
-  c.e.record("RsqrtBackward0", {&a}, {&out}, {out}, [](Engine& e, Node& n, std::vector<T>& g) {
-    if (!g[0]) return std::vector<T>{T()};
+  c.e.record("RsqrtBackward0", {&a}, {&out}, {out}, [](Engine& e, Node& n, Grads& g) {
+    if (!g[0]) return Grads{T()};
     // -0.5 * grad * result.pow(3): (-0.5 * grad) and result.pow(3) live until the product is made.
     T t1 = grad_like(e, g[0], g[0].dtype());
     T t2 = grad_like(e, n.saved[0], n.saved[0].dtype());
-    return std::vector<T>{grad_like(e, g[0], g[0].dtype())};
+    return Grads{grad_like(e, g[0], g[0].dtype())};
   });
   return out;
 }
@@ -232,9 +232,9 @@ T mean_last(Ctx& c, const T& a, const char* what) {
   T out = c.e.empty(s, a.dtype(), Category::kActivations, c.L(what));
   const Shape in = a.shape();
   // mean_backward: grad.expand(sizes) / numel: a new full-size tensor.
-  c.e.record("MeanBackward1", {&a}, {&out}, {}, [in](Engine& e, Node&, std::vector<T>& g) {
-    if (!g[0]) return std::vector<T>{T()};
-    return std::vector<T>{detail::grad_empty(e, in, g[0].dtype(), g[0]->label)};
+  c.e.record("MeanBackward1", {&a}, {&out}, {}, [in](Engine& e, Node&, Grads& g) {
+    if (!g[0]) return Grads{T()};
+    return Grads{detail::grad_empty(e, in, g[0].dtype(), g[0]->label)};
   });
   return out;
 }
@@ -246,8 +246,8 @@ T dropout(Ctx& c, const T& a, double p, const char* what) {
   T out = result_like(c, a, a.dtype(), what);
   T mask = c.e.empty_strided(a.shape(), dense_strides_like(a.shape(), a->strides), DType::kBool,
                              Category::kActivations, c.L("dropout mask"));
-  c.e.record("NativeDropoutBackward0", {&a}, {&out}, {mask}, [](Engine& e, Node&, std::vector<T>& g) {
-    return std::vector<T>{g[0] ? grad_like(e, g[0], g[0].dtype()) : T()};
+  c.e.record("NativeDropoutBackward0", {&a}, {&out}, {mask}, [](Engine& e, Node&, Grads& g) {
+    return Grads{g[0] ? grad_like(e, g[0], g[0].dtype()) : T()};
   });
   return out;
 }
@@ -255,8 +255,8 @@ T dropout(Ctx& c, const T& a, double p, const char* what) {
 T masked_fill(Ctx& c, const T& a, const T& mask, const char* what) {
   T out = result_like(c, a, a.dtype(), what);
   // MaskedFillBackward0 saves the mask; backward grad.masked_fill(mask, 0) is one new tensor.
-  c.e.record("MaskedFillBackward0", {&a}, {&out}, {mask}, [](Engine& e, Node&, std::vector<T>& g) {
-    return std::vector<T>{g[0] ? grad_like(e, g[0], g[0].dtype()) : T()};
+  c.e.record("MaskedFillBackward0", {&a}, {&out}, {mask}, [](Engine& e, Node&, Grads& g) {
+    return Grads{g[0] ? grad_like(e, g[0], g[0].dtype()) : T()};
   });
   return out;
 }

@@ -19,7 +19,7 @@ T layer_norm(Ctx& c, const T& x0, const T* w0, const T* b0, const char* what) {
   const Shape rows{detail::rows_of(x.shape()).value};
   T mean = c.e.empty(rows, DType::kF32, Category::kActivations, c.L("layer_norm mean"));
   T rstd = c.e.empty(rows, DType::kF32, Category::kActivations, c.L("layer_norm rstd"));
-  std::vector<T> saved{x, mean, rstd};
+  Saved saved{x, mean, rstd};
   if (w) saved.push_back(w);
   if (b) saved.push_back(b);
   const bool gx = x->requires_grad;
@@ -29,8 +29,8 @@ T layer_norm(Ctx& c, const T& x0, const T* w0, const T* b0, const char* what) {
   const DType wd = w ? w.dtype() : DType::kF32;
   const bool hw = static_cast<bool>(w), hb = static_cast<bool>(b);
   c.e.record("NativeLayerNormBackward0", {&x, w ? &w : nullptr, b ? &b : nullptr}, {&out}, std::move(saved),
-             [gx, xs, xd, ws, wd, hw, hb](Engine& e, Node&, std::vector<T>& g) {
-               std::vector<T> r(3);
+             [gx, xs, xd, ws, wd, hw, hb](Engine& e, Node&, Grads& g) {
+               Grads r(3);
                if (!g[0]) return r;
                if (gx) r[0] = grad_empty(e, xs, xd, g[0]->label);  // dX = empty_like(X)
                if (hw) r[1] = grad_empty(e, ws, wd, g[0]->label);  // dgamma
@@ -56,14 +56,14 @@ T softmax_like(Ctx& c, const T& x0, std::optional<DType> dtype, bool log, const 
                             c.L(what));
   const DType in_dt = x.dtype();
   c.e.record(log ? "LogSoftmaxBackward0" : "SoftmaxBackward0", {&x}, {&out}, {out},
-             [in_dt, log](Engine& e, Node& n, std::vector<T>& g) {
-               if (!g[0]) return std::vector<T>{T()};
+             [in_dt, log](Engine& e, Node& n, Grads& g) {
+               if (!g[0]) return Grads{T()};
                T gi = grad_like(e, g[0], in_dt);  // the gradient in the input's dtype
                if (!log) {
                  // softmax_backward_cuda_out: "Tensor tmp = grad * output;" before the kernel.
                  T tmp = grad_like(e, g[0], detail::promote(g[0], n.saved[0]));
                }
-               return std::vector<T>{gi};
+               return Grads{gi};
              });
   return out;
 }
@@ -89,9 +89,9 @@ T cross_entropy(Ctx& c, const T& logits, const T& target) {
   const Shape xs = x.shape();
   const DType xd = x.dtype();
   c.e.record("NllLossBackward0", {&x}, {&loss}, {x, target, total_weight},
-             [xs, xd](Engine& e, Node&, std::vector<T>& g) {
+             [xs, xd](Engine& e, Node&, Grads& g) {
                // nll_loss_backward: a zero-filled gradient the size of the log-probabilities.
-               return std::vector<T>{g[0] ? grad_empty(e, xs, xd, Label{"nll_loss grad"}) : T()};
+               return Grads{g[0] ? grad_empty(e, xs, xd, Label{"nll_loss grad"}) : T()};
              });
   return loss;
 }
@@ -161,32 +161,33 @@ T sdpa(Ctx& c, const T& q0, const T& k0, const T& v0, const T* mask, double drop
   constexpr uint64_t kAlignLse = 32;
   T lse = c.e.empty(Shape{B, H, flash ? L : round_up_to(L, kAlignLse)}, DType::kF32, Category::kActivations,
                     c.L("sdpa logsumexp"));
-  std::vector<T> saved{q, k, v, out, lse};
+  Saved saved{q, k, v, out, lse};
   if (mask) saved.push_back(*mask);
   if (!flash && dropout_p == 0.0) {
     // without dropout the efficient kernel keeps seed and offset as two 0-dim int64 CUDA tensors
     saved.push_back(c.e.empty(Shape{}, DType::kI64, Category::kActivations, c.L("sdpa philox seed")));
     saved.push_back(c.e.empty(Shape{}, DType::kI64, Category::kActivations, c.L("sdpa philox offset")));
   }
-  const Shape qs = q.shape(), ks = k.shape(), vs = v.shape();
-  const Strides qst = q->strides, kst = k->strides, vst = v->strides;
   const DType dt = q.dtype();
   c.e.record(flash ? "ScaledDotProductFlashAttentionBackward0" : "ScaledDotProductEfficientAttentionBackward0",
              {&q, &k, &v}, {&out}, std::move(saved),
-             [flash, B, H, L, D, Hk, S, qs, ks, vs, qst, kst, vst, dt](Engine& e, Node&, std::vector<T>& g) {
-               std::vector<T> r(3);
+             [flash, B, H, L, D, Hk, S, dt](Engine& e, Node& n, Grads& g) {
+               Grads r(3);
                if (!g[0]) return r;
-               auto like = [&](const Shape& s, const Strides& st) {
-                 return e.empty_strided(s, dense_strides_like(s, st), dt, Category::kBackward, g[0]->label);
+               // dq, dk, dv = empty_like(q, k, v): q, k, v are the first three saved tensors
+               auto like_saved = [&](size_t i) {
+                 const T& t = n.saved[i];
+                 return e.empty_strided(t.shape(), dense_strides_like(t.shape(), t->strides), dt, Category::kBackward,
+                                        g[0]->label);
                };
                if (flash) {
                  // mha_bwd: dq, dk, dv = empty_like; softmax_d and dq_accum in float32 with the sequence rounded
                  // up to 128 and the head dim to 32 (64 above 128); GQA expands dk/dv to all heads first.
                  const uint64_t Lr = round_up_to(L, 128);
                  const uint64_t Dr = round_up_to(round_up_to(D, 8), D <= 128 ? 32 : 64);
-                 r[0] = like(qs, qst);
-                 r[1] = like(ks, kst);
-                 r[2] = like(vs, vst);
+                 r[0] = like_saved(0);
+                 r[1] = like_saved(1);
+                 r[2] = like_saved(2);
                  T softmax_d = e.empty(Shape{B, H, Lr}, DType::kF32, Category::kTemporaries, Label{"flash softmax_d"});
                  T dq_accum = e.empty(Shape{B, Lr, H, Dr}, DType::kF32, Category::kTemporaries, Label{"flash dq_accum"});
                  if (Hk != H) {
@@ -195,9 +196,9 @@ T sdpa(Ctx& c, const T& q0, const T& k0, const T& v0, const T* mask, double drop
                  }
                } else {
                  // attention_backward.cu: grad_out.contiguous(), three gradients, delta (B, H, L) float32
-                 r[0] = like(qs, qst);
-                 r[1] = like(ks, kst);
-                 r[2] = like(vs, vst);
+                 r[0] = like_saved(0);
+                 r[1] = like_saved(1);
+                 r[2] = like_saved(2);
                  T delta = e.empty(Shape{B, H, L}, DType::kF32, Category::kTemporaries, Label{"efficient attention delta"});
                }
                return r;

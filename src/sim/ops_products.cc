@@ -34,15 +34,15 @@ T product_2d(Ctx& c, const T& x, const T& w, const T* b, uint64_t out_f, bool lt
   T x2 = as_operand(c, x, m2);
   T out = c.e.empty(detail::with_last(x.shape(), out_f), x.dtype(), Category::kActivations, c.L(what));
   c.e.gemm(lt);  // the output is allocated first, then cuBLAS takes the thread's handle (and workspace)
-  std::vector<T> saved;
+  Saved saved;
   const bool gx = x->requires_grad, gw = w->requires_grad;
   if (gw) saved.push_back(x2);  // mat1, needed for mat2's gradient
   if (gx) saved.push_back(w);   // mat2 (the weight, or its autocast copy)
   const Shape xs = x.shape(), ws = w.shape();
   const Shape g2{m2[0], out_f};
   const bool has_b = b && *b;
-  auto fn = [gx, gw, xs, ws, g2, has_b](Engine& e, Node&, std::vector<T>& g) {
-    std::vector<T> r(3);
+  auto fn = [gx, gw, xs, ws, g2, has_b](Engine& e, Node&, Grads& g) {
+    Grads r(3);
     if (!g[0]) return r;
     T gm = grad_as(e, g[0], g2);
     if (gw) {
@@ -100,13 +100,13 @@ T matmul(Ctx& c, const T& a0, const T& b0, const char* what) {
   const T b3 = as_operand(c, b, Shape{batch, k, n});
   T out3 = c.e.empty(Shape{batch, m, n}, a.dtype(), Category::kActivations, c.L(what));
   c.e.gemm(false);
-  std::vector<T> saved;
+  Saved saved;
   const bool ga = a->requires_grad, gb = b->requires_grad;
   if (gb) saved.push_back(a3);
   if (ga) saved.push_back(b3);
   c.e.record("BmmBackward0", {&a, &b}, {&out3}, std::move(saved),
-             [ga, gb, as, bs](Engine& e, Node&, std::vector<T>& g) {
-               std::vector<T> r(2);
+             [ga, gb, as, bs](Engine& e, Node&, Grads& g) {
+               Grads r(2);
                if (!g[0]) return r;
                if (gb) {
                  r[1] = grad_empty(e, bs, g[0].dtype(), g[0]->label);
@@ -135,12 +135,12 @@ T embedding(Ctx& c, const T& weight, const T& ids, const char* what) {
   // EmbeddingBackward0 saves the indices; embedding_dense_backward (Embedding.cu,
   // EmbeddingBackwardKernel.cu) builds the (V, C) gradient, sorting the indices first when there are more
   // than 3072 of them.
-  c.e.record("EmbeddingBackward0", {&weight}, {&out}, {ids}, [N, V, C, ws](Engine& e, Node&, std::vector<T>& g) {
-    if (!g[0]) return std::vector<T>{T()};
+  c.e.record("EmbeddingBackward0", {&weight}, {&out}, {ids}, [N, V, C, ws](Engine& e, Node&, Grads& g) {
+    if (!g[0]) return Grads{T()};
     constexpr uint64_t kSortThreshold = 3072;  // "num_indices <= 3072 && !scale_grad_by_freq"
     constexpr uint64_t kRowsPerThread = 10;    // NROWS_PER_THREAD
     const DType gd = g[0].dtype();
-    if (N <= kSortThreshold) return std::vector<T>{grad_empty(e, ws, gd, g[0]->label)};
+    if (N <= kSortThreshold) return Grads{grad_empty(e, ws, gd, g[0]->label)};
     auto idx = [&](uint64_t n, const char* w) { return e.empty(Shape{n}, DType::kI64, Category::kTemporaries, Label{w}); };
     T sorted = idx(N, "embedding bwd sorted_indices");
     T orig = idx(N, "embedding bwd orig_indices");
@@ -158,7 +158,7 @@ T embedding(Ctx& c, const T& weight, const T& ids, const char* what) {
     // grad_weight_per_segment accumulates in float32 for half and bfloat16 gradients.
     const DType acc = (gd == DType::kF16 || gd == DType::kBF16) ? DType::kF32 : gd;
     { T per_segment = e.empty(Shape{max_partial, C}, acc, Category::kTemporaries, Label{"embedding bwd grad_weight_per_segment"}); }
-    return std::vector<T>{grad_weight};
+    return Grads{grad_weight};
   });
   return out;
 }

@@ -23,8 +23,8 @@ T view(Ctx& c, const T& x, const Shape& s) {
   if (!st) throw Error("internal: view of a tensor whose strides do not allow it (use reshape)");
   T out = c.e.view(x, s, *st);
   const Shape in = x.shape();
-  c.e.record("ViewBackward0", {&x}, {&out}, {}, [in](Engine& e, Node&, std::vector<T>& g) {
-    return std::vector<T>{g[0] ? grad_reshape(e, g[0], in) : T()};
+  c.e.record("ViewBackward0", {&x}, {&out}, {}, [in](Engine& e, Node&, Grads& g) {
+    return Grads{g[0] ? grad_reshape(e, g[0], in) : T()};
   });
   return out;
 }
@@ -35,8 +35,8 @@ T reshape(Ctx& c, const T& x, const Shape& s) {
   // through, UnsafeViewBackward0 reshapes it.
   T out = c.e.empty(s, x.dtype(), Category::kActivations, c.L("reshape copy"));
   const Shape in = x.shape();
-  c.e.record("UnsafeViewBackward0", {&x}, {&out}, {}, [in](Engine& e, Node&, std::vector<T>& g) {
-    return std::vector<T>{g[0] ? grad_reshape(e, g[0], in) : T()};
+  c.e.record("UnsafeViewBackward0", {&x}, {&out}, {}, [in](Engine& e, Node&, Grads& g) {
+    return Grads{g[0] ? grad_reshape(e, g[0], in) : T()};
   });
   return out;
 }
@@ -50,13 +50,13 @@ T transpose(Ctx& c, const T& x, int i, int j) {
   std::swap(s.d[i], s.d[j]);
   std::swap(st[i], st[j]);
   T out = c.e.view(x, s, st);
-  c.e.record("TransposeBackward0", {&x}, {&out}, {}, [i, j](Engine& e, Node&, std::vector<T>& g) {
-    if (!g[0]) return std::vector<T>{T()};
+  c.e.record("TransposeBackward0", {&x}, {&out}, {}, [i, j](Engine& e, Node&, Grads& g) {
+    if (!g[0]) return Grads{T()};
     Shape gs = g[0].shape();
     Strides gst = g[0]->strides;
     std::swap(gs.d[i], gs.d[j]);
     std::swap(gst[i], gst[j]);
-    return std::vector<T>{e.view(g[0], gs, gst)};
+    return Grads{e.view(g[0], gs, gst)};
   });
   return out;
 }
@@ -81,8 +81,8 @@ T unsqueeze(Ctx& c, const T& x, int dim) {
   }
   T out = c.e.view(x, s, st);
   const Shape in = xs;
-  c.e.record("UnsqueezeBackward0", {&x}, {&out}, {}, [in](Engine& e, Node&, std::vector<T>& g) {
-    return std::vector<T>{g[0] ? e.view(g[0], in, *view_strides(g[0].shape(), g[0]->strides, in)) : T()};
+  c.e.record("UnsqueezeBackward0", {&x}, {&out}, {}, [in](Engine& e, Node&, Grads& g) {
+    return Grads{g[0] ? e.view(g[0], in, *view_strides(g[0].shape(), g[0]->strides, in)) : T()};
   });
   return out;
 }
@@ -93,8 +93,8 @@ T expand(Ctx& c, const T& x, const Shape& s) {
   T out = c.e.view(x, s, st);
   const Shape in = x.shape();
   // ExpandBackward0: at::sum_to(grad, self.sizes()): a new, reduced tensor.
-  c.e.record("ExpandBackward0", {&x}, {&out}, {}, [in](Engine& e, Node&, std::vector<T>& g) {
-    return std::vector<T>{g[0] ? detail::grad_empty(e, in, g[0].dtype(), g[0]->label) : T()};
+  c.e.record("ExpandBackward0", {&x}, {&out}, {}, [in](Engine& e, Node&, Grads& g) {
+    return Grads{g[0] ? detail::grad_empty(e, in, g[0].dtype(), g[0]->label) : T()};
   });
   return out;
 }
@@ -102,8 +102,8 @@ T expand(Ctx& c, const T& x, const Shape& s) {
 T contiguous(Ctx& c, const T& x, const char* what) {
   if (is_contiguous(x.shape(), x->strides)) return x;
   T out = c.e.empty(x.shape(), x.dtype(), Category::kActivations, c.L(what));
-  c.e.record("CloneBackward0", {&x}, {&out}, {}, [](Engine&, Node&, std::vector<T>& g) {
-    return std::vector<T>{g[0]};  // passthrough
+  c.e.record("CloneBackward0", {&x}, {&out}, {}, [](Engine&, Node&, Grads& g) {
+    return Grads{g[0]};  // passthrough
   });
   return out;
 }
@@ -113,16 +113,18 @@ std::vector<T> split_last(Ctx& c, const T& x, std::vector<uint64_t> sizes) {
   for (uint64_t sz : sizes) outs.push_back(c.e.view(x, detail::with_last(x.shape(), sz), x->strides));
   const Shape in = x.shape();
   const DType dt = x.dtype();
+  std::array<uint64_t, kMaxEdges> sz{};
+  for (size_t i = 0; i < sizes.size(); ++i) sz[i] = sizes[i];
   // SplitBackward0: split_backward cats the gradients (zeros for the missing ones) into a new tensor.
-  auto fn = [in, dt, sizes](Engine& e, Node&, std::vector<T>& g) {
-    std::vector<T> zeros;
+  auto fn = [in, dt, sz](Engine& e, Node&, Grads& g) {
+    Grads zeros;
     for (size_t i = 0; i < g.size(); ++i) {
-      if (!g[i]) zeros.push_back(detail::grad_empty(e, detail::with_last(in, sizes[i]), dt, Label{"zeros"}));
+      if (!g[i]) zeros.push_back(detail::grad_empty(e, detail::with_last(in, sz[i]), dt, Label{"zeros"}));
     }
     bool any = false;
     for (const T& t : g) any = any || static_cast<bool>(t);
-    if (!any) return std::vector<T>{T()};
-    return std::vector<T>{detail::grad_empty(e, in, dt, Label{"split grad"})};
+    if (!any) return Grads{T()};
+    return Grads{detail::grad_empty(e, in, dt, Label{"split grad"})};
   };
   switch (outs.size()) {
     case 2: c.e.record("SplitBackward0", {&x}, {&outs[0], &outs[1]}, {}, fn); break;
@@ -136,8 +138,8 @@ T slice_last(Ctx& c, const T& x, uint64_t begin, uint64_t end) {
   T out = c.e.view(x, detail::with_last(x.shape(), end - begin), x->strides);
   const Shape in = x.shape();
   // SliceBackward0: slice_backward allocates zeros of the input's size and copies the gradient in.
-  c.e.record("SliceBackward0", {&x}, {&out}, {}, [in](Engine& e, Node&, std::vector<T>& g) {
-    return std::vector<T>{g[0] ? detail::grad_empty(e, in, g[0].dtype(), g[0]->label) : T()};
+  c.e.record("SliceBackward0", {&x}, {&out}, {}, [in](Engine& e, Node&, Grads& g) {
+    return Grads{g[0] ? detail::grad_empty(e, in, g[0].dtype(), g[0]->label) : T()};
   });
   return out;
 }
@@ -150,13 +152,14 @@ T cat_last(Ctx& c, std::vector<T> xs, const char* what) {
   DType dt = xs[0].dtype();
   for (const T& x : xs) dt = detail::promote(xs[0], x);
   T out = c.e.empty(s, dt, Category::kActivations, c.L(what));
-  std::vector<uint64_t> sizes;
-  for (const T& x : xs) sizes.push_back(x.shape().back());
+  std::array<uint64_t, kMaxEdges> sizes{};
+  for (size_t i = 0; i < xs.size(); ++i) sizes[i] = xs[i].shape().back();
+  const size_t n = xs.size();
   // CatBackward0 saves nothing; each input's gradient is a narrow view of the incoming one.
-  auto fn = [sizes](Engine& e, Node&, std::vector<T>& g) {
-    std::vector<T> r(sizes.size());
+  auto fn = [sizes, n](Engine& e, Node&, Grads& g) {
+    Grads r(n);
     if (!g[0]) return r;
-    for (size_t i = 0; i < sizes.size(); ++i) r[i] = e.view(g[0], detail::with_last(g[0].shape(), sizes[i]), g[0]->strides);
+    for (size_t i = 0; i < n; ++i) r[i] = e.view(g[0], detail::with_last(g[0].shape(), sizes[i]), g[0]->strides);
     return r;
   };
   if (xs.size() == 2) {

@@ -32,8 +32,8 @@ T sum_loss(Ctx& c, const T& y) {
   // y.sum(): a 0-dim tensor; SumBackward0's grad.expand(sizes) is a view (no allocation).
   T loss = c.e.empty(Shape{}, y.dtype(), Category::kActivations, c.L("y.sum()"));
   const Shape ys = y.shape();
-  c.e.record("SumBackward0", {&y}, {&loss}, {}, [ys](Engine& e, Node&, std::vector<T>& g) {
-    return std::vector<T>{g[0] ? e.view(g[0], ys, Strides{}) : T()};
+  c.e.record("SumBackward0", {&y}, {&loss}, {}, [ys](Engine& e, Node&, Grads& g) {
+    return Grads{g[0] ? e.view(g[0], ys, Strides{}) : T()};
   });
   return loss;
 }

@@ -1,0 +1,106 @@
+// Speed of the pipeline, measured with Google Benchmark (`make bench`). The headline case is one full
+// training step of a 70B model (Llama-3-70B shapes) at sequence 8192.
+#include <benchmark/benchmark.h>
+
+#include "trainmem/allocator.h"
+#include "trainmem/config.h"
+#include "trainmem/estimate.h"
+#include "trainmem/inventory.h"
+#include "trainmem/sim.h"
+
+namespace {
+
+using namespace trainmem;
+
+class NoFiles final : public FileReader {
+ public:
+  std::optional<std::string> read(const std::string&) const override { return std::nullopt; }
+};
+
+ModelSpec llama70b() {
+  ModelRequest req;
+  req.model = "llama-3-8b";
+  req.overrides = {"hidden_size=8192", "num_hidden_layers=80", "num_attention_heads=64", "num_key_value_heads=8",
+                   "intermediate_size=28672"};
+  return load_model(req, NoFiles());
+}
+
+TrainSetup setup(uint64_t batch, uint64_t seq) {
+  TrainSetup s;
+  s.batch = batch;
+  s.seq = seq;
+  s.precision = Precision::kBf16;
+  return s;
+}
+
+SimOptions one_step(const ModelSpec& m) {
+  SimOptions o;
+  o.loop = default_loop(m);
+  o.steps = 1;
+  return o;
+}
+
+// One training step (forward, loss, backward, optimizer step) of a 70B model at T=8192, tensor by tensor.
+void BM_SimulateStep70B_T8192(benchmark::State& state) {
+  const ModelSpec m = llama70b();
+  const Inventory inv = build_inventory(m);
+  const TrainSetup s = setup(1, 8192);
+  const SimOptions o = one_step(m);
+  size_t events = 0;
+  for (auto _ : state) {
+    SimResult r = simulate(m, inv, s, o);
+    events = r.timeline.events.size();
+    benchmark::DoNotOptimize(r.peak.live.total.value);
+  }
+  state.counters["events"] = static_cast<double>(events);
+}
+BENCHMARK(BM_SimulateStep70B_T8192)->Unit(benchmark::kMicrosecond);
+
+// The caching allocator replayed over that step's timeline.
+void BM_AllocatorReplay70B_T8192(benchmark::State& state) {
+  const ModelSpec m = llama70b();
+  const Inventory inv = build_inventory(m);
+  const SimResult r = simulate(m, inv, setup(1, 8192), one_step(m));
+  for (auto _ : state) {
+    AllocatorReplay a = replay_allocator(r.timeline, {}, TorchVersion{2, 9}, std::nullopt);
+    benchmark::DoNotOptimize(a.peak_reserved.value);
+  }
+}
+BENCHMARK(BM_AllocatorReplay70B_T8192)->Unit(benchmark::kMicrosecond);
+
+// The default two-step estimate (the optimizer state appears in the first step, the second is steady).
+void BM_Estimate70B_T8192(benchmark::State& state) {
+  const ModelSpec m = llama70b();
+  const Inventory inv = build_inventory(m);
+  SimOptions o = one_step(m);
+  o.steps = 2;
+  for (auto _ : state) {
+    Estimate e = estimate(m, inv, setup(1, 8192), o);
+    benchmark::DoNotOptimize(e.peak_reserved.value);
+  }
+}
+BENCHMARK(BM_Estimate70B_T8192)->Unit(benchmark::kMillisecond);
+
+// Building the parameter inventory of a 70B model (723 named tensors).
+void BM_Inventory70B(benchmark::State& state) {
+  const ModelSpec m = llama70b();
+  for (auto _ : state) benchmark::DoNotOptimize(build_inventory(m).parameters.size());
+}
+BENCHMARK(BM_Inventory70B)->Unit(benchmark::kMicrosecond);
+
+// GPT-2 small, seed 000's setup, for scale.
+void BM_SimulateStepGpt2Small(benchmark::State& state) {
+  ModelRequest req;
+  req.model = "nanogpt-gpt2";
+  req.attention = AttnImpl::kEager;
+  const ModelSpec m = load_model(req, NoFiles());
+  const Inventory inv = build_inventory(m);
+  TrainSetup s = setup(12, 1024);
+  s.precision = Precision::kBf16Amp;
+  for (auto _ : state) benchmark::DoNotOptimize(simulate(m, inv, s, one_step(m)).peak.live.total.value);
+}
+BENCHMARK(BM_SimulateStepGpt2Small)->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -15,10 +15,25 @@ inline constexpr uint64_t kKiB = 1024;
 inline constexpr uint64_t kMiB = 1024 * kKiB;
 inline constexpr uint64_t kGiB = 1024 * kMiB;
 
-// Checked arithmetic on uint64_t. On overflow they throw trainmem::Error naming `what`.
-uint64_t checked_add(uint64_t a, uint64_t b, std::string_view what);
-uint64_t checked_sub(uint64_t a, uint64_t b, std::string_view what);
-uint64_t checked_mul(uint64_t a, uint64_t b, std::string_view what);
+// Checked arithmetic on uint64_t. On overflow they throw trainmem::Error naming `what`. Inline: the
+// simulator does this millions of times per search; the throwing path is out of line.
+[[noreturn]] void throw_add_overflow(uint64_t a, uint64_t b, std::string_view what);
+[[noreturn]] void throw_sub_underflow(uint64_t a, uint64_t b, std::string_view what);
+[[noreturn]] void throw_mul_overflow(uint64_t a, uint64_t b, std::string_view what);
+inline uint64_t checked_add(uint64_t a, uint64_t b, std::string_view what) {
+  uint64_t r = 0;
+  if (__builtin_add_overflow(a, b, &r)) [[unlikely]] throw_add_overflow(a, b, what);
+  return r;
+}
+inline uint64_t checked_sub(uint64_t a, uint64_t b, std::string_view what) {
+  if (b > a) [[unlikely]] throw_sub_underflow(a, b, what);
+  return a - b;
+}
+inline uint64_t checked_mul(uint64_t a, uint64_t b, std::string_view what) {
+  uint64_t r = 0;
+  if (__builtin_mul_overflow(a, b, &r)) [[unlikely]] throw_mul_overflow(a, b, what);
+  return r;
+}
 uint64_t ceil_div(uint64_t a, uint64_t b);          // b > 0
 uint64_t round_up(uint64_t a, uint64_t multiple);   // checked; multiple > 0
 

@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <bit>
 #include <memory>
+#include <memory_resource>
 #include <set>
 #include <unordered_map>
+#include <vector>
 
 #include "trainmem/allocator.h"
 #include "trainmem/error.h"
@@ -74,8 +76,9 @@ struct BySizeAddr {
 };
 
 struct Pool {
+  explicit Pool(std::pmr::memory_resource* r) : free(r) {}
   bool small = false;
-  std::set<Block*, BySizeAddr> free;
+  std::pmr::set<Block*, BySizeAddr> free;  // tree nodes come from the allocator's arena
   // expandable segments: one growing segment per pool; `mapped_end` is where its mapped pages stop
   Block* exp_last = nullptr;  // the block at the end of the mapped range
   uint64_t exp_base = 0, exp_mapped = 0;
@@ -86,9 +89,6 @@ class Allocator {
   Allocator(const AllocatorConfig& c, TorchVersion torch, std::optional<Bytes> capacity)
       : c_(c), torch_(torch), capacity_(capacity) {
     small_.small = true;
-  }
-  ~Allocator() {
-    for (Block* b : all_) delete b;
   }
 
   // Returns nullptr when the allocation cannot be satisfied (out of memory).
@@ -166,14 +166,21 @@ class Allocator {
 
  private:
   Block* new_block() {
-    Block* b = new Block();
-    all_.insert(b);
+    Block* b;
+    if (!spare_blocks_.empty()) {
+      b = spare_blocks_.back();
+      spare_blocks_.pop_back();
+    } else {
+      if (block_chunks_.empty() || chunk_used_ == kBlockChunk) {
+        block_chunks_.push_back(std::make_unique<Block[]>(kBlockChunk));
+        chunk_used_ = 0;
+      }
+      b = &block_chunks_.back()[chunk_used_++];
+    }
+    *b = Block{};
     return b;
   }
-  void dispose(Block* b) {
-    all_.erase(b);
-    delete b;
-  }
+  void dispose(Block* b) { spare_blocks_.push_back(b); }
 
   bool fits_device(uint64_t bytes) const { return !capacity_ || reserved_ + bytes <= capacity_->value; }
 
@@ -216,7 +223,6 @@ class Allocator {
     b->small = pool.small;
     reserved_ += alloc_size;
     ++segments_;
-    segment_size_[b->addr] = alloc_size;
     return b;
   }
 
@@ -311,10 +317,14 @@ class Allocator {
   AllocatorConfig c_;
   TorchVersion torch_;
   std::optional<Bytes> capacity_;
-  Pool small_, large_;
+  // Simulation bookkeeping (not the modelled allocator's): blocks in chunks, set nodes from an arena.
+  static constexpr size_t kBlockChunk = 512;
+  std::vector<std::unique_ptr<Block[]>> block_chunks_;
+  size_t chunk_used_ = 0;
+  std::vector<Block*> spare_blocks_;
+  std::pmr::unsynchronized_pool_resource arena_;
+  Pool small_{&arena_}, large_{&arena_};
   Block key_;
-  std::set<Block*> all_;
-  std::unordered_map<uint64_t, uint64_t> segment_size_;
   uint64_t next_addr_ = uint64_t{1} << 60;  // segments are placed downwards from here
   uint64_t allocated_ = 0, reserved_ = 0, segments_ = 0, retries_ = 0;
   std::pair<uint64_t, uint64_t> last_fail_{0, 0};
@@ -326,7 +336,7 @@ AllocatorReplay replay_allocator(const Timeline& tl, const AllocatorConfig& c, T
                                  std::optional<Bytes> capacity) {
   AllocatorReplay r;
   Allocator a(c, torch, capacity);
-  std::unordered_map<uint64_t, Block*> blocks;
+  std::vector<Block*> blocks;  // by storage id (dense)
   r.allocated.reserve(tl.events.size());
   r.reserved.reserve(tl.events.size());
   for (size_t i = 0; i < tl.events.size(); ++i) {
@@ -343,12 +353,12 @@ AllocatorReplay replay_allocator(const Timeline& tl, const AllocatorConfig& c, T
         a.unlimit();  // go on as if the device were larger, so the replay still tells what was needed
         b = a.malloc(ev.bytes.value);
       }
+      if (ev.storage >= blocks.size()) blocks.resize(std::max<size_t>(ev.storage + 1, 2 * blocks.size()), nullptr);
       blocks[ev.storage] = b;
     } else if (ev.kind == Event::kFree && ev.bytes.value > 0) {
-      auto it = blocks.find(ev.storage);
-      if (it != blocks.end()) {
-        a.free(it->second);
-        blocks.erase(it);
+      if (ev.storage < blocks.size() && blocks[ev.storage]) {
+        a.free(blocks[ev.storage]);
+        blocks[ev.storage] = nullptr;
       }
     }
     r.allocated.push_back(a.allocated());

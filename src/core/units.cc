@@ -6,25 +6,16 @@
 
 namespace trainmem {
 
-uint64_t checked_add(uint64_t a, uint64_t b, std::string_view what) {
-  uint64_t r = 0;
-  if (__builtin_add_overflow(a, b, &r)) {
-    throw Error(fmt::format("{} overflows 64 bits ({} + {})", what, a, b));
-  }
-  return r;
+void throw_add_overflow(uint64_t a, uint64_t b, std::string_view what) {
+  throw Error(fmt::format("{} overflows 64 bits ({} + {})", what, a, b));
 }
 
-uint64_t checked_sub(uint64_t a, uint64_t b, std::string_view what) {
-  if (b > a) throw Error(fmt::format("{} would go negative ({} - {})", what, a, b));
-  return a - b;
+void throw_sub_underflow(uint64_t a, uint64_t b, std::string_view what) {
+  throw Error(fmt::format("{} would go negative ({} - {})", what, a, b));
 }
 
-uint64_t checked_mul(uint64_t a, uint64_t b, std::string_view what) {
-  uint64_t r = 0;
-  if (__builtin_mul_overflow(a, b, &r)) {
-    throw Error(fmt::format("{} overflows 64 bits ({} x {})", what, a, b));
-  }
-  return r;
+void throw_mul_overflow(uint64_t a, uint64_t b, std::string_view what) {
+  throw Error(fmt::format("{} overflows 64 bits ({} x {})", what, a, b));
 }
 
 uint64_t ceil_div(uint64_t a, uint64_t b) { return a / b + (a % b != 0 ? 1 : 0); }

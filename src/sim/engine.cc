@@ -114,68 +114,38 @@ std::optional<Strides> view_strides(const Shape& from, const Strides& st, const 
 
 // ---- T: a counted reference --------------------------------------------------------------------------
 
-T::T(TensorImpl* p) : p_(p) {
-  if (p_) ++p_->refs;
-}
-T::T(const T& o) : p_(o.p_) {
-  if (p_) ++p_->refs;
-}
-T& T::operator=(const T& o) {
-  if (this != &o) {
-    T tmp(o);
-    std::swap(p_, tmp.p_);
-  }
-  return *this;
-}
-T& T::operator=(T&& o) noexcept {
-  if (this != &o) {
-    reset();
-    p_ = o.p_;
-    o.p_ = nullptr;
-  }
-  return *this;
-}
-T::~T() { reset(); }
-
-void T::reset() {
-  if (!p_) return;
-  TensorImpl* p = p_;
-  p_ = nullptr;
-  if (--p->refs == 0) {
-    Engine* e = p->eng;
-    e->release(p->storage);
-    e->delete_impl(p);
-  }
+void T::release_impl(TensorImpl* p) {
+  Engine* e = p->eng;
+  e->release(p->storage);
+  e->delete_impl(p);
 }
 
 // ---- storages ----------------------------------------------------------------------------------------
 
 Engine::~Engine() {
   // Drop every reference before the storages go: nodes (saved tensors), grads, parameters.
-  nodes_.clear();
-  spare_.clear();
-  acc_nodes_.clear();
+  for (Node* n : nodes_) {
+    n->saved.clear();
+    n->inbuf.clear();
+    n->fn.reset();
+  }
+  for (Node* n : acc_nodes_) {
+    if (n) n->inbuf.clear();
+  }
   grads_.clear();
   for (T& w : cublas_ws_) w.reset();
   for (T& w : cublaslt_ws_) w.reset();
   params_.clear();
-  for (TensorImpl* p : free_impls_) delete p;
 }
 
 TensorImpl* Engine::new_impl() {
-  TensorImpl* p;
-  if (!free_impls_.empty()) {
-    p = free_impls_.back();
-    free_impls_.pop_back();
-    *p = TensorImpl{};
-  } else {
-    p = new TensorImpl{};
-  }
+  TensorImpl* p = impls_.get();
+  *p = TensorImpl{};
   p->eng = this;
   return p;
 }
 
-void Engine::delete_impl(TensorImpl* p) { free_impls_.push_back(p); }
+void Engine::delete_impl(TensorImpl* p) { impls_.put(p); }
 
 uint64_t Engine::alloc_storage(Bytes b, Category c, Label l) {
   const uint64_t id = storages_.size();
@@ -183,6 +153,10 @@ uint64_t Engine::alloc_storage(Bytes b, Category c, Label l) {
   live_.by_category[static_cast<size_t>(c)] += b;
   live_.total += b;
   tl_->events.push_back(Event{Event::kAlloc, c, c, phase, step, micro, id, b, l});
+  if (live_.total > peak_live_.total) {
+    peak_live_ = live_;
+    peak_event_ = tl_->events.size() - 1;
+  }
   return id;
 }
 
@@ -242,20 +216,22 @@ T Engine::parameter(const Shape& s, DType dt, int32_t index, Label l) {
   T t = empty(s, dt, Category::kWeights, l);
   t->requires_grad = true;
   t->is_param = true;
-  auto acc = std::make_unique<Node>();
+  Node* acc = node_pool_.get();  // fresh or recycled (recycled nodes have no saved tensors or closure)
   acc->name = "AccumulateGrad";
+  acc->n_next = 0;
+  acc->deps = 0;
   acc->seq = std::numeric_limits<uint64_t>::max();  // "always called ASAP during backwards"
   acc->is_accumulate = true;
   acc->param = index;
   acc->inbuf = Grads(1);
-  t->grad_fn = {acc.get(), 0};
+  t->grad_fn = {acc, 0};
   if (static_cast<size_t>(index) >= params_.size()) {
     params_.resize(index + 1);
     grads_.resize(index + 1);
     acc_nodes_.resize(index + 1);
   }
   params_[index] = t;
-  acc_nodes_[index] = std::move(acc);
+  acc_nodes_[index] = acc;
   return t;
 }
 
@@ -305,15 +281,11 @@ Node* Engine::new_node(const char* name, std::initializer_list<const T*> inputs,
   bool any = false;
   for (const T* in : inputs) any = any || (in && *in && (*in)->requires_grad);
   if (!any) return nullptr;
-  std::unique_ptr<Node> node;
-  if (!spare_.empty()) {
-    node = std::move(spare_.back());
-    spare_.pop_back();
-  } else {
-    node = std::make_unique<Node>();
-  }
+  Node* node = node_pool_.get();
   node->name = name;
   node->seq = ++seq_;
+  node->is_accumulate = false;
+  node->param = -1;
   node->saved = std::move(saved);
   node->n_next = 0;
   node->deps = 0;
@@ -328,13 +300,12 @@ Node* Engine::new_node(const char* name, std::initializer_list<const T*> inputs,
   for (T* out : outputs) {
     if (out && *out) {
       (*out)->requires_grad = true;
-      (*out)->grad_fn = {node.get(), slot};
+      (*out)->grad_fn = {node, slot};
     }
     ++slot;
   }
-  Node* raw = node.get();
-  nodes_.push_back(std::move(node));
-  return raw;
+  nodes_.push_back(node);
+  return node;
 }
 
 namespace {
@@ -415,7 +386,7 @@ void Engine::backward(const T& loss) {
   std::vector<Node*> stack{loss->grad_fn.node};
   std::vector<Node*> seen{loss->grad_fn.node};
   loss->grad_fn.node->deps = 0;
-  for (auto& a : acc_nodes_) {
+  for (Node* a : acc_nodes_) {
     if (a) a->deps = 0;
   }
   // Mark visited with a high bit in deps during the walk, then clear it.
@@ -469,11 +440,11 @@ void Engine::backward(const T& loss) {
 }
 
 void Engine::recycle_nodes() {
-  for (auto& n : nodes_) {
+  for (Node* n : nodes_) {
     n->saved.clear();
     n->inbuf.clear();
     n->fn.reset();
-    spare_.push_back(std::move(n));
+    node_pool_.put(n);
   }
   nodes_.clear();
 }

@@ -73,13 +73,38 @@ struct TensorImpl {
 class T {
  public:
   T() = default;
-  explicit T(TensorImpl* p);
-  T(const T& o);
+  explicit T(TensorImpl* p) : p_(p) {
+    if (p_) ++p_->refs;
+  }
+  T(const T& o) : p_(o.p_) {
+    if (p_) ++p_->refs;
+  }
   T(T&& o) noexcept : p_(o.p_) { o.p_ = nullptr; }
-  T& operator=(const T& o);
-  T& operator=(T&& o) noexcept;
-  ~T();
-  void reset();
+  T& operator=(const T& o) {
+    if (o.p_) ++o.p_->refs;  // before dropping ours: o may be the last reference to the same tensor
+    TensorImpl* old = p_;
+    p_ = o.p_;
+    if (old) drop(old);
+    return *this;
+  }
+  T& operator=(T&& o) noexcept {
+    if (this != &o) {
+      TensorImpl* old = p_;
+      p_ = o.p_;
+      o.p_ = nullptr;
+      if (old) drop(old);
+    }
+    return *this;
+  }
+  ~T() {
+    if (p_) drop(p_);
+  }
+  void reset() {
+    if (!p_) return;
+    TensorImpl* old = p_;
+    p_ = nullptr;
+    drop(old);
+  }
   explicit operator bool() const { return p_ != nullptr; }
   TensorImpl* operator->() const { return p_; }
   TensorImpl* get() const { return p_; }
@@ -88,6 +113,11 @@ class T {
   Bytes bytes() const { return bytes_of(p_->shape.numel(), p_->dtype); }
 
  private:
+  // One reference fewer; the last frees the impl and, with its last impl, the storage.
+  static void drop(TensorImpl* p) {
+    if (--p->refs == 0) release_impl(p);
+  }
+  static void release_impl(TensorImpl* p);
   TensorImpl* p_ = nullptr;
 };
 
@@ -172,6 +202,56 @@ struct Node {
   int32_t param = -1;     // AccumulateGrad: the parameter index
 };
 
+// Objects allocated in chunks and recycled through a free list: the simulator creates tens of thousands of
+// tensor impls and graph nodes per step, and one allocation per object would dominate its run time. A pool
+// hands its chunks to a per-thread cache when it goes, so that a search that simulates setup after setup
+// reuses warm memory instead of faulting in fresh pages for every simulation.
+template <typename X>
+class Pool {
+ public:
+  Pool() = default;
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+  ~Pool() {
+    auto& cache = chunk_cache();
+    for (auto& c : chunks_) {
+      if (cache.size() >= kCachedChunks) break;
+      cache.push_back(std::move(c));  // objects keep stale fields: whoever gets one initialises it
+    }
+  }
+  X* get() {
+    if (!free_.empty()) {
+      X* x = free_.back();
+      free_.pop_back();
+      return x;
+    }
+    if (used_ == kChunk || chunks_.empty()) {
+      auto& cache = chunk_cache();
+      if (!cache.empty()) {
+        chunks_.push_back(std::move(cache.back()));
+        cache.pop_back();
+      } else {
+        chunks_.push_back(std::make_unique<X[]>(kChunk));
+      }
+      used_ = 0;
+    }
+    return &chunks_.back()[used_++];
+  }
+  void put(X* x) { free_.push_back(x); }
+
+ private:
+  static constexpr size_t kChunk = 256;
+  static constexpr size_t kCachedChunks = 512;
+  using Chunks = std::vector<std::unique_ptr<X[]>>;
+  static Chunks& chunk_cache() {
+    thread_local Chunks cache;
+    return cache;
+  }
+  Chunks chunks_;
+  size_t used_ = 0;
+  std::vector<X*> free_;
+};
+
 struct StorageInfo {
   Bytes bytes;
   Category category = Category::kActivations;
@@ -234,6 +314,9 @@ class Engine {
   void free_storage(uint64_t id);
 
   const LiveBytes& live() const { return live_; }
+  // The first event at which live bytes were highest, and the live bytes then.
+  size_t peak_event() const { return peak_event_; }
+  const LiveBytes& peak_live() const { return peak_live_; }
   size_t event_count() const { return tl_->events.size(); }
   // Bytes of the distinct storages that autograd nodes hold (saved tensors), excluding parameters and
   // buffers: what the forward pass leaves for backward.
@@ -251,16 +334,19 @@ class Engine {
   void recycle_nodes();
   void accumulate_param(Node& n, T g);
 
+  // Declared first so that they are destroyed last, after everything that refers to their objects.
+  Pool<TensorImpl> impls_;
+  Pool<Node> node_pool_;
   Timeline* tl_;
   std::vector<StorageInfo> storages_;
-  std::vector<std::unique_ptr<Node>> nodes_;     // live graph nodes of the current forward/backward
-  std::vector<std::unique_ptr<Node>> spare_;     // recycled nodes
-  std::vector<std::unique_ptr<Node>> acc_nodes_; // one AccumulateGrad per parameter (persistent)
+  std::vector<Node*> nodes_;      // live graph nodes of the current forward/backward
+  std::vector<Node*> acc_nodes_;  // one AccumulateGrad per parameter (persistent)
   std::vector<T> params_;   // the parameters themselves (weak in spirit: the model holds them)
   std::vector<T> grads_;    // .grad per parameter
-  std::vector<TensorImpl*> free_impls_;
   uint64_t seq_ = 0;
   LiveBytes live_;
+  LiveBytes peak_live_;
+  size_t peak_event_ = 0;
   RuntimeFacts rt_;
   std::array<T, 2> cublas_ws_;    // per thread: 0 = Python thread, 1 = autograd thread
   std::array<T, 2> cublaslt_ws_;

@@ -1,6 +1,9 @@
 // Internal: the loaded model and the forward programs of each family.
 #pragma once
 
+#include <fmt/format.h>
+
+#include <array>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -11,6 +14,24 @@
 #include "trainmem/model.h"
 
 namespace trainmem::sim {
+
+// A parameter name formatted into an inline buffer: forward programs look up every parameter by its
+// transformers name, once per layer and step, and this keeps those lookups free of heap allocations.
+struct ParamName {
+  std::array<char, 160> buf{};
+  size_t len = 0;
+  operator std::string_view() const { return {buf.data(), len}; }  // NOLINT: used where names are looked up
+  const char* c_str() const { return buf.data(); }
+};
+[[noreturn]] void throw_name_too_long(std::string_view prefix);
+template <typename... A>
+ParamName param_name(fmt::format_string<A...> f, A&&... a) {
+  ParamName n;
+  const auto r = fmt::format_to_n(n.buf.data(), n.buf.size() - 1, f, std::forward<A>(a)...);
+  if (r.size >= n.buf.size() - 1) throw_name_too_long({n.buf.data(), n.buf.size() - 1});
+  n.len = r.size;
+  return n;
+}
 
 // The model on the device: its parameters and buffers as simulated tensors, by inventory row.
 struct LoadedModel {

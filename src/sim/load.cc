@@ -7,6 +7,10 @@
 
 namespace trainmem::sim {
 
+void throw_name_too_long(std::string_view prefix) {
+  throw Error(fmt::format("internal: parameter name too long: {}...", prefix));
+}
+
 const T& LoadedModel::p(std::string_view name) const {
   auto it = param_row.find(name);
   if (it == param_row.end()) throw Error(fmt::format("internal: the model has no parameter {}", name));

@@ -264,6 +264,8 @@ Moment moment_at(const Timeline& tl, size_t index, const LiveBytes& live) {
 SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s, const SimOptions& o) {
   validate_setup(m, s);
   SimResult r;
+  // About 30 events per parameter tensor and step for transformer layers; only a capacity hint.
+  r.timeline.events.reserve(std::min<size_t>(32 * (inv.parameters.size() + 8) * o.steps, size_t{1} << 22));
   sim::Engine e(&r.timeline);
   e.set_runtime(runtime_facts(o.torch, o.sm));
   sim::Loop loop(m, inv, s, o, e);
@@ -293,30 +295,10 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
     loop.zero_grad();
   }
 
-  // The peak: the highest total of live requested bytes over the run.
-  LiveBytes live;
-  Bytes best;
-  size_t best_i = 0;
-  LiveBytes at_best;
-  for (size_t i = 0; i < r.timeline.events.size(); ++i) {
-    const Event& ev = r.timeline.events[i];
-    auto& cat = live.by_category[static_cast<size_t>(ev.category)];
-    if (ev.kind == Event::kAlloc) {
-      cat += ev.bytes;
-      live.total += ev.bytes;
-    } else if (ev.kind == Event::kFree) {
-      cat -= ev.bytes;
-      live.total -= ev.bytes;
-    } else {
-      live.by_category[static_cast<size_t>(ev.from)] -= ev.bytes;
-      cat += ev.bytes;
-    }
-    if (live.total > best) {
-      best = live.total;
-      best_i = i;
-      at_best = live;
-    }
-  }
+  // The peak: the highest total of live requested bytes over the run (tracked by the engine at each
+  // allocation, the only event that raises it).
+  const size_t best_i = e.peak_event();
+  const LiveBytes& at_best = e.peak_live();
   r.peak = sim::moment_at(r.timeline, best_i, at_best);
   for (Category cat : {Category::kActivations, Category::kWeightCopies, Category::kBackward, Category::kTemporaries}) {
     r.activations_at_peak += at_best.by_category[static_cast<size_t>(cat)];

@@ -9,7 +9,7 @@ namespace trainmem::sim {
 namespace {
 
 T gpt2_attention(Ctx& c, const ModelSpec& m, const LoadedModel& w, uint64_t l, const T& x, const T* mask) {
-  auto n = [l](const char* s) { return fmt::format("transformer.h.{}.attn.{}", l, s); };
+  auto n = [l](const char* s) { return param_name("transformer.h.{}.attn.{}", l, s); };
   const uint64_t B = x.shape()[0], Tn = x.shape()[1], C = m.hidden, H = m.attn.heads, D = m.attn.head_dim;
   T q, k, v;
   {
@@ -44,7 +44,7 @@ T gpt2_attention(Ctx& c, const ModelSpec& m, const LoadedModel& w, uint64_t l, c
 }
 
 T gpt2_mlp(Ctx& c, const ModelSpec& m, const LoadedModel& w, uint64_t l, const T& x) {
-  auto n = [l](const char* s) { return fmt::format("transformer.h.{}.mlp.{}", l, s); };
+  auto n = [l](const char* s) { return param_name("transformer.h.{}.mlp.{}", l, s); };
   T h = conv1d(c, x, w.p(n("c_fc.weight")), w.p(n("c_fc.bias")), "mlp.c_fc");
   h = activation(c, m.mlp.act, h);
   h = conv1d(c, h, w.p(n("c_proj.weight")), w.p(n("c_proj.bias")), "mlp.c_proj");
@@ -65,7 +65,7 @@ T gpt2_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
   hidden = dropout(c, hidden, m.dropout.embd, "embd dropout");
   for (uint64_t l = 0; l < m.layers; ++l) {
     c.layer = static_cast<int32_t>(l);
-    auto n = [l](const char* s) { return fmt::format("transformer.h.{}.{}", l, s); };
+    auto n = [l](const char* s) { return param_name("transformer.h.{}.{}", l, s); };
     T residual = hidden;
     hidden = layer_norm(c, hidden, &w.p(n("ln_1.weight")), &w.p(n("ln_1.bias")), "ln_1");
     hidden = gpt2_attention(c, m, w, l, hidden, mask ? &mask : nullptr);

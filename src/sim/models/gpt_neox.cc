@@ -10,7 +10,7 @@ namespace {
 
 T neox_attention(Ctx& c, const ModelSpec& m, const LoadedModel& w, uint64_t l, const T& x, const Rotary& rot,
                  const T* mask) {
-  auto n = [l](const char* s) { return fmt::format("gpt_neox.layers.{}.attention.{}", l, s); };
+  auto n = [l](const char* s) { return param_name("gpt_neox.layers.{}.attention.{}", l, s); };
   const uint64_t B = x.shape()[0], Tn = x.shape()[1], H = m.attn.heads, D = m.attn.head_dim;
   T q, k, v;
   {
@@ -38,7 +38,7 @@ T neox_attention(Ctx& c, const ModelSpec& m, const LoadedModel& w, uint64_t l, c
 }
 
 T neox_mlp(Ctx& c, const ModelSpec& m, const LoadedModel& w, uint64_t l, const T& x) {
-  auto n = [l](const char* s) { return fmt::format("gpt_neox.layers.{}.mlp.{}", l, s); };
+  auto n = [l](const char* s) { return param_name("gpt_neox.layers.{}.mlp.{}", l, s); };
   T h = linear(c, x, w.p(n("dense_h_to_4h.weight")), w.opt(n("dense_h_to_4h.bias")), "mlp.dense_h_to_4h");
   h = activation(c, m.mlp.act, h);
   return linear(c, h, w.p(n("dense_4h_to_h.weight")), w.opt(n("dense_4h_to_h.bias")), "mlp.dense_4h_to_h");
@@ -46,7 +46,7 @@ T neox_mlp(Ctx& c, const ModelSpec& m, const LoadedModel& w, uint64_t l, const T
 
 T neox_layer(Ctx& c, const ModelSpec& m, const LoadedModel& w, uint64_t l, const T& hidden, const Rotary& rot,
              const T* mask) {
-  auto n = [l](const char* s) { return fmt::format("gpt_neox.layers.{}.{}", l, s); };
+  auto n = [l](const char* s) { return param_name("gpt_neox.layers.{}.{}", l, s); };
   T attn;
   {
     T h = layer_norm(c, hidden, &w.p(n("input_layernorm.weight")), &w.p(n("input_layernorm.bias")), "input_layernorm");

@@ -40,7 +40,7 @@ T rms_norm(Ctx& c, const ModelSpec& m, const T& x, const T& weight, const char* 
 struct Layer {
   const LoadedModel& w;
   uint64_t l;
-  std::string n(const char* s) const { return fmt::format("model.layers.{}.{}", l, s); }
+  ParamName n(const char* s) const { return param_name("model.layers.{}.{}", l, s); }
   const T& p(const char* s) const { return w.p(n(s)); }
   const T* o(const char* s) const { return w.opt(n(s)); }
 };

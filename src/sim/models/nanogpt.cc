@@ -26,7 +26,7 @@ struct Block {
 };
 
 Block block_params(const LoadedModel& w, const ModelSpec& m, uint64_t l) {
-  auto n = [l](const char* s) { return fmt::format("transformer.h.{}.{}", l, s); };
+  auto n = [l](const char* s) { return param_name("transformer.h.{}.{}", l, s); };
   const bool eager = m.attn_impl == AttnImpl::kEager;
   return Block{w.p(n("ln_1.weight")),       w.opt(n("ln_1.bias")),     w.p(n("attn.c_attn.weight")),
                w.opt(n("attn.c_attn.bias")), w.p(n("attn.c_proj.weight")), w.opt(n("attn.c_proj.bias")),

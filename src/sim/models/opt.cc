@@ -9,7 +9,7 @@ namespace trainmem::sim {
 namespace {
 
 T opt_attention(Ctx& c, const ModelSpec& m, const LoadedModel& w, uint64_t l, const T& x, const T* mask) {
-  auto n = [l](const char* s) { return fmt::format("model.decoder.layers.{}.self_attn.{}", l, s); };
+  auto n = [l](const char* s) { return param_name("model.decoder.layers.{}.self_attn.{}", l, s); };
   const uint64_t B = x.shape()[0], Tn = x.shape()[1], H = m.attn.heads, D = m.attn.head_dim;
   const Shape hs{B, Tn, H, D};
   // query_states = self.q_proj(hidden_states) * self.scaling
@@ -33,9 +33,9 @@ T opt_attention(Ctx& c, const ModelSpec& m, const LoadedModel& w, uint64_t l, co
 }
 
 T opt_layer(Ctx& c, const ModelSpec& m, const LoadedModel& w, uint64_t l, T hidden, const T* mask) {
-  auto n = [l](const char* s) { return fmt::format("model.decoder.layers.{}.{}", l, s); };
+  auto n = [l](const char* s) { return param_name("model.decoder.layers.{}.{}", l, s); };
   auto ln = [&](const T& x, const char* name) {
-    return layer_norm(c, x, w.opt(n(fmt::format("{}.weight", name).c_str())), w.opt(n(fmt::format("{}.bias", name).c_str())), name);
+    return layer_norm(c, x, w.opt(n(param_name("{}.weight", name).c_str())), w.opt(n(param_name("{}.bias", name).c_str())), name);
   };
   const Shape shape = hidden.shape();
   const uint64_t C = shape.back();

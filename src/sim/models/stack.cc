@@ -12,13 +12,13 @@ ForwardOut stack_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const
     const StackLayer& s = m.stack[i];
     switch (s.op) {
       case StackOp::kLinear:
-        x = linear(c, x, w.p(fmt::format("{}.weight", i)), w.opt(fmt::format("{}.bias", i)), "linear");
+        x = linear(c, x, w.p(param_name("{}.weight", i)), w.opt(param_name("{}.bias", i)), "linear");
         break;
       case StackOp::kRelu: x = relu(c, x, "relu"); break;
       case StackOp::kGelu: x = gelu(c, x, "gelu"); break;
       case StackOp::kSigmoid: x = sigmoid(c, x, "sigmoid"); break;
       case StackOp::kLayerNorm:
-        x = layer_norm(c, x, w.opt(fmt::format("{}.weight", i)), w.opt(fmt::format("{}.bias", i)), "layer_norm");
+        x = layer_norm(c, x, w.opt(param_name("{}.weight", i)), w.opt(param_name("{}.bias", i)), "layer_norm");
         break;
     }
   }

@@ -2,7 +2,9 @@
 // (integers for every byte count). Each render_* function is pure: it returns the text.
 #pragma once
 
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "trainmem/estimate.h"
@@ -36,6 +38,45 @@ struct FormulaReport {
 };
 std::string render_formulas_table(const FormulaReport& f);
 std::string render_formulas_json(const FormulaReport& f);
+
+// `trainmem timeline`: the step's events with live bytes by category and the allocator's view.
+enum class TimelineGranularity {
+  kEvent,  // every allocation, free and change of category (filtered by min_bytes)
+  kLayer,  // one row per run of events in the same step, micro-batch, phase and layer
+  kPhase,  // one row per run of events in the same step, micro-batch and phase
+};
+struct TimelineOptions {
+  TimelineGranularity granularity = TimelineGranularity::kLayer;
+  uint64_t min_bytes = 0;          // event rows: only tensors of at least this size (live bytes still count all)
+  std::optional<uint32_t> step;    // only this optimizer step (0: the setup before the first step)
+};
+struct TimelineRow {
+  size_t first_event = 0, last_event = 0;  // inclusive range of timeline events
+  uint32_t step = 0, micro = 0;
+  Phase phase = Phase::kSetup;
+  int32_t layer = -1;
+  // event rows: the event itself
+  Event::Kind kind = Event::kAlloc;
+  Category category = Category::kActivations;
+  Category from = Category::kActivations;
+  std::string tensor;
+  Bytes bytes;
+  uint64_t block = 0;              // allocator block of the tensor (alloc and free events)
+  // every row
+  size_t events = 0;
+  LiveBytes live;                  // after the last event
+  Bytes max_live;                  // highest total of live tensors within the row
+  uint64_t allocated = 0, reserved = 0;          // allocator statistics after the last event
+  uint64_t max_allocated = 0, max_reserved = 0;  // highest within the row
+  std::string largest;             // the largest tensor allocated within the row
+  Bytes largest_bytes;
+  bool peak_live = false, peak_allocated = false, peak_reserved = false;  // the run's peaks fall here
+};
+std::vector<TimelineRow> timeline_rows(const Estimate& e, const TimelineOptions& o);
+std::optional<TimelineGranularity> parse_granularity(std::string_view s);
+std::string render_timeline_table(const Estimate& e, const TimelineOptions& o, const std::vector<TimelineRow>& rows);
+std::string render_timeline_csv(const Estimate& e, const TimelineOptions& o, const std::vector<TimelineRow>& rows);
+std::string render_timeline_json(const Estimate& e, const TimelineOptions& o, const std::vector<TimelineRow>& rows);
 
 std::string render_estimate_table(const Estimate& e, const GpuSpec* gpu);
 std::string render_verdict(const DeviceVerdict& v, const GpuSpec* gpu);

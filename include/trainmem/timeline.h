@@ -30,7 +30,7 @@ inline constexpr size_t kCategoryCount = 10;
 std::string_view category_name(Category c);
 
 // Where in the training loop an event happens.
-enum class Phase : uint8_t { kSetup, kForward, kLoss, kBackward, kOptimizer, kZeroGrad };
+enum class Phase : uint8_t { kSetup, kForward, kLoss, kBackward, kGradClip, kOptimizer, kZeroGrad };
 std::string_view phase_name(Phase p);
 
 // What a tensor is, cheap to record: a static description, the layer it belongs to (-1: none) and, for
@@ -40,6 +40,13 @@ struct Label {
   int32_t layer = -1;
   int32_t row = -1;
 };
+// A copy of `name` that lives as long as the process: labels point at names, and a timeline outlives the
+// inventory whose names it shows. Thread-safe; each distinct name is stored once.
+const char* intern_name(std::string_view name);
+
+// Label::row of a tensor allocated by a backward function: `what` and `layer` name the forward op whose
+// backward made it ("backward of h.3 attn softmax").
+inline constexpr int32_t kRowBackwardOf = -2;
 
 struct Event {
   enum Kind : uint8_t { kAlloc, kFree, kRecategorize } kind;
@@ -62,5 +69,24 @@ struct LiveBytes {
   std::array<Bytes, kCategoryCount> by_category{};
   Bytes total;
 };
+
+// Live bytes after `ev`, given the live bytes before it.
+inline void apply(LiveBytes& live, const Event& ev) {
+  Bytes& cat = live.by_category[static_cast<size_t>(ev.category)];
+  switch (ev.kind) {
+    case Event::kAlloc:
+      cat += ev.bytes;
+      live.total += ev.bytes;
+      break;
+    case Event::kFree:
+      cat -= ev.bytes;
+      live.total -= ev.bytes;
+      break;
+    case Event::kRecategorize:
+      live.by_category[static_cast<size_t>(ev.from)] -= ev.bytes;
+      cat += ev.bytes;
+      break;
+  }
+}
 
 }  // namespace trainmem

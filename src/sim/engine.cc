@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <limits>
+#include <mutex>
 #include <queue>
+#include <string>
+#include <unordered_set>
 
 #include "trainmem/error.h"
 
@@ -148,6 +151,9 @@ TensorImpl* Engine::new_impl() {
 void Engine::delete_impl(TensorImpl* p) { impls_.put(p); }
 
 uint64_t Engine::alloc_storage(Bytes b, Category c, Label l) {
+  if (running_ && (c == Category::kBackward || c == Category::kTemporaries)) {
+    l = Label{running_->label.what, running_->label.layer, kRowBackwardOf};
+  }
   const uint64_t id = storages_.size();
   storages_.push_back(StorageInfo{b, c, 0, l});
   live_.by_category[static_cast<size_t>(c)] += b;
@@ -161,6 +167,7 @@ uint64_t Engine::alloc_storage(Bytes b, Category c, Label l) {
 }
 
 void Engine::free_storage(uint64_t id) {
+  if (!recording_) return;
   StorageInfo& s = storages_[id];
   live_.by_category[static_cast<size_t>(s.category)] -= s.bytes;
   live_.total -= s.bytes;
@@ -296,6 +303,13 @@ Node* Engine::new_node(const char* name, std::initializer_list<const T*> inputs,
     ++node->n_next;
   }
   node->inbuf = Grads(outputs.size());
+  node->label = Label{name, -1, -1};
+  for (T* out : outputs) {
+    if (out && *out) {
+      node->label = (*out)->label;
+      break;
+    }
+  }
   uint32_t slot = 0;
   for (T* out : outputs) {
     if (out && *out) {
@@ -372,6 +386,7 @@ void Engine::accumulate_param(Node& n, T g) {
   }
   // obeys_layout_contract: a dense parameter needs a grad with the same strides.
   if (uniquely_owned(*this, g) && g->strides == p->strides && g->dtype == p->dtype) {
+    storages_[g->storage].label = p->label;          // from now on it is that parameter's .grad
     recategorize(g->storage, Category::kGradients);  // stolen: the engine's tensor becomes .grad
     grad = std::move(g);
   } else {
@@ -428,6 +443,7 @@ void Engine::backward(const T& loss) {
       accumulate_param(*n, std::move(in[0]));
       continue;
     }
+    running_ = n;
     Grads out = n->fn(*this, *n, in);
     validate_outputs(*n, out);
     in.clear();         // call_function returns: the incoming gradients are dropped
@@ -435,6 +451,7 @@ void Engine::backward(const T& loss) {
     for (uint8_t i = 0; i < n->n_next; ++i) {
       if (n->next[i]) deliver(i < out.size() ? std::move(out[i]) : T(), n->next[i], ready);
     }
+    running_ = nullptr;
   }
   recycle_nodes();  // the graph is freed once backward is done (retain_graph=False)
 }
@@ -452,6 +469,13 @@ void Engine::recycle_nodes() {
 }  // namespace trainmem::sim
 
 namespace trainmem {
+
+const char* intern_name(std::string_view name) {
+  static std::mutex mu;
+  static std::unordered_set<std::string> names;  // nodes never move: c_str() stays valid
+  std::lock_guard<std::mutex> lock(mu);
+  return names.emplace(name).first->c_str();
+}
 
 std::string_view category_name(Category c) {
   switch (c) {
@@ -475,6 +499,7 @@ std::string_view phase_name(Phase p) {
     case Phase::kForward: return "forward";
     case Phase::kLoss: return "loss";
     case Phase::kBackward: return "backward";
+    case Phase::kGradClip: return "clip_grad_norm_";
     case Phase::kOptimizer: return "optimizer step";
     case Phase::kZeroGrad: return "zero_grad";
   }

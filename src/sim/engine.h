@@ -190,6 +190,7 @@ struct InputMeta {
 
 struct Node {
   const char* name = "";  // e.g. "AddmmBackward0"
+  Label label;            // the forward op's (first) output: names what this node's backward allocates
   uint64_t seq = 0;       // creation order; the engine runs the highest ready sequence number first
   Saved saved;            // tensors saved for backward (released after the node runs)
   std::array<GradEdge, kMaxEdges> next{};     // one per differentiable input
@@ -313,6 +314,9 @@ class Engine {
   uint64_t alloc_storage(Bytes b, Category c, Label l);
   void free_storage(uint64_t id);
 
+  // Stops adding events to the timeline: the simulated program has ended, and tearing down the simulator's
+  // own objects is not part of it.
+  void stop_recording() { recording_ = false; }
   const LiveBytes& live() const { return live_; }
   // The first event at which live bytes were highest, and the live bytes then.
   size_t peak_event() const { return peak_event_; }
@@ -344,6 +348,8 @@ class Engine {
   std::vector<T> params_;   // the parameters themselves (weak in spirit: the model holds them)
   std::vector<T> grads_;    // .grad per parameter
   uint64_t seq_ = 0;
+  Node* running_ = nullptr;
+  bool recording_ = true;  // the node whose backward is running: its allocations are labelled after it
   LiveBytes live_;
   LiveBytes peak_live_;
   size_t peak_event_ = 0;

@@ -1,5 +1,7 @@
 #include "trainmem/estimate.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 
 namespace trainmem {
@@ -29,7 +31,11 @@ const char* category_note(Category c) {
 }  // namespace
 
 std::string label_name(const Label& l) {
-  if (l.layer >= 0) return "h." + std::to_string(l.layer) + " " + l.what;
+  if (l.row == kRowBackwardOf) {
+    return l.layer >= 0 ? fmt::format("backward of h.{} {}", l.layer, l.what) : fmt::format("backward of {}", l.what);
+  }
+  // A tensor named after a parameter or buffer (its copy, gradient or state) carries the full name.
+  if (l.layer >= 0 && l.row < 0) return "h." + std::to_string(l.layer) + " " + l.what;
   return l.what;
 }
 

@@ -48,7 +48,7 @@ LoadedModel load_model(Engine& e, const Inventory& inv, DType model_dtype) {
     for (; b < inv.buffers.size() && inv.buffers[b].load_after <= param_index; ++b) {
       const TensorRow& r = inv.buffers[b];
       w.buffers[b] = e.leaf(shape_of(r), stored_dtype(r, model_dtype), Category::kBuffers,
-                            Label{r.name.c_str(), -1, static_cast<int32_t>(b)});
+                            Label{intern_name(r.name), -1, static_cast<int32_t>(b)});
       w.buffer_row.emplace(r.name, static_cast<int>(b));
     }
   };
@@ -56,7 +56,7 @@ LoadedModel load_model(Engine& e, const Inventory& inv, DType model_dtype) {
     load_buffers_before(i);
     const TensorRow& r = inv.parameters[i];
     w.params[i] = e.parameter(shape_of(r), model_dtype, static_cast<int32_t>(i),
-                              Label{r.name.c_str(), -1, static_cast<int32_t>(i)});
+                              Label{intern_name(r.name), -1, static_cast<int32_t>(i)});
     w.param_row.emplace(r.name, static_cast<int>(i));
   }
   load_buffers_before(inv.parameters.size());

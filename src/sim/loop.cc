@@ -177,6 +177,7 @@ struct Loop {
     // torch.nn.utils.clip_grad_norm_(params, 1.0), foreach path: _foreach_norm (one partial per 64Ki-element
     // chunk of every tensor, then one float per tensor), torch.stack of the norms, the total norm, the
     // clip coefficient; the grads are scaled in place.
+    e.phase = Phase::kGradClip;
     uint64_t max_chunks = 1;
     for (const TensorRow& p : inv.parameters) max_chunks = std::max(max_chunks, ceil_div(p.elems.value, kForeachChunkElems));
     const uint64_t n = inv.parameters.size();
@@ -206,7 +207,7 @@ struct Loop {
         // capturable), exp_avg, exp_avg_sq = zeros_like(p). SGD's momentum_buffer = clone(grad).
         for (size_t i : group) {
           const T& p = w.params[i];
-          const Label l{inv.parameters[i].name.c_str(), -1, static_cast<int32_t>(i)};
+          const Label l{intern_name(inv.parameters[i].name), -1, static_cast<int32_t>(i)};
           if (device_step) state.push_back(e.empty(Shape{}, DType::kF32, Category::kOptimizer, l));
           for (uint64_t k = 0; k < states; ++k) state.push_back(e.empty(p.shape(), p.dtype(), Category::kOptimizer, l));
         }
@@ -300,6 +301,7 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
   const size_t best_i = e.peak_event();
   const LiveBytes& at_best = e.peak_live();
   r.peak = sim::moment_at(r.timeline, best_i, at_best);
+  e.stop_recording();
   for (Category cat : {Category::kActivations, Category::kWeightCopies, Category::kBackward, Category::kTemporaries}) {
     r.activations_at_peak += at_best.by_category[static_cast<size_t>(cat)];
   }

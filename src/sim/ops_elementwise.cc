@@ -90,7 +90,8 @@ T unary(Ctx& c, const char* node, const T& a, DType out_dt, Save save, const cha
 T to(Ctx& c, const T& x, DType dt, const char* what) {
   if (x.dtype() == dt) return x;
   T out = c.e.empty_strided(x.shape(), dense_strides_like(x.shape(), x->strides), dt,
-                            x->is_param ? Category::kWeightCopies : Category::kActivations, x->is_param ? x->label : c.L(what));
+                            x->is_param ? Category::kWeightCopies : Category::kActivations,
+                            x->is_param ? Label{x->label.what, c.layer, x->label.row} : c.L(what));
   const DType src = x.dtype();
   // ToCopyBackward0 saves only self.options(); its backward is grad.to(src).
   c.e.record("ToCopyBackward0", {&x}, {&out}, {}, [src](Engine& e, Node&, Grads& g) {

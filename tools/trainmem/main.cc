@@ -36,6 +36,7 @@ struct Flags {
   std::string batch = "8", seq = "1024", grad_accum = "1";
   std::string precision = "bf16-amp", optimizer = "adamw", optimizer_impl = "auto", gpu;
   std::string loop, torch = "2.9", alloc_conf;
+  std::string by = "layer", min_bytes = "0", step;
 };
 
 void add_model_flags(CLI::App* c, Flags& f) {
@@ -167,6 +168,44 @@ int run_formulas(const Flags& f) {
   return 0;
 }
 
+// A non-negative integer (digits only) of at most `max`; `expected` describes it in the error.
+uint64_t parse_size(const std::string& flag, const std::string& s, uint64_t max, const std::string& expected) {
+  if (s == "0") return 0;
+  try {
+    return parse_count(flag, s, max);
+  } catch (const Error&) {
+    bad_flag(flag, s, expected);
+  }
+}
+
+int run_timeline(const Flags& f) {
+  const ModelSpec m = load(f);
+  const TrainSetup s = setup_from(f);
+  if (f.format != "table" && f.format != "csv" && f.format != "json") bad_flag("--format", f.format, "table, csv or json");
+  TimelineOptions to;
+  const auto g = parse_granularity(f.by);
+  if (!g) bad_flag("--by", f.by, "event, layer or phase");
+  to.granularity = *g;
+  to.min_bytes = parse_size("--min-bytes", f.min_bytes, uint64_t{1} << 62, "a number of bytes (an integer, 0 or more)");
+  const Inventory inv = build_inventory(m);
+  SimOptions o = sim_options(f, m, s);
+  if (!f.step.empty()) {
+    to.step = static_cast<uint32_t>(
+        parse_size("--step", f.step, o.steps, fmt::format("a simulated step: 0 (setup) to {}", o.steps)));
+  }
+  const GpuSpec* gpu = s.gpu.empty() ? nullptr : &find_gpu(s.gpu);
+  const Estimate e = estimate(m, inv, s, o, parse_alloc_conf(f.alloc_conf, o.torch), gpu);
+  const auto rows = timeline_rows(e, to);
+  if (f.format == "csv") {
+    std::cout << render_timeline_csv(e, to, rows);
+  } else if (f.format == "json") {
+    std::cout << render_timeline_json(e, to, rows);
+  } else {
+    std::cout << render_timeline_table(e, to, rows);
+  }
+  return 0;
+}
+
 int run_estimate(const Flags& f) {
   const ModelSpec m = load(f);
   const TrainSetup s = setup_from(f);
@@ -200,6 +239,15 @@ int main(int argc, char** argv) {
   add_model_flags(est, f);
   add_setup_flags(est, f);
   add_format_flag(est, f);
+  auto* tl = app.add_subcommand("timeline", "the simulated step event by event, with live bytes and peaks");
+  add_model_flags(tl, f);
+  add_setup_flags(tl, f);
+  tl->add_option("--format,-f", f.format, "table | csv | json")->capture_default_str();
+  tl->add_option("--by", f.by, "event | layer | phase: one row per event, or per run of events")
+      ->capture_default_str();
+  tl->add_option("--min-bytes", f.min_bytes, "with --by event: list only tensors of at least this many bytes")
+      ->capture_default_str();
+  tl->add_option("--step", f.step, "only this optimizer step (0: model load and setup)");
 
   try {
     app.parse(argc, argv);
@@ -220,6 +268,7 @@ int main(int argc, char** argv) {
     if (params->parsed()) return run_params(f);
     if (formulas->parsed()) return run_formulas(f);
     if (est->parsed()) return run_estimate(f);
+    if (tl->parsed()) return run_timeline(f);
   } catch (const Error& e) {
     std::cerr << "trainmem: " << e.what() << "\n";
     return kExitBadInput;

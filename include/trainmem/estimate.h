@@ -34,9 +34,13 @@ struct DeviceVerdict {
   std::string gpu;
   Bytes capacity;      // the CUDA runtime total (torch.cuda.get_device_properties().total_memory)
   Bytes context;       // held outside the caching allocator (CUDA context, kernels)
-  Bytes usable;        // capacity - context: what the caching allocator can reserve
+  Bytes margin;        // kept free on purpose (trainmem fit's safety margin; 0 for estimate)
+  Bytes usable;        // capacity - context - margin: what the caching allocator can reserve
   bool fits = true;
-  int64_t headroom = 0;  // usable - peak reserved (negative: short by that much)
+  Bytes peak_reserved;   // max_memory_reserved on this device: below the unlimited figure when the allocator
+                         // had to release its cache to satisfy a request
+  uint64_t alloc_retries = 0;  // num_alloc_retries: cudaMalloc failures answered by releasing the cache
+  int64_t headroom = 0;  // usable - peak reserved on this device (negative: short by that much)
   struct Oom {
     size_t event = 0;
     Phase phase = Phase::kForward;
@@ -88,6 +92,10 @@ struct Estimate {
 // The full estimate; `gpu` (optional) adds the device totals and the verdict.
 Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s, const SimOptions& o,
                   const AllocatorConfig& ac = {}, const GpuSpec* gpu = nullptr);
+
+// Whether the step of `e` fits `gpu` with `margin` kept free: the caching allocator replayed with the device
+// limit (freeing its cache and retrying before it gives up, as PyTorch does).
+DeviceVerdict device_verdict(const Estimate& e, const GpuSpec& gpu, const AllocatorConfig& ac, Bytes margin = {});
 
 // The name of a timeline label ("h.3.attn softmax", a parameter's name).
 std::string label_name(const Label& l);

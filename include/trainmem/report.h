@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "trainmem/estimate.h"
+#include "trainmem/fit.h"
 #include "trainmem/formulas.h"
 #include "trainmem/gpu.h"
 #include "trainmem/inventory.h"
@@ -77,6 +78,9 @@ std::optional<TimelineGranularity> parse_granularity(std::string_view s);
 std::string render_timeline_table(const Estimate& e, const TimelineOptions& o, const std::vector<TimelineRow>& rows);
 std::string render_timeline_csv(const Estimate& e, const TimelineOptions& o, const std::vector<TimelineRow>& rows);
 std::string render_timeline_json(const Estimate& e, const TimelineOptions& o, const std::vector<TimelineRow>& rows);
+
+std::string render_fit_table(const FitResult& r);
+std::string render_fit_json(const FitResult& r);
 
 std::string render_estimate_table(const Estimate& e, const GpuSpec* gpu);
 std::string render_verdict(const DeviceVerdict& v, const GpuSpec* gpu);

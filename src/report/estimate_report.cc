@@ -35,7 +35,12 @@ std::string render_verdict(const DeviceVerdict& v, const GpuSpec* gpu) {
                                 gpu ? gpu->torch_name : "", format_bytes(v.capacity), format_bytes(v.context),
                                 format_bytes(v.usable));
   if (v.fits) {
-    return out + fmt::format("FITS: {} of headroom at the reserved peak\n", format_bytes(Bytes(static_cast<uint64_t>(v.headroom))));
+    out += fmt::format("FITS: {} of headroom at the reserved peak\n", format_bytes(Bytes(static_cast<uint64_t>(v.headroom))));
+    if (v.alloc_retries > 0) {
+      out += fmt::format("  only after the allocator released its cache {} time(s) (num_alloc_retries; each is a "
+                         "synchronizing cudaFree)\n", v.alloc_retries);
+    }
+    return out;
   }
   const DeviceVerdict::Oom& o = *v.oom;
   out += fmt::format(
@@ -115,7 +120,8 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
     out["memory"]["device_total_bytes"] = e.device_total.value;
     nlohmann::json d = {{"name", v.gpu}, {"torch_name", gpu ? gpu->torch_name : ""}, {"sm", gpu ? gpu->sm : 0},
                         {"capacity_bytes", v.capacity.value}, {"context_bytes", v.context.value},
-                        {"usable_bytes", v.usable.value}, {"fits", v.fits}, {"headroom_bytes", v.headroom}};
+                        {"usable_bytes", v.usable.value}, {"fits", v.fits}, {"headroom_bytes", v.headroom},
+                        {"peak_reserved_bytes", v.peak_reserved.value}, {"alloc_retries", v.alloc_retries}};
     if (v.oom) {
       const DeviceVerdict::Oom& o = *v.oom;
       nlohmann::json live = nlohmann::json::array();

@@ -39,17 +39,19 @@ std::string label_name(const Label& l) {
   return l.what;
 }
 
-namespace {
-
-DeviceVerdict verdict(const Estimate& e, const GpuSpec& gpu, const AllocatorConfig& ac) {
+DeviceVerdict device_verdict(const Estimate& e, const GpuSpec& gpu, const AllocatorConfig& ac, Bytes margin) {
   DeviceVerdict v;
   v.gpu = gpu.name;
   v.capacity = gpu.runtime_total;
   v.context = gpu.context;
-  v.usable = Bytes(gpu.runtime_total.value - std::min(gpu.runtime_total.value, gpu.context.value));
+  v.margin = margin;
+  const uint64_t held = checked_add(gpu.context.value, margin.value, "context + margin");
+  v.usable = Bytes(gpu.runtime_total.value - std::min(gpu.runtime_total.value, held));
   const AllocatorReplay r = replay_allocator(e.sim.timeline, ac, e.options.torch, v.usable);
   v.fits = !r.oom;
-  v.headroom = static_cast<int64_t>(v.usable.value) - static_cast<int64_t>(e.peak_reserved.value);
+  v.peak_reserved = r.peak_reserved;
+  v.alloc_retries = r.alloc_retries;
+  v.headroom = static_cast<int64_t>(v.usable.value) - static_cast<int64_t>(r.peak_reserved.value);
   if (r.oom) {
     const Event& ev = e.sim.timeline.events[r.oom->event];
     DeviceVerdict::Oom o;
@@ -78,7 +80,7 @@ DeviceVerdict verdict(const Estimate& e, const GpuSpec& gpu, const AllocatorConf
   return v;
 }
 
-}  // namespace
+
 
 Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s, const SimOptions& o,
                   const AllocatorConfig& ac, const GpuSpec* gpu) {
@@ -125,7 +127,7 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
   e.segments = e.alloc.segments_peak;
   if (gpu) {
     e.device_total = e.peak_reserved + gpu->context;
-    e.device = verdict(e, *gpu, ac);
+    e.device = device_verdict(e, *gpu, ac);
   }
   return e;
 }

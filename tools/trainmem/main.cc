@@ -12,6 +12,7 @@
 #include "trainmem/config.h"
 #include "trainmem/error.h"
 #include "trainmem/estimate.h"
+#include "trainmem/fit.h"
 #include "trainmem/formulas.h"
 #include "trainmem/gpu.h"
 #include "trainmem/inventory.h"
@@ -37,6 +38,7 @@ struct Flags {
   std::string precision = "bf16-amp", optimizer = "adamw", optimizer_impl = "auto", gpu;
   std::string loop, torch = "2.9", alloc_conf;
   std::string by = "layer", min_bytes = "0", step;
+  std::string solve = "batch", margin = "5%";
 };
 
 void add_model_flags(CLI::App* c, Flags& f) {
@@ -206,6 +208,24 @@ int run_timeline(const Flags& f) {
   return 0;
 }
 
+int run_fit(const Flags& f, bool batch_given) {
+  const ModelSpec m = load(f);
+  TrainSetup s = setup_from(f);
+  const bool json = json_format(f);
+  if (s.gpu.empty()) bad_flag("--gpu", "", "a GPU from the catalog (trainmem gpus): fit needs a device");
+  FitRequest r;
+  const auto d = parse_fit_dimension(f.solve);
+  if (!d) bad_flag("--solve", f.solve, "batch or seq");
+  r.solve = *d;
+  r.margin = parse_margin(f.margin);
+  // Solving for the sequence keeps the micro-batch: 1 unless given.
+  if (r.solve == FitDimension::kSeq && !batch_given) s.batch = 1;
+  const SimOptions o = sim_options(f, m, s);
+  const FitResult res = fit(m, s, o, parse_alloc_conf(f.alloc_conf, o.torch), find_gpu(s.gpu), r);
+  std::cout << (json ? render_fit_json(res) : render_fit_table(res));
+  return 0;
+}
+
 int run_estimate(const Flags& f) {
   const ModelSpec m = load(f);
   const TrainSetup s = setup_from(f);
@@ -248,6 +268,14 @@ int main(int argc, char** argv) {
   tl->add_option("--min-bytes", f.min_bytes, "with --by event: list only tensors of at least this many bytes")
       ->capture_default_str();
   tl->add_option("--step", f.step, "only this optimizer step (0: model load and setup)");
+  auto* fitc = app.add_subcommand("fit", "the largest micro-batch (or sequence) that fits a GPU, or what would fit");
+  add_model_flags(fitc, f);
+  add_setup_flags(fitc, f);
+  add_format_flag(fitc, f);
+  fitc->add_option("--solve", f.solve, "batch | seq: which size to maximise (the other stays as given)")
+      ->capture_default_str();
+  fitc->add_option("--margin", f.margin, "memory kept free: a share of the GPU (5%) or a size (2GiB)")
+      ->capture_default_str();
 
   try {
     app.parse(argc, argv);
@@ -269,6 +297,7 @@ int main(int argc, char** argv) {
     if (formulas->parsed()) return run_formulas(f);
     if (est->parsed()) return run_estimate(f);
     if (tl->parsed()) return run_timeline(f);
+    if (fitc->parsed()) return run_fit(f, fitc->count("--batch") > 0);
   } catch (const Error& e) {
     std::cerr << "trainmem: " << e.what() << "\n";
     return kExitBadInput;

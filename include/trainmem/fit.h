@@ -1,0 +1,81 @@
+// fit(): the largest micro-batch (or sequence) whose training step fits a GPU, found by searching over the
+// whole pipeline (simulator and caching allocator), and, when even the smallest does not fit, what would.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "trainmem/allocator.h"
+#include "trainmem/estimate.h"
+#include "trainmem/gpu.h"
+#include "trainmem/inventory.h"
+#include "trainmem/model.h"
+#include "trainmem/setup.h"
+#include "trainmem/sim.h"
+
+namespace trainmem {
+
+// Memory kept free on top of the prediction: a share of the device (in basis points) or a byte count.
+struct Margin {
+  uint64_t basis_points = 500;     // 500 = 5% of the CUDA runtime total
+  std::optional<Bytes> bytes;      // when set, used instead of the share
+  Bytes of(const GpuSpec& gpu) const;
+  std::string describe() const;    // "5%", "2.0 GiB"
+};
+// "5%", "2.5%", "0", "2GiB", "512MiB", "1000000" (bytes); throws trainmem::Error naming --margin otherwise.
+Margin parse_margin(std::string_view s);
+
+enum class FitDimension { kBatch, kSeq };
+std::optional<FitDimension> parse_fit_dimension(std::string_view s);
+std::string_view fit_dimension_name(FitDimension d);
+
+// One simulated setup of the search.
+struct FitProbe {
+  uint64_t batch = 0, seq = 0;
+  bool fits = false;
+  Bytes peak_allocated, peak_reserved, device_total;  // device_total: peak reserved + the CUDA context
+  int64_t headroom = 0;    // limit - peak reserved (negative: over by that much)
+  uint64_t alloc_retries = 0;  // times the allocator had to release its cache to stay under the limit
+  std::string failure;     // why it does not fit: where the OOM happens, or that the sizes overflow
+};
+
+// A change to the setup that would save memory, and what it gives at micro-batch 1.
+struct FitSuggestion {
+  std::string change;       // "--precision bf16"
+  std::string what;         // what the change means for training
+  std::optional<FitProbe> at_one;      // the setup with this change at the smallest size; empty: not simulated
+  int64_t saves = 0;                   // peak reserved saved against the original setup at that size
+  std::optional<uint64_t> largest;     // the largest batch (or sequence) that fits with the change
+};
+
+struct FitRequest {
+  FitDimension solve = FitDimension::kBatch;
+  Margin margin;
+  uint64_t max_batch = uint64_t{1} << 20;
+  uint64_t max_seq = uint64_t{1} << 24;  // further limited by a learned position table
+};
+
+struct FitResult {
+  ModelSpec model;
+  TrainSetup setup;      // as given, with the optimizer implementation resolved
+  SimOptions options;
+  FitDimension solve = FitDimension::kBatch;
+  GpuSpec gpu;
+  Bytes margin;          // bytes kept free
+  Bytes limit;           // what the caching allocator may reserve: runtime total - context - margin
+  std::optional<uint64_t> largest;   // empty: even 1 does not fit
+  bool capped = false;               // the search stopped at the largest size it may try
+  uint64_t cap = 0;
+  std::vector<FitProbe> probes;      // every setup simulated, in increasing size
+  std::vector<FitSuggestion> suggestions;  // when even size 1 does not fit
+};
+
+// Searches the largest micro-batch (solve kBatch, at s.seq) or sequence (kSeq, at s.batch) that fits `gpu`
+// with the margin. Memory is assumed to grow with the size (checked at the answer: it fits and the next
+// size does not).
+FitResult fit(const ModelSpec& m, const TrainSetup& s, const SimOptions& o, const AllocatorConfig& ac,
+              const GpuSpec& gpu, const FitRequest& r);
+
+}  // namespace trainmem

@@ -1,0 +1,122 @@
+// `trainmem fit`: the answer (largest micro-batch or sequence), the probes that found it, and the changes that
+// would make a setup fit when its smallest size does not.
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include "text_table.h"
+#include "trainmem/report.h"
+
+namespace trainmem {
+
+namespace {
+
+std::string signed_bytes(int64_t b) {
+  const std::string s = format_bytes(Bytes(static_cast<uint64_t>(b < 0 ? -b : b)));
+  return b < 0 ? "-" + s : s;
+}
+
+std::string dimension_word(FitDimension d) { return d == FitDimension::kBatch ? "micro-batch" : "sequence"; }
+
+nlohmann::json probe_json(const FitProbe& p) {
+  nlohmann::json j = {{"batch", p.batch},
+                      {"seq", p.seq},
+                      {"fits", p.fits},
+                      {"peak_allocated_bytes", p.peak_allocated.value},
+                      {"peak_reserved_bytes", p.peak_reserved.value},
+                      {"device_total_bytes", p.device_total.value},
+                      {"headroom_bytes", p.headroom},
+                      {"alloc_retries", p.alloc_retries}};
+  if (!p.failure.empty()) j["failure"] = p.failure;
+  return j;
+}
+
+}  // namespace
+
+std::string render_fit_table(const FitResult& r) {
+  const ModelSpec& m = r.model;
+  const TrainSetup& s = r.setup;
+  const bool by_batch = r.solve == FitDimension::kBatch;
+  std::string out = fmt::format(
+      "{} (model_type {}, {} code, {} attention): {}, {}, {} ({}), {} loop, PyTorch {}\n", m.name, m.model_type,
+      impl_name(m.impl), attn_impl_name(m.attn_impl),
+      by_batch ? fmt::format("seq {}", s.seq) : fmt::format("micro-batch {}", s.batch), precision_name(s.precision),
+      optimizer_name(s.optimizer), optimizer_impl_name(s.optimizer_impl), loop_name(r.options.loop),
+      torch_version_name(r.options.torch));
+  out += fmt::format("{} ({}): {} total, {} outside PyTorch, {} safety margin: the caching allocator may reserve {}\n\n",
+                     r.gpu.name, r.gpu.torch_name, format_bytes(r.gpu.runtime_total), format_bytes(r.gpu.context),
+                     format_bytes(r.margin), format_bytes(r.limit));
+  if (r.largest) {
+    out += fmt::format("LARGEST {} THAT FITS: {}{}\n", by_batch ? "MICRO-BATCH" : "SEQUENCE", with_commas(*r.largest),
+                       !r.capped ? ""
+                       : by_batch || r.model.max_positions == 0
+                           ? fmt::format(" (the largest {} trainmem tries)", dimension_word(r.solve))
+                           : fmt::format(" (all {} positions of the model's learned position table)",
+                                         with_commas(r.model.max_positions)));
+  } else {
+    const FitProbe& one = r.probes.front();
+    out += fmt::format("DOES NOT FIT even at {} 1: {}\n", dimension_word(r.solve), one.failure);
+  }
+  using TT = report::TextTable;
+  TT t({{by_batch ? "batch" : "seq", TT::kRight}, {"peak allocated", TT::kRight}, {"peak reserved", TT::kRight},
+        {"nvidia-smi", TT::kRight}, {"headroom", TT::kRight}, {"fits", TT::kLeft}});
+  for (const FitProbe& p : r.probes) {
+    t.row({with_commas(by_batch ? p.batch : p.seq), format_bytes(p.peak_allocated), format_bytes(p.peak_reserved),
+           format_bytes(p.device_total), signed_bytes(p.headroom),
+           p.fits ? (p.alloc_retries ? fmt::format("yes, after {} cache flush(es)", p.alloc_retries) : "yes")
+                  : "no: " + p.failure});
+  }
+  out += "\n" + t.str();
+  if (!r.suggestions.empty()) {
+    out += fmt::format("\nchanges that would save memory (each simulated at {} 1):\n", dimension_word(r.solve));
+    TT c({{"change", TT::kLeft}, {"peak reserved", TT::kRight}, {"saves", TT::kRight}, {"fits", TT::kLeft},
+          {by_batch ? "largest batch" : "largest seq", TT::kRight}, {"what it means", TT::kLeft}});
+    for (const FitSuggestion& sg : r.suggestions) {
+      if (!sg.at_one) {
+        c.row({sg.change, "-", "-", "-", "-", sg.what});
+        continue;
+      }
+      c.row({sg.change, format_bytes(sg.at_one->peak_reserved), signed_bytes(sg.saves), sg.at_one->fits ? "yes" : "no",
+             sg.largest ? with_commas(*sg.largest) : "-", sg.what});
+    }
+    out += c.str();
+  }
+  return out;
+}
+
+std::string render_fit_json(const FitResult& r) {
+  nlohmann::json probes = nlohmann::json::array();
+  for (const FitProbe& p : r.probes) probes.push_back(probe_json(p));
+  nlohmann::json sugs = nlohmann::json::array();
+  for (const FitSuggestion& sg : r.suggestions) {
+    nlohmann::json j = {{"change", sg.change}, {"what", sg.what}, {"simulated", sg.at_one.has_value()}};
+    if (sg.at_one) {
+      j["at_smallest"] = probe_json(*sg.at_one);
+      j["saves_bytes"] = sg.saves;
+      j["largest"] = sg.largest ? nlohmann::json(*sg.largest) : nlohmann::json();
+    }
+    sugs.push_back(std::move(j));
+  }
+  const TrainSetup& s = r.setup;
+  nlohmann::json out = {
+      {"model", r.model.name},
+      {"setup", {{"batch", s.batch}, {"seq", s.seq}, {"precision", precision_name(s.precision)},
+                 {"optimizer", optimizer_name(s.optimizer)}, {"optimizer_impl", optimizer_impl_name(s.optimizer_impl)},
+                 {"attention", attn_impl_name(r.model.attn_impl)}, {"loop", loop_name(r.options.loop)},
+                 {"torch", torch_version_name(r.options.torch)}, {"grad_accum", s.grad_accum}}},
+      {"solve", fit_dimension_name(r.solve)},
+      {"gpu", {{"name", r.gpu.name}, {"capacity_bytes", r.gpu.runtime_total.value},
+               {"context_bytes", r.gpu.context.value}}},
+      {"margin_bytes", r.margin.value},
+      {"limit_bytes", r.limit.value},
+      {"largest", r.largest ? nlohmann::json(*r.largest) : nlohmann::json()},
+      {"fits", r.largest.has_value()},
+      {"capped", r.capped},
+      {"cap", r.cap},
+      {"probes", probes},
+      {"suggestions", sugs},
+  };
+  return out.dump(2) + "\n";
+}
+
+}  // namespace trainmem

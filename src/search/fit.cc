@@ -1,0 +1,281 @@
+// fit(): doubling then bisection over the micro-batch (or the sequence length), each probe a full estimate
+// (step simulation and caching-allocator replay under the device limit); and the changes that would let a
+// setup fit when its smallest size does not.
+#include "trainmem/fit.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <map>
+
+#include "trainmem/error.h"
+
+namespace trainmem {
+
+Bytes Margin::of(const GpuSpec& gpu) const {
+  if (bytes) return *bytes;
+  return Bytes(checked_mul(gpu.runtime_total.value / 10000, basis_points, "safety margin") +
+               gpu.runtime_total.value % 10000 * basis_points / 10000);
+}
+
+std::string Margin::describe() const {
+  if (bytes) return format_bytes(*bytes);
+  return basis_points % 100 == 0 ? fmt::format("{}%", basis_points / 100)
+                                 : fmt::format("{}.{:02}%", basis_points / 100, basis_points % 100);
+}
+
+namespace {
+
+[[noreturn]] void bad_margin(std::string_view s) {
+  throw Error(fmt::format("--margin \"{}\": expected a share of the GPU like 5% or 2.5% (below 100%), or a size "
+                          "like 2GiB, 512MiB or a number of bytes",
+                          s));
+}
+
+// Digits only, at most 18 of them (no overflow).
+std::optional<uint64_t> digits(std::string_view s) {
+  if (s.empty() || s.size() > 18) return std::nullopt;
+  uint64_t v = 0;
+  for (char c : s) {
+    if (!std::isdigit(static_cast<unsigned char>(c))) return std::nullopt;
+    v = v * 10 + static_cast<uint64_t>(c - '0');
+  }
+  return v;
+}
+
+}  // namespace
+
+Margin parse_margin(std::string_view s) {
+  Margin m;
+  if (!s.empty() && s.back() == '%') {
+    std::string_view num = s.substr(0, s.size() - 1);
+    const size_t dot = num.find('.');
+    std::string_view whole = num.substr(0, dot);
+    std::string_view frac = dot == std::string_view::npos ? std::string_view() : num.substr(dot + 1);
+    if (dot != std::string_view::npos && (frac.empty() || frac.size() > 2)) bad_margin(s);
+    const auto w = digits(whole);
+    const auto f = frac.empty() ? std::optional<uint64_t>(0) : digits(frac);
+    if (!w || !f || *w >= 100) bad_margin(s);
+    m.basis_points = *w * 100 + (frac.size() == 1 ? *f * 10 : *f);
+    return m;
+  }
+  static const std::pair<std::string_view, uint64_t> kUnits[] = {{"GiB", kGiB}, {"MiB", kMiB}, {"KiB", kKiB}, {"B", 1}};
+  uint64_t unit = 1;
+  std::string_view num = s;
+  for (const auto& [suffix, mult] : kUnits) {
+    if (s.size() > suffix.size() && s.substr(s.size() - suffix.size()) == suffix) {
+      unit = mult;
+      num = s.substr(0, s.size() - suffix.size());
+      break;
+    }
+  }
+  const auto v = digits(num);
+  if (!v) bad_margin(s);
+  uint64_t b = 0;
+  if (__builtin_mul_overflow(*v, unit, &b)) bad_margin(s);
+  m.bytes = Bytes(b);
+  return m;
+}
+
+std::optional<FitDimension> parse_fit_dimension(std::string_view s) {
+  if (s == "batch") return FitDimension::kBatch;
+  if (s == "seq") return FitDimension::kSeq;
+  return std::nullopt;
+}
+
+std::string_view fit_dimension_name(FitDimension d) { return d == FitDimension::kBatch ? "batch" : "seq"; }
+
+namespace {
+
+// A setup to search over: the model (and its inventory), the training setup, the simulator options.
+struct Candidate {
+  ModelSpec model;
+  Inventory inv;
+  TrainSetup setup;
+  SimOptions options;
+  AllocatorConfig alloc;
+};
+
+class Search {
+ public:
+  Search(const Candidate& c, const GpuSpec& gpu, Bytes margin, FitDimension dim)
+      : c_(c), gpu_(gpu), margin_(margin), dim_(dim) {}
+
+  FitProbe probe(uint64_t size) {
+    auto it = probes_.find(size);
+    if (it != probes_.end()) return it->second;
+    TrainSetup s = c_.setup;
+    (dim_ == FitDimension::kBatch ? s.batch : s.seq) = size;
+    FitProbe p;
+    p.batch = s.batch;
+    p.seq = s.seq;
+    try {
+      const Estimate e = estimate(c_.model, c_.inv, s, c_.options, c_.alloc);
+      const DeviceVerdict v = device_verdict(e, gpu_, c_.alloc, margin_);
+      p.fits = v.fits;
+      p.alloc_retries = v.alloc_retries;
+      p.peak_allocated = e.peak_allocated;
+      p.peak_reserved = v.fits ? v.peak_reserved : e.peak_reserved;
+      p.device_total = p.peak_reserved + gpu_.context;
+      p.headroom = static_cast<int64_t>(v.usable.value) - static_cast<int64_t>(p.peak_reserved.value);
+      if (v.oom) {
+        p.failure = fmt::format("out of memory in the {} of step {}: {} for {}", phase_name(v.oom->phase),
+                                v.oom->step, format_bytes(v.oom->requested), v.oom->tensor);
+      }
+    } catch (const Error& err) {
+      // Beyond 64-bit byte counts nothing fits; the smallest size is validated before any search.
+      if (size == 1) throw;
+      p.fits = false;
+      p.failure = err.what();
+    }
+    probes_.emplace(size, p);
+    return p;
+  }
+
+  // The largest size in [1, cap] that fits, or nullopt when 1 does not.
+  std::optional<uint64_t> largest(uint64_t cap) {
+    if (!probe(1).fits) return std::nullopt;
+    uint64_t lo = 1, hi = 0;  // lo fits; hi (when non-zero) does not
+    while (hi == 0) {
+      if (lo == cap) return lo;
+      const uint64_t next = lo > cap / 2 ? cap : lo * 2;
+      if (probe(next).fits) {
+        lo = next;
+      } else {
+        hi = next;
+      }
+    }
+    while (hi - lo > 1) {
+      const uint64_t mid = lo + (hi - lo) / 2;
+      (probe(mid).fits ? lo : hi) = mid;
+    }
+    return lo;
+  }
+
+  std::vector<FitProbe> probes() const {
+    std::vector<FitProbe> out;
+    for (const auto& [size, p] : probes_) out.push_back(p);
+    return out;
+  }
+
+ private:
+  const Candidate& c_;
+  const GpuSpec& gpu_;
+  Bytes margin_;
+  FitDimension dim_;
+  std::map<uint64_t, FitProbe> probes_;
+};
+
+uint64_t cap_for(const Candidate& c, FitDimension dim, const FitRequest& r) {
+  if (dim == FitDimension::kBatch) return r.max_batch;
+  uint64_t cap = r.max_seq;
+  if (c.model.max_positions > 0) cap = std::min(cap, c.model.max_positions);  // a learned position table
+  return cap;
+}
+
+void suggest(const Candidate& base, const GpuSpec& gpu, Bytes margin, const FitRequest& r, FitResult& out) {
+  const FitProbe original = Search(base, gpu, margin, out.solve).probe(1);
+  auto add = [&](std::string change, std::string what, const Candidate& c) {
+    FitSuggestion sug;
+    sug.change = std::move(change);
+    sug.what = std::move(what);
+    Search s(c, gpu, margin, out.solve);
+    sug.at_one = s.probe(1);
+    sug.saves = static_cast<int64_t>(original.peak_reserved.value) - static_cast<int64_t>(sug.at_one->peak_reserved.value);
+    sug.largest = s.largest(cap_for(c, out.solve, r));
+    out.suggestions.push_back(std::move(sug));
+  };
+  std::vector<std::string> all_changes;
+  Candidate all = base;
+
+  if (base.setup.precision == Precision::kFp32 || uses_autocast(base.setup.precision)) {
+    Candidate c = base;
+    c.setup.precision = Precision::kBf16;
+    add("--precision bf16", "weights, gradients and optimizer state in bfloat16 (model.to(torch.bfloat16))", c);
+    all.setup.precision = Precision::kBf16;
+    all_changes.push_back("--precision bf16");
+  }
+  if (base.setup.precision == Precision::kFp32) {
+    Candidate c = base;
+    c.setup.precision = Precision::kBf16Amp;
+    add("--precision bf16-amp", "bfloat16 autocast: 16-bit activations, float32 weights and optimizer state", c);
+  }
+  if (base.model.attn_impl == AttnImpl::kEager) {
+    Candidate c = base;
+    c.model.attn_impl = AttnImpl::kSdpa;
+    c.inv = build_inventory(c.model);
+    add("--attention sdpa", "scaled_dot_product_attention: no (B, H, T, T) scores or probabilities kept", c);
+    all.model.attn_impl = AttnImpl::kSdpa;
+    all.inv = build_inventory(all.model);
+    all_changes.push_back("--attention sdpa");
+  }
+  const bool adam = base.setup.optimizer == Optimizer::kAdamW || base.setup.optimizer == Optimizer::kAdam;
+  if (adam && resolve_optimizer_impl(base.setup.optimizer, base.setup.optimizer_impl, base.model.impl) ==
+                  OptimizerImpl::kForeach) {
+    Candidate c = base;
+    c.setup.optimizer_impl = OptimizerImpl::kFused;
+    add("--optimizer-impl fused", "fused=True: the step needs no multi-tensor temporaries", c);
+    all.setup.optimizer_impl = OptimizerImpl::kFused;
+    all_changes.push_back("--optimizer-impl fused");
+  }
+  if (!base.alloc.expandable_segments) {
+    Candidate c = base;
+    c.alloc.expandable_segments = true;
+    add("--alloc-conf expandable_segments:True",
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: segments grow in place, less fragmentation", c);
+    all.alloc.expandable_segments = true;
+    all_changes.push_back("--alloc-conf expandable_segments:True");
+  }
+  if (all_changes.size() > 1) {
+    std::string joined;
+    for (const auto& ch : all_changes) joined += (joined.empty() ? "" : " ") + ch;
+    add(joined, "all of the above together", all);
+  }
+  if (out.solve == FitDimension::kBatch && base.setup.seq > 1) {
+    // The other dimension: the longest sequence that fits one sequence per micro-batch.
+    Candidate c = base;
+    c.setup.batch = 1;
+    Search s(c, gpu, margin, FitDimension::kSeq);
+    FitSuggestion sug;
+    const auto longest = s.largest(base.setup.seq - 1);
+    sug.change = longest ? fmt::format("--seq {}", *longest) : "--seq 1";
+    sug.what = longest ? "the longest sequence below the requested one that fits at micro-batch 1"
+                       : "not even a one-token sequence fits: the model state alone is too large";
+    sug.at_one = s.probe(longest.value_or(1));
+    sug.saves = static_cast<int64_t>(original.peak_reserved.value) - static_cast<int64_t>(sug.at_one->peak_reserved.value);
+    if (longest) sug.largest = 1;
+    out.suggestions.push_back(std::move(sug));
+  }
+  // Not simulated yet: recomputation trades compute for the activations of all but one layer at a time.
+  out.suggestions.push_back(FitSuggestion{"gradient checkpointing",
+                                          "not simulated yet: activation recomputation is not modelled", {}, 0, {}});
+}
+
+}  // namespace
+
+FitResult fit(const ModelSpec& m, const TrainSetup& s, const SimOptions& o, const AllocatorConfig& ac,
+              const GpuSpec& gpu, const FitRequest& r) {
+  Candidate base{m, build_inventory(m), s, o, ac};
+  base.options.sm = gpu.sm;
+  validate_setup(m, s);
+  FitResult out;
+  out.model = m;
+  out.setup = s;
+  out.setup.optimizer_impl = resolve_optimizer_impl(s.optimizer, s.optimizer_impl, m.impl);
+  out.options = base.options;
+  out.solve = r.solve;
+  out.gpu = gpu;
+  out.margin = r.margin.of(gpu);
+  const uint64_t held = checked_add(gpu.context.value, out.margin.value, "context + margin");
+  out.limit = Bytes(gpu.runtime_total.value - std::min(gpu.runtime_total.value, held));
+  out.cap = cap_for(base, r.solve, r);
+  Search search(base, gpu, out.margin, r.solve);
+  out.largest = search.largest(out.cap);
+  out.capped = out.largest && *out.largest == out.cap;
+  out.probes = search.probes();
+  if (!out.largest) suggest(base, gpu, out.margin, r, out);
+  return out;
+}
+
+}  // namespace trainmem

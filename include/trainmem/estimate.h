@@ -78,7 +78,11 @@ struct Estimate {
   uint32_t peak_step = 0, peak_micro = 0;
   std::vector<Component> components;  // live at the peak, summing to peak_tensors
   // From the caching allocator replayed over the step (block and segment sizes):
-  Bytes steady_state;       // memory_allocated() just before the next step's forward
+  Bytes steady_state;       // memory_allocated() just before the last simulated step's forward
+  Bytes steady_state_reserved;   // memory_reserved() then
+  Bytes after_forward;           // memory_allocated() after the last step's (last micro-batch's) forward and
+                                 // loss, before backward
+  Bytes after_forward_reserved;  // memory_reserved() then
   Bytes peak_allocated;     // max_memory_allocated()
   Bytes peak_reserved;      // max_memory_reserved()
   Bytes fragmentation;      // peak_reserved - peak_allocated: cached but unallocated at the reserved peak

@@ -73,6 +73,7 @@ std::string render_estimate_table(const Estimate& e, const GpuSpec* gpu) {
     a.row({name, with_commas(b.value), format_bytes(b), what});
   };
   row("steady state", e.steady_state, "memory_allocated() before a step's forward");
+  row("after forward", e.after_forward, "memory_allocated() after forward and loss, before backward");
   row("saved activations", e.saved_activations, "what autograd holds at the end of forward (tensors)");
   row("peak allocated", e.peak_allocated, "max_memory_allocated(): blocks, with rounding gaps");
   row("peak reserved", e.peak_reserved, fmt::format("max_memory_reserved(): {} cudaMalloc segments", e.segments));
@@ -99,6 +100,7 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
                  {"optimizer", optimizer_name(s.optimizer)}, {"optimizer_impl", optimizer_impl_name(s.optimizer_impl)},
                  {"grad_accum", s.grad_accum}, {"gpu", s.gpu.empty() ? nlohmann::json() : nlohmann::json(s.gpu)},
                  {"loop", loop_name(e.options.loop)}, {"torch", torch_version_name(e.options.torch)},
+                 {"steps", e.options.steps},
                  {"sm", e.options.sm}, {"param_dtype", dtype_name(param_dtype(s.precision))},
                  {"compute_dtype", dtype_name(compute_dtype(s.precision))}}},
       {"parameters", {{"count", e.parameters.value}, {"trainable", e.trainable.value}}},
@@ -108,6 +110,9 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
                   {"optimizer_steps_bytes", e.optimizer_steps.value}, {"inputs_bytes", e.inputs.value},
                   {"saved_activations_bytes", e.saved_activations.value},
                   {"activations_bytes", e.activations.value}, {"steady_state_bytes", e.steady_state.value},
+                  {"steady_state_reserved_bytes", e.steady_state_reserved.value},
+                  {"after_forward_allocated_bytes", e.after_forward.value},
+                  {"after_forward_reserved_bytes", e.after_forward_reserved.value},
                   {"peak_tensor_bytes", e.peak_tensors.value},
                   {"peak_allocated_bytes", e.peak_allocated.value}, {"peak_phase", phase_name(e.peak_phase)},
                   {"peak_step", e.peak_step}, {"peak_micro_batch", e.peak_micro},

@@ -120,7 +120,14 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
   }
 
   e.alloc = replay_allocator(e.sim.timeline, ac, o.torch, std::nullopt);
-  e.steady_state = Bytes(e.alloc.allocated.empty() ? 0 : e.alloc.allocated[e.sim.steady.event]);
+  if (!e.alloc.allocated.empty()) {
+    e.steady_state = Bytes(e.alloc.allocated[e.sim.steady.event]);
+    e.steady_state_reserved = Bytes(e.alloc.reserved[e.sim.steady.event]);
+    // SimResult::after_forward.event is the index of the first event after the forward
+    const size_t af = e.sim.after_forward.event == 0 ? 0 : e.sim.after_forward.event - 1;
+    e.after_forward = Bytes(e.alloc.allocated[af]);
+    e.after_forward_reserved = Bytes(e.alloc.reserved[af]);
+  }
   e.peak_allocated = e.alloc.peak_allocated;
   e.peak_reserved = e.alloc.peak_reserved;
   e.fragmentation = e.peak_reserved - e.peak_allocated;

@@ -28,6 +28,7 @@ using namespace trainmem;
 constexpr int kExitBadInput = 2;
 
 [[noreturn]] void bad_flag(const std::string& flag, const std::string& value, const std::string& expected);
+uint64_t parse_count(const std::string& flag, const std::string& s, uint64_t max);
 
 // Flags shared by the subcommands, as strings: they are parsed strictly after CLI11 has read them, so that
 // every bad value gets the same kind of message.
@@ -36,7 +37,7 @@ struct Flags {
   std::vector<std::string> overrides;
   std::string batch = "8", seq = "1024", grad_accum = "1";
   std::string precision = "bf16-amp", optimizer = "adamw", optimizer_impl = "auto", gpu;
-  std::string loop, torch = "2.9", alloc_conf;
+  std::string loop, torch = "2.9", alloc_conf, steps = "2";
   std::string by = "layer", min_bytes = "0", step;
   std::string solve = "batch", margin = "5%";
 };
@@ -60,6 +61,8 @@ void add_setup_flags(CLI::App* c, Flags& f) {
   c->add_option("--torch", f.torch, "PyTorch version whose runtime behaviour to model (1.13 .. 2.11)")
       ->capture_default_str();
   c->add_option("--alloc-conf", f.alloc_conf, "PYTORCH_CUDA_ALLOC_CONF, e.g. expandable_segments:True");
+  c->add_option("--steps", f.steps, "optimizer steps to simulate (the first creates the optimizer state)")
+      ->capture_default_str();
 }
 
 SimOptions sim_options(const Flags& f, const ModelSpec& m, const TrainSetup& s) {
@@ -74,6 +77,7 @@ SimOptions sim_options(const Flags& f, const ModelSpec& m, const TrainSetup& s) 
   if (!v) bad_flag("--torch", f.torch, "a PyTorch version from 1.13 to 2.11, like 2.9");
   o.torch = *v;
   if (!s.gpu.empty()) o.sm = find_gpu(s.gpu).sm;
+  o.steps = static_cast<uint32_t>(parse_count("--steps", f.steps, 16));
   return o;
 }
 

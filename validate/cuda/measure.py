@@ -1,0 +1,363 @@
+#!/usr/bin/env python3
+"""Measure real training steps on a CUDA GPU, the way trainmem simulates them, and write the measurement as
+JSON (format trainmem-measurement-v1) for validate/measured/.
+
+    python3 validate/cuda/measure.py --model gpt2 --batch 8 --seq 1024 --precision bf16-amp \
+        --out validate/measured/h100_gpt2_b8_t1024_bf16amp.json
+
+The model is built from trainmem's own preset (data/models/<name>.json, the real config.json values) or a
+config.json path, with random weights and without downloading anything: transformers'
+AutoModelForCausalLM.from_config for --impl hf, and nanoGPT's model.py (validate/cuda/nanogpt.py) for
+--impl nanogpt. The training loop is the one trainmem's --loop names:
+
+  nanogpt  nanoGPT train.py: `logits, loss = model(X, Y)`; `loss = loss / grad_accum`; the next batch is
+           fetched right after the forward; GradScaler (enabled for float16); clip_grad_norm_(1.0);
+           optimizer.step(); zero_grad(set_to_none=True). AdamW from configure_optimizers (fused on CUDA).
+  hf       transformers Trainer: each micro-batch's tensors moved to the device, `loss = model(input_ids,
+           labels=labels).loss` (the logits dropped), divided by grad_accum when > 1, backward (GradScaler for
+           float16), clip_grad_norm_(1.0), step, zero_grad(set_to_none=True). torch.optim.AdamW with the
+           decayed (dim >= 2) and the other parameters in two groups.
+
+What is recorded, per step and micro-batch: torch.cuda.memory_allocated() and memory_reserved() at each point
+of the loop, max_memory_allocated() and max_memory_reserved() over the run, the CUDA context (mem_get_info
+before and after torch initialises the device), nvidia-smi's figure for this process at the end, the
+allocator's trace (every alloc/free/segment action with its size, from torch.cuda.memory._record_memory_history)
+and the environment. `figures` holds the values validate/compare.py checks against trainmem, and
+`trainmem_args` the trainmem flags that describe the same run.
+
+--device cpu runs the same loop on the CPU without memory figures (a smoke test of this script where there
+is no GPU; only --impl nanogpt there, since transformers may be missing).
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+FORMAT = "trainmem-measurement-v1"
+PRECISIONS = ("fp32", "fp16-amp", "bf16-amp", "fp16", "bf16")
+AUTOCAST = {"fp16-amp": torch.float16, "bf16-amp": torch.bfloat16}
+CAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
+# trace actions kept, as small integers
+ACTIONS = {"alloc": 0, "free_completed": 1, "segment_alloc": 2, "segment_free": 3, "segment_map": 4,
+           "segment_unmap": 5, "oom": 6}
+
+
+def parse_value(text):
+    """A --set value as trainmem reads it: JSON when it parses (numbers, true/false, null), else a string."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def load_config(model, sets):
+    path = model if model.endswith(".json") else os.path.join(ROOT, "data", "models", model + ".json")
+    with open(path) as f:
+        cfg = {k: v for k, v in json.load(f).items() if not k.startswith("_")}
+    for s in sets:
+        key, _, value = s.partition("=")
+        cfg[key] = parse_value(value)
+    return cfg
+
+
+def gpu_catalog_name(torch_name):
+    with open(os.path.join(ROOT, "data", "gpus", "gpus.json")) as f:
+        catalog = json.load(f)
+    gpus = catalog["gpus"] if isinstance(catalog, dict) and "gpus" in catalog else catalog
+    items = gpus.items() if isinstance(gpus, dict) else ((g.get("name"), g) for g in gpus)
+    for name, g in items:
+        if isinstance(g, dict) and g.get("torch_name") == torch_name:
+            return name
+    return None
+
+
+def build_model(cfg, impl, attention):
+    if impl == "nanogpt":
+        import nanogpt
+        conf = nanogpt.GPTConfig(block_size=cfg.get("block_size", 1024), vocab_size=cfg.get("vocab_size", 50304),
+                                 n_layer=cfg.get("n_layer", 12), n_head=cfg.get("n_head", 12),
+                                 n_embd=cfg.get("n_embd", 768), dropout=cfg.get("dropout", 0.0),
+                                 bias=cfg.get("bias", True))
+        return nanogpt.GPT(conf, flash=(attention == "sdpa"))
+    import transformers
+    kwargs = {k: v for k, v in cfg.items() if k != "model_type"}
+    config = transformers.AutoConfig.for_model(cfg["model_type"], **kwargs)
+    config.use_cache = False
+    try:
+        return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention,
+                                                             dtype=torch.float32)
+    except TypeError:  # transformers 4.x names it torch_dtype
+        return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention,
+                                                             torch_dtype=torch.float32)
+
+
+def make_optimizer(model, args, device):
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}]
+    impl = args.optimizer_impl
+    if impl == "auto":
+        impl = "fused" if (args.loop == "nanogpt" and device == "cuda") else ("foreach" if device == "cuda" else "for-loop")
+    extra = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}[impl]
+    if args.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=1e-4, **extra), impl
+    if args.optimizer == "adam":
+        return torch.optim.Adam(groups, lr=1e-4, **extra), impl
+    if args.optimizer in ("sgd", "sgd-momentum"):
+        momentum = 0.9 if args.optimizer == "sgd-momentum" else 0.0
+        extra = {k: v for k, v in extra.items() if k != "fused"}
+        return torch.optim.SGD(groups, lr=1e-4, momentum=momentum, **extra), impl
+    raise SystemExit(f"--optimizer {args.optimizer}: expected adamw, adam, sgd or sgd-momentum")
+
+
+class Recorder:
+    """memory_allocated / memory_reserved at named points of the loop."""
+
+    def __init__(self, cuda):
+        self.cuda = cuda
+        self.points = []
+
+    def mark(self, point, step=0, micro=0):
+        if not self.cuda:
+            self.points.append({"point": point, "step": step, "micro_batch": micro})
+            return
+        torch.cuda.synchronize()
+        self.points.append({"point": point, "step": step, "micro_batch": micro,
+                            "allocated_bytes": torch.cuda.memory_allocated(),
+                            "reserved_bytes": torch.cuda.memory_reserved(),
+                            "max_allocated_bytes": torch.cuda.max_memory_allocated(),
+                            "max_reserved_bytes": torch.cuda.max_memory_reserved()})
+
+    def at(self, point, step):
+        for p in self.points:
+            if p["point"] == point and p["step"] == step:
+                return p
+        return None
+
+
+def nvidia_smi():
+    """(this process's used MiB or None, the GPU's used MiB or None, driver version or None)."""
+    def query(args):
+        try:
+            return subprocess.run(["nvidia-smi"] + args, capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    mine = None
+    for line in query(["--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]).splitlines():
+        parts = [x.strip() for x in line.split(",")]
+        if len(parts) == 2 and parts[0] == str(os.getpid()) and parts[1].isdigit():
+            mine = int(parts[1])
+    gpu = query(["--query-gpu=memory.used,driver_version", "--format=csv,noheader,nounits"]).splitlines()
+    used, driver = None, None
+    if gpu:
+        parts = [x.strip() for x in gpu[0].split(",")]
+        if parts and parts[0].isdigit():
+            used = int(parts[0])
+        if len(parts) > 1:
+            driver = parts[1]
+    return mine, used, driver
+
+
+def run(args):
+    cuda = args.device == "cuda"
+    if args.alloc_conf:
+        # read when the caching allocator initialises, at the first CUDA call below
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = args.alloc_conf
+    if cuda and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: run on a GPU machine, or pass --device cpu for a smoke test")
+    cfg = load_config(args.model, args.set)
+    impl = args.impl or ("nanogpt" if cfg.get("model_type") == "nanogpt" else "hf")
+    if args.loop is None:
+        args.loop = "nanogpt" if impl == "nanogpt" else "hf"
+    device = torch.device(args.device)
+    env = {"python": platform.python_version(), "torch": torch.__version__, "device": args.device}
+    context = None
+    if cuda:
+        free0, total = torch.cuda.mem_get_info()  # initialises the CUDA context
+        env.update({"gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda,
+                    "cudnn": torch.backends.cudnn.version(), "sm": "%d%d" % torch.cuda.get_device_capability(),
+                    "runtime_total_bytes": total})
+        context = total - free0
+        try:
+            torch.cuda.memory._record_memory_history(max_entries=args.trace_entries, stacks="python",
+                                                     context=None)
+        except TypeError:
+            torch.cuda.memory._record_memory_history(max_entries=args.trace_entries)
+    if impl == "hf":
+        import transformers
+        env["transformers"] = transformers.__version__
+
+    torch.manual_seed(0)
+    model = build_model(cfg, impl, args.attention)
+    model.train()
+    if args.precision in CAST:
+        model = model.to(CAST[args.precision])  # on the CPU, then to the device: trainmem loads it as such
+    params = sum(p.numel() for p in model.parameters())
+    rec = Recorder(cuda)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    model.to(device)
+    rec.mark("after model.to(device)")
+    optimizer, opt_impl = make_optimizer(model, args, args.device)
+    use_scaler = args.precision == "fp16-amp"
+    scaler = torch.amp.GradScaler("cuda", enabled=use_scaler) if cuda else None
+    vocab = cfg.get("vocab_size", 50304)
+    ids_cpu = torch.randint(0, vocab, (args.batch, args.seq), dtype=torch.long)
+    labels_cpu = torch.randint(0, vocab, (args.batch, args.seq), dtype=torch.long)
+
+    def autocast():
+        if args.precision in AUTOCAST:
+            return torch.autocast(args.device, dtype=AUTOCAST[args.precision])
+        return torch.autocast(args.device, enabled=False)
+
+    def backward(loss):
+        (scaler.scale(loss) if scaler is not None and use_scaler else loss).backward()
+
+    def get_batch():
+        return ids_cpu.to(device), labels_cpu.to(device)  # x first, then y
+
+    A = args.grad_accum
+    X = Y = None
+    if args.loop == "nanogpt":
+        X, Y = get_batch()
+    for step in range(1, args.steps + 1):
+        rec.mark("before forward", step, 1)
+        for micro in range(1, A + 1):
+            if args.loop == "nanogpt":
+                with autocast():
+                    logits, loss = model(X, Y)
+                    loss = loss / A
+                X, Y = get_batch()
+            else:
+                X, Y = get_batch()
+                with autocast():
+                    loss = model(input_ids=X, labels=Y).loss
+                if A > 1:
+                    loss = loss / A
+            if micro == A:
+                rec.mark("after forward", step, micro)
+            backward(loss)
+            rec.mark("after backward", step, micro)
+        if scaler is not None and use_scaler:
+            scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        rec.mark("after clip_grad_norm_", step)
+        if scaler is not None and use_scaler:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        rec.mark("after optimizer step", step)
+        optimizer.zero_grad(set_to_none=True)
+        rec.mark("after zero_grad", step)
+
+    gpu_key = None
+    trace, segments = None, None
+    smi = (None, None, None)
+    if cuda:
+        torch.cuda.synchronize()
+        smi = nvidia_smi()
+        env["driver"] = smi[2]
+        gpu_key = gpu_catalog_name(env["gpu"])
+        try:
+            snap = torch.cuda.memory._snapshot()
+            events = []
+            for e in snap.get("device_traces", [[]])[0]:
+                code = ACTIONS.get(e.get("action"))
+                if code is not None:
+                    events.append([code, int(e.get("size", 0)), int(e.get("addr", 0))])
+            trace = {"actions": {v: k for k, v in ACTIONS.items()}, "events": events,
+                     "truncated": len(events) >= args.trace_entries}
+            segments = [[int(s["address"]), int(s["total_size"]), s.get("segment_type", "")]
+                        for s in snap.get("segments", [])]
+        except Exception as exc:  # the private API changes between versions: keep the figures anyway
+            trace = {"error": repr(exc)}
+        torch.cuda.memory._record_memory_history(enabled=None)
+
+    trainmem_args = ["--model", args.model]
+    for s in args.set:
+        trainmem_args += ["--set", s]
+    trainmem_args += ["--impl", impl, "--attention", args.attention, "--batch", str(args.batch),
+                      "--seq", str(args.seq), "--precision", args.precision, "--optimizer", args.optimizer,
+                      "--optimizer-impl", opt_impl, "--grad-accum", str(A), "--loop", args.loop,
+                      "--steps", str(args.steps), "--torch", ".".join(torch.__version__.split("+")[0].split(".")[:2])]
+    if args.alloc_conf:
+        trainmem_args += ["--alloc-conf", args.alloc_conf]
+    if gpu_key:
+        trainmem_args += ["--gpu", gpu_key]
+
+    figures = {"parameters": {"count": params}}
+    if cuda:
+        last = args.steps
+        steady = rec.at("before forward", last)
+        after_fwd = rec.at("after forward", last)
+        exact = lambda b: {"bytes": int(b), "uncertainty_bytes": 0}
+        figures.update({
+            "steady_state_allocated_bytes": exact(steady["allocated_bytes"]),
+            "steady_state_reserved_bytes": exact(steady["reserved_bytes"]),
+            "after_forward_allocated_bytes": exact(after_fwd["allocated_bytes"]),
+            "after_forward_reserved_bytes": exact(after_fwd["reserved_bytes"]),
+            "peak_allocated_bytes": exact(torch.cuda.max_memory_allocated()),
+            "peak_reserved_bytes": exact(torch.cuda.max_memory_reserved()),
+        })
+        if smi[0] is not None:
+            # nvidia-smi reports whole MiB
+            figures["device_total_bytes"] = {"bytes": smi[0] * 1048576, "uncertainty_bytes": 1048576}
+    out = {
+        "format": FORMAT,
+        "name": args.name or os.path.splitext(os.path.basename(args.out or "measurement"))[0],
+        "source": "validate/cuda/measure.py, %s, %s" % (env.get("gpu", args.device),
+                                                       datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")),
+        "trainmem_args": trainmem_args,
+        "env": env,
+        "figures": figures,
+        "context_bytes": context,
+        "nvidia_smi": {"process_used_mib": smi[0], "gpu_used_mib": smi[1]},
+        "points": rec.points,
+        "segments": segments,
+        "trace": trace,
+    }
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="trainmem preset name or config.json path")
+    ap.add_argument("--set", action="append", default=[], help="override a config key: key=value")
+    ap.add_argument("--impl", choices=("hf", "nanogpt"))
+    ap.add_argument("--attention", choices=("eager", "sdpa"), default="sdpa")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--precision", choices=PRECISIONS, default="bf16-amp")
+    ap.add_argument("--optimizer", default="adamw")
+    ap.add_argument("--optimizer-impl", choices=("auto", "foreach", "fused", "for-loop"), default="auto")
+    ap.add_argument("--grad-accum", type=int, default=1)
+    ap.add_argument("--loop", choices=("nanogpt", "hf"))
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--alloc-conf", help="PYTORCH_CUDA_ALLOC_CONF for the run, e.g. expandable_segments:True")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--trace-entries", type=int, default=200000)
+    ap.add_argument("--name")
+    ap.add_argument("--out", help="write the JSON here (default: stdout)")
+    args = ap.parse_args(argv)
+    out = run(args)
+    text = json.dumps(out, indent=1) + "\n"
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+
+
+if __name__ == "__main__":
+    main()

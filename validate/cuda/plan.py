@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""The measurements to take whenever a GPU machine is lent: each entry runs validate/cuda/measure.py in its
+own process (a fresh caching allocator) and writes $OUT/<gpu>_<name>.json. Chosen to cover what trainmem
+simulates differently: both implementations and loops, eager and SDPA attention, autocast and pure bf16, GQA
+with rotary embeddings, foreach and fused AdamW, gradient accumulation, expandable segments. Every entry fits
+a 78 GiB H100 and the whole plan runs in a few minutes.
+
+    python3 validate/cuda/plan.py --out "$OUT"             # all
+    python3 validate/cuda/plan.py --out "$OUT" --only gpt2  # names containing "gpt2"
+
+Then, on the development machine: copy the files into validate/measured/ and run
+`/usr/bin/python3 validate/compare.py --trainmem build/trainmem`.
+"""
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+PLAN = [
+    ("nanogpt_gpt2_eager_b12_t1024_bf16amp",
+     "--model nanogpt-gpt2 --attention eager --batch 12 --seq 1024 --precision bf16-amp"),
+    ("nanogpt_gpt2_sdpa_b12_t1024_fp16amp",
+     "--model nanogpt-gpt2 --attention sdpa --batch 12 --seq 1024 --precision fp16-amp"),
+    ("hf_gpt2_sdpa_b8_t1024_bf16amp_accum2",
+     "--model gpt2 --attention sdpa --batch 8 --seq 1024 --precision bf16-amp --grad-accum 2"),
+    ("hf_gpt2_eager_b4_t1024_fp32",
+     "--model gpt2 --attention eager --batch 4 --seq 1024 --precision fp32"),
+    ("hf_llama3_4layers_sdpa_b2_t2048_bf16amp",
+     "--model llama-3-8b --set num_hidden_layers=4 --attention sdpa --batch 2 --seq 2048 --precision bf16-amp"),
+    ("hf_qwen2_0.5b_sdpa_b4_t2048_bf16_fused",
+     "--model qwen2-0.5b --attention sdpa --batch 4 --seq 2048 --precision bf16 --optimizer-impl fused"),
+    ("hf_tinyllama_eager_b2_t1024_bf16amp_expandable",
+     "--model tinyllama-1.1b --attention eager --batch 2 --seq 1024 --precision bf16-amp "
+     "--alloc-conf expandable_segments:True"),
+    ("hf_pythia_160m_sdpa_b8_t2048_fp16amp",
+     "--model pythia-160m --attention sdpa --batch 8 --seq 2048 --precision fp16-amp"),
+]
+
+
+def gpu_tag():
+    try:
+        import torch
+        name = torch.cuda.get_device_name()
+    except Exception:
+        return "gpu"
+    return re.sub(r"[^a-z0-9]+", "-", name.lower().replace("nvidia", "")).strip("-")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--only", default="")
+    args = ap.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    tag = gpu_tag()
+    failures = 0
+    for name, flags in PLAN:
+        if args.only not in name:
+            continue
+        out = os.path.join(args.out, f"{tag}_{name}.json")
+        t0 = time.time()
+        r = subprocess.run([sys.executable, os.path.join(HERE, "measure.py"), "--name", f"{tag}_{name}",
+                            "--out", out] + flags.split())
+        print(f"{name}: exit {r.returncode} in {time.time() - t0:.1f} s", flush=True)
+        failures += r.returncode != 0
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

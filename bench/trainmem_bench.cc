@@ -5,6 +5,8 @@
 #include "trainmem/allocator.h"
 #include "trainmem/config.h"
 #include "trainmem/estimate.h"
+#include "trainmem/fit.h"
+#include "trainmem/gpu.h"
 #include "trainmem/inventory.h"
 #include "trainmem/sim.h"
 
@@ -100,6 +102,26 @@ void BM_SimulateStepGpt2Small(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(simulate(m, inv, s, one_step(m)).peak.live.total.value);
 }
 BENCHMARK(BM_SimulateStepGpt2Small)->Unit(benchmark::kMicrosecond);
+
+// `trainmem fit` for seed 000's model on an A100 80GB at T=1024: doubling and bisection over full estimates
+// (14 probes, micro-batches 1 to 128).
+void BM_FitGpt2SmallA100(benchmark::State& state) {
+  ModelRequest req;
+  req.model = "nanogpt-gpt2";
+  const ModelSpec m = load_model(req, NoFiles());
+  TrainSetup s = setup(1, 1024);
+  s.precision = Precision::kBf16Amp;
+  SimOptions o = one_step(m);
+  o.steps = 2;
+  size_t probes = 0;
+  for (auto _ : state) {
+    const FitResult r = fit(m, s, o, {}, find_gpu("a100-80gb"), FitRequest{});
+    probes = r.probes.size();
+    benchmark::DoNotOptimize(r.largest);
+  }
+  state.counters["probes"] = static_cast<double>(probes);
+}
+BENCHMARK(BM_FitGpt2SmallA100)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -1,6 +1,7 @@
 // estimate(): the memory of a training step, component by component, from the step simulator (sim.h).
 #pragma once
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,7 @@ struct DeviceVerdict {
   bool fits = true;
   Bytes peak_reserved;   // max_memory_reserved on this device: below the unlimited figure when the allocator
                          // had to release its cache to satisfy a request
+  Bytes unlimited_peak_reserved;  // max_memory_reserved on a device without limit (Estimate::peak_reserved)
   uint64_t alloc_retries = 0;  // num_alloc_retries: cudaMalloc failures answered by releasing the cache
   int64_t headroom = 0;  // usable - peak reserved on this device (negative: short by that much)
   struct Oom {
@@ -46,11 +48,13 @@ struct DeviceVerdict {
     Phase phase = Phase::kForward;
     uint32_t step = 0, micro = 0;
     std::string tensor;  // the tensor whose allocation fails
+    Category category = Category::kActivations;
     Bytes requested, segment;  // its bytes and the segment cudaMalloc was asked for
     Bytes allocated, reserved;  // allocator state at that moment (after releasing its cache)
     Bytes overflow;             // reserved + segment - usable
     std::vector<LiveTensor> live;  // the largest live tensors at that moment
     Bytes live_total;
+    std::array<Bytes, kCategoryCount> live_by_category{};  // all live tensors then, by category
   };
   std::optional<Oom> oom;
 };

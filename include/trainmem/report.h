@@ -50,7 +50,10 @@ struct TimelineOptions {
   TimelineGranularity granularity = TimelineGranularity::kLayer;
   uint64_t min_bytes = 0;          // event rows: only tensors of at least this size (live bytes still count all)
   std::optional<uint32_t> step;    // only this optimizer step (0: the setup before the first step)
+  uint64_t unit = 0;               // table columns in this many bytes (1: exact bytes); 0: MiB or GiB by size
 };
+// "B", "KiB", "MiB", "GiB" as a number of bytes; "auto" as 0.
+std::optional<uint64_t> parse_unit(std::string_view s);
 struct TimelineRow {
   size_t first_event = 0, last_event = 0;  // inclusive range of timeline events
   uint32_t step = 0, micro = 0;

@@ -55,6 +55,8 @@ OptimizerImpl resolve_optimizer_impl(Optimizer o, OptimizerImpl impl, Impl model
 std::string_view precision_name(Precision p);
 std::string_view optimizer_name(Optimizer o);
 std::string_view optimizer_impl_name(OptimizerImpl i);
+// "adamw (fused)", or "no optimizer".
+std::string optimizer_label(Optimizer o, OptimizerImpl impl);
 std::optional<Precision> parse_precision(std::string_view s);
 std::optional<Optimizer> parse_optimizer(std::string_view s);
 std::optional<OptimizerImpl> parse_optimizer_impl(std::string_view s);

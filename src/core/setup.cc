@@ -39,12 +39,17 @@ uint64_t optimizer_states_per_param(Optimizer o) {
 }
 
 OptimizerImpl resolve_optimizer_impl(Optimizer o, OptimizerImpl impl, Impl model_impl) {
-  if (o == Optimizer::kNone) return OptimizerImpl::kForLoop;
+  if (o == Optimizer::kNone) return OptimizerImpl::kAuto;  // nothing runs
   if (impl != OptimizerImpl::kAuto) return impl;
   // nanoGPT configure_optimizers: use_fused = fused_available and device_type == 'cuda' (AdamW only).
   if (model_impl == Impl::kNanoGpt && o == Optimizer::kAdamW) return OptimizerImpl::kFused;
   // torch.optim: foreach is the default when every tensor is on CUDA (_default_to_fused_or_foreach).
   return OptimizerImpl::kForeach;
+}
+
+std::string optimizer_label(Optimizer o, OptimizerImpl impl) {
+  if (o == Optimizer::kNone) return "no optimizer";
+  return fmt::format("{} ({})", optimizer_name(o), optimizer_impl_name(impl));
 }
 
 std::string_view precision_name(Precision p) {

@@ -15,12 +15,13 @@ std::string headline(const Estimate& e) {
   const TrainSetup& s = e.setup;
   std::string accum = s.grad_accum > 1 ? fmt::format(", {} micro-batches per step", s.grad_accum) : "";
   return fmt::format(
-      "{} (model_type {}, {} code, {} attention): batch {} x seq {}, {}, {} ({}){}\n"
-      "{} training loop, PyTorch {}, sm_{}; parameters: {} ({:.1f} M)\n",
+      "{} (model_type {}, {} code, {} attention): batch {} x seq {}, {}, {}{}\n"
+      "{} training loop, PyTorch {}, sm_{}; parameters: {} ({})\n",
       m.name, m.model_type, impl_name(m.impl), attn_impl_name(m.attn_impl), s.batch, s.seq,
-      precision_name(s.precision), optimizer_name(s.optimizer), optimizer_impl_name(s.optimizer_impl), accum,
+      precision_name(s.precision), optimizer_label(s.optimizer, s.optimizer_impl), accum,
       loop_name(e.options.loop), torch_version_name(e.options.torch), e.options.sm, with_commas(e.parameters.value),
-      static_cast<double>(e.parameters.value) / 1e6);
+      e.parameters.value >= 1'000'000'000 ? fmt::format("{:.2f} B", static_cast<double>(e.parameters.value) / 1e9)
+                                          : fmt::format("{:.1f} M", static_cast<double>(e.parameters.value) / 1e6));
 }
 
 std::string where(const Estimate& e) {
@@ -37,22 +38,29 @@ std::string render_verdict(const DeviceVerdict& v, const GpuSpec* gpu) {
   if (v.fits) {
     out += fmt::format("FITS: {} of headroom at the reserved peak\n", format_bytes(Bytes(static_cast<uint64_t>(v.headroom))));
     if (v.alloc_retries > 0) {
-      out += fmt::format("  only after the allocator released its cache {} time(s) (num_alloc_retries; each is a "
-                         "synchronizing cudaFree)\n", v.alloc_retries);
+      out += fmt::format("  only because the allocator released its cache {} time(s) when cudaMalloc failed "
+                         "(num_alloc_retries;\n  each a synchronizing cudaFree): reserved peaks at {} on this card, "
+                         "not the {} above\n",
+                         v.alloc_retries, format_bytes(v.peak_reserved), format_bytes(v.unlimited_peak_reserved));
     }
     return out;
   }
   const DeviceVerdict::Oom& o = *v.oom;
   out += fmt::format(
-      "DOES NOT FIT: out of memory in the {} of step {}, allocating {} for {} (cudaMalloc of a {} segment)\n"
+      "DOES NOT FIT: out of memory in the {} of step {}, allocating {} for {} ({}; cudaMalloc of a {} segment)\n"
       "  allocated {}, reserved {} after releasing the cache; short by {}\n",
-      phase_name(o.phase), o.step, format_bytes(o.requested), o.tensor, format_bytes(o.segment),
+      phase_name(o.phase), o.step, format_bytes(o.requested), o.tensor, category_name(o.category),
+      format_bytes(o.segment),
       format_bytes(o.allocated), format_bytes(o.reserved), format_bytes(o.overflow));
   using TT = report::TextTable;
   TT t({{"largest live tensors", TT::kLeft}, {"category", TT::kLeft}, {"size", TT::kRight}});
   for (const LiveTensor& l : o.live) t.row({l.name, std::string(category_name(l.category)), format_bytes(l.bytes)});
   t.rule();
   t.row({"all live tensors", "", format_bytes(o.live_total)});
+  for (size_t c = 0; c < kCategoryCount; ++c) {
+    if (o.live_by_category[c].value == 0) continue;
+    t.row({"", std::string(category_name(static_cast<Category>(c))), format_bytes(o.live_by_category[c])});
+  }
   return out + t.str();
 }
 
@@ -135,10 +143,16 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
                         {"block_bytes", l.block.value}});
       }
       d["oom"] = {{"phase", phase_name(o.phase)}, {"step", o.step}, {"micro_batch", o.micro}, {"tensor", o.tensor},
+                  {"category", category_name(o.category)},
                   {"requested_bytes", o.requested.value}, {"segment_bytes", o.segment.value},
                   {"allocated_bytes", o.allocated.value}, {"reserved_bytes", o.reserved.value},
                   {"overflow_bytes", o.overflow.value}, {"live_tensor_bytes", o.live_total.value},
                   {"largest_live_tensors", live}};
+      nlohmann::json by_cat = nlohmann::json::object();
+      for (size_t c = 0; c < kCategoryCount; ++c) {
+        by_cat[std::string(category_name(static_cast<Category>(c)))] = o.live_by_category[c].value;
+      }
+      d["oom"]["live_bytes_by_category"] = by_cat;
     }
     out["device"] = d;
   }

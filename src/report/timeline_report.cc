@@ -76,14 +76,31 @@ struct Unit {
   uint64_t bytes;
   int decimals;
 };
-Unit unit_for(uint64_t largest) {
+Unit unit_for(uint64_t largest, uint64_t chosen) {
+  switch (chosen) {
+    case 1: return Unit{"bytes", 1, 0};
+    case kKiB: return Unit{"KiB", kKiB, 1};
+    case kMiB: return Unit{"MiB", kMiB, 1};
+    case kGiB: return Unit{"GiB", kGiB, 2};
+    default: break;
+  }
   return largest >= 10 * kGiB ? Unit{"GiB", kGiB, 2} : Unit{"MiB", kMiB, 1};
 }
 std::string in_unit(uint64_t b, const Unit& u) {
+  if (u.bytes == 1) return with_commas(b);
   return fmt::format("{:.{}f}", static_cast<double>(b) / static_cast<double>(u.bytes), u.decimals);
 }
 
 }  // namespace
+
+std::optional<uint64_t> parse_unit(std::string_view s) {
+  if (s == "auto") return 0;
+  if (s == "B") return 1;
+  if (s == "KiB") return kKiB;
+  if (s == "MiB") return kMiB;
+  if (s == "GiB") return kGiB;
+  return std::nullopt;
+}
 
 std::optional<TimelineGranularity> parse_granularity(std::string_view s) {
   if (s == "event") return TimelineGranularity::kEvent;
@@ -164,7 +181,7 @@ std::vector<TimelineRow> timeline_rows(const Estimate& e, const TimelineOptions&
 
 std::string render_timeline_table(const Estimate& e, const TimelineOptions& o, const std::vector<TimelineRow>& rows) {
   using TT = report::TextTable;
-  const Unit u = unit_for(e.peak_reserved.value);
+  const Unit u = unit_for(e.peak_reserved.value, o.unit);
   const bool ev = o.granularity == TimelineGranularity::kEvent;
   std::vector<std::pair<std::string, TT::Align>> cols = {{"step", TT::kRight}, {"phase", TT::kLeft}};
   if (ev) {
@@ -172,14 +189,15 @@ std::string render_timeline_table(const Estimate& e, const TimelineOptions& o, c
     cols.push_back({"event", TT::kLeft});
     cols.push_back({"tensor", TT::kLeft});
     cols.push_back({"bytes", TT::kRight});
-  } else {
-    if (o.granularity == TimelineGranularity::kLayer) cols.push_back({"layer", TT::kLeft});
-    cols.push_back({"events", TT::kRight});
+  } else if (o.granularity == TimelineGranularity::kLayer) {
+    cols.push_back({"layer", TT::kLeft});
   }
   for (const Group& g : kGroups) cols.push_back({g.name, TT::kRight});
-  cols.push_back({ev ? "live" : "max live", TT::kRight});
-  cols.push_back({ev ? "allocated" : "max alloc", TT::kRight});
-  cols.push_back({ev ? "reserved" : "max resv", TT::kRight});
+  cols.push_back({"live", TT::kRight});
+  if (!ev) cols.push_back({"max live", TT::kRight});
+  cols.push_back({"allocated", TT::kRight});
+  if (!ev) cols.push_back({"max alloc", TT::kRight});
+  cols.push_back({"reserved", TT::kRight});
   if (!ev) cols.push_back({"largest new tensor", TT::kLeft});
   cols.push_back({"", TT::kLeft});
   TT t(cols);
@@ -195,14 +213,15 @@ std::string render_timeline_table(const Estimate& e, const TimelineOptions& o, c
                           : fmt::format("{} {}", kind_name(r.kind), category_name(r.category)));
       cells.push_back(r.tensor);
       cells.push_back(with_commas(r.bytes.value));
-    } else {
-      if (o.granularity == TimelineGranularity::kLayer) cells.push_back(where(r));
-      cells.push_back(std::to_string(r.events));
+    } else if (o.granularity == TimelineGranularity::kLayer) {
+      cells.push_back(where(r));
     }
     for (const Group& g : kGroups) cells.push_back(in_unit(group_bytes(r.live, g), u));
-    cells.push_back(in_unit(ev ? r.live.total.value : r.max_live.value, u));
-    cells.push_back(in_unit(ev ? r.allocated : r.max_allocated, u));
-    cells.push_back(in_unit(ev ? r.reserved : r.max_reserved, u));
+    cells.push_back(in_unit(r.live.total.value, u));
+    if (!ev) cells.push_back(in_unit(r.max_live.value, u));
+    cells.push_back(in_unit(r.allocated, u));
+    if (!ev) cells.push_back(in_unit(r.max_allocated, u));
+    cells.push_back(in_unit(r.reserved, u));
     if (!ev) cells.push_back(r.largest.empty() ? "" : fmt::format("{} ({})", r.largest, format_bytes(r.largest_bytes)));
     cells.push_back(marks(r));
     t.row(std::move(cells));
@@ -211,12 +230,12 @@ std::string render_timeline_table(const Estimate& e, const TimelineOptions& o, c
   const TrainSetup& s = e.setup;
   std::string head = fmt::format(
       "{}: batch {} x seq {}, {}, {}, {} loop, PyTorch {}\n"
-      "{} rows ({} granularity{}); columns in {}: live tensors by category after each row, {} of the "
-      "caching allocator\n",
-      m.name, s.batch, s.seq, precision_name(s.precision), optimizer_name(s.optimizer), loop_name(e.options.loop),
+      "{} rows ({} granularity{}); in {}: live tensors by category, live total, allocated and reserved (the "
+      "caching allocator) after each row{}\n",
+      m.name, s.batch, s.seq, precision_name(s.precision), optimizer_label(s.optimizer, s.optimizer_impl), loop_name(e.options.loop),
       torch_version_name(e.options.torch), rows.size(), granularity_name(o.granularity),
       ev && o.min_bytes > 0 ? fmt::format(", tensors of at least {}", format_bytes(Bytes(o.min_bytes))) : "",
-      u.name, ev ? "and the current totals" : "the highest totals within the row");
+      u.name, ev ? "" : ", and the highest live and allocated within it");
   std::string foot = fmt::format(
       "\npeak live tensors {} ({} of step {}); peak allocated {}; peak reserved {}\n",
       format_bytes(e.peak_tensors), phase_name(e.peak_phase), e.peak_step, format_bytes(e.peak_allocated),

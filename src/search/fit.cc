@@ -120,8 +120,9 @@ class Search {
       p.device_total = p.peak_reserved + gpu_.context;
       p.headroom = static_cast<int64_t>(v.usable.value) - static_cast<int64_t>(p.peak_reserved.value);
       if (v.oom) {
-        p.failure = fmt::format("out of memory in the {} of step {}: {} for {}", phase_name(v.oom->phase),
-                                v.oom->step, format_bytes(v.oom->requested), v.oom->tensor);
+        p.failure = fmt::format("out of memory in the {} of step {}: {} for {} ({})", phase_name(v.oom->phase),
+                                v.oom->step, format_bytes(v.oom->requested), v.oom->tensor,
+                                category_name(v.oom->category));
       }
     } catch (const Error& err) {
       // Beyond 64-bit byte counts nothing fits; the smallest size is validated before any search.

@@ -50,6 +50,7 @@ DeviceVerdict device_verdict(const Estimate& e, const GpuSpec& gpu, const Alloca
   const AllocatorReplay r = replay_allocator(e.sim.timeline, ac, e.options.torch, v.usable);
   v.fits = !r.oom;
   v.peak_reserved = r.peak_reserved;
+  v.unlimited_peak_reserved = e.peak_reserved;
   v.alloc_retries = r.alloc_retries;
   v.headroom = static_cast<int64_t>(v.usable.value) - static_cast<int64_t>(r.peak_reserved.value);
   if (r.oom) {
@@ -60,6 +61,7 @@ DeviceVerdict device_verdict(const Estimate& e, const GpuSpec& gpu, const Alloca
     o.step = ev.step;
     o.micro = ev.micro;
     o.tensor = label_name(ev.label);
+    o.category = ev.category;
     o.requested = r.oom->requested;
     o.segment = r.oom->segment;
     o.allocated = r.oom->allocated;
@@ -67,12 +69,26 @@ DeviceVerdict device_verdict(const Estimate& e, const GpuSpec& gpu, const Alloca
     o.overflow = Bytes(r.oom->reserved.value + r.oom->segment.value - std::min(v.usable.value, r.oom->reserved.value + r.oom->segment.value));
     // The tensors live just before the failing allocation, largest first.
     std::vector<LiveBlock> live = live_blocks_after(e.sim.timeline, ac, e.options.torch, r.oom->event - 1);
-    std::sort(live.begin(), live.end(), [](const LiveBlock& a, const LiveBlock& b) { return a.block > b.block; });
+    // Each storage's category at that moment (a gradient in flight may have become a .grad since).
+    const auto& events = e.sim.timeline.events;
+    std::vector<Category> by_storage;
+    for (size_t i = 0; i < r.oom->event && i < events.size(); ++i) {
+      if (events[i].storage >= by_storage.size()) by_storage.resize(events[i].storage + 1);
+      by_storage[events[i].storage] = events[i].category;
+    }
+    auto current_category = [&](size_t alloc_event) {
+      const uint64_t id = events[alloc_event].storage;
+      return id < by_storage.size() ? by_storage[id] : events[alloc_event].category;
+    };
+    std::sort(live.begin(), live.end(), [](const LiveBlock& a, const LiveBlock& b) {
+      return a.block != b.block ? a.block > b.block : a.alloc_event < b.alloc_event;
+    });
     for (const LiveBlock& b : live) {
       o.live_total += b.requested;
+      o.live_by_category[static_cast<size_t>(current_category(b.alloc_event))] += b.requested;
       if (o.live.size() < 12) {
-        const Event& a = e.sim.timeline.events[b.alloc_event];
-        o.live.push_back({label_name(a.label), a.category, b.requested, b.block});
+        const Event& a = events[b.alloc_event];
+        o.live.push_back({label_name(a.label), current_category(b.alloc_event), b.requested, b.block});
       }
     }
     v.oom = std::move(o);

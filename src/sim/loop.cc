@@ -73,7 +73,7 @@ struct Loop {
   void get_batch() {
     // x, y = x.to(device), y.to(device): x first. Rebinding releases the previous batch unless autograd
     // still holds it (embedding saves the ids, nll_loss the targets).
-    T x = batch_tensor("input ids");
+    T x = batch_tensor(m.family == Family::kStack ? "input x" : "input ids");
     T y = m.family == Family::kStack ? T() : batch_tensor("targets");
     X = std::move(x);
     Y = std::move(y);

@@ -38,7 +38,7 @@ struct Flags {
   std::string batch = "8", seq = "1024", grad_accum = "1";
   std::string precision = "bf16-amp", optimizer = "adamw", optimizer_impl = "auto", gpu;
   std::string loop, torch = "2.9", alloc_conf, steps = "2";
-  std::string by = "layer", min_bytes = "0", step;
+  std::string by = "layer", min_bytes = "0", step, unit = "auto";
   std::string solve = "batch", margin = "5%";
 };
 
@@ -192,6 +192,9 @@ int run_timeline(const Flags& f) {
   const auto g = parse_granularity(f.by);
   if (!g) bad_flag("--by", f.by, "event, layer or phase");
   to.granularity = *g;
+  const auto unit = parse_unit(f.unit);
+  if (!unit) bad_flag("--unit", f.unit, "auto, B, KiB, MiB or GiB");
+  to.unit = *unit;
   to.min_bytes = parse_size("--min-bytes", f.min_bytes, uint64_t{1} << 62, "a number of bytes (an integer, 0 or more)");
   const Inventory inv = build_inventory(m);
   SimOptions o = sim_options(f, m, s);
@@ -272,6 +275,7 @@ int main(int argc, char** argv) {
   tl->add_option("--min-bytes", f.min_bytes, "with --by event: list only tensors of at least this many bytes")
       ->capture_default_str();
   tl->add_option("--step", f.step, "only this optimizer step (0: model load and setup)");
+  tl->add_option("--unit", f.unit, "table columns in auto | B | KiB | MiB | GiB")->capture_default_str();
   auto* fitc = app.add_subcommand("fit", "the largest micro-batch (or sequence) that fits a GPU, or what would fit");
   add_model_flags(fitc, f);
   add_setup_flags(fitc, f);

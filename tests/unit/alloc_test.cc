@@ -159,16 +159,8 @@ TEST(AllocConf, ParsesPyTorchSyntaxAndRejectsWhatPyTorchRejects) {
 // ---- measured figures -----------------------------------------------------------------------------------
 
 Estimate seed000() {
-  const ModelSpec m = testing::preset("nanogpt-gpt2", AttnImpl::kEager);
-  TrainSetup s;
-  s.batch = 12;
-  s.seq = 1024;
-  s.precision = Precision::kFp16Amp;
-  SimOptions o;
-  o.loop = LoopKind::kSeed000;
-  o.torch = {2, 0};
-  o.steps = 3;
-  return estimate(m, build_inventory(m), s, o);
+  const testing::Seed000Run run(3);
+  return estimate(run.m, build_inventory(run.m), run.s, run.o);
 }
 
 nlohmann::json seed000_measured() {

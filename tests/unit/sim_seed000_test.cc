@@ -46,17 +46,8 @@ const Trace& trace() {
 }
 
 SimResult simulate_seed000(uint32_t steps) {
-  const ModelSpec m = testing::preset("nanogpt-gpt2", AttnImpl::kEager);
-  TrainSetup s;
-  s.batch = 12;
-  s.seq = 1024;
-  s.precision = Precision::kFp16Amp;
-  SimOptions o;
-  o.loop = LoopKind::kSeed000;
-  o.torch = TorchVersion{2, 0};
-  o.sm = 80;
-  o.steps = steps;
-  return simulate(m, build_inventory(m), s, o);
+  const testing::Seed000Run run(steps);
+  return simulate(run.m, build_inventory(run.m), run.s, run.o);
 }
 
 TEST(SimSeed000, PeakOfLiveTensorsEqualsTheMeasuredTraceToTheByte) {

@@ -8,6 +8,8 @@
 
 #include "trainmem/config.h"
 #include "trainmem/error.h"
+#include "trainmem/setup.h"
+#include "trainmem/sim.h"
 
 namespace trainmem::testing {
 
@@ -34,6 +36,23 @@ inline ModelSpec from_json(const std::string& text, const std::vector<std::strin
   req.overrides = overrides;
   return model_from_json(text, "test.json", req);
 }
+
+// Seed 000's measured run: nanoGPT GPT-2 small without flash attention, B=12, T=1024, float16 autocast with
+// GradScaler, the fork's training loop, PyTorch 2.0 on an A100 (validate/measured/seed000_trace.json).
+struct Seed000Run {
+  ModelSpec m = preset("nanogpt-gpt2", AttnImpl::kEager);
+  TrainSetup s;
+  SimOptions o;
+  explicit Seed000Run(uint32_t steps) {
+    s.batch = 12;
+    s.seq = 1024;
+    s.precision = Precision::kFp16Amp;
+    o.loop = LoopKind::kSeed000;
+    o.torch = TorchVersion{2, 0};
+    o.sm = 80;
+    o.steps = steps;
+  }
+};
 
 // The message of the trainmem::Error that `f` throws ("" when it throws none).
 template <typename F>

@@ -30,6 +30,13 @@ constexpr int kExitBadInput = 2;
 [[noreturn]] void bad_flag(const std::string& flag, const std::string& value, const std::string& expected);
 uint64_t parse_count(const std::string& flag, const std::string& s, uint64_t max);
 
+// The value a parse_* function found, or a bad-flag error naming what was expected.
+template <typename V>
+V parsed(const std::optional<V>& v, const std::string& flag, const std::string& value, const std::string& expected) {
+  if (!v) bad_flag(flag, value, expected);
+  return *v;
+}
+
 // Flags shared by the subcommands, as strings: they are parsed strictly after CLI11 has read them, so that
 // every bad value gets the same kind of message.
 struct Flags {
@@ -68,14 +75,8 @@ void add_setup_flags(CLI::App* c, Flags& f) {
 SimOptions sim_options(const Flags& f, const ModelSpec& m, const TrainSetup& s) {
   SimOptions o;
   o.loop = default_loop(m);
-  if (!f.loop.empty()) {
-    auto l = parse_loop(f.loop);
-    if (!l) bad_flag("--loop", f.loop, "nanogpt, hf, seed000 or plain");
-    o.loop = *l;
-  }
-  auto v = parse_torch_version(f.torch);
-  if (!v) bad_flag("--torch", f.torch, "a PyTorch version from 1.13 to 2.11, like 2.9");
-  o.torch = *v;
+  if (!f.loop.empty()) o.loop = parsed(parse_loop(f.loop), "--loop", f.loop, "nanogpt, hf, seed000 or plain");
+  o.torch = parsed(parse_torch_version(f.torch), "--torch", f.torch, "a PyTorch version from 1.13 to 2.11, like 2.9");
   if (!s.gpu.empty()) o.sm = find_gpu(s.gpu).sm;
   o.steps = static_cast<uint32_t>(parse_count("--steps", f.steps, 16));
   return o;
@@ -109,13 +110,8 @@ ModelSpec load(const Flags& f) {
   ModelRequest req;
   req.model = f.model;
   req.overrides = f.overrides;
-  if (!f.impl.empty()) {
-    req.impl = parse_impl(f.impl);
-    if (!req.impl) bad_flag("--impl", f.impl, "hf or nanogpt");
-  }
-  const auto attn = parse_attn_impl(f.attention);
-  if (!attn) bad_flag("--attention", f.attention, "eager or sdpa");
-  req.attention = *attn;
+  if (!f.impl.empty()) req.impl = parsed(parse_impl(f.impl), "--impl", f.impl, "hf or nanogpt");
+  req.attention = parsed(parse_attn_impl(f.attention), "--attention", f.attention, "eager or sdpa");
   return load_model(req, DiskFileReader());
 }
 
@@ -124,15 +120,9 @@ TrainSetup setup_from(const Flags& f) {
   s.batch = parse_count("--batch", f.batch, 1u << 20);
   s.seq = parse_count("--seq", f.seq, 1u << 24);
   s.grad_accum = parse_count("--grad-accum", f.grad_accum, 1u << 20);
-  const auto p = parse_precision(f.precision);
-  if (!p) bad_flag("--precision", f.precision, "fp32, fp16-amp, bf16-amp, fp16 or bf16");
-  s.precision = *p;
-  const auto o = parse_optimizer(f.optimizer);
-  if (!o) bad_flag("--optimizer", f.optimizer, "adamw, adam, sgd, sgd-momentum or none");
-  s.optimizer = *o;
-  const auto oi = parse_optimizer_impl(f.optimizer_impl);
-  if (!oi) bad_flag("--optimizer-impl", f.optimizer_impl, "auto, foreach, fused or for-loop");
-  s.optimizer_impl = *oi;
+  s.precision = parsed(parse_precision(f.precision), "--precision", f.precision, "fp32, fp16-amp, bf16-amp, fp16 or bf16");
+  s.optimizer = parsed(parse_optimizer(f.optimizer), "--optimizer", f.optimizer, "adamw, adam, sgd, sgd-momentum or none");
+  s.optimizer_impl = parsed(parse_optimizer_impl(f.optimizer_impl), "--optimizer-impl", f.optimizer_impl, "auto, foreach, fused or for-loop");
   if (!f.gpu.empty()) s.gpu = find_gpu(f.gpu).name;
   return s;
 }
@@ -189,12 +179,8 @@ int run_timeline(const Flags& f) {
   const TrainSetup s = setup_from(f);
   if (f.format != "table" && f.format != "csv" && f.format != "json") bad_flag("--format", f.format, "table, csv or json");
   TimelineOptions to;
-  const auto g = parse_granularity(f.by);
-  if (!g) bad_flag("--by", f.by, "event, layer or phase");
-  to.granularity = *g;
-  const auto unit = parse_unit(f.unit);
-  if (!unit) bad_flag("--unit", f.unit, "auto, B, KiB, MiB or GiB");
-  to.unit = *unit;
+  to.granularity = parsed(parse_granularity(f.by), "--by", f.by, "event, layer or phase");
+  to.unit = parsed(parse_unit(f.unit), "--unit", f.unit, "auto, B, KiB, MiB or GiB");
   to.min_bytes = parse_size("--min-bytes", f.min_bytes, uint64_t{1} << 62, "a number of bytes (an integer, 0 or more)");
   const Inventory inv = build_inventory(m);
   SimOptions o = sim_options(f, m, s);
@@ -221,9 +207,7 @@ int run_fit(const Flags& f, bool batch_given) {
   const bool json = json_format(f);
   if (s.gpu.empty()) bad_flag("--gpu", "", "a GPU from the catalog (trainmem gpus): fit needs a device");
   FitRequest r;
-  const auto d = parse_fit_dimension(f.solve);
-  if (!d) bad_flag("--solve", f.solve, "batch or seq");
-  r.solve = *d;
+  r.solve = parsed(parse_fit_dimension(f.solve), "--solve", f.solve, "batch or seq");
   r.margin = parse_margin(f.margin);
   // Solving for the sequence keeps the micro-batch: 1 unless given.
   if (r.solve == FitDimension::kSeq && !batch_given) s.batch = 1;

@@ -26,9 +26,15 @@ parameter counts of full-size models).
 import math
 from types import SimpleNamespace
 
+import os
+import sys
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # validate/: nanogpt.py
+import nanogpt  # noqa: E402
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "mixtral")
 MODEL_TYPES = ("nanogpt", "gpt2", "gpt_neox", "opt", "mlp") + LLAMA_FAMILY
@@ -260,86 +266,14 @@ def _rope_theta(cfg, default=10000.0):
 # nanoGPT (karpathy/nanoGPT model.py)
 
 
-class NanoLayerNorm(nn.Module):
-    """LayerNorm but with an optional bias."""
+class NanoGPT(nanogpt.GPT):
+    """nanoGPT's GPT (validate/nanogpt.py) on the manual attention path: torch 1.13 has no
+    scaled_dot_product_attention, so the float32 causal-mask buffer `bias` is registered. Returns the loss."""
 
-    def __init__(self, ndim, bias, device=None):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(ndim, device=device))
-        self.bias = nn.Parameter(torch.zeros(ndim, device=device)) if bias else None
-
-    def forward(self, input):
-        return F.layer_norm(input, self.weight.shape, self.weight, self.bias, 1e-5)
-
-
-class NanoCausalSelfAttention(nn.Module):
-    def __init__(self, c, device=None):
-        super().__init__()
-        assert c.n_embd % c.n_head == 0
-        self.c_attn = nn.Linear(c.n_embd, 3 * c.n_embd, bias=c.bias, device=device)
-        self.c_proj = nn.Linear(c.n_embd, c.n_embd, bias=c.bias, device=device)
-        self.attn_dropout = nn.Dropout(c.dropout)
-        self.resid_dropout = nn.Dropout(c.dropout)
-        self.n_head = c.n_head
-        self.n_embd = c.n_embd
-        self.dropout = c.dropout
-        # torch 1.13 has no scaled_dot_product_attention: the slow path and its float32 mask buffer.
-        self.flash = False
-        self.register_buffer("bias", torch.tril(torch.ones(c.block_size, c.block_size, device=device))
-                             .view(1, 1, c.block_size, c.block_size))
-
-    def forward(self, x):
-        B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float('-inf'))
-        att = F.softmax(att, dim=-1)
-        att = self.attn_dropout(att)
-        y = att @ v
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
-        y = self.resid_dropout(self.c_proj(y))
-        return y
-
-
-class NanoMLP(nn.Module):
-    def __init__(self, c, device=None):
-        super().__init__()
-        self.c_fc = nn.Linear(c.n_embd, 4 * c.n_embd, bias=c.bias, device=device)
-        self.gelu = nn.GELU()
-        self.c_proj = nn.Linear(4 * c.n_embd, c.n_embd, bias=c.bias, device=device)
-        self.dropout = nn.Dropout(c.dropout)
-
-    def forward(self, x):
-        x = self.c_fc(x)
-        x = self.gelu(x)
-        x = self.c_proj(x)
-        x = self.dropout(x)
-        return x
-
-
-class NanoBlock(nn.Module):
-    def __init__(self, c, device=None):
-        super().__init__()
-        self.ln_1 = NanoLayerNorm(c.n_embd, bias=c.bias, device=device)
-        self.attn = NanoCausalSelfAttention(c, device)
-        self.ln_2 = NanoLayerNorm(c.n_embd, bias=c.bias, device=device)
-        self.mlp = NanoMLP(c, device)
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        x = x + self.mlp(self.ln_2(x))
-        return x
-
-
-class NanoGPT(nn.Module):
     uses_targets = True
 
     def __init__(self, cfg, device=None):
-        super().__init__()
-        c = SimpleNamespace(
+        c = nanogpt.GPTConfig(
             block_size=int(_get(cfg, "block_size", 1024)),
             vocab_size=int(_get(cfg, "vocab_size", 50304)),
             n_layer=int(_get(cfg, "n_layer", 12)),
@@ -348,32 +282,11 @@ class NanoGPT(nn.Module):
             dropout=float(_get(cfg, "dropout", 0.0)),
             bias=bool(_get(cfg, "bias", True)),
         )
-        self.config = c
+        super().__init__(c, flash=False, device=device)
         self.vocab_size = c.vocab_size
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(c.vocab_size, c.n_embd, device=device),
-            wpe=nn.Embedding(c.block_size, c.n_embd, device=device),
-            drop=nn.Dropout(c.dropout),
-            h=nn.ModuleList([NanoBlock(c, device) for _ in range(c.n_layer)]),
-            ln_f=NanoLayerNorm(c.n_embd, bias=c.bias, device=device),
-        ))
-        self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False, device=device)
-        self.transformer.wte.weight = self.lm_head.weight  # weight tying
 
     def forward(self, idx, targets):
-        device = idx.device
-        b, t = idx.size()
-        assert t <= self.config.block_size
-        pos = torch.arange(0, t, dtype=torch.long, device=device)
-        tok_emb = self.transformer.wte(idx)
-        pos_emb = self.transformer.wpe(pos)
-        x = self.transformer.drop(tok_emb + pos_emb)
-        for block in self.transformer.h:
-            x = block(x)
-        x = self.transformer.ln_f(x)
-        logits = self.lm_head(x)
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
-        return loss
+        return super().forward(idx, targets)[1]
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ JSON (format trainmem-measurement-v1) for validate/measured/.
 
 The model is built from trainmem's own preset (data/models/<name>.json, the real config.json values) or a
 config.json path, with random weights and without downloading anything: transformers'
-AutoModelForCausalLM.from_config for --impl hf, and nanoGPT's model.py (validate/cuda/nanogpt.py) for
+AutoModelForCausalLM.from_config for --impl hf, and nanoGPT's model.py (validate/nanogpt.py) for
 --impl nanogpt. The training loop is the one trainmem's --loop names:
 
   nanogpt  nanoGPT train.py: `logits, loss = model(X, Y)`; `loss = loss / grad_accum`; the next batch is
@@ -41,7 +41,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))  # validate/: nanogpt.py
 
 FORMAT = "trainmem-measurement-v1"
 PRECISIONS = ("fp32", "fp16-amp", "bf16-amp", "fp16", "bf16")

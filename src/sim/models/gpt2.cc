@@ -84,11 +84,8 @@ T gpt2_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
 ForwardOut gpt2_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids, const T* labels) {
   // GPT2LMHeadModel.forward: the transformer outputs (holding the final hidden states) live until it returns.
   T hidden = gpt2_model(c, m, w, ids);
-  ForwardOut out;
-  const T* head = w.opt("lm_head.weight");
-  out.logits = linear(c, hidden, head ? *head : w.p("transformer.wte.weight"), nullptr, "lm_head");
-  if (labels) out.loss = causal_lm_loss(c, out.logits, *labels);
-  return out;
+  return causal_lm_output(c, lm_head_logits(c, w, hidden, "lm_head.weight", "transformer.wte.weight", "lm_head"),
+                          labels);
 }
 
 }  // namespace trainmem::sim

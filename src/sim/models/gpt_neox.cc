@@ -95,11 +95,8 @@ T neox_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
 
 ForwardOut gpt_neox_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids, const T* labels) {
   T hidden = neox_model(c, m, w, ids);
-  ForwardOut out;
-  const T* head = w.opt("embed_out.weight");
-  out.logits = linear(c, hidden, head ? *head : w.p("gpt_neox.embed_in.weight"), nullptr, "embed_out");
-  if (labels) out.loss = causal_lm_loss(c, out.logits, *labels);
-  return out;
+  return causal_lm_output(
+      c, lm_head_logits(c, w, hidden, "embed_out.weight", "gpt_neox.embed_in.weight", "embed_out"), labels);
 }
 
 }  // namespace trainmem::sim

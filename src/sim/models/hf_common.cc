@@ -7,6 +7,18 @@
 
 namespace trainmem::sim {
 
+T lm_head_logits(Ctx& c, const LoadedModel& w, const T& hidden, const char* head, const char* tied, const char* what) {
+  const T* h = w.opt(head);
+  return linear(c, hidden, h ? *h : w.p(tied), nullptr, what);
+}
+
+ForwardOut causal_lm_output(Ctx& c, T logits, const T* labels) {
+  ForwardOut out;
+  out.logits = std::move(logits);
+  if (labels) out.loss = causal_lm_loss(c, out.logits, *labels);
+  return out;
+}
+
 T causal_lm_loss(Ctx& c, const T& logits0, const T& labels0) {
   // loss_utils.py ForCausalLMLoss: logits = logits.float(); labels = F.pad(labels, (0, 1), value=-100);
   // shift_labels = labels[..., 1:].contiguous(); cross_entropy(logits.view(-1, V), shift_labels.view(-1))

@@ -150,17 +150,14 @@ T llama_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
 
 ForwardOut llama_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids, const T* labels) {
   T hidden = llama_model(c, m, w, ids);
-  ForwardOut out;
-  const T* head = w.opt("lm_head.weight");
-  out.logits = linear(c, hidden, head ? *head : w.p("model.embed_tokens.weight"), nullptr, "lm_head");
+  T logits = lm_head_logits(c, w, hidden, "lm_head.weight", "model.embed_tokens.weight", "lm_head");
   if (m.model_type == "gemma2") {
     // final_logit_softcapping: logits / cap, tanh, * cap
-    out.logits = mul_scalar(c, out.logits, "logits / softcap");
-    out.logits = tanh(c, out.logits, "logits tanh");
-    out.logits = mul_scalar(c, out.logits, "logits * softcap");
+    logits = mul_scalar(c, logits, "logits / softcap");
+    logits = tanh(c, logits, "logits tanh");
+    logits = mul_scalar(c, logits, "logits * softcap");
   }
-  if (labels) out.loss = causal_lm_loss(c, out.logits, *labels);
-  return out;
+  return causal_lm_output(c, std::move(logits), labels);
 }
 
 }  // namespace trainmem::sim

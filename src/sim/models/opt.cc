@@ -102,12 +102,9 @@ T opt_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
 
 ForwardOut opt_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids, const T* labels) {
   T hidden = opt_model(c, m, w, ids);
-  ForwardOut out;
-  const T* head = w.opt("lm_head.weight");
   // logits = self.lm_head(outputs[0]).contiguous()
-  out.logits = linear(c, hidden, head ? *head : w.p("model.decoder.embed_tokens.weight"), nullptr, "lm_head");
-  if (labels) out.loss = causal_lm_loss(c, out.logits, *labels);
-  return out;
+  return causal_lm_output(
+      c, lm_head_logits(c, w, hidden, "lm_head.weight", "model.decoder.embed_tokens.weight", "lm_head"), labels);
 }
 
 }  // namespace trainmem::sim

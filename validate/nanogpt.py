@@ -1,6 +1,8 @@
-"""nanoGPT's model.py (karpathy/nanoGPT, master), as it runs on a GPU: the same modules in the same order, the
-same forward. Kept here because the GPU machines have no network to fetch it. Only what changes memory is
-kept; weight initialisation is plain (it does not change any allocation on the device).
+"""nanoGPT's model.py (karpathy/nanoGPT, master): the same modules in the same order, the same forward. Kept here
+because the GPU machines have no network to fetch it; used by the CUDA harness (validate/cuda/measure.py) and
+by the CPU oracle (validate/cpu/models.py). Only what changes memory is kept; weight initialisation is plain
+(it changes no allocation). One addition: every constructor takes `device`, so that the CPU oracle can build
+full-size models on the meta device to count their parameters.
 
 `flash` follows model.py: True uses F.scaled_dot_product_attention (is_causal=True) and registers no mask;
 False is the manual path with the float32 causal-mask buffer `bias` (1, 1, block_size, block_size).
@@ -18,21 +20,21 @@ from torch.nn import functional as F
 class LayerNorm(nn.Module):
     """LayerNorm but with an optional bias. PyTorch doesn't support simply bias=False"""
 
-    def __init__(self, ndim, bias):
+    def __init__(self, ndim, bias, device=None):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(ndim))
-        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
+        self.weight = nn.Parameter(torch.ones(ndim, device=device))
+        self.bias = nn.Parameter(torch.zeros(ndim, device=device)) if bias else None
 
     def forward(self, input):
         return F.layer_norm(input, self.weight.shape, self.weight, self.bias, 1e-5)
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, config, flash):
+    def __init__(self, config, flash, device=None):
         super().__init__()
         assert config.n_embd % config.n_head == 0
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias, device=device)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias, device=device)
         self.attn_dropout = nn.Dropout(config.dropout)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.n_head = config.n_head
@@ -40,7 +42,7 @@ class CausalSelfAttention(nn.Module):
         self.dropout = config.dropout
         self.flash = flash
         if not self.flash:
-            self.register_buffer("bias", torch.tril(torch.ones(config.block_size, config.block_size))
+            self.register_buffer("bias", torch.tril(torch.ones(config.block_size, config.block_size, device=device))
                                  .view(1, 1, config.block_size, config.block_size))
 
     def forward(self, x):
@@ -64,11 +66,11 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, device=None):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias, device=device)
         self.gelu = nn.GELU()
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias, device=device)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
@@ -80,12 +82,12 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config, flash):
+    def __init__(self, config, flash, device=None):
         super().__init__()
-        self.ln_1 = LayerNorm(config.n_embd, bias=config.bias)
-        self.attn = CausalSelfAttention(config, flash)
-        self.ln_2 = LayerNorm(config.n_embd, bias=config.bias)
-        self.mlp = MLP(config)
+        self.ln_1 = LayerNorm(config.n_embd, bias=config.bias, device=device)
+        self.attn = CausalSelfAttention(config, flash, device)
+        self.ln_2 = LayerNorm(config.n_embd, bias=config.bias, device=device)
+        self.mlp = MLP(config, device)
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
@@ -106,17 +108,17 @@ class GPTConfig:
 
 
 class GPT(nn.Module):
-    def __init__(self, config, flash=True):
+    def __init__(self, config, flash=True, device=None):
         super().__init__()
         self.config = config
         self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.vocab_size, config.n_embd),
-            wpe=nn.Embedding(config.block_size, config.n_embd),
+            wte=nn.Embedding(config.vocab_size, config.n_embd, device=device),
+            wpe=nn.Embedding(config.block_size, config.n_embd, device=device),
             drop=nn.Dropout(config.dropout),
-            h=nn.ModuleList([Block(config, flash) for _ in range(config.n_layer)]),
-            ln_f=LayerNorm(config.n_embd, bias=config.bias),
+            h=nn.ModuleList([Block(config, flash, device) for _ in range(config.n_layer)]),
+            ln_f=LayerNorm(config.n_embd, bias=config.bias, device=device),
         ))
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False, device=device)
         self.transformer.wte.weight = self.lm_head.weight  # https://paperswithcode.com/method/weight-tying
 
     def forward(self, idx, targets=None):

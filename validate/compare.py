@@ -11,7 +11,7 @@ trainmem's, and prints one row per figure. Exit status 1 when any figure is outs
 A figure is {"bytes": N, "uncertainty_bytes": U} (U: what rounding in the source leaves open, 0 when the
 number was read exactly) or, for parameters, {"count": N}. It passes when
 |trainmem - N| <= tolerance * N + U. When a file holds the allocator's trace, the sequence of blocks of 1 MiB
-or more is compared with trainmem's timeline as well (reported, not judged: it shows where a prediction starts
+or more (their requested sizes) is compared with trainmem's timeline as well (reported, not judged: it shows where a prediction starts
 to differ).
 """
 
@@ -62,7 +62,9 @@ def trainmem(exe, args):
 
 
 def trace_blocks(trace, min_bytes):
-    """Block sizes of the allocations in a measured trace, in order."""
+    """Sizes of the allocations in a measured trace, in order. PyTorch's trace records each `alloc` with the
+    size that was asked for (CUDACachingAllocator's record_trace(TraceEntry::ALLOC, ..., orig_size)), so these
+    compare with the requested bytes of trainmem's timeline."""
     if not isinstance(trace, dict) or "events" not in trace:
         return None
     alloc = [int(k) for k, v in trace.get("actions", {}).items() if v == "alloc"]
@@ -71,16 +73,17 @@ def trace_blocks(trace, min_bytes):
 
 
 def timeline_blocks(exe, args, min_bytes):
+    """Requested bytes of trainmem's allocations of at least min_bytes, in order."""
     text = trainmem(exe, ["timeline"] + args + ["--by", "event", "--format", "csv", "--min-bytes", str(min_bytes)])
     lines = text.splitlines()
     head = lines[0].split(",")
-    kind, block = head.index("kind"), head.index("block_bytes")
+    kind, size = head.index("kind"), head.index("bytes")
     out = []
     for line in lines[1:]:
         # the tensor column may be quoted and hold commas: count from both ends
         cells = line.split(",")
         if cells[kind] == "alloc":
-            value = int(cells[block - len(head)])
+            value = int(cells[size - len(head)])
             if value >= min_bytes:
                 out.append(value)
     return out

@@ -42,7 +42,7 @@ struct DeviceVerdict {
                          // had to release its cache to satisfy a request
   Bytes unlimited_peak_reserved;  // max_memory_reserved on a device without limit (Estimate::peak_reserved)
   uint64_t alloc_retries = 0;  // num_alloc_retries: cudaMalloc failures answered by releasing the cache
-  int64_t headroom = 0;  // usable - peak reserved on this device (negative: short by that much)
+  int64_t headroom = 0;  // usable - peak reserved on this device; when it does not fit, -Oom::short_by
   struct Oom {
     size_t event = 0;
     Phase phase = Phase::kForward;
@@ -52,6 +52,7 @@ struct DeviceVerdict {
     Bytes requested, segment;  // its bytes and the segment cudaMalloc was asked for
     Bytes allocated, reserved;  // allocator state at that moment (after releasing its cache)
     Bytes overflow;             // reserved + segment - usable
+    Bytes short_by;             // at least this much more would be needed: max(overflow, peak allocated - usable)
     std::vector<LiveTensor> live;  // the largest live tensors at that moment
     Bytes live_total;
     std::array<Bytes, kCategoryCount> live_by_category{};  // all live tensors then, by category
@@ -90,7 +91,7 @@ struct Estimate {
   Bytes peak_allocated;     // max_memory_allocated()
   Bytes peak_reserved;      // max_memory_reserved()
   Bytes fragmentation;      // peak_reserved - peak_allocated: cached but unallocated at the reserved peak
-  Bytes device_total;       // what nvidia-smi shows: peak reserved + the context (when a GPU is given)
+  Bytes device_total;       // what nvidia-smi shows (when a GPU is given): reserved on that GPU + the context
   uint64_t segments = 0;    // cudaMalloc segments at the reserved peak
   std::optional<DeviceVerdict> device;
   SimResult sim;

@@ -24,7 +24,8 @@ struct Margin {
   Bytes of(const GpuSpec& gpu) const;
   std::string describe() const;    // "5%", "2.0 GiB"
 };
-// "5%", "2.5%", "0", "2GiB", "512MiB", "1000000" (bytes); throws trainmem::Error naming --margin otherwise.
+// "5%", "2.5%", "0", "2GiB", "512MiB", "1000000B"; throws trainmem::Error naming --margin otherwise (a bare
+// number other than 0 too: "--margin 5" is more likely a forgotten "%" than five bytes).
 Margin parse_margin(std::string_view s);
 
 enum class FitDimension { kBatch, kSeq };
@@ -35,8 +36,11 @@ std::string_view fit_dimension_name(FitDimension d);
 struct FitProbe {
   uint64_t batch = 0, seq = 0;
   bool fits = false;
-  Bytes peak_allocated, peak_reserved, device_total;  // device_total: peak reserved + the CUDA context
-  int64_t headroom = 0;    // limit - peak reserved (negative: over by that much)
+  Bytes peak_allocated;    // max_memory_allocated
+  Bytes peak_reserved;     // max_memory_reserved on a device without limit: comparable across probes
+  Bytes reserved_on_device, device_total;  // when it fits: max_memory_reserved on this GPU, and nvidia-smi
+  int64_t headroom = 0;    // fits: limit - reserved on the device; does not: minus what is missing at least
+                           // (DeviceVerdict::Oom::short_by)
   uint64_t alloc_retries = 0;  // times the allocator had to release its cache to stay under the limit
   std::string failure;     // why it does not fit: where the OOM happens, or that the sizes overflow
 };
@@ -69,7 +73,8 @@ struct FitResult {
   bool capped = false;               // the search stopped at the largest size it may try
   uint64_t cap = 0;
   std::vector<FitProbe> probes;      // every setup simulated, in increasing size
-  std::vector<FitSuggestion> suggestions;  // when even size 1 does not fit
+  std::vector<FitSuggestion> suggestions;  // when even size 1 does not fit: changes that save memory
+  std::vector<std::string> not_helpful;    // changes tried that would save nothing here
 };
 
 // Searches the largest micro-batch (solve kBatch, at s.seq) or sequence (kSeq, at s.batch) that fits `gpu`

@@ -75,6 +75,7 @@ struct TimelineRow {
   std::string largest;             // the largest tensor allocated within the row
   Bytes largest_bytes;
   bool peak_live = false, peak_allocated = false, peak_reserved = false;  // the run's peaks fall here
+  bool oom = false;                // with a GPU: the first allocation that would fail there falls here
 };
 std::vector<TimelineRow> timeline_rows(const Estimate& e, const TimelineOptions& o);
 std::optional<TimelineGranularity> parse_granularity(std::string_view s);

@@ -14,6 +14,7 @@ namespace trainmem {
 
 // The training script around the model: what it keeps alive and when.
 enum class LoopKind {
+  kAuto,     // the model implementation's own: nanogpt for --impl nanogpt, hf for transformers, plain for stacks
   kNanoGpt,  // nanoGPT train.py: `logits, loss = model(X, Y)` keeps the logits until the next forward
              // returns; the next batch is fetched right after the forward; GradScaler for float16; grad clip
              // 1.0; zero_grad(set_to_none=True)
@@ -28,9 +29,12 @@ enum class LoopKind {
 std::string_view loop_name(LoopKind k);
 std::optional<LoopKind> parse_loop(std::string_view s);
 LoopKind default_loop(const ModelSpec& m);
+// `o` with kAuto replaced by the model's default loop.
+struct SimOptions;
+SimOptions resolved(const SimOptions& o, const ModelSpec& m);
 
 struct SimOptions {
-  LoopKind loop = LoopKind::kNanoGpt;
+  LoopKind loop = LoopKind::kAuto;
   TorchVersion torch{2, 9};
   uint32_t sm = 80;
   uint32_t steps = 2;  // optimizer steps to run (the first creates the optimizer state)

@@ -32,6 +32,8 @@ std::string_view category_name(Category c);
 // Where in the training loop an event happens.
 enum class Phase : uint8_t { kSetup, kForward, kLoss, kBackward, kGradClip, kOptimizer, kZeroGrad };
 std::string_view phase_name(Phase p);
+// "the backward of step 2" (", micro-batch 1" when `micro` is non-zero), or "the model load (setup)".
+std::string moment_name(Phase p, uint32_t step, uint32_t micro = 0);
 
 // What a tensor is, cheap to record: a static description, the layer it belongs to (-1: none) and, for
 // parameters, buffers and their gradients or state, the inventory row.

@@ -25,16 +25,15 @@ std::string headline(const Estimate& e) {
 }
 
 std::string where(const Estimate& e) {
-  return fmt::format("{} of step {}{}", phase_name(e.peak_phase), e.peak_step,
-                     e.setup.grad_accum > 1 ? fmt::format(", micro-batch {}", e.peak_micro) : "");
+  return moment_name(e.peak_phase, e.peak_step, e.setup.grad_accum > 1 ? e.peak_micro : 0);
 }
 
 }  // namespace
 
 std::string render_verdict(const DeviceVerdict& v, const GpuSpec* gpu) {
-  std::string out = fmt::format("{} ({}): {} total, {} outside PyTorch, {} for the caching allocator\n", v.gpu,
-                                gpu ? gpu->torch_name : "", format_bytes(v.capacity), format_bytes(v.context),
-                                format_bytes(v.usable));
+  std::string out = fmt::format("{}{}: {} total, {} outside PyTorch, {} for the caching allocator\n", v.gpu,
+                                gpu ? " (" + gpu->torch_name + ")" : "", format_bytes(v.capacity),
+                                format_bytes(v.context), format_bytes(v.usable));
   if (v.fits) {
     out += fmt::format("FITS: {} of headroom at the reserved peak\n", format_bytes(Bytes(static_cast<uint64_t>(v.headroom))));
     if (v.alloc_retries > 0) {
@@ -47,11 +46,12 @@ std::string render_verdict(const DeviceVerdict& v, const GpuSpec* gpu) {
   }
   const DeviceVerdict::Oom& o = *v.oom;
   out += fmt::format(
-      "DOES NOT FIT: out of memory in the {} of step {}, allocating {} for {} ({}; cudaMalloc of a {} segment)\n"
-      "  allocated {}, reserved {} after releasing the cache; short by {}\n",
-      phase_name(o.phase), o.step, format_bytes(o.requested), o.tensor, category_name(o.category),
+      "DOES NOT FIT: out of memory in {}, allocating {} for {} ({}; cudaMalloc of a {} segment)\n"
+      "  allocated {}, reserved {} after releasing the cache; short by at least {}\n",
+      moment_name(o.phase, o.step), format_bytes(o.requested), o.tensor, category_name(o.category),
       format_bytes(o.segment),
-      format_bytes(o.allocated), format_bytes(o.reserved), format_bytes(o.overflow));
+      format_bytes(o.allocated), format_bytes(o.reserved), format_bytes(o.short_by));
+  if (o.live.empty()) return out + "  it is the first allocation: nothing else is live yet\n";
   using TT = report::TextTable;
   TT t({{"largest live tensors", TT::kLeft}, {"category", TT::kLeft}, {"size", TT::kRight}});
   for (const LiveTensor& l : o.live) t.row({l.name, std::string(category_name(l.category)), format_bytes(l.bytes)});
@@ -73,7 +73,7 @@ std::string render_estimate_table(const Estimate& e, const GpuSpec* gpu) {
     t.row({c.name, with_commas(c.bytes.value), format_bytes(c.bytes), report::percent(c.bytes.value, total), c.note});
   }
   t.rule();
-  t.row({"live tensors", with_commas(total), format_bytes(e.peak_tensors), "100.0%", "peak, in the " + where(e)});
+  t.row({"live tensors", with_commas(total), format_bytes(e.peak_tensors), "100.0%", "peak, in " + where(e)});
   std::string out = headline(e) + "\n" + t.str();
 
   TT a({{"caching allocator", TT::kLeft}, {"bytes", TT::kRight}, {"size", TT::kRight}, {"what", TT::kLeft}});
@@ -86,7 +86,12 @@ std::string render_estimate_table(const Estimate& e, const GpuSpec* gpu) {
   row("peak allocated", e.peak_allocated, "max_memory_allocated(): blocks, with rounding gaps");
   row("peak reserved", e.peak_reserved, fmt::format("max_memory_reserved(): {} cudaMalloc segments", e.segments));
   row("fragmentation", e.fragmentation, "reserved but not allocated at the peaks");
-  if (e.device) row("nvidia-smi", e.device_total, fmt::format("peak reserved + {} outside PyTorch", format_bytes(e.device->context)));
+  if (e.device) {
+    row("nvidia-smi", e.device_total,
+        fmt::format("{} + {} outside PyTorch",
+                    e.device->fits && e.device->alloc_retries > 0 ? "reserved on this GPU" : "peak reserved",
+                    format_bytes(e.device->context)));
+  }
   out += '\n';
   out += a.str();
   if (e.device) {
@@ -146,7 +151,7 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
                   {"category", category_name(o.category)},
                   {"requested_bytes", o.requested.value}, {"segment_bytes", o.segment.value},
                   {"allocated_bytes", o.allocated.value}, {"reserved_bytes", o.reserved.value},
-                  {"overflow_bytes", o.overflow.value}, {"live_tensor_bytes", o.live_total.value},
+                  {"overflow_bytes", o.overflow.value}, {"short_by_bytes", o.short_by.value}, {"live_tensor_bytes", o.live_total.value},
                   {"largest_live_tensors", live}};
       nlohmann::json by_cat = nlohmann::json::object();
       for (size_t c = 0; c < kCategoryCount; ++c) {
@@ -156,7 +161,7 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
     }
     out["device"] = d;
   }
-  return out.dump(2) + "\n";
+  return out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 }  // namespace trainmem

@@ -24,7 +24,8 @@ nlohmann::json probe_json(const FitProbe& p) {
                       {"fits", p.fits},
                       {"peak_allocated_bytes", p.peak_allocated.value},
                       {"peak_reserved_bytes", p.peak_reserved.value},
-                      {"device_total_bytes", p.device_total.value},
+                      {"reserved_on_device_bytes", p.fits ? nlohmann::json(p.reserved_on_device.value) : nlohmann::json()},
+                      {"device_total_bytes", p.fits ? nlohmann::json(p.device_total.value) : nlohmann::json()},
                       {"headroom_bytes", p.headroom},
                       {"alloc_retries", p.alloc_retries}};
   if (!p.failure.empty()) j["failure"] = p.failure;
@@ -58,18 +59,29 @@ std::string render_fit_table(const FitResult& r) {
     out += fmt::format("DOES NOT FIT even at {} 1: {}\n", dimension_word(r.solve), one.failure);
   }
   using TT = report::TextTable;
-  TT t({{by_batch ? "batch" : "seq", TT::kRight}, {"peak allocated", TT::kRight}, {"peak reserved", TT::kRight},
-        {"nvidia-smi", TT::kRight}, {"headroom", TT::kRight}, {"fits", TT::kLeft}});
+  TT t({{by_batch ? "batch" : "seq", TT::kRight}, {"peak allocated", TT::kRight},
+        {"reserved, no limit", TT::kRight}, {"reserved here", TT::kRight}, {"nvidia-smi", TT::kRight},
+        {"headroom", TT::kRight}, {"fits", TT::kLeft}});
   for (const FitProbe& p : r.probes) {
-    t.row({with_commas(by_batch ? p.batch : p.seq), format_bytes(p.peak_allocated), format_bytes(p.peak_reserved),
-           format_bytes(p.device_total), signed_bytes(p.headroom),
-           p.fits ? (p.alloc_retries ? fmt::format("yes, after {} cache flush(es)", p.alloc_retries) : "yes")
-                  : "no: " + p.failure});
+    if (p.fits) {
+      t.row({with_commas(by_batch ? p.batch : p.seq), format_bytes(p.peak_allocated), format_bytes(p.peak_reserved),
+             format_bytes(p.reserved_on_device), format_bytes(p.device_total), signed_bytes(p.headroom),
+             p.alloc_retries ? fmt::format("yes, after {} cache flush(es)", p.alloc_retries) : "yes"});
+    } else if (p.peak_allocated.value == 0) {  // the sizes overflow 64 bits
+      t.row({with_commas(by_batch ? p.batch : p.seq), "-", "-", "-", "-", "-", "no: " + p.failure});
+    } else {
+      t.row({with_commas(by_batch ? p.batch : p.seq), format_bytes(p.peak_allocated), format_bytes(p.peak_reserved),
+             "-", "-", signed_bytes(p.headroom), "no: " + p.failure});
+    }
   }
-  out += "\n" + t.str();
+  out += '\n';
+  out += t.str();
+  out += "  reserved, no limit: max_memory_reserved on a card with room to spare; reserved here: on this GPU, where "
+         "the allocator\n  releases its cache before it fails; headroom: what is left, or (negative) at least what is "
+         "missing\n";
   if (!r.suggestions.empty()) {
     out += fmt::format("\nchanges that would save memory (each simulated at {} 1):\n", dimension_word(r.solve));
-    TT c({{"change", TT::kLeft}, {"peak reserved", TT::kRight}, {"saves", TT::kRight}, {"fits", TT::kLeft},
+    TT c({{"change", TT::kLeft}, {"reserved, no limit", TT::kRight}, {"saves", TT::kRight}, {"fits", TT::kLeft},
           {by_batch ? "largest batch" : "largest seq", TT::kRight}, {"what it means", TT::kLeft}});
     for (const FitSuggestion& sg : r.suggestions) {
       if (!sg.at_one) {
@@ -80,6 +92,11 @@ std::string render_fit_table(const FitResult& r) {
              sg.largest ? with_commas(*sg.largest) : "-", sg.what});
     }
     out += c.str();
+  }
+  if (!r.not_helpful.empty()) {
+    std::string names;
+    for (const auto& n : r.not_helpful) names += (names.empty() ? "" : ", ") + n;
+    out += fmt::format("not listed, as they would save nothing here: {}\n", names);
   }
   return out;
 }
@@ -115,8 +132,9 @@ std::string render_fit_json(const FitResult& r) {
       {"cap", r.cap},
       {"probes", probes},
       {"suggestions", sugs},
+      {"not_helpful", r.not_helpful},
   };
-  return out.dump(2) + "\n";
+  return out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 }  // namespace trainmem

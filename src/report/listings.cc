@@ -26,7 +26,7 @@ std::string render_models_json(const std::vector<ModelListing>& models) {
     out.push_back({{"name", m.name}, {"model_type", m.model_type}, {"parameters", m.parameters.value},
                    {"source", m.source}});
   }
-  return out.dump(2) + "\n";
+  return out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 std::string render_gpus_table(const std::vector<GpuSpec>& gpus) {
@@ -100,7 +100,7 @@ std::string render_inventory_json(const ModelSpec& m, const Inventory& inv, DTyp
                   {"buffer_elements", buffer_elems(inv).value},
                   {"buffer_bytes", buffer_bytes(inv, dtype).value}}},
   };
-  return out.dump(2) + "\n";
+  return out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 }  // namespace trainmem

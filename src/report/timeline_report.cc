@@ -60,8 +60,9 @@ std::string granularity_name(TimelineGranularity g) {
 
 std::string where(const TimelineRow& r) { return r.layer >= 0 ? fmt::format("h.{}", r.layer) : "-"; }
 
-std::string marks(const TimelineRow& r) {
+std::string marks(const TimelineRow& r, const Estimate& e) {
   std::vector<std::string> m;
+  if (r.oom) m.push_back("OUT OF MEMORY on the " + e.device->gpu);
   if (r.peak_live) m.emplace_back("peak live tensors");
   if (r.peak_allocated) m.emplace_back("peak allocated");
   if (r.peak_reserved) m.emplace_back("peak reserved");
@@ -124,6 +125,7 @@ std::vector<TimelineRow> timeline_rows(const Estimate& e, const TimelineOptions&
     const bool is_peak_live = i == e.sim.peak.event;
     const bool is_peak_alloc = i == alloc.peak_allocated_event;
     const bool is_peak_resv = i == alloc.peak_reserved_event;
+    const bool is_oom = e.device && e.device->oom && i == e.device->oom->event;
     if (o.step && step != *o.step) continue;
     int32_t layer = o.granularity == TimelineGranularity::kPhase ? -1 : ev.label.layer;
     // Workspaces, op temporaries and parameter gradients named by the parameter stay in the run of the op
@@ -137,7 +139,7 @@ std::vector<TimelineRow> timeline_rows(const Estimate& e, const TimelineOptions&
     bool start = cur == nullptr;
     if (o.granularity == TimelineGranularity::kEvent) {
       // Small tensors are left out of the listing (their bytes stay in the live totals), peaks never.
-      if (ev.bytes.value < o.min_bytes && !is_peak_live && !is_peak_alloc && !is_peak_resv) continue;
+      if (ev.bytes.value < o.min_bytes && !is_peak_live && !is_peak_alloc && !is_peak_resv && !is_oom) continue;
       start = true;
     } else if (cur) {
       start = cur->step != step || cur->micro != ev.micro || cur->phase != ev.phase || cur->layer != layer ||
@@ -175,6 +177,7 @@ std::vector<TimelineRow> timeline_rows(const Estimate& e, const TimelineOptions&
     cur->peak_live = cur->peak_live || is_peak_live;
     cur->peak_allocated = cur->peak_allocated || is_peak_alloc;
     cur->peak_reserved = cur->peak_reserved || is_peak_resv;
+    cur->oom = cur->oom || is_oom;
   }
   return rows;
 }
@@ -223,7 +226,7 @@ std::string render_timeline_table(const Estimate& e, const TimelineOptions& o, c
     if (!ev) cells.push_back(in_unit(r.max_allocated, u));
     cells.push_back(in_unit(r.reserved, u));
     if (!ev) cells.push_back(r.largest.empty() ? "" : fmt::format("{} ({})", r.largest, format_bytes(r.largest_bytes)));
-    cells.push_back(marks(r));
+    cells.push_back(marks(r, e));
     t.row(std::move(cells));
   }
   const ModelSpec& m = e.model;
@@ -237,9 +240,17 @@ std::string render_timeline_table(const Estimate& e, const TimelineOptions& o, c
       ev && o.min_bytes > 0 ? fmt::format(", tensors of at least {}", format_bytes(Bytes(o.min_bytes))) : "",
       u.name, ev ? "" : ", and the highest live and allocated within it");
   std::string foot = fmt::format(
-      "\npeak live tensors {} ({} of step {}); peak allocated {}; peak reserved {}\n",
-      format_bytes(e.peak_tensors), phase_name(e.peak_phase), e.peak_step, format_bytes(e.peak_allocated),
+      "\npeak live tensors {} (in {}); peak allocated {}; peak reserved {}\n",
+      format_bytes(e.peak_tensors), moment_name(e.peak_phase, e.peak_step), format_bytes(e.peak_allocated),
       format_bytes(e.peak_reserved));
+  if (e.setup.grad_accum > 2) {
+    head += fmt::format("micro-batches 1 and 2 of each step's {} are simulated; the others repeat micro-batch 2\n",
+                        e.setup.grad_accum);
+  }
+  if (e.device) {
+    foot += '\n';
+    foot += render_verdict(*e.device, nullptr);
+  }
   return head + "\n" + t.str() + foot;
 }
 
@@ -273,6 +284,7 @@ std::string render_timeline_csv(const Estimate& e, const TimelineOptions& o, con
     if (r.peak_live) peak += "live ";
     if (r.peak_allocated) peak += "allocated ";
     if (r.peak_reserved) peak += "reserved ";
+    if (r.oom) peak += "oom ";
     if (!peak.empty()) peak.pop_back();
     out += fmt::format(",{},{},{},{},{},{},{}\n", r.live.total.value, r.max_live.value, r.allocated, r.max_allocated,
                        r.reserved, r.max_reserved, peak);
@@ -295,7 +307,7 @@ std::string render_timeline_json(const Estimate& e, const TimelineOptions& o, co
                         {"allocated_bytes", r.allocated}, {"max_allocated_bytes", r.max_allocated},
                         {"reserved_bytes", r.reserved},   {"max_reserved_bytes", r.max_reserved},
                         {"peak_live", r.peak_live},       {"peak_allocated", r.peak_allocated},
-                        {"peak_reserved", r.peak_reserved}};
+                        {"peak_reserved", r.peak_reserved},   {"oom", r.oom}};
     if (ev) {
       j["kind"] = kind_name(r.kind);
       j["category"] = category_name(r.category);
@@ -320,7 +332,11 @@ std::string render_timeline_json(const Estimate& e, const TimelineOptions& o, co
                 {"reserved_bytes", e.peak_reserved.value}, {"reserved_event", e.alloc.peak_reserved_event}}},
       {"rows", out_rows},
   };
-  return out.dump(1) + "\n";
+  if (e.device) {
+    out["device"] = {{"name", e.device->gpu}, {"fits", e.device->fits},
+                     {"oom_event", e.device->oom ? nlohmann::json(e.device->oom->event) : nlohmann::json()}};
+  }
+  return out.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 }  // namespace trainmem

@@ -29,7 +29,7 @@ namespace {
 
 [[noreturn]] void bad_margin(std::string_view s) {
   throw Error(fmt::format("--margin \"{}\": expected a share of the GPU like 5% or 2.5% (below 100%), or a size "
-                          "like 2GiB, 512MiB or a number of bytes",
+                          "with its unit like 2GiB, 512MiB or 1000000B",
                           s));
 }
 
@@ -71,7 +71,7 @@ Margin parse_margin(std::string_view s) {
     }
   }
   const auto v = digits(num);
-  if (!v) bad_margin(s);
+  if (!v || (unit == 1 && num == s && *v != 0)) bad_margin(s);  // a bare number other than 0 needs a unit
   uint64_t b = 0;
   if (__builtin_mul_overflow(*v, unit, &b)) bad_margin(s);
   m.bytes = Bytes(b);
@@ -116,13 +116,15 @@ class Search {
       p.fits = v.fits;
       p.alloc_retries = v.alloc_retries;
       p.peak_allocated = e.peak_allocated;
-      p.peak_reserved = v.fits ? v.peak_reserved : e.peak_reserved;
-      p.device_total = p.peak_reserved + gpu_.context;
-      p.headroom = static_cast<int64_t>(v.usable.value) - static_cast<int64_t>(p.peak_reserved.value);
+      p.peak_reserved = e.peak_reserved;
+      if (v.fits) {
+        p.reserved_on_device = v.peak_reserved;
+        p.device_total = v.peak_reserved + gpu_.context;
+      }
+      p.headroom = v.headroom;
       if (v.oom) {
-        p.failure = fmt::format("out of memory in the {} of step {}: {} for {} ({})", phase_name(v.oom->phase),
-                                v.oom->step, format_bytes(v.oom->requested), v.oom->tensor,
-                                category_name(v.oom->category));
+        p.failure = fmt::format("out of memory in {}: {} for {} ({})", moment_name(v.oom->phase, v.oom->step),
+                                format_bytes(v.oom->requested), v.oom->tensor, category_name(v.oom->category));
       }
     } catch (const Error& err) {
       // Beyond 64-bit byte counts nothing fits; the smallest size is validated before any search.
@@ -184,6 +186,10 @@ void suggest(const Candidate& base, const GpuSpec& gpu, Bytes margin, const FitR
     Search s(c, gpu, margin, out.solve);
     sug.at_one = s.probe(1);
     sug.saves = static_cast<int64_t>(original.peak_reserved.value) - static_cast<int64_t>(sug.at_one->peak_reserved.value);
+    if (sug.saves <= 0 && !sug.at_one->fits) {
+      out.not_helpful.push_back(sug.change);  // it would cost memory, or save none, here
+      return;
+    }
     sug.largest = s.largest(cap_for(c, out.solve, r));
     out.suggestions.push_back(std::move(sug));
   };
@@ -255,11 +261,18 @@ void suggest(const Candidate& base, const GpuSpec& gpu, Bytes margin, const FitR
 
 }  // namespace
 
-FitResult fit(const ModelSpec& m, const TrainSetup& s, const SimOptions& o, const AllocatorConfig& ac,
+FitResult fit(const ModelSpec& m, const TrainSetup& s0, const SimOptions& o, const AllocatorConfig& ac,
               const GpuSpec& gpu, const FitRequest& r) {
-  Candidate base{m, build_inventory(m), s, o, ac};
-  base.options.sm = gpu.sm;
+  if (r.solve == FitDimension::kSeq && m.family == Family::kStack) {
+    throw Error(fmt::format("--solve seq: {} is a layer stack, which has no sequence axis; solve for the batch",
+                            m.name));
+  }
+  // The solved size is the search's to choose: the setup is checked at the smallest one.
+  TrainSetup s = s0;
+  (r.solve == FitDimension::kBatch ? s.batch : s.seq) = 1;
   validate_setup(m, s);
+  Candidate base{m, build_inventory(m), s, resolved(o, m), ac};
+  base.options.sm = gpu.sm;
   FitResult out;
   out.model = m;
   out.setup = s;
@@ -269,12 +282,17 @@ FitResult fit(const ModelSpec& m, const TrainSetup& s, const SimOptions& o, cons
   out.gpu = gpu;
   out.margin = r.margin.of(gpu);
   const uint64_t held = checked_add(gpu.context.value, out.margin.value, "context + margin");
-  out.limit = Bytes(gpu.runtime_total.value - std::min(gpu.runtime_total.value, held));
+  if (held >= gpu.runtime_total.value) {
+    throw Error(fmt::format("--margin {}: with the {} CUDA context it leaves nothing of the {}'s {} for PyTorch",
+                            r.margin.describe(), format_bytes(gpu.context), gpu.name, format_bytes(gpu.runtime_total)));
+  }
+  out.limit = Bytes(gpu.runtime_total.value - held);
   out.cap = cap_for(base, r.solve, r);
   Search search(base, gpu, out.margin, r.solve);
   out.largest = search.largest(out.cap);
   out.capped = out.largest && *out.largest == out.cap;
   out.probes = search.probes();
+  (r.solve == FitDimension::kBatch ? out.setup.batch : out.setup.seq) = out.largest.value_or(1);
   if (!out.largest) suggest(base, gpu, out.margin, r, out);
   return out;
 }

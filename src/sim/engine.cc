@@ -493,6 +493,13 @@ std::string_view category_name(Category c) {
   return "?";
 }
 
+std::string moment_name(Phase p, uint32_t step, uint32_t micro) {
+  if (p == Phase::kSetup) return "the model load (setup)";
+  std::string s = "the " + std::string(phase_name(p)) + " of step " + std::to_string(step);
+  if (micro > 0) s += ", micro-batch " + std::to_string(micro);
+  return s;
+}
+
 std::string_view phase_name(Phase p) {
   switch (p) {
     case Phase::kSetup: return "setup";

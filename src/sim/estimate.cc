@@ -54,6 +54,8 @@ DeviceVerdict device_verdict(const Estimate& e, const GpuSpec& gpu, const Alloca
   v.alloc_retries = r.alloc_retries;
   v.headroom = static_cast<int64_t>(v.usable.value) - static_cast<int64_t>(r.peak_reserved.value);
   if (r.oom) {
+    // short by at least the overflow of the first failing allocation (after the cache was released)
+    const uint64_t need = checked_add(r.oom->reserved.value, r.oom->segment.value, "reserved + segment");
     const Event& ev = e.sim.timeline.events[r.oom->event];
     DeviceVerdict::Oom o;
     o.event = r.oom->event;
@@ -66,9 +68,15 @@ DeviceVerdict device_verdict(const Estimate& e, const GpuSpec& gpu, const Alloca
     o.segment = r.oom->segment;
     o.allocated = r.oom->allocated;
     o.reserved = r.oom->reserved;
-    o.overflow = Bytes(r.oom->reserved.value + r.oom->segment.value - std::min(v.usable.value, r.oom->reserved.value + r.oom->segment.value));
-    // The tensors live just before the failing allocation, largest first.
-    std::vector<LiveBlock> live = live_blocks_after(e.sim.timeline, ac, e.options.torch, r.oom->event - 1);
+    o.overflow = Bytes(need - std::min(v.usable.value, need));
+    // Two lower bounds of what is missing: the first failing allocation's overflow, and the peak of allocated
+    // blocks beyond what the allocator may reserve (no packing can hold more than that).
+    const uint64_t beyond = e.peak_allocated.value - std::min(e.peak_allocated.value, v.usable.value);
+    o.short_by = Bytes(std::max(o.overflow.value, beyond));
+    v.headroom = -static_cast<int64_t>(o.short_by.value);
+    // The tensors live just before the failing allocation, largest first (none when it is the first).
+    std::vector<LiveBlock> live;
+    if (r.oom->event > 0) live = live_blocks_after(e.sim.timeline, ac, e.options.torch, r.oom->event - 1);
     // Each storage's category at that moment (a gradient in flight may have become a .grad since).
     const auto& events = e.sim.timeline.events;
     std::vector<Category> by_storage;
@@ -104,7 +112,7 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
   Estimate e;
   e.model = m;
   e.setup = s;
-  e.options = o;
+  e.options = resolved(o, m);
   e.setup.optimizer_impl = resolve_optimizer_impl(s.optimizer, s.optimizer_impl, m.impl);
   const DType pd = param_dtype(s.precision);
   e.parameters = parameter_count(inv);
@@ -149,8 +157,10 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
   e.fragmentation = e.peak_reserved - e.peak_allocated;
   e.segments = e.alloc.segments_peak;
   if (gpu) {
-    e.device_total = e.peak_reserved + gpu->context;
     e.device = device_verdict(e, *gpu, ac);
+    // nvidia-smi on this GPU: what the allocator reserves there (less than without a limit when it had to
+    // release its cache), plus the context; for a step that does not fit, what a larger card would show.
+    e.device_total = (e.device->fits ? e.device->peak_reserved : e.peak_reserved) + gpu->context;
   }
   return e;
 }

@@ -12,6 +12,7 @@ namespace trainmem {
 
 std::string_view loop_name(LoopKind k) {
   switch (k) {
+    case LoopKind::kAuto: return "auto";
     case LoopKind::kNanoGpt: return "nanogpt";
     case LoopKind::kHf: return "hf";
     case LoopKind::kSeed000: return "seed000";
@@ -25,6 +26,12 @@ std::optional<LoopKind> parse_loop(std::string_view s) {
     if (loop_name(k) == s) return k;
   }
   return std::nullopt;
+}
+
+SimOptions resolved(const SimOptions& o, const ModelSpec& m) {
+  SimOptions r = o;
+  if (r.loop == LoopKind::kAuto) r.loop = default_loop(m);
+  return r;
 }
 
 LoopKind default_loop(const ModelSpec& m) {
@@ -262,8 +269,9 @@ Moment moment_at(const Timeline& tl, size_t index, const LiveBytes& live) {
 
 }  // namespace sim
 
-SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s, const SimOptions& o) {
+SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s, const SimOptions& o0) {
   validate_setup(m, s);
+  const SimOptions o = resolved(o0, m);
   SimResult r;
   // About 30 events per parameter tensor and step for transformer layers; only a capacity hint.
   r.timeline.events.reserve(std::min<size_t>(32 * (inv.parameters.size() + 8) * o.steps, size_t{1} << 22));

@@ -9,6 +9,8 @@
 
 #include "test_util.h"
 #include "trainmem/estimate.h"
+#include "trainmem/gpu.h"
+#include "trainmem/report.h"
 
 namespace trainmem {
 namespace {
@@ -248,6 +250,37 @@ TEST(AllocatorSeed003, TwoLayerNetworkForwardAndBackward) {
   const uint64_t params = 80'384 + 512 + 80'384 + 1'024;
   EXPECT_EQ(allocated_at_end_of(*sim, r, Phase::kForward), params + 4'096 + 2'048 + 4'096 + 8'519'680);
   EXPECT_EQ(allocated_at_end_of(*sim, r, Phase::kBackward), 2 * params + 4'096 + 4'096 + 2 * 8'519'680);
+}
+
+// An out-of-memory at the very first allocation (a 10-million-token vocabulary on a T4): nothing else is live,
+// and the verdict says so instead of listing the rest of the run.
+TEST(DeviceVerdict, OutOfMemoryAtTheFirstAllocationHasNothingLive) {
+  const ModelSpec m = testing::preset("gpt2");
+  ModelSpec big = m;
+  big.embed.vocab_size = 10'000'000;
+  TrainSetup s;
+  s.batch = 1;
+  s.seq = 8;
+  const GpuSpec& t4 = find_gpu("t4");
+  const Estimate e = estimate(big, build_inventory(big), s, SimOptions{}, {}, &t4);
+  ASSERT_TRUE(e.device && e.device->oom);
+  EXPECT_EQ(e.device->oom->event, 0u);
+  EXPECT_EQ(e.device->oom->tensor, "transformer.wte.weight");
+  EXPECT_TRUE(e.device->oom->live.empty());
+  EXPECT_EQ(e.device->oom->live_total.value, 0u);
+  EXPECT_LT(e.device->headroom, 0);
+}
+
+// Names from files are not always UTF-8: JSON output replaces what is not, rather than failing.
+TEST(Reports, JsonOfANonUtf8ModelNameIsStillJson) {
+  ModelSpec m = testing::preset("gpt2");
+  m.name = "configs/caf\xe9.json";  // Latin-1
+  TrainSetup s;
+  s.batch = 1;
+  s.seq = 16;
+  const Estimate e = estimate(m, build_inventory(m), s, SimOptions{});
+  const auto j = nlohmann::json::parse(render_estimate_json(e, nullptr));
+  EXPECT_EQ(j["model"]["name"].get<std::string>(), "configs/caf\xef\xbf\xbd.json");  // U+FFFD
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include "test_util.h"
 #include "trainmem/estimate.h"
+#include "trainmem/gpu.h"
 #include "trainmem/report.h"
 
 namespace trainmem {
@@ -213,6 +214,34 @@ TEST(Timeline, NamesOutliveTheInventoryTheyCameFrom) {
   const auto rows = timeline_rows(e, by(TimelineGranularity::kEvent, 0));
   ASSERT_FALSE(rows.empty());
   EXPECT_EQ(rows.front().tensor, "transformer.wte.weight");
+}
+
+TEST(Timeline, TheFailingAllocationIsMarkedWhenAGpuIsGiven) {
+  const ModelSpec m = testing::preset("gpt2");
+  TrainSetup s;
+  s.batch = 16;
+  s.seq = 1024;
+  s.grad_accum = 3;
+  const GpuSpec& t4 = find_gpu("t4");
+  SimOptions o;
+  o.sm = t4.sm;
+  const Estimate e = estimate(m, build_inventory(m), s, o, {}, &t4);
+  ASSERT_TRUE(e.device && e.device->oom);
+  for (TimelineGranularity g : {TimelineGranularity::kEvent, TimelineGranularity::kPhase}) {
+    int marked = 0;
+    for (const TimelineRow& r : timeline_rows(e, by(g, std::nullopt, 64 * kMiB))) {
+      if (!r.oom) continue;
+      ++marked;
+      EXPECT_GE(e.device->oom->event, r.first_event);
+      EXPECT_LE(e.device->oom->event, r.last_event);
+    }
+    EXPECT_EQ(marked, 1);
+  }
+  const TimelineOptions o2 = by(TimelineGranularity::kPhase);
+  const std::string table = render_timeline_table(e, o2, timeline_rows(e, o2));
+  EXPECT_NE(table.find("OUT OF MEMORY on the t4"), std::string::npos);
+  EXPECT_NE(table.find("DOES NOT FIT"), std::string::npos);
+  EXPECT_NE(table.find("micro-batches 1 and 2 of each step's 3 are simulated"), std::string::npos);
 }
 
 TEST(Timeline, GranularityNamesParse) {

@@ -26,6 +26,7 @@ namespace {
 using namespace trainmem;
 
 constexpr int kExitBadInput = 2;
+constexpr int kExitInternal = 3;  // a defect of trainmem, not of the input
 
 [[noreturn]] void bad_flag(const std::string& flag, const std::string& value, const std::string& expected);
 uint64_t parse_count(const std::string& flag, const std::string& s, uint64_t max);
@@ -201,7 +202,7 @@ int run_timeline(const Flags& f) {
   return 0;
 }
 
-int run_fit(const Flags& f, bool batch_given) {
+int run_fit(const Flags& f, bool batch_given, bool seq_given) {
   const ModelSpec m = load(f);
   TrainSetup s = setup_from(f);
   const bool json = json_format(f);
@@ -209,7 +210,15 @@ int run_fit(const Flags& f, bool batch_given) {
   FitRequest r;
   r.solve = parsed(parse_fit_dimension(f.solve), "--solve", f.solve, "batch or seq");
   r.margin = parse_margin(f.margin);
-  // Solving for the sequence keeps the micro-batch: 1 unless given.
+  // The solved size is fit's to find; the other one is given (the micro-batch defaults to 1 when solving for
+  // the sequence).
+  if (r.solve == FitDimension::kBatch && batch_given) {
+    throw Error(fmt::format("--batch {}: fit finds the micro-batch; leave --batch out, or keep it and find the "
+                            "sequence with --solve seq", f.batch));
+  }
+  if (r.solve == FitDimension::kSeq && seq_given) {
+    throw Error(fmt::format("--seq {}: with --solve seq, fit finds the sequence length; leave --seq out", f.seq));
+  }
   if (r.solve == FitDimension::kSeq && !batch_given) s.batch = 1;
   const SimOptions o = sim_options(f, m, s);
   const FitResult res = fit(m, s, o, parse_alloc_conf(f.alloc_conf, o.torch), find_gpu(s.gpu), r);
@@ -289,10 +298,13 @@ int main(int argc, char** argv) {
     if (formulas->parsed()) return run_formulas(f);
     if (est->parsed()) return run_estimate(f);
     if (tl->parsed()) return run_timeline(f);
-    if (fitc->parsed()) return run_fit(f, fitc->count("--batch") > 0);
+    if (fitc->parsed()) return run_fit(f, fitc->count("--batch") > 0, fitc->count("--seq") > 0);
   } catch (const Error& e) {
     std::cerr << "trainmem: " << e.what() << "\n";
     return kExitBadInput;
+  } catch (const std::exception& e) {
+    std::cerr << "trainmem: internal error: " << e.what() << "\n";
+    return kExitInternal;
   }
   return 0;
 }

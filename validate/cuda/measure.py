@@ -93,12 +93,11 @@ def build_model(cfg, impl, attention):
     kwargs = {k: v for k, v in cfg.items() if k != "model_type"}
     config = transformers.AutoConfig.for_model(cfg["model_type"], **kwargs)
     config.use_cache = False
-    try:
-        return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention,
-                                                             dtype=torch.float32)
-    except TypeError:  # transformers 4.x names it torch_dtype
-        return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention,
-                                                             torch_dtype=torch.float32)
+    # transformers 5.x takes `dtype`; 4.x named it `torch_dtype`
+    major = int(transformers.__version__.split(".")[0])
+    dtype_kw = "dtype" if major >= 5 else "torch_dtype"
+    return transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention,
+                                                         **{dtype_kw: torch.float32})
 
 
 def make_optimizer(model, args, device):
@@ -107,7 +106,16 @@ def make_optimizer(model, args, device):
     groups = [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}]
     impl = args.optimizer_impl
     if impl == "auto":
-        impl = "fused" if (args.loop == "nanogpt" and device == "cuda") else ("foreach" if device == "cuda" else "for-loop")
+        # trainmem's resolve_optimizer_impl: nanoGPT's configure_optimizers asks for fused AdamW on CUDA;
+        # torch.optim defaults to foreach on CUDA
+        if device != "cuda":
+            impl = "for-loop"
+        elif args.loop == "nanogpt" and args.optimizer == "adamw":
+            impl = "fused"
+        else:
+            impl = "foreach"
+    if impl == "fused" and args.optimizer not in ("adamw", "adam"):
+        raise SystemExit(f"--optimizer-impl fused: trainmem models fused kernels for Adam and AdamW only")
     extra = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}[impl]
     if args.optimizer == "adamw":
         return torch.optim.AdamW(groups, lr=1e-4, **extra), impl
@@ -115,7 +123,6 @@ def make_optimizer(model, args, device):
         return torch.optim.Adam(groups, lr=1e-4, **extra), impl
     if args.optimizer in ("sgd", "sgd-momentum"):
         momentum = 0.9 if args.optimizer == "sgd-momentum" else 0.0
-        extra = {k: v for k, v in extra.items() if k != "fused"}
         return torch.optim.SGD(groups, lr=1e-4, momentum=momentum, **extra), impl
     raise SystemExit(f"--optimizer {args.optimizer}: expected adamw, adam, sgd or sgd-momentum")
 
@@ -182,6 +189,7 @@ def run(args):
     device = torch.device(args.device)
     env = {"python": platform.python_version(), "torch": torch.__version__, "device": args.device}
     context = None
+    smi_before = nvidia_smi()[1] if cuda else None  # the GPU's used MiB before this process touches it
     if cuda:
         free0, total = torch.cuda.mem_get_info()  # initialises the CUDA context
         env.update({"gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda,
@@ -264,6 +272,7 @@ def run(args):
     gpu_key = None
     trace, segments = None, None
     smi = (None, None, None)
+    device_total_from = None
     if cuda:
         torch.cuda.synchronize()
         smi = nvidia_smi()
@@ -271,13 +280,16 @@ def run(args):
         gpu_key = gpu_catalog_name(env["gpu"])
         try:
             snap = torch.cuda.memory._snapshot()
+            raw = snap.get("device_traces", [[]])[0]
             events = []
-            for e in snap.get("device_traces", [[]])[0]:
+            for e in raw:
                 code = ACTIONS.get(e.get("action"))
                 if code is not None:
+                    # `size` of an alloc entry is the requested size (orig_size), not the block's
                     events.append([code, int(e.get("size", 0)), int(e.get("addr", 0))])
+            # the ring buffer keeps the last max_entries entries of every action: a full one lost the start
             trace = {"actions": {v: k for k, v in ACTIONS.items()}, "events": events,
-                     "truncated": len(events) >= args.trace_entries}
+                     "truncated": len(raw) >= args.trace_entries}
             segments = [[int(s["address"]), int(s["total_size"]), s.get("segment_type", "")]
                         for s in snap.get("segments", [])]
         except Exception as exc:  # the private API changes between versions: keep the figures anyway
@@ -313,6 +325,14 @@ def run(args):
         if smi[0] is not None:
             # nvidia-smi reports whole MiB
             figures["device_total_bytes"] = {"bytes": smi[0] * 1048576, "uncertainty_bytes": 1048576}
+            device_total_from = "nvidia-smi --query-compute-apps, this process"
+        elif smi[1] is not None and smi_before is not None:
+            # in a container the process list may not show our PID: the GPU's used memory grew by ours
+            figures["device_total_bytes"] = {"bytes": (smi[1] - smi_before) * 1048576,
+                                             "uncertainty_bytes": 2 * 1048576}
+            device_total_from = "nvidia-smi --query-gpu=memory.used, after minus before (PID not listed)"
+        else:
+            device_total_from = "not measured: nvidia-smi gave neither this process nor the GPU's usage"
     out = {
         "format": FORMAT,
         "name": args.name or os.path.splitext(os.path.basename(args.out or "measurement"))[0],
@@ -322,7 +342,8 @@ def run(args):
         "env": env,
         "figures": figures,
         "context_bytes": context,
-        "nvidia_smi": {"process_used_mib": smi[0], "gpu_used_mib": smi[1]},
+        "nvidia_smi": {"process_used_mib": smi[0], "gpu_used_mib": smi[1], "gpu_used_mib_before": smi_before,
+                       "device_total_from": device_total_from if cuda else None},
         "points": rec.points,
         "segments": segments,
         "trace": trace,

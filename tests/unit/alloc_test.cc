@@ -205,6 +205,19 @@ TEST(AllocatorSeed000, PeakAllocatedWithinHalfAPercentOfTheMeasured21898GiB) {
   EXPECT_EQ(e.peak_phase, Phase::kBackward);
 }
 
+// Seed 000's text calls its run bf16 autocast; its trace shows GradScaler, i.e. float16. With bf16 autocast (no
+// GradScaler) the figures move by a few hundred KiB and stay within what the issue asks: peak allocated within
+// 0.5% of 21.898 GiB, saved activations within 1% of the 17.673 GiB snapshot, steady state within 0.5%.
+TEST(AllocatorSeed000, WithBf16AutocastTheFiguresStayWithinTheIssuesTolerances) {
+  testing::Seed000Run run(3);
+  run.s.precision = Precision::kBf16Amp;
+  const Estimate e = estimate(run.m, build_inventory(run.m), run.s, run.o);
+  EXPECT_NEAR(to_gib(e.peak_allocated), 21.898, 21.898 * 0.005);
+  EXPECT_NEAR(to_gib(e.saved_activations), 17.673, 17.673 * 0.01);
+  EXPECT_NEAR(static_cast<double>(e.steady_state.value), 2'064'403'456.0, 2'064'403'456.0 * 0.005);
+  EXPECT_NE(e.steady_state.value, 2'064'403'456u);  // no GradScaler state: not the float16 run's exact figure
+}
+
 // Seed 003's experiments, as a layer stack with no optimizer and PyTorch 2.3 (Colab, 2024).
 AllocatorReplay stack(const std::string& json, uint64_t batch, const SimResult** sim_out) {
   static SimResult sim;

@@ -35,9 +35,8 @@ TrainSetup setup(uint64_t batch, uint64_t seq) {
   return s;
 }
 
-SimOptions one_step(const ModelSpec& m) {
+SimOptions one_step() {
   SimOptions o;
-  o.loop = default_loop(m);
   o.steps = 1;
   return o;
 }
@@ -47,7 +46,7 @@ void BM_SimulateStep70B_T8192(benchmark::State& state) {
   const ModelSpec m = llama70b();
   const Inventory inv = build_inventory(m);
   const TrainSetup s = setup(1, 8192);
-  const SimOptions o = one_step(m);
+  const SimOptions o = one_step();
   size_t events = 0;
   for (auto _ : state) {
     SimResult r = simulate(m, inv, s, o);
@@ -62,7 +61,7 @@ BENCHMARK(BM_SimulateStep70B_T8192)->Unit(benchmark::kMicrosecond);
 void BM_AllocatorReplay70B_T8192(benchmark::State& state) {
   const ModelSpec m = llama70b();
   const Inventory inv = build_inventory(m);
-  const SimResult r = simulate(m, inv, setup(1, 8192), one_step(m));
+  const SimResult r = simulate(m, inv, setup(1, 8192), one_step());
   for (auto _ : state) {
     AllocatorReplay a = replay_allocator(r.timeline, {}, TorchVersion{2, 9}, std::nullopt);
     benchmark::DoNotOptimize(a.peak_reserved.value);
@@ -74,7 +73,7 @@ BENCHMARK(BM_AllocatorReplay70B_T8192)->Unit(benchmark::kMicrosecond);
 void BM_Estimate70B_T8192(benchmark::State& state) {
   const ModelSpec m = llama70b();
   const Inventory inv = build_inventory(m);
-  SimOptions o = one_step(m);
+  SimOptions o = one_step();
   o.steps = 2;
   for (auto _ : state) {
     Estimate e = estimate(m, inv, setup(1, 8192), o);
@@ -99,7 +98,7 @@ void BM_SimulateStepGpt2Small(benchmark::State& state) {
   const Inventory inv = build_inventory(m);
   TrainSetup s = setup(12, 1024);
   s.precision = Precision::kBf16Amp;
-  for (auto _ : state) benchmark::DoNotOptimize(simulate(m, inv, s, one_step(m)).peak.live.total.value);
+  for (auto _ : state) benchmark::DoNotOptimize(simulate(m, inv, s, one_step()).peak.live.total.value);
 }
 BENCHMARK(BM_SimulateStepGpt2Small)->Unit(benchmark::kMicrosecond);
 
@@ -111,7 +110,7 @@ void BM_FitGpt2SmallA100(benchmark::State& state) {
   const ModelSpec m = load_model(req, NoFiles());
   TrainSetup s = setup(1, 1024);
   s.precision = Precision::kBf16Amp;
-  SimOptions o = one_step(m);
+  SimOptions o = one_step();
   o.steps = 2;
   size_t probes = 0;
   for (auto _ : state) {

@@ -102,6 +102,10 @@ struct Estimate {
 Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s, const SimOptions& o,
                   const AllocatorConfig& ac = {}, const GpuSpec* gpu = nullptr);
 
+// What the caching allocator may reserve on `gpu` with `margin` kept free: the runtime total less the context
+// and the margin (0 when they take it all).
+Bytes usable_bytes(const GpuSpec& gpu, Bytes margin);
+
 // Whether the step of `e` fits `gpu` with `margin` kept free: the caching allocator replayed with the device
 // limit (freeing its cache and retrying before it gives up, as PyTorch does).
 DeviceVerdict device_verdict(const Estimate& e, const GpuSpec& gpu, const AllocatorConfig& ac, Bytes margin = {});

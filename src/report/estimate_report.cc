@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "json_text.h"
 #include "text_table.h"
 #include "trainmem/report.h"
 
@@ -161,7 +162,7 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
     }
     out["device"] = d;
   }
-  return out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  return report::json_text(out);
 }
 
 }  // namespace trainmem

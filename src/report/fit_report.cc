@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "json_text.h"
 #include "text_table.h"
 #include "trainmem/report.h"
 
@@ -134,7 +135,7 @@ std::string render_fit_json(const FitResult& r) {
       {"suggestions", sugs},
       {"not_helpful", r.not_helpful},
   };
-  return out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  return report::json_text(out);
 }
 
 }  // namespace trainmem

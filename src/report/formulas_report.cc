@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "json_text.h"
 #include "text_table.h"
 #include "trainmem/report.h"
 
@@ -88,7 +89,7 @@ std::string render_formulas_json(const FormulaReport& f) {
                    {"nbuf", p.nbuf.value}, {"activation_bytes", p.activations.value},
                    {"steady_state_bytes", p.steady_state.value}, {"peak_bytes", p.peak.value}}},
   };
-  return out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  return report::json_text(out);
 }
 
 }  // namespace trainmem

@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "json_text.h"
 #include "text_table.h"
 #include "trainmem/report.h"
 
@@ -26,7 +27,7 @@ std::string render_models_json(const std::vector<ModelListing>& models) {
     out.push_back({{"name", m.name}, {"model_type", m.model_type}, {"parameters", m.parameters.value},
                    {"source", m.source}});
   }
-  return out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  return report::json_text(out);
 }
 
 std::string render_gpus_table(const std::vector<GpuSpec>& gpus) {
@@ -100,7 +101,7 @@ std::string render_inventory_json(const ModelSpec& m, const Inventory& inv, DTyp
                   {"buffer_elements", buffer_elems(inv).value},
                   {"buffer_bytes", buffer_bytes(inv, dtype).value}}},
   };
-  return out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  return report::json_text(out);
 }
 
 }  // namespace trainmem

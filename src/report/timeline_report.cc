@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "json_text.h"
 #include "text_table.h"
 #include "trainmem/report.h"
 
@@ -336,7 +337,7 @@ std::string render_timeline_json(const Estimate& e, const TimelineOptions& o, co
     out["device"] = {{"name", e.device->gpu}, {"fits", e.device->fits},
                      {"oom_event", e.device->oom ? nlohmann::json(e.device->oom->event) : nlohmann::json()}};
   }
-  return out.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  return report::json_text(out, 1);
 }
 
 }  // namespace trainmem

@@ -177,15 +177,19 @@ uint64_t cap_for(const Candidate& c, FitDimension dim, const FitRequest& r) {
   return cap;
 }
 
-void suggest(const Candidate& base, const GpuSpec& gpu, Bytes margin, const FitRequest& r, FitResult& out) {
-  const FitProbe original = Search(base, gpu, margin, out.solve).probe(1);
+// `original`: the search's probe of the setup at size 1, which did not fit.
+void suggest(const Candidate& base, const FitProbe& original, const GpuSpec& gpu, Bytes margin, const FitRequest& r,
+             FitResult& out) {
+  auto saves = [&](const FitProbe& p) {
+    return static_cast<int64_t>(original.peak_reserved.value) - static_cast<int64_t>(p.peak_reserved.value);
+  };
   auto add = [&](std::string change, std::string what, const Candidate& c) {
     FitSuggestion sug;
     sug.change = std::move(change);
     sug.what = std::move(what);
     Search s(c, gpu, margin, out.solve);
     sug.at_one = s.probe(1);
-    sug.saves = static_cast<int64_t>(original.peak_reserved.value) - static_cast<int64_t>(sug.at_one->peak_reserved.value);
+    sug.saves = saves(*sug.at_one);
     if (sug.saves <= 0 && !sug.at_one->fits) {
       out.not_helpful.push_back(sug.change);  // it would cost memory, or save none, here
       return;
@@ -250,7 +254,7 @@ void suggest(const Candidate& base, const GpuSpec& gpu, Bytes margin, const FitR
     sug.what = longest ? "the longest sequence below the requested one that fits at micro-batch 1"
                        : "not even a one-token sequence fits: the model state alone is too large";
     sug.at_one = s.probe(longest.value_or(1));
-    sug.saves = static_cast<int64_t>(original.peak_reserved.value) - static_cast<int64_t>(sug.at_one->peak_reserved.value);
+    sug.saves = saves(*sug.at_one);
     if (longest) sug.largest = 1;
     out.suggestions.push_back(std::move(sug));
   }
@@ -281,19 +285,18 @@ FitResult fit(const ModelSpec& m, const TrainSetup& s0, const SimOptions& o, con
   out.solve = r.solve;
   out.gpu = gpu;
   out.margin = r.margin.of(gpu);
-  const uint64_t held = checked_add(gpu.context.value, out.margin.value, "context + margin");
-  if (held >= gpu.runtime_total.value) {
+  out.limit = usable_bytes(gpu, out.margin);
+  if (out.limit.value == 0) {
     throw Error(fmt::format("--margin {}: with the {} CUDA context it leaves nothing of the {}'s {} for PyTorch",
                             r.margin.describe(), format_bytes(gpu.context), gpu.name, format_bytes(gpu.runtime_total)));
   }
-  out.limit = Bytes(gpu.runtime_total.value - held);
   out.cap = cap_for(base, r.solve, r);
   Search search(base, gpu, out.margin, r.solve);
   out.largest = search.largest(out.cap);
   out.capped = out.largest && *out.largest == out.cap;
   out.probes = search.probes();
   (r.solve == FitDimension::kBatch ? out.setup.batch : out.setup.seq) = out.largest.value_or(1);
-  if (!out.largest) suggest(base, gpu, out.margin, r, out);
+  if (!out.largest) suggest(base, out.probes.front(), gpu, out.margin, r, out);  // the probe of size 1
   return out;
 }
 

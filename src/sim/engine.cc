@@ -156,9 +156,7 @@ uint64_t Engine::alloc_storage(Bytes b, Category c, Label l) {
   }
   const uint64_t id = storages_.size();
   storages_.push_back(StorageInfo{b, c, 0, l});
-  live_.by_category[static_cast<size_t>(c)] += b;
-  live_.total += b;
-  tl_->events.push_back(Event{Event::kAlloc, c, c, phase, step, micro, id, b, l});
+  emit(Event{Event::kAlloc, c, c, phase, step, micro, id, b, l});
   if (live_.total > peak_live_.total) {
     peak_live_ = live_;
     peak_event_ = tl_->events.size() - 1;
@@ -168,10 +166,13 @@ uint64_t Engine::alloc_storage(Bytes b, Category c, Label l) {
 
 void Engine::free_storage(uint64_t id) {
   if (!recording_) return;
-  StorageInfo& s = storages_[id];
-  live_.by_category[static_cast<size_t>(s.category)] -= s.bytes;
-  live_.total -= s.bytes;
-  tl_->events.push_back(Event{Event::kFree, s.category, s.category, phase, step, micro, id, s.bytes, s.label});
+  const StorageInfo& s = storages_[id];
+  emit(Event{Event::kFree, s.category, s.category, phase, step, micro, id, s.bytes, s.label});
+}
+
+void Engine::emit(const Event& ev) {
+  tl_->events.push_back(ev);
+  apply(live_, ev);
 }
 
 void Engine::retain(uint64_t id) { ++storages_[id].refs; }
@@ -183,9 +184,7 @@ void Engine::release(uint64_t id) {
 void Engine::recategorize(uint64_t id, Category c) {
   StorageInfo& s = storages_[id];
   if (s.category == c) return;
-  live_.by_category[static_cast<size_t>(s.category)] -= s.bytes;
-  live_.by_category[static_cast<size_t>(c)] += s.bytes;
-  tl_->events.push_back(Event{Event::kRecategorize, c, s.category, phase, step, micro, id, s.bytes, s.label});
+  emit(Event{Event::kRecategorize, c, s.category, phase, step, micro, id, s.bytes, s.label});
   s.category = c;
 }
 

@@ -333,6 +333,8 @@ class Engine {
   void gemm(bool lt);
 
  private:
+  // Appends `ev` to the timeline and applies it to the live bytes.
+  void emit(const Event& ev);
   void deliver(T g, GradEdge e, std::vector<Node*>& ready);
   void validate_outputs(Node& n, Grads& grads);
   void recycle_nodes();

@@ -39,14 +39,18 @@ std::string label_name(const Label& l) {
   return l.what;
 }
 
+Bytes usable_bytes(const GpuSpec& gpu, Bytes margin) {
+  const uint64_t held = checked_add(gpu.context.value, margin.value, "context + margin");
+  return Bytes(gpu.runtime_total.value - std::min(gpu.runtime_total.value, held));
+}
+
 DeviceVerdict device_verdict(const Estimate& e, const GpuSpec& gpu, const AllocatorConfig& ac, Bytes margin) {
   DeviceVerdict v;
   v.gpu = gpu.name;
   v.capacity = gpu.runtime_total;
   v.context = gpu.context;
   v.margin = margin;
-  const uint64_t held = checked_add(gpu.context.value, margin.value, "context + margin");
-  v.usable = Bytes(gpu.runtime_total.value - std::min(gpu.runtime_total.value, held));
+  v.usable = usable_bytes(gpu, margin);
   const AllocatorReplay r = replay_allocator(e.sim.timeline, ac, e.options.torch, v.usable);
   v.fits = !r.oom;
   v.peak_reserved = r.peak_reserved;

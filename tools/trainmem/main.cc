@@ -73,9 +73,8 @@ void add_setup_flags(CLI::App* c, Flags& f) {
       ->capture_default_str();
 }
 
-SimOptions sim_options(const Flags& f, const ModelSpec& m, const TrainSetup& s) {
-  SimOptions o;
-  o.loop = default_loop(m);
+SimOptions sim_options(const Flags& f, const TrainSetup& s) {
+  SimOptions o;  // the loop stays kAuto (the model's own) unless --loop names one
   if (!f.loop.empty()) o.loop = parsed(parse_loop(f.loop), "--loop", f.loop, "nanogpt, hf, seed000 or plain");
   o.torch = parsed(parse_torch_version(f.torch), "--torch", f.torch, "a PyTorch version from 1.13 to 2.11, like 2.9");
   if (!s.gpu.empty()) o.sm = find_gpu(s.gpu).sm;
@@ -92,8 +91,10 @@ void add_format_flag(CLI::App* c, Flags& f) {
 }
 
 // A positive integer in [1, max]: digits only, so "-3", "1.5", "1e3" and "" are rejected.
-uint64_t parse_count(const std::string& flag, const std::string& s, uint64_t max) {
-  const std::string expected = fmt::format("an integer in [1, {}]", max);
+// An integer in [min, max] written with digits only, so "-3", "1.5", "1e3" and "" are rejected; `expected`
+// describes it in the error.
+uint64_t parse_uint(const std::string& flag, const std::string& s, uint64_t min, uint64_t max,
+                    const std::string& expected) {
   if (s.empty() || s.size() > 20 || s.find_first_not_of("0123456789") != std::string::npos) {
     bad_flag(flag, s, expected);
   }
@@ -103,8 +104,13 @@ uint64_t parse_count(const std::string& flag, const std::string& s, uint64_t max
       bad_flag(flag, s, expected);
     }
   }
-  if (v == 0 || v > max) bad_flag(flag, s, expected);
+  if (v < min || v > max) bad_flag(flag, s, expected);
   return v;
+}
+
+// A positive integer in [1, max].
+uint64_t parse_count(const std::string& flag, const std::string& s, uint64_t max) {
+  return parse_uint(flag, s, 1, max, fmt::format("an integer in [1, {}]", max));
 }
 
 ModelSpec load(const Flags& f) {
@@ -165,16 +171,6 @@ int run_formulas(const Flags& f) {
   return 0;
 }
 
-// A non-negative integer (digits only) of at most `max`; `expected` describes it in the error.
-uint64_t parse_size(const std::string& flag, const std::string& s, uint64_t max, const std::string& expected) {
-  if (s == "0") return 0;
-  try {
-    return parse_count(flag, s, max);
-  } catch (const Error&) {
-    bad_flag(flag, s, expected);
-  }
-}
-
 int run_timeline(const Flags& f) {
   const ModelSpec m = load(f);
   const TrainSetup s = setup_from(f);
@@ -182,12 +178,12 @@ int run_timeline(const Flags& f) {
   TimelineOptions to;
   to.granularity = parsed(parse_granularity(f.by), "--by", f.by, "event, layer or phase");
   to.unit = parsed(parse_unit(f.unit), "--unit", f.unit, "auto, B, KiB, MiB or GiB");
-  to.min_bytes = parse_size("--min-bytes", f.min_bytes, uint64_t{1} << 62, "a number of bytes (an integer, 0 or more)");
+  to.min_bytes = parse_uint("--min-bytes", f.min_bytes, 0, uint64_t{1} << 62, "a number of bytes (an integer, 0 or more)");
   const Inventory inv = build_inventory(m);
-  SimOptions o = sim_options(f, m, s);
+  SimOptions o = sim_options(f, s);
   if (!f.step.empty()) {
     to.step = static_cast<uint32_t>(
-        parse_size("--step", f.step, o.steps, fmt::format("a simulated step: 0 (setup) to {}", o.steps)));
+        parse_uint("--step", f.step, 0, o.steps, fmt::format("a simulated step: 0 (setup) to {}", o.steps)));
   }
   const GpuSpec* gpu = s.gpu.empty() ? nullptr : &find_gpu(s.gpu);
   const Estimate e = estimate(m, inv, s, o, parse_alloc_conf(f.alloc_conf, o.torch), gpu);
@@ -220,7 +216,7 @@ int run_fit(const Flags& f, bool batch_given, bool seq_given) {
     throw Error(fmt::format("--seq {}: with --solve seq, fit finds the sequence length; leave --seq out", f.seq));
   }
   if (r.solve == FitDimension::kSeq && !batch_given) s.batch = 1;
-  const SimOptions o = sim_options(f, m, s);
+  const SimOptions o = sim_options(f, s);
   const FitResult res = fit(m, s, o, parse_alloc_conf(f.alloc_conf, o.torch), find_gpu(s.gpu), r);
   std::cout << (json ? render_fit_json(res) : render_fit_table(res));
   return 0;
@@ -231,7 +227,7 @@ int run_estimate(const Flags& f) {
   const TrainSetup s = setup_from(f);
   const bool json = json_format(f);
   const Inventory inv = build_inventory(m);
-  const SimOptions o = sim_options(f, m, s);
+  const SimOptions o = sim_options(f, s);
   const GpuSpec* gpu = s.gpu.empty() ? nullptr : &find_gpu(s.gpu);
   const Estimate e = estimate(m, inv, s, o, parse_alloc_conf(f.alloc_conf, o.torch), gpu);
   std::cout << (json ? render_estimate_json(e, gpu) : render_estimate_table(e, gpu));

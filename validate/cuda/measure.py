@@ -71,14 +71,10 @@ def load_config(model, sets):
 
 
 def gpu_catalog_name(torch_name):
+    """trainmem's catalog key (data/gpus/gpus.json) for torch.cuda.get_device_name(), or None."""
     with open(os.path.join(ROOT, "data", "gpus", "gpus.json")) as f:
-        catalog = json.load(f)
-    gpus = catalog["gpus"] if isinstance(catalog, dict) and "gpus" in catalog else catalog
-    items = gpus.items() if isinstance(gpus, dict) else ((g.get("name"), g) for g in gpus)
-    for name, g in items:
-        if isinstance(g, dict) and g.get("torch_name") == torch_name:
-            return name
-    return None
+        gpus = json.load(f)["gpus"]
+    return next((g["name"] for g in gpus if g["torch_name"] == torch_name), None)
 
 
 def build_model(cfg, impl, attention):

@@ -271,11 +271,8 @@ TEST(DeviceVerdict, OutOfMemoryAtTheFirstAllocationHasNothingLive) {
   const ModelSpec m = testing::preset("gpt2");
   ModelSpec big = m;
   big.embed.vocab_size = 10'000'000;
-  TrainSetup s;
-  s.batch = 1;
-  s.seq = 8;
   const GpuSpec& t4 = find_gpu("t4");
-  const Estimate e = estimate(big, build_inventory(big), s, SimOptions{}, {}, &t4);
+  const Estimate e = estimate(big, build_inventory(big), testing::train_setup(1, 8), SimOptions{}, {}, &t4);
   ASSERT_TRUE(e.device && e.device->oom);
   EXPECT_EQ(e.device->oom->event, 0u);
   EXPECT_EQ(e.device->oom->tensor, "transformer.wte.weight");
@@ -288,10 +285,7 @@ TEST(DeviceVerdict, OutOfMemoryAtTheFirstAllocationHasNothingLive) {
 TEST(Reports, JsonOfANonUtf8ModelNameIsStillJson) {
   ModelSpec m = testing::preset("gpt2");
   m.name = "configs/caf\xe9.json";  // Latin-1
-  TrainSetup s;
-  s.batch = 1;
-  s.seq = 16;
-  const Estimate e = estimate(m, build_inventory(m), s, SimOptions{});
+  const Estimate e = estimate(m, build_inventory(m), testing::train_setup(1, 16), SimOptions{});
   const auto j = nlohmann::json::parse(render_estimate_json(e, nullptr));
   EXPECT_EQ(j["model"]["name"].get<std::string>(), "configs/caf\xef\xbf\xbd.json");  // U+FFFD
 }

@@ -46,7 +46,6 @@ struct Gpt2Small {
   Gpt2Small() {
     s.seq = 1024;
     s.precision = Precision::kBf16Amp;
-    o.loop = default_loop(m);
   }
 };
 
@@ -130,12 +129,8 @@ TEST(Fit, SequenceSearchStopsAtALearnedPositionTable) {
 TEST(Fit, ASetupThatNeverFitsGetsSimulatedAlternatives) {
   // Llama-3-8B with float32 AdamW state (bf16 autocast) needs ~128 GB for weights, gradients and moments.
   const ModelSpec m = testing::preset("llama-3-8b");
-  TrainSetup s;
-  s.batch = 1;
-  s.seq = 2048;
-  s.precision = Precision::kBf16Amp;
+  const TrainSetup s = testing::train_setup(1, 2048);
   SimOptions o;
-  o.loop = default_loop(m);
   const GpuSpec& gpu = find_gpu("h100-80gb");
   const FitResult r = fit(m, s, o, {}, gpu, margin("5%"));
   EXPECT_FALSE(r.largest);
@@ -204,7 +199,6 @@ TEST(Fit, ChangesThatSaveNothingAreNotSuggested) {
   TrainSetup s;
   s.seq = 1024;
   SimOptions o;
-  o.loop = default_loop(m);
   const FitResult r = fit(m, s, o, {}, find_gpu("t4"), margin("99%"));
   ASSERT_FALSE(r.largest);
   EXPECT_EQ(r.not_helpful, std::vector<std::string>{"--optimizer-impl fused"});

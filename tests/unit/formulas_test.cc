@@ -11,14 +11,7 @@ namespace {
 
 using testing::from_json;
 using testing::preset;
-
-TrainSetup setup(uint64_t batch, uint64_t seq, Precision p = Precision::kBf16Amp) {
-  TrainSetup s;
-  s.batch = batch;
-  s.seq = seq;
-  s.precision = p;
-  return s;
-}
+using testing::train_setup;
 
 // FALSIFY-MEM-001: "P_total from formula equals ... sum of element counts". The contract's architecture is
 // Llama with tied embeddings and no biases, e.g. Llama-3.2-1B.
@@ -26,7 +19,7 @@ TEST(Seed001, FalsifyMem001ParameterCountEqualsInventoryForTiedBiasFreeLlama) {
   const ModelSpec m = from_json(R"({"model_type": "llama", "vocab_size": 128256, "hidden_size": 2048,
       "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
       "tie_word_embeddings": true})");
-  const Seed001Contract c = seed001_contract(m, setup(1, 2048));
+  const Seed001Contract c = seed001_contract(m, train_setup(1, 2048));
   EXPECT_EQ(c.p_total, parameter_count(build_inventory(m)));
   EXPECT_EQ(c.p_total.value, 1'235'814'400u);  // arXiv:2502.00706 Table 4, Llama-3.2-1B-Instruct
 }
@@ -34,32 +27,32 @@ TEST(Seed001, FalsifyMem001ParameterCountEqualsInventoryForTiedBiasFreeLlama) {
 TEST(Seed001, UntiedLmHeadIsTheOnlyDifferenceForLlama2) {
   // The contract counts the embedding once; Llama-2 has a separate lm_head of V x H.
   const ModelSpec m = preset("llama-2-7b");
-  const Seed001Contract c = seed001_contract(m, setup(1, 4096));
+  const Seed001Contract c = seed001_contract(m, train_setup(1, 4096));
   EXPECT_EQ(parameter_count(build_inventory(m)).value - c.p_total.value, 32000u * 4096);
 }
 
 TEST(Seed001, BiasesAndExplicitHeadDimAreWhatTheContractMisses) {
   // Qwen2-0.5B: tied, but q/k/v carry biases: 24 layers x (896 + 128 + 128).
   const ModelSpec q2 = preset("qwen2-0.5b");
-  EXPECT_EQ(parameter_count(build_inventory(q2)).value - seed001_contract(q2, setup(1, 1)).p_total.value,
+  EXPECT_EQ(parameter_count(build_inventory(q2)).value - seed001_contract(q2, train_setup(1, 1)).p_total.value,
             24u * (896 + 128 + 128));
   // Qwen3-0.6B: head_dim 128 x 16 heads = 2048 != hidden 1024, plus q_norm/k_norm; the contract assumes
   // head_dim = H / heads = 64.
   const ModelSpec q3 = preset("qwen3-0.6b");
-  EXPECT_NE(parameter_count(build_inventory(q3)), seed001_contract(q3, setup(1, 1)).p_total);
+  EXPECT_NE(parameter_count(build_inventory(q3)), seed001_contract(q3, train_setup(1, 1)).p_total);
 }
 
 TEST(Seed001, ProofObligationsTwoToFourAreExactMultiples) {
   const ModelSpec m = preset("llama-3-8b");
-  const Seed001Contract fp32 = seed001_contract(m, setup(1, 8192, Precision::kFp32));
+  const Seed001Contract fp32 = seed001_contract(m, train_setup(1, 8192, Precision::kFp32));
   EXPECT_EQ(fp32.weights.value, fp32.p_total.value * 4);      // MEM-002, f32
   EXPECT_EQ(fp32.gradients.value, fp32.p_total.value * 4);    // MEM-003
   EXPECT_EQ(fp32.optimizer.value, fp32.p_total.value * 8);    // MEM-004
-  EXPECT_EQ(seed001_contract(m, setup(1, 8192, Precision::kBf16)).weights.value, fp32.p_total.value * 2);
-  EXPECT_EQ(seed001_contract(m, setup(1, 8192, Precision::kBf16Amp)).weights.value, fp32.p_total.value * 6);
+  EXPECT_EQ(seed001_contract(m, train_setup(1, 8192, Precision::kBf16)).weights.value, fp32.p_total.value * 2);
+  EXPECT_EQ(seed001_contract(m, train_setup(1, 8192, Precision::kBf16Amp)).weights.value, fp32.p_total.value * 6);
   // M_act = L x S x H x 10 x 4, batch-independent ("per single sequence").
   EXPECT_EQ(fp32.activations.value, 32ull * 8192 * 4096 * 10 * 4);
-  EXPECT_EQ(seed001_contract(m, setup(8, 8192, Precision::kFp32)).activations, fp32.activations);
+  EXPECT_EQ(seed001_contract(m, train_setup(8, 8192, Precision::kFp32)).activations, fp32.activations);
   EXPECT_EQ(fp32.total, fp32.weights + fp32.gradients + fp32.optimizer + fp32.activations + Bytes(512ull << 20));
 }
 
@@ -67,7 +60,7 @@ TEST(Seed002, Gpt2MediumFiguresAsPublished) {
   // Seed 002: "GPT-2 medium with 8 microbatches: ... = 912MB per layer"; "709,003,264 bytes (676MB) for
   // gradient, 4,254,019,584 bytes (3.96GB) for optimizer state"; activations 21.375GB for 24 layers.
   const ModelSpec m = preset("gpt2-medium");
-  const Seed002Korthikanti k = seed002_korthikanti(m, setup(8, 1024));
+  const Seed002Korthikanti k = seed002_korthikanti(m, train_setup(8, 1024));
   EXPECT_EQ(k.activations_per_layer.value, 912ull << 20);
   EXPECT_EQ(k.params.value, 354'501'632u);  // "24 * 12 * 1024^2 + 50257 * 1024 + 1024^2 = 354,501,632"
   EXPECT_EQ(k.gradients.value, 709'003'264u);
@@ -79,7 +72,7 @@ TEST(Seed002, Gpt2MediumFiguresAsPublished) {
 TEST(Seed000, Gpt2SmallActivationsAsPublished) {
   // Seed 000: "Using my function above I estimate 17.429GB" of activations (GiB, binary) at B=12, T=1024.
   const ModelSpec m = preset("nanogpt-gpt2", AttnImpl::kEager);
-  const Seed000Peak p = seed000_peak(m, build_inventory(m), setup(12, 1024));
+  const Seed000Peak p = seed000_peak(m, build_inventory(m), train_setup(12, 1024));
   EXPECT_NEAR(to_gib(p.activations), 17.429, 0.0005);
   EXPECT_EQ(p.steady_state.value, 16ull * 124'373'760 + 4ull * 12 * 1024 * 1024);
   // The seed's "21.648GB" adds its measured extras (2 cuBLAS workspaces of 8,519,680 B and 196,608 B of

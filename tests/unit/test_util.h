@@ -37,6 +37,15 @@ inline ModelSpec from_json(const std::string& text, const std::vector<std::strin
   return model_from_json(text, "test.json", req);
 }
 
+// A training setup: micro-batch, sequence and precision (the rest at their defaults).
+inline TrainSetup train_setup(uint64_t batch, uint64_t seq, Precision p = Precision::kBf16Amp) {
+  TrainSetup s;
+  s.batch = batch;
+  s.seq = seq;
+  s.precision = p;
+  return s;
+}
+
 // Seed 000's measured run: nanoGPT GPT-2 small without flash attention, B=12, T=1024, float16 autocast with
 // GradScaler, the fork's training loop, PyTorch 2.0 on an A100 (validate/measured/seed000_trace.json).
 struct Seed000Run {

@@ -17,13 +17,7 @@ namespace {
 const Estimate& gpt2() {
   static const Estimate e = [] {
     const ModelSpec m = testing::preset("nanogpt-gpt2", AttnImpl::kEager);
-    TrainSetup s;
-    s.batch = 2;
-    s.seq = 256;
-    s.precision = Precision::kBf16Amp;
-    SimOptions o;
-    o.loop = default_loop(m);
-    return estimate(m, build_inventory(m), s, o);
+    return estimate(m, build_inventory(m), testing::train_setup(2, 256), SimOptions{});
   }();
   return e;
 }
@@ -206,10 +200,7 @@ TEST(Timeline, NamesOutliveTheInventoryTheyCameFrom) {
   {
     const ModelSpec m = testing::preset("gpt2");
     const Inventory inv = build_inventory(m);  // gone before the names are read
-    TrainSetup s;
-    s.batch = 1;
-    s.seq = 64;
-    e = estimate(m, inv, s, SimOptions{});
+    e = estimate(m, inv, testing::train_setup(1, 64), SimOptions{});
   }
   const auto rows = timeline_rows(e, by(TimelineGranularity::kEvent, 0));
   ASSERT_FALSE(rows.empty());

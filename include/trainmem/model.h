@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "trainmem/names.h"
+
 namespace trainmem {
 
 // Which code builds and runs the model.
@@ -125,6 +127,10 @@ struct ModelSpec {
   uint64_t stack_input = 0;
   std::vector<StackLayer> stack;
 };
+
+std::span<const NameRow<Impl>> name_table(Impl);
+std::span<const NameRow<AttnImpl>> name_table(AttnImpl);
+std::span<const NameRow<Act>> name_table(Act);
 
 std::string_view family_name(Family f);
 std::string_view impl_name(Impl i);

@@ -9,6 +9,7 @@
 
 #include "trainmem/dtype.h"
 #include "trainmem/model.h"
+#include "trainmem/names.h"
 
 namespace trainmem {
 
@@ -51,6 +52,11 @@ bool uses_autocast(Precision p);
 uint64_t optimizer_states_per_param(Optimizer o);
 // The implementation that actually runs for `o` and `impl` with a model built by `model_impl`.
 OptimizerImpl resolve_optimizer_impl(Optimizer o, OptimizerImpl impl, Impl model_impl);
+
+// The enums' spellings (names.h); the *_name/parse_* functions below read these tables.
+std::span<const NameRow<Precision>> name_table(Precision);
+std::span<const NameRow<Optimizer>> name_table(Optimizer);
+std::span<const NameRow<OptimizerImpl>> name_table(OptimizerImpl);
 
 std::string_view precision_name(Precision p);
 std::string_view optimizer_name(Optimizer o);

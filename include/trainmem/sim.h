@@ -26,6 +26,7 @@ enum class LoopKind {
              // kept between steps (zero_grad(set_to_none=False))
   kPlain,    // `loss = model(x).sum(); loss.backward(); opt.step(); opt.zero_grad()` (seed 003)
 };
+std::span<const NameRow<LoopKind>> name_table(LoopKind);  // auto, nanogpt, hf, seed000, plain
 std::string_view loop_name(LoopKind k);
 std::optional<LoopKind> parse_loop(std::string_view s);
 LoopKind default_loop(const ModelSpec& m);

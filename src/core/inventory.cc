@@ -1,6 +1,7 @@
 #include "trainmem/inventory.h"
 
-#include "../models/table.h"
+#include "../families/registry.h"
+#include "../tensor_tables/table.h"
 #include "trainmem/error.h"
 
 namespace trainmem {
@@ -39,19 +40,7 @@ void Table::buffer(std::string name, std::vector<uint64_t> shape, DType dtype, b
 
 Inventory build_inventory(const ModelSpec& spec) {
   models::Table t;
-  switch (spec.family) {
-    case Family::kGpt2:
-      if (spec.impl == Impl::kNanoGpt) {
-        models::nanogpt_tensors(spec, t);
-      } else {
-        models::gpt2_tensors(spec, t);
-      }
-      break;
-    case Family::kLlama: models::llama_tensors(spec, t); break;
-    case Family::kGptNeox: models::gpt_neox_tensors(spec, t); break;
-    case Family::kOpt: models::opt_tensors(spec, t); break;
-    case Family::kStack: models::stack_tensors(spec, t); break;
-  }
+  program_for(spec).tensors(spec, t);
   return t.take();
 }
 

@@ -1,41 +1,33 @@
 #include "trainmem/model.h"
 
+#include "../families/registry.h"
+
 namespace trainmem {
 
-std::string_view family_name(Family f) {
-  switch (f) {
-    case Family::kGpt2: return "gpt2";
-    case Family::kLlama: return "llama";
-    case Family::kGptNeox: return "gpt_neox";
-    case Family::kOpt: return "opt";
-    case Family::kStack: return "mlp";
-  }
-  return "?";
-}
+namespace {
+constexpr NameRow<Impl> kImpls[] = {
+    {Impl::kHf, "hf", "Hugging Face transformers' modeling_<model_type>.py"},
+    {Impl::kNanoGpt, "nanogpt", "karpathy/nanoGPT model.py"},
+    {Impl::kStack, "stack", "an nn.Sequential layer stack (model_type mlp)"},
+};
+constexpr NameRow<AttnImpl> kAttnImpls[] = {
+    {AttnImpl::kEager, "eager", "softmax(QK^T)V as explicit ops"},
+    {AttnImpl::kSdpa, "sdpa", "F.scaled_dot_product_attention"},
+};
+constexpr NameRow<Act> kActs[] = {
+    {Act::kGeluNew, "gelu_new", ""},     {Act::kGeluFast, "gelu_fast", ""}, {Act::kGeluTanh, "gelu_pytorch_tanh", ""},
+    {Act::kGeluErf, "gelu", ""},         {Act::kQuickGelu, "quick_gelu", ""}, {Act::kSilu, "silu", ""},
+    {Act::kRelu, "relu", ""},            {Act::kSigmoid, "sigmoid", ""},
+};
+}  // namespace
 
-std::string_view impl_name(Impl i) {
-  switch (i) {
-    case Impl::kHf: return "hf";
-    case Impl::kNanoGpt: return "nanogpt";
-    case Impl::kStack: return "stack";
-  }
-  return "?";
-}
+std::span<const NameRow<Impl>> name_table(Impl) { return kImpls; }
+std::span<const NameRow<AttnImpl>> name_table(AttnImpl) { return kAttnImpls; }
+std::span<const NameRow<Act>> name_table(Act) { return kActs; }
 
-std::string_view attn_impl_name(AttnImpl a) { return a == AttnImpl::kEager ? "eager" : "sdpa"; }
-
-std::string_view act_name(Act a) {
-  switch (a) {
-    case Act::kGeluNew: return "gelu_new";
-    case Act::kGeluFast: return "gelu_fast";
-    case Act::kGeluTanh: return "gelu_pytorch_tanh";
-    case Act::kGeluErf: return "gelu";
-    case Act::kQuickGelu: return "quick_gelu";
-    case Act::kSilu: return "silu";
-    case Act::kRelu: return "relu";
-    case Act::kSigmoid: return "sigmoid";
-  }
-  return "?";
-}
+std::string_view family_name(Family f) { return family_descriptor(f).name; }
+std::string_view impl_name(Impl i) { return name_of(i); }
+std::string_view attn_impl_name(AttnImpl a) { return name_of(a); }
+std::string_view act_name(Act a) { return name_of(a); }
 
 }  // namespace trainmem

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "trainmem/error.h"
+#include "trainmem/family.h"
 
 namespace trainmem {
 
@@ -52,61 +53,39 @@ std::string optimizer_label(Optimizer o, OptimizerImpl impl) {
   return fmt::format("{} ({})", optimizer_name(o), optimizer_impl_name(impl));
 }
 
-std::string_view precision_name(Precision p) {
-  switch (p) {
-    case Precision::kFp32: return "fp32";
-    case Precision::kFp16Amp: return "fp16-amp";
-    case Precision::kBf16Amp: return "bf16-amp";
-    case Precision::kFp16: return "fp16";
-    case Precision::kBf16: return "bf16";
-  }
-  return "?";
-}
+namespace {
+constexpr NameRow<Precision> kPrecisions[] = {
+    {Precision::kFp32, "fp32", "everything float32"},
+    {Precision::kFp16Amp, "fp16-amp", "float32 weights, torch.autocast(float16), GradScaler"},
+    {Precision::kBf16Amp, "bf16-amp", "float32 weights, torch.autocast(bfloat16)"},
+    {Precision::kFp16, "fp16", "model.to(float16): weights, gradients and optimizer state in float16"},
+    {Precision::kBf16, "bf16", "model.to(bfloat16): weights, gradients and optimizer state in bfloat16"},
+};
+constexpr NameRow<Optimizer> kOptimizers[] = {
+    {Optimizer::kAdamW, "adamw", "torch.optim.AdamW: exp_avg and exp_avg_sq per parameter"},
+    {Optimizer::kAdam, "adam", "torch.optim.Adam: exp_avg and exp_avg_sq per parameter"},
+    {Optimizer::kSgd, "sgd", "torch.optim.SGD without momentum: no state"},
+    {Optimizer::kSgdMomentum, "sgd-momentum", "torch.optim.SGD with momentum: momentum_buffer per parameter"},
+    {Optimizer::kNone, "none", "no optimizer step (forward and backward only)"},
+};
+constexpr NameRow<OptimizerImpl> kOptimizerImpls[] = {
+    {OptimizerImpl::kAuto, "auto", "fused for nanoGPT's AdamW, foreach otherwise (torch.optim's CUDA default)"},
+    {OptimizerImpl::kForeach, "foreach", "_multi_tensor_* with torch._foreach_ ops"},
+    {OptimizerImpl::kFused, "fused", "_fused_adamw_ kernels; `step` is a device tensor"},
+    {OptimizerImpl::kForLoop, "for-loop", "_single_tensor_*"},
+};
+}  // namespace
 
-std::string_view optimizer_name(Optimizer o) {
-  switch (o) {
-    case Optimizer::kAdamW: return "adamw";
-    case Optimizer::kAdam: return "adam";
-    case Optimizer::kSgd: return "sgd";
-    case Optimizer::kSgdMomentum: return "sgd-momentum";
-    case Optimizer::kNone: return "none";
-  }
-  return "?";
-}
+std::span<const NameRow<Precision>> name_table(Precision) { return kPrecisions; }
+std::span<const NameRow<Optimizer>> name_table(Optimizer) { return kOptimizers; }
+std::span<const NameRow<OptimizerImpl>> name_table(OptimizerImpl) { return kOptimizerImpls; }
 
-std::string_view optimizer_impl_name(OptimizerImpl i) {
-  switch (i) {
-    case OptimizerImpl::kAuto: return "auto";
-    case OptimizerImpl::kForeach: return "foreach";
-    case OptimizerImpl::kFused: return "fused";
-    case OptimizerImpl::kForLoop: return "for-loop";
-  }
-  return "?";
-}
-
-std::optional<Precision> parse_precision(std::string_view s) {
-  for (Precision p : {Precision::kFp32, Precision::kFp16Amp, Precision::kBf16Amp, Precision::kFp16,
-                      Precision::kBf16}) {
-    if (precision_name(p) == s) return p;
-  }
-  return std::nullopt;
-}
-
-std::optional<Optimizer> parse_optimizer(std::string_view s) {
-  for (Optimizer o : {Optimizer::kAdamW, Optimizer::kAdam, Optimizer::kSgd, Optimizer::kSgdMomentum,
-                      Optimizer::kNone}) {
-    if (optimizer_name(o) == s) return o;
-  }
-  return std::nullopt;
-}
-
-std::optional<OptimizerImpl> parse_optimizer_impl(std::string_view s) {
-  for (OptimizerImpl i : {OptimizerImpl::kAuto, OptimizerImpl::kForeach, OptimizerImpl::kFused,
-                          OptimizerImpl::kForLoop}) {
-    if (optimizer_impl_name(i) == s) return i;
-  }
-  return std::nullopt;
-}
+std::string_view precision_name(Precision p) { return name_of(p); }
+std::string_view optimizer_name(Optimizer o) { return name_of(o); }
+std::string_view optimizer_impl_name(OptimizerImpl i) { return name_of(i); }
+std::optional<Precision> parse_precision(std::string_view s) { return parse_name<Precision>(s); }
+std::optional<Optimizer> parse_optimizer(std::string_view s) { return parse_name<Optimizer>(s); }
+std::optional<OptimizerImpl> parse_optimizer_impl(std::string_view s) { return parse_name<OptimizerImpl>(s); }
 
 void validate_setup(const ModelSpec& m, const TrainSetup& s) {
   if (s.batch == 0) throw Error("--batch 0: expected a micro-batch of at least 1 sequence");
@@ -116,7 +95,7 @@ void validate_setup(const ModelSpec& m, const TrainSetup& s) {
     throw Error(fmt::format("--optimizer-impl {}: there is no optimizer (--optimizer none)",
                             optimizer_impl_name(s.optimizer_impl)));
   }
-  if (m.family == Family::kStack) return;  // a layer stack has no sequence axis: T multiplies the rows
+  if (input_kind(m) == InputKind::kFeatures) return;  // no sequence axis: T multiplies the rows
   if (m.max_positions != 0 && s.seq > m.max_positions) {
     throw Error(fmt::format("--seq {}: {} has a learned position table of {} positions; a longer sequence "
                             "cannot be embedded", s.seq, m.name, m.max_positions));

@@ -4,28 +4,30 @@
 
 #include <algorithm>
 
+#include "../families/registry.h"
 #include "forward.h"
 #include "trainmem/error.h"
 #include "trainmem/sim.h"
 
 namespace trainmem {
 
-std::string_view loop_name(LoopKind k) {
-  switch (k) {
-    case LoopKind::kAuto: return "auto";
-    case LoopKind::kNanoGpt: return "nanogpt";
-    case LoopKind::kHf: return "hf";
-    case LoopKind::kSeed000: return "seed000";
-    case LoopKind::kPlain: return "plain";
-  }
-  return "?";
-}
+namespace {
+constexpr NameRow<LoopKind> kLoops[] = {
+    {LoopKind::kAuto, "auto", "the model implementation's own loop"},
+    {LoopKind::kNanoGpt, "nanogpt", "nanoGPT train.py"},
+    {LoopKind::kHf, "hf", "transformers Trainer"},
+    {LoopKind::kSeed000, "seed000", "the nanoGPT fork of seed 000's memory trace"},
+    {LoopKind::kPlain, "plain", "loss = model(x).sum(); backward; step; zero_grad (seed 003)"},
+};
+}  // namespace
 
+std::span<const NameRow<LoopKind>> name_table(LoopKind) { return kLoops; }
+std::string_view loop_name(LoopKind k) { return name_of(k); }
+
+// "auto" is the default, not a spelling the CLI accepts for --loop
 std::optional<LoopKind> parse_loop(std::string_view s) {
-  for (LoopKind k : {LoopKind::kNanoGpt, LoopKind::kHf, LoopKind::kSeed000, LoopKind::kPlain}) {
-    if (loop_name(k) == s) return k;
-  }
-  return std::nullopt;
+  const auto k = parse_name<LoopKind>(s);
+  return k == LoopKind::kAuto ? std::nullopt : k;
 }
 
 SimOptions resolved(const SimOptions& o, const ModelSpec& m) {
@@ -66,12 +68,14 @@ struct Loop {
   T X, Y;                   // the current batch
   T kept_logits;            // nanoGPT: `logits` lives until the next forward returns
   T kept_loss;              // the training script's `loss` variable, rebound each micro-batch
+  const Program& program;   // the family's forward for this implementation (src/families/registry.cc)
+  const bool features;      // a float feature batch without targets (InputKind::kFeatures)
 
   Loop(const ModelSpec& m_, const Inventory& inv_, const TrainSetup& s_, const SimOptions& o_, Engine& e_)
-      : m(m_), inv(inv_), s(s_), o(o_), e(e_), c(e_) {}
+      : m(m_), inv(inv_), s(s_), o(o_), e(e_), c(e_), program(program_for(m_)), features(input_kind(m_) == InputKind::kFeatures) {}
 
   T batch_tensor(const char* what) {
-    if (m.family == Family::kStack) {
+    if (features) {
       return e.leaf(Shape{s.batch, m.stack_input}, param_dtype(s.precision), Category::kInputs, Label{what});
     }
     return e.leaf(Shape{s.batch, s.seq}, DType::kI64, Category::kInputs, Label{what});
@@ -80,8 +84,8 @@ struct Loop {
   void get_batch() {
     // x, y = x.to(device), y.to(device): x first. Rebinding releases the previous batch unless autograd
     // still holds it (embedding saves the ids, nll_loss the targets).
-    T x = batch_tensor(m.family == Family::kStack ? "input x" : "input ids");
-    T y = m.family == Family::kStack ? T() : batch_tensor("targets");
+    T x = batch_tensor(features ? "input x" : "input ids");
+    T y = features ? T() : batch_tensor("targets");
     X = std::move(x);
     Y = std::move(y);
   }
@@ -103,17 +107,7 @@ struct Loop {
     e.phase = Phase::kSetup;
   }
 
-  ForwardOut run_forward(const T* targets) {
-    switch (m.family) {
-      case Family::kGpt2:
-        return m.impl == Impl::kNanoGpt ? nanogpt_forward(c, m, w, X, targets) : gpt2_forward(c, m, w, X, targets);
-      case Family::kLlama: return llama_forward(c, m, w, X, targets);
-      case Family::kGptNeox: return gpt_neox_forward(c, m, w, X, targets);
-      case Family::kOpt: return opt_forward(c, m, w, X, targets);
-      case Family::kStack: return stack_forward(c, m, w, X);
-    }
-    throw Error("internal: unknown family");
-  }
+  ForwardOut run_forward(const T* targets) { return program.forward(c, m, w, X, targets); }
 
   T scale_loss(T loss) {
     // loss = loss / gradient_accumulation_steps (a python number: a new 0-dim tensor)
@@ -152,7 +146,7 @@ struct Loop {
         const T tflat = view(c, Y, Shape{Y.shape().numel().value});
         out.loss = cross_entropy(c, flat, tflat);
         out.logits.reset();
-      } else if (m.family == Family::kStack) {
+      } else if (features) {
         out = run_forward(nullptr);
         e.phase = Phase::kLoss;
         out.loss = sum_loss(c, out.logits);  // loss = y.sum()
@@ -282,7 +276,8 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
   loop.c.ac_dtype = compute_dtype(s.precision);
   loop.c.seed000_block_locals = o.loop == LoopKind::kSeed000;
   loop.opt_impl = resolve_optimizer_impl(s.optimizer, s.optimizer_impl, m.impl);
-  loop.scaler = s.precision == Precision::kFp16Amp && m.family != Family::kStack;
+  // seed 003's layer-stack script runs no GradScaler
+  loop.scaler = s.precision == Precision::kFp16Amp && !loop.features;
 
   e.phase = Phase::kSetup;
   if (o.loop == LoopKind::kSeed000) loop.warmup();

@@ -10,6 +10,7 @@
 #include <map>
 
 #include "trainmem/error.h"
+#include "trainmem/family.h"
 
 namespace trainmem {
 
@@ -267,7 +268,7 @@ void suggest(const Candidate& base, const FitProbe& original, const GpuSpec& gpu
 
 FitResult fit(const ModelSpec& m, const TrainSetup& s0, const SimOptions& o, const AllocatorConfig& ac,
               const GpuSpec& gpu, const FitRequest& r) {
-  if (r.solve == FitDimension::kSeq && m.family == Family::kStack) {
+  if (r.solve == FitDimension::kSeq && input_kind(m) == InputKind::kFeatures) {
     throw Error(fmt::format("--solve seq: {} is a layer stack, which has no sequence axis; solve for the batch",
                             m.name));
   }

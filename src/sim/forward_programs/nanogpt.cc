@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "../forward.h"
+#include "../layers.h"
 
 namespace trainmem::sim {
 
@@ -106,11 +107,7 @@ ForwardOut nanogpt_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, con
   T tok_emb = embedding(c, w.p("transformer.wte.weight"), idx, "wte");
   T pos_emb = embedding(c, w.p("transformer.wpe.weight"), pos, "wpe");
   T x = dropout(c, add(c, tok_emb, pos_emb, "tok_emb + pos_emb"), m.dropout.embd, "embd dropout");
-  for (uint64_t l = 0; l < m.layers; ++l) {
-    c.layer = static_cast<int32_t>(l);
-    x = block(c, m, block_params(w, m, l), x);
-  }
-  c.layer = -1;
+  x = run_layers(c, m.layers, std::move(x), [&](uint64_t l, T h) { return block(c, m, block_params(w, m, l), h); });
   x = layer_norm(c, x, &w.p("transformer.ln_f.weight"), w.opt("transformer.ln_f.bias"), "ln_f");
   ForwardOut out;
   // lm_head is tied to wte

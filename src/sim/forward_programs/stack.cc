@@ -2,27 +2,23 @@
 #include <fmt/format.h>
 
 #include "../forward.h"
+#include "../layers.h"
 
 namespace trainmem::sim {
 
 ForwardOut stack_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& x0) {
-  T x = x0;
-  for (size_t i = 0; i < m.stack.size(); ++i) {
-    c.layer = static_cast<int32_t>(i);
-    const StackLayer& s = m.stack[i];
-    switch (s.op) {
-      case StackOp::kLinear:
-        x = linear(c, x, w.p(param_name("{}.weight", i)), w.opt(param_name("{}.bias", i)), "linear");
-        break;
-      case StackOp::kRelu: x = relu(c, x, "relu"); break;
-      case StackOp::kGelu: x = gelu(c, x, "gelu"); break;
-      case StackOp::kSigmoid: x = sigmoid(c, x, "sigmoid"); break;
+  // nn.Sequential.forward: `input = module(input)` for each module
+  T x = run_layers(c, m.stack.size(), x0, [&](uint64_t i, T h) {
+    switch (m.stack[i].op) {
+      case StackOp::kLinear: return linear(c, h, w.p(param_name("{}.weight", i)), w.opt(param_name("{}.bias", i)), "linear");
+      case StackOp::kRelu: return relu(c, h, "relu");
+      case StackOp::kGelu: return gelu(c, h, "gelu");
+      case StackOp::kSigmoid: return sigmoid(c, h, "sigmoid");
       case StackOp::kLayerNorm:
-        x = layer_norm(c, x, w.opt(param_name("{}.weight", i)), w.opt(param_name("{}.bias", i)), "layer_norm");
-        break;
+        return layer_norm(c, h, w.opt(param_name("{}.weight", i)), w.opt(param_name("{}.bias", i)), "layer_norm");
     }
-  }
-  c.layer = -1;
+    return h;
+  });
   ForwardOut out;
   out.logits = x;  // y = model(x)
   return out;

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "trainmem/family.h"
+
 namespace trainmem {
 
 // torch.optim Adam(W) keeps state['step'] as a float32 scalar tensor: on the parameter's device when fused
@@ -130,8 +132,10 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
     e.optimizer_steps = Bytes(kOptimizerStepBytes) * inv.parameters.size();
   }
   e.optimizer_state = e.optimizer_moments + e.optimizer_steps;
-  const Elems tokens(checked_mul(s.batch, m.family == Family::kStack ? m.stack_input : s.seq, "tokens"));
-  e.inputs = m.family == Family::kStack ? bytes_of(tokens, pd) : bytes_of(tokens, DType::kI64) * 2;
+  // token ids and targets (int64 each), or one float feature batch
+  const bool features = input_kind(m) == InputKind::kFeatures;
+  const Elems tokens(checked_mul(s.batch, features ? m.stack_input : s.seq, "tokens"));
+  e.inputs = features ? bytes_of(tokens, pd) : bytes_of(tokens, DType::kI64) * 2;
 
   e.sim = simulate(m, inv, e.setup, o);
   e.saved_activations = e.sim.saved_activations;

@@ -2,6 +2,7 @@
 // B=micro-batch T=seq C=hidden H=heads D=head-dim V=vocab
 #include <fmt/format.h>
 
+#include "../layers.h"
 #include "hf_common.h"
 
 namespace trainmem::sim {
@@ -63,19 +64,18 @@ T gpt2_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
   T mask;
   if (m.attn_impl == AttnImpl::kEager) mask = eager_mask(c, B, Tn, inputs_embeds.dtype());
   hidden = dropout(c, hidden, m.dropout.embd, "embd dropout");
-  for (uint64_t l = 0; l < m.layers; ++l) {
-    c.layer = static_cast<int32_t>(l);
+  hidden = run_layers(c, m.layers, std::move(hidden), [&](uint64_t l, T h) {  // GPT2Block.forward
     auto n = [l](const char* s) { return param_name("transformer.h.{}.{}", l, s); };
-    T residual = hidden;
-    hidden = layer_norm(c, hidden, &w.p(n("ln_1.weight")), &w.p(n("ln_1.bias")), "ln_1");
-    hidden = gpt2_attention(c, m, w, l, hidden, mask ? &mask : nullptr);
-    hidden = add(c, hidden, residual, "attn_output + residual");
-    residual = hidden;
-    hidden = layer_norm(c, hidden, &w.p(n("ln_2.weight")), &w.p(n("ln_2.bias")), "ln_2");
-    hidden = gpt2_mlp(c, m, w, l, hidden);
-    hidden = add(c, residual, hidden, "residual + feed_forward");
-  }
-  c.layer = -1;
+    T residual = h;
+    h = layer_norm(c, h, &w.p(n("ln_1.weight")), &w.p(n("ln_1.bias")), "ln_1");
+    h = gpt2_attention(c, m, w, l, h, mask ? &mask : nullptr);
+    h = add(c, h, residual, "attn_output + residual");
+    residual = h;
+    h = layer_norm(c, h, &w.p(n("ln_2.weight")), &w.p(n("ln_2.bias")), "ln_2");
+    h = gpt2_mlp(c, m, w, l, h);
+    h = add(c, residual, h, "residual + feed_forward");
+    return h;
+  });
   return layer_norm(c, hidden, &w.p("transformer.ln_f.weight"), &w.p("transformer.ln_f.bias"), "ln_f");
 }
 

@@ -2,6 +2,7 @@
 // B=micro-batch T=seq C=hidden W=word_embed_proj_dim H=heads D=head-dim F=ffn V=vocab
 #include <fmt/format.h>
 
+#include "../layers.h"
 #include "hf_common.h"
 
 namespace trainmem::sim {
@@ -85,11 +86,9 @@ T opt_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
     inputs_embeds = linear(c, inputs_embeds, *pin, nullptr, "project_in");
   }
   T hidden = add(c, inputs_embeds, pos_embeds, "inputs_embeds + pos_embeds");
-  for (uint64_t l = 0; l < m.layers; ++l) {
-    c.layer = static_cast<int32_t>(l);
-    hidden = opt_layer(c, m, w, l, hidden, mask ? &mask : nullptr);
-  }
-  c.layer = -1;
+  hidden = run_layers(c, m.layers, std::move(hidden), [&](uint64_t l, T h) {
+    return opt_layer(c, m, w, l, h, mask ? &mask : nullptr);
+  });
   if (m.final_norm) {
     hidden = layer_norm(c, hidden, w.opt("model.decoder.final_layer_norm.weight"),
                         w.opt("model.decoder.final_layer_norm.bias"), "final_layer_norm");

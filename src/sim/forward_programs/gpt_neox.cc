@@ -2,6 +2,7 @@
 // B=micro-batch T=seq C=hidden H=heads D=head-dim R=rotary dims F=ffn V=vocab
 #include <fmt/format.h>
 
+#include "../layers.h"
 #include "hf_common.h"
 
 namespace trainmem::sim {
@@ -82,11 +83,9 @@ T neox_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
   if (m.attn_impl == AttnImpl::kEager) mask = eager_mask(c, B, Tn, inputs_embeds.dtype());
   T hidden = dropout(c, inputs_embeds, m.dropout.resid, "emb_dropout");
   const Rotary rot = rotary_embedding(c, w.buf("gpt_neox.rotary_emb.inv_freq"), Tn, hidden.dtype());
-  for (uint64_t l = 0; l < m.layers; ++l) {
-    c.layer = static_cast<int32_t>(l);
-    hidden = neox_layer(c, m, w, l, hidden, rot, mask ? &mask : nullptr);
-  }
-  c.layer = -1;
+  hidden = run_layers(c, m.layers, std::move(hidden), [&](uint64_t l, T h) {
+    return neox_layer(c, m, w, l, h, rot, mask ? &mask : nullptr);
+  });
   return layer_norm(c, hidden, &w.p("gpt_neox.final_layer_norm.weight"), &w.p("gpt_neox.final_layer_norm.bias"),
                     "final_layer_norm");
 }

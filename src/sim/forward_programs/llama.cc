@@ -4,6 +4,7 @@
 // B=micro-batch T=seq C=hidden H=heads KV=kv-heads D=head-dim F=ffn V=vocab E=experts
 #include <fmt/format.h>
 
+#include "../layers.h"
 #include "hf_common.h"
 #include "trainmem/error.h"
 
@@ -138,11 +139,9 @@ T llama_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
   T hidden = inputs_embeds;
   const Rotary rot = rotary_embedding(c, w.buf("model.rotary_emb.inv_freq"), Tn, hidden.dtype());
   hidden = dropout(c, hidden, m.dropout.embd, "embd dropout");
-  for (uint64_t l = 0; l < m.layers; ++l) {
-    c.layer = static_cast<int32_t>(l);
-    hidden = decoder_layer(c, m, Layer{w, l}, hidden, rot, mask ? &mask : nullptr);
-  }
-  c.layer = -1;
+  hidden = run_layers(c, m.layers, std::move(hidden), [&](uint64_t l, T h) {
+    return decoder_layer(c, m, Layer{w, l}, h, rot, mask ? &mask : nullptr);
+  });
   return rms_norm(c, m, hidden, w.p("model.norm.weight"), "norm");
 }
 

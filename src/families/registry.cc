@@ -1,0 +1,112 @@
+// The family registry's one table. A row names, for one architecture family, the config readers of its
+// model_type values (src/config), and per implementation its tensor table (src/tensor_tables) and forward
+// program (src/sim/forward_programs).
+#include "registry.h"
+
+#include <fmt/format.h>
+
+#include "../config/families.h"
+#include "../sim/forward.h"
+#include "../tensor_tables/table.h"
+#include "trainmem/error.h"
+
+namespace trainmem {
+
+namespace {
+
+using config::KeyReader;
+
+// Adapters from the readers' own signatures to ConfigReader.
+void gpt2_config(const KeyReader& r, std::string_view, ModelSpec& m) { config::read_gpt2(r, m); }
+void nanogpt_config(const KeyReader& r, std::string_view, ModelSpec& m) { config::read_nanogpt(r, m); }
+void gpt_neox_config(const KeyReader& r, std::string_view, ModelSpec& m) { config::read_gpt_neox(r, m); }
+void opt_config(const KeyReader& r, std::string_view, ModelSpec& m) { config::read_opt(r, m); }
+void stack_config(const KeyReader& r, std::string_view, ModelSpec& m) { config::read_stack(r, m); }
+void llama_config(const KeyReader& r, std::string_view t, ModelSpec& m) {
+  if (!config::read_llama_family(r, std::string(t), m)) throw Error(fmt::format("internal: no llama defaults for {}", t));
+}
+
+// The layer stack computes no loss of its own: the loop's `y.sum()` does.
+sim::ForwardOut stack_program(sim::Ctx& c, const ModelSpec& m, const sim::LoadedModel& w, const sim::T& x,
+                              const sim::T*) {
+  return sim::stack_forward(c, m, w, x);
+}
+
+constexpr ModelType kGpt2Types[] = {{"gpt2", gpt2_config, Impl::kHf}, {"nanogpt", nanogpt_config, Impl::kNanoGpt}};
+constexpr Program kGpt2Programs[] = {{Impl::kHf, models::gpt2_tensors, sim::gpt2_forward},
+                                     {Impl::kNanoGpt, models::nanogpt_tensors, sim::nanogpt_forward}};
+
+// Every model_type whose modeling file is LlamaForCausalLM's shape (src/config/llama_configs.cc has each one's
+// defaults and architecture facts).
+constexpr ModelType kLlamaTypes[] = {
+    {"llama", llama_config, Impl::kHf},  {"mistral", llama_config, Impl::kHf}, {"qwen2", llama_config, Impl::kHf},
+    {"qwen3", llama_config, Impl::kHf},  {"gemma", llama_config, Impl::kHf},   {"gemma2", llama_config, Impl::kHf},
+    {"phi3", llama_config, Impl::kHf},   {"mixtral", llama_config, Impl::kHf},
+};
+constexpr Program kLlamaPrograms[] = {{Impl::kHf, models::llama_tensors, sim::llama_forward}};
+
+constexpr ModelType kNeoxTypes[] = {{"gpt_neox", gpt_neox_config, Impl::kHf}};
+constexpr Program kNeoxPrograms[] = {{Impl::kHf, models::gpt_neox_tensors, sim::gpt_neox_forward}};
+
+constexpr ModelType kOptTypes[] = {{"opt", opt_config, Impl::kHf}};
+constexpr Program kOptPrograms[] = {{Impl::kHf, models::opt_tensors, sim::opt_forward}};
+
+constexpr ModelType kStackTypes[] = {{"mlp", stack_config, Impl::kStack}};
+constexpr Program kStackPrograms[] = {{Impl::kStack, models::stack_tensors, stack_program}};
+
+const FamilyDescriptor kFamilies[] = {
+    {Family::kGpt2, "gpt2", kGpt2Types, kGpt2Programs, InputKind::kTokenIds, "transformer.h"},
+    {Family::kLlama, "llama", kLlamaTypes, kLlamaPrograms, InputKind::kTokenIds, "model.layers"},
+    {Family::kGptNeox, "gpt_neox", kNeoxTypes, kNeoxPrograms, InputKind::kTokenIds, "gpt_neox.layers"},
+    {Family::kOpt, "opt", kOptTypes, kOptPrograms, InputKind::kTokenIds, "model.decoder.layers"},
+    {Family::kStack, "mlp", kStackTypes, kStackPrograms, InputKind::kFeatures, ""},
+};
+
+}  // namespace
+
+std::span<const FamilyDescriptor> families() { return kFamilies; }
+
+const FamilyDescriptor& family_descriptor(Family f) {
+  for (const FamilyDescriptor& d : kFamilies) {
+    if (d.family == f) return d;
+  }
+  throw Error("internal: a family without a descriptor");
+}
+
+const FamilyDescriptor* find_model_type(std::string_view model_type, const ModelType** type) {
+  for (const FamilyDescriptor& d : kFamilies) {
+    for (const ModelType& t : d.model_types) {
+      if (t.name == model_type) {
+        if (type) *type = &t;
+        return &d;
+      }
+    }
+  }
+  return nullptr;
+}
+
+const Program& program_for(const ModelSpec& m) {
+  const FamilyDescriptor& d = family_descriptor(m.family);
+  for (const Program& p : d.programs) {
+    if (p.impl == m.impl) return p;
+  }
+  throw Error(fmt::format("--impl {} cannot build model_type \"{}\" (the {} family is built by {})", impl_name(m.impl),
+                          m.model_type, d.name, impl_name(d.programs.front().impl)));
+}
+
+std::string supported_model_types() {
+  std::string s;
+  for (const FamilyDescriptor& d : kFamilies) {
+    for (const ModelType& t : d.model_types) s += (s.empty() ? "" : ", ") + std::string(t.name);
+  }
+  return s;
+}
+
+InputKind input_kind(const ModelSpec& m) { return family_descriptor(m.family).input; }
+
+std::string layer_name(const ModelSpec& m, int64_t layer) {
+  const std::string_view prefix = family_descriptor(m.family).layer_prefix;
+  return prefix.empty() ? std::to_string(layer) : fmt::format("{}.{}", prefix, layer);
+}
+
+}  // namespace trainmem

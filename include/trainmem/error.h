@@ -12,4 +12,19 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& message) : std::runtime_error(message) {}
 };
 
+// An error in one field of a request (scenario.h): `field` is the field's name ("batch", "alloc_conf"), and
+// `detail` the rest of the message ("\"-3\": expected an integer in [1, 1048576]"). The message reads
+// "batch \"-3\": ..."; a front end that spells the field otherwise (the CLI's --batch) prints its own spelling
+// followed by the detail.
+class FieldError : public Error {
+ public:
+  FieldError(std::string field, std::string detail)
+      : Error(field + " " + detail), field_(std::move(field)), detail_(std::move(detail)) {}
+  const std::string& field() const { return field_; }
+  const std::string& detail() const { return detail_; }
+
+ private:
+  std::string field_, detail_;
+};
+
 }  // namespace trainmem

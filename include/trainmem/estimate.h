@@ -9,6 +9,7 @@
 #include "trainmem/gpu.h"
 #include "trainmem/inventory.h"
 #include "trainmem/model.h"
+#include "trainmem/scenario.h"
 #include "trainmem/setup.h"
 #include "trainmem/sim.h"
 #include "trainmem/units.h"
@@ -98,7 +99,11 @@ struct Estimate {
   AllocatorReplay alloc;
 };
 
-// The full estimate; `gpu` (optional) adds the device totals and the verdict.
+// The full estimate of a resolved scenario: with a GPU, the device totals and the verdict too.
+Estimate estimate(const ResolvedScenario& r);
+
+// The same from the stages' inputs; `gpu` (optional) adds the device totals and the verdict, and decides the
+// architecture that is simulated (o.sm is replaced by the GPU's).
 Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s, const SimOptions& o,
                   const AllocatorConfig& ac = {}, const GpuSpec* gpu = nullptr);
 
@@ -110,7 +115,7 @@ Bytes usable_bytes(const GpuSpec& gpu, Bytes margin);
 // limit (freeing its cache and retrying before it gives up, as PyTorch does).
 DeviceVerdict device_verdict(const Estimate& e, const GpuSpec& gpu, const AllocatorConfig& ac, Bytes margin = {});
 
-// The name of a timeline label ("h.3.attn softmax", a parameter's name).
-std::string label_name(const Label& l);
+// The name of a timeline label in the model's own names ("model.layers.3 attn softmax", a parameter's name).
+std::string label_name(const Label& l, const ModelSpec& m);
 
 }  // namespace trainmem

@@ -12,6 +12,7 @@
 #include "trainmem/gpu.h"
 #include "trainmem/inventory.h"
 #include "trainmem/model.h"
+#include "trainmem/scenario.h"
 #include "trainmem/setup.h"
 #include "trainmem/sim.h"
 
@@ -31,6 +32,7 @@ Margin parse_margin(std::string_view s);
 enum class FitDimension { kBatch, kSeq };
 std::optional<FitDimension> parse_fit_dimension(std::string_view s);
 std::string_view fit_dimension_name(FitDimension d);
+std::span<const NameRow<FitDimension>> name_table(FitDimension);
 
 // One simulated setup of the search.
 struct FitProbe {
@@ -45,9 +47,10 @@ struct FitProbe {
   std::string failure;     // why it does not fit: where the OOM happens, or that the sizes overflow
 };
 
-// A change to the setup that would save memory, and what it gives at micro-batch 1.
+// A change to the setup that would save memory (or raise the answer), and what it gives at the smallest size.
 struct FitSuggestion {
-  std::string change;       // "--precision bf16"
+  std::vector<FieldChange> changes;  // {{"precision", "bf16"}}: the front end words them ("--precision bf16")
+  std::string label;        // for a change that no field expresses yet ("gradient checkpointing")
   std::string what;         // what the change means for training
   std::optional<FitProbe> at_one;      // the setup with this change at the smallest size; empty: not simulated
   int64_t saves = 0;                   // peak reserved saved against the original setup at that size
@@ -73,13 +76,19 @@ struct FitResult {
   bool capped = false;               // the search stopped at the largest size it may try
   uint64_t cap = 0;
   std::vector<FitProbe> probes;      // every setup simulated, in increasing size
-  std::vector<FitSuggestion> suggestions;  // when even size 1 does not fit: changes that save memory
-  std::vector<std::string> not_helpful;    // changes tried that would save nothing here
+  std::vector<FitSuggestion> suggestions;  // changes that save memory: when even size 1 does not fit, each one
+                                           // that saves; when it fits, each one that raises the answer
+  std::vector<std::vector<FieldChange>> not_helpful;
+  std::vector<std::string> warnings;       // resolve()'s, for the front end to say  // changes tried that would save (or raise) nothing here
 };
 
 // Searches the largest micro-batch (solve kBatch, at s.seq) or sequence (kSeq, at s.batch) that fits `gpu`
 // with the margin. Memory is assumed to grow with the size (checked at the answer: it fits and the next
 // size does not).
+// fit() of a scenario: the solved size must not be given (it is the search's to find); solving for the
+// sequence, the micro-batch defaults to 1. Needs a GPU.
+FitResult fit(const Scenario& s, const FitRequest& r, const FileReader& files);
+
 FitResult fit(const ModelSpec& m, const TrainSetup& s, const SimOptions& o, const AllocatorConfig& ac,
               const GpuSpec& gpu, const FitRequest& r);
 

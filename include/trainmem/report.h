@@ -25,6 +25,7 @@ struct ModelListing {
 std::string render_models_table(const std::vector<ModelListing>& models);
 std::string render_models_json(const std::vector<ModelListing>& models);
 std::string render_gpus_table(const std::vector<GpuSpec>& gpus);
+std::string render_gpus_json(const std::vector<GpuSpec>& gpus);
 
 std::string render_inventory_table(const ModelSpec& m, const Inventory& inv, DType dtype);
 std::string render_inventory_json(const ModelSpec& m, const Inventory& inv, DType dtype);
@@ -37,6 +38,9 @@ struct FormulaReport {
   Seed002Korthikanti seed002;
   Seed000Peak seed000;
 };
+// The seeds' closed forms for a scenario. They assume Adam(W) state and no particular device: an optimizer
+// without that state, or a device or runtime field, is refused rather than silently ignored.
+FormulaReport formula_report(const ResolvedScenario& r);
 std::string render_formulas_table(const FormulaReport& f);
 std::string render_formulas_json(const FormulaReport& f);
 
@@ -79,9 +83,19 @@ struct TimelineRow {
 };
 std::vector<TimelineRow> timeline_rows(const Estimate& e, const TimelineOptions& o);
 std::optional<TimelineGranularity> parse_granularity(std::string_view s);
+// The timeline's options from their text (--by, --unit, --min-bytes with an optional unit, --step of the
+// `steps` simulated); throws FieldError naming the option.
+TimelineOptions parse_timeline_options(std::string_view by, std::string_view unit, std::string_view min_bytes,
+                                       std::string_view step, uint32_t steps);
 std::string render_timeline_table(const Estimate& e, const TimelineOptions& o, const std::vector<TimelineRow>& rows);
 std::string render_timeline_csv(const Estimate& e, const TimelineOptions& o, const std::vector<TimelineRow>& rows);
 std::string render_timeline_json(const Estimate& e, const TimelineOptions& o, const std::vector<TimelineRow>& rows);
+
+// How the CLI spells a scenario field ("optimizer_impl" -> "--optimizer-impl", "overrides" -> "--set"), and a
+// list of changes ("--precision bf16 --attention sdpa"); a suggestion no field expresses shows its label.
+std::string cli_flag(std::string_view field);
+std::string cli_words(std::span<const FieldChange> changes);
+std::string cli_words(const FitSuggestion& sg);
 
 std::string render_fit_table(const FitResult& r);
 std::string render_fit_json(const FitResult& r);

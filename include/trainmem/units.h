@@ -6,6 +6,7 @@
 #include <compare>
 #include <cstdint>
 #include <string>
+#include <optional>
 #include <string_view>
 
 namespace trainmem {
@@ -62,6 +63,11 @@ using Bytes = Count<BytesTag>;
 
 // The element count of a shape; overflow names the shape.
 Elems numel(std::initializer_list<uint64_t> shape);
+
+// A size written as digits with an optional unit: "4096", "512B", "64KiB", "1MiB", "2GiB", "80GB" (GB is 10^9
+// bytes, as card vendors count). nullopt for anything else, or a size beyond 64 bits. `unit_given` receives
+// whether a unit was written.
+std::optional<uint64_t> parse_size(std::string_view s, bool* unit_given = nullptr);
 
 // Display only.
 double to_mib(Bytes b);

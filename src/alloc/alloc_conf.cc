@@ -81,7 +81,7 @@ class Parser {
 
  private:
   [[noreturn]] void fail(const std::string& msg) const {
-    throw Error(fmt::format("--alloc-conf \"{}\": {}", conf_, msg));
+    throw FieldError("alloc_conf", fmt::format("\"{}\": {}", conf_, msg));
   }
   void expect(const char* tok, const std::string& key) {
     if (i_ >= t_.size() || t_[i_] != tok) {

@@ -48,7 +48,7 @@ const GpuSpec& find_gpu(std::string_view name) {
   }
   std::string names;
   for (const GpuSpec& g : gpu_catalog()) names += (names.empty() ? "" : ", ") + g.name;
-  throw Error(fmt::format("--gpu \"{}\": unknown GPU; expected one of {}", name, names));
+  throw FieldError("gpu", fmt::format("\"{}\": unknown GPU; expected one of {}", name, names));
 }
 
 }  // namespace trainmem

@@ -88,16 +88,16 @@ std::optional<Optimizer> parse_optimizer(std::string_view s) { return parse_name
 std::optional<OptimizerImpl> parse_optimizer_impl(std::string_view s) { return parse_name<OptimizerImpl>(s); }
 
 void validate_setup(const ModelSpec& m, const TrainSetup& s) {
-  if (s.batch == 0) throw Error("--batch 0: expected a micro-batch of at least 1 sequence");
-  if (s.seq == 0) throw Error("--seq 0: expected at least 1 token per sequence");
-  if (s.grad_accum == 0) throw Error("--grad-accum 0: expected at least 1 micro-batch per optimizer step");
+  if (s.batch == 0) throw FieldError("batch", "0: expected a micro-batch of at least 1 sequence");
+  if (s.seq == 0) throw FieldError("seq", "0: expected at least 1 token per sequence");
+  if (s.grad_accum == 0) throw FieldError("grad_accum", "0: expected at least 1 micro-batch per optimizer step");
   if (s.optimizer == Optimizer::kNone && s.optimizer_impl != OptimizerImpl::kAuto) {
-    throw Error(fmt::format("--optimizer-impl {}: there is no optimizer (--optimizer none)",
-                            optimizer_impl_name(s.optimizer_impl)));
+    throw FieldError("optimizer_impl", fmt::format("{}: there is no optimizer (the optimizer is none)",
+                                                   optimizer_impl_name(s.optimizer_impl)));
   }
   if (input_kind(m) == InputKind::kFeatures) return;  // no sequence axis: T multiplies the rows
   if (m.max_positions != 0 && s.seq > m.max_positions) {
-    throw Error(fmt::format("--seq {}: {} has a learned position table of {} positions; a longer sequence "
+    throw FieldError("seq", fmt::format("{}: {} has a learned position table of {} positions; a longer sequence "
                             "cannot be embedded", s.seq, m.name, m.max_positions));
   }
 }

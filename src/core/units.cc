@@ -52,4 +52,28 @@ std::string with_commas(uint64_t v) {
   return out;
 }
 
+std::optional<uint64_t> parse_size(std::string_view s, bool* unit_given) {
+  static constexpr std::pair<std::string_view, uint64_t> kUnits[] = {
+      {"GiB", kGiB}, {"MiB", kMiB}, {"KiB", kKiB}, {"GB", 1'000'000'000}, {"B", 1}};
+  uint64_t unit = 1;
+  std::string_view num = s;
+  for (const auto& [suffix, mult] : kUnits) {
+    if (s.size() > suffix.size() && s.substr(s.size() - suffix.size()) == suffix) {
+      unit = mult;
+      num = s.substr(0, s.size() - suffix.size());
+      break;
+    }
+  }
+  if (unit_given) *unit_given = num.size() != s.size();
+  if (num.empty() || num.size() > 20 || num.find_first_not_of("0123456789") != std::string_view::npos) return std::nullopt;
+  uint64_t v = 0;
+  for (char ch : num) {
+    if (__builtin_mul_overflow(v, 10, &v) || __builtin_add_overflow(v, static_cast<uint64_t>(ch - '0'), &v)) {
+      return std::nullopt;
+    }
+  }
+  if (__builtin_mul_overflow(v, unit, &v)) return std::nullopt;
+  return v;
+}
+
 }  // namespace trainmem

@@ -32,12 +32,13 @@ const char* category_note(Category c) {
 
 }  // namespace
 
-std::string label_name(const Label& l) {
+std::string label_name(const Label& l, const ModelSpec& m) {
   if (l.row == kRowBackwardOf) {
-    return l.layer >= 0 ? fmt::format("backward of h.{} {}", l.layer, l.what) : fmt::format("backward of {}", l.what);
+    return l.layer >= 0 ? fmt::format("backward of {} {}", layer_name(m, l.layer), l.what)
+                        : fmt::format("backward of {}", l.what);
   }
   // A tensor named after a parameter or buffer (its copy, gradient or state) carries the full name.
-  if (l.layer >= 0 && l.row < 0) return "h." + std::to_string(l.layer) + " " + l.what;
+  if (l.layer >= 0 && l.row < 0) return layer_name(m, l.layer) + " " + l.what;
   return l.what;
 }
 
@@ -68,7 +69,7 @@ DeviceVerdict device_verdict(const Estimate& e, const GpuSpec& gpu, const Alloca
     o.phase = ev.phase;
     o.step = ev.step;
     o.micro = ev.micro;
-    o.tensor = label_name(ev.label);
+    o.tensor = label_name(ev.label, e.model);
     o.category = ev.category;
     o.requested = r.oom->requested;
     o.segment = r.oom->segment;
@@ -102,7 +103,7 @@ DeviceVerdict device_verdict(const Estimate& e, const GpuSpec& gpu, const Alloca
       o.live_by_category[static_cast<size_t>(current_category(b.alloc_event))] += b.requested;
       if (o.live.size() < 12) {
         const Event& a = events[b.alloc_event];
-        o.live.push_back({label_name(a.label), current_category(b.alloc_event), b.requested, b.block});
+        o.live.push_back({label_name(a.label, e.model), current_category(b.alloc_event), b.requested, b.block});
       }
     }
     v.oom = std::move(o);
@@ -112,9 +113,15 @@ DeviceVerdict device_verdict(const Estimate& e, const GpuSpec& gpu, const Alloca
 
 
 
-Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s, const SimOptions& o,
+Estimate estimate(const ResolvedScenario& r) {
+  return estimate(r.model, r.inventory, r.setup, r.options, r.alloc, r.gpu ? &*r.gpu : nullptr);
+}
+
+Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s, const SimOptions& o0,
                   const AllocatorConfig& ac, const GpuSpec* gpu) {
   validate_setup(m, s);
+  SimOptions o = o0;
+  if (gpu) o.sm = gpu->sm;  // the device decides the kernels: an H100 is simulated as sm_90
   Estimate e;
   e.model = m;
   e.setup = s;

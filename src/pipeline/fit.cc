@@ -29,7 +29,7 @@ std::string Margin::describe() const {
 namespace {
 
 [[noreturn]] void bad_margin(std::string_view s) {
-  throw Error(fmt::format("--margin \"{}\": expected a share of the GPU like 5% or 2.5% (below 100%), or a size "
+  throw FieldError("margin", fmt::format("\"{}\": expected a share of the GPU like 5% or 2.5% (below 100%), or a size "
                           "with its unit like 2GiB, 512MiB or 1000000B",
                           s));
 }
@@ -61,31 +61,25 @@ Margin parse_margin(std::string_view s) {
     m.basis_points = *w * 100 + (frac.size() == 1 ? *f * 10 : *f);
     return m;
   }
-  static const std::pair<std::string_view, uint64_t> kUnits[] = {{"GiB", kGiB}, {"MiB", kMiB}, {"KiB", kKiB}, {"B", 1}};
-  uint64_t unit = 1;
-  std::string_view num = s;
-  for (const auto& [suffix, mult] : kUnits) {
-    if (s.size() > suffix.size() && s.substr(s.size() - suffix.size()) == suffix) {
-      unit = mult;
-      num = s.substr(0, s.size() - suffix.size());
-      break;
-    }
-  }
-  const auto v = digits(num);
-  if (!v || (unit == 1 && num == s && *v != 0)) bad_margin(s);  // a bare number other than 0 needs a unit
-  uint64_t b = 0;
-  if (__builtin_mul_overflow(*v, unit, &b)) bad_margin(s);
-  m.bytes = Bytes(b);
+  // GB is refused here: a margin in vendor gigabytes is more likely a mistyped GiB
+  if (s.size() >= 2 && s.substr(s.size() - 2) == "GB") bad_margin(s);
+  bool unit = false;
+  const auto b = parse_size(s, &unit);
+  if (!b || (!unit && *b != 0)) bad_margin(s);  // a bare number other than 0 needs a unit
+  m.bytes = Bytes(*b);
   return m;
 }
 
-std::optional<FitDimension> parse_fit_dimension(std::string_view s) {
-  if (s == "batch") return FitDimension::kBatch;
-  if (s == "seq") return FitDimension::kSeq;
-  return std::nullopt;
-}
+namespace {
+constexpr NameRow<FitDimension> kDimensions[] = {
+    {FitDimension::kBatch, "batch", "the largest micro-batch at the given sequence length"},
+    {FitDimension::kSeq, "seq", "the longest sequence at the given micro-batch (1 unless given)"},
+};
+}  // namespace
 
-std::string_view fit_dimension_name(FitDimension d) { return d == FitDimension::kBatch ? "batch" : "seq"; }
+std::span<const NameRow<FitDimension>> name_table(FitDimension) { return kDimensions; }
+std::optional<FitDimension> parse_fit_dimension(std::string_view s) { return parse_name<FitDimension>(s); }
+std::string_view fit_dimension_name(FitDimension d) { return name_of(d); }
 
 namespace {
 
@@ -178,90 +172,98 @@ uint64_t cap_for(const Candidate& c, FitDimension dim, const FitRequest& r) {
   return cap;
 }
 
-// `original`: the search's probe of the setup at size 1, which did not fit.
-void suggest(const Candidate& base, const FitProbe& original, const GpuSpec& gpu, Bytes margin, const FitRequest& r,
-             FitResult& out) {
+// Changes that save memory, each simulated. `original`: the search's probe of the setup at size 1. When that
+// did not fit, a change is listed when it saves memory at size 1; when it did (`answer` is the size found),
+// when it raises the answer.
+void suggest(const Candidate& base, const FitProbe& original, std::optional<uint64_t> answer, const GpuSpec& gpu,
+             Bytes margin, const FitRequest& r, FitResult& out) {
   auto saves = [&](const FitProbe& p) {
     return static_cast<int64_t>(original.peak_reserved.value) - static_cast<int64_t>(p.peak_reserved.value);
   };
-  auto add = [&](std::string change, std::string what, const Candidate& c) {
+  auto add = [&](std::vector<FieldChange> changes, std::string what, const Candidate& c) {
     FitSuggestion sug;
-    sug.change = std::move(change);
+    sug.changes = std::move(changes);
     sug.what = std::move(what);
     Search s(c, gpu, margin, out.solve);
     sug.at_one = s.probe(1);
     sug.saves = saves(*sug.at_one);
-    if (sug.saves <= 0 && !sug.at_one->fits) {
-      out.not_helpful.push_back(sug.change);  // it would cost memory, or save none, here
+    if (!answer && sug.saves <= 0 && !sug.at_one->fits) {
+      out.not_helpful.push_back(sug.changes);  // it would cost memory, or save none, here
       return;
     }
     sug.largest = s.largest(cap_for(c, out.solve, r));
+    if (answer && sug.largest.value_or(0) <= *answer) {
+      out.not_helpful.push_back(sug.changes);  // the answer stays as it is
+      return;
+    }
     out.suggestions.push_back(std::move(sug));
   };
-  std::vector<std::string> all_changes;
+  std::vector<FieldChange> all_changes;
   Candidate all = base;
 
   if (base.setup.precision == Precision::kFp32 || uses_autocast(base.setup.precision)) {
     Candidate c = base;
     c.setup.precision = Precision::kBf16;
-    add("--precision bf16", "weights, gradients and optimizer state in bfloat16 (model.to(torch.bfloat16))", c);
+    add({{"precision", "bf16"}}, "weights, gradients and optimizer state in bfloat16 (model.to(torch.bfloat16))", c);
     all.setup.precision = Precision::kBf16;
-    all_changes.push_back("--precision bf16");
+    all_changes.push_back({"precision", "bf16"});
   }
   if (base.setup.precision == Precision::kFp32) {
     Candidate c = base;
     c.setup.precision = Precision::kBf16Amp;
-    add("--precision bf16-amp", "bfloat16 autocast: 16-bit activations, float32 weights and optimizer state", c);
+    add({{"precision", "bf16-amp"}}, "bfloat16 autocast: 16-bit activations, float32 weights and optimizer state", c);
   }
   if (base.model.attn_impl == AttnImpl::kEager) {
     Candidate c = base;
     c.model.attn_impl = AttnImpl::kSdpa;
     c.inv = build_inventory(c.model);
-    add("--attention sdpa", "scaled_dot_product_attention: no (B, H, T, T) scores or probabilities kept", c);
+    add({{"attention", "sdpa"}}, "scaled_dot_product_attention: no (B, H, T, T) scores or probabilities kept", c);
     all.model.attn_impl = AttnImpl::kSdpa;
     all.inv = build_inventory(all.model);
-    all_changes.push_back("--attention sdpa");
+    all_changes.push_back({"attention", "sdpa"});
   }
   const bool adam = base.setup.optimizer == Optimizer::kAdamW || base.setup.optimizer == Optimizer::kAdam;
   if (adam && resolve_optimizer_impl(base.setup.optimizer, base.setup.optimizer_impl, base.model.impl) ==
                   OptimizerImpl::kForeach) {
     Candidate c = base;
     c.setup.optimizer_impl = OptimizerImpl::kFused;
-    add("--optimizer-impl fused", "fused=True: the step needs no multi-tensor temporaries", c);
+    add({{"optimizer_impl", "fused"}}, "fused=True: the step needs no multi-tensor temporaries", c);
     all.setup.optimizer_impl = OptimizerImpl::kFused;
-    all_changes.push_back("--optimizer-impl fused");
+    all_changes.push_back({"optimizer_impl", "fused"});
   }
   if (!base.alloc.expandable_segments) {
     Candidate c = base;
     c.alloc.expandable_segments = true;
-    add("--alloc-conf expandable_segments:True",
+    add({{"alloc_conf", "expandable_segments:True"}},
         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: segments grow in place, less fragmentation", c);
     all.alloc.expandable_segments = true;
-    all_changes.push_back("--alloc-conf expandable_segments:True");
+    all_changes.push_back({"alloc_conf", "expandable_segments:True"});
   }
-  if (all_changes.size() > 1) {
-    std::string joined;
-    for (const auto& ch : all_changes) joined += (joined.empty() ? "" : " ") + ch;
-    add(joined, "all of the above together", all);
-  }
-  if (out.solve == FitDimension::kBatch && base.setup.seq > 1) {
+  if (all_changes.size() > 1) add(all_changes, "all of the above together", all);
+  if (!answer && out.solve == FitDimension::kBatch && base.setup.seq > 1) {
     // The other dimension: the longest sequence that fits one sequence per micro-batch.
     Candidate c = base;
     c.setup.batch = 1;
     Search s(c, gpu, margin, FitDimension::kSeq);
     FitSuggestion sug;
     const auto longest = s.largest(base.setup.seq - 1);
-    sug.change = longest ? fmt::format("--seq {}", *longest) : "--seq 1";
-    sug.what = longest ? "the longest sequence below the requested one that fits at micro-batch 1"
-                       : "not even a one-token sequence fits: the model state alone is too large";
+    sug.changes = {{"seq", std::to_string(longest.value_or(1))}};
     sug.at_one = s.probe(longest.value_or(1));
+    // Why not even one token fits: where the step at one token runs out of memory, in the simulation's words
+    // (the optimizer's temporaries can be what does not fit, not the model state).
+    sug.what = longest ? "the longest sequence below the requested one that fits at micro-batch 1"
+                       : "not even a one-token sequence fits: " + sug.at_one->failure;
     sug.saves = saves(*sug.at_one);
     if (longest) sug.largest = 1;
     out.suggestions.push_back(std::move(sug));
   }
-  // Not simulated yet: recomputation trades compute for the activations of all but one layer at a time.
-  out.suggestions.push_back(FitSuggestion{"gradient checkpointing",
-                                          "not simulated yet: activation recomputation is not modelled", {}, 0, {}});
+  if (!answer) {
+    // Not simulated yet: recomputation trades compute for the activations of all but one layer at a time.
+    FitSuggestion ckpt;
+    ckpt.label = "gradient checkpointing";
+    ckpt.what = "not simulated yet: activation recomputation is not modelled";
+    out.suggestions.push_back(std::move(ckpt));
+  }
 }
 
 }  // namespace
@@ -269,7 +271,7 @@ void suggest(const Candidate& base, const FitProbe& original, const GpuSpec& gpu
 FitResult fit(const ModelSpec& m, const TrainSetup& s0, const SimOptions& o, const AllocatorConfig& ac,
               const GpuSpec& gpu, const FitRequest& r) {
   if (r.solve == FitDimension::kSeq && input_kind(m) == InputKind::kFeatures) {
-    throw Error(fmt::format("--solve seq: {} is a layer stack, which has no sequence axis; solve for the batch",
+    throw FieldError("solve", fmt::format("seq: {} is a layer stack, which has no sequence axis; solve for the batch",
                             m.name));
   }
   // The solved size is the search's to choose: the setup is checked at the smallest one.
@@ -288,7 +290,7 @@ FitResult fit(const ModelSpec& m, const TrainSetup& s0, const SimOptions& o, con
   out.margin = r.margin.of(gpu);
   out.limit = usable_bytes(gpu, out.margin);
   if (out.limit.value == 0) {
-    throw Error(fmt::format("--margin {}: with the {} CUDA context it leaves nothing of the {}'s {} for PyTorch",
+    throw FieldError("margin", fmt::format("{}: with the {} CUDA context it leaves nothing of the {}'s {} for PyTorch",
                             r.margin.describe(), format_bytes(gpu.context), gpu.name, format_bytes(gpu.runtime_total)));
   }
   out.cap = cap_for(base, r.solve, r);
@@ -297,7 +299,31 @@ FitResult fit(const ModelSpec& m, const TrainSetup& s0, const SimOptions& o, con
   out.capped = out.largest && *out.largest == out.cap;
   out.probes = search.probes();
   (r.solve == FitDimension::kBatch ? out.setup.batch : out.setup.seq) = out.largest.value_or(1);
-  if (!out.largest) suggest(base, out.probes.front(), gpu, out.margin, r, out);  // the probe of size 1
+  // the probe of size 1 is the first; when the answer is capped nothing can raise it
+  if (!out.capped) suggest(base, out.probes.front(), out.largest, gpu, out.margin, r, out);
+  return out;
+}
+
+FitResult fit(const Scenario& s0, const FitRequest& r, const FileReader& files) {
+  Scenario s = s0;
+  // The solved size is the search's to find; the other one is given (the micro-batch defaults to 1 when
+  // solving for the sequence).
+  if (r.solve == FitDimension::kBatch && s.was_given("batch")) {
+    throw FieldError("batch", fmt::format("{}: fit finds the micro-batch; leave it out, or keep it and find the "
+                                          "sequence by solving for seq", s.train.batch));
+  }
+  if (r.solve == FitDimension::kSeq && s.was_given("seq")) {
+    throw FieldError("seq", fmt::format("{}: when solving for seq, fit finds the sequence length; leave it out",
+                                        s.train.seq));
+  }
+  if (r.solve == FitDimension::kSeq && !s.was_given("batch")) s.train.batch = 1;
+  (r.solve == FitDimension::kBatch ? s.train.batch : s.train.seq) = 1;  // checked at the smallest size
+  if (s.train.gpu.empty()) {
+    throw FieldError("gpu", "\"\": expected a GPU from the catalog (trainmem gpus): fit needs a device");
+  }
+  const ResolvedScenario rs = resolve(s, files);
+  FitResult out = fit(rs.model, rs.setup, rs.options, rs.alloc, *rs.gpu, r);
+  out.warnings = rs.warnings;
   return out;
 }
 

@@ -35,6 +35,21 @@ nlohmann::json probe_json(const FitProbe& p) {
 
 }  // namespace
 
+std::string cli_flag(std::string_view field) {
+  if (field == "overrides") return "--set";
+  std::string flag = "--" + std::string(field);
+  for (char& ch : flag) ch = ch == '_' ? '-' : ch;
+  return flag;
+}
+
+std::string cli_words(std::span<const FieldChange> changes) {
+  std::string s;
+  for (const FieldChange& c : changes) s += (s.empty() ? "" : " ") + cli_flag(c.field) + " " + c.value;
+  return s;
+}
+
+std::string cli_words(const FitSuggestion& sg) { return sg.changes.empty() ? sg.label : cli_words(sg.changes); }
+
 std::string render_fit_table(const FitResult& r) {
   const ModelSpec& m = r.model;
   const TrainSetup& s = r.setup;
@@ -81,23 +96,26 @@ std::string render_fit_table(const FitResult& r) {
          "the allocator\n  releases its cache before it fails; headroom: what is left, or (negative) at least what is "
          "missing\n";
   if (!r.suggestions.empty()) {
-    out += fmt::format("\nchanges that would save memory (each simulated at {} 1):\n", dimension_word(r.solve));
+    out += r.largest ? fmt::format("\nchanges that would raise the answer (each simulated; saves: at {} 1):\n",
+                                   dimension_word(r.solve))
+                     : fmt::format("\nchanges that would save memory (each simulated at {} 1):\n", dimension_word(r.solve));
     TT c({{"change", TT::kLeft}, {"reserved, no limit", TT::kRight}, {"saves", TT::kRight}, {"fits", TT::kLeft},
           {by_batch ? "largest batch" : "largest seq", TT::kRight}, {"what it means", TT::kLeft}});
     for (const FitSuggestion& sg : r.suggestions) {
       if (!sg.at_one) {
-        c.row({sg.change, "-", "-", "-", "-", sg.what});
+        c.row({cli_words(sg), "-", "-", "-", "-", sg.what});
         continue;
       }
-      c.row({sg.change, format_bytes(sg.at_one->peak_reserved), signed_bytes(sg.saves), sg.at_one->fits ? "yes" : "no",
+      c.row({cli_words(sg), format_bytes(sg.at_one->peak_reserved), signed_bytes(sg.saves), sg.at_one->fits ? "yes" : "no",
              sg.largest ? with_commas(*sg.largest) : "-", sg.what});
     }
     out += c.str();
   }
   if (!r.not_helpful.empty()) {
     std::string names;
-    for (const auto& n : r.not_helpful) names += (names.empty() ? "" : ", ") + n;
-    out += fmt::format("not listed, as they would save nothing here: {}\n", names);
+    for (const auto& n : r.not_helpful) names += (names.empty() ? "" : ", ") + cli_words(n);
+    out += r.largest ? fmt::format("not listed, as they would not raise the answer: {}\n", names)
+                     : fmt::format("not listed, as they would save nothing here: {}\n", names);
   }
   return out;
 }
@@ -107,7 +125,10 @@ std::string render_fit_json(const FitResult& r) {
   for (const FitProbe& p : r.probes) probes.push_back(probe_json(p));
   nlohmann::json sugs = nlohmann::json::array();
   for (const FitSuggestion& sg : r.suggestions) {
-    nlohmann::json j = {{"change", sg.change}, {"what", sg.what}, {"simulated", sg.at_one.has_value()}};
+    nlohmann::json changes = nlohmann::json::array();
+    for (const FieldChange& ch : sg.changes) changes.push_back({{"field", ch.field}, {"value", ch.value}});
+    nlohmann::json j = {{"change", cli_words(sg)}, {"changes", changes}, {"what", sg.what},
+                        {"simulated", sg.at_one.has_value()}};
     if (sg.at_one) {
       j["at_smallest"] = probe_json(*sg.at_one);
       j["saves_bytes"] = sg.saves;
@@ -115,6 +136,8 @@ std::string render_fit_json(const FitResult& r) {
     }
     sugs.push_back(std::move(j));
   }
+  std::vector<std::string> not_helpful;
+  for (const auto& n : r.not_helpful) not_helpful.push_back(cli_words(n));
   const TrainSetup& s = r.setup;
   nlohmann::json out = {
       {"model", r.model.name},
@@ -133,7 +156,8 @@ std::string render_fit_json(const FitResult& r) {
       {"cap", r.cap},
       {"probes", probes},
       {"suggestions", sugs},
-      {"not_helpful", r.not_helpful},
+      {"not_helpful", not_helpful},
+      {"warnings", r.warnings},
   };
   return report::json_text(out);
 }

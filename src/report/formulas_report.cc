@@ -6,6 +6,8 @@
 #include "json_text.h"
 #include "text_table.h"
 #include "trainmem/report.h"
+#include "trainmem/scenario.h"
+#include "trainmem/error.h"
 
 namespace trainmem {
 
@@ -16,6 +18,24 @@ std::vector<std::string> bytes_row(const std::string& name, Bytes b, const std::
 }
 
 }  // namespace
+
+FormulaReport formula_report(const ResolvedScenario& r) {
+  const Scenario& q = r.request;
+  const Optimizer o = q.train.optimizer;
+  if (o != Optimizer::kAdamW && o != Optimizer::kAdam) {
+    throw FieldError("optimizer", fmt::format("{}: the seeds' closed forms count Adam(W) state (seed 001: 8 bytes, "
+                                              "seed 002: 12 bytes per parameter); `trainmem estimate` simulates {}",
+                                              optimizer_name(o), optimizer_name(o)));
+  }
+  for (std::string_view f : {"optimizer_impl", "gpu", "loop", "torch", "alloc_conf", "steps"}) {
+    if (q.was_given(f)) {
+      throw FieldError(std::string(f), fmt::format("{}: the seeds' closed forms do not depend on it; `trainmem "
+                                                   "estimate` simulates it", field_text(q, f)));
+    }
+  }
+  return FormulaReport{r.model, r.setup, parameter_count(r.inventory), seed001_contract(r.model, r.setup),
+                       seed002_korthikanti(r.model, r.setup), seed000_peak(r.model, r.inventory, r.setup)};
+}
 
 std::string render_formulas_table(const FormulaReport& f) {
   const ModelSpec& m = f.model;

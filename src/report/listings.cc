@@ -104,4 +104,14 @@ std::string render_inventory_json(const ModelSpec& m, const Inventory& inv, DTyp
   return report::json_text(out);
 }
 
+std::string render_gpus_json(const std::vector<GpuSpec>& gpus) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& g : gpus) {
+    out.push_back({{"name", g.name}, {"torch_name", g.torch_name}, {"sm", g.sm}, {"datasheet_gb", g.datasheet_gb},
+                   {"runtime_total_bytes", g.runtime_total.value}, {"smi_total_bytes", g.smi_total.value},
+                   {"context_bytes", g.context.value}, {"source", g.source}, {"context_source", g.context_source}});
+  }
+  return report::json_text(out);
+}
+
 }  // namespace trainmem

@@ -7,6 +7,8 @@
 
 #include "json_text.h"
 #include "text_table.h"
+#include "trainmem/error.h"
+#include "trainmem/family.h"
 #include "trainmem/report.h"
 
 namespace trainmem {
@@ -59,7 +61,7 @@ std::string granularity_name(TimelineGranularity g) {
   return "?";
 }
 
-std::string where(const TimelineRow& r) { return r.layer >= 0 ? fmt::format("h.{}", r.layer) : "-"; }
+std::string where(const TimelineRow& r, const ModelSpec& m) { return r.layer >= 0 ? layer_name(m, r.layer) : "-"; }
 
 std::string marks(const TimelineRow& r, const Estimate& e) {
   std::vector<std::string> m;
@@ -111,6 +113,33 @@ std::optional<TimelineGranularity> parse_granularity(std::string_view s) {
   return std::nullopt;
 }
 
+TimelineOptions parse_timeline_options(std::string_view by, std::string_view unit, std::string_view min_bytes,
+                                       std::string_view step, uint32_t steps) {
+  TimelineOptions o;
+  const auto g = parse_granularity(by);
+  if (!g) throw FieldError("by", fmt::format("\"{}\": expected event, layer or phase", by));
+  o.granularity = *g;
+  const auto u = parse_unit(unit);
+  if (!u) throw FieldError("unit", fmt::format("\"{}\": expected auto, B, KiB, MiB or GiB", unit));
+  o.unit = *u;
+  const auto mb = parse_size(min_bytes);
+  if (!mb) {
+    throw FieldError("min_bytes", fmt::format("\"{}\": expected a number of bytes (an integer, 0 or more), with an "
+                                              "optional unit like 1MiB", min_bytes));
+  }
+  o.min_bytes = *mb;
+  if (!step.empty()) {
+    const auto st = parse_size(step);
+    bool unit_given = false;
+    (void)parse_size(step, &unit_given);
+    if (!st || unit_given || *st > steps) {
+      throw FieldError("step", fmt::format("\"{}\": expected a simulated step: 0 (setup) to {}", step, steps));
+    }
+    o.step = static_cast<uint32_t>(*st);
+  }
+  return o;
+}
+
 std::vector<TimelineRow> timeline_rows(const Estimate& e, const TimelineOptions& o) {
   const auto& events = e.sim.timeline.events;
   const auto& alloc = e.alloc;
@@ -158,7 +187,7 @@ std::vector<TimelineRow> timeline_rows(const Estimate& e, const TimelineOptions&
         cur->kind = ev.kind;
         cur->category = ev.category;
         cur->from = ev.from;
-        cur->tensor = label_name(ev.label);
+        cur->tensor = label_name(ev.label, e.model);
         cur->bytes = ev.bytes;
         cur->block = block_of(e, i);
       }
@@ -173,7 +202,7 @@ std::vector<TimelineRow> timeline_rows(const Estimate& e, const TimelineOptions&
     cur->max_reserved = std::max(cur->max_reserved, reserved);
     if (ev.kind == Event::kAlloc && ev.bytes > cur->largest_bytes) {
       cur->largest_bytes = ev.bytes;
-      cur->largest = label_name(ev.label);
+      cur->largest = label_name(ev.label, e.model);
     }
     cur->peak_live = cur->peak_live || is_peak_live;
     cur->peak_allocated = cur->peak_allocated || is_peak_alloc;
@@ -218,7 +247,7 @@ std::string render_timeline_table(const Estimate& e, const TimelineOptions& o, c
       cells.push_back(r.tensor);
       cells.push_back(with_commas(r.bytes.value));
     } else if (o.granularity == TimelineGranularity::kLayer) {
-      cells.push_back(where(r));
+      cells.push_back(where(r, e.model));
     }
     for (const Group& g : kGroups) cells.push_back(in_unit(group_bytes(r.live, g), u));
     cells.push_back(in_unit(r.live.total.value, u));

@@ -147,15 +147,15 @@ TEST(AllocConf, ParsesPyTorchSyntaxAndRejectsWhatPyTorchRejects) {
   EXPECT_EQ(c.roundup_power2_divisions[9], 8u);  // up to 2.8, '>' also overwrites the last explicit interval
   EXPECT_EQ(c.roundup_power2_divisions[15], 8u);
   EXPECT_EQ(error_of([] { parse_alloc_conf("max_split_size_mb:20", {2, 5}); }),
-            "--alloc-conf \"max_split_size_mb:20\": CachingAllocator option max_split_size_mb too small, must be > 20");
+            "alloc_conf \"max_split_size_mb:20\": CachingAllocator option max_split_size_mb too small, must be > 20");
   EXPECT_EQ(error_of([] { parse_alloc_conf("expandable_segments:yes", kTorch); }),
-            "--alloc-conf \"expandable_segments:yes\": Expected a single True/False argument for expandable_segments");
+            "alloc_conf \"expandable_segments:yes\": Expected a single True/False argument for expandable_segments");
   EXPECT_EQ(error_of([] { parse_alloc_conf("garbage_collection_threshold:1.5", kTorch); }),
-            "--alloc-conf \"garbage_collection_threshold:1.5\": garbage_collect_threshold too big, set it 0.0~1.0");
+            "alloc_conf \"garbage_collection_threshold:1.5\": garbage_collect_threshold too big, set it 0.0~1.0");
   EXPECT_EQ(error_of([] { parse_alloc_conf("max_spilt_size_mb:128", kTorch); }),
-            "--alloc-conf \"max_spilt_size_mb:128\": Unrecognized CachingAllocator option: max_spilt_size_mb");
+            "alloc_conf \"max_spilt_size_mb:128\": Unrecognized CachingAllocator option: max_spilt_size_mb");
   EXPECT_EQ(error_of([] { parse_alloc_conf("roundup_power2_divisions:3", kTorch); }),
-            "--alloc-conf \"roundup_power2_divisions:3\": For roundups, the divisions has to be power of 2 ");
+            "alloc_conf \"roundup_power2_divisions:3\": For roundups, the divisions has to be power of 2 ");
 }
 
 // ---- measured figures -----------------------------------------------------------------------------------

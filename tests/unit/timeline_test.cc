@@ -143,7 +143,7 @@ TEST(Timeline, BackwardAllocationsAreNamedAfterTheForwardOpOfTheirLayer) {
     if (r.phase != Phase::kBackward || r.kind != Event::kAlloc || r.category != Category::kBackward) continue;
     if (r.tensor == "grad of the loss") continue;  // torch.autograd.backward's seed, before any node runs
     EXPECT_EQ(r.tensor.rfind("backward of ", 0), 0u) << r.tensor;
-    if (r.tensor.rfind("backward of h.5 ", 0) == 0) {
+    if (r.tensor.rfind("backward of transformer.h.5 ", 0) == 0) {  // the model's own layer name
       seen = true;
       EXPECT_EQ(r.layer, 5);
     }

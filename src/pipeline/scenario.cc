@@ -1,0 +1,208 @@
+// Scenario fields by name, and resolve(): every default and every rule between fields, in one place.
+#include "trainmem/scenario.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+
+#include "trainmem/error.h"
+#include "trainmem/family.h"
+
+namespace trainmem {
+
+namespace {
+
+// Bounds of the sizes a request may ask for. Far above any real run; they keep every derived count within
+// 64 bits long before the checked arithmetic would have to say so.
+constexpr uint64_t kMaxBatch = uint64_t{1} << 20;
+constexpr uint64_t kMaxSeq = uint64_t{1} << 24;
+constexpr uint64_t kMaxGradAccum = uint64_t{1} << 20;
+constexpr uint64_t kMaxSteps = 16;  // the steady state is reached at step 2; more steps only repeat it
+
+constexpr Field kFields[] = {
+    {"model", "preset name (trainmem models) or path to a config.json (or a folder holding one)", FieldGroup::kModel},
+    {"impl", "hf | nanogpt | stack (default: nanogpt for model_type nanogpt, stack for mlp, hf otherwise)", FieldGroup::kModel},
+    {"attention", "eager | sdpa", FieldGroup::kModel},
+    {"overrides", "override a config key: --set key=value (repeatable)", FieldGroup::kModel, true},
+    {"batch", "micro-batch size", FieldGroup::kTraining},
+    {"seq", "sequence length in tokens", FieldGroup::kTraining},
+    {"precision", "fp32 | fp16-amp | bf16-amp | fp16 | bf16", FieldGroup::kTraining},
+    {"optimizer", "adamw | adam | sgd | sgd-momentum | none", FieldGroup::kTraining},
+    {"optimizer_impl", "auto | foreach | fused | for-loop", FieldGroup::kTraining},
+    {"grad_accum", "micro-batches per optimizer step", FieldGroup::kTraining},
+    {"gpu",
+     "GPU from the catalog (trainmem gpus, any case) or a memory size like 24GiB (a generic sm_80 card); "
+     "sets the architecture (default sm_80)",
+     FieldGroup::kRuntime},
+    {"loop", "training script: nanogpt | hf | seed000 | plain (default: by --impl)", FieldGroup::kRuntime},
+    {"torch", "PyTorch version whose runtime behaviour to model (1.13 .. 2.11)", FieldGroup::kRuntime},
+    {"alloc_conf", "PYTORCH_CUDA_ALLOC_CONF, e.g. expandable_segments:True", FieldGroup::kRuntime},
+    {"steps", "optimizer steps to simulate (the first creates the optimizer state)", FieldGroup::kRuntime},
+};
+
+[[noreturn]] void bad(std::string_view field, std::string_view value, std::string_view expected) {
+  throw FieldError(std::string(field), fmt::format("\"{}\": expected {}", value, expected));
+}
+
+// An integer in [1, max] written with digits only, so "-3", "1.5", "1e3" and "" are rejected.
+uint64_t count(std::string_view field, std::string_view s, uint64_t max) {
+  const std::string expected = fmt::format("an integer in [1, {}]", max);
+  if (s.empty() || s.size() > 20 || s.find_first_not_of("0123456789") != std::string_view::npos) bad(field, s, expected);
+  uint64_t v = 0;
+  for (char ch : s) {
+    if (__builtin_mul_overflow(v, 10, &v) || __builtin_add_overflow(v, static_cast<uint64_t>(ch - '0'), &v)) {
+      bad(field, s, expected);
+    }
+  }
+  if (v < 1 || v > max) bad(field, s, expected);
+  return v;
+}
+
+template <typename E>
+E named(std::string_view field, std::string_view s, std::optional<E> v) {
+  if (!v) bad(field, s, names_list<E>());
+  return *v;
+}
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& ch : out) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return out;
+}
+
+}  // namespace
+
+std::span<const Field> scenario_fields() { return kFields; }
+
+bool Scenario::was_given(std::string_view field) const {
+  return std::find(given.begin(), given.end(), field) != given.end();
+}
+
+void set_field(Scenario& s, std::string_view f, std::string_view v) {
+  if (!s.was_given(f)) s.given.emplace_back(f);
+  if (f == "model") {
+    s.model.model = std::string(v);
+  } else if (f == "impl") {
+    s.model.impl = named(f, v, parse_name<Impl>(v));
+  } else if (f == "attention") {
+    s.model.attention = named(f, v, parse_name<AttnImpl>(v));
+  } else if (f == "overrides") {
+    s.model.overrides.emplace_back(v);
+  } else if (f == "batch") {
+    s.train.batch = count(f, v, kMaxBatch);
+  } else if (f == "seq") {
+    s.train.seq = count(f, v, kMaxSeq);
+  } else if (f == "grad_accum") {
+    s.train.grad_accum = count(f, v, kMaxGradAccum);
+  } else if (f == "precision") {
+    s.train.precision = named(f, v, parse_name<Precision>(v));
+  } else if (f == "optimizer") {
+    s.train.optimizer = named(f, v, parse_name<Optimizer>(v));
+  } else if (f == "optimizer_impl") {
+    s.train.optimizer_impl = named(f, v, parse_name<OptimizerImpl>(v));
+  } else if (f == "gpu") {
+    s.train.gpu = std::string(v);
+  } else if (f == "loop") {
+    const auto k = parse_name<LoopKind>(v);
+    if (!k || *k == LoopKind::kAuto) bad(f, v, "nanogpt, hf, seed000 or plain");
+    s.loop = *k;
+  } else if (f == "torch") {
+    const auto t = parse_torch_version(v);
+    if (!t) bad(f, v, "a PyTorch version from 1.13 to 2.11, like 2.9");
+    s.torch = *t;
+  } else if (f == "alloc_conf") {
+    s.alloc_conf = std::string(v);
+  } else if (f == "steps") {
+    s.steps = static_cast<uint32_t>(count(f, v, kMaxSteps));
+  } else {
+    throw Error(fmt::format("internal: no scenario field \"{}\"", f));
+  }
+}
+
+std::string field_text(const Scenario& s, std::string_view f) {
+  if (f == "model") return s.model.model;
+  if (f == "impl") return s.model.impl ? std::string(name_of(*s.model.impl)) : "";
+  if (f == "attention") return std::string(name_of(s.model.attention));
+  if (f == "batch") return std::to_string(s.train.batch);
+  if (f == "seq") return std::to_string(s.train.seq);
+  if (f == "grad_accum") return std::to_string(s.train.grad_accum);
+  if (f == "precision") return std::string(name_of(s.train.precision));
+  if (f == "optimizer") return std::string(name_of(s.train.optimizer));
+  if (f == "optimizer_impl") return std::string(name_of(s.train.optimizer_impl));
+  if (f == "gpu") return s.train.gpu;
+  if (f == "loop") return s.loop == LoopKind::kAuto ? "" : std::string(name_of(s.loop));
+  if (f == "torch") return torch_version_name(s.torch);
+  if (f == "alloc_conf") return s.alloc_conf;
+  if (f == "steps") return std::to_string(s.steps);
+  return "";
+}
+
+Scenario with_changes(Scenario s, std::span<const FieldChange> changes) {
+  for (const FieldChange& c : changes) set_field(s, c.field, c.value);
+  return s;
+}
+
+GpuSpec resolve_gpu(std::string_view text) {
+  const std::string want = lower(text);
+  for (const GpuSpec& g : gpu_catalog()) {
+    if (lower(g.name) == want) return g;
+  }
+  // A memory size with its unit ("24GiB", "80GB"), at least 1 GiB and at most 1 PiB: a bare number is more
+  // likely a typo than a card, and the bounds keep every later sum within 64 bits.
+  bool unit = false;
+  if (const auto size = parse_size(text, &unit); size && unit) {
+    if (*size >= kGiB && *size <= kGiB * 1024 * 1024) {
+      // A generic card of the given size: the architecture and the context of the catalog's A100-80GB, the
+      // card whose context seed 000 measured (863 MiB after the first CUDA tensor, PyTorch 2.0).
+      const GpuSpec& ref = find_gpu("a100-80gb");
+      GpuSpec g;
+      g.name = std::string(text);
+      g.torch_name = fmt::format("a generic sm_{} GPU with {} for the CUDA runtime", kGenericGpuSm,
+                                 format_bytes(Bytes(*size)));
+      g.sm = kGenericGpuSm;
+      g.runtime_total = Bytes(*size);
+      g.smi_total = g.runtime_total;
+      g.datasheet_gb = g.runtime_total.value / 1'000'000'000;
+      g.context = ref.context;
+      g.source = "given by size (--gpu " + std::string(text) + "): the size is taken as the CUDA runtime's total";
+      g.context_source = "the A100-80GB's: " + ref.context_source;
+      return g;
+    }
+  }
+  std::string names;
+  for (const GpuSpec& g : gpu_catalog()) names += (names.empty() ? "" : ", ") + g.name;
+  throw FieldError("gpu", fmt::format("\"{}\": unknown GPU; expected one of {}, or a memory size from 1GiB, like 24GiB", text, names));
+}
+
+ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
+  ResolvedScenario r;
+  r.request = s;
+  r.model = load_model(s.model, files);
+  r.inventory = build_inventory(r.model);
+  r.setup = s.train;
+  validate_setup(r.model, r.setup);
+  // The optimizer code path that runs (fused for nanoGPT's AdamW, foreach for torch.optim on CUDA).
+  r.setup.optimizer_impl = resolve_optimizer_impl(s.train.optimizer, s.train.optimizer_impl, r.model.impl);
+  r.options.loop = s.loop == LoopKind::kAuto ? default_loop(r.model) : s.loop;
+  r.options.torch = s.torch;
+  r.options.steps = s.steps;
+  if (!s.train.gpu.empty()) {
+    r.gpu = resolve_gpu(s.train.gpu);
+    r.setup.gpu = r.gpu->name;
+    r.options.sm = r.gpu->sm;  // the device decides the kernels (SDPA backends, cuBLAS workspace size)
+    if (r.gpu->sm < 80 && compute_dtype(r.setup.precision) == DType::kBF16 && r.model.attn_impl == AttnImpl::kSdpa) {
+      r.warnings.push_back(fmt::format(
+          "the {} (sm_{}) has no bfloat16 tensor cores: scaled_dot_product_attention falls back to its math "
+          "kernel, which keeps the attention probabilities, so this step needs more memory here than on a newer "
+          "card; fp16 (--precision fp16-amp) uses the memory-efficient kernel on it",
+          r.gpu->name, r.gpu->sm));
+    }
+  }
+  r.alloc = parse_alloc_conf(s.alloc_conf, s.torch);
+  return r;
+}
+
+ResolvedScenario resolve(const Scenario& s) { return resolve(s, DiskFileReader()); }
+
+}  // namespace trainmem

@@ -21,6 +21,10 @@ struct TensorRow {
   DType dtype = DType::kF32;        // dtype at construction (parameters: float32)
   RowKind kind = RowKind::kParameter;
   bool persistent = true;           // buffers: registered with persistent=True (saved in state_dict)
+  // Parameters: requires_grad. A frozen row (a fine-tuned model's base weights) gets no .grad, no optimizer
+  // state and no clipping; the optimizer and clip_grad_norm_ see the trainable rows only (nanoGPT's
+  // configure_optimizers and the Trainer's optimizer groups both filter on p.requires_grad).
+  bool trainable = true;
   // Buffers: how many parameter rows nn.Module._apply moves to the device before this buffer (children
   // first, then a module's own parameters, then its own buffers): the allocation order of model.to(device).
   size_t load_after = 0;
@@ -35,6 +39,10 @@ struct Inventory {
 Inventory build_inventory(const ModelSpec& spec);
 
 Elems parameter_count(const Inventory& inv);
+// Elements and bytes of the trainable parameters only (TensorRow::trainable).
+Elems trainable_count(const Inventory& inv);
+Bytes trainable_bytes(const Inventory& inv, DType dtype);
+size_t trainable_rows(const Inventory& inv);
 Elems buffer_elems(const Inventory& inv);
 // Bytes of all parameters stored as `dtype`.
 Bytes parameter_bytes(const Inventory& inv, DType dtype);

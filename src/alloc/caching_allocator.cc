@@ -187,6 +187,13 @@ class Allocator {
   Block* get_free_block(Pool& pool, uint64_t size) {
     auto it = pool.free.lower_bound(key(size));
     if (it == pool.free.end()) return nullptr;
+    // get_free_block with expandable segments: "expandable_size" counts the unmapped space after a block, so
+    // the free block at the end of the mapped range ranks as the largest and any other block that fits is
+    // taken first (`while ((*it)->expandable_segment_ && next != end && expandable_size(*next) <
+    // expandable_size(*it)) it = next++;`). Only the tail has unmapped space after it here.
+    if (c_.expandable_segments && *it == pool.exp_last) {
+      if (auto nx = std::next(it); nx != pool.free.end()) it = nx;
+    }
     Block* b = *it;
     // "Do not return an oversized block for a large request"
     if (size < c_.max_split_size && b->size >= c_.max_split_size) return nullptr;

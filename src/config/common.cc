@@ -33,7 +33,9 @@ Act read_activation(const KeyReader& r, std::initializer_list<std::string_view> 
   }
   std::string allowed;
   for (const ActName& a : kActivations) allowed += (allowed.empty() ? "" : ", ") + std::string(a.name);
-  r.fail(key, v ? *v : nlohmann::json(name), "one of " + allowed);
+  // Not `v ? *v : json(name)`: that copies *v, recursively, and the value may be a 100,000-deep array.
+  if (v) r.fail(key, *v, "one of " + allowed);
+  r.fail(key, nlohmann::json(name), "one of " + allowed);
 }
 
 double read_probability(const KeyReader& r, std::initializer_list<std::string_view> keys, double def) {
@@ -41,8 +43,9 @@ double read_probability(const KeyReader& r, std::initializer_list<std::string_vi
 }
 
 void read_heads(const KeyReader& r, std::initializer_list<std::string_view> head_keys, uint64_t def_heads,
-                std::initializer_list<std::string_view> width_keys, uint64_t width, AttentionSpec& a) {
-  a.heads = r.integer(head_keys, def_heads, 1, kMaxHeads);
+                std::string_view defaults_of, std::initializer_list<std::string_view> width_keys, uint64_t width,
+                AttentionSpec& a) {
+  a.heads = r.shape(head_keys, def_heads, 1, kMaxHeads, defaults_of);
   if (a.kv_heads == 0) a.kv_heads = a.heads;
   if (a.head_dim == 0) {
     if (width % a.heads != 0) {

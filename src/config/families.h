@@ -20,7 +20,9 @@ Act read_activation(const KeyReader& r, std::initializer_list<std::string_view> 
 // A dropout probability in [0, 1].
 double read_probability(const KeyReader& r, std::initializer_list<std::string_view> keys, double def);
 // Heads and head_dim: checks that heads divide `width` when head_dim is derived, and kv_heads divide heads.
+// A missing head count warns, naming `defaults_of` (see KeyReader::shape).
 void read_heads(const KeyReader& r, std::initializer_list<std::string_view> head_keys, uint64_t def_heads,
-                std::initializer_list<std::string_view> width_keys, uint64_t width, AttentionSpec& a);
+                std::string_view defaults_of, std::initializer_list<std::string_view> width_keys, uint64_t width,
+                AttentionSpec& a);
 
 }  // namespace trainmem::config

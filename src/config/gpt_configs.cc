@@ -14,13 +14,14 @@ namespace trainmem::config {
 // attribute_map: hidden_size->n_embd, max_position_embeddings->n_positions, num_attention_heads->n_head,
 // num_hidden_layers->n_layer.
 void read_gpt2(const KeyReader& r, ModelSpec& m) {
+  constexpr std::string_view kDefaults = "transformers' GPT2Config";
   m.family = Family::kGpt2;
-  m.embed.vocab_size = r.integer({"vocab_size"}, 50257, 1, kMaxVocab);
-  m.embed.position_rows = r.integer({"n_positions", "max_position_embeddings"}, 1024, 1, kMaxPositions);
+  m.embed.vocab_size = r.shape({"vocab_size"}, 50257, 1, kMaxVocab, kDefaults);
+  m.embed.position_rows = r.shape({"n_positions", "max_position_embeddings"}, 1024, 1, kMaxPositions, kDefaults);
   m.max_positions = m.embed.position_rows;
-  m.hidden = r.integer({"n_embd", "hidden_size"}, 768, 1, kMaxWidth);
-  m.layers = r.integer({"n_layer", "num_hidden_layers"}, 12, 1, kMaxLayers);
-  read_heads(r, {"n_head", "num_attention_heads"}, 12, {"n_embd", "hidden_size"}, m.hidden, m.attn);
+  m.hidden = r.shape({"n_embd", "hidden_size"}, 768, 1, kMaxWidth, kDefaults);
+  m.layers = r.shape({"n_layer", "num_hidden_layers"}, 12, 1, kMaxLayers, kDefaults);
+  read_heads(r, {"n_head", "num_attention_heads"}, 12, kDefaults, {"n_embd", "hidden_size"}, m.hidden, m.attn);
   m.attn.fused_qkv = m.attn.qkv_bias = m.attn.out_bias = true;  // Conv1D c_attn / c_proj, always biased
   m.mlp.ffn = r.optional_integer({"n_inner"}, 1, kMaxWidth).value_or(4 * m.hidden);
   m.mlp.bias = true;
@@ -36,13 +37,14 @@ void read_gpt2(const KeyReader& r, ModelSpec& m) {
 // nearest multiple of 64 for efficiency"), n_layer=12, n_head=12, n_embd=768, dropout=0.0, bias=True.
 // The MLP is always 4*n_embd with nn.GELU() (erf), the lm_head is always tied to wte.
 void read_nanogpt(const KeyReader& r, ModelSpec& m) {
+  constexpr std::string_view kDefaults = "nanoGPT's GPTConfig";
   m.family = Family::kGpt2;
-  m.embed.vocab_size = r.integer({"vocab_size"}, 50304, 1, kMaxVocab);
-  m.embed.position_rows = r.integer({"block_size"}, 1024, 1, kMaxPositions);
+  m.embed.vocab_size = r.shape({"vocab_size"}, 50304, 1, kMaxVocab, kDefaults);
+  m.embed.position_rows = r.shape({"block_size"}, 1024, 1, kMaxPositions, kDefaults);
   m.max_positions = m.embed.position_rows;
-  m.hidden = r.integer({"n_embd"}, 768, 1, kMaxWidth);
-  m.layers = r.integer({"n_layer"}, 12, 1, kMaxLayers);
-  read_heads(r, {"n_head"}, 12, {"n_embd"}, m.hidden, m.attn);
+  m.hidden = r.shape({"n_embd"}, 768, 1, kMaxWidth, kDefaults);
+  m.layers = r.shape({"n_layer"}, 12, 1, kMaxLayers, kDefaults);
+  read_heads(r, {"n_head"}, 12, kDefaults, {"n_embd"}, m.hidden, m.attn);
   const bool bias = r.boolean({"bias"}, true);
   m.attn.fused_qkv = true;
   m.attn.qkv_bias = m.attn.out_bias = m.mlp.bias = bias;
@@ -60,12 +62,13 @@ void read_nanogpt(const KeyReader& r, ModelSpec& m) {
 // use_parallel_residual=True, attention_bias=True, attention_dropout=0.0, hidden_dropout=0.0,
 // tie_word_embeddings=False.
 void read_gpt_neox(const KeyReader& r, ModelSpec& m) {
+  constexpr std::string_view kDefaults = "transformers' GPTNeoXConfig";
   m.family = Family::kGptNeox;
-  m.embed.vocab_size = r.integer({"vocab_size"}, 50432, 1, kMaxVocab);
-  m.hidden = r.integer({"hidden_size"}, 6144, 1, kMaxWidth);
-  m.layers = r.integer({"num_hidden_layers"}, 44, 1, kMaxLayers);
-  read_heads(r, {"num_attention_heads"}, 64, {"hidden_size"}, m.hidden, m.attn);
-  m.mlp.ffn = r.integer({"intermediate_size"}, 24576, 1, kMaxWidth);
+  m.embed.vocab_size = r.shape({"vocab_size"}, 50432, 1, kMaxVocab, kDefaults);
+  m.hidden = r.shape({"hidden_size"}, 6144, 1, kMaxWidth, kDefaults);
+  m.layers = r.shape({"num_hidden_layers"}, 44, 1, kMaxLayers, kDefaults);
+  read_heads(r, {"num_attention_heads"}, 64, kDefaults, {"hidden_size"}, m.hidden, m.attn);
+  m.mlp.ffn = r.shape({"intermediate_size"}, 24576, 1, kMaxWidth, kDefaults);
   m.mlp.act = read_activation(r, {"hidden_act"}, "gelu");
   m.mlp.bias = true;
   m.attn.fused_qkv = true;
@@ -90,19 +93,23 @@ void read_gpt_neox(const KeyReader& r, ModelSpec& m) {
 // offset the embedding ids by 2".
 void read_opt(const KeyReader& r, ModelSpec& m) {
   constexpr uint64_t kOptPositionOffset = 2;
+  constexpr std::string_view kDefaults = "transformers' OPTConfig";
   m.family = Family::kOpt;
-  m.embed.vocab_size = r.integer({"vocab_size"}, 50272, 1, kMaxVocab);
-  m.hidden = r.integer({"hidden_size"}, 768, 1, kMaxWidth);
-  m.layers = r.integer({"num_hidden_layers"}, 12, 1, kMaxLayers);
-  read_heads(r, {"num_attention_heads"}, 12, {"hidden_size"}, m.hidden, m.attn);
-  m.mlp.ffn = r.integer({"ffn_dim"}, 3072, 1, kMaxWidth);
+  m.embed.vocab_size = r.shape({"vocab_size"}, 50272, 1, kMaxVocab, kDefaults);
+  m.hidden = r.shape({"hidden_size"}, 768, 1, kMaxWidth, kDefaults);
+  m.layers = r.shape({"num_hidden_layers"}, 12, 1, kMaxLayers, kDefaults);
+  read_heads(r, {"num_attention_heads"}, 12, kDefaults, {"hidden_size"}, m.hidden, m.attn);
+  m.mlp.ffn = r.shape({"ffn_dim"}, 3072, 1, kMaxWidth, kDefaults);
   m.mlp.act = read_activation(r, {"activation_function"}, "relu");
-  m.max_positions = r.integer({"max_position_embeddings"}, 2048, 1, kMaxPositions - kOptPositionOffset);
+  m.max_positions =
+      r.shape({"max_position_embeddings"}, 2048, 1, kMaxPositions - kOptPositionOffset, kDefaults);
   m.embed.position_rows = m.max_positions + kOptPositionOffset;
   const uint64_t proj = r.optional_integer({"word_embed_proj_dim"}, 1, kMaxWidth).value_or(m.hidden);
   m.embed.proj_dim = proj == m.hidden ? 0 : proj;
   m.pre_norm = r.boolean({"do_layer_norm_before"}, true);
-  m.final_norm = m.pre_norm && !r.boolean({"_remove_final_layer_norm"}, false);
+  // Read even when it does not matter (post-norm): a key that is never read is an unknown --set key.
+  const bool remove_final_norm = r.boolean({"_remove_final_layer_norm"}, false);
+  m.final_norm = m.pre_norm && !remove_final_norm;
   const bool bias = r.boolean({"enable_bias"}, true);
   m.attn.qkv_bias = m.attn.out_bias = m.mlp.bias = bias;
   m.norm = {NormKind::kLayerNorm, true, r.boolean({"layer_norm_elementwise_affine"}, true)};

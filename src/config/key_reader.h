@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -15,6 +16,15 @@ class KeyReader {
  public:
   KeyReader(const nlohmann::json& obj, std::string origin) : obj_(obj), origin_(std::move(origin)) {}
 
+  // Top-level keys set by --set, in the order given. Among the aliases of one find(), the one set last wins
+  // over the others, even over one the file has: `--set num_hidden_layers=3` on a GPT-2 config that holds
+  // "n_layer" must not silently lose to it.
+  void set_overridden(std::vector<std::string> keys) { overridden_ = std::move(keys); }
+  // Where shape() reports the defaults it takes (nullptr: nowhere).
+  void set_warnings(std::vector<std::string>* warnings) { warnings_ = warnings; }
+  // Every key find() was asked for (all aliases, present or not): the keys this reader knows.
+  const std::set<std::string, std::less<>>& asked() const { return asked_; }
+
   // The first of `keys` present (aliases, e.g. {"n_embd", "hidden_size"}), or nullptr.
   const nlohmann::json* find(std::initializer_list<std::string_view> keys, std::string* found = nullptr) const;
   bool has(std::initializer_list<std::string_view> keys) const { return find(keys) != nullptr; }
@@ -22,6 +32,11 @@ class KeyReader {
   // An integer in [lo, hi]. Absent: `def`, or an error when `def` is empty (the key is required).
   uint64_t integer(std::initializer_list<std::string_view> keys, std::optional<uint64_t> def, uint64_t lo,
                    uint64_t hi) const;
+  // integer() for a key that shapes the model (layers, widths, heads, vocabulary, ...): a config without it
+  // builds with the default, but silently modelling a default-sized model is a surprise, so it warns
+  // "<origin>: key "<key>" is missing; using <defaults_of> default <def>".
+  uint64_t shape(std::initializer_list<std::string_view> keys, uint64_t def, uint64_t lo, uint64_t hi,
+                 std::string_view defaults_of) const;
   std::optional<uint64_t> optional_integer(std::initializer_list<std::string_view> keys, uint64_t lo,
                                            uint64_t hi) const;
   bool boolean(std::initializer_list<std::string_view> keys, std::optional<bool> def) const;
@@ -37,6 +52,9 @@ class KeyReader {
  private:
   const nlohmann::json& obj_;
   std::string origin_;
+  std::vector<std::string> overridden_;
+  std::vector<std::string>* warnings_ = nullptr;
+  mutable std::set<std::string, std::less<>> asked_;  // find() is const: reading is what records a key
 };
 
 // Ranges accepted for sizes. They are far above any real model and keep every derived byte count and table

@@ -11,6 +11,7 @@ namespace {
 
 struct LlamaFamilyDefaults {
   std::string_view model_type;
+  std::string_view config_class;  // named in the warning for a missing shape key
   uint64_t vocab, hidden, ffn, layers, heads;
   uint64_t kv_heads;   // 0: num_key_value_heads=None -> num_attention_heads
   uint64_t head_dim;   // 0: head_dim=None -> hidden_size // num_attention_heads
@@ -30,22 +31,22 @@ struct LlamaFamilyDefaults {
 
 // Defaults from each configuration_<model_type>.py in transformers (the __init__ signature).
 constexpr LlamaFamilyDefaults kFamily[] = {
-    // type      vocab   hidden ffn    L   NH  KV  D    max_pos  tied  act
-    {"llama",    32000,  4096, 11008, 32, 32, 0,  0,   2048,    false, "silu",
+    // type      config class     vocab   hidden ffn    L   NH  KV  D    max_pos  tied  act
+    {"llama",    "LlamaConfig",    32000,  4096, 11008, 32, 32, 0,  0,   2048,    false, "silu",
      false, true, true, false, false, 2, false, false},
-    {"mistral",  32000,  4096, 14336, 32, 32, 8,  0,   131072,  false, "silu",
+    {"mistral",  "MistralConfig",  32000,  4096, 14336, 32, 32, 8,  0,   131072,  false, "silu",
      false, false, false, false, false, 2, false, false},
-    {"qwen2",    151936, 4096, 22016, 32, 32, 32, 0,   32768,   false, "silu",
+    {"qwen2",    "Qwen2Config",    151936, 4096, 22016, 32, 32, 32, 0,   32768,   false, "silu",
      true, false, false, false, false, 2, false, false},
-    {"qwen3",    151936, 4096, 22016, 32, 32, 32, 128, 32768,   false, "silu",
+    {"qwen3",    "Qwen3Config",    151936, 4096, 22016, 32, 32, 32, 128, 32768,   false, "silu",
      false, true, false, true, false, 2, false, false},
-    {"gemma",    256000, 3072, 24576, 28, 16, 16, 256, 8192,    true,  "gelu_pytorch_tanh",
+    {"gemma",    "GemmaConfig",    256000, 3072, 24576, 28, 16, 16, 256, 8192,    true,  "gelu_pytorch_tanh",
      false, true, false, false, false, 2, false, true},
-    {"gemma2",   256000, 2304, 9216,  26, 8,  4,  256, 8192,    true,  "gelu_pytorch_tanh",
+    {"gemma2",   "Gemma2Config",   256000, 2304, 9216,  26, 8,  4,  256, 8192,    true,  "gelu_pytorch_tanh",
      false, true, false, false, false, 4, false, true},
-    {"phi3",     32064,  3072, 8192,  32, 32, 0,  0,   4096,    false, "silu",
+    {"phi3",     "Phi3Config",     32064,  3072, 8192,  32, 32, 0,  0,   4096,    false, "silu",
      false, false, false, false, true, 2, false, false},
-    {"mixtral",  32000,  4096, 14336, 32, 32, 8,  0,   131072,  false, "silu",
+    {"mixtral",  "MixtralConfig",  32000,  4096, 14336, 32, 32, 8,  0,   131072,  false, "silu",
      false, false, false, false, false, 2, true, false},
 };
 
@@ -62,13 +63,17 @@ bool read_llama_family(const KeyReader& r, const std::string& model_type, ModelS
   const LlamaFamilyDefaults* d = find_family(model_type);
   if (!d) return false;
   m.family = Family::kLlama;
-  m.embed.vocab_size = r.integer({"vocab_size"}, d->vocab, 1, kMaxVocab);
-  m.hidden = r.integer({"hidden_size"}, d->hidden, 1, kMaxWidth);
-  m.mlp.ffn = r.integer({"intermediate_size"}, d->ffn, 1, kMaxWidth);
-  m.layers = r.integer({"num_hidden_layers"}, d->layers, 1, kMaxLayers);
-  m.attn.kv_heads = r.optional_integer({"num_key_value_heads"}, 1, kMaxHeads).value_or(d->kv_heads);
-  m.attn.head_dim = r.optional_integer({"head_dim"}, 1, kMaxWidth).value_or(d->head_dim);
-  read_heads(r, {"num_attention_heads"}, d->heads, {"hidden_size"}, m.hidden, m.attn);
+  const std::string defaults_of = fmt::format("transformers' {}", d->config_class);
+  m.embed.vocab_size = r.shape({"vocab_size"}, d->vocab, 1, kMaxVocab, defaults_of);
+  m.hidden = r.shape({"hidden_size"}, d->hidden, 1, kMaxWidth, defaults_of);
+  m.mlp.ffn = r.shape({"intermediate_size"}, d->ffn, 1, kMaxWidth, defaults_of);
+  m.layers = r.shape({"num_hidden_layers"}, d->layers, 1, kMaxLayers, defaults_of);
+  // A default of None (0 here) is derived from other keys, not a guess: only a numeric default warns.
+  m.attn.kv_heads = d->kv_heads ? r.shape({"num_key_value_heads"}, d->kv_heads, 1, kMaxHeads, defaults_of)
+                                : r.optional_integer({"num_key_value_heads"}, 1, kMaxHeads).value_or(0);
+  m.attn.head_dim = d->head_dim ? r.shape({"head_dim"}, d->head_dim, 1, kMaxWidth, defaults_of)
+                                : r.optional_integer({"head_dim"}, 1, kMaxWidth).value_or(0);
+  read_heads(r, {"num_attention_heads"}, d->heads, defaults_of, {"hidden_size"}, m.hidden, m.attn);
   m.max_positions = 0;  // rotary positions: max_position_embeddings does not bound training sequences
   m.attn.rotary_dim = m.attn.head_dim;
   if (model_type == "phi3") {
@@ -93,8 +98,8 @@ bool read_llama_family(const KeyReader& r, const std::string& model_type, ModelS
   m.norms_per_layer = d->norms_per_layer;
   if (model_type == "gemma2") m.attn.softcap = r.number({"attn_logit_softcapping"}, 50.0, 0.0, 1e9);
   if (d->moe) {
-    m.moe.experts = r.integer({"num_local_experts"}, 8, 1, kMaxExperts);
-    m.moe.top_k = r.integer({"num_experts_per_tok"}, 2, 1, kMaxExperts);
+    m.moe.experts = r.shape({"num_local_experts"}, 8, 1, kMaxExperts, defaults_of);
+    m.moe.top_k = r.shape({"num_experts_per_tok"}, 2, 1, kMaxExperts, defaults_of);
     if (m.moe.top_k > m.moe.experts) {
       r.fail("num_experts_per_tok", m.moe.top_k,
              fmt::format("at most \"num_local_experts\" = {}", m.moe.experts));

@@ -50,6 +50,22 @@ Elems parameter_count(const Inventory& inv) {
   return n;
 }
 
+Elems trainable_count(const Inventory& inv) {
+  Elems n;
+  for (const auto& r : inv.parameters) {
+    if (r.trainable) n += r.elems;
+  }
+  return n;
+}
+
+Bytes trainable_bytes(const Inventory& inv, DType dtype) { return bytes_of(trainable_count(inv), dtype); }
+
+size_t trainable_rows(const Inventory& inv) {
+  size_t n = 0;
+  for (const auto& r : inv.parameters) n += r.trainable ? 1 : 0;
+  return n;
+}
+
 Elems buffer_elems(const Inventory& inv) {
   Elems n;
   for (const auto& r : inv.buffers) n += r.elems;

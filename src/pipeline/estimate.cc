@@ -129,14 +129,14 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
   e.setup.optimizer_impl = resolve_optimizer_impl(s.optimizer, s.optimizer_impl, m.impl);
   const DType pd = param_dtype(s.precision);
   e.parameters = parameter_count(inv);
-  e.trainable = e.parameters;
+  e.trainable = trainable_count(inv);  // gradients and optimizer state exist for these rows only
   e.weights = parameter_bytes(inv, pd);
   e.buffers = buffer_bytes(inv, pd);
   e.gradients = bytes_of(e.trainable, pd);
   e.optimizer_moments = bytes_of(e.trainable, pd) * optimizer_states_per_param(s.optimizer);
   const bool adam = s.optimizer == Optimizer::kAdamW || s.optimizer == Optimizer::kAdam;
   if (adam && e.setup.optimizer_impl == OptimizerImpl::kFused) {
-    e.optimizer_steps = Bytes(kOptimizerStepBytes) * inv.parameters.size();
+    e.optimizer_steps = Bytes(kOptimizerStepBytes) * trainable_rows(inv);
   }
   e.optimizer_state = e.optimizer_moments + e.optimizer_steps;
   // token ids and targets (int64 each), or one float feature batch

@@ -178,7 +178,7 @@ GpuSpec resolve_gpu(std::string_view text) {
 ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   ResolvedScenario r;
   r.request = s;
-  r.model = load_model(s.model, files);
+  r.model = load_model(s.model, files, &r.warnings);  // a shape key missing from the config is said, not silent
   r.inventory = build_inventory(r.model);
   r.setup = s.train;
   validate_setup(r.model, r.setup);

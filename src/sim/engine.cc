@@ -218,28 +218,49 @@ T Engine::view(const T& base, const Shape& s, const Strides& st) {
   return T(p);
 }
 
-T Engine::parameter(const Shape& s, DType dt, int32_t index, Label l) {
+T Engine::parameter(const Shape& s, DType dt, int32_t index, Label l, bool requires_grad) {
   T t = empty(s, dt, Category::kWeights, l);
-  t->requires_grad = true;
   t->is_param = true;
-  Node* acc = node_pool_.get();  // fresh or recycled (recycled nodes have no saved tensors or closure)
-  acc->name = "AccumulateGrad";
-  acc->n_next = 0;
-  acc->deps = 0;
-  acc->seq = std::numeric_limits<uint64_t>::max();  // "always called ASAP during backwards"
-  acc->is_accumulate = true;
-  acc->param = index;
-  acc->inbuf = Grads(1);
-  t->grad_fn = {acc, 0};
   if (static_cast<size_t>(index) >= params_.size()) {
     params_.resize(index + 1);
     grads_.resize(index + 1);
     acc_nodes_.resize(index + 1);
   }
   params_[index] = t;
+  if (!requires_grad) return t;
+  t->requires_grad = true;
+  Node* acc = new_accumulate_node();
+  acc->param = index;
+  t->grad_fn = {acc, 0};
   acc_nodes_[index] = acc;
   return t;
 }
+
+Node* Engine::new_accumulate_node() {
+  Node* acc = node_pool_.get();  // fresh or recycled (recycled nodes have no saved tensors or closure)
+  acc->name = "AccumulateGrad";
+  acc->n_next = 0;
+  acc->deps = 0;
+  acc->seq = std::numeric_limits<uint64_t>::max();  // "always called ASAP during backwards"
+  acc->is_accumulate = true;
+  acc->param = -1;
+  acc->leaf = -1;
+  acc->inbuf = Grads(1);
+  return acc;
+}
+
+T Engine::requires_grad_leaf(const T& x) {
+  T t = view(x, x.shape(), x->strides);  // detach(): the same storage, no autograd history
+  t->requires_grad = true;
+  Node* acc = new_accumulate_node();
+  acc->leaf = static_cast<int32_t>(leaf_grads_.size());
+  leaf_grads_.emplace_back();
+  t->grad_fn = {acc, 0};
+  nodes_.push_back(acc);  // freed with the graph that reaches it
+  return t;
+}
+
+T Engine::take_leaf_grad(const T& leaf) { return std::move(leaf_grads_[leaf->grad_fn.node->leaf]); }
 
 T Engine::leaf(const Shape& s, DType dt, Category c, Label l) { return empty(s, dt, c, l); }
 
@@ -292,6 +313,7 @@ Node* Engine::new_node(const char* name, std::initializer_list<const T*> inputs,
   node->seq = ++seq_;
   node->is_accumulate = false;
   node->param = -1;
+  node->leaf = -1;
   node->saved = std::move(saved);
   node->n_next = 0;
   node->deps = 0;
@@ -396,13 +418,22 @@ void Engine::accumulate_param(Node& n, T g) {
 
 void Engine::backward(const T& loss) {
   if (!loss->requires_grad || !loss->grad_fn) throw Error("internal: backward() of a tensor without grad_fn");
-  // Dependencies: count the edges into each node reachable from the loss.
+  // torch.autograd.backward seeds the root with ones_like(loss) (_make_grads); the seed lives until backward
+  // returns.
+  T seed = empty(loss.shape(), loss.dtype(), Category::kBackward, Label{"grad of the loss"});
+  backward(loss, std::move(seed));
+}
+
+void Engine::backward(const T& loss, T seed) {
+  if (!loss->requires_grad || !loss->grad_fn) throw Error("internal: backward() of a tensor without grad_fn");
+  ++depth_;
+  Node* const outer = running_;  // a reentrant call runs inside that node's backward
+  // Dependencies: count the edges into each node reachable from the root. Counts belong to one backward
+  // call (PyTorch keeps them per GraphTask): a node an outer backward has counted (a parameter's
+  // AccumulateGrad) gets its outer count back when this call ends.
   std::vector<Node*> stack{loss->grad_fn.node};
   std::vector<Node*> seen{loss->grad_fn.node};
-  loss->grad_fn.node->deps = 0;
-  for (Node* a : acc_nodes_) {
-    if (a) a->deps = 0;
-  }
+  std::vector<uint32_t> outer_deps{loss->grad_fn.node->deps};
   // Mark visited with a high bit in deps during the walk, then clear it.
   constexpr uint32_t kSeen = 1u << 31;
   loss->grad_fn.node->deps = kSeen;
@@ -414,6 +445,7 @@ void Engine::backward(const T& loss) {
       if (!e) continue;
       Node* m = e.node;
       if (!(m->deps & kSeen)) {
+        outer_deps.push_back(m->deps);
         m->deps = kSeen;
         seen.push_back(m);
         stack.push_back(m);
@@ -424,9 +456,6 @@ void Engine::backward(const T& loss) {
   for (Node* n : seen) n->deps &= ~kSeen;
 
   std::vector<Node*> ready;
-  // torch.autograd.backward seeds the root with ones_like(loss) (_make_grads); the seed list lives until
-  // backward returns.
-  T seed = empty(loss.shape(), loss.dtype(), Category::kBackward, Label{"grad of the loss"});
   {
     Node* root = loss->grad_fn.node;
     root->inbuf[loss->grad_fn.slot] = seed;
@@ -439,7 +468,11 @@ void Engine::backward(const T& loss) {
     Grads in = std::move(n->inbuf);
     n->inbuf = Grads(in.size());
     if (n->is_accumulate) {
-      accumulate_param(*n, std::move(in[0]));
+      if (n->leaf >= 0) {
+        accumulate_leaf(*n, std::move(in[0]));
+      } else {
+        accumulate_param(*n, std::move(in[0]));
+      }
       continue;
     }
     running_ = n;
@@ -450,19 +483,53 @@ void Engine::backward(const T& loss) {
     for (uint8_t i = 0; i < n->n_next; ++i) {
       if (n->next[i]) deliver(i < out.size() ? std::move(out[i]) : T(), n->next[i], ready);
     }
-    running_ = nullptr;
+    running_ = outer;
   }
-  recycle_nodes();  // the graph is freed once backward is done (retain_graph=False)
+  for (size_t i = 0; i < seen.size(); ++i) seen[i]->deps = outer_deps[i];
+  // The graph is freed once backward is done (retain_graph=False): the whole graph after the outermost
+  // backward; after a reentrant one, only the nodes it reached (the outer graph is still running).
+  if (depth_ == 1) {
+    recycle_nodes();
+  } else {
+    for (Node* n : seen) {
+      if (n->param < 0) n->deps = kRecycled;  // AccumulateGrad of a parameter is persistent
+    }
+    std::vector<Node*> keep;
+    for (Node* n : nodes_) {
+      if (n->deps == kRecycled) {
+        recycle(n);
+      } else {
+        keep.push_back(n);
+      }
+    }
+    nodes_.swap(keep);
+  }
+  --depth_;
+}  // the seed is released here, after the graph (torch.autograd.backward's grad_tensors list)
+
+void Engine::recycle(Node* n) {
+  n->saved.clear();
+  n->inbuf.clear();
+  n->fn.reset();
+  n->deps = 0;
+  node_pool_.put(n);
 }
 
 void Engine::recycle_nodes() {
-  for (Node* n : nodes_) {
-    n->saved.clear();
-    n->inbuf.clear();
-    n->fn.reset();
-    node_pool_.put(n);
-  }
+  for (Node* n : nodes_) recycle(n);
   nodes_.clear();
+}
+
+void Engine::accumulate_leaf(Node& n, T g) {
+  // AccumulateGrad of a leaf that is not a parameter: the first gradient becomes .grad as it is (it is
+  // still a gradient in flight for whoever reads it), later ones are added in place.
+  if (!g) return;
+  T& grad = leaf_grads_[n.leaf];
+  if (grad) {
+    g.reset();
+    return;
+  }
+  grad = std::move(g);
 }
 
 }  // namespace trainmem::sim

@@ -201,6 +201,7 @@ struct Node {
   BackwardFn fn;
   bool is_accumulate = false;
   int32_t param = -1;     // AccumulateGrad: the parameter index
+  int32_t leaf = -1;      // AccumulateGrad of a leaf that is not a parameter (requires_grad_leaf)
 };
 
 // Objects allocated in chunks and recycled through a free list: the simulator creates tens of thousands of
@@ -278,8 +279,9 @@ class Engine {
   T empty_strided(const Shape& s, const Strides& st, DType dt, Category c, Label l);
   // A view sharing `base`'s storage (no allocation), with its autograd identity.
   T view(const T& base, const Shape& s, const Strides& st);
-  // A parameter (leaf requiring grad) with its AccumulateGrad node; `index` is its inventory row.
-  T parameter(const Shape& s, DType dt, int32_t index, Label l);
+  // A parameter with its AccumulateGrad node; `index` is its inventory row. A frozen parameter
+  // (requires_grad=False) is a plain leaf: no node, no .grad, and ops record no graph through it alone.
+  T parameter(const Shape& s, DType dt, int32_t index, Label l, bool requires_grad = true);
   // A buffer or an input (leaf without grad).
   T leaf(const Shape& s, DType dt, Category c, Label l);
 
@@ -298,6 +300,19 @@ class Engine {
 
   // Runs loss.backward(): seeds the gradient with ones_like(loss) and executes every reachable node.
   void backward(const T& loss);
+  // torch.autograd.backward(out, grad): runs the graph behind `out` with `grad` as its gradient. Reentrant: a
+  // node's backward may call it (reentrant checkpointing's CheckpointFunction.backward does) on a graph it has
+  // just recorded by running forward code again; that inner backward runs and frees only its own graph, and
+  // the outer backward goes on where it was.
+  void backward(const T& out, T grad);
+  // x.detach().requires_grad_(): an alias of x's storage that is a leaf requiring grad, whose gradient a
+  // backward accumulates into leaf_grad() (what checkpoint's recomputation starts from).
+  T requires_grad_leaf(const T& x);
+  // The .grad of a requires_grad_leaf (empty when none arrived), handed over: the engine keeps no reference,
+  // as the detached input dies when CheckpointFunction.backward returns its grads.
+  T take_leaf_grad(const T& leaf);
+  // Backward calls in progress (1 inside loss.backward(), 2 inside a reentrant backward).
+  int backward_depth() const { return depth_; }
   // The .grad of parameter `index` (empty handle when None).
   T& grad(int32_t index);
   std::vector<T>& grads() { return grads_; }
@@ -338,7 +353,11 @@ class Engine {
   void deliver(T g, GradEdge e, std::vector<Node*>& ready);
   void validate_outputs(Node& n, Grads& grads);
   void recycle_nodes();
+  void recycle(Node* n);
+  static constexpr uint32_t kRecycled = 0xFFFFFFFFu;  // deps of a node a reentrant backward is done with
   void accumulate_param(Node& n, T g);
+  void accumulate_leaf(Node& n, T g);
+  Node* new_accumulate_node();
 
   // Declared first so that they are destroyed last, after everything that refers to their objects.
   Pool<TensorImpl> impls_;
@@ -349,6 +368,8 @@ class Engine {
   std::vector<Node*> acc_nodes_;  // one AccumulateGrad per parameter (persistent)
   std::vector<T> params_;   // the parameters themselves (weak in spirit: the model holds them)
   std::vector<T> grads_;    // .grad per parameter
+  std::vector<T> leaf_grads_;  // .grad per requires_grad_leaf
+  int depth_ = 0;           // backward calls in progress
   uint64_t seq_ = 0;
   Node* running_ = nullptr;
   bool recording_ = true;  // the node whose backward is running: its allocations are labelled after it

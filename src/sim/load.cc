@@ -56,7 +56,7 @@ LoadedModel load_model(Engine& e, const Inventory& inv, DType model_dtype) {
     load_buffers_before(i);
     const TensorRow& r = inv.parameters[i];
     w.params[i] = e.parameter(shape_of(r), model_dtype, static_cast<int32_t>(i),
-                              Label{intern_name(r.name), -1, static_cast<int32_t>(i)});
+                              Label{intern_name(r.name), -1, static_cast<int32_t>(i)}, r.trainable);
     w.param_row.emplace(r.name, static_cast<int>(i));
   }
   load_buffers_before(inv.parameters.size());

@@ -180,8 +180,11 @@ struct Loop {
     // clip coefficient; the grads are scaled in place.
     e.phase = Phase::kGradClip;
     uint64_t max_chunks = 1;
-    for (const TensorRow& p : inv.parameters) max_chunks = std::max(max_chunks, ceil_div(p.elems.value, kForeachChunkElems));
-    const uint64_t n = inv.parameters.size();
+    // over the parameters that have a .grad (clip_grad_norm_ skips p.grad is None: the frozen ones)
+    for (const TensorRow& p : inv.parameters) {
+      if (p.trainable) max_chunks = std::max(max_chunks, ceil_div(p.elems.value, kForeachChunkElems));
+    }
+    const uint64_t n = trainable_rows(inv);
     T norms;
     {
       T partial = e.empty(Shape{n * max_chunks}, DType::kF32, Category::kTemporaries, Label{"clip_grad_norm_ partials"});
@@ -236,14 +239,13 @@ struct Loop {
   // for the supported models are exactly the 1-D tensors) in a first group and the rest in a second.
   std::vector<std::vector<size_t>> param_groups() const {
     std::vector<size_t> decay, rest;
+    std::vector<size_t> all;  // the trainable rows: frozen parameters are not given to the optimizer
     for (size_t i = 0; i < inv.parameters.size(); ++i) {
+      if (!inv.parameters[i].trainable) continue;
+      all.push_back(i);
       (inv.parameters[i].shape.size() >= 2 ? decay : rest).push_back(i);
     }
-    if (o.loop == LoopKind::kPlain) {
-      std::vector<size_t> all(inv.parameters.size());
-      for (size_t i = 0; i < all.size(); ++i) all[i] = i;
-      return {all};
-    }
+    if (o.loop == LoopKind::kPlain) return {all};
     return {decay, rest};
   }
 

@@ -3,6 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
 #include "test_util.h"
 #include "trainmem/inventory.h"
 
@@ -129,6 +134,202 @@ TEST(ConfigErrors, ImplementationMustFitTheModel) {
   req.impl = Impl::kNanoGpt;
   EXPECT_EQ(parameter_count(build_inventory(model_from_json(R"({"model_type": "gpt2"})", "g.json", req))).value,
             124'439'808u);
+}
+
+TEST(Config, MissingShapeKeysWarnAndTakeTheDefault) {
+  std::vector<std::string> warnings;
+  const ModelSpec m = model_from_json(R"({"model_type": "llama", "hidden_size": 576, "intermediate_size": 1536,
+      "num_attention_heads": 9, "vocab_size": 49152})", "l.json", ModelRequest(), &warnings);
+  EXPECT_EQ(m.layers, 32u);
+  EXPECT_EQ(warnings, std::vector<std::string>{
+                          "l.json: key \"num_hidden_layers\" is missing; using transformers' LlamaConfig default 32"});
+  // A default of None is derived from the other keys, not a guess: Llama's num_key_value_heads (= heads) and
+  // GPT-2's n_inner (= 4 * n_embd) do not warn. Mistral's num_key_value_heads defaults to 8: that warns.
+  warnings.clear();
+  model_from_json(R"({"model_type": "gpt2", "vocab_size": 50257, "n_positions": 1024, "n_embd": 768,
+      "n_layer": 12, "n_head": 12})", "g.json", ModelRequest(), &warnings);
+  EXPECT_TRUE(warnings.empty());
+  model_from_json(R"({"model_type": "mistral", "vocab_size": 32000, "hidden_size": 4096,
+      "intermediate_size": 14336, "num_hidden_layers": 2, "num_attention_heads": 32})", "m.json", ModelRequest(),
+                  &warnings);
+  EXPECT_EQ(warnings, std::vector<std::string>{"m.json: key \"num_key_value_heads\" is missing; using "
+                                               "transformers' MistralConfig default 8"});
+  // Every shape key of an empty GPT-2 config, in the order read; nanoGPT names its own dataclass.
+  warnings.clear();
+  model_from_json(R"({"model_type": "gpt2"})", "e.json", ModelRequest(), &warnings);
+  ASSERT_EQ(warnings.size(), 5u);
+  EXPECT_EQ(warnings[0], "e.json: key \"vocab_size\" is missing; using transformers' GPT2Config default 50257");
+  EXPECT_EQ(warnings[4], "e.json: key \"n_head\" is missing; using transformers' GPT2Config default 12");
+  warnings.clear();
+  model_from_json(R"({"model_type": "nanogpt", "n_layer": 2})", "n.json", ModelRequest(), &warnings);
+  EXPECT_EQ(warnings[0], "n.json: key \"vocab_size\" is missing; using nanoGPT's GPTConfig default 50304");
+}
+
+TEST(Config, PresetsHaveEveryShapeKey) {
+  for (const Preset& p : presets()) {
+    ModelRequest req;
+    req.model = std::string(p.name);
+    std::vector<std::string> warnings;
+    load_model(req, MapFileReader(), &warnings);
+    EXPECT_EQ(warnings, std::vector<std::string>{}) << p.name;
+  }
+}
+
+TEST(Config, SetOfAnAliasWinsOverTheSpellingInTheFile) {
+  // The gpt2 preset spells the layer count "n_layer"; "num_hidden_layers" is its attribute_map alias.
+  ModelRequest req;
+  req.model = "gpt2";
+  req.overrides = {"num_hidden_layers=3"};
+  const ModelSpec m = load_model(req, MapFileReader());
+  EXPECT_EQ(m.layers, 3u);
+  // 9 fewer GPT-2 small blocks of 7,087,872 parameters each (2 LayerNorms, c_attn, c_proj, c_fc, c_proj).
+  EXPECT_EQ(parameter_count(build_inventory(m)).value, 124'439'808u - 9u * 7'087'872u);
+  // Of two aliases set, the last one wins; set to null, the alias means absent: the default, not the file's.
+  EXPECT_EQ(from_json(R"({"model_type": "gpt2"})", {"num_hidden_layers=3", "n_layer=5"}).layers, 5u);
+  EXPECT_EQ(from_json(R"({"model_type": "gpt2", "n_layer": 4})", {"num_hidden_layers=null"}).layers, 12u);
+}
+
+TEST(ConfigErrors, SetOfAKeyThatNothingReads) {
+  ModelRequest req;
+  req.model = "llama-2-7b";
+  req.overrides = {"num_hidden_layer=2"};
+  EXPECT_EQ(error_of([&] { load_model(req, MapFileReader()); }),
+            "preset llama-2-7b: --set \"num_hidden_layer=2\": no supported architecture reads key \"num_hidden_layer\" "
+            "for model_type \"llama\" (did you mean \"num_hidden_layers\"?)");
+  // Another family's spelling: Llama reads num_hidden_layers, not GPT-2's n_layer.
+  req.overrides = {"n_layer=2"};
+  EXPECT_EQ(error_of([&] { load_model(req, MapFileReader()); }),
+            "preset llama-2-7b: --set \"n_layer=2\": no supported architecture reads key \"n_layer\" for model_type "
+            "\"llama\" (did you mean \"num_hidden_layers\"?)");
+  // A nested key is checked by its top-level key; Gemma 2 reads hidden_activation, not hidden_act.
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "gpt2"})", {"rope_scaling.factor=2"}); }),
+            "test.json: --set \"rope_scaling.factor=2\": no supported architecture reads key \"rope_scaling\" for "
+            "model_type \"gpt2\" (did you mean \"n_positions\"?)");
+  EXPECT_NE(error_of([] { from_json(R"({"model_type": "gemma2"})", {"hidden_act=gelu"}); }).find(
+                "(did you mean \"hidden_activation\"?)"),
+            std::string::npos);
+  // Keys of the file itself that nothing reads stay ignored, as in transformers; so do the bookkeeping keys.
+  EXPECT_NO_THROW(from_json(R"({"model_type": "gpt2", "lora_r": 8})"));
+  EXPECT_NO_THROW(from_json(R"({"model_type": "gpt2"})", {"_source=mine", "architectures=null", "model_type=gpt2"}));
+  // OPT reads _remove_final_layer_norm even where it changes nothing (post-norm).
+  EXPECT_NO_THROW(from_json(R"({"model_type": "opt"})", {"do_layer_norm_before=false",
+                                                        "_remove_final_layer_norm=true"}));
+}
+
+TEST(ConfigErrors, OnlyCausalLanguageModels) {
+  const std::string head_error =
+      "test.json: key \"architectures\" = [\"LlamaForSequenceClassification\"]: expected a causal language model "
+      "(...ForCausalLM or ...LMHeadModel); sequence-classification and other task heads are not modelled yet";
+  EXPECT_EQ(error_of([] {
+              from_json(R"({"model_type": "llama", "architectures": ["LlamaForSequenceClassification"]})");
+            }),
+            head_error);
+  for (const char* head : {"LlamaForTokenClassification", "OPTForQuestionAnswering", "GPT2DoubleHeadsModel",
+                           "BertForMaskedLM", "LlamaModel"}) {
+    const std::string text = std::string(R"({"model_type": "llama", "architectures": [")") + head + "\"]}";
+    EXPECT_NE(error_of([&] { from_json(text); }), "") << head;
+  }
+  // One task head among several is one too many.
+  EXPECT_NE(error_of([] {
+              from_json(R"({"model_type": "llama", "architectures": ["LlamaForCausalLM", "LlamaForTokenClassification"]})");
+            }),
+            "");
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "llama", "architectures": "LlamaForCausalLM"})"); }),
+            "test.json: key \"architectures\" = \"LlamaForCausalLM\": expected a list of class names like "
+            "[\"LlamaForCausalLM\"]");
+  // Causal LMs, and configs that name no class (nanoGPT, hand-written ones).
+  EXPECT_NO_THROW(from_json(R"({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]})"));
+  EXPECT_NO_THROW(from_json(R"({"model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"]})"));
+  EXPECT_NO_THROW(from_json(R"({"model_type": "opt", "architectures": ["OPTForCausalLM"]})"));
+  EXPECT_NO_THROW(from_json(R"({"model_type": "mistral", "architectures": ["MistralForCausalLM"]})"));
+  EXPECT_NO_THROW(from_json(R"({"model_type": "llama", "architectures": []})"));
+  EXPECT_NO_THROW(from_json(R"({"model_type": "llama", "architectures": null})"));
+}
+
+TEST(ConfigErrors, NumbersBeyondADoubleAreBadInput) {
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "llama", "vocab_size": 1e400})"); }),
+            "test.json: not valid JSON: a number is out of range: key \"vocab_size\" = 1e400 (beyond the largest "
+            "double, about 1.8e308)");
+  // The key path of a nested number; an array element is named by the key that holds the array.
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "llama", "rope_scaling": {"type": "linear",
+                                      "factor": -1e999}})"); }),
+            "test.json: not valid JSON: a number is out of range: key \"rope_scaling.factor\" = -1e999 (beyond the "
+            "largest double, about 1.8e308)");
+  EXPECT_EQ(error_of([] { from_json(R"({"a": {"b": 1}, "eos": [2, 1e400]})"); }),
+            "test.json: not valid JSON: a number is out of range: key \"eos\" = 1e400 (beyond the largest double, "
+            "about 1.8e308)");
+  EXPECT_EQ(error_of([] { from_json("[" + std::string(400, '9') + "]"); }),
+            "test.json: not valid JSON: a number is out of range: 9999999999999999999999999999999999999... (beyond "
+            "the largest double, about 1.8e308)");
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "gpt2"})", {"n_layer=1e400"}); }),
+            "test.json: --set \"n_layer=1e400\": the number 1e400 is out of range (beyond the largest double, about "
+            "1.8e308)");
+  // Text that merely starts like a number stays text.
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "gpt2"})", {"n_layer=1e400x"}); }),
+            "test.json: key \"n_layer\" = \"1e400x\": expected an integer in [1, 100000], not a string");
+}
+
+TEST(ConfigErrors, ValuesInMessagesAreBoundedAndValidUtf8) {
+  // Command-line bytes that are not UTF-8 are shown with U+FFFD instead of failing to print.
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "gpt2"})", {"n_layer=\xff"}); }),
+            "test.json: key \"n_layer\" = \"\xEF\xBF\xBD\": expected an integer in [1, 100000], not a string");
+  // A value 200,000 arrays deep is shown three levels deep: printing it whole would overflow the stack.
+  const size_t depth = 200'000;
+  const std::string deep = std::string(depth, '[') + std::string(depth, ']');
+  EXPECT_EQ(error_of([&] { from_json(R"({"model_type": "llama", "num_hidden_layers": )" + deep + "}"); }),
+            "test.json: key \"num_hidden_layers\" = [[[...]]]: expected an integer in [1, 100000], not a array");
+  EXPECT_EQ(error_of([&] { from_json(R"({"model_type": "llama", "hidden_act": )" + deep + "}"); }).substr(0, 41),
+            "test.json: key \"hidden_act\" = [[[...]]]: ");
+  // A long list is cut at 60 characters.
+  std::string list = "[0";
+  for (int i = 1; i < 100'000; ++i) list += "," + std::to_string(i);
+  EXPECT_EQ(error_of([&] { from_json(R"({"model_type": "llama", "hidden_size": )" + list + "]}"); }),
+            "test.json: key \"hidden_size\" = [0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,...: "
+            "expected an integer in [1, 16777216], not a array");
+}
+
+// Files and folders served from memory.
+class FolderReader final : public FileReader {
+ public:
+  std::map<std::string, std::string> files;
+  std::set<std::string> folders;
+  std::optional<std::string> read(const std::string& path) const override {
+    auto it = files.find(path);
+    if (it == files.end()) return std::nullopt;
+    return it->second;
+  }
+  bool is_directory(const std::string& path) const override { return folders.contains(path); }
+};
+
+TEST(Config, ModelFolderMeansItsConfigJson) {
+  FolderReader fs;
+  fs.folders = {"ckpt", "ckpt/", "empty"};
+  fs.files["ckpt/config.json"] = R"({"model_type": "opt", "num_hidden_layers": 2})";
+  ModelRequest req;
+  req.model = "ckpt";
+  EXPECT_EQ(load_model(req, fs).layers, 2u);
+  req.model = "ckpt/";
+  EXPECT_EQ(load_model(req, fs).layers, 2u);
+  req.overrides = {"num_hidden_layers=x"};
+  EXPECT_EQ(error_of([&] { load_model(req, fs); }),
+            "ckpt/config.json: key \"num_hidden_layers\" = \"x\": expected an integer in [1, 100000], not a string");
+  req.model = "empty";
+  EXPECT_EQ(error_of([&] { load_model(req, fs); }), "--model \"empty\": a directory without a config.json");
+}
+
+TEST(ConfigErrors, DiskFileReaderRefusesDevicesAndHugeFiles) {
+  const DiskFileReader disk;
+  EXPECT_EQ(error_of([&] { disk.read("/dev/zero"); }),
+            "/dev/zero: not a regular file (expected a config.json of at most 64 MiB)");
+  // A sparse file one byte past the bound: refused from its size, without reading it.
+  const std::string huge = ::testing::TempDir() + "trainmem_config_test_huge.json";
+  { std::ofstream(huge, std::ios::binary).put('{'); }
+  std::filesystem::resize_file(huge, kMaxConfigFileBytes + 1);
+  EXPECT_EQ(error_of([&] { disk.read(huge); }),
+            huge + ": larger than 64 MiB, the most read as a config.json (real ones are at most a few hundred KB)");
+  std::filesystem::remove(huge);
+  EXPECT_FALSE(disk.read(huge).has_value());
+  EXPECT_TRUE(disk.is_directory(::testing::TempDir()));
 }
 
 TEST(Config, LayerStackForAllocatorExperiments) {

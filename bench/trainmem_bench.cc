@@ -77,7 +77,7 @@ void BM_Estimate70B_T8192(benchmark::State& state) {
   o.steps = 2;
   for (auto _ : state) {
     Estimate e = estimate(m, inv, setup(1, 8192), o);
-    benchmark::DoNotOptimize(e.peak_reserved.value);
+    benchmark::DoNotOptimize(e.memory.peak_reserved.value);
   }
 }
 BENCHMARK(BM_Estimate70B_T8192)->Unit(benchmark::kMillisecond);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <array>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -59,14 +60,15 @@ struct DeviceVerdict {
     std::array<Bytes, kCategoryCount> live_by_category{};  // all live tensors then, by category
   };
   std::optional<Oom> oom;
+  // What nvidia-smi would show for this process: reserved on this GPU plus the context when the step fits;
+  // when it does not, what the step would need (reserved without a limit plus the context), which is more
+  // than the card has.
+  Bytes device_total;
 };
 
-struct Estimate {
-  ModelSpec model;
-  TrainSetup setup;     // with optimizer_impl resolved
-  SimOptions options;   // loop, torch version, GPU architecture
+// What the model state and one batch take, exact from the inventory and the setup (requested bytes).
+struct StateBytes {
   Elems parameters, trainable;
-  // Exact tensor sizes from the inventory (requested bytes):
   Bytes weights;            // parameters only, in their storage dtype
   Bytes buffers;            // registered buffers (after model.to(dtype) for cast precisions)
   Bytes gradients;          // one .grad per trainable parameter, in the parameter dtype
@@ -74,29 +76,45 @@ struct Estimate {
   Bytes optimizer_moments;  // of which exp_avg/exp_avg_sq or momentum_buffer
   Bytes optimizer_steps;    // of which `step` scalars (device tensors only with fused/capturable)
   Bytes inputs;             // one micro-batch of input ids and targets
-  // From the simulated step (requested bytes):
+};
+
+// The simulated step's tensors (requested bytes): what autograd keeps, and what is live at the peak.
+struct PeakBreakdown {
   Bytes saved_activations;  // storages autograd holds at the end of forward, each once, excluding
                             // parameters and buffers
   Bytes activations;        // at the peak: everything but weights, buffers, gradients, optimizer state,
                             // inputs and workspaces
-  Bytes peak_tensors;       // the highest total of live tensors (requested bytes)
-  Phase peak_phase = Phase::kForward;
-  uint32_t peak_step = 0, peak_micro = 0;
-  std::vector<Component> components;  // live at the peak, summing to peak_tensors
-  // From the caching allocator replayed over the step (block and segment sizes):
-  Bytes steady_state;       // memory_allocated() just before the last simulated step's forward
+  Bytes live_total;         // the highest total of live tensors: the sum of the components
+  Phase phase = Phase::kForward;
+  uint32_t step = 0, micro = 0;
+  std::vector<Component> components;  // live at the peak, summing to live_total
+};
+
+// The caching allocator replayed over the step without a device limit (block and segment sizes).
+struct AllocatorFigures {
+  Bytes steady_state;            // memory_allocated() just before the last simulated step's forward
   Bytes steady_state_reserved;   // memory_reserved() then
   Bytes after_forward;           // memory_allocated() after the last step's (last micro-batch's) forward and
                                  // loss, before backward
   Bytes after_forward_reserved;  // memory_reserved() then
-  Bytes peak_allocated;     // max_memory_allocated()
-  Bytes peak_reserved;      // max_memory_reserved()
-  Bytes fragmentation;      // peak_reserved - peak_allocated: cached but unallocated at the reserved peak
-  Bytes device_total;       // what nvidia-smi shows (when a GPU is given): reserved on that GPU + the context
-  uint64_t segments = 0;    // cudaMalloc segments at the reserved peak
-  std::optional<DeviceVerdict> device;
-  SimResult sim;
-  AllocatorReplay alloc;
+  Bytes peak_allocated;          // max_memory_allocated()
+  Bytes peak_reserved;           // max_memory_reserved()
+  Bytes fragmentation;           // peak_reserved - peak_allocated: cached but unallocated at the reserved peak
+  uint64_t segments = 0;         // cudaMalloc segments at the reserved peak
+};
+
+// The estimate of one step, in its natural parts; the timeline and the allocator's per-event figures are
+// shared (an Estimate copies cheaply, and a binding can hand them out without copying them).
+struct Estimate {
+  ModelSpec model;
+  TrainSetup setup;     // with optimizer_impl resolved
+  SimOptions options;   // loop, torch version, GPU architecture
+  StateBytes state;
+  PeakBreakdown peak;
+  AllocatorFigures memory;
+  std::optional<DeviceVerdict> device;  // with a GPU: whether it fits there, and what nvidia-smi would show
+  std::shared_ptr<const SimResult> sim;
+  std::shared_ptr<const AllocatorReplay> alloc;
 };
 
 // The full estimate of a resolved scenario: with a GPU, the device totals and the verdict too.
@@ -106,6 +124,12 @@ Estimate estimate(const ResolvedScenario& r);
 // architecture that is simulated (o.sm is replaced by the GPU's).
 Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s, const SimOptions& o,
                   const AllocatorConfig& ac = {}, const GpuSpec* gpu = nullptr);
+
+// Whether fragmentation (reserved but not allocated at the reserved peak) is a large share of reserved: more
+// than kLargeFragmentationPercent, where a neighbouring size can differ by a whole segment and the report says
+// why (display only: no byte figure depends on it).
+inline constexpr uint64_t kLargeFragmentationPercent = 10;
+bool large_fragmentation(const AllocatorFigures& m);
 
 // What the caching allocator may reserve on `gpu` with `margin` kept free: the runtime total less the context
 // and the margin (0 when they take it all).

@@ -40,6 +40,7 @@ struct FitProbe {
   bool fits = false;
   Bytes peak_allocated;    // max_memory_allocated
   Bytes peak_reserved;     // max_memory_reserved on a device without limit: comparable across probes
+  bool large_fragmentation = false;  // large_fragmentation() of that replay
   Bytes reserved_on_device, device_total;  // when it fits: max_memory_reserved on this GPU, and nvidia-smi
   int64_t headroom = 0;    // fits: limit - reserved on the device; does not: minus what is missing at least
                            // (DeviceVerdict::Oom::short_by)

@@ -101,6 +101,8 @@ std::string render_fit_table(const FitResult& r);
 std::string render_fit_json(const FitResult& r);
 
 std::string render_estimate_table(const Estimate& e, const GpuSpec* gpu);
+// A paragraph explaining a large fragmentation (large_fragmentation()), or "".
+std::string fragmentation_note(const AllocatorFigures& m);
 std::string render_verdict(const DeviceVerdict& v, const GpuSpec* gpu);
 std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu);
 

@@ -42,6 +42,10 @@ std::string label_name(const Label& l, const ModelSpec& m) {
   return l.what;
 }
 
+bool large_fragmentation(const AllocatorFigures& m) {
+  return m.peak_reserved.value > 0 && m.fragmentation.value > m.peak_reserved.value / 100 * kLargeFragmentationPercent;
+}
+
 Bytes usable_bytes(const GpuSpec& gpu, Bytes margin) {
   const uint64_t held = checked_add(gpu.context.value, margin.value, "context + margin");
   return Bytes(gpu.runtime_total.value - std::min(gpu.runtime_total.value, held));
@@ -54,16 +58,19 @@ DeviceVerdict device_verdict(const Estimate& e, const GpuSpec& gpu, const Alloca
   v.context = gpu.context;
   v.margin = margin;
   v.usable = usable_bytes(gpu, margin);
-  const AllocatorReplay r = replay_allocator(e.sim.timeline, ac, e.options.torch, v.usable);
+  const AllocatorReplay r = replay_allocator(e.sim->timeline, ac, e.options.torch, v.usable);
   v.fits = !r.oom;
   v.peak_reserved = r.peak_reserved;
-  v.unlimited_peak_reserved = e.peak_reserved;
+  v.unlimited_peak_reserved = e.memory.peak_reserved;
+  // nvidia-smi on this GPU: what the allocator reserves there (less than without a limit when it had to
+  // release its cache), plus the context; for a step that does not fit, what it would need.
+  v.device_total = (v.fits ? v.peak_reserved : e.memory.peak_reserved) + gpu.context;
   v.alloc_retries = r.alloc_retries;
   v.headroom = static_cast<int64_t>(v.usable.value) - static_cast<int64_t>(r.peak_reserved.value);
   if (r.oom) {
     // short by at least the overflow of the first failing allocation (after the cache was released)
     const uint64_t need = checked_add(r.oom->reserved.value, r.oom->segment.value, "reserved + segment");
-    const Event& ev = e.sim.timeline.events[r.oom->event];
+    const Event& ev = e.sim->timeline.events[r.oom->event];
     DeviceVerdict::Oom o;
     o.event = r.oom->event;
     o.phase = ev.phase;
@@ -78,14 +85,14 @@ DeviceVerdict device_verdict(const Estimate& e, const GpuSpec& gpu, const Alloca
     o.overflow = Bytes(need - std::min(v.usable.value, need));
     // Two lower bounds of what is missing: the first failing allocation's overflow, and the peak of allocated
     // blocks beyond what the allocator may reserve (no packing can hold more than that).
-    const uint64_t beyond = e.peak_allocated.value - std::min(e.peak_allocated.value, v.usable.value);
+    const uint64_t beyond = e.memory.peak_allocated.value - std::min(e.memory.peak_allocated.value, v.usable.value);
     o.short_by = Bytes(std::max(o.overflow.value, beyond));
     v.headroom = -static_cast<int64_t>(o.short_by.value);
     // The tensors live just before the failing allocation, largest first (none when it is the first).
     std::vector<LiveBlock> live;
-    if (r.oom->event > 0) live = live_blocks_after(e.sim.timeline, ac, e.options.torch, r.oom->event - 1);
+    if (r.oom->event > 0) live = live_blocks_after(e.sim->timeline, ac, e.options.torch, r.oom->event - 1);
     // Each storage's category at that moment (a gradient in flight may have become a .grad since).
-    const auto& events = e.sim.timeline.events;
+    const auto& events = e.sim->timeline.events;
     std::vector<Category> by_storage;
     for (size_t i = 0; i < r.oom->event && i < events.size(); ++i) {
       if (events[i].storage >= by_storage.size()) by_storage.resize(events[i].storage + 1);
@@ -128,55 +135,55 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
   e.options = resolved(o, m);
   e.setup.optimizer_impl = resolve_optimizer_impl(s.optimizer, s.optimizer_impl, m.impl);
   const DType pd = param_dtype(s.precision);
-  e.parameters = parameter_count(inv);
-  e.trainable = trainable_count(inv);  // gradients and optimizer state exist for these rows only
-  e.weights = parameter_bytes(inv, pd);
-  e.buffers = buffer_bytes(inv, pd);
-  e.gradients = bytes_of(e.trainable, pd);
-  e.optimizer_moments = bytes_of(e.trainable, pd) * optimizer_states_per_param(s.optimizer);
+  StateBytes& st = e.state;
+  st.parameters = parameter_count(inv);
+  st.trainable = trainable_count(inv);  // gradients and optimizer state exist for these rows only
+  st.weights = parameter_bytes(inv, pd);
+  st.buffers = buffer_bytes(inv, pd);
+  st.gradients = bytes_of(st.trainable, pd);
+  st.optimizer_moments = bytes_of(st.trainable, pd) * optimizer_states_per_param(s.optimizer);
   const bool adam = s.optimizer == Optimizer::kAdamW || s.optimizer == Optimizer::kAdam;
   if (adam && e.setup.optimizer_impl == OptimizerImpl::kFused) {
-    e.optimizer_steps = Bytes(kOptimizerStepBytes) * trainable_rows(inv);
+    st.optimizer_steps = Bytes(kOptimizerStepBytes) * trainable_rows(inv);
   }
-  e.optimizer_state = e.optimizer_moments + e.optimizer_steps;
+  st.optimizer_state = st.optimizer_moments + st.optimizer_steps;
   // token ids and targets (int64 each), or one float feature batch
   const bool features = input_kind(m) == InputKind::kFeatures;
   const Elems tokens(checked_mul(s.batch, features ? m.stack_input : s.seq, "tokens"));
-  e.inputs = features ? bytes_of(tokens, pd) : bytes_of(tokens, DType::kI64) * 2;
+  st.inputs = features ? bytes_of(tokens, pd) : bytes_of(tokens, DType::kI64) * 2;
 
-  e.sim = simulate(m, inv, e.setup, o);
-  e.saved_activations = e.sim.saved_activations;
-  e.peak_tensors = e.sim.peak.live.total;
-  e.peak_phase = e.sim.peak.phase;
-  e.peak_step = e.sim.peak.step;
-  e.peak_micro = e.sim.peak.micro;
-  e.activations = e.sim.activations_at_peak;
+  const auto sim = std::make_shared<const SimResult>(simulate(m, inv, e.setup, o));
+  e.sim = sim;
+  PeakBreakdown& pk = e.peak;
+  pk.saved_activations = sim->saved_activations;
+  pk.live_total = sim->peak.live.total;
+  pk.phase = sim->peak.phase;
+  pk.step = sim->peak.step;
+  pk.micro = sim->peak.micro;
+  pk.activations = sim->activations_at_peak;
   for (size_t i = 0; i < kCategoryCount; ++i) {
     const Category c = static_cast<Category>(i);
-    const Bytes b = e.sim.peak.live.by_category[i];
+    const Bytes b = sim->peak.live.by_category[i];
     if (b.value == 0 && c != Category::kActivations) continue;
-    e.components.push_back({std::string(category_name(c)), b, category_note(c)});
+    pk.components.push_back({std::string(category_name(c)), b, category_note(c)});
   }
 
-  e.alloc = replay_allocator(e.sim.timeline, ac, o.torch, std::nullopt);
-  if (!e.alloc.allocated.empty()) {
-    e.steady_state = Bytes(e.alloc.allocated[e.sim.steady.event]);
-    e.steady_state_reserved = Bytes(e.alloc.reserved[e.sim.steady.event]);
+  const auto alloc = std::make_shared<const AllocatorReplay>(replay_allocator(sim->timeline, ac, o.torch, std::nullopt));
+  e.alloc = alloc;
+  AllocatorFigures& mem = e.memory;
+  if (!alloc->allocated.empty()) {
+    mem.steady_state = Bytes(alloc->allocated[sim->steady.event]);
+    mem.steady_state_reserved = Bytes(alloc->reserved[sim->steady.event]);
     // SimResult::after_forward.event is the index of the first event after the forward
-    const size_t af = e.sim.after_forward.event == 0 ? 0 : e.sim.after_forward.event - 1;
-    e.after_forward = Bytes(e.alloc.allocated[af]);
-    e.after_forward_reserved = Bytes(e.alloc.reserved[af]);
+    const size_t af = sim->after_forward.event == 0 ? 0 : sim->after_forward.event - 1;
+    mem.after_forward = Bytes(alloc->allocated[af]);
+    mem.after_forward_reserved = Bytes(alloc->reserved[af]);
   }
-  e.peak_allocated = e.alloc.peak_allocated;
-  e.peak_reserved = e.alloc.peak_reserved;
-  e.fragmentation = e.peak_reserved - e.peak_allocated;
-  e.segments = e.alloc.segments_peak;
-  if (gpu) {
-    e.device = device_verdict(e, *gpu, ac);
-    // nvidia-smi on this GPU: what the allocator reserves there (less than without a limit when it had to
-    // release its cache), plus the context; for a step that does not fit, what a larger card would show.
-    e.device_total = (e.device->fits ? e.device->peak_reserved : e.peak_reserved) + gpu->context;
-  }
+  mem.peak_allocated = alloc->peak_allocated;
+  mem.peak_reserved = alloc->peak_reserved;
+  mem.fragmentation = mem.peak_reserved - mem.peak_allocated;
+  mem.segments = alloc->segments_peak;
+  if (gpu) e.device = device_verdict(e, *gpu, ac);
   return e;
 }
 

@@ -110,8 +110,9 @@ class Search {
       const DeviceVerdict v = device_verdict(e, gpu_, c_.alloc, margin_);
       p.fits = v.fits;
       p.alloc_retries = v.alloc_retries;
-      p.peak_allocated = e.peak_allocated;
-      p.peak_reserved = e.peak_reserved;
+      p.peak_allocated = e.memory.peak_allocated;
+      p.peak_reserved = e.memory.peak_reserved;
+      p.large_fragmentation = large_fragmentation(e.memory);
       if (v.fits) {
         p.reserved_on_device = v.peak_reserved;
         p.device_total = v.peak_reserved + gpu_.context;

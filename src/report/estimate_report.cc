@@ -20,13 +20,13 @@ std::string headline(const Estimate& e) {
       "{} training loop, PyTorch {}, sm_{}; parameters: {} ({})\n",
       m.name, m.model_type, impl_name(m.impl), attn_impl_name(m.attn_impl), s.batch, s.seq,
       precision_name(s.precision), optimizer_label(s.optimizer, s.optimizer_impl), accum,
-      loop_name(e.options.loop), torch_version_name(e.options.torch), e.options.sm, with_commas(e.parameters.value),
-      e.parameters.value >= 1'000'000'000 ? fmt::format("{:.2f} B", static_cast<double>(e.parameters.value) / 1e9)
-                                          : fmt::format("{:.1f} M", static_cast<double>(e.parameters.value) / 1e6));
+      loop_name(e.options.loop), torch_version_name(e.options.torch), e.options.sm, with_commas(e.state.parameters.value),
+      e.state.parameters.value >= 1'000'000'000 ? fmt::format("{:.2f} B", static_cast<double>(e.state.parameters.value) / 1e9)
+                                          : fmt::format("{:.1f} M", static_cast<double>(e.state.parameters.value) / 1e6));
 }
 
 std::string where(const Estimate& e) {
-  return moment_name(e.peak_phase, e.peak_step, e.setup.grad_accum > 1 ? e.peak_micro : 0);
+  return moment_name(e.peak.phase, e.peak.step, e.setup.grad_accum > 1 ? e.peak.micro : 0);
 }
 
 }  // namespace
@@ -65,36 +65,51 @@ std::string render_verdict(const DeviceVerdict& v, const GpuSpec* gpu) {
   return out + t.str();
 }
 
+std::string fragmentation_note(const AllocatorFigures& m) {
+  if (!large_fragmentation(m)) return "";
+  return fmt::format(
+      "  note: {} of the reserved memory ({}) is cached but not allocated at the reserved peak. Best-fit placement\n"
+      "  left free blocks between live tensors that the next large request could not use, so a new segment was\n"
+      "  cudaMalloc'd; a neighbouring batch or sequence can reserve a whole segment more or less (reserved can\n"
+      "  even fall as the batch grows). --alloc-conf expandable_segments:True avoids most of it.\n",
+      report::percent(m.fragmentation.value, m.peak_reserved.value), format_bytes(m.fragmentation));
+}
+
 std::string render_estimate_table(const Estimate& e, const GpuSpec* gpu) {
   using TT = report::TextTable;
   TT t({{"at the peak", TT::kLeft}, {"bytes", TT::kRight}, {"size", TT::kRight}, {"share", TT::kRight},
         {"what", TT::kLeft}});
-  const uint64_t total = e.peak_tensors.value;
-  for (const Component& c : e.components) {
+  const uint64_t total = e.peak.live_total.value;
+  for (const Component& c : e.peak.components) {
     t.row({c.name, with_commas(c.bytes.value), format_bytes(c.bytes), report::percent(c.bytes.value, total), c.note});
   }
   t.rule();
-  t.row({"live tensors", with_commas(total), format_bytes(e.peak_tensors), "100.0%", "peak, in " + where(e)});
+  t.row({"live tensors", with_commas(total), format_bytes(e.peak.live_total), "100.0%", "peak, in " + where(e)});
   std::string out = headline(e) + "\n" + t.str();
 
   TT a({{"caching allocator", TT::kLeft}, {"bytes", TT::kRight}, {"size", TT::kRight}, {"what", TT::kLeft}});
   auto row = [&](const char* name, Bytes b, const std::string& what) {
     a.row({name, with_commas(b.value), format_bytes(b), what});
   };
-  row("steady state", e.steady_state, "memory_allocated() before a step's forward");
-  row("after forward", e.after_forward, "memory_allocated() after forward and loss, before backward");
-  row("saved activations", e.saved_activations, "what autograd holds at the end of forward (tensors)");
-  row("peak allocated", e.peak_allocated, "max_memory_allocated(): blocks, with rounding gaps");
-  row("peak reserved", e.peak_reserved, fmt::format("max_memory_reserved(): {} cudaMalloc segments", e.segments));
-  row("fragmentation", e.fragmentation, "reserved but not allocated at the peaks");
-  if (e.device) {
-    row("nvidia-smi", e.device_total,
-        fmt::format("{} + {} outside PyTorch",
-                    e.device->fits && e.device->alloc_retries > 0 ? "reserved on this GPU" : "peak reserved",
+  row("steady state", e.memory.steady_state, "memory_allocated() before a step's forward");
+  row("after forward", e.memory.after_forward, "memory_allocated() after forward and loss, before backward");
+  row("saved activations", e.peak.saved_activations, "what autograd holds at the end of forward (tensors)");
+  row("peak allocated", e.memory.peak_allocated, "max_memory_allocated(): blocks, with rounding gaps");
+  row("peak reserved", e.memory.peak_reserved, fmt::format("max_memory_reserved(): {} cudaMalloc segments", e.memory.segments));
+  row("fragmentation", e.memory.fragmentation, "reserved but not allocated at the peaks");
+  if (e.device && e.device->fits) {
+    row("nvidia-smi", e.device->device_total,
+        fmt::format("{} + {} outside PyTorch", e.device->alloc_retries > 0 ? "reserved on this GPU" : "peak reserved",
                     format_bytes(e.device->context)));
+  } else if (e.device) {
+    // More than the card has: not something nvidia-smi could show, but what a card would need to hold it.
+    row("would need", e.device->device_total,
+        fmt::format("peak reserved + {} outside PyTorch: more than the {}'s {}", format_bytes(e.device->context),
+                    e.device->gpu, format_bytes(e.device->capacity)));
   }
   out += '\n';
   out += a.str();
+  out += fragmentation_note(e.memory);
   if (e.device) {
     out += '\n';
     out += render_verdict(*e.device, gpu);
@@ -106,7 +121,7 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
   const ModelSpec& m = e.model;
   const TrainSetup& s = e.setup;
   nlohmann::json comps = nlohmann::json::array();
-  for (const Component& c : e.components) comps.push_back({{"name", c.name}, {"bytes", c.bytes.value}, {"note", c.note}});
+  for (const Component& c : e.peak.components) comps.push_back({{"name", c.name}, {"bytes", c.bytes.value}, {"note", c.note}});
   nlohmann::json out = {
       {"model", {{"name", m.name}, {"model_type", m.model_type}, {"source", m.source}}},
       {"setup", {{"model", m.name}, {"impl", impl_name(m.impl)}, {"attention", attn_impl_name(m.attn_impl)},
@@ -117,30 +132,36 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
                  {"steps", e.options.steps},
                  {"sm", e.options.sm}, {"param_dtype", dtype_name(param_dtype(s.precision))},
                  {"compute_dtype", dtype_name(compute_dtype(s.precision))}}},
-      {"parameters", {{"count", e.parameters.value}, {"trainable", e.trainable.value}}},
-      {"memory", {{"weights_bytes", e.weights.value}, {"buffers_bytes", e.buffers.value},
-                  {"gradients_bytes", e.gradients.value}, {"optimizer_state_bytes", e.optimizer_state.value},
-                  {"optimizer_moments_bytes", e.optimizer_moments.value},
-                  {"optimizer_steps_bytes", e.optimizer_steps.value}, {"inputs_bytes", e.inputs.value},
-                  {"saved_activations_bytes", e.saved_activations.value},
-                  {"activations_bytes", e.activations.value}, {"steady_state_bytes", e.steady_state.value},
-                  {"steady_state_reserved_bytes", e.steady_state_reserved.value},
-                  {"after_forward_allocated_bytes", e.after_forward.value},
-                  {"after_forward_reserved_bytes", e.after_forward_reserved.value},
-                  {"peak_tensor_bytes", e.peak_tensors.value},
-                  {"peak_allocated_bytes", e.peak_allocated.value}, {"peak_phase", phase_name(e.peak_phase)},
-                  {"peak_step", e.peak_step}, {"peak_micro_batch", e.peak_micro},
-                  {"peak_reserved_bytes", e.peak_reserved.value}, {"fragmentation_bytes", e.fragmentation.value},
-                  {"segments", e.segments}}},
+      {"parameters", {{"count", e.state.parameters.value}, {"trainable", e.state.trainable.value}}},
+      {"memory", {{"weights_bytes", e.state.weights.value}, {"buffers_bytes", e.state.buffers.value},
+                  {"gradients_bytes", e.state.gradients.value}, {"optimizer_state_bytes", e.state.optimizer_state.value},
+                  {"optimizer_moments_bytes", e.state.optimizer_moments.value},
+                  {"optimizer_steps_bytes", e.state.optimizer_steps.value}, {"inputs_bytes", e.state.inputs.value},
+                  {"saved_activations_bytes", e.peak.saved_activations.value},
+                  {"activations_bytes", e.peak.activations.value}, {"steady_state_bytes", e.memory.steady_state.value},
+                  {"steady_state_reserved_bytes", e.memory.steady_state_reserved.value},
+                  {"after_forward_allocated_bytes", e.memory.after_forward.value},
+                  {"after_forward_reserved_bytes", e.memory.after_forward_reserved.value},
+                  {"peak_tensor_bytes", e.peak.live_total.value},
+                  {"live_tensors_at_peak_bytes", e.peak.live_total.value},
+                  {"peak_reserved_without_limit_bytes", e.memory.peak_reserved.value},
+                  {"fragmentation_is_large", large_fragmentation(e.memory)},
+                  {"peak_allocated_bytes", e.memory.peak_allocated.value}, {"peak_phase", phase_name(e.peak.phase)},
+                  {"peak_step", e.peak.step}, {"peak_micro_batch", e.peak.micro},
+                  {"peak_reserved_bytes", e.memory.peak_reserved.value}, {"fragmentation_bytes", e.memory.fragmentation.value},
+                  {"segments", e.memory.segments}}},
       {"peak_components", comps},
   };
   if (e.device) {
     const DeviceVerdict& v = *e.device;
-    out["memory"]["device_total_bytes"] = e.device_total.value;
+    out["memory"]["device_total_bytes"] = e.device->device_total.value;
     nlohmann::json d = {{"name", v.gpu}, {"torch_name", gpu ? gpu->torch_name : ""}, {"sm", gpu ? gpu->sm : 0},
                         {"capacity_bytes", v.capacity.value}, {"context_bytes", v.context.value},
                         {"usable_bytes", v.usable.value}, {"fits", v.fits}, {"headroom_bytes", v.headroom},
-                        {"peak_reserved_bytes", v.peak_reserved.value}, {"alloc_retries", v.alloc_retries}};
+                        {"peak_reserved_bytes", v.peak_reserved.value},
+                        {"peak_reserved_on_this_gpu_bytes", v.peak_reserved.value},
+                        {v.fits ? "nvidia_smi_bytes" : "would_need_bytes", v.device_total.value},
+                        {"alloc_retries", v.alloc_retries}};
     if (v.oom) {
       const DeviceVerdict::Oom& o = *v.oom;
       nlohmann::json live = nlohmann::json::array();

@@ -2,6 +2,8 @@
 // would make a setup fit when its smallest size does not.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "json_text.h"
@@ -28,12 +30,40 @@ nlohmann::json probe_json(const FitProbe& p) {
                       {"reserved_on_device_bytes", p.fits ? nlohmann::json(p.reserved_on_device.value) : nlohmann::json()},
                       {"device_total_bytes", p.fits ? nlohmann::json(p.device_total.value) : nlohmann::json()},
                       {"headroom_bytes", p.headroom},
-                      {"alloc_retries", p.alloc_retries}};
+                      {"alloc_retries", p.alloc_retries},
+                      {"fragmentation_is_large", p.large_fragmentation}};
   if (!p.failure.empty()) j["failure"] = p.failure;
   return j;
 }
 
 }  // namespace
+
+// Reserved memory need not grow with the size: best-fit placement can leave a whole segment cached at one
+// size and not at the next. Say so where the probes show it, or where fragmentation is a large share.
+std::string fit_fragmentation_note(const FitResult& r) {
+  const FitProbe* falls_from = nullptr;
+  const FitProbe* falls_to = nullptr;
+  for (size_t i = 1; i < r.probes.size(); ++i) {
+    if (r.probes[i].peak_reserved < r.probes[i - 1].peak_reserved && r.probes[i].peak_reserved.value > 0) {
+      falls_from = &r.probes[i - 1];
+      falls_to = &r.probes[i];
+      break;
+    }
+  }
+  const bool large = std::any_of(r.probes.begin(), r.probes.end(), [](const FitProbe& p) { return p.large_fragmentation; });
+  if (!falls_from && !large) return "";
+  const bool by_batch = r.solve == FitDimension::kBatch;
+  std::string out = "  note: ";
+  if (falls_from) {
+    out += fmt::format("reserved falls from {} at {} {} to {} at {}: ", format_bytes(falls_from->peak_reserved),
+                       dimension_word(r.solve), by_batch ? falls_from->batch : falls_from->seq,
+                       format_bytes(falls_to->peak_reserved), by_batch ? falls_to->batch : falls_to->seq);
+  }
+  out += "fragmentation (cached blocks that best fit could not use) is a large share of reserved at some sizes tried,\n"
+         "  and it can differ by a whole segment between neighbouring sizes; the answer is checked at itself and the\n"
+         "  next size. --alloc-conf expandable_segments:True avoids most of it.\n";
+  return out;
+}
 
 std::string cli_flag(std::string_view field) {
   if (field == "overrides") return "--set";
@@ -95,6 +125,7 @@ std::string render_fit_table(const FitResult& r) {
   out += "  reserved, no limit: max_memory_reserved on a card with room to spare; reserved here: on this GPU, where "
          "the allocator\n  releases its cache before it fails; headroom: what is left, or (negative) at least what is "
          "missing\n";
+  out += fit_fragmentation_note(r);
   if (!r.suggestions.empty()) {
     out += r.largest ? fmt::format("\nchanges that would raise the answer (each simulated; saves: at {} 1):\n",
                                    dimension_word(r.solve))

@@ -36,8 +36,8 @@ uint64_t group_bytes(const LiveBytes& live, const Group& g) {
 }
 
 uint64_t block_of(const Estimate& e, size_t i) {
-  const Event& ev = e.sim.timeline.events[i];
-  const auto& a = e.alloc.allocated;
+  const Event& ev = e.sim->timeline.events[i];
+  const auto& a = e.alloc->allocated;
   if (ev.kind == Event::kRecategorize || i >= a.size()) return 0;
   const uint64_t before = i == 0 ? 0 : a[i - 1];
   return ev.kind == Event::kAlloc ? a[i] - std::min(a[i], before) : before - std::min(before, a[i]);
@@ -141,8 +141,8 @@ TimelineOptions parse_timeline_options(std::string_view by, std::string_view uni
 }
 
 std::vector<TimelineRow> timeline_rows(const Estimate& e, const TimelineOptions& o) {
-  const auto& events = e.sim.timeline.events;
-  const auto& alloc = e.alloc;
+  const auto& events = e.sim->timeline.events;
+  const AllocatorReplay& alloc = *e.alloc;
   std::vector<TimelineRow> rows;
   LiveBytes live;
   TimelineRow* cur = nullptr;
@@ -152,7 +152,7 @@ std::vector<TimelineRow> timeline_rows(const Estimate& e, const TimelineOptions&
     const uint32_t step = ev.phase == Phase::kSetup ? 0 : ev.step;
     const uint64_t allocated = i < alloc.allocated.size() ? alloc.allocated[i] : 0;
     const uint64_t reserved = i < alloc.reserved.size() ? alloc.reserved[i] : 0;
-    const bool is_peak_live = i == e.sim.peak.event;
+    const bool is_peak_live = i == e.sim->peak.event;
     const bool is_peak_alloc = i == alloc.peak_allocated_event;
     const bool is_peak_resv = i == alloc.peak_reserved_event;
     const bool is_oom = e.device && e.device->oom && i == e.device->oom->event;
@@ -214,7 +214,7 @@ std::vector<TimelineRow> timeline_rows(const Estimate& e, const TimelineOptions&
 
 std::string render_timeline_table(const Estimate& e, const TimelineOptions& o, const std::vector<TimelineRow>& rows) {
   using TT = report::TextTable;
-  const Unit u = unit_for(e.peak_reserved.value, o.unit);
+  const Unit u = unit_for(e.memory.peak_reserved.value, o.unit);
   const bool ev = o.granularity == TimelineGranularity::kEvent;
   std::vector<std::pair<std::string, TT::Align>> cols = {{"step", TT::kRight}, {"phase", TT::kLeft}};
   if (ev) {
@@ -271,8 +271,8 @@ std::string render_timeline_table(const Estimate& e, const TimelineOptions& o, c
       u.name, ev ? "" : ", and the highest live and allocated within it");
   std::string foot = fmt::format(
       "\npeak live tensors {} (in {}); peak allocated {}; peak reserved {}\n",
-      format_bytes(e.peak_tensors), moment_name(e.peak_phase, e.peak_step), format_bytes(e.peak_allocated),
-      format_bytes(e.peak_reserved));
+      format_bytes(e.peak.live_total), moment_name(e.peak.phase, e.peak.step), format_bytes(e.memory.peak_allocated),
+      format_bytes(e.memory.peak_reserved));
   if (e.setup.grad_accum > 2) {
     head += fmt::format("micro-batches 1 and 2 of each step's {} are simulated; the others repeat micro-batch 2\n",
                         e.setup.grad_accum);
@@ -356,10 +356,10 @@ std::string render_timeline_json(const Estimate& e, const TimelineOptions& o, co
       {"granularity", granularity_name(o.granularity)},
       {"min_bytes", o.min_bytes},
       {"step", o.step ? nlohmann::json(*o.step) : nlohmann::json()},
-      {"events_total", e.sim.timeline.events.size()},
-      {"peak", {{"live_tensor_bytes", e.peak_tensors.value}, {"live_event", e.sim.peak.event},
-                {"allocated_bytes", e.peak_allocated.value}, {"allocated_event", e.alloc.peak_allocated_event},
-                {"reserved_bytes", e.peak_reserved.value}, {"reserved_event", e.alloc.peak_reserved_event}}},
+      {"events_total", e.sim->timeline.events.size()},
+      {"peak", {{"live_tensor_bytes", e.peak.live_total.value}, {"live_event", e.sim->peak.event},
+                {"allocated_bytes", e.memory.peak_allocated.value}, {"allocated_event", e.alloc->peak_allocated_event},
+                {"reserved_bytes", e.memory.peak_reserved.value}, {"reserved_event", e.alloc->peak_reserved_event}}},
       {"rows", out_rows},
   };
   if (e.device) {

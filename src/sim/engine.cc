@@ -1,5 +1,7 @@
 #include "engine.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <limits>
 #include <mutex>
@@ -154,6 +156,13 @@ uint64_t Engine::alloc_storage(Bytes b, Category c, Label l) {
   if (running_ && (c == Category::kBackward || c == Category::kTemporaries)) {
     l = Label{running_->label.what, running_->label.layer, kRowBackwardOf};
   }
+  uint64_t total = 0;
+  if (__builtin_add_overflow(live_.total.value, b.value, &total)) {
+    throw Error(fmt::format("the step's live tensors pass 2^64 bytes when {}{} ({} B, {}) is allocated in {}: the "
+                            "sizes are far beyond any device", l.what,
+                            l.layer >= 0 ? fmt::format(" of layer {}", l.layer) : "", with_commas(b.value),
+                            category_name(c), moment_name(phase, step)));
+  }
   const uint64_t id = storages_.size();
   storages_.push_back(StorageInfo{b, c, 0, l});
   emit(Event{Event::kAlloc, c, c, phase, step, micro, id, b, l});
@@ -195,6 +204,18 @@ T Engine::empty(const Shape& s, DType dt, Category c, Label l) {
 }
 
 T Engine::empty_strided(const Shape& s, const Strides& st, DType dt, Category c, Label l) {
+  // Overflow names the tensor rather than the arithmetic (Shape::numel and bytes_of would say "a tensor").
+  uint64_t elems = 1, bytes = 0;
+  bool over = false;
+  for (uint8_t i = 0; i < s.n; ++i) over = over || __builtin_mul_overflow(elems, s.d[i], &elems);
+  over = over || __builtin_mul_overflow(elems, itemsize(dt), &bytes);
+  if (over) {
+    std::string shape;
+    for (uint8_t i = 0; i < s.n; ++i) shape += (i ? ", " : "") + with_commas(s.d[i]);
+    throw Error(fmt::format("the bytes of {}{} (shape ({}), {}) pass 2^64 in {}: the sizes are far beyond any "
+                            "device", l.what, l.layer >= 0 ? fmt::format(" of layer {}", l.layer) : "", shape,
+                            dtype_name(dt), moment_name(phase, step)));
+  }
   TensorImpl* p = new_impl();
   p->shape = s;
   p->dtype = dt;

@@ -149,7 +149,7 @@ TEST(Fit, ASetupThatNeverFitsGetsSimulatedAlternatives) {
       SimOptions o2 = o;
       o2.sm = gpu.sm;
       const Estimate e = estimate(m, build_inventory(m), s2, o2);
-      EXPECT_EQ(sg.at_one->peak_allocated, e.peak_allocated);
+      EXPECT_EQ(sg.at_one->peak_allocated, e.memory.peak_allocated);
       EXPECT_EQ(sg.saves, static_cast<int64_t>(r.probes[0].peak_reserved.value) -
                               static_cast<int64_t>(sg.at_one->peak_reserved.value));
       EXPECT_GT(sg.saves, static_cast<int64_t>(40 * kGiB));  // 4 bytes of 8 B parameters x 3 states saved, at least

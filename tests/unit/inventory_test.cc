@@ -106,12 +106,12 @@ TEST(Inventory, ReproducesSeed000SteadyStateRows) {
   s.seq = 1024;
   s.precision = Precision::kBf16Amp;
   const Estimate e = estimate(m, inv, s, SimOptions{});
-  EXPECT_EQ(e.gradients.value, 497'495'040u);
-  EXPECT_EQ(e.optimizer_moments.value, 994'990'080u);
+  EXPECT_EQ(e.state.gradients.value, 497'495'040u);
+  EXPECT_EQ(e.state.optimizer_moments.value, 994'990'080u);
   // nanoGPT's AdamW is fused on CUDA, so each of the 75 parameter tensors has a 4-byte `step` on the device:
   // the 300 bytes the seed's snapshot shows beyond its prediction.
   EXPECT_EQ(inv.parameters.size(), 75u);
-  EXPECT_EQ(e.optimizer_state.value, 994'990'380u);
+  EXPECT_EQ(e.state.optimizer_state.value, 994'990'380u);
 }
 
 TEST(Inventory, LlamaFamilyArchitectureDifferencesAreRows) {

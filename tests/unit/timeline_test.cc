@@ -50,7 +50,7 @@ TEST(Timeline, RowsCoverEveryEventOfTheirStepOnce) {
   const Estimate& e = gpt2();
   for (TimelineGranularity g : {TimelineGranularity::kEvent, TimelineGranularity::kLayer, TimelineGranularity::kPhase}) {
     size_t covered = 0, expected = 0;
-    for (const Event& ev : e.sim.timeline.events) expected += ev.phase != Phase::kSetup && ev.step == 2;
+    for (const Event& ev : e.sim->timeline.events) expected += ev.phase != Phase::kSetup && ev.step == 2;
     const auto rows = timeline_rows(e, by(g, 2));
     for (size_t i = 0; i < rows.size(); ++i) {
       covered += rows[i].events;
@@ -67,19 +67,19 @@ TEST(Timeline, LiveBytesAfterEachRowAddUpFromTheEvents) {
   LiveBytes live;
   size_t next = 0;
   for (const TimelineRow& r : rows) {
-    for (; next <= r.last_event; ++next) apply(live, e.sim.timeline.events[next]);
+    for (; next <= r.last_event; ++next) apply(live, e.sim->timeline.events[next]);
     EXPECT_EQ(r.live.total, live.total);
     Bytes sum;
     for (const Bytes& b : r.live.by_category) sum += b;
     EXPECT_EQ(sum, r.live.total);
-    EXPECT_EQ(r.allocated, e.alloc.allocated[r.last_event]);
-    EXPECT_EQ(r.reserved, e.alloc.reserved[r.last_event]);
+    EXPECT_EQ(r.allocated, e.alloc->allocated[r.last_event]);
+    EXPECT_EQ(r.reserved, e.alloc->reserved[r.last_event]);
   }
   // At the end of the run only the model, its gradients' absence (set_to_none) and optimizer state remain.
   const TimelineRow& last = rows.back();
   EXPECT_EQ(last.phase, Phase::kZeroGrad);
   EXPECT_EQ(last.live.by_category[static_cast<size_t>(Category::kGradients)].value, 0u);
-  EXPECT_EQ(last.live.by_category[static_cast<size_t>(Category::kOptimizer)], e.optimizer_state);
+  EXPECT_EQ(last.live.by_category[static_cast<size_t>(Category::kOptimizer)], e.state.optimizer_state);
 }
 
 TEST(Timeline, PeaksAreMarkedOnTheRowsThatHoldThem) {
@@ -89,19 +89,19 @@ TEST(Timeline, PeaksAreMarkedOnTheRowsThatHoldThem) {
     for (const TimelineRow& r : timeline_rows(e, by(g))) {
       if (r.peak_live) {
         ++live;
-        EXPECT_EQ(r.max_live, e.peak_tensors);
-        EXPECT_EQ(r.phase, e.peak_phase);
+        EXPECT_EQ(r.max_live, e.peak.live_total);
+        EXPECT_EQ(r.phase, e.peak.phase);
       }
       if (r.peak_allocated) {
         ++alloc;
-        EXPECT_EQ(r.max_allocated, e.peak_allocated.value);
+        EXPECT_EQ(r.max_allocated, e.memory.peak_allocated.value);
       }
       if (r.peak_reserved) {
         ++resv;
-        EXPECT_EQ(r.max_reserved, e.peak_reserved.value);
+        EXPECT_EQ(r.max_reserved, e.memory.peak_reserved.value);
       }
-      EXPECT_LE(r.max_live, e.peak_tensors);
-      EXPECT_LE(r.max_allocated, e.peak_allocated.value);
+      EXPECT_LE(r.max_live, e.peak.live_total);
+      EXPECT_LE(r.max_allocated, e.memory.peak_allocated.value);
     }
     EXPECT_EQ(live, 1);
     EXPECT_EQ(alloc, 1);
@@ -116,7 +116,7 @@ TEST(Timeline, EventRowsBelowMinBytesAreLeftOutButPeaksStay) {
   bool peak = false;
   for (const TimelineRow& r : rows) {
     EXPECT_EQ(r.events, 1u);
-    EXPECT_EQ(r.bytes, e.sim.timeline.events[r.first_event].bytes);
+    EXPECT_EQ(r.bytes, e.sim->timeline.events[r.first_event].bytes);
     if (r.peak_live || r.peak_allocated || r.peak_reserved) {
       peak = true;
     } else {
@@ -124,7 +124,7 @@ TEST(Timeline, EventRowsBelowMinBytesAreLeftOutButPeaksStay) {
     }
   }
   EXPECT_TRUE(peak);
-  EXPECT_LT(rows.size(), e.sim.timeline.events.size() / 4);
+  EXPECT_LT(rows.size(), e.sim->timeline.events.size() / 4);
 }
 
 TEST(Timeline, EventRowsCarryTheAllocatorBlockOfTheTensor) {
@@ -184,10 +184,10 @@ TEST(Timeline, JsonListsRowsAndThePeaks) {
   const auto rows = timeline_rows(e, o);
   const auto j = nlohmann::json::parse(render_timeline_json(e, o, rows));
   EXPECT_EQ(j["rows"].size(), rows.size());
-  EXPECT_EQ(j["peak"]["live_tensor_bytes"].get<uint64_t>(), e.peak_tensors.value);
-  EXPECT_EQ(j["peak"]["allocated_bytes"].get<uint64_t>(), e.peak_allocated.value);
-  EXPECT_EQ(j["peak"]["reserved_bytes"].get<uint64_t>(), e.peak_reserved.value);
-  EXPECT_EQ(j["events_total"].get<size_t>(), e.sim.timeline.events.size());
+  EXPECT_EQ(j["peak"]["live_tensor_bytes"].get<uint64_t>(), e.peak.live_total.value);
+  EXPECT_EQ(j["peak"]["allocated_bytes"].get<uint64_t>(), e.memory.peak_allocated.value);
+  EXPECT_EQ(j["peak"]["reserved_bytes"].get<uint64_t>(), e.memory.peak_reserved.value);
+  EXPECT_EQ(j["events_total"].get<size_t>(), e.sim->timeline.events.size());
   for (const auto& r : j["rows"]) {
     uint64_t sum = 0;
     for (const auto& [k, v] : r["live_bytes"].items()) sum += v.get<uint64_t>();

@@ -69,11 +69,12 @@ Scenario scenario_from(const Flags& f) {
   return s;
 }
 
-// The resolved scenario, with what the library has to say printed to stderr.
-ResolvedScenario resolved_from(const Flags& f) {
-  ResolvedScenario r = resolve(scenario_from(f));
-  for (const std::string& w : r.warnings) std::cerr << "trainmem: warning: " << w << "\n";
-  return r;
+ResolvedScenario resolved_from(const Flags& f) { return resolve(scenario_from(f)); }
+
+// What the library has to say besides the answer (a default taken, a slower kernel on this card), once the
+// question has been answered.
+void warn(const std::vector<std::string>& warnings) {
+  for (const std::string& w : warnings) std::cerr << "trainmem: warning: " << w << "\n";
 }
 
 bool json_format(const Flags& f) {
@@ -104,6 +105,7 @@ int run_params(const Flags& f) {
   if (!d || !is_floating(*d)) throw FieldError("dtype", fmt::format("\"{}\": expected float32, float16 or bfloat16", f.dtype));
   const bool json = json_format(f);
   std::cout << (json ? render_inventory_json(r.model, r.inventory, *d) : render_inventory_table(r.model, r.inventory, *d));
+  warn(r.warnings);
   return 0;
 }
 
@@ -112,6 +114,7 @@ int run_formulas(const Flags& f) {
   const bool json = json_format(f);
   const FormulaReport rep = formula_report(r);
   std::cout << (json ? render_formulas_json(rep) : render_formulas_table(rep));
+  warn(r.warnings);
   return 0;
 }
 
@@ -121,6 +124,7 @@ int run_estimate(const Flags& f) {
   const GpuSpec* gpu = r.gpu ? &*r.gpu : nullptr;
   const Estimate e = estimate(r);
   std::cout << (json ? render_estimate_json(e, gpu) : render_estimate_table(e, gpu));
+  warn(r.warnings);
   return e.device && !e.device->fits ? kExitDoesNotFit : 0;
 }
 
@@ -139,6 +143,7 @@ int run_timeline(const Flags& f) {
   } else {
     std::cout << render_timeline_table(e, to, rows);
   }
+  warn(r.warnings);
   return 0;
 }
 
@@ -150,7 +155,7 @@ int run_fit(const Flags& f) {
   req.margin = parse_margin(f.margin);
   const Scenario s = scenario_from(f);
   const FitResult res = fit(s, req, DiskFileReader());
-  for (const std::string& w : res.warnings) std::cerr << "trainmem: warning: " << w << "\n";
+  warn(res.warnings);
   std::cout << (json ? render_fit_json(res) : render_fit_table(res));
   return res.largest ? 0 : kExitDoesNotFit;
 }
@@ -177,7 +182,7 @@ int main(int argc, char** argv) {
   params->add_option("--dtype", f.dtype, "float32 | float16 | bfloat16")->capture_default_str();
   add_format_flag(params, f);
   auto* formulas = app.add_subcommand("formulas", "the seed documents' closed forms side by side");
-  add_fields(formulas, f, {kModel, kTraining});
+  add_fields(formulas, f, {kModel, kTraining, kRuntime});  // runtime fields are refused with a reason
   add_format_flag(formulas, f);
   auto* est = app.add_subcommand("estimate", "peak GPU memory of one training step, component by component");
   add_fields(est, f, {kModel, kTraining, kRuntime});

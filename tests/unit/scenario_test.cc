@@ -1,0 +1,136 @@
+// The request (Scenario), its fields by name, resolve()'s defaults and rules, and trainable rows.
+#include "trainmem/scenario.h"
+
+#include <gtest/gtest.h>
+
+#include "test_util.h"
+#include "trainmem/estimate.h"
+#include "trainmem/fit.h"
+
+namespace trainmem {
+namespace {
+
+using testing::error_of;
+using testing::MapFileReader;
+
+std::string field_of_error(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const FieldError& e) {
+    return e.field();
+  }
+  return "";
+}
+
+TEST(Scenario, FieldsParseAsTheirTypesAndErrorsNameTheField) {
+  Scenario s;
+  set_field(s, "batch", "4");
+  set_field(s, "precision", "fp16-amp");
+  set_field(s, "optimizer_impl", "fused");
+  EXPECT_EQ(s.train.batch, 4u);
+  EXPECT_EQ(s.train.precision, Precision::kFp16Amp);
+  EXPECT_EQ(s.train.optimizer_impl, OptimizerImpl::kFused);
+  EXPECT_TRUE(s.was_given("batch"));
+  EXPECT_FALSE(s.was_given("seq"));
+  EXPECT_EQ(error_of([&] { set_field(s, "batch", "-3"); }), "batch \"-3\": expected an integer in [1, 1048576]");
+  EXPECT_EQ(field_of_error([&] { set_field(s, "precision", "fp8"); }), "precision");
+  EXPECT_EQ(error_of([&] { set_field(s, "loop", "auto"); }), "loop \"auto\": expected nanogpt, hf, seed000 or plain");
+}
+
+TEST(Scenario, EveryFieldRoundTripsThroughItsText) {
+  Scenario s;
+  for (const Field& f : scenario_fields()) {
+    if (f.repeatable || f.name == "gpu" || f.name == "alloc_conf" || f.name == "loop" || f.name == "impl") continue;
+    const std::string text = field_text(s, f.name);
+    Scenario t;
+    set_field(t, f.name, text);
+    EXPECT_EQ(field_text(t, f.name), text) << f.name;
+  }
+}
+
+TEST(Scenario, TheGpuDecidesTheSimulatedArchitecture) {
+  Scenario s;
+  s.model.model = "gpt2";
+  EXPECT_EQ(resolve(s, MapFileReader()).options.sm, 80u);  // no device: sm_80
+  set_field(s, "gpu", "H100-80GB");                        // catalog names in any case
+  const ResolvedScenario r = resolve(s, MapFileReader());
+  EXPECT_EQ(r.options.sm, 90u);
+  EXPECT_EQ(r.setup.gpu, "h100-80gb");
+  // The estimate of the resolved scenario simulates sm_90: Hopper's 32 MiB cuBLAS workspace
+  // (CublasHandlePool.cpp), not sm_80's 8,519,680 bytes.
+  const Estimate e = estimate(r);
+  EXPECT_EQ(e.options.sm, 90u);
+}
+
+TEST(Scenario, AGpuGivenBySizeIsAGenericCardOfThatSize) {
+  const GpuSpec g = resolve_gpu("24GiB");
+  EXPECT_EQ(g.runtime_total.value, 24 * kGiB);
+  EXPECT_EQ(g.sm, kGenericGpuSm);
+  EXPECT_EQ(resolve_gpu("80GB").runtime_total.value, 80'000'000'000u);
+  EXPECT_EQ(field_of_error([] { resolve_gpu("24"); }), "gpu");         // a bare number
+  EXPECT_EQ(field_of_error([] { resolve_gpu("512MiB"); }), "gpu");     // below 1 GiB
+  EXPECT_EQ(field_of_error([] { resolve_gpu("a300"); }), "gpu");
+}
+
+TEST(Scenario, ResolveAppliesTheModelsOwnLoopAndOptimizer) {
+  Scenario s;
+  s.model.model = "nanogpt-gpt2";
+  const ResolvedScenario r = resolve(s, MapFileReader());
+  EXPECT_EQ(r.options.loop, LoopKind::kNanoGpt);
+  EXPECT_EQ(r.setup.optimizer_impl, OptimizerImpl::kFused);  // configure_optimizers: fused AdamW on CUDA
+  s.model.model = "gpt2";
+  EXPECT_EQ(resolve(s, MapFileReader()).options.loop, LoopKind::kHf);
+  EXPECT_EQ(resolve(s, MapFileReader()).setup.optimizer_impl, OptimizerImpl::kForeach);
+}
+
+TEST(Scenario, BfSixteenOnACardWithoutBfSixteenIsSaid) {
+  Scenario s;
+  s.model.model = "gpt2";
+  set_field(s, "gpu", "t4");
+  EXPECT_EQ(resolve(s, MapFileReader()).warnings.size(), 1u);
+  set_field(s, "precision", "fp16-amp");
+  EXPECT_TRUE(resolve(s, MapFileReader()).warnings.empty());
+}
+
+TEST(Scenario, FitRefusesTheSizeItSolvesFor) {
+  Scenario s;
+  s.model.model = "gpt2";
+  set_field(s, "gpu", "a100-80gb");
+  set_field(s, "batch", "4");
+  FitRequest r;
+  EXPECT_EQ(field_of_error([&] { fit(s, r, MapFileReader()); }), "batch");
+  Scenario no_gpu;
+  no_gpu.model.model = "gpt2";
+  EXPECT_EQ(field_of_error([&] { fit(no_gpu, r, MapFileReader()); }), "gpu");
+}
+
+TEST(Scenario, FrozenRowsGetNoGradientsAndNoOptimizerState) {
+  // Freeze every parameter but the last layer's: PyTorch gives a requires_grad=False parameter no .grad, and
+  // the optimizer (built over p.requires_grad parameters, as nanoGPT and the Trainer do) no state for it.
+  Scenario s;
+  s.model.model = "gpt2";
+  s.train = testing::train_setup(2, 64, Precision::kFp32);
+  ResolvedScenario r = resolve(s, MapFileReader());
+  uint64_t trainable = 0;
+  for (TensorRow& row : r.inventory.parameters) {
+    row.trainable = row.name.rfind("transformer.h.11.", 0) == 0;
+    if (row.trainable) trainable += row.elems.value * 4;
+  }
+  ASSERT_GT(trainable, 0u);
+  const Estimate e = estimate(r);
+  EXPECT_EQ(e.state.gradients.value, trainable);
+  EXPECT_EQ(e.state.optimizer_moments.value, 2 * trainable);
+  // The simulated step agrees: the most gradient and optimizer bytes ever live are those of the trainable rows.
+  LiveBytes live;
+  uint64_t max_grad = 0, max_opt = 0;
+  for (const Event& ev : e.sim->timeline.events) {
+    apply(live, ev);
+    max_grad = std::max(max_grad, live.by_category[static_cast<size_t>(Category::kGradients)].value);
+    max_opt = std::max(max_opt, live.by_category[static_cast<size_t>(Category::kOptimizer)].value);
+  }
+  EXPECT_EQ(max_grad, trainable);
+  EXPECT_EQ(max_opt, 2 * trainable);
+}
+
+}  // namespace
+}  // namespace trainmem

@@ -80,7 +80,8 @@ struct FitResult {
   std::vector<FitSuggestion> suggestions;  // changes that save memory: when even size 1 does not fit, each one
                                            // that saves; when it fits, each one that raises the answer
   std::vector<std::vector<FieldChange>> not_helpful;
-  std::vector<std::string> warnings;       // resolve()'s, for the front end to say  // changes tried that would save (or raise) nothing here
+  std::vector<std::string> warnings;       // resolve()'s, for the front end to say
+  bool suggestions_cut = false;            // fit's bound on work was reached before every change was simulated  // changes tried that would save (or raise) nothing here
 };
 
 // Searches the largest micro-batch (solve kBatch, at s.seq) or sequence (kSeq, at s.batch) that fits `gpu`

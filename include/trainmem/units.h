@@ -35,6 +35,9 @@ inline uint64_t checked_mul(uint64_t a, uint64_t b, std::string_view what) {
   if (__builtin_mul_overflow(a, b, &r)) [[unlikely]] throw_mul_overflow(a, b, what);
   return r;
 }
+// a - b as a signed number (a headroom, a saving); throws trainmem::Error naming `what` when either is beyond
+// int64_t, where the conversion would be wrong rather than merely large.
+int64_t signed_difference(uint64_t a, uint64_t b, std::string_view what);
 uint64_t ceil_div(uint64_t a, uint64_t b);          // b > 0
 uint64_t round_up(uint64_t a, uint64_t multiple);   // checked; multiple > 0
 

@@ -2,6 +2,8 @@
 // commas, list values in brackets. Errors carry PyTorch's own message.
 #include <fmt/format.h>
 
+#include <limits>
+
 #include <bit>
 #include <cctype>
 #include <charconv>
@@ -58,7 +60,8 @@ class Parser {
         double x = 0;
         auto r = std::from_chars(v.data(), v.data() + v.size(), x);
         if (r.ec != std::errc() || r.ptr != v.data() + v.size()) fail(fmt::format("Error, expecting {} value", key));
-        if (x <= 0.0) fail("garbage_collect_threshold too small, set it 0.0~1.0");
+        // TORCH_CHECK(val1 > 0, ...): written so that NaN fails it too, as it does in PyTorch
+        if (!(x > 0.0)) fail("garbage_collect_threshold too small, set it 0.0~1.0");
         if (x >= 1.0) fail("garbage_collect_threshold too big, set it 0.0~1.0");
         c.garbage_collection_threshold = x;
       } else if (key == "release_lock_on_cudamalloc" || key == "pinned_use_cuda_host_register" ||
@@ -98,6 +101,12 @@ class Parser {
     uint64_t x = 0;
     auto r = std::from_chars(v.data(), v.data() + v.size(), x);
     if (r.ec != std::errc() || r.ptr != v.data() + v.size()) fail(fmt::format("Error, expecting {} value", key));
+    // CUDAAllocatorConfig.cpp reads every number with `size_t val1 = stoi(config[i])`, which throws
+    // std::out_of_range beyond INT_MAX: PyTorch refuses such a value, and none of them means anything then.
+    if (x > static_cast<uint64_t>(std::numeric_limits<int>::max())) {
+      fail(fmt::format("{} value {} is beyond what PyTorch reads (stoi: at most {})", key, v,
+                       std::numeric_limits<int>::max()));
+    }
     return x;
   }
   uint64_t number(const std::string& key) { return parse_u64(value(key), key); }

@@ -47,13 +47,13 @@ uint64_t round_size(uint64_t size, const AllocatorConfig& c, TorchVersion torch)
     const uint64_t round_size_floor = size & ~(power2_division - 1);
     return round_size_floor == size ? size : round_size_floor + power2_division;
   }
-  return kMinBlockSize * ceil_div(size, kMinBlockSize);
+  return checked_mul(kMinBlockSize, ceil_div(size, kMinBlockSize), "a block's rounded size");
 }
 
 uint64_t allocation_size(uint64_t size) {
   if (size <= kSmallSize) return kSmallBuffer;
   if (size < kMinLargeAlloc) return kLargeBuffer;
-  return kRoundLarge * ceil_div(size, kRoundLarge);
+  return checked_mul(kRoundLarge, ceil_div(size, kRoundLarge), "a segment's size");
 }
 
 namespace {
@@ -131,7 +131,7 @@ class Allocator {
       pool.free.insert(rest);
     }
     b->allocated = true;
-    allocated_ += b->size;
+    allocated_ = checked_add(allocated_, b->size, "memory_allocated() of the replayed step");
     return b;
   }
 
@@ -182,7 +182,9 @@ class Allocator {
   }
   void dispose(Block* b) { spare_blocks_.push_back(b); }
 
-  bool fits_device(uint64_t bytes) const { return !capacity_ || reserved_ + bytes <= capacity_->value; }
+  bool fits_device(uint64_t bytes) const {
+    return !capacity_ || (reserved_ <= capacity_->value && bytes <= capacity_->value - reserved_);
+  }
 
   Block* get_free_block(Pool& pool, uint64_t size) {
     auto it = pool.free.lower_bound(key(size));
@@ -224,11 +226,16 @@ class Allocator {
     // at decreasing addresses reproduce seed 000's four measured allocator figures to the byte (steady-state
     // and post-forward memory_allocated with their gaps, and reserved at both moments), increasing ones miss
     // two of them (validate/measured/seed000_trace.json, tests/unit/alloc_test.cc).
+    // Segments are placed below 2^60 (1 EiB): a step that reserves more is far beyond any device.
+    if (checked_add(alloc_size, kRoundLarge, "a segment's size") > next_addr_) {
+      throw Error(fmt::format("the replayed step reserves more than 2^60 bytes ({} segments, {} B reserved, the next "
+                              "of {} B): the sizes are far beyond any device", segments_, reserved_, alloc_size));
+    }
     next_addr_ -= alloc_size + kRoundLarge;
     b->addr = next_addr_;
     b->size = alloc_size;
     b->small = pool.small;
-    reserved_ += alloc_size;
+    reserved_ = checked_add(reserved_, alloc_size, "memory_reserved() of the replayed step");
     ++segments_;
     return b;
   }
@@ -238,15 +245,17 @@ class Allocator {
   Block* map_pages(Pool& pool, uint64_t size) {
     const uint64_t page = pool.small ? kSmallBuffer : kLargeBuffer;
     if (!pool.exp_last) {
-      next_addr_ -= uint64_t{1} << 50;  // a virtual reservation larger than any device
+      // a virtual reservation larger than any device
+      next_addr_ -= uint64_t{1} << 50;  // at most two pools: far above the segments placed below it
       pool.exp_base = next_addr_;
     }
     Block* tail = (pool.exp_last && !pool.exp_last->allocated) ? pool.exp_last : nullptr;
     const uint64_t have = tail ? tail->size : 0;
     const uint64_t pages = ceil_div(size - std::min(size, have), page);
-    const uint64_t bytes = pages * page;
+    const uint64_t bytes = checked_mul(pages, page, "the pages an expandable segment maps");
     if (!fits_device(bytes)) return nullptr;
-    reserved_ += bytes;
+    reserved_ = checked_add(reserved_, bytes, "memory_reserved() of the replayed step");
+    if (bytes >= (uint64_t{1} << 50)) throw Error("an expandable segment beyond its 2^50-byte virtual reservation");
     if (tail) {
       pool.free.erase(tail);
       tail->size += bytes;

@@ -67,4 +67,11 @@ void read_heads(const KeyReader& r, std::initializer_list<std::string_view> head
   }
 }
 
+void check_rotary_dims(const KeyReader& r, std::string_view key, const ModelSpec& m) {
+  if (m.attn.rotary_dim % 2 == 0) return;
+  throw Error(fmt::format("{}: key \"{}\" gives {} rotary dims per head (head_dim {}): expected an even number "
+                          "(rotate_half splits the rotated dims in two halves, and cos/sin hold one frequency per "
+                          "pair: arange(0, dim, 2))", r.origin(), key, m.attn.rotary_dim, m.attn.head_dim));
+}
+
 }  // namespace trainmem::config

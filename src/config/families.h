@@ -15,6 +15,10 @@ bool read_llama_family(const KeyReader& r, const std::string& model_type, ModelS
 void read_stack(const KeyReader& r, ModelSpec& m);     // model_type mlp
 
 // Shared readers.
+// Rotary embeddings rotate an even number of dims per head: rotate_half splits them in two halves and the
+// cos/sin tables hold one frequency per pair (inv_freq = 1 / base ** (arange(0, dim, 2) / dim)); with an
+// odd count the shapes do not match and the model cannot run. Throws naming `key` (the key that sets it).
+void check_rotary_dims(const KeyReader& r, std::string_view key, const ModelSpec& m);
 // hidden_act / activation_function value -> Act; error names the key and lists the supported values.
 Act read_activation(const KeyReader& r, std::initializer_list<std::string_view> keys, std::string_view def);
 // A dropout probability in [0, 1].

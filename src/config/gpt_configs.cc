@@ -76,6 +76,7 @@ void read_gpt_neox(const KeyReader& r, ModelSpec& m) {
   const double pct = r.number({"partial_rotary_factor", "rotary_pct"}, 0.25, 0.0, 1.0);
   // GPTNeoXRotaryEmbedding: dim = int(head_dim * partial_rotary_factor)
   m.attn.rotary_dim = static_cast<uint64_t>(static_cast<double>(m.attn.head_dim) * pct);
+  check_rotary_dims(r, r.has({"partial_rotary_factor"}) ? "partial_rotary_factor" : "rotary_pct", m);
   m.max_positions = 0;  // rotary positions: no table bounds the sequence
   m.parallel_residual = r.boolean({"use_parallel_residual"}, true);
   m.norm = {NormKind::kLayerNorm, true, true};

@@ -59,7 +59,10 @@ class KeyReader {
 
 // Ranges accepted for sizes. They are far above any real model and keep every derived byte count and table
 // within reach (a model with 10^9 layers is a typo, not a model).
-inline constexpr uint64_t kMaxLayers = 100'000;
+// The deepest published transformers have ~100-130 layers (GPT-3 96, PaLM 118, Llama 3.1 405B 126); 1,024
+// leaves eight times that and keeps one simulated step within about a second and a few hundred MB (a layer
+// is ~60 timeline events per micro-batch). Also the most entries an "mlp" layer stack may have.
+inline constexpr uint64_t kMaxLayers = 1'024;
 inline constexpr uint64_t kMaxWidth = 1ull << 24;      // hidden, ffn, head_dim, proj dims: 16,777,216
 inline constexpr uint64_t kMaxHeads = 1ull << 16;      // attention / kv heads: 65,536
 inline constexpr uint64_t kMaxVocab = 1ull << 32;      // 4,294,967,296 tokens

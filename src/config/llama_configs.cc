@@ -81,6 +81,7 @@ bool read_llama_family(const KeyReader& r, const std::string& model_type, ModelS
     const double f = r.number({"partial_rotary_factor"}, 1.0, 0.0, 1.0);
     m.attn.rotary_dim = static_cast<uint64_t>(static_cast<double>(m.attn.head_dim) * f);
   }
+  check_rotary_dims(r, r.has({"head_dim"}) ? "head_dim" : "hidden_size", m);
   m.embed.tied = r.boolean({"tie_word_embeddings"}, d->tied);
   m.embed.scaled_by_sqrt_hidden = d->scaled_embeddings;
   // Gemma2MLP uses ACT2FN[config.hidden_activation]; every other MLP (GemmaMLP inherits LlamaMLP) uses

@@ -4,6 +4,8 @@
 // A layer is {"linear": out_features, "bias": true|false} or one of "relu", "gelu", "sigmoid", "layer_norm".
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "families.h"
 #include "trainmem/error.h"
 
@@ -15,6 +17,10 @@ void read_stack(const KeyReader& r, ModelSpec& m) {
   const nlohmann::json* layers = r.find({"layers"});
   if (!layers) r.fail_missing({"layers"}, "a non-empty list of layers");
   if (!layers->is_array() || layers->empty()) r.fail("layers", *layers, "a non-empty list of layers");
+  if (layers->size() > kMaxLayers) {
+    throw Error(fmt::format("{}: key \"layers\" has {} entries: expected at most {} (the bound on layers)", r.origin(),
+                            layers->size(), kMaxLayers));
+  }
   m.hidden = m.stack_input;
   for (size_t i = 0; i < layers->size(); ++i) {
     const nlohmann::json& l = (*layers)[i];
@@ -39,6 +45,15 @@ void read_stack(const KeyReader& r, ModelSpec& m) {
     m.stack.push_back(s);
   }
   m.layers = m.stack.size();
+  // loss = model(x).sum(); loss.backward() needs a parameter to reach: PyTorch raises "element 0 of tensors does
+  // not require grad and does not have a grad_fn" for a stack of activations alone.
+  const bool trains = std::any_of(m.stack.begin(), m.stack.end(), [](const StackLayer& s) {
+    return s.op == StackOp::kLinear || s.op == StackOp::kLayerNorm;
+  });
+  if (!trains) {
+    r.fail("layers", *layers, "at least one layer with parameters ({\"linear\": N} or \"layer_norm\"): a stack of "
+                              "activations alone has nothing to train, and backward() would fail");
+  }
 }
 
 }  // namespace trainmem::config

@@ -2,7 +2,10 @@
 // B=micro-batch T=seq C=hidden L=layers NH=heads V=vocab I=ffn
 #include "trainmem/formulas.h"
 
+#include <fmt/format.h>
+
 #include "trainmem/error.h"
+#include "trainmem/family.h"
 
 namespace trainmem {
 
@@ -15,9 +18,19 @@ uint64_t mul(std::string_view what, std::initializer_list<uint64_t> xs) {
   return r;
 }
 
+// The seeds' forms describe transformer language models: heads, a vocabulary, a sequence axis.
+void require_transformer(const ModelSpec& m) {
+  if (input_kind(m) != InputKind::kTokenIds || m.attn.heads == 0 || m.embed.vocab_size == 0) {
+    throw Error(fmt::format("{}: the seeds' closed forms describe transformer language models (heads, a "
+                            "vocabulary, a sequence); model_type \"{}\" is not one (trainmem estimate simulates it)",
+                            m.name, m.model_type));
+  }
+}
+
 }  // namespace
 
 Seed001Contract seed001_contract(const ModelSpec& m, const TrainSetup& s) {
+  require_transformer(m);
   const uint64_t V = m.embed.vocab_size, H = m.hidden, L = m.layers, I = m.mlp.ffn;
   // "D_kv: num_kv_heads x head_dim, head_dim: H / num_attention_heads"
   const uint64_t d_kv = mul("seed 001 D_kv", {m.attn.kv_heads, H / m.attn.heads});
@@ -41,6 +54,7 @@ Seed001Contract seed001_contract(const ModelSpec& m, const TrainSetup& s) {
 }
 
 Seed002Korthikanti seed002_korthikanti(const ModelSpec& m, const TrainSetup& s) {
+  require_transformer(m);
   const uint64_t sq = s.seq, b = s.batch, h = m.hidden, a = m.attn.heads, L = m.layers;
   const uint64_t v = m.embed.vocab_size;
   Seed002Korthikanti k;
@@ -58,6 +72,7 @@ Seed002Korthikanti seed002_korthikanti(const ModelSpec& m, const TrainSetup& s) 
 }
 
 Seed000Peak seed000_peak(const ModelSpec& m, const Inventory& inv, const TrainSetup& s) {
+  require_transformer(m);
   Seed000Peak p;
   p.ne = Elems(mul("N_e = B*T*C", {s.batch, s.seq, m.hidden}));                // "N_e = Bsz x T x D_model"
   p.na = Elems(mul("N_a = B*NH*T^2", {s.batch, m.attn.heads, s.seq, s.seq}));      // "N_a = Bsz x N_heads x T^2"

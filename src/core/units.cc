@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <limits>
+
 #include "trainmem/error.h"
 
 namespace trainmem {
@@ -16,6 +18,12 @@ void throw_sub_underflow(uint64_t a, uint64_t b, std::string_view what) {
 
 void throw_mul_overflow(uint64_t a, uint64_t b, std::string_view what) {
   throw Error(fmt::format("{} overflows 64 bits ({} x {})", what, a, b));
+}
+
+int64_t signed_difference(uint64_t a, uint64_t b, std::string_view what) {
+  constexpr uint64_t kMax = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+  if (a > kMax || b > kMax) throw Error(fmt::format("{} is beyond a signed 64-bit number ({} - {})", what, a, b));
+  return static_cast<int64_t>(a) - static_cast<int64_t>(b);
 }
 
 uint64_t ceil_div(uint64_t a, uint64_t b) { return a / b + (a % b != 0 ? 1 : 0); }

@@ -66,7 +66,7 @@ DeviceVerdict device_verdict(const Estimate& e, const GpuSpec& gpu, const Alloca
   // release its cache), plus the context; for a step that does not fit, what it would need.
   v.device_total = (v.fits ? v.peak_reserved : e.memory.peak_reserved) + gpu.context;
   v.alloc_retries = r.alloc_retries;
-  v.headroom = static_cast<int64_t>(v.usable.value) - static_cast<int64_t>(r.peak_reserved.value);
+  v.headroom = signed_difference(v.usable.value, r.peak_reserved.value, "the headroom on the device");
   if (r.oom) {
     // short by at least the overflow of the first failing allocation (after the cache was released)
     const uint64_t need = checked_add(r.oom->reserved.value, r.oom->segment.value, "reserved + segment");
@@ -87,7 +87,7 @@ DeviceVerdict device_verdict(const Estimate& e, const GpuSpec& gpu, const Alloca
     // blocks beyond what the allocator may reserve (no packing can hold more than that).
     const uint64_t beyond = e.memory.peak_allocated.value - std::min(e.memory.peak_allocated.value, v.usable.value);
     o.short_by = Bytes(std::max(o.overflow.value, beyond));
-    v.headroom = -static_cast<int64_t>(o.short_by.value);
+    v.headroom = signed_difference(0, o.short_by.value, "the memory the device is short by");
     // The tensors live just before the failing allocation, largest first (none when it is the first).
     std::vector<LiveBlock> live;
     if (r.oom->event > 0) live = live_blocks_after(e.sim->timeline, ac, e.options.torch, r.oom->event - 1);

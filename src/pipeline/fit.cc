@@ -92,14 +92,31 @@ struct Candidate {
   AllocatorConfig alloc;
 };
 
+// The work one fit may do, in simulated events over all its probes (the searches of its suggestions
+// included): each event is simulated once and replayed twice (without and with the device limit), about
+// seven seconds for this many on two cores. A probe's events do not depend on the size searched, so a setup
+// whose single step is large (many layers, many --steps) reaches it after few probes, and fit says so.
+inline constexpr uint64_t kFitEventBudget = uint64_t{1} << 23;  // 8,388,608
+
+struct Budget {
+  uint64_t events = 0;
+  uint64_t probes = 0;
+};
+
 class Search {
  public:
-  Search(const Candidate& c, const GpuSpec& gpu, Bytes margin, FitDimension dim)
-      : c_(c), gpu_(gpu), margin_(margin), dim_(dim) {}
+  Search(const Candidate& c, const GpuSpec& gpu, Bytes margin, FitDimension dim, Budget& budget)
+      : c_(c), gpu_(gpu), margin_(margin), dim_(dim), budget_(budget) {}
 
   FitProbe probe(uint64_t size) {
     auto it = probes_.find(size);
     if (it != probes_.end()) return it->second;
+    if (budget_.events >= kFitEventBudget) {
+      throw Error(fmt::format("fit stops after {} probes: they simulated {} events, its bound on work ({}); a "
+                              "step of this setup is large (layers x steps): try fewer --steps or ask estimate "
+                              "for single sizes", budget_.probes, with_commas(budget_.events),
+                              with_commas(kFitEventBudget)));
+    }
     TrainSetup s = c_.setup;
     (dim_ == FitDimension::kBatch ? s.batch : s.seq) = size;
     FitProbe p;
@@ -107,6 +124,8 @@ class Search {
     p.seq = s.seq;
     try {
       const Estimate e = estimate(c_.model, c_.inv, s, c_.options, c_.alloc);
+      budget_.events += e.sim->timeline.events.size();
+      ++budget_.probes;
       const DeviceVerdict v = device_verdict(e, gpu_, c_.alloc, margin_);
       p.fits = v.fits;
       p.alloc_retries = v.alloc_retries;
@@ -163,6 +182,7 @@ class Search {
   const GpuSpec& gpu_;
   Bytes margin_;
   FitDimension dim_;
+  Budget& budget_;
   std::map<uint64_t, FitProbe> probes_;
 };
 
@@ -177,15 +197,19 @@ uint64_t cap_for(const Candidate& c, FitDimension dim, const FitRequest& r) {
 // did not fit, a change is listed when it saves memory at size 1; when it did (`answer` is the size found),
 // when it raises the answer.
 void suggest(const Candidate& base, const FitProbe& original, std::optional<uint64_t> answer, const GpuSpec& gpu,
-             Bytes margin, const FitRequest& r, FitResult& out) {
+             Bytes margin, const FitRequest& r, Budget& budget, FitResult& out) {
   auto saves = [&](const FitProbe& p) {
-    return static_cast<int64_t>(original.peak_reserved.value) - static_cast<int64_t>(p.peak_reserved.value);
+    return signed_difference(original.peak_reserved.value, p.peak_reserved.value, "the memory a change saves");
   };
   auto add = [&](std::vector<FieldChange> changes, std::string what, const Candidate& c) {
+    if (budget.events >= kFitEventBudget) {  // the answer stands; the rest of the changes go unsimulated
+      out.suggestions_cut = true;
+      return;
+    }
     FitSuggestion sug;
     sug.changes = std::move(changes);
     sug.what = std::move(what);
-    Search s(c, gpu, margin, out.solve);
+    Search s(c, gpu, margin, out.solve, budget);
     sug.at_one = s.probe(1);
     sug.saves = saves(*sug.at_one);
     if (!answer && sug.saves <= 0 && !sug.at_one->fits) {
@@ -241,11 +265,11 @@ void suggest(const Candidate& base, const FitProbe& original, std::optional<uint
     all_changes.push_back({"alloc_conf", "expandable_segments:True"});
   }
   if (all_changes.size() > 1) add(all_changes, "all of the above together", all);
-  if (!answer && out.solve == FitDimension::kBatch && base.setup.seq > 1) {
+  if (!answer && out.solve == FitDimension::kBatch && base.setup.seq > 1 && budget.events < kFitEventBudget) {
     // The other dimension: the longest sequence that fits one sequence per micro-batch.
     Candidate c = base;
     c.setup.batch = 1;
-    Search s(c, gpu, margin, FitDimension::kSeq);
+    Search s(c, gpu, margin, FitDimension::kSeq, budget);
     FitSuggestion sug;
     const auto longest = s.largest(base.setup.seq - 1);
     sug.changes = {{"seq", std::to_string(longest.value_or(1))}};
@@ -295,13 +319,14 @@ FitResult fit(const ModelSpec& m, const TrainSetup& s0, const SimOptions& o, con
                             r.margin.describe(), format_bytes(gpu.context), gpu.name, format_bytes(gpu.runtime_total)));
   }
   out.cap = cap_for(base, r.solve, r);
-  Search search(base, gpu, out.margin, r.solve);
+  Budget budget;
+  Search search(base, gpu, out.margin, r.solve, budget);
   out.largest = search.largest(out.cap);
   out.capped = out.largest && *out.largest == out.cap;
   out.probes = search.probes();
   (r.solve == FitDimension::kBatch ? out.setup.batch : out.setup.seq) = out.largest.value_or(1);
   // the probe of size 1 is the first; when the answer is capped nothing can raise it
-  if (!out.capped) suggest(base, out.probes.front(), out.largest, gpu, out.margin, r, out);
+  if (!out.capped) suggest(base, out.probes.front(), out.largest, gpu, out.margin, r, budget, out);
   return out;
 }
 

@@ -126,6 +126,7 @@ std::string render_fit_table(const FitResult& r) {
          "the allocator\n  releases its cache before it fails; headroom: what is left, or (negative) at least what is "
          "missing\n";
   out += fit_fragmentation_note(r);
+  if (r.suggestions_cut) out += "  note: fit reached its bound on work before simulating every change below\n";
   if (!r.suggestions.empty()) {
     out += r.largest ? fmt::format("\nchanges that would raise the answer (each simulated; saves: at {} 1):\n",
                                    dimension_word(r.solve))
@@ -189,6 +190,7 @@ std::string render_fit_json(const FitResult& r) {
       {"suggestions", sugs},
       {"not_helpful", not_helpful},
       {"warnings", r.warnings},
+      {"suggestions_cut", r.suggestions_cut},
   };
   return report::json_text(out);
 }

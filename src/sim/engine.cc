@@ -24,11 +24,17 @@ Elems Shape::numel() const {
 }
 
 Strides contiguous_strides(const Shape& s) {
+  // PyTorch's strides are int64_t: a tensor of 2^63 elements or more has none (checked before it can wrap).
   Strides st{};
   int64_t acc = 1;
   for (int i = s.n - 1; i >= 0; --i) {
     st[i] = acc;
-    acc *= static_cast<int64_t>(std::max<uint64_t>(s.d[i], 1));
+    const uint64_t d = std::max<uint64_t>(s.d[i], 1);
+    if (d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
+        __builtin_mul_overflow(acc, static_cast<int64_t>(d), &acc)) {
+      throw Error("a tensor of 2^63 elements or more: its strides do not fit PyTorch's int64_t (the sizes are far "
+                  "beyond any device)");
+    }
   }
   return st;
 }
@@ -156,6 +162,10 @@ uint64_t Engine::alloc_storage(Bytes b, Category c, Label l) {
   if (running_ && (c == Category::kBackward || c == Category::kTemporaries)) {
     l = Label{running_->label.what, running_->label.layer, kRowBackwardOf};
   }
+  if (tl_->events.size() >= kMaxEvents) {
+    throw Error(fmt::format("the simulation passes {} events (the bound on one simulated run): fewer layers, "
+                            "steps or micro-batches", with_commas(kMaxEvents)));
+  }
   uint64_t total = 0;
   if (__builtin_add_overflow(live_.total.value, b.value, &total)) {
     throw Error(fmt::format("the step's live tensors pass 2^64 bytes when {}{} ({} B, {}) is allocated in {}: the "
@@ -173,10 +183,15 @@ uint64_t Engine::alloc_storage(Bytes b, Category c, Label l) {
   return id;
 }
 
-void Engine::free_storage(uint64_t id) {
+void Engine::free_storage(uint64_t id) noexcept {
   if (!recording_) return;
   const StorageInfo& s = storages_[id];
-  emit(Event{Event::kFree, s.category, s.category, phase, step, micro, id, s.bytes, s.label});
+  try {
+    emit(Event{Event::kFree, s.category, s.category, phase, step, micro, id, s.bytes, s.label});
+  } catch (...) {  // std::bad_alloc growing the timeline: a release path never throws
+    recording_ = false;
+    lost_events_ = true;
+  }
 }
 
 void Engine::emit(const Event& ev) {

@@ -239,7 +239,13 @@ class Pool {
     }
     return &chunks_.back()[used_++];
   }
-  void put(X* x) { free_.push_back(x); }
+  // Called from destructors: never throws (an object that cannot be listed for reuse stays in its chunk).
+  void put(X* x) noexcept {
+    try {
+      free_.push_back(x);
+    } catch (...) {
+    }
+  }
 
  private:
   static constexpr size_t kChunk = 256;
@@ -260,6 +266,11 @@ struct StorageInfo {
   uint32_t refs = 0;  // tensor impls referring to it
   Label label;
 };
+
+// The most events one simulation may record: 1,024 layers (the bound on layers) for 16 steps of two
+// micro-batches is about 2 million; a timeline event and its allocator figures take ~110 bytes, so this
+// keeps a simulation under ~500 MB. Beyond it the simulation stops with an error naming the bound.
+inline constexpr size_t kMaxEvents = size_t{1} << 22;  // 4,194,304
 
 class Engine {
  public:
@@ -327,11 +338,14 @@ class Engine {
   TensorImpl* new_impl();
   void delete_impl(TensorImpl* p);
   uint64_t alloc_storage(Bytes b, Category c, Label l);
-  void free_storage(uint64_t id);
+  void free_storage(uint64_t id) noexcept;
 
   // Stops adding events to the timeline: the simulated program has ended, and tearing down the simulator's
   // own objects is not part of it.
   void stop_recording() { recording_ = false; }
+  // A free that could not be recorded (the host ran out of memory): frees run in destructors and must not
+  // throw, so they stop the recording instead, and the simulator reports it afterwards.
+  bool lost_events() const { return lost_events_; }
   const LiveBytes& live() const { return live_; }
   // The first event at which live bytes were highest, and the live bytes then.
   size_t peak_event() const { return peak_event_; }
@@ -373,6 +387,7 @@ class Engine {
   uint64_t seq_ = 0;
   Node* running_ = nullptr;
   bool recording_ = true;  // the node whose backward is running: its allocations are labelled after it
+  bool lost_events_ = false;
   LiveBytes live_;
   LiveBytes peak_live_;
   size_t peak_event_ = 0;

@@ -307,6 +307,7 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
   const LiveBytes& at_best = e.peak_live();
   r.peak = sim::moment_at(r.timeline, best_i, at_best);
   e.stop_recording();
+  if (e.lost_events()) throw Error("the host ran out of memory while recording the simulated step");
   for (Category cat : {Category::kActivations, Category::kWeightCopies, Category::kBackward, Category::kTemporaries}) {
     r.activations_at_peak += at_best.by_category[static_cast<size_t>(cat)];
   }

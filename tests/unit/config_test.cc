@@ -91,21 +91,21 @@ TEST(ConfigErrors, HeadsThatDoNotDivideTheWidth) {
 
 TEST(ConfigErrors, SizesMustBePositiveIntegers) {
   EXPECT_EQ(error_of([] { from_json(R"({"model_type": "gpt2", "n_layer": 0})"); }),
-            "test.json: key \"n_layer\" = 0: expected an integer in [1, 100000]");
+            "test.json: key \"n_layer\" = 0: expected an integer in [1, 1024]");
   EXPECT_EQ(error_of([] { from_json(R"({"model_type": "gpt2", "n_layer": -3})"); }),
-            "test.json: key \"n_layer\" = -3: expected an integer in [1, 100000]");
+            "test.json: key \"n_layer\" = -3: expected an integer in [1, 1024]");
   EXPECT_EQ(error_of([] { from_json(R"({"model_type": "gpt2", "n_layer": 2.5})"); }),
-            "test.json: key \"n_layer\" = 2.5: expected an integer in [1, 100000] (not a fractional or exponent-form "
+            "test.json: key \"n_layer\" = 2.5: expected an integer in [1, 1024] (not a fractional or exponent-form "
             "number)");
   EXPECT_EQ(error_of([] { from_json(R"({"model_type": "gpt2", "n_layer": "12"})"); }),
-            "test.json: key \"n_layer\" = \"12\": expected an integer in [1, 100000], not a string");
+            "test.json: key \"n_layer\" = \"12\": expected an integer in [1, 1024], not a string");
   EXPECT_EQ(error_of([] { from_json(R"({"model_type": "llama", "tie_word_embeddings": "yes"})"); }),
             "test.json: key \"tie_word_embeddings\" = \"yes\": expected true or false");
 }
 
 TEST(ConfigErrors, AbsurdSizesAreRejectedNotWrapped) {
   EXPECT_EQ(error_of([] { from_json(R"({"model_type": "llama", "num_hidden_layers": 1000000000})"); }),
-            "test.json: key \"num_hidden_layers\" = 1000000000: expected an integer in [1, 100000]");
+            "test.json: key \"num_hidden_layers\" = 1000000000: expected an integer in [1, 1024]");
   // A number beyond 64 bits parses as a float and is rejected as such.
   EXPECT_NE(error_of([] { from_json(R"({"model_type": "llama", "vocab_size": 99999999999999999999999})"); }), "");
 }
@@ -117,7 +117,7 @@ TEST(ConfigErrors, BadEnumValuesAndOverrides) {
   EXPECT_EQ(error_of([] { from_json(R"({"model_type": "gpt2"})", {"n_layer"}); }),
             "--set \"n_layer\": expected key=value (e.g. --set n_layer=24)");
   EXPECT_EQ(error_of([] { from_json(R"({"model_type": "gpt2"})", {"n_layer=abc"}); }),
-            "test.json: key \"n_layer\" = \"abc\": expected an integer in [1, 100000], not a string");
+            "test.json: key \"n_layer\" = \"abc\": expected an integer in [1, 1024], not a string");
   EXPECT_EQ(error_of([] { from_json(R"({"model_type": "mixtral", "num_experts_per_tok": 9})"); }),
             "test.json: key \"num_experts_per_tok\" = 9: expected at most \"num_local_experts\" = 8");
 }
@@ -266,18 +266,18 @@ TEST(ConfigErrors, NumbersBeyondADoubleAreBadInput) {
             "1.8e308)");
   // Text that merely starts like a number stays text.
   EXPECT_EQ(error_of([] { from_json(R"({"model_type": "gpt2"})", {"n_layer=1e400x"}); }),
-            "test.json: key \"n_layer\" = \"1e400x\": expected an integer in [1, 100000], not a string");
+            "test.json: key \"n_layer\" = \"1e400x\": expected an integer in [1, 1024], not a string");
 }
 
 TEST(ConfigErrors, ValuesInMessagesAreBoundedAndValidUtf8) {
   // Command-line bytes that are not UTF-8 are shown with U+FFFD instead of failing to print.
   EXPECT_EQ(error_of([] { from_json(R"({"model_type": "gpt2"})", {"n_layer=\xff"}); }),
-            "test.json: key \"n_layer\" = \"\xEF\xBF\xBD\": expected an integer in [1, 100000], not a string");
+            "test.json: key \"n_layer\" = \"\xEF\xBF\xBD\": expected an integer in [1, 1024], not a string");
   // A value 200,000 arrays deep is shown three levels deep: printing it whole would overflow the stack.
   const size_t depth = 200'000;
   const std::string deep = std::string(depth, '[') + std::string(depth, ']');
   EXPECT_EQ(error_of([&] { from_json(R"({"model_type": "llama", "num_hidden_layers": )" + deep + "}"); }),
-            "test.json: key \"num_hidden_layers\" = [[[...]]]: expected an integer in [1, 100000], not a array");
+            "test.json: key \"num_hidden_layers\" = [[[...]]]: expected an integer in [1, 1024], not a array");
   EXPECT_EQ(error_of([&] { from_json(R"({"model_type": "llama", "hidden_act": )" + deep + "}"); }).substr(0, 41),
             "test.json: key \"hidden_act\" = [[[...]]]: ");
   // A long list is cut at 60 characters.
@@ -312,7 +312,7 @@ TEST(Config, ModelFolderMeansItsConfigJson) {
   EXPECT_EQ(load_model(req, fs).layers, 2u);
   req.overrides = {"num_hidden_layers=x"};
   EXPECT_EQ(error_of([&] { load_model(req, fs); }),
-            "ckpt/config.json: key \"num_hidden_layers\" = \"x\": expected an integer in [1, 100000], not a string");
+            "ckpt/config.json: key \"num_hidden_layers\" = \"x\": expected an integer in [1, 1024], not a string");
   req.model = "empty";
   EXPECT_EQ(error_of([&] { load_model(req, fs); }), "--model \"empty\": a directory without a config.json");
 }

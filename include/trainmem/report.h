@@ -82,6 +82,7 @@ struct TimelineRow {
   bool oom = false;                // with a GPU: the first allocation that would fail there falls here
 };
 std::vector<TimelineRow> timeline_rows(const Estimate& e, const TimelineOptions& o);
+std::span<const NameRow<TimelineGranularity>> name_table(TimelineGranularity);
 std::optional<TimelineGranularity> parse_granularity(std::string_view s);
 // The timeline's options from their text (--by, --unit, --min-bytes with an optional unit, --step of the
 // `steps` simulated); throws FieldError naming the option.

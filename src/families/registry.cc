@@ -33,8 +33,8 @@ sim::ForwardOut stack_program(sim::Ctx& c, const ModelSpec& m, const sim::Loaded
 }
 
 constexpr ModelType kGpt2Types[] = {{"gpt2", gpt2_config, Impl::kHf}, {"nanogpt", nanogpt_config, Impl::kNanoGpt}};
-constexpr Program kGpt2Programs[] = {{Impl::kHf, models::gpt2_tensors, sim::gpt2_forward},
-                                     {Impl::kNanoGpt, models::nanogpt_tensors, sim::nanogpt_forward}};
+constexpr Program kGpt2Programs[] = {{Impl::kHf, models::gpt2_tensors, sim::gpt2_forward, LoopKind::kHf},
+                                     {Impl::kNanoGpt, models::nanogpt_tensors, sim::nanogpt_forward, LoopKind::kNanoGpt}};
 
 // Every model_type whose modeling file is LlamaForCausalLM's shape (src/config/llama_configs.cc has each one's
 // defaults and architecture facts).
@@ -43,16 +43,16 @@ constexpr ModelType kLlamaTypes[] = {
     {"qwen3", llama_config, Impl::kHf},  {"gemma", llama_config, Impl::kHf},   {"gemma2", llama_config, Impl::kHf},
     {"phi3", llama_config, Impl::kHf},   {"mixtral", llama_config, Impl::kHf},
 };
-constexpr Program kLlamaPrograms[] = {{Impl::kHf, models::llama_tensors, sim::llama_forward}};
+constexpr Program kLlamaPrograms[] = {{Impl::kHf, models::llama_tensors, sim::llama_forward, LoopKind::kHf}};
 
 constexpr ModelType kNeoxTypes[] = {{"gpt_neox", gpt_neox_config, Impl::kHf}};
-constexpr Program kNeoxPrograms[] = {{Impl::kHf, models::gpt_neox_tensors, sim::gpt_neox_forward}};
+constexpr Program kNeoxPrograms[] = {{Impl::kHf, models::gpt_neox_tensors, sim::gpt_neox_forward, LoopKind::kHf}};
 
 constexpr ModelType kOptTypes[] = {{"opt", opt_config, Impl::kHf}};
-constexpr Program kOptPrograms[] = {{Impl::kHf, models::opt_tensors, sim::opt_forward}};
+constexpr Program kOptPrograms[] = {{Impl::kHf, models::opt_tensors, sim::opt_forward, LoopKind::kHf}};
 
 constexpr ModelType kStackTypes[] = {{"mlp", stack_config, Impl::kStack}};
-constexpr Program kStackPrograms[] = {{Impl::kStack, models::stack_tensors, stack_program}};
+constexpr Program kStackPrograms[] = {{Impl::kStack, models::stack_tensors, stack_program, LoopKind::kPlain}};
 
 const FamilyDescriptor kFamilies[] = {
     {Family::kGpt2, "gpt2", kGpt2Types, kGpt2Programs, InputKind::kTokenIds, "transformer.h"},

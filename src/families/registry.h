@@ -9,6 +9,7 @@
 
 #include "trainmem/family.h"
 #include "trainmem/model.h"
+#include "trainmem/sim.h"
 
 namespace trainmem {
 
@@ -41,6 +42,7 @@ struct Program {
   Impl impl;
   TensorTable tensors;
   ForwardProgram forward;
+  LoopKind loop;  // the training script that comes with this code (LoopKind::kAuto resolves to it)
 };
 
 struct FamilyDescriptor {

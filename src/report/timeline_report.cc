@@ -106,18 +106,22 @@ std::optional<uint64_t> parse_unit(std::string_view s) {
   return std::nullopt;
 }
 
-std::optional<TimelineGranularity> parse_granularity(std::string_view s) {
-  if (s == "event") return TimelineGranularity::kEvent;
-  if (s == "layer") return TimelineGranularity::kLayer;
-  if (s == "phase") return TimelineGranularity::kPhase;
-  return std::nullopt;
-}
+namespace {
+constexpr NameRow<TimelineGranularity> kGranularities[] = {
+    {TimelineGranularity::kEvent, "event", "one row per allocation, free and change of category"},
+    {TimelineGranularity::kLayer, "layer", "one row per run of events in the same phase and layer"},
+    {TimelineGranularity::kPhase, "phase", "one row per run of events in the same phase"},
+};
+}  // namespace
+
+std::span<const NameRow<TimelineGranularity>> name_table(TimelineGranularity) { return kGranularities; }
+std::optional<TimelineGranularity> parse_granularity(std::string_view s) { return parse_name<TimelineGranularity>(s); }
 
 TimelineOptions parse_timeline_options(std::string_view by, std::string_view unit, std::string_view min_bytes,
                                        std::string_view step, uint32_t steps) {
   TimelineOptions o;
   const auto g = parse_granularity(by);
-  if (!g) throw FieldError("by", fmt::format("\"{}\": expected event, layer or phase", by));
+  if (!g) throw FieldError("by", fmt::format("\"{}\": expected {}", by, names_list<TimelineGranularity>()));
   o.granularity = *g;
   const auto u = parse_unit(unit);
   if (!u) throw FieldError("unit", fmt::format("\"{}\": expected auto, B, KiB, MiB or GiB", unit));

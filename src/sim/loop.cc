@@ -36,14 +36,9 @@ SimOptions resolved(const SimOptions& o, const ModelSpec& m) {
   return r;
 }
 
-LoopKind default_loop(const ModelSpec& m) {
-  switch (m.impl) {
-    case Impl::kNanoGpt: return LoopKind::kNanoGpt;
-    case Impl::kHf: return LoopKind::kHf;
-    case Impl::kStack: return LoopKind::kPlain;
-  }
-  return LoopKind::kHf;
-}
+// nanoGPT's train.py for nanoGPT's model, the Trainer for transformers' models, seed 003's plain loop for a
+// layer stack: the registry's program says which.
+LoopKind default_loop(const ModelSpec& m) { return program_for(m).loop; }
 
 namespace sim {
 

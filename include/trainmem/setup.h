@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "trainmem/dtype.h"
 #include "trainmem/model.h"
@@ -32,6 +33,14 @@ enum class OptimizerImpl {
   kForLoop,  // _single_tensor_*
 };
 
+// Gradient (activation) checkpointing of the decoder layers, as transformers' gradient_checkpointing_enable()
+// applies it: each checkpointed layer's call goes through torch.utils.checkpoint.checkpoint.
+enum class Checkpointing {
+  kNone,
+  kFull,  // the whole layer is recomputed in backward (every `checkpoint_every`-th layer)
+};
+std::span<const NameRow<Checkpointing>> name_table(Checkpointing);
+
 struct TrainSetup {
   uint64_t batch = 8;      // B: micro-batch size
   uint64_t seq = 1024;     // T: tokens per sequence
@@ -40,6 +49,12 @@ struct TrainSetup {
   OptimizerImpl optimizer_impl = OptimizerImpl::kAuto;
   uint64_t grad_accum = 1;  // micro-batches per optimizer step
   std::string gpu;          // catalog name, empty when not given
+  Checkpointing checkpointing = Checkpointing::kNone;
+  // use_reentrant; empty: the default of the code that runs it (transformers 5.x: False, since transformers
+  // PR #43203; nanoGPT and layer stacks: torch.utils.checkpoint's own default, True)
+  std::optional<bool> checkpoint_reentrant;
+  uint64_t checkpoint_every = 1;   // checkpoint layers whose index is a multiple of this (every_n_layers)
+  std::vector<std::string> freeze; // parameter-name globs whose rows get requires_grad=False
 };
 
 // The dtype parameters are stored in (and gradients and optimizer state follow).

@@ -74,8 +74,13 @@ constexpr NameRow<OptimizerImpl> kOptimizerImpls[] = {
     {OptimizerImpl::kFused, "fused", "_fused_adamw_ kernels; `step` is a device tensor"},
     {OptimizerImpl::kForLoop, "for-loop", "_single_tensor_*"},
 };
+constexpr NameRow<Checkpointing> kCheckpointings[] = {
+    {Checkpointing::kNone, "none", "every activation autograd saves is kept from forward to backward"},
+    {Checkpointing::kFull, "full", "checkpointed layers keep only their input; backward recomputes them"},
+};
 }  // namespace
 
+std::span<const NameRow<Checkpointing>> name_table(Checkpointing) { return kCheckpointings; }
 std::span<const NameRow<Precision>> name_table(Precision) { return kPrecisions; }
 std::span<const NameRow<Optimizer>> name_table(Optimizer) { return kOptimizers; }
 std::span<const NameRow<OptimizerImpl>> name_table(OptimizerImpl) { return kOptimizerImpls; }

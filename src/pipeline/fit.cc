@@ -264,6 +264,15 @@ void suggest(const Candidate& base, const FitProbe& original, std::optional<uint
     all.alloc.expandable_segments = true;
     all_changes.push_back({"alloc_conf", "expandable_segments:True"});
   }
+  if (base.setup.checkpointing == Checkpointing::kNone) {
+    Candidate c = base;
+    c.setup.checkpointing = Checkpointing::kFull;
+    add({{"checkpointing", "full"}},
+        "gradient checkpointing of every layer: each keeps only its input, backward recomputes it (one more "
+        "forward of compute)", c);
+    all.setup.checkpointing = Checkpointing::kFull;
+    all_changes.push_back({"checkpointing", "full"});
+  }
   if (all_changes.size() > 1) add(all_changes, "all of the above together", all);
   if (!answer && out.solve == FitDimension::kBatch && base.setup.seq > 1 && budget.events < kFitEventBudget) {
     // The other dimension: the longest sequence that fits one sequence per micro-batch.
@@ -281,13 +290,6 @@ void suggest(const Candidate& base, const FitProbe& original, std::optional<uint
     sug.saves = saves(*sug.at_one);
     if (longest) sug.largest = 1;
     out.suggestions.push_back(std::move(sug));
-  }
-  if (!answer) {
-    // Not simulated yet: recomputation trades compute for the activations of all but one layer at a time.
-    FitSuggestion ckpt;
-    ckpt.label = "gradient checkpointing";
-    ckpt.what = "not simulated yet: activation recomputation is not modelled";
-    out.suggestions.push_back(std::move(ckpt));
   }
 }
 

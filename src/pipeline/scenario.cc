@@ -19,6 +19,28 @@ constexpr uint64_t kMaxBatch = uint64_t{1} << 20;
 constexpr uint64_t kMaxSeq = uint64_t{1} << 24;
 constexpr uint64_t kMaxGradAccum = uint64_t{1} << 20;
 constexpr uint64_t kMaxSteps = 16;  // the steady state is reached at step 2; more steps only repeat it
+constexpr uint64_t kMaxLayersPerCheckpoint = 1024;  // the bound on layers
+
+// fnmatch-style: `*` matches any run of characters (dots included), `?` one character.
+bool glob_match(std::string_view pattern, std::string_view name) {
+  size_t p = 0, n = 0, star = std::string_view::npos, back = 0;
+  while (n < name.size()) {
+    if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == name[n])) {
+      ++p;
+      ++n;
+    } else if (p < pattern.size() && pattern[p] == '*') {
+      star = p++;
+      back = n;
+    } else if (star != std::string_view::npos) {
+      p = star + 1;
+      n = ++back;
+    } else {
+      return false;
+    }
+  }
+  while (p < pattern.size() && pattern[p] == '*') ++p;
+  return p == pattern.size();
+}
 
 constexpr Field kFields[] = {
     {"model", "preset name (trainmem models) or path to a config.json (or a folder holding one)", FieldGroup::kModel},
@@ -31,6 +53,13 @@ constexpr Field kFields[] = {
     {"optimizer", "adamw | adam | sgd | sgd-momentum | none", FieldGroup::kTraining},
     {"optimizer_impl", "auto | foreach | fused | for-loop", FieldGroup::kTraining},
     {"grad_accum", "micro-batches per optimizer step", FieldGroup::kTraining},
+    {"checkpointing", "none | full: gradient checkpointing of the decoder layers (transformers' "
+                      "gradient_checkpointing_enable)", FieldGroup::kTraining},
+    {"checkpoint_reentrant", "true | false: torch.utils.checkpoint's use_reentrant (default: the modelled code's: "
+                             "false for transformers 5.x, true for nanoGPT and layer stacks)", FieldGroup::kTraining},
+    {"checkpoint_every", "checkpoint every N-th layer (those whose index is a multiple of N)", FieldGroup::kTraining},
+    {"freeze", "freeze the parameters whose names match a glob (* matches anything): --freeze 'model.layers.0.*' "
+               "(repeatable); frozen rows get no gradient and no optimizer state", FieldGroup::kTraining, true},
     {"gpu",
      "GPU from the catalog (trainmem gpus, any case) or a memory size like 24GiB (a generic sm_80 card); "
      "sets the architecture (default sm_80)",
@@ -101,6 +130,16 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     s.train.optimizer = named(f, v, parse_name<Optimizer>(v));
   } else if (f == "optimizer_impl") {
     s.train.optimizer_impl = named(f, v, parse_name<OptimizerImpl>(v));
+  } else if (f == "checkpointing") {
+    s.train.checkpointing = named(f, v, parse_name<Checkpointing>(v));
+  } else if (f == "checkpoint_reentrant") {
+    if (v != "true" && v != "false") bad(f, v, "true or false");
+    s.train.checkpoint_reentrant = v == "true";
+  } else if (f == "checkpoint_every") {
+    s.train.checkpoint_every = count(f, v, kMaxLayersPerCheckpoint);
+  } else if (f == "freeze") {
+    if (v.empty()) bad(f, v, "a glob over parameter names, like 'model.layers.0.*'");
+    s.train.freeze.emplace_back(v);
   } else if (f == "gpu") {
     s.train.gpu = std::string(v);
   } else if (f == "loop") {
@@ -131,6 +170,11 @@ std::string field_text(const Scenario& s, std::string_view f) {
   if (f == "optimizer") return std::string(name_of(s.train.optimizer));
   if (f == "optimizer_impl") return std::string(name_of(s.train.optimizer_impl));
   if (f == "gpu") return s.train.gpu;
+  if (f == "checkpointing") return std::string(name_of(s.train.checkpointing));
+  if (f == "checkpoint_reentrant") {
+    return s.train.checkpoint_reentrant ? (*s.train.checkpoint_reentrant ? "true" : "false") : "";
+  }
+  if (f == "checkpoint_every") return std::to_string(s.train.checkpoint_every);
   if (f == "loop") return s.loop == LoopKind::kAuto ? "" : std::string(name_of(s.loop));
   if (f == "torch") return torch_version_name(s.torch);
   if (f == "alloc_conf") return s.alloc_conf;
@@ -182,6 +226,26 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   r.inventory = build_inventory(r.model);
   r.setup = s.train;
   validate_setup(r.model, r.setup);
+  // Frozen rows (requires_grad_(False)): each glob must name something, and something must stay trainable.
+  for (const std::string& glob : s.train.freeze) {
+    bool any = false;
+    for (TensorRow& row : r.inventory.parameters) {
+      if (glob_match(glob, row.name)) {
+        row.trainable = false;
+        any = true;
+      }
+    }
+    if (!any) {
+      throw FieldError("freeze", fmt::format("\"{}\": matches no parameter of {} (trainmem params lists their names)",
+                                             glob, r.model.name));
+    }
+  }
+  if (trainable_rows(r.inventory) == 0) {
+    throw FieldError("freeze", "froze every parameter: nothing is left to train (loss.backward() would fail)");
+  }
+  // use_reentrant: the modelled code's default (transformers 5.x gradient_checkpointing_enable passes
+  // {"use_reentrant": False}, transformers PR #43203; torch.utils.checkpoint itself defaults to True)
+  if (!r.setup.checkpoint_reentrant) r.setup.checkpoint_reentrant = r.model.impl != Impl::kHf;
   // The optimizer code path that runs (fused for nanoGPT's AdamW, foreach for torch.optim on CUDA).
   r.setup.optimizer_impl = resolve_optimizer_impl(s.train.optimizer, s.train.optimizer_impl, r.model.impl);
   r.options.loop = s.loop == LoopKind::kAuto ? default_loop(r.model) : s.loop;

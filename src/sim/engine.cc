@@ -161,6 +161,8 @@ void Engine::delete_impl(TensorImpl* p) { impls_.put(p); }
 uint64_t Engine::alloc_storage(Bytes b, Category c, Label l) {
   if (running_ && (c == Category::kBackward || c == Category::kTemporaries)) {
     l = Label{running_->label.what, running_->label.layer, kRowBackwardOf};
+  } else if (recomputing_depth_ > 0 && l.row < 0) {
+    l.what = intern_name(std::string("recompute: ") + l.what);  // checkpointing's forward, run again in backward
   }
   if (tl_->events.size() >= kMaxEvents) {
     throw Error(fmt::format("the simulation passes {} events (the bound on one simulated run): fewer layers, "
@@ -305,6 +307,11 @@ T& Engine::grad(int32_t index) { return grads_[index]; }
 Bytes Engine::saved_bytes() const {
   std::vector<uint64_t> ids;
   for (const auto& n : nodes_) {
+    if (n->frame) {  // a non-reentrant checkpoint's inputs, which it saves (save_inputs)
+      for (const T& t : n->frame->inputs) {
+        if (t) ids.push_back(t->storage);
+      }
+    }
     for (const T& t : n->saved) {
       if (!t) continue;
       const Category c = storages_[t->storage].category;
@@ -375,8 +382,67 @@ Node* Engine::new_node(const char* name, std::initializer_list<const T*> inputs,
     }
     ++slot;
   }
+  node->frame.reset();
+  node->holder_slots = 0;
   nodes_.push_back(node);
+  if (filling_) {
+    // _recomputation_hook's pack: the recomputed tensor goes to the frame, in the order the forward saved;
+    // this node itself is never run.
+    for (T& t : node->saved) {
+      if (t && filling_->filled < filling_->holders) filling_->recomputed[filling_->filled++] = std::move(t);
+    }
+    node->saved.clear();
+    if (filling_->filled == filling_->holders) throw StopRecomputation{};  // early_stop
+  } else if (packing_) {
+    // _checkpoint_hook's pack: a holder instead of the tensor, which is released unless something else holds it
+    node->holder = packing_->holders;
+    for (size_t i = 0; i < node->saved.size(); ++i) {
+      if (node->saved[i]) {
+        node->holder_slots = static_cast<uint8_t>(node->holder_slots | (1u << i));
+        ++packing_->holders;
+      }
+    }
+    if (node->holder_slots) node->frame = packing_;
+    node->saved.clear();
+  }
   return node;
+}
+
+void Engine::unpack(Node& n) {
+  CheckpointFrame& f = *n.frame;
+  if (!f.recomputed_once) {
+    // the first unpack of the region: run its forward again, with grad, filling the holders
+    f.recomputed_once = true;
+    f.recomputed.assign(f.holders, T());
+    CheckpointFrame* const outer = filling_;
+    const bool grad = grad_mode;
+    Node* const running = running_;
+    filling_ = &f;
+    grad_mode = true;
+    running_ = nullptr;  // the recompute's allocations are forward tensors, not this node's backward
+    ++recomputing_depth_;
+    try {
+      f.recompute(*this);
+    } catch (const StopRecomputation&) {
+    }
+    --recomputing_depth_;
+    running_ = running;
+    grad_mode = grad;
+    filling_ = outer;
+  }
+  // unpack_hook: the node takes the recomputed tensor; the holder lets go of it ("cleared on unpack")
+  uint32_t h = n.holder;
+  for (size_t i = 0; i < 8; ++i) {
+    if (!(n.holder_slots & (1u << i))) continue;
+    while (n.saved.size() <= i) n.saved.push_back(T());
+    if (h < f.recomputed.size()) n.saved[i] = std::move(f.recomputed[h]);
+    ++h;
+    ++f.unpacked;
+  }
+  if (f.unpacked >= f.holders) {  // the region's backward is done with it: inputs and arguments go
+    f.inputs.clear();
+    f.recompute = nullptr;
+  }
 }
 
 namespace {
@@ -511,6 +577,7 @@ void Engine::backward(const T& loss, T seed) {
       }
       continue;
     }
+    if (n->frame) unpack(*n);
     running_ = n;
     Grads out = n->fn(*this, *n, in);
     validate_outputs(*n, out);
@@ -544,6 +611,7 @@ void Engine::backward(const T& loss, T seed) {
 }  // the seed is released here, after the graph (torch.autograd.backward's grad_tensors list)
 
 void Engine::recycle(Node* n) {
+  n->frame.reset();
   n->saved.clear();
   n->inbuf.clear();
   n->fn.reset();

@@ -188,6 +188,20 @@ struct InputMeta {
   DType dtype = DType::kF32;
 };
 
+// One region of non-reentrant checkpointing (torch/utils/checkpoint.py, _CheckpointFrame): the tensors its
+// forward would have saved are replaced by holders, and recomputed in backward.
+struct CheckpointFrame {
+  std::vector<T> inputs;          // save_inputs(*args): kept until the region's backward is done
+  uint32_t holders = 0;           // tensors the forward would have saved
+  std::vector<T> recomputed;      // by holder index, filled by the recompute
+  uint32_t filled = 0, unpacked = 0;
+  bool recomputed_once = false;
+  std::function<void(Engine&)> recompute;  // runs the region's forward again (holds its arguments)
+};
+
+// Thrown inside a recompute once every holder is filled (_StopRecomputationError, early_stop=True).
+struct StopRecomputation {};
+
 struct Node {
   const char* name = "";  // e.g. "AddmmBackward0"
   Label label;            // the forward op's (first) output: names what this node's backward allocates
@@ -202,6 +216,9 @@ struct Node {
   bool is_accumulate = false;
   int32_t param = -1;     // AccumulateGrad: the parameter index
   int32_t leaf = -1;      // AccumulateGrad of a leaf that is not a parameter (requires_grad_leaf)
+  std::shared_ptr<CheckpointFrame> frame;  // recorded inside a non-reentrant checkpoint: saved tensors are holders
+  uint32_t holder = 0;    // the frame's index of the first of them
+  uint8_t holder_slots = 0;  // which `saved` slots they fill (bit i: slot i)
 };
 
 // Objects allocated in chunks and recycled through a free list: the simulator creates tens of thousands of
@@ -324,6 +341,14 @@ class Engine {
   T take_leaf_grad(const T& leaf);
   // Backward calls in progress (1 inside loss.backward(), 2 inside a reentrant backward).
   int backward_depth() const { return depth_; }
+
+  // Non-reentrant checkpointing: while a frame is packing, the tensors new nodes save become its holders;
+  // while it is recomputing, they fill it (and the recompute stops once it is full).
+  void begin_packing(std::shared_ptr<CheckpointFrame> f) { packing_ = std::move(f); }
+  void end_packing() { packing_.reset(); }
+  // Allocations while recomputing are labelled "recompute: <op>" (reentrant or not).
+  void begin_recompute() { ++recomputing_depth_; }
+  void end_recompute() { --recomputing_depth_; }
   // The .grad of parameter `index` (empty handle when None).
   T& grad(int32_t index);
   std::vector<T>& grads() { return grads_; }
@@ -384,6 +409,10 @@ class Engine {
   std::vector<T> grads_;    // .grad per parameter
   std::vector<T> leaf_grads_;  // .grad per requires_grad_leaf
   int depth_ = 0;           // backward calls in progress
+  std::shared_ptr<CheckpointFrame> packing_;
+  CheckpointFrame* filling_ = nullptr;
+  int recomputing_depth_ = 0;
+  void unpack(Node& n);
   uint64_t seq_ = 0;
   Node* running_ = nullptr;
   bool recording_ = true;  // the node whose backward is running: its allocations are labelled after it

@@ -1,24 +1,58 @@
 // The layer seam: every forward program runs its stack of layers through run_layers(), so a per-layer policy
-// (activation checkpointing, FSDP's all-gather before a layer and reshard after it, offload) has exactly one
-// place to hook in, instead of one copy of the loop per family.
+// (activation checkpointing here; later FSDP's all-gather before a layer and reshard after it, offload) has
+// exactly one place to hook in, instead of one copy of the loop per family.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <utility>
 
 #include "ops.h"
 
 namespace trainmem::sim {
 
+// What a decoder layer takes besides the hidden state: the attention mask and the rotary cos/sin (empty
+// handles when the model has none). transformers passes them to each layer as keyword arguments; under
+// gradient checkpointing they ride in the checkpoint's functools.partial, so the checkpoint keeps them alive
+// until the layer's backward (GradientCheckpointingLayer.__call__). Only the hidden state is a checkpoint
+// input.
+struct LayerArgs {
+  T mask;
+  T cos, sin;
+};
+
+// One layer: the next hidden state from this one.
+using LayerFn = std::function<T(uint64_t layer, T hidden, const LayerArgs& args)>;
+
+// torch.utils.checkpoint.checkpoint(layer, hidden, use_reentrant=True): CheckpointFunction (checkpoint.py).
+// Forward under no_grad, saving only the input; its backward detaches the input, runs the layer again with
+// grad and the forward's autocast state, and runs torch.autograd.backward on the recomputed output inside the
+// outer backward.
+T checkpoint_reentrant(Ctx& c, uint64_t l, T hidden, const LayerArgs& args, std::shared_ptr<const LayerFn> fn);
+// checkpoint(..., use_reentrant=False), PyTorch >= 2.1 (_checkpoint_without_reentrant_generator): forward with
+// grad, every tensor the region would save replaced by a holder; the first unpack in backward runs the layer
+// again and keeps the tensors it saves (stopping once all are recomputed: early_stop=True); each is owned by
+// the node that unpacks it and freed when that node is done.
+T checkpoint_non_reentrant(Ctx& c, uint64_t l, T hidden, const LayerArgs& args, std::shared_ptr<const LayerFn> fn);
+
 // hidden = layer(l, hidden) for l in 0..layers-1, with c.layer naming the layer for the timeline's labels.
 // `layer` takes the hidden state by value and returns the next one: the caller's variable is rebound to the
 // result, as `hidden = decoder_layer(hidden)` rebinds it in the modeling code, so the input is released when
-// the layer returns unless autograd saved it.
-template <typename LayerFn>
-T run_layers(Ctx& c, uint64_t layers, T hidden, LayerFn&& layer) {
+// the layer returns unless autograd saved it. The layers that c.checkpoint selects run checkpointed.
+template <typename F>
+T run_layers(Ctx& c, uint64_t layers, T hidden, const LayerArgs& args, F&& layer) {
+  std::shared_ptr<const LayerFn> fn;  // made once, when a layer is checkpointed
   for (uint64_t l = 0; l < layers; ++l) {
     c.layer = static_cast<int32_t>(l);
-    hidden = layer(l, std::move(hidden));
+    const CheckpointPolicy& p = c.checkpoint;
+    if (p.mode != CheckpointPolicy::kNone && l % p.every == 0 && c.e.grad_mode) {
+      if (!fn) fn = std::make_shared<const LayerFn>(layer);
+      hidden = p.reentrant ? checkpoint_reentrant(c, l, std::move(hidden), args, fn)
+                           : checkpoint_non_reentrant(c, l, std::move(hidden), args, fn);
+    } else {
+      hidden = layer(l, std::move(hidden), args);
+    }
   }
   c.layer = -1;
   return hidden;

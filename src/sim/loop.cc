@@ -270,6 +270,11 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
   e.set_runtime(runtime_facts(o.torch, o.sm));
   sim::Loop loop(m, inv, s, o, e);
   loop.c.autocast = uses_autocast(s.precision);
+  if (s.checkpointing == Checkpointing::kFull) {
+    loop.c.checkpoint.mode = sim::CheckpointPolicy::kFull;
+    loop.c.checkpoint.reentrant = s.checkpoint_reentrant.value_or(m.impl != Impl::kHf);
+    loop.c.checkpoint.every = std::max<uint64_t>(s.checkpoint_every, 1);
+  }
   loop.c.ac_dtype = compute_dtype(s.precision);
   loop.c.seed000_block_locals = o.loop == LoopKind::kSeed000;
   loop.opt_impl = resolve_optimizer_impl(s.optimizer, s.optimizer_impl, m.impl);

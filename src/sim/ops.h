@@ -12,6 +12,13 @@
 
 namespace trainmem::sim {
 
+// Gradient checkpointing of the layers run_layers() runs (src/sim/layers.h).
+struct CheckpointPolicy {
+  enum Mode { kNone, kFull } mode = kNone;
+  bool reentrant = false;  // torch.utils.checkpoint's use_reentrant
+  uint64_t every = 1;      // checkpoint layers with index % every == 0 (transformers' every_n_layers)
+};
+
 // Forward-pass state: autocast (with its cache of 16-bit weight copies), the layer being built (for labels),
 // training mode, and the runtime facts.
 struct Ctx {
@@ -24,6 +31,7 @@ struct Ctx {
   // The nanoGPT fork of seed 000 binds the layer-norm outputs of a block to locals, which keeps them alive
   // until the block returns (its trace frees both after the MLP's residual add).
   bool seed000_block_locals = false;
+  CheckpointPolicy checkpoint;
 
   explicit Ctx(Engine& eng) : e(eng) {}
   Label L(const char* what) const { return Label{what, layer, -1}; }

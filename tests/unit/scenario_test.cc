@@ -40,7 +40,10 @@ TEST(Scenario, FieldsParseAsTheirTypesAndErrorsNameTheField) {
 TEST(Scenario, EveryFieldRoundTripsThroughItsText) {
   Scenario s;
   for (const Field& f : scenario_fields()) {
-    if (f.repeatable || f.name == "gpu" || f.name == "alloc_conf" || f.name == "loop" || f.name == "impl") continue;
+    if (f.repeatable || f.name == "gpu" || f.name == "alloc_conf" || f.name == "loop" || f.name == "impl" ||
+        f.name == "checkpoint_reentrant") {
+      continue;  // empty by default: the value is resolve()'s to choose
+    }
     const std::string text = field_text(s, f.name);
     Scenario t;
     set_field(t, f.name, text);

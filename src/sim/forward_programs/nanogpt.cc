@@ -107,7 +107,8 @@ ForwardOut nanogpt_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, con
   T tok_emb = embedding(c, w.p("transformer.wte.weight"), idx, "wte");
   T pos_emb = embedding(c, w.p("transformer.wpe.weight"), pos, "wpe");
   T x = dropout(c, add(c, tok_emb, pos_emb, "tok_emb + pos_emb"), m.dropout.embd, "embd dropout");
-  x = run_layers(c, m.layers, std::move(x), [&](uint64_t l, T h) { return block(c, m, block_params(w, m, l), h); });
+  x = run_layers(c, m.layers, std::move(x), LayerArgs{},
+                 [&](uint64_t l, T h, const LayerArgs&) { return block(c, m, block_params(w, m, l), h); });
   x = layer_norm(c, x, &w.p("transformer.ln_f.weight"), w.opt("transformer.ln_f.bias"), "ln_f");
   ForwardOut out;
   // lm_head is tied to wte

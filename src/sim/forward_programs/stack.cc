@@ -8,7 +8,7 @@ namespace trainmem::sim {
 
 ForwardOut stack_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& x0) {
   // nn.Sequential.forward: `input = module(input)` for each module
-  T x = run_layers(c, m.stack.size(), x0, [&](uint64_t i, T h) {
+  T x = run_layers(c, m.stack.size(), x0, LayerArgs{}, [&](uint64_t i, T h, const LayerArgs&) {
     switch (m.stack[i].op) {
       case StackOp::kLinear: return linear(c, h, w.p(param_name("{}.weight", i)), w.opt(param_name("{}.bias", i)), "linear");
       case StackOp::kRelu: return relu(c, h, "relu");

@@ -4,12 +4,19 @@
 
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace trainmem {
 
+// Messages echo what the user gave (a value, a token of a file), which may be anything: every message is
+// made valid UTF-8 (a byte that is not becomes the text \xNN) and at most kMaxMessageBytes long, so that a
+// terminal, a JSON front end or a Python binding can always show it.
+inline constexpr size_t kMaxMessageBytes = 2048;
+std::string clean_message(std::string_view message);
+
 class Error : public std::runtime_error {
  public:
-  explicit Error(const std::string& message) : std::runtime_error(message) {}
+  explicit Error(const std::string& message) : std::runtime_error(clean_message(message)) {}
 };
 
 // An error in one field of a request (scenario.h): `field` is the field's name ("batch", "alloc_conf"), and
@@ -19,7 +26,7 @@ class Error : public std::runtime_error {
 class FieldError : public Error {
  public:
   FieldError(std::string field, std::string detail)
-      : Error(field + " " + detail), field_(std::move(field)), detail_(std::move(detail)) {}
+      : Error(field + " " + detail), field_(clean_message(field)), detail_(clean_message(detail)) {}
   const std::string& field() const { return field_; }
   const std::string& detail() const { return detail_; }
 

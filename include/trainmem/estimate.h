@@ -115,6 +115,7 @@ struct Estimate {
   std::optional<DeviceVerdict> device;  // with a GPU: whether it fits there, and what nvidia-smi would show
   std::shared_ptr<const SimResult> sim;
   std::shared_ptr<const AllocatorReplay> alloc;
+  std::vector<std::string> warnings;  // the simulated program's (SimResult::warnings)
 };
 
 // The full estimate of a resolved scenario: with a GPU, the device totals and the verdict too.

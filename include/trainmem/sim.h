@@ -58,6 +58,8 @@ struct SimResult {
                                 // parameters and buffers (requested bytes)
   Bytes activations_at_peak;    // activations + autocast copies + backward in flight + temporaries at the peak
   uint32_t micro_batches_simulated = 0;
+  std::vector<uint8_t> param_has_grad;  // per inventory row: a .grad after the last step's backward
+  std::vector<std::string> warnings;    // what the simulated program would warn about
 };
 
 SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s, const SimOptions& o);

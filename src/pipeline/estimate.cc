@@ -140,20 +140,31 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
   st.trainable = trainable_count(inv);  // gradients and optimizer state exist for these rows only
   st.weights = parameter_bytes(inv, pd);
   st.buffers = buffer_bytes(inv, pd);
-  st.gradients = bytes_of(st.trainable, pd);
-  st.optimizer_moments = bytes_of(st.trainable, pd) * optimizer_states_per_param(s.optimizer);
-  const bool adam = s.optimizer == Optimizer::kAdamW || s.optimizer == Optimizer::kAdam;
-  if (adam && e.setup.optimizer_impl == OptimizerImpl::kFused) {
-    st.optimizer_steps = Bytes(kOptimizerStepBytes) * trainable_rows(inv);
-  }
-  st.optimizer_state = st.optimizer_moments + st.optimizer_steps;
   // token ids and targets (int64 each), or one float feature batch
   const bool features = input_kind(m) == InputKind::kFeatures;
   const Elems tokens(checked_mul(s.batch, features ? m.stack_input : s.seq, "tokens"));
   st.inputs = features ? bytes_of(tokens, pd) : bytes_of(tokens, DType::kI64) * 2;
 
   const auto sim = std::make_shared<const SimResult>(simulate(m, inv, e.setup, o));
+  // Gradients and optimizer state exist for the trainable rows the backward reached (all of them, unless a
+  // reentrant checkpoint's input did not require grad).
+  Elems with_grad;
+  size_t rows_with_grad = 0;
+  for (size_t i = 0; i < inv.parameters.size(); ++i) {
+    if (i < sim->param_has_grad.size() && sim->param_has_grad[i] && inv.parameters[i].trainable) {
+      with_grad += inv.parameters[i].elems;
+      ++rows_with_grad;
+    }
+  }
+  st.gradients = bytes_of(with_grad, pd);
+  st.optimizer_moments = bytes_of(with_grad, pd) * optimizer_states_per_param(s.optimizer);
+  const bool adam = s.optimizer == Optimizer::kAdamW || s.optimizer == Optimizer::kAdam;
+  if (adam && e.setup.optimizer_impl == OptimizerImpl::kFused) {
+    st.optimizer_steps = Bytes(kOptimizerStepBytes) * rows_with_grad;
+  }
+  st.optimizer_state = st.optimizer_moments + st.optimizer_steps;
   e.sim = sim;
+  e.warnings = sim->warnings;
   PeakBreakdown& pk = e.peak;
   pk.saved_activations = sim->saved_activations;
   pk.live_total = sim->peak.live.total;

@@ -42,8 +42,19 @@ T checkpoint_reentrant(Ctx& c, uint64_t l, T hidden, const LayerArgs& args, std:
   }
   // The node exists only when the input requires grad; otherwise the output does not, and the layer's
   // parameters get no gradient (PyTorch warns "None of the inputs have requires_grad=True").
+  if (!hidden->requires_grad && c.e.grad_mode) {
+    c.warn("a reentrant checkpoint's input does not require grad (frozen embeddings without "
+           "enable_input_require_grads): as PyTorch warns \"None of the inputs have requires_grad=True\", no "
+           "gradient flows through the checkpointed layers and their parameters get none");
+  }
+  // ctx.save_for_backward(*tensor_inputs): the hidden state, and the positional tensor arguments
+  Saved saved{hidden};
+  if (args.positional) {
+    if (args.position) saved.push_back(args.position);
+    if (args.mask) saved.push_back(args.mask);
+  }
   Ctx* const cp = &c;
-  c.e.record("CheckpointFunctionBackward", {&hidden}, {&out}, Saved{hidden},
+  c.e.record("CheckpointFunctionBackward", {&hidden}, {&out}, std::move(saved),
              [cp, l, args, fn](Engine& e, Node& node, Grads& g) {
                // detach_variable(ctx.saved_tensors): a leaf that requires grad, over the same storage
                T detached = e.requires_grad_leaf(node.saved[0]);
@@ -67,7 +78,11 @@ T checkpoint_reentrant(Ctx& c, uint64_t l, T hidden, const LayerArgs& args, std:
 
 T checkpoint_non_reentrant(Ctx& c, uint64_t l, T hidden, const LayerArgs& args, std::shared_ptr<const LayerFn> fn) {
   auto frame = std::make_shared<CheckpointFrame>();
-  frame->inputs.push_back(hidden);  // new_frame.save_inputs(*args)
+  frame->inputs.push_back(hidden);  // new_frame.save_inputs(*args): the positional arguments
+  if (args.positional) {
+    if (args.position) frame->inputs.push_back(args.position);
+    if (args.mask) frame->inputs.push_back(args.mask);
+  }
   const bool input_requires_grad = hidden->requires_grad;
   Ctx* const cp = &c;
   CheckpointFrame* const f = frame.get();

@@ -12,14 +12,16 @@
 
 namespace trainmem::sim {
 
-// What a decoder layer takes besides the hidden state: the attention mask and the rotary cos/sin (empty
-// handles when the model has none). transformers passes them to each layer as keyword arguments; under
-// gradient checkpointing they ride in the checkpoint's functools.partial, so the checkpoint keeps them alive
-// until the layer's backward (GradientCheckpointingLayer.__call__). Only the hidden state is a checkpoint
-// input.
+// What a decoder layer takes besides the hidden state: the attention mask, the rotary cos/sin and the
+// position ids (empty handles when the model has none). Most transformers models pass them as keyword
+// arguments; under gradient checkpointing those ride in the checkpoint's functools.partial, which keeps them
+// alive until the layer's backward (GradientCheckpointingLayer.__call__), and only the hidden state is a
+// checkpoint input. Arguments passed positionally are checkpoint inputs too, saved by the checkpoint.
 struct LayerArgs {
   T mask;
   T cos, sin;
+  T position;                       // position_ids, or GPT-2's cache_position (its storage)
+  bool positional = false;          // mask and position are positional arguments (GPT-2's block call)
 };
 
 // One layer: the next hidden state from this one.

@@ -175,11 +175,14 @@ struct Loop {
     // clip coefficient; the grads are scaled in place.
     e.phase = Phase::kGradClip;
     uint64_t max_chunks = 1;
-    // over the parameters that have a .grad (clip_grad_norm_ skips p.grad is None: the frozen ones)
-    for (const TensorRow& p : inv.parameters) {
-      if (p.trainable) max_chunks = std::max(max_chunks, ceil_div(p.elems.value, kForeachChunkElems));
+    // over the parameters that have a .grad (clip_grad_norm_ skips p.grad is None: the frozen ones, and any
+    // the backward did not reach)
+    uint64_t n = 0;
+    for (size_t i = 0; i < inv.parameters.size(); ++i) {
+      if (!e.grad(static_cast<int32_t>(i))) continue;
+      ++n;
+      max_chunks = std::max(max_chunks, ceil_div(inv.parameters[i].elems.value, kForeachChunkElems));
     }
-    const uint64_t n = trainable_rows(inv);
     T norms;
     {
       T partial = e.empty(Shape{n * max_chunks}, DType::kF32, Category::kTemporaries, Label{"clip_grad_norm_ partials"});
@@ -234,9 +237,12 @@ struct Loop {
   // for the supported models are exactly the 1-D tensors) in a first group and the rest in a second.
   std::vector<std::vector<size_t>> param_groups() const {
     std::vector<size_t> decay, rest;
-    std::vector<size_t> all;  // the trainable rows: frozen parameters are not given to the optimizer
+    // The trainable rows (frozen parameters are not given to the optimizer) that have a .grad: torch.optim
+    // skips `p.grad is None` (_init_group), so a parameter the backward never reached (a reentrant checkpoint
+    // whose input does not require grad) gets no state and no update.
+    std::vector<size_t> all;
     for (size_t i = 0; i < inv.parameters.size(); ++i) {
-      if (!inv.parameters[i].trainable) continue;
+      if (!inv.parameters[i].trainable || !e.grad(static_cast<int32_t>(i))) continue;
       all.push_back(i);
       (inv.parameters[i].shape.size() >= 2 ? decay : rest).push_back(i);
     }
@@ -296,6 +302,10 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
       }
       loop.micro_batch(step, micro, r, step == o.steps && micro == micros);
     }
+    if (step == o.steps) {  // which parameters the backward reached: they have gradients and optimizer state
+      r.param_has_grad.assign(inv.parameters.size(), 0);
+      for (size_t i = 0; i < inv.parameters.size(); ++i) r.param_has_grad[i] = e.grad(static_cast<int32_t>(i)) ? 1 : 0;
+    }
     if (o.loop != LoopKind::kPlain) loop.clip_grad_norm();  // grad_clip / max_grad_norm = 1.0
     loop.optimizer_step(step == 1);
     loop.zero_grad();
@@ -307,6 +317,7 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
   const LiveBytes& at_best = e.peak_live();
   r.peak = sim::moment_at(r.timeline, best_i, at_best);
   e.stop_recording();
+  r.warnings = loop.c.warnings;
   if (e.lost_events()) throw Error("the host ran out of memory while recording the simulated step");
   for (Category cat : {Category::kActivations, Category::kWeightCopies, Category::kBackward, Category::kTemporaries}) {
     r.activations_at_peak += at_best.by_category[static_cast<size_t>(cat)];

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "engine.h"
@@ -32,6 +33,14 @@ struct Ctx {
   // until the block returns (its trace frees both after the MLP's residual add).
   bool seed000_block_locals = false;
   CheckpointPolicy checkpoint;
+  std::vector<std::string> warnings;  // what the simulated program would warn about, each once
+
+  void warn(const std::string& w) {
+    for (const std::string& x : warnings) {
+      if (x == w) return;
+    }
+    warnings.push_back(w);
+  }
 
   explicit Ctx(Engine& eng) : e(eng) {}
   Label L(const char* what) const { return Label{what, layer, -1}; }

@@ -125,6 +125,7 @@ int run_estimate(const Flags& f) {
   const Estimate e = estimate(r);
   std::cout << (json ? render_estimate_json(e, gpu) : render_estimate_table(e, gpu));
   warn(r.warnings);
+  warn(e.warnings);
   return e.device && !e.device->fits ? kExitDoesNotFit : 0;
 }
 
@@ -144,6 +145,7 @@ int run_timeline(const Flags& f) {
     std::cout << render_timeline_table(e, to, rows);
   }
   warn(r.warnings);
+  warn(e.warnings);
   return 0;
 }
 

@@ -4,40 +4,54 @@ quantities for trainmem to be checked against.
 
     /usr/bin/python3 validate/cpu/measure.py --config PATH.json [--set key=value ...] --batch B --seq T \
         --precision fp32|bf16 [--optimizer adamw|sgd|sgd-momentum|none] [--dropout-off] [--keep-dropout] \
-        [--no-tensors]
+        [--freeze GLOB ...] [--checkpointing none|full] [--checkpoint-reentrant true|false] \
+        [--checkpoint-every N] [--no-tensors]
 
-Prints one JSON object. In-process use: measure(config, batch, seq, precision, optimizer) -> dict.
+Prints one JSON object. In-process use: measure(config, batch, seq, precision, optimizer, freeze=[...],
+checkpointing="full", checkpoint_reentrant=True, checkpoint_every=1) -> dict.
 
 What is measured:
-  * forward + backward run inside torch.autograd.graph.saved_tensors_hooks(pack, unpack); pack records every
-    tensor autograd saves for backward. Before backward the graph is walked from the loss and every node's
-    _saved_* attributes are read, which calls unpack and tells which node (grad_fn) and field saved what.
-  * saved_activation_bytes: sum over DISTINCT storages (by storage data_ptr) of the packed tensors, each storage
-    counted whole (storage nbytes), excluding storages of parameters and buffers, and excluding the 0-dim
-    float64/int64 "wrapped number" tensors that Python scalar operands become (x * 0.125): torch 1.13 packs
-    them, but they are CPU scalars that never occupy GPU memory (reported as saved_wrapped_scalar_bytes).
+  * forward runs inside torch.autograd.graph.saved_tensors_hooks(pack, unpack) and a TorchDispatchMode
+    (_StorageRegistry) that keeps a C++ weak reference to every storage an ATen op returns. pack records
+    every tensor autograd saves and hands the SavedVariable a small object holding it, to which measure keeps
+    only a weak reference: a saved tensor counts when its SavedVariable still exists at the end of forward.
+    Before backward the graph is walked from the loss and every node's _saved_* attributes (and a custom
+    Function's ctx.saved_tensors) are read, which calls unpack and tells which node (grad_fn) and field saved
+    what. Nodes inside non-reentrant checkpoint regions are not read (that would run the recomputation).
+  * at the end of forward (after gc.collect()), every storage made during forward that is still alive is
+    either held by a SavedVariable, or kept by a checkpoint (a positional input: CheckpointFunction saves it;
+    torch 1.13's non-reentrant checkpoint keeps it in its unpack closure; or a keyword argument riding in the
+    partial), or it is "unexplained" (an oracle error; none occurs).
+  * saved_activation_bytes: sum over DISTINCT storages (by StorageImpl) of the tensors live SavedVariables hold
+    plus the checkpoint inputs, each storage counted whole (storage nbytes), excluding storages of parameters
+    and buffers, and excluding the 0-dim float64/int64 "wrapped number" tensors that Python scalar operands
+    become (x * 0.125): torch 1.13 packs them, but they are CPU scalars that never occupy GPU memory (reported
+    as saved_wrapped_scalar_bytes). The partial's keyword arguments are not included (end_of_forward reports
+    them: checkpoint_kwarg_bytes_cuda, and live_bytes_cuda with them).
   * saved_activation_bytes_cuda: the same set, corrected for the two places where CPU torch 1.13 saves
     something different from CUDA torch 2.x (see _cuda_torch2_bytes): MeanBackward1 keeps its whole input
     in 1.13 (nothing in 2.x), and LayerNorm mean/rstd are bf16 on CPU but float32 on CUDA.
-  * gradients, optimizer state (after one optimizer.step()), parameter and buffer totals.
+  * gradients (only the parameters that got a .grad), optimizer state (after one optimizer.step() over the
+    trainable parameters), parameter, trainable-parameter and buffer totals.
 """
 
 import argparse
+import gc
 import json
 import os
 import sys
+import warnings
+import weakref
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
-
-def _storage_key_and_bytes(t):
-    s = t.storage()
-    return s.data_ptr(), s.nbytes()
 
 
 def _dtype_name(dt):
@@ -56,24 +70,82 @@ def make_optimizer(name, params):
     raise ValueError(f"unknown optimizer {name!r}")
 
 
+class _Packed:
+    """What pack returns, so what a SavedVariable holds: the tensor, and the pack index. Only the SavedVariable
+    owns it (measure keeps a weak reference), so it is alive exactly while autograd still holds that saved
+    tensor: a node that is dropped (a branch the loss does not use) releases it."""
+
+    __slots__ = ("idx", "t", "__weakref__")
+
+    def __init__(self, idx, t):
+        self.idx = idx
+        self.t = t
+
+
+class _StorageRegistry(TorchDispatchMode):
+    """Every storage an ATen op returns while the mode is active, held by a C++ weak reference
+    (StorageWeakRef: a weak_intrusive_ptr to the StorageImpl). It expires exactly when the last strong owner (a
+    tensor, a SavedVariable, a Python closure or ctx attribute holding a tensor) lets go, and the StorageImpl
+    cannot be reused while the weak reference exists, so `expired()` is exact. The mode sits below autograd, so it
+    also sees the intermediates of composite ops (cross_entropy's log_softmax, matmul's reshape copies) and the
+    ops that run under no_grad inside a reentrant checkpoint."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                st = t.storage()
+                ref = StorageWeakRef(st)
+                if ref.cdata not in self.rows:
+                    self.rows[ref.cdata] = (ref, ref.cdata, st.nbytes(), str(func), list(t.shape),
+                                            _dtype_name(t.dtype))
+        return out
+
+    def live(self):
+        """(storage id, nbytes, op, shape, dtype) of every registered storage still alive."""
+        return [row[1:] for row in self.rows.values() if not row[0].expired()]
+
+
 def measure(config, batch, seq, precision="fp32", optimizer="adamw", dropout_off=True, with_tensors=True,
-            seed=0):
-    """Run one training step of `config` and return the measured quantities as a dict."""
+            seed=0, freeze=(), checkpointing="none", checkpoint_reentrant=True, checkpoint_every=1):
+    """Run one training step of `config` and return the measured quantities as a dict.
+
+    freeze: parameter-name globs to freeze (requires_grad=False). checkpointing: "none" | "full" (every
+    checkpoint_every-th decoder layer through torch.utils.checkpoint.checkpoint, use_reentrant=checkpoint_reentrant,
+    as transformers' GradientCheckpointingLayer calls it)."""
     if precision not in DTYPES:
         raise ValueError(f"precision must be one of {sorted(DTYPES)}")
+    if checkpointing not in ("none", "full"):
+        raise ValueError("checkpointing must be 'none' or 'full'")
+    gc.freeze()  # objects made before this call are not scanned by the collection at the end of forward
+    try:
+        return _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors, seed, freeze,
+                        checkpointing, checkpoint_reentrant, checkpoint_every)
+    finally:
+        gc.unfreeze()
+
+
+def _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors, seed, freeze, checkpointing,
+             checkpoint_reentrant, checkpoint_every):
     dtype = DTYPES[precision]
     cfg = models.zero_dropout(config) if dropout_off else dict(config)
+    ck_mode = "none" if checkpointing == "none" else ("reentrant" if checkpoint_reentrant else "non-reentrant")
     torch.manual_seed(seed)
-    model = models.build_model(cfg)
+    model = models.build_model(cfg, frozen=freeze, checkpointing=ck_mode, checkpoint_every=checkpoint_every)
     if dtype != torch.float32:
-        model.to(dtype)  # casts floating buffers too, as model.to(torch.bfloat16) does
+        model.to(dtype)  # casts floating buffers too, as model.to(torch.bfloat16) does; keeps requires_grad
     model.train()
 
     params = list(model.parameters())
     buffers = list(model.buffers())
+    trainable = [p for p in params if p.requires_grad]
     pb_storages = set()
     for t in params + buffers:
-        pb_storages.add(t.storage().data_ptr())
+        pb_storages.add(models.storage_id(t)[0])
 
     is_stack = getattr(model, "is_stack", False)
     g = torch.Generator().manual_seed(seed + 1)
@@ -86,46 +158,84 @@ def measure(config, batch, seq, precision="fp32", optimizer="adamw", dropout_off
         ids = torch.randint(0, V, (batch, seq), dtype=torch.int64, generator=g)
         labels = torch.randint(0, V, (batch, seq), dtype=torch.int64, generator=g)
         inputs = [ids, labels]
-    input_storages = {t.storage().data_ptr() for t in inputs}
+    input_storages = {models.storage_id(t)[0] for t in inputs}
 
-    packed = []
+    packed = []       # metadata of every packed tensor, by pack index (no tensor: nothing kept alive here)
+    packed_refs = []  # weakref to the _Packed object the SavedVariable holds
     unpack_cb = [None]
 
     def pack(t):
-        packed.append(t)
-        return len(packed) - 1
+        idx = len(packed)
+        st = t.storage()
+        key, ref = models.storage_id(t)
+        packed.append({
+            "shape": list(t.shape), "dim": t.dim(), "dtype": t.dtype, "numel": t.numel(),
+            "element_size": t.element_size(), "storage_key": key, "storage_ref": ref, "storage_bytes": st.nbytes(),
+            "wrapped": (t.dim() == 0 and t.dtype in (torch.float64, torch.int64, torch.complex128)
+                        and not t.requires_grad and t.grad_fn is None),
+        })
+        obj = _Packed(idx, t)
+        packed_refs.append(weakref.ref(obj))
+        return obj
 
-    def unpack(idx):
+    def unpack(obj):
         if unpack_cb[0] is not None:
-            unpack_cb[0](idx)
-        return packed[idx]
+            unpack_cb[0](obj.idx)
+        return obj.t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-        loss = model(*inputs)
-    # Which node saved what: read the saved fields before backward frees them.
-    owner = _walk(loss.grad_fn, unpack_cb)
-    unpack_cb[0] = None
-    loss_value = float(loss.detach().float())
-    loss.backward()
+    settings = model.checkpoint_settings
+    settings.log = [] if ck_mode != "none" else None
+    registry = _StorageRegistry()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            with registry:
+                loss = model(*inputs)
+        # ---- end of forward: what is still alive. Collect reference cycles first, so that only what is
+        # reachable counts (the objects that predate this measurement are frozen out of the scan: fast).
+        gc.collect()
+        alive_packed = [r() is not None for r in packed_refs]
+        live = registry.live()
+        log = settings.log or []
+        settings.log = None
+        # Which node saved what: read the saved fields before backward frees them. The nodes of a non-reentrant
+        # checkpoint region are not read: their saved fields hold the checkpoint's holders, and reading one
+        # would run the region's recomputation.
+        skip, pin = _checkpoint_region_nodes(log)
+        owner = _walk(loss.grad_fn, unpack_cb, skip)
+        del pin
+        for rec in log:
+            rec.pop("output_grad_fn", None)
+            rec.pop("input_grad_fns", None)
+            for r in rec["args"] + rec["kwargs"]:
+                r["storage_ref_"] = r.pop("storage_ref")  # kept (weak) until the accounting is done
+        unpack_cb[0] = None
+        loss_value = float(loss.detach().float())
+        loss_storage = models.storage_id(loss)[0]
+        loss.backward()
+    warning_texts = sorted({str(w.message) for w in caught})
 
-    opt = make_optimizer(optimizer, params)
+    opt = make_optimizer(optimizer, trainable)
     if opt is not None:
         opt.step()
 
-    # ---- saved tensors
+    # ---- saved tensors (held by a SavedVariable at the end of forward)
     saved = []
     storage_index = {}
-    for i, t in enumerate(packed):
-        key, nbytes = _storage_key_and_bytes(t)
+    packed_keys = set()
+    for i, m in enumerate(packed):
+        if not alive_packed[i]:
+            continue  # its node is gone: autograd does not hold it at the end of forward
+        key, nbytes = m["storage_key"], m["storage_bytes"]
+        packed_keys.add(key)
         node, field = owner.get(i, ("?", "?"))
         # A Python number used as an operand (x * 0.125) becomes a 0-dim CPU "wrapped number" tensor
         # (float64 / int64) that torch 1.13 packs; it never lives on the GPU, so it is not counted.
-        wrapped = (t.dim() == 0 and t.dtype in (torch.float64, torch.int64, torch.complex128)
-                   and not t.requires_grad and t.grad_fn is None)
+        wrapped = m["wrapped"]
         first = key not in storage_index
         entry = {
-            "shape": list(t.shape),
-            "dtype": _dtype_name(t.dtype),
+            "shape": m["shape"],
+            "dtype": _dtype_name(m["dtype"]),
             "storage_bytes": nbytes,
             "grad_fn": node,
             "field": field,
@@ -135,11 +245,79 @@ def measure(config, batch, seq, precision="fp32", optimizer="adamw", dropout_off
             "storage": storage_index.setdefault(key, len(storage_index)),
             "first_use_of_storage": first,
         }
-        cuda = _cuda_torch2_bytes(node, field, t, nbytes)
+        cuda = _cuda_torch2_bytes(node, field, m, nbytes)
         if cuda != nbytes:
             entry["cuda_torch2_bytes"] = cuda
         saved.append(entry)
-    acc = _account(saved)
+
+    # ---- storages made during forward, alive at its end, that no SavedVariable holds: what a checkpoint keeps
+    # (reentrant: the partial's kwargs on ctx.run_function; non-reentrant: the args and kwargs its unpack closure
+    # refers to), or anything else (reported as unexplained; none is expected)
+    ck_role = {}
+    for rec in log:
+        for r in rec["args"]:
+            ck_role.setdefault(r["storage"], ("checkpoint_input", r["name"], rec["layer"]))
+        for r in rec["kwargs"]:
+            ck_role.setdefault(r["storage"], ("checkpoint_kwarg", r["name"], rec["layer"]))
+    held = []
+    live_keys = set()
+    unexplained = []
+    for key, nbytes, op, shape, dt in live:
+        # parameters and buffers; the model inputs (the harness holds them: they count only where a SavedVariable
+        # holds them, e.g. Embedding's indices); the loss (the forward's result); empty storages
+        if key in pb_storages or key in input_storages or key == loss_storage or nbytes == 0:
+            continue
+        live_keys.add(key)
+        if key in packed_keys:
+            continue
+        role, name, layer = ck_role.get(key, ("unexplained", op, None))
+        if role == "unexplained":
+            unexplained.append({"op": op, "shape": shape, "dtype": dt, "storage_bytes": nbytes})
+        held.append({
+            "shape": shape, "dtype": dt, "storage_bytes": nbytes,
+            "grad_fn": {"checkpoint_input": "CheckpointInput", "checkpoint_kwarg": "CheckpointKwarg"}.get(
+                role, "Unexplained"),
+            "field": name if layer is None else f"{name} (layer {layer})",
+            "is_param_or_buffer": False, "is_input": False, "is_wrapped_scalar": False,
+            "storage": storage_index.setdefault(key, len(storage_index)), "first_use_of_storage": True,
+            "held_by": role,
+        })
+    # Self-check the other way: every storage a live SavedVariable holds should be one an op returned during
+    # forward (still alive), except wrapped scalars, parameters, buffers and the model inputs.
+    not_in_registry = []
+    key_of = {v: k for k, v in storage_index.items()}
+    for e in saved:
+        key = key_of[e["storage"]]
+        if not (e["is_wrapped_scalar"] or e["is_param_or_buffer"] or e["is_input"] or key in live_keys):
+            not_in_registry.append((e["grad_fn"], e["field"], e["shape"], e["dtype"]))
+    # Saved activations, as trainmem defines them: what autograd's SavedVariables hold, plus the checkpoint
+    # inputs (reentrant: CheckpointFunction's ctx.save_for_backward, already among the SavedVariables;
+    # non-reentrant: the args its unpack closure keeps). The partial's keyword arguments (mask, cos/sin,
+    # position_ids), which the checkpoint also keeps alive until the region's backward, are reported apart.
+    acc = _account(saved + [e for e in held if e["held_by"] != "checkpoint_kwarg"])
+    acc_live = _account(saved + held)
+    ck_input_storages = {storage_index[k] for k, v in ck_role.items()
+                         if v[0] == "checkpoint_input" and k in storage_index}
+    kwarg_storages = {e["storage"] for e in held if e["held_by"] == "checkpoint_kwarg"}
+    unexplained_storages = {e["storage"] for e in held if e["held_by"] == "unexplained"}
+    eof = {"live_bytes": acc_live["cpu"], "live_bytes_cuda": acc_live["cuda"],
+           "autograd_saved_bytes_cuda": 0, "checkpoint_input_bytes_cuda": 0, "checkpoint_kwarg_bytes_cuda": 0,
+           "unexplained_bytes": 0, "unexplained": unexplained, "saved_not_in_registry": not_in_registry}
+    for sid, (cpu_b, cuda_b) in acc_live["per_storage"].items():
+        if sid in unexplained_storages:
+            eof["unexplained_bytes"] += cpu_b
+        elif sid in kwarg_storages:
+            eof["checkpoint_kwarg_bytes_cuda"] += cuda_b
+        elif sid in ck_input_storages:
+            eof["checkpoint_input_bytes_cuda"] += cuda_b
+        else:
+            eof["autograd_saved_bytes_cuda"] += cuda_b
+    saved = saved + held
+    for rec in log:
+        for r in rec["args"] + rec["kwargs"]:
+            r.pop("storage_ref_", None)
+    for m in packed:
+        m.pop("storage_ref", None)
     # ---- optimizer state
     state_bytes = 0
     step_tensors = 0
@@ -162,8 +340,15 @@ def measure(config, batch, seq, precision="fp32", optimizer="adamw", dropout_off
         "precision": precision,
         "optimizer": optimizer,
         "dropout_off": dropout_off,
+        "freeze": list(freeze or ()),
+        "checkpointing": {"mode": ck_mode, "every": int(checkpoint_every),
+                          "layers": [rec["layer"] for rec in log],
+                          "layers_output_requires_grad": [rec["output_requires_grad"] for rec in log]},
         "parameters": sum(p.numel() for p in params),
         "parameter_tensors": len(params),
+        "trainable_parameters": sum(p.numel() for p in trainable),
+        "frozen_parameter_names": list(getattr(model, "frozen_parameters", [])),
+        "parameters_with_grad": sum(p.numel() for p in params if p.grad is not None),
         "weights_bytes": sum(p.numel() * p.element_size() for p in params),
         "buffers_elements": sum(b.numel() for b in buffers),
         "buffers_bytes": sum(b.numel() * b.element_size() for b in buffers),
@@ -180,18 +365,45 @@ def measure(config, batch, seq, precision="fp32", optimizer="adamw", dropout_off
         "saved_storage_count": len(storage_index),
         "saved_by_grad_fn": acc["by_grad_fn"],
         "saved_by_grad_fn_cuda": acc["by_grad_fn_cuda"],
+        "end_of_forward": eof,
+        "warnings": warning_texts,
         "loss": loss_value,
         "torch": torch.__version__,
     }
     if with_tensors:
         out["saved_tensors"] = saved
-    del packed
+        out["checkpoint_calls"] = log
     return out
 
 
-def _walk(root, unpack_cb):
-    """Map pack index -> (grad_fn name, field) by reading every node's _saved_* attributes (unpack reports the
-    index while the walk says which node/field is being read)."""
+def _checkpoint_region_nodes(log):
+    """ids of the autograd nodes made inside non-reentrant checkpoint regions: everything reachable from a
+    region's output node without passing the nodes that made its inputs. Returns (ids, pinned node objects: a
+    node's Python object, hence its id, is only stable while something refers to it)."""
+    skip = set()
+    pin = []
+    for rec in log:
+        if rec["mode"] != "non-reentrant" or rec.get("output_grad_fn") is None:
+            continue
+        stop = {id(n) for n in rec["input_grad_fns"]}
+        pin.extend(rec["input_grad_fns"])
+        stack = [rec["output_grad_fn"]]
+        while stack:
+            node = stack.pop()
+            if id(node) in skip or id(node) in stop:
+                continue
+            skip.add(id(node))
+            pin.append(node)
+            for nxt, _ in node.next_functions:
+                if nxt is not None:
+                    stack.append(nxt)
+    return skip, pin
+
+
+def _walk(root, unpack_cb, skip=frozenset()):
+    """Map pack index -> (grad_fn name, field) by reading every node's _saved_* attributes, and a custom
+    Function's ctx.saved_tensors (unpack reports the index while the walk says which node/field is being read).
+    Nodes whose id is in `skip` are passed through without reading their fields."""
     owner = {}
     current = ["?", "?"]
 
@@ -210,6 +422,18 @@ def _walk(root, unpack_cb):
         seen.add(id(node))
         keep.append(node)
         name = type(node).__name__
+        if id(node) in skip:
+            for nxt, _ in node.next_functions:
+                if nxt is not None:
+                    stack.append(nxt)
+            continue
+        if isinstance(node, torch.autograd.function.BackwardCFunction):
+            # ctx.save_for_backward of a custom Function (CheckpointFunction saves the checkpoint inputs)
+            current[0], current[1] = name, "saved_tensors"
+            try:
+                node.saved_tensors
+            except Exception:  # noqa: BLE001 - already freed
+                pass
         for attr in dir(node):
             if not attr.startswith("_saved_"):
                 continue
@@ -224,7 +448,7 @@ def _walk(root, unpack_cb):
     return owner
 
 
-def _cuda_torch2_bytes(node, field, t, nbytes):
+def _cuda_torch2_bytes(node, field, m, nbytes):
     """Bytes this saved tensor would take in CUDA torch 2.x, where that differs from CPU torch 1.13:
       * MeanBackward1.self: torch 1.13's mean.dim formula (sum_backward(...) / _safe_size(self.sizes(), dim))
         saves the whole input; torch 2.x's (mean_backward(grad, self.sym_sizes(), dim, self.sym_numel(),
@@ -233,8 +457,8 @@ def _cuda_torch2_bytes(node, field, t, nbytes):
         CUDA computes and saves them in float32 (the accumulate type) for bf16/fp16 inputs."""
     if node == "MeanBackward1" and field == "self":
         return 0
-    if node == "NativeLayerNormBackward0" and field in ("result1", "result2") and t.element_size() < 4:
-        return t.numel() * 4
+    if node == "NativeLayerNormBackward0" and field in ("result1", "result2") and m["element_size"] < 4:
+        return m["numel"] * 4
     return nbytes
 
 
@@ -245,7 +469,7 @@ def _account(saved):
     for e in saved:
         by_storage.setdefault(e["storage"], []).append(e)
     acc = {"cpu": 0, "cuda": 0, "input": 0, "param_or_buffer": 0, "wrapped": 0, "by_grad_fn": {},
-           "by_grad_fn_cuda": {}}
+           "by_grad_fn_cuda": {}, "per_storage": {}}
     for entries in by_storage.values():
         e0 = entries[0]
         if e0["is_wrapped_scalar"]:
@@ -259,10 +483,12 @@ def _account(saved):
             acc["input"] += e0["storage_bytes"]
         acc["by_grad_fn"][e0["grad_fn"]] = acc["by_grad_fn"].get(e0["grad_fn"], 0) + e0["storage_bytes"]
         kept = [e for e in entries if e.get("cuda_torch2_bytes", e["storage_bytes"]) > 0]
+        b = 0
         if kept:
             b = max(e.get("cuda_torch2_bytes", e["storage_bytes"]) for e in kept)
             acc["cuda"] += b
             acc["by_grad_fn_cuda"][kept[0]["grad_fn"]] = acc["by_grad_fn_cuda"].get(kept[0]["grad_fn"], 0) + b
+        acc["per_storage"][e0["storage"]] = (e0["storage_bytes"], b)
     for k in ("by_grad_fn", "by_grad_fn_cuda"):
         acc[k] = dict(sorted(acc[k].items(), key=lambda kv: -kv[1]))
     return acc
@@ -288,6 +514,14 @@ def main(argv=None):
     g.add_argument("--dropout-off", action="store_true", default=True,
                    help="set every dropout probability to 0 (the default)")
     g.add_argument("--keep-dropout", action="store_true", help="keep the config's dropout probabilities")
+    ap.add_argument("--freeze", action="append", default=[], metavar="GLOB",
+                    help="freeze the parameters whose names match this glob (repeatable)")
+    ap.add_argument("--checkpointing", choices=["none", "full"], default="none",
+                    help="gradient checkpointing of the decoder layers")
+    ap.add_argument("--checkpoint-reentrant", choices=["true", "false"], default="true",
+                    help="torch.utils.checkpoint's use_reentrant (default true)")
+    ap.add_argument("--checkpoint-every", type=int, default=1, metavar="N",
+                    help="checkpoint the layers whose index is a multiple of N")
     ap.add_argument("--no-tensors", action="store_true", help="omit the per-tensor list")
     a = ap.parse_args(argv)
     with open(a.config) as f:
@@ -298,7 +532,8 @@ def main(argv=None):
         k, v = s.split("=", 1)
         cfg[k] = _parse_value(v)
     res = measure(cfg, a.batch, a.seq, a.precision, a.optimizer, dropout_off=not a.keep_dropout,
-                  with_tensors=not a.no_tensors)
+                  with_tensors=not a.no_tensors, freeze=a.freeze, checkpointing=a.checkpointing,
+                  checkpoint_reentrant=a.checkpoint_reentrant == "true", checkpoint_every=a.checkpoint_every)
     json.dump(res, sys.stdout, indent=1)
     sys.stdout.write("\n")
 

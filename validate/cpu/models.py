@@ -19,10 +19,24 @@ reports the tensors that the real models would save.
 Sources: /work/research/hf_*.md (quotes of the transformers source) and nanoGPT model.py. Every model's
 forward(input_ids, labels) returns the scalar training loss (the mlp stack: forward(x) returns output.sum()).
 
-build_model(config, device=None) builds a random-weight model; device="meta" builds it without memory (for
-parameter counts of full-size models).
+build_model(config, device=None, frozen=(), checkpointing="none", checkpoint_every=1) builds a random-weight
+model; device="meta" builds it without memory (for parameter counts of full-size models).
+
+  frozen          parameter-name globs (fnmatch, `*` also matches dots; names as model.named_parameters() gives them,
+                  which are transformers' names and trainmem's `params` names): matching parameters get
+                  requires_grad=False (freeze_parameters).
+  checkpointing   "none" | "reentrant" | "non-reentrant": transformers' gradient checkpointing
+                  (GradientCheckpointingLayer.__call__, transformers >= 4.52): every checkpoint_every-th decoder layer
+                  (index % checkpoint_every == 0) runs as
+                  torch.utils.checkpoint.checkpoint(partial(layer.__call__, **kwargs), *args, use_reentrant=...):
+                  the positional arguments (hidden_states; for GPT-2 also cache_position and the mask, which
+                  GPT2Model passes positionally) are the checkpoint inputs, the keyword arguments (mask, cos/sin,
+                  position_ids) ride in the partial. nanoGPT: x = checkpoint(block, x). Supported for nanogpt, gpt2
+                  and the Llama family.
 """
 
+import fnmatch
+import functools
 import math
 from types import SimpleNamespace
 
@@ -32,6 +46,8 @@ import sys
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
+from torch.multiprocessing.reductions import StorageWeakRef
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # validate/: nanogpt.py
 import nanogpt  # noqa: E402
@@ -136,6 +152,120 @@ def eager_causal_mask(batch, seq, dtype, device, sliding_window=None):
     mask = mask.expand(batch, -1, seq, seq)
     min_dtype = torch.finfo(dtype).min
     return torch.where(mask, torch.tensor(0.0, device=device, dtype=dtype), min_dtype)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Gradient checkpointing and frozen parameters.
+
+CHECKPOINT_MODES = ("none", "reentrant", "non-reentrant")
+CHECKPOINTABLE = ("nanogpt", "gpt2") + LLAMA_FAMILY
+
+
+class CheckpointSettings:
+    """What PreTrainedModel.gradient_checkpointing_enable() sets on every GradientCheckpointingLayer:
+    gradient_checkpointing=True and _gradient_checkpointing_func = partial(checkpoint, use_reentrant=...), here with
+    every_n_layers. `log`, when a list, receives one record per checkpointed call (for the oracle's bookkeeping:
+    which storages are checkpoint inputs, which ride in the partial, and which autograd node is the region's
+    output). The record holds no tensor: storage identities pinned by C++ weak references, sizes, and the
+    region's output and input autograd nodes (already owned by the graph), so it keeps no storage alive."""
+
+    def __init__(self, mode="none", every=1):
+        if mode not in CHECKPOINT_MODES:
+            raise ValueError(f"checkpointing must be one of {CHECKPOINT_MODES}, got {mode!r}")
+        if int(every) < 1:
+            raise ValueError("checkpoint_every must be >= 1")
+        self.mode = mode
+        self.every = int(every)
+        self.log = None
+
+    def applies(self, index, module):
+        return self.mode != "none" and module.training and index % self.every == 0
+
+
+def _tensor_rows(prefix, obj):
+    """(name, tensor) for every tensor in an argument (tensors, and tuples/lists of them)."""
+    if torch.is_tensor(obj):
+        return [(prefix, obj)]
+    if isinstance(obj, (tuple, list)):
+        rows = []
+        for i, o in enumerate(obj):
+            rows.extend(_tensor_rows(f"{prefix}[{i}]", o))
+        return rows
+    return []
+
+
+def storage_id(t):
+    """(identity, weak reference) of a tensor's storage: the StorageImpl address, pinned by a C++ weak reference
+    (torch.multiprocessing.reductions.StorageWeakRef) so that no later storage can take the same address while
+    the reference is held. (A data pointer is not an identity: a freed buffer's address is reused.)"""
+    ref = StorageWeakRef(t.storage())
+    return ref.cdata, ref
+
+
+def _storage_row(name, t):
+    key, ref = storage_id(t)
+    return {"name": name, "storage": key, "storage_ref": ref, "storage_bytes": t.storage().nbytes(),
+            "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
+            "requires_grad": bool(t.requires_grad)}
+
+
+def call_layer(settings, index, layer, *args, **kwargs):
+    """transformers GradientCheckpointingLayer.__call__ (modeling_layers.py):
+        if self.gradient_checkpointing and self.training:
+            (use_cache / past_key_values forced off)
+            return self._gradient_checkpointing_func(partial(super().__call__, **kwargs), *args)
+        return super().__call__(*args, **kwargs)
+    with _gradient_checkpointing_func = partial(torch.utils.checkpoint.checkpoint, use_reentrant=...)."""
+    if settings is None or not settings.applies(index, layer):
+        return layer(*args, **kwargs)
+    if kwargs.get("use_cache"):
+        kwargs["use_cache"] = False
+    for k in ("past_key_value", "past_key_values", "layer_past"):
+        if kwargs.get(k) is not None:
+            kwargs[k] = None
+    reentrant = settings.mode == "reentrant"
+    out = torch.utils.checkpoint.checkpoint(functools.partial(layer.__call__, **kwargs), *args,
+                                            use_reentrant=reentrant)
+    if settings.log is not None:
+        arg_rows = []
+        for i, a in enumerate(args):
+            arg_rows.extend(_tensor_rows(f"arg{i}", a))
+        kw_rows = []
+        for k, v in kwargs.items():
+            kw_rows.extend(_tensor_rows(k, v))
+        settings.log.append({
+            "layer": index,
+            "mode": settings.mode,
+            "args": [_storage_row(n, t) for n, t in arg_rows],
+            "kwargs": [_storage_row(n, t) for n, t in kw_rows],
+            # autograd nodes (not tensors): the region's output node, and the nodes that produced its inputs
+            # (where a walk of the region's subgraph stops)
+            "output_grad_fn": out.grad_fn if torch.is_tensor(out) else None,
+            "input_grad_fns": [t.grad_fn for _, t in arg_rows if t.grad_fn is not None],
+            "output_requires_grad": bool(torch.is_tensor(out) and out.requires_grad),
+        })
+    return out
+
+
+def freeze_parameters(model, globs):
+    """requires_grad_(False) on every parameter whose name (model.named_parameters(): tied weights under their
+    first name, as transformers and trainmem's `params` list them) matches one of the fnmatch globs (`*` matches
+    any characters, dots included). Returns the frozen names. A glob that matches nothing is an error."""
+    globs = list(globs or ())
+    if not globs:
+        return []
+    names = [n for n, _ in model.named_parameters()]
+    for g in globs:
+        if not any(fnmatch.fnmatchcase(n, g) for n in names):
+            raise ValueError(f"freeze glob {g!r} matches no parameter (names: {', '.join(names[:6])}, ...)")
+    frozen = []
+    for n, p in model.named_parameters():
+        if any(fnmatch.fnmatchcase(n, g) for g in globs):
+            p.requires_grad_(False)
+            frozen.append(n)
+    if len(frozen) == len(names):
+        raise ValueError("every parameter is frozen: nothing is left to train")
+    return frozen
 
 
 def rotate_half(x):
@@ -284,9 +414,25 @@ class NanoGPT(nanogpt.GPT):
         )
         super().__init__(c, flash=False, device=device)
         self.vocab_size = c.vocab_size
+        self.checkpoint_settings = CheckpointSettings()
 
     def forward(self, idx, targets):
-        return super().forward(idx, targets)[1]
+        if self.checkpoint_settings.mode == "none":
+            return super().forward(idx, targets)[1]
+        # GPT.forward with each `x = block(x)` as `x = checkpoint(block, x, use_reentrant=...)`
+        device = idx.device
+        b, t = idx.size()
+        assert t <= self.config.block_size
+        pos = torch.arange(0, t, dtype=torch.long, device=device)
+        tok_emb = self.transformer.wte(idx)
+        pos_emb = self.transformer.wpe(pos)
+        x = self.transformer.drop(tok_emb + pos_emb)
+        for i, block in enumerate(self.transformer.h):
+            x = call_layer(self.checkpoint_settings, i, block, x)
+        x = self.transformer.ln_f(x)
+        logits = self.lm_head(x)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        return loss
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -408,7 +554,8 @@ class GPT2Block(nn.Module):
         self.ln_2 = nn.LayerNorm(hidden_size, eps=c.layer_norm_epsilon, device=device)
         self.mlp = GPT2MLP(inner_dim, c, device)
 
-    def forward(self, hidden_states, attention_mask):
+    def forward(self, hidden_states, past_key_values=None, cache_position=None, attention_mask=None,
+                encoder_hidden_states=None, encoder_attention_mask=None, use_cache=False, **kwargs):
         residual = hidden_states
         hidden_states = self.ln_1(hidden_states)
         attn_output = self.attn(hidden_states, attention_mask)
@@ -429,6 +576,7 @@ class GPT2Model(nn.Module):
         self.drop = nn.Dropout(c.embd_pdrop)
         self.h = nn.ModuleList([GPT2Block(c, i, device) for i in range(c.n_layer)])
         self.ln_f = nn.LayerNorm(self.embed_dim, eps=c.layer_norm_epsilon, device=device)
+        self.checkpoint_settings = CheckpointSettings()
 
     def forward(self, input_ids):
         input_shape = input_ids.size()
@@ -442,8 +590,13 @@ class GPT2Model(nn.Module):
         causal_mask = eager_causal_mask(batch_size, input_shape[-1], inputs_embeds.dtype, inputs_embeds.device)
         hidden_states = self.drop(hidden_states)
         output_shape = (-1,) + input_shape[1:] + (hidden_states.size(-1),)
-        for block in self.h:
-            hidden_states = block(hidden_states, causal_mask)
+        for i, block in enumerate(self.h):
+            # 5.x: block(hidden_states, past_key_values if not (gradient_checkpointing and training) else None,
+            #            cache_position, causal_mask, encoder_hidden_states,  # positional for checkpointing
+            #            encoder_attention_mask=..., use_cache=..., position_ids=position_ids, **kwargs)
+            hidden_states = call_layer(self.checkpoint_settings, i, block, hidden_states, None, cache_position,
+                                       causal_mask, None, encoder_attention_mask=None, use_cache=False,
+                                       position_ids=position_ids)
         hidden_states = self.ln_f(hidden_states)
         hidden_states = hidden_states.view(output_shape)
         return hidden_states
@@ -798,9 +951,9 @@ class LlamaDecoderLayer(nn.Module):
             self.resid_attn_dropout = nn.Dropout(c.resid_pdrop)
             self.resid_mlp_dropout = nn.Dropout(c.resid_pdrop)
 
-    def forward(self, hidden_states, position_embeddings, masks):
+    def forward(self, hidden_states, attention_mask=None, position_ids=None, position_embeddings=None, **kwargs):
         c = self.config
-        mask = masks[self.self_attn.sliding_window]
+        mask = attention_mask
         if c.four_norms:  # gemma2
             residual = hidden_states
             hidden_states = self.input_layernorm(hidden_states)
@@ -843,6 +996,7 @@ class LlamaModel(nn.Module):
         Norm = GemmaRMSNorm if c.gemma_norm else LlamaRMSNorm
         self.norm = Norm(c.hidden_size, eps=c.rms_norm_eps, device=device)
         self.rotary_emb = RotaryEmbedding(c.rotary_dim, c.rope_theta, device=device)
+        self.checkpoint_settings = CheckpointSettings()
 
     def forward(self, input_ids):
         inputs_embeds = self.embed_tokens(input_ids)
@@ -854,8 +1008,12 @@ class LlamaModel(nn.Module):
             masks[w] = eager_causal_mask(B, T, inputs_embeds.dtype, inputs_embeds.device, sliding_window=w)
         hidden_states = inputs_embeds
         position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
-        for layer in self.layers:
-            hidden_states = layer(hidden_states, position_embeddings, masks)
+        for i, layer in enumerate(self.layers):
+            # 5.x: decoder_layer(hidden_states, attention_mask=causal_mask_mapping[layer.attention_type],
+            #                    position_embeddings=position_embeddings, position_ids=position_ids, ...)
+            hidden_states = call_layer(self.checkpoint_settings, i, layer, hidden_states,
+                                       attention_mask=masks[layer.self_attn.sliding_window],
+                                       position_embeddings=position_embeddings, position_ids=position_ids)
         hidden_states = self.norm(hidden_states)
         return hidden_states
 
@@ -1245,10 +1403,16 @@ class MLPStack(nn.Module):
 # ----------------------------------------------------------------------------------------------------------
 
 
-def build_model(config, device=None):
+def build_model(config, device=None, frozen=(), checkpointing="none", checkpoint_every=1):
     """A random-weight model for a config dict (a transformers config.json, nanoGPT GPTConfig keys, or an
-    "mlp" layer stack). The model is in train mode and float32."""
+    "mlp" layer stack). The model is in train mode and float32. `frozen`: parameter-name globs to freeze
+    (freeze_parameters). `checkpointing`: "none" | "reentrant" | "non-reentrant", every `checkpoint_every`-th
+    decoder layer (model.checkpoint_settings)."""
     t = config.get("model_type")
+    if checkpointing not in CHECKPOINT_MODES:
+        raise ValueError(f"checkpointing must be one of {CHECKPOINT_MODES}, got {checkpointing!r}")
+    if checkpointing != "none" and t not in CHECKPOINTABLE:
+        raise ValueError(f"gradient checkpointing is implemented for {', '.join(CHECKPOINTABLE)}, not {t!r}")
     if t == "nanogpt":
         m = NanoGPT(config, device)
     elif t == "gpt2":
@@ -1263,6 +1427,19 @@ def build_model(config, device=None):
         m = MLPStack(config, device)
     else:
         raise ValueError(f"unsupported model_type {t!r}; one of {', '.join(MODEL_TYPES)}")
+    settings = None
+    for mod in m.modules():
+        if isinstance(getattr(mod, "checkpoint_settings", None), CheckpointSettings):
+            settings = mod.checkpoint_settings
+            break
+    if settings is None:
+        settings = CheckpointSettings()
+    settings.mode = checkpointing
+    settings.every = int(checkpoint_every)
+    if settings.every < 1:
+        raise ValueError("checkpoint_every must be >= 1")
+    m.checkpoint_settings = settings  # the decoder stack's object (shared), reachable from the top model
+    m.frozen_parameters = freeze_parameters(m, frozen)
     m.train()
     return m
 

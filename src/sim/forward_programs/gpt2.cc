@@ -64,7 +64,7 @@ T gpt2_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
   T mask;
   if (m.attn_impl == AttnImpl::kEager) mask = eager_mask(c, B, Tn, inputs_embeds.dtype());
   hidden = dropout(c, hidden, m.dropout.embd, "embd dropout");
-  hidden = run_layers(c, m.layers, std::move(hidden), LayerArgs{mask, {}, {}}, [&](uint64_t l, T h, const LayerArgs& a) {  // GPT2Block.forward
+  hidden = run_layers(c, m.layers, std::move(hidden), LayerArgs{mask, {}, {}, position_ids, /*positional=*/true}, [&](uint64_t l, T h, const LayerArgs& a) {  // GPT2Block.forward
     auto n = [l](const char* s) { return param_name("transformer.h.{}.{}", l, s); };
     T residual = h;
     h = layer_norm(c, h, &w.p(n("ln_1.weight")), &w.p(n("ln_1.bias")), "ln_1");

@@ -83,7 +83,7 @@ T neox_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
   if (m.attn_impl == AttnImpl::kEager) mask = eager_mask(c, B, Tn, inputs_embeds.dtype());
   T hidden = dropout(c, inputs_embeds, m.dropout.resid, "emb_dropout");
   const Rotary rot = rotary_embedding(c, w.buf("gpt_neox.rotary_emb.inv_freq"), Tn, hidden.dtype());
-  hidden = run_layers(c, m.layers, std::move(hidden), LayerArgs{mask, rot.cos, rot.sin},
+  hidden = run_layers(c, m.layers, std::move(hidden), LayerArgs{mask, rot.cos, rot.sin, position_ids},
                       [&](uint64_t l, T h, const LayerArgs& a) {
                         return neox_layer(c, m, w, l, h, Rotary{a.cos, a.sin}, a.mask ? &a.mask : nullptr);
                       });

@@ -86,7 +86,7 @@ T opt_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
     inputs_embeds = linear(c, inputs_embeds, *pin, nullptr, "project_in");
   }
   T hidden = add(c, inputs_embeds, pos_embeds, "inputs_embeds + pos_embeds");
-  hidden = run_layers(c, m.layers, std::move(hidden), LayerArgs{mask, {}, {}}, [&](uint64_t l, T h, const LayerArgs& a) {
+  hidden = run_layers(c, m.layers, std::move(hidden), LayerArgs{mask, {}, {}, position_ids}, [&](uint64_t l, T h, const LayerArgs& a) {
     return opt_layer(c, m, w, l, h, a.mask ? &a.mask : nullptr);
   });
   if (m.final_norm) {

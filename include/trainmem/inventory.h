@@ -25,6 +25,12 @@ struct TensorRow {
   // state and no clipping; the optimizer and clip_grad_norm_ see the trainable rows only (nanoGPT's
   // configure_optimizers and the Trainer's optimizer groups both filter on p.requires_grad).
   bool trainable = true;
+  // A LoRA adapter (lora_A/lora_B of a PEFT-wrapped Linear): created after the model is on the device, so
+  // loaded after every base row; kept in float32 when `fp32` (PEFT >= 0.12 upcasts 16-bit adapters,
+  // cast_adapter_dtype), else in the model's dtype.
+  bool adapter = false;
+  bool fp32 = false;
+  int32_t adapts = -1;  // lora_A: the row of the base weight it adapts
   // Buffers: how many parameter rows nn.Module._apply moves to the device before this buffer (children
   // first, then a module's own parameters, then its own buffers): the allocation order of model.to(device).
   size_t load_after = 0;
@@ -41,10 +47,17 @@ Inventory build_inventory(const ModelSpec& spec);
 Elems parameter_count(const Inventory& inv);
 // Elements and bytes of the trainable parameters only (TensorRow::trainable).
 Elems trainable_count(const Inventory& inv);
+
+// PEFT's LoRA on the model (peft: tuners/lora/layer.py LoraLayer.update_layer): for each targeted Linear
+// weight (out, in), rows lora_A (r, in) and lora_B (out, r) after it, every base row frozen. `targets` are
+// module-name suffixes (PEFT's target_modules), or {"all-linear"}: every 2-D Linear/Conv1D weight but the
+// embeddings and the output head. `conv1d`: the model's linears are transformers' Conv1D, weights (in, out).
+// Returns how many modules were adapted.
+size_t add_lora_rows(Inventory& inv, uint64_t r, const std::vector<std::string>& targets, bool fp32, bool conv1d);
 Bytes trainable_bytes(const Inventory& inv, DType dtype);
 size_t trainable_rows(const Inventory& inv);
 Elems buffer_elems(const Inventory& inv);
-// Bytes of all parameters stored as `dtype`.
+// Bytes of all parameters after model.to(dtype) (adapters kept in float32 stay so).
 Bytes parameter_bytes(const Inventory& inv, DType dtype);
 // The dtype of a row after model.to(model_dtype): parameters and floating-point buffers take model_dtype,
 // other buffers (bool masks, int64 ids) keep theirs. A float32 model leaves every row as constructed.

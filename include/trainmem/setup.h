@@ -41,6 +41,16 @@ enum class Checkpointing {
 };
 std::span<const NameRow<Checkpointing>> name_table(Checkpointing);
 
+// PEFT LoRA (peft: tuners/lora/config.py LoraConfig defaults: r=8, lora_alpha=8, lora_dropout=0.0).
+struct LoraSetup {
+  bool on = false;
+  uint64_t r = 8;
+  double alpha = 8.0;                // scaling = alpha / r: a Python number, no memory of its own
+  double dropout = 0.0;              // nn.Dropout(p) when > 0, nn.Identity() otherwise
+  std::vector<std::string> targets;  // module-name suffixes, or {"all-linear"}; empty: PEFT's default for the model
+  bool fp32 = true;                  // adapters in float32 (get_peft_model autocast_adapter_dtype=True, peft >= 0.12)
+};
+
 struct TrainSetup {
   uint64_t batch = 8;      // B: micro-batch size
   uint64_t seq = 1024;     // T: tokens per sequence
@@ -55,6 +65,10 @@ struct TrainSetup {
   std::optional<bool> checkpoint_reentrant;
   uint64_t checkpoint_every = 1;   // checkpoint layers whose index is a multiple of this (every_n_layers)
   std::vector<std::string> freeze; // parameter-name globs whose rows get requires_grad=False
+  LoraSetup lora;
+  // enable_input_require_grads (the input embedding's output requires grad); empty: on for LoRA with
+  // checkpointing, as transformers and PEFT turn it on then
+  std::optional<bool> input_require_grads;
 };
 
 // The dtype parameters are stored in (and gradients and optimizer state follow).

@@ -72,10 +72,14 @@ Elems buffer_elems(const Inventory& inv) {
   return n;
 }
 
-Bytes parameter_bytes(const Inventory& inv, DType dtype) { return bytes_of(parameter_count(inv), dtype); }
+Bytes parameter_bytes(const Inventory& inv, DType dtype) {
+  Bytes b;
+  for (const auto& r : inv.parameters) b += bytes_of(r.elems, stored_dtype(r, dtype));
+  return b;
+}
 
 DType stored_dtype(const TensorRow& r, DType model_dtype) {
-  if (r.kind == RowKind::kParameter) return model_dtype;
+  if (r.kind == RowKind::kParameter) return r.adapter && r.fp32 ? DType::kF32 : model_dtype;
   // nn.Module.to(dtype) casts floating-point tensors only.
   return is_floating(r.dtype) ? model_dtype : r.dtype;
 }
@@ -84,6 +88,73 @@ Bytes buffer_bytes(const Inventory& inv, DType model_dtype) {
   Bytes b;
   for (const auto& r : inv.buffers) b += bytes_of(r.elems, stored_dtype(r, model_dtype));
   return b;
+}
+
+namespace {
+
+// The output head and the embeddings are not "linear" for PEFT's all-linear (the head is excluded on purpose,
+// the embeddings are nn.Embedding).
+bool is_linear_weight(const TensorRow& r) {
+  const std::string& n = r.name;
+  auto ends = [&](std::string_view s) { return n.size() >= s.size() && n.compare(n.size() - s.size(), s.size(), s) == 0; };
+  if (r.shape.size() != 2 || !ends(".weight")) return false;
+  if (n == "lm_head.weight" || n == "embed_out.weight") return false;
+  return n.find("embed") == std::string::npos && n.find(".wte.") == std::string::npos &&
+         n.find(".wpe.") == std::string::npos;
+}
+
+// PEFT's check_target_module_exists: the module name equals a target or ends with "." + target.
+bool targeted(const std::string& module, const std::vector<std::string>& targets) {
+  for (const std::string& t : targets) {
+    if (module == t) return true;
+    if (module.size() > t.size() && module.compare(module.size() - t.size(), t.size(), t) == 0 &&
+        module[module.size() - t.size() - 1] == '.') {
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+size_t add_lora_rows(Inventory& inv, uint64_t r, const std::vector<std::string>& targets, bool fp32, bool conv1d) {
+  const bool all_linear = targets.size() == 1 && targets[0] == "all-linear";
+  std::vector<TensorRow> out;
+  out.reserve(inv.parameters.size() * 2);
+  size_t adapted = 0;
+  for (size_t i = 0; i < inv.parameters.size(); ++i) {
+    TensorRow base = inv.parameters[i];
+    base.trainable = false;  // get_peft_model: every base parameter frozen (_mark_only_adapters_as_trainable)
+    const std::string module = base.name.size() > 7 ? base.name.substr(0, base.name.size() - 7) : "";
+    const bool hit = is_linear_weight(base) && (all_linear ? true : targeted(module, targets));
+    out.push_back(base);
+    if (!hit) continue;
+    const int32_t base_row = static_cast<int32_t>(out.size() - 1);
+    // the module's bias (if any) stays next to its weight; the adapters follow (named_parameters order)
+    if (i + 1 < inv.parameters.size() && inv.parameters[i + 1].name == module + ".bias") {
+      TensorRow bias = inv.parameters[++i];
+      bias.trainable = false;
+      out.push_back(bias);
+    }
+    // nn.Linear weight (out, in); transformers' Conv1D keeps (in, out) (PEFT: fan_in_fan_out=True)
+    const uint64_t in = conv1d ? base.shape[0] : base.shape[1];
+    const uint64_t o = conv1d ? base.shape[1] : base.shape[0];
+    auto adapter = [&](const char* which, uint64_t rows, uint64_t cols) {
+      TensorRow a;
+      a.name = module + "." + which + ".default.weight";
+      a.shape = {rows, cols};
+      a.elems = Elems(checked_mul(rows, cols, "a LoRA adapter's elements"));
+      a.adapter = true;
+      a.fp32 = fp32;
+      a.adapts = base_row;
+      out.push_back(std::move(a));
+    };
+    adapter("lora_A", r, in);  // nn.Linear(in, r, bias=False)
+    adapter("lora_B", o, r);   // nn.Linear(r, out, bias=False)
+    ++adapted;
+  }
+  inv.parameters = std::move(out);
+  return adapted;
 }
 
 std::string shape_string(const std::vector<uint64_t>& shape) {

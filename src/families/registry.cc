@@ -54,12 +54,22 @@ constexpr Program kOptPrograms[] = {{Impl::kHf, models::opt_tensors, sim::opt_fo
 constexpr ModelType kStackTypes[] = {{"mlp", stack_config, Impl::kStack}};
 constexpr Program kStackPrograms[] = {{Impl::kStack, models::stack_tensors, stack_program, LoopKind::kPlain}};
 
+// peft: utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING ("gpt2": ["c_attn"], "llama" and
+// the other Llama-shaped types and "opt": ["q_proj", "v_proj"], "gpt_neox": ["query_key_value"]).
+constexpr std::string_view kQV[] = {"q_proj", "v_proj"};
+constexpr std::string_view kCAttn[] = {"c_attn"};
+constexpr std::string_view kQKV[] = {"query_key_value"};
+
 const FamilyDescriptor kFamilies[] = {
-    {Family::kGpt2, "gpt2", kGpt2Types, kGpt2Programs, InputKind::kTokenIds, "transformer.h"},
-    {Family::kLlama, "llama", kLlamaTypes, kLlamaPrograms, InputKind::kTokenIds, "model.layers"},
-    {Family::kGptNeox, "gpt_neox", kNeoxTypes, kNeoxPrograms, InputKind::kTokenIds, "gpt_neox.layers"},
-    {Family::kOpt, "opt", kOptTypes, kOptPrograms, InputKind::kTokenIds, "model.decoder.layers"},
-    {Family::kStack, "mlp", kStackTypes, kStackPrograms, InputKind::kFeatures, ""},
+    {Family::kGpt2, "gpt2", kGpt2Types, kGpt2Programs, InputKind::kTokenIds, "transformer.h", "transformer.wte.weight",
+     kCAttn},
+    {Family::kLlama, "llama", kLlamaTypes, kLlamaPrograms, InputKind::kTokenIds, "model.layers",
+     "model.embed_tokens.weight", kQV},
+    {Family::kGptNeox, "gpt_neox", kNeoxTypes, kNeoxPrograms, InputKind::kTokenIds, "gpt_neox.layers",
+     "gpt_neox.embed_in.weight", kQKV},
+    {Family::kOpt, "opt", kOptTypes, kOptPrograms, InputKind::kTokenIds, "model.decoder.layers",
+     "model.decoder.embed_tokens.weight", kQV},
+    {Family::kStack, "mlp", kStackTypes, kStackPrograms, InputKind::kFeatures, "", "", {}},
 };
 
 }  // namespace

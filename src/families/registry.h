@@ -54,6 +54,10 @@ struct FamilyDescriptor {
   // Where layer i's parameters live ("model.layers" -> "model.layers.3"): names timeline rows and OOM reports
   // with the model's own names. Empty for a layer stack, whose layers are named by their index alone.
   std::string_view layer_prefix;
+  // get_input_embeddings()'s weight (enable_input_require_grads hooks its output); empty for a layer stack
+  std::string_view input_embedding;
+  // PEFT's default target_modules for the family (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING)
+  std::span<const std::string_view> lora_targets;
 };
 
 std::span<const FamilyDescriptor> families();

@@ -148,16 +148,17 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
   const auto sim = std::make_shared<const SimResult>(simulate(m, inv, e.setup, o));
   // Gradients and optimizer state exist for the trainable rows the backward reached (all of them, unless a
   // reentrant checkpoint's input did not require grad).
-  Elems with_grad;
+  // Each in its parameter's dtype (float32 LoRA adapters on a 16-bit model).
+  Bytes with_grad;
   size_t rows_with_grad = 0;
   for (size_t i = 0; i < inv.parameters.size(); ++i) {
     if (i < sim->param_has_grad.size() && sim->param_has_grad[i] && inv.parameters[i].trainable) {
-      with_grad += inv.parameters[i].elems;
+      with_grad += bytes_of(inv.parameters[i].elems, stored_dtype(inv.parameters[i], pd));
       ++rows_with_grad;
     }
   }
-  st.gradients = bytes_of(with_grad, pd);
-  st.optimizer_moments = bytes_of(with_grad, pd) * optimizer_states_per_param(s.optimizer);
+  st.gradients = with_grad;
+  st.optimizer_moments = with_grad * optimizer_states_per_param(s.optimizer);
   const bool adam = s.optimizer == Optimizer::kAdamW || s.optimizer == Optimizer::kAdam;
   if (adam && e.setup.optimizer_impl == OptimizerImpl::kFused) {
     st.optimizer_steps = Bytes(kOptimizerStepBytes) * rows_with_grad;

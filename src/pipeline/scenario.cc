@@ -5,13 +5,21 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
 
 #include "trainmem/error.h"
 #include "trainmem/family.h"
 
+#include "../families/registry.h"
+
 namespace trainmem {
 
 namespace {
+
+[[noreturn]] void bad(std::string_view field, std::string_view value, std::string_view expected) {
+  throw FieldError(std::string(field), fmt::format("\"{}\": expected {}", value, expected));
+}
+
 
 // Bounds of the sizes a request may ask for. Far above any real run; they keep every derived count within
 // 64 bits long before the checked arithmetic would have to say so.
@@ -20,8 +28,61 @@ constexpr uint64_t kMaxSeq = uint64_t{1} << 24;
 constexpr uint64_t kMaxGradAccum = uint64_t{1} << 20;
 constexpr uint64_t kMaxSteps = 16;  // the steady state is reached at step 2; more steps only repeat it
 constexpr uint64_t kMaxLayersPerCheckpoint = 1024;  // the bound on layers
+constexpr uint64_t kMaxLoraRank = 65536;             // far above any published LoRA rank (4 to 256)
 
 // fnmatch-style: `*` matches any run of characters (dots included), `?` one character.
+// "r=16,alpha=32,dropout=0.05,targets=q_proj,v_proj": fields separated by commas; after targets=, names
+// separated by commas or '+' up to the next field. "" or "default" keeps every default.
+LoraSetup parse_lora(std::string_view v) {
+  LoraSetup l;
+  l.on = true;
+  if (v.empty() || v == "default" || v == "true") return l;
+  const std::string expected =
+      "fields r=N, alpha=X, dropout=P (0 <= P < 1) and targets=a,b (or all-linear), like r=16,alpha=32,targets=q_proj,v_proj";
+  bool in_targets = false;
+  size_t i = 0;
+  while (i <= v.size()) {
+    const size_t comma = std::min(v.find(',', i), v.size());
+    const std::string_view tok = v.substr(i, comma - i);
+    i = comma + 1;
+    const size_t eq = tok.find('=');
+    if (eq == std::string_view::npos) {
+      if (!in_targets || tok.empty()) bad("lora", v, expected);
+      l.targets.emplace_back(tok);
+      continue;
+    }
+    const std::string_view key = tok.substr(0, eq), val = tok.substr(eq + 1);
+    in_targets = false;
+    char* end = nullptr;
+    const std::string sval(val);
+    if (key == "r") {
+      if (sval.empty() || sval.find_first_not_of("0123456789") != std::string::npos || sval.size() > 7) bad("lora", v, expected);
+      l.r = std::stoull(sval);
+      if (l.r == 0 || l.r > kMaxLoraRank) bad("lora", v, fmt::format("a rank r from 1 to {}", kMaxLoraRank));
+    } else if (key == "alpha") {
+      l.alpha = std::strtod(sval.c_str(), &end);
+      if (sval.empty() || *end != '\0' || !(l.alpha > 0.0) || l.alpha > 1e6) bad("lora", v, expected);
+    } else if (key == "dropout") {
+      l.dropout = std::strtod(sval.c_str(), &end);
+      if (sval.empty() || *end != '\0' || !(l.dropout >= 0.0) || !(l.dropout < 1.0)) bad("lora", v, expected);
+    } else if (key == "targets") {
+      in_targets = true;
+      size_t j = 0;
+      while (j <= val.size()) {
+        const size_t plus = std::min(val.find('+', j), val.size());
+        if (plus > j) l.targets.emplace_back(val.substr(j, plus - j));
+        j = plus + 1;
+      }
+    } else {
+      bad("lora", v, expected);
+    }
+  }
+  if (std::find(l.targets.begin(), l.targets.end(), "all-linear") != l.targets.end() && l.targets.size() > 1) {
+    bad("lora", v, "targets=all-linear alone, or a list of module names");
+  }
+  return l;
+}
+
 bool glob_match(std::string_view pattern, std::string_view name) {
   size_t p = 0, n = 0, star = std::string_view::npos, back = 0;
   while (n < name.size()) {
@@ -58,8 +119,14 @@ constexpr Field kFields[] = {
     {"checkpoint_reentrant", "true | false: torch.utils.checkpoint's use_reentrant (default: the modelled code's: "
                              "false for transformers 5.x, true for nanoGPT and layer stacks)", FieldGroup::kTraining},
     {"checkpoint_every", "checkpoint every N-th layer (those whose index is a multiple of N)", FieldGroup::kTraining},
+    {"lora", "PEFT LoRA: r=16,alpha=32,dropout=0.05,targets=q_proj,v_proj (each optional: PEFT's defaults r=8, "
+             "alpha=8, dropout 0, the model's default targets; targets=all-linear for every Linear but the head)",
+     FieldGroup::kModel},
+    {"lora_dtype", "fp32 | base: LoRA adapters in float32 (PEFT >= 0.12) or in the model's dtype", FieldGroup::kModel},
+    {"input_require_grads", "true | false: enable_input_require_grads (default: on for LoRA with checkpointing)",
+     FieldGroup::kTraining},
     {"freeze", "freeze the parameters whose names match a glob (* matches anything): --freeze 'model.layers.0.*' "
-               "(repeatable); frozen rows get no gradient and no optimizer state", FieldGroup::kTraining, true},
+               "(repeatable); frozen rows get no gradient and no optimizer state", FieldGroup::kModel, true},
     {"gpu",
      "GPU from the catalog (trainmem gpus, any case) or a memory size like 24GiB (a generic sm_80 card); "
      "sets the architecture (default sm_80)",
@@ -69,10 +136,6 @@ constexpr Field kFields[] = {
     {"alloc_conf", "PYTORCH_CUDA_ALLOC_CONF, e.g. expandable_segments:True", FieldGroup::kRuntime},
     {"steps", "optimizer steps to simulate (the first creates the optimizer state)", FieldGroup::kRuntime},
 };
-
-[[noreturn]] void bad(std::string_view field, std::string_view value, std::string_view expected) {
-  throw FieldError(std::string(field), fmt::format("\"{}\": expected {}", value, expected));
-}
 
 // An integer in [1, max] written with digits only, so "-3", "1.5", "1e3" and "" are rejected.
 uint64_t count(std::string_view field, std::string_view s, uint64_t max) {
@@ -137,6 +200,14 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     s.train.checkpoint_reentrant = v == "true";
   } else if (f == "checkpoint_every") {
     s.train.checkpoint_every = count(f, v, kMaxLayersPerCheckpoint);
+  } else if (f == "lora") {
+    s.train.lora = parse_lora(v);
+  } else if (f == "lora_dtype") {
+    if (v != "fp32" && v != "base") bad(f, v, "fp32 or base");
+    s.train.lora.fp32 = v == "fp32";
+  } else if (f == "input_require_grads") {
+    if (v != "true" && v != "false") bad(f, v, "true or false");
+    s.train.input_require_grads = v == "true";
   } else if (f == "freeze") {
     if (v.empty()) bad(f, v, "a glob over parameter names, like 'model.layers.0.*'");
     s.train.freeze.emplace_back(v);
@@ -175,6 +246,17 @@ std::string field_text(const Scenario& s, std::string_view f) {
     return s.train.checkpoint_reentrant ? (*s.train.checkpoint_reentrant ? "true" : "false") : "";
   }
   if (f == "checkpoint_every") return std::to_string(s.train.checkpoint_every);
+  if (f == "lora_dtype") return s.train.lora.fp32 ? "fp32" : "base";
+  if (f == "input_require_grads") {
+    return s.train.input_require_grads ? (*s.train.input_require_grads ? "true" : "false") : "";
+  }
+  if (f == "lora") {
+    if (!s.train.lora.on) return "";
+    const LoraSetup& l = s.train.lora;
+    std::string t = fmt::format("r={},alpha={},dropout={}", l.r, l.alpha, l.dropout);
+    for (size_t i = 0; i < l.targets.size(); ++i) t += (i ? "+" : ",targets=") + l.targets[i];
+    return t;
+  }
   if (f == "loop") return s.loop == LoopKind::kAuto ? "" : std::string(name_of(s.loop));
   if (f == "torch") return torch_version_name(s.torch);
   if (f == "alloc_conf") return s.alloc_conf;
@@ -226,6 +308,28 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   r.inventory = build_inventory(r.model);
   r.setup = s.train;
   validate_setup(r.model, r.setup);
+  // PEFT LoRA: adapter rows after each targeted Linear, every base row frozen.
+  if (s.train.lora.on) {
+    LoraSetup& l = r.setup.lora;
+    const FamilyDescriptor& fam = family_descriptor(r.model.family);
+    if (l.targets.empty()) {
+      for (std::string_view t : fam.lora_targets) l.targets.emplace_back(t);
+    }
+    if (l.targets.empty()) {
+      throw FieldError("lora", fmt::format("targets: PEFT has no default target modules for {} (model_type {}); "
+                                           "name them, like targets=all-linear", r.model.name, r.model.model_type));
+    }
+    const bool conv1d = r.model.family == Family::kGpt2 && r.model.impl == Impl::kHf;  // transformers' Conv1D
+    if (add_lora_rows(r.inventory, l.r, l.targets, l.fp32, conv1d) == 0) {
+      std::string names;
+      for (const std::string& t : l.targets) names += (names.empty() ? "" : ",") + t;
+      throw FieldError("lora", fmt::format("targets={}: no Linear of {} is named so (trainmem params lists the "
+                                           "modules)", names, r.model.name));
+    }
+  }
+  if (!r.setup.input_require_grads) {
+    r.setup.input_require_grads = s.train.lora.on && s.train.checkpointing != Checkpointing::kNone;
+  }
   // Frozen rows (requires_grad_(False)): each glob must name something, and something must stay trainable.
   for (const std::string& glob : s.train.freeze) {
     bool any = false;

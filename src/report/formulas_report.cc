@@ -27,7 +27,9 @@ FormulaReport formula_report(const ResolvedScenario& r) {
                                               "seed 002: 12 bytes per parameter); `trainmem estimate` simulates {}",
                                               optimizer_name(o), optimizer_name(o)));
   }
-  for (std::string_view f : {"optimizer_impl", "gpu", "loop", "torch", "alloc_conf", "steps"}) {
+  for (std::string_view f : {"optimizer_impl", "gpu", "loop", "torch", "alloc_conf", "steps", "lora", "lora_dtype",
+                             "freeze", "checkpointing", "checkpoint_reentrant", "checkpoint_every",
+                             "input_require_grads"}) {
     if (q.was_given(f)) {
       throw FieldError(std::string(f), fmt::format("{}: the seeds' closed forms do not depend on it; `trainmem "
                                                    "estimate` simulates it", field_text(q, f)));

@@ -75,6 +75,12 @@ std::string render_inventory_table(const ModelSpec& m, const Inventory& inv, DTy
   out += fmt::format("\ntotal parameters: {} ({}), buffers: {} elements ({})\n",
                      with_commas(parameter_count(inv).value), format_bytes(pb), with_commas(buffer_elems(inv).value),
                      format_bytes(buffer_bytes(inv, dtype)));
+  // only when something is frozen, so that the listing of a plain model stays as it was
+  if (trainable_count(inv) != parameter_count(inv)) {
+    out += fmt::format("trainable: {} ({:.4f}% of all parameters; the rest frozen)\n", with_commas(trainable_count(inv).value),
+                       100.0 * static_cast<double>(trainable_count(inv).value) /
+                           static_cast<double>(std::max<uint64_t>(parameter_count(inv).value, 1)));
+  }
   return out;
 }
 
@@ -96,7 +102,7 @@ std::string render_inventory_json(const ModelSpec& m, const Inventory& inv, DTyp
       {"dtype", dtype_name(dtype)},
       {"parameters", rows(inv.parameters, false)},
       {"buffers", rows(inv.buffers, true)},
-      {"totals", {{"parameter_count", parameter_count(inv).value},
+      {"totals", {{"parameter_count", parameter_count(inv).value}, {"trainable_count", trainable_count(inv).value},
                   {"parameter_bytes", parameter_bytes(inv, dtype).value},
                   {"buffer_elements", buffer_elems(inv).value},
                   {"buffer_bytes", buffer_bytes(inv, dtype).value}}},

@@ -622,6 +622,7 @@ void Engine::recycle(Node* n) {
 void Engine::recycle_nodes() {
   for (Node* n : nodes_) recycle(n);
   nodes_.clear();
+  leaf_grads_.clear();  // the .grad of leaves the graph held (an embedding output made to require grad)
 }
 
 void Engine::accumulate_leaf(Node& n, T g) {

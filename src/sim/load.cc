@@ -52,14 +52,24 @@ LoadedModel load_model(Engine& e, const Inventory& inv, DType model_dtype) {
       w.buffer_row.emplace(r.name, static_cast<int>(b));
     }
   };
-  for (size_t i = 0; i < inv.parameters.size(); ++i) {
-    load_buffers_before(i);
+  auto load_param = [&](size_t i) {
     const TensorRow& r = inv.parameters[i];
-    w.params[i] = e.parameter(shape_of(r), model_dtype, static_cast<int32_t>(i),
+    w.params[i] = e.parameter(shape_of(r), stored_dtype(r, model_dtype), static_cast<int32_t>(i),
                               Label{intern_name(r.name), -1, static_cast<int32_t>(i)}, r.trainable);
     w.param_row.emplace(r.name, static_cast<int>(i));
+  };
+  // The base model (buffers interleaved where nn.Module._apply moves them; load_after counts base rows)...
+  size_t base = 0;
+  for (size_t i = 0; i < inv.parameters.size(); ++i) {
+    if (inv.parameters[i].adapter) continue;
+    load_buffers_before(base++);
+    load_param(i);
   }
-  load_buffers_before(inv.parameters.size());
+  load_buffers_before(base);
+  // ...then the LoRA adapters, which get_peft_model creates on the device once the model is there.
+  for (size_t i = 0; i < inv.parameters.size(); ++i) {
+    if (inv.parameters[i].adapter) load_param(i);
+  }
   return w;
 }
 

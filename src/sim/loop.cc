@@ -290,6 +290,22 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
   e.phase = Phase::kSetup;
   if (o.loop == LoopKind::kSeed000) loop.warmup();
   loop.w = sim::load_model(e, inv, param_dtype(s.precision));
+  // PEFT's wrapped linears: lora_A is the row after... its base (adapts), lora_B the row after lora_A
+  for (size_t i = 0; i + 1 < inv.parameters.size(); ++i) {
+    const TensorRow& a = inv.parameters[i];
+    if (!a.adapter || a.adapts < 0) continue;
+    auto& by_row = loop.c.lora.by_base_row;
+    if (by_row.size() < inv.parameters.size()) by_row.resize(inv.parameters.size());
+    by_row[static_cast<size_t>(a.adapts)] = {loop.w.params[i], loop.w.params[i + 1]};
+    ++i;
+  }
+  loop.c.lora.dropout = s.lora.dropout;
+  if (s.input_require_grads.value_or(false)) {
+    const std::string_view emb = family_descriptor(m.family).input_embedding;
+    for (size_t i = 0; i < inv.parameters.size(); ++i) {
+      if (inv.parameters[i].name == emb) loop.c.input_embedding_row = static_cast<int32_t>(i);
+    }
+  }
   if (o.loop != LoopKind::kHf) loop.get_batch();
 
   const uint32_t micros = static_cast<uint32_t>(std::min<uint64_t>(s.grad_accum, 2));

@@ -20,6 +20,12 @@ struct CheckpointPolicy {
   uint64_t every = 1;      // checkpoint layers with index % every == 0 (transformers' every_n_layers)
 };
 
+// LoRA on the model's linears (PEFT): the adapters of each base weight row, by row, and the adapter config.
+struct LoraPolicy {
+  std::vector<std::pair<T, T>> by_base_row;  // (lora_A, lora_B) weights; empty handles: not adapted
+  double dropout = 0.0;
+};
+
 // Forward-pass state: autocast (with its cache of 16-bit weight copies), the layer being built (for labels),
 // training mode, and the runtime facts.
 struct Ctx {
@@ -33,6 +39,9 @@ struct Ctx {
   // until the block returns (its trace frees both after the MLP's residual add).
   bool seed000_block_locals = false;
   CheckpointPolicy checkpoint;
+  LoraPolicy lora;
+  // enable_input_require_grads: the input embedding's output is made to require grad (its weight's row)
+  int32_t input_embedding_row = -1;
   std::vector<std::string> warnings;  // what the simulated program would warn about, each once
 
   void warn(const std::string& w) {

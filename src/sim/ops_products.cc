@@ -66,14 +66,52 @@ T product_2d(Ctx& c, const T& x, const T& w, const T* b, uint64_t out_f, bool lt
 
 }  // namespace
 
+namespace {
+
+// The adapters of the Linear (or Conv1D) whose weight is `w`, or nullptr.
+const std::pair<T, T>* adapters_of(const Ctx& c, const T& w) {
+  const int32_t row = w->is_param ? w->label.row : -1;
+  if (row < 0 || static_cast<size_t>(row) >= c.lora.by_base_row.size()) return nullptr;
+  const auto& ab = c.lora.by_base_row[static_cast<size_t>(row)];
+  return ab.first ? &ab : nullptr;
+}
+
+// PEFT's lora.Linear.forward (peft >= 0.9, tuners/lora/layer.py) after `result = self.base_layer(x)`:
+//   torch_result_dtype = result.dtype
+//   x = self._cast_input_dtype(x, lora_A.weight.dtype)     # x.to(dtype) only when the dtypes differ
+//   result = result + lora_B(lora_A(dropout(x))) * scaling
+//   result = result.to(torch_result_dtype)
+T lora_forward(Ctx& c, const T& x0, const std::pair<T, T>& ab, T result) {
+  const DType result_dtype = result.dtype();
+  // the local `x` is rebound to the cast copy (one per adapted module), which lives until forward returns
+  const T x = to(c, x0, ab.first.dtype(), "lora input cast");
+  T bs;
+  {
+    T b = linear(c, linear(c, dropout(c, x, c.lora.dropout, "lora_dropout"), ab.first, nullptr, "lora_A"),
+                 ab.second, nullptr, "lora_B");
+    bs = mul_scalar(c, b, "lora_B(...) * scaling");
+  }  // lora_B's output goes once scaled
+  result = add(c, result, bs, "result + lora");  // promotes to the adapters' dtype when they are wider
+  bs.reset();
+  return to(c, result, result_dtype, "lora result.to()");
+}
+
+}  // namespace
+
 T linear(Ctx& c, const T& x0, const T& w0, const T* b0, const char* what) {
-  const T b = b0 ? autocast_lowp(c, *b0) : T();
-  const T w = autocast_lowp(c, w0);
-  const T x = autocast_lowp(c, x0);
-  // Linear.cpp: a bias with a 2-D (or contiguous N-D) input takes addmm, which goes through cuBLASLt's
-  // gemm_and_bias; otherwise matmul (cuBLAS) and an in-place bias add.
-  const bool addmm = b && (x.shape().n == 2 || is_contiguous(x.shape(), x->strides));
-  return product_2d(c, x, w, b ? &b : nullptr, w.shape()[0], addmm, what);
+  T result;
+  {
+    const T b = b0 ? autocast_lowp(c, *b0) : T();
+    const T w = autocast_lowp(c, w0);
+    const T x = autocast_lowp(c, x0);
+    // Linear.cpp: a bias with a 2-D (or contiguous N-D) input takes addmm, which goes through cuBLASLt's
+    // gemm_and_bias; otherwise matmul (cuBLAS) and an in-place bias add.
+    const bool addmm = b && (x.shape().n == 2 || is_contiguous(x.shape(), x->strides));
+    result = product_2d(c, x, w, b ? &b : nullptr, w.shape()[0], addmm, what);
+  }
+  // A PEFT-wrapped Linear: the base layer's result, then the adapter path.
+  if (const auto* ab = adapters_of(c, w0)) return lora_forward(c, x0, *ab, std::move(result));
+  return result;
 }
 
 T conv1d(Ctx& c, const T& x0, const T& w0, const T& b0, const char* what) {
@@ -82,8 +120,12 @@ T conv1d(Ctx& c, const T& x0, const T& w0, const T& b0, const char* what) {
   const T b = autocast_lowp(c, b0);
   const T w = autocast_lowp(c, w0);
   const T x = autocast_lowp(c, xv);
-  const T y = product_2d(c, x, w, &b, nf, /*lt=*/true, what);
-  return view(c, y, detail::with_last(x0.shape(), nf));  // x.view(size_out)
+  T y = product_2d(c, x, w, &b, nf, /*lt=*/true, what);
+  T out = view(c, y, detail::with_last(x0.shape(), nf));  // x.view(size_out)
+  y.reset();
+  // A PEFT-wrapped Conv1D (fan_in_fan_out): the same adapter path as a Linear.
+  if (const auto* ab = adapters_of(c, w0)) return lora_forward(c, x0, *ab, std::move(out));
+  return out;
 }
 
 T matmul(Ctx& c, const T& a0, const T& b0, const char* what) {
@@ -160,6 +202,12 @@ T embedding(Ctx& c, const T& weight, const T& ids, const char* what) {
     { T per_segment = e.empty(Shape{max_partial, C}, acc, Category::kTemporaries, Label{"embedding bwd grad_weight_per_segment"}); }
     return Grads{grad_weight};
   });
+  // enable_input_require_grads: a forward hook on the input embeddings does output.requires_grad_(True), so
+  // that layer 0 records a graph even when the embedding is frozen (PEFT, gradient checkpointing)
+  if (c.input_embedding_row >= 0 && weight->label.row == c.input_embedding_row && !out->requires_grad &&
+      c.e.grad_mode) {
+    out = c.e.requires_grad_leaf(out);
+  }
   return out;
 }
 

@@ -29,8 +29,13 @@ struct TensorRow {
   // loaded after every base row; kept in float32 when `fp32` (PEFT >= 0.12 upcasts 16-bit adapters,
   // cast_adapter_dtype), else in the model's dtype.
   bool adapter = false;
+  // Stored as float32 whatever the model's dtype: PEFT's upcast adapters, the rows that
+  // prepare_model_for_kbit_training casts to float32, and bitsandbytes' float32 quantization state.
   bool fp32 = false;
   int32_t adapts = -1;  // lora_A: the row of the base weight it adapts
+  // A bitsandbytes 4-bit weight (Params4bit): `shape` stays the Linear's (out, in) and `elems` its element
+  // count, but the storage is the packed uint8 data, ((n + 1) / 2, 1) (functional.py quantize_4bit).
+  bool packed_4bit = false;
   // Buffers: how many parameter rows nn.Module._apply moves to the device before this buffer (children
   // first, then a module's own parameters, then its own buffers): the allocation order of model.to(device).
   size_t load_after = 0;
@@ -59,6 +64,16 @@ size_t trainable_rows(const Inventory& inv);
 Elems buffer_elems(const Inventory& inv);
 // Bytes of all parameters after model.to(dtype) (adapters kept in float32 stay so).
 Bytes parameter_bytes(const Inventory& inv, DType dtype);
+// A row's storage on the device: its shape and dtype after model.to(model_dtype) (packed for a 4-bit row).
+std::vector<uint64_t> stored_shape(const TensorRow& r);
+Bytes stored_bytes(const TensorRow& r, DType model_dtype);
+
+// bitsandbytes 4-bit quantization of every Linear weight but the output head (transformers'
+// BitsAndBytesConfig, llm_int8_skip_modules defaulting to lm_head): each weight becomes packed data, with its
+// quantization state as extra rows (kept as buffers: device memory the module holds that is not a
+// parameter). Returns how many weights were quantized.
+size_t quantize_4bit_rows(Inventory& inv, bool double_quant);
+
 // The dtype of a row after model.to(model_dtype): parameters and floating-point buffers take model_dtype,
 // other buffers (bool masks, int64 ids) keep theirs. A float32 model leaves every row as constructed.
 DType stored_dtype(const TensorRow& r, DType model_dtype);

@@ -1,5 +1,7 @@
 #include "trainmem/inventory.h"
 
+#include <algorithm>
+
 #include "../families/registry.h"
 #include "../tensor_tables/table.h"
 #include "trainmem/error.h"
@@ -74,12 +76,24 @@ Elems buffer_elems(const Inventory& inv) {
 
 Bytes parameter_bytes(const Inventory& inv, DType dtype) {
   Bytes b;
-  for (const auto& r : inv.parameters) b += bytes_of(r.elems, stored_dtype(r, dtype));
+  for (const auto& r : inv.parameters) b += stored_bytes(r, dtype);
   return b;
 }
 
+std::vector<uint64_t> stored_shape(const TensorRow& r) {
+  if (!r.packed_4bit) return r.shape;
+  return {ceil_div(r.elems.value, 2), 1};  // ((n + 1) // (itemsize * 2), 1) of uint8
+}
+
+Bytes stored_bytes(const TensorRow& r, DType model_dtype) {
+  if (r.packed_4bit) return Bytes(ceil_div(r.elems.value, 2));
+  return bytes_of(r.elems, stored_dtype(r, model_dtype));
+}
+
 DType stored_dtype(const TensorRow& r, DType model_dtype) {
-  if (r.kind == RowKind::kParameter) return r.adapter && r.fp32 ? DType::kF32 : model_dtype;
+  if (r.packed_4bit) return DType::kU8;
+  if (r.fp32 && (r.kind == RowKind::kParameter || is_floating(r.dtype))) return DType::kF32;
+  if (r.kind == RowKind::kParameter) return model_dtype;
   // nn.Module.to(dtype) casts floating-point tensors only.
   return is_floating(r.dtype) ? model_dtype : r.dtype;
 }
@@ -155,6 +169,50 @@ size_t add_lora_rows(Inventory& inv, uint64_t r, const std::vector<std::string>&
   }
   inv.parameters = std::move(out);
   return adapted;
+}
+
+size_t quantize_4bit_rows(Inventory& inv, bool double_quant) {
+  // bitsandbytes functional.py quantize_4bit (blocksize 64) and, with compress_statistics, quantize_blockwise
+  // of the absmax (blocksize 256); nn/modules.py Params4bit. Every small tensor is its own allocation.
+  constexpr uint64_t kBlock = 64, kNestedBlock = 256;
+  constexpr uint64_t kCode4bit = 16;     // get_4bit_type: the 16 NF4 or FP4 values, float32
+  constexpr uint64_t kDynamicMap = 256;  // create_dynamic_map: state2.code, float32, copied per layer
+  std::vector<TensorRow> buffers;
+  size_t quantized = 0;
+  for (size_t i = 0; i < inv.parameters.size(); ++i) {
+    TensorRow& r = inv.parameters[i];
+    if (r.adapter || !is_linear_weight(r)) continue;
+    r.packed_4bit = true;
+    r.trainable = false;  // Params4bit(requires_grad=False)
+    ++quantized;
+    const uint64_t blocks = ceil_div(r.elems.value, kBlock);
+    auto state = [&](const std::string& what, uint64_t n, DType dt) {
+      TensorRow b;
+      b.name = r.name + ".quant_state." + what;
+      b.shape = {n};
+      b.elems = Elems(n);
+      b.dtype = dt;
+      b.kind = RowKind::kBuffer;
+      b.persistent = false;
+      b.fp32 = dt == DType::kF32;
+      b.load_after = i + 1;  // quantized as the weight moves to the device, before the next parameter
+      buffers.push_back(std::move(b));
+    };
+    if (double_quant) {
+      state("absmax", blocks, DType::kU8);  // qabsmax: the absmax quantized to 8 bits
+      state("state2.absmax", ceil_div(blocks, kNestedBlock), DType::kF32);
+      state("state2.code", kDynamicMap, DType::kF32);
+      state("offset", 1, DType::kF32);  // _absmax.mean(): a 0-d tensor
+    } else {
+      state("absmax", blocks, DType::kF32);
+    }
+    state("code", kCode4bit, DType::kF32);
+  }
+  // keep the buffers in load order
+  for (TensorRow& b : buffers) inv.buffers.push_back(std::move(b));
+  std::stable_sort(inv.buffers.begin(), inv.buffers.end(),
+                   [](const TensorRow& a, const TensorRow& b) { return a.load_after < b.load_after; });
+  return quantized;
 }
 
 std::string shape_string(const std::vector<uint64_t>& shape) {

@@ -32,7 +32,7 @@ namespace {
 
 Shape shape_of(const TensorRow& r) {
   Shape s;
-  for (uint64_t d : r.shape) s.d[s.n++] = d;
+  for (uint64_t d : stored_shape(r)) s.d[s.n++] = d;
   return s;
 }
 

@@ -166,6 +166,12 @@ struct Loop {
     // y.sum().backward() on a temporary
     if (o.loop != LoopKind::kPlain) kept_loss = std::move(loss);
     loss.reset();
+    if (!scaled->requires_grad || !scaled->grad_fn) {
+      // what loss.backward() raises in PyTorch, as bad input: nothing trainable is reached
+      throw Error("loss.backward() would fail: \"element 0 of tensors does not require grad and does not have a "
+                  "grad_fn\": no trainable parameter is reached from the loss (everything before it is frozen, or "
+                  "reentrant checkpointing without --input-require-grads true cut the graph)");
+    }
     e.backward(scaled);
   }
 

@@ -26,6 +26,14 @@ struct LoraPolicy {
   double dropout = 0.0;
 };
 
+// bitsandbytes 4-bit linears (nn/modules.py Linear4bit, autograd/_functions.py MatMul4Bit, bnb <= 0.49).
+struct Quant4bitPolicy {
+  std::vector<std::pair<uint64_t, uint64_t>> dims_by_row;  // (out, in) of each packed weight row; (0, 0): none
+  DType compute = DType::kF32;  // bnb_4bit_compute_dtype (transformers' default None: float32)
+  DType quantized = DType::kF32;  // QuantState.dtype: the weight's dtype when it was quantized
+  bool double_quant = false;    // the absmax is dequantized (float32, one per 64 elements) first
+};
+
 // Forward-pass state: autocast (with its cache of 16-bit weight copies), the layer being built (for labels),
 // training mode, and the runtime facts.
 struct Ctx {
@@ -40,6 +48,7 @@ struct Ctx {
   bool seed000_block_locals = false;
   CheckpointPolicy checkpoint;
   LoraPolicy lora;
+  Quant4bitPolicy quant;
   // enable_input_require_grads: the input embedding's output is made to require grad (its weight's row)
   int32_t input_embedding_row = -1;
   std::vector<std::string> warnings;  // what the simulated program would warn about, each once

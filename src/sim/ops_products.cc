@@ -96,9 +96,87 @@ T lora_forward(Ctx& c, const T& x0, const std::pair<T, T>& ab, T result) {
   return to(c, result, result_dtype, "lora result.to()");
 }
 
+// x.clone(): a new tensor; CloneBackward0 saves nothing and passes the gradient on.
+T clone(Ctx& c, const T& x, const char* what) {
+  T out = c.e.empty_strided(x.shape(), dense_strides_like(x.shape(), x->strides), x.dtype(), Category::kActivations,
+                            c.L(what));
+  c.e.record("CloneBackward0", {&x}, {&out}, {}, [](Engine&, Node&, Grads& g) { return Grads{g[0]}; });
+  return out;
+}
+
+// PEFT's bnb Linear4bit.forward adapter path (tuners/lora/bnb.py): without autocast the input is cast to the
+// adapters' dtype and the adapter output back to the result's before the scaling and the sum.
+T lora_forward_bnb(Ctx& c, const T& x0, const std::pair<T, T>& ab, T result) {
+  const bool convert = !c.autocast;  // requires_conversion = not torch.is_autocast_enabled()
+  const DType expected = result.dtype();
+  const T x = convert ? to(c, x0, ab.first.dtype(), "lora input cast") : x0;
+  T output = linear(c, linear(c, dropout(c, x, c.lora.dropout, "lora_dropout"), ab.first, nullptr, "lora_A"),
+                    ab.second, nullptr, "lora_B");
+  if (convert) output = to(c, output, expected, "lora output .to(expected_dtype)");
+  output = mul_scalar(c, output, "lora output * scaling");
+  result = add(c, result, output, "result + lora");
+  return result;
+}
+
 }  // namespace
 
+// Linear4bit.forward: x.to(compute_dtype), MatMul4Bit (the weight dequantized for the matmul and freed after
+// it, nothing saved but the packed weight itself; its backward dequantizes again), .to(inp_dtype).
+T linear_4bit(Ctx& c, const T& x0, const T& packed, const T* b0, uint64_t out_f, uint64_t in_f, const char* what) {
+  const Quant4bitPolicy& q = c.quant;
+  const DType inp_dtype = x0.dtype();
+  const T x = to(c, x0, q.compute, "Linear4bit x.to(compute_dtype)");
+  const T bias = b0 ? to(c, *b0, q.compute, "Linear4bit bias.to(compute_dtype)") : T();
+  T out;
+  {
+    // MatMul4Bit.forward: F.dequantize_4bit(B, quant_state).to(A.dtype), then F.linear(A, W.t(), bias); an
+    // autograd.Function's forward records nothing itself
+    T wdq;
+    {
+      T absmax;
+      if (q.double_quant) {
+        absmax = c.e.empty(Shape{ceil_div(out_f * in_f, 64)}, DType::kF32, Category::kTemporaries,
+                           c.L("dequantized absmax"));
+      }
+      wdq = c.e.empty(Shape{out_f, in_f}, q.quantized, Category::kTemporaries, c.L("dequantized 4-bit weight"));
+    }
+    if (wdq.dtype() != x.dtype()) {
+      wdq = c.e.empty(Shape{out_f, in_f}, x.dtype(), Category::kTemporaries, c.L("dequantized weight .to(A.dtype)"));
+    }
+    const bool grad = c.e.grad_mode;
+    c.e.grad_mode = false;
+    out = linear(c, x, wdq, bias ? &bias : nullptr, what);
+    c.e.grad_mode = grad;
+  }
+  const Shape xs = x.shape();
+  const DType qd = q.quantized;
+  // ctx.tensors = (None, B): the packed weight (no new bytes); the input is not saved
+  c.e.record("MatMul4BitBackward", {&x}, {&out}, {}, [xs, qd, out_f, in_f](Engine& e, Node&, Grads& g) {
+    if (!g[0]) return Grads{T()};
+    // grad_A = grad_output @ F.dequantize_4bit(B, ctx.state).to(grad_output.dtype).t()
+    T wdq = e.empty(Shape{out_f, in_f}, qd, Category::kTemporaries, Label{"dequantized 4-bit weight"});
+    if (qd != g[0].dtype()) wdq = e.empty(Shape{out_f, in_f}, g[0].dtype(), Category::kTemporaries, Label{"dequantized weight .to()"});
+    T ga = grad_empty(e, xs, g[0].dtype(), g[0]->label);
+    e.gemm(false);
+    return Grads{ga};
+  });
+  return to(c, out, inp_dtype, "Linear4bit output .to(inp_dtype)");
+}
+
 T linear(Ctx& c, const T& x0, const T& w0, const T* b0, const char* what) {
+  if (w0->is_param && w0->label.row >= 0 && static_cast<size_t>(w0->label.row) < c.quant.dims_by_row.size()) {
+    const auto [out_f, in_f] = c.quant.dims_by_row[static_cast<size_t>(w0->label.row)];
+    if (out_f != 0) {
+      // PEFT's bnb Linear4bit.forward: result = base_layer(x); result = result.clone() ("defensively clone"),
+      // then the adapter path
+      T result = linear_4bit(c, x0, w0, b0, out_f, in_f, what);
+      if (const auto* ab = adapters_of(c, w0)) {
+        result = clone(c, result, "Linear4bit result.clone()");
+        return lora_forward_bnb(c, x0, *ab, std::move(result));
+      }
+      return result;
+    }
+  }
   T result;
   {
     const T b = b0 ? autocast_lowp(c, *b0) : T();

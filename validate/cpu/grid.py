@@ -54,7 +54,10 @@ def _ll(model_type, **kw):
 
 
 # (name, config, batch, seq, precision[, options]). Every dropout probability is written as 0 into the config
-# files. options: {"freeze": [globs], "checkpointing": "full", "reentrant": bool, "every": N}.
+# files. options: {"freeze": [globs], "checkpointing": "full", "reentrant": bool, "every": N,
+# "lora": "r=..,alpha=..,dropout=..,targets=a+b" (trainmem's --lora spelling, passed to both sides),
+# "lora_dtype": "fp32"|"base", "input_require_grads": bool}. precision "bf16-amp": float32 weights under bf16
+# autocast (CPU autocast; CUDA-faithful for the Llama family, GPT-NeoX and OPT, see README).
 GRID = [
     # --- mlp stacks (trainmem --impl stack)
     ("mlp-linear256x250", {"model_type": "mlp", "input": 256, "layers": [{"linear": 250, "bias": True}]},
@@ -163,10 +166,59 @@ GRID = [
      {"freeze": ["model.embed_tokens.*"], "checkpointing": "full", "reentrant": True}),
     ("lora-like-llama-nonreentrant", _ll("llama"), 2, 16, "fp32",
      {"freeze": ["model.embed_tokens.*"], "checkpointing": "full", "reentrant": False}),
+
+    # --- bf16 autocast (float32 weights): trainmem --precision bf16-amp
+    ("amp-llama-gqa-hd24", _ll("llama", head_dim=24), 2, 16, "bf16-amp"),
+    ("amp-neox-parallel", {"model_type": "gpt_neox", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 256,
+                           "num_hidden_layers": 2, "num_attention_heads": 4, "rotary_pct": 0.25,
+                           "use_parallel_residual": True, "attention_dropout": 0.0, "hidden_dropout": 0.0},
+     2, 16, "bf16-amp"),
+
+    # --- PEFT LoRA (peft_lora.py; trainmem --lora SPEC [--lora-dtype fp32|base] [--input-require-grads B]).
+    # "bf16" is a base model cast to bf16 (adapters upcast to fp32 unless lora_dtype base); "bf16-amp" float32
+    # base weights under autocast.
+    ("lora-llama-qv-r4", _ll("llama"), 2, 16, "fp32", {"lora": "r=4,alpha=8"}),
+    ("lora-llama-defaults-bf16", _ll("llama", head_dim=24), 2, 16, "bf16", {"lora": "alpha=16"}),
+    ("lora-llama-all-linear-r16-bf16", _ll("llama"), 2, 32, "bf16",
+     {"lora": "r=16,alpha=32,targets=all-linear", "lora_dtype": "fp32"}),
+    ("lora-llama-qkvo-base-dtype-bf16", _ll("llama"), 2, 16, "bf16",
+     {"lora": "r=8,alpha=16,targets=q_proj+k_proj+v_proj+o_proj", "lora_dtype": "base"}),
+    ("lora-llama-dropout0.1", _ll("llama"), 2, 16, "fp32", {"lora": "r=8,alpha=16,dropout=0.1"}),
+    ("lora-qwen2-all-linear-dropout0.1-bf16", _ll("qwen2"), 2, 16, "bf16",
+     {"lora": "r=4,alpha=8,dropout=0.1,targets=all-linear"}),
+    ("lora-gpt2-c_attn", {"model_type": "gpt2", "n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 128,
+                          "n_positions": 64, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0},
+     2, 16, "fp32", {"lora": "r=8,alpha=16"}),
+    ("lora-gpt2-all-linear-bf16", {"model_type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 48, "vocab_size": 80,
+                                   "n_positions": 32, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0},
+     3, 24, "bf16", {"lora": "r=4,alpha=8,targets=all-linear"}),
+    ("lora-neox-default-bf16", {"model_type": "gpt_neox", "vocab_size": 96, "hidden_size": 64,
+                                "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+                                "rotary_pct": 0.25, "use_parallel_residual": False, "attention_dropout": 0.0,
+                                "hidden_dropout": 0.0}, 2, 32, "bf16", {"lora": "r=8,alpha=16"}),
+    ("lora-opt-default", {"model_type": "opt", "vocab_size": 96, "hidden_size": 64, "ffn_dim": 256,
+                          "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 64,
+                          "do_layer_norm_before": True, "dropout": 0.0, "attention_dropout": 0.0,
+                          "activation_dropout": 0.0}, 2, 16, "fp32", {"lora": "r=8,alpha=16"}),
+    # enable_input_require_grads without checkpointing: the bf16 embeddings output becomes a leaf that requires
+    # grad; the first RMSNorm and the layer-0 projections' inputs then save their tensors
+    ("lora-llama-input-grads-bf16", _ll("llama"), 2, 16, "bf16", {"lora": "r=4,alpha=8", "input_require_grads": True}),
+    ("lora-llama-bf16-amp", _ll("llama"), 2, 16, "bf16-amp", {"lora": "r=8,alpha=16,targets=q_proj+v_proj"}),
+    # LoRA with checkpointing: reentrant with enable_input_require_grads (what PEFT / transformers switch on), reentrant
+    # without it on every 2nd layer (the checkpointed layers' adapters get no gradient: only layers 1 and 3 train),
+    # and non-reentrant
+    ("lora-llama-ckpt-reentrant-input-grads", _ll("llama"), 2, 16, "fp32",
+     {"lora": "r=4,alpha=8", "checkpointing": "full", "reentrant": True, "input_require_grads": True}),
+    ("lora-llama-ckpt-reentrant-every2-no-input-grads-bf16", _ll("llama", num_hidden_layers=4), 2, 16, "bf16",
+     {"lora": "r=8,alpha=16,targets=all-linear", "checkpointing": "full", "reentrant": True, "every": 2,
+      "input_require_grads": False}),
+    ("lora-llama-ckpt-nonreentrant-bf16", _ll("llama"), 2, 16, "bf16",
+     {"lora": "r=16,alpha=32,dropout=0.1", "checkpointing": "full", "reentrant": False}),
 ]
 
 # trainmem flags the options need, in the order they are looked for in a rejection message
-NEW_FLAGS = ("--freeze", "--checkpointing", "--checkpoint-reentrant", "--checkpoint-every")
+NEW_FLAGS = ("--freeze", "--checkpointing", "--checkpoint-reentrant", "--checkpoint-every", "--input-require-grads",
+             "--lora-dtype", "--lora")
 # how a CLI parser (CLI11) says it does not know an argument
 _REJECTION_PHRASES = ("not expected", "unknown option", "unrecognized option", "unrecognised option",
                       "does not support", "not supported yet")
@@ -182,7 +234,10 @@ def _measure_kwargs(opts):
     return {"freeze": list(opts.get("freeze", [])),
             "checkpointing": opts.get("checkpointing", "none"),
             "checkpoint_reentrant": bool(opts.get("reentrant", True)),
-            "checkpoint_every": int(opts.get("every", 1))}
+            "checkpoint_every": int(opts.get("every", 1)),
+            "lora": opts.get("lora"),
+            "lora_dtype": opts.get("lora_dtype", "fp32"),
+            "enable_input_require_grads": opts.get("input_require_grads")}
 
 
 def _option_flags(opts):
@@ -193,6 +248,12 @@ def _option_flags(opts):
         flags += ["--checkpointing", opts["checkpointing"],
                   "--checkpoint-reentrant", "true" if opts.get("reentrant", True) else "false",
                   "--checkpoint-every", str(int(opts.get("every", 1)))]
+    if opts.get("lora") is not None:
+        flags += ["--lora", opts["lora"]]
+        if opts.get("lora_dtype"):
+            flags += ["--lora-dtype", opts["lora_dtype"]]
+    if opts.get("input_require_grads") is not None:
+        flags += ["--input-require-grads", "true" if opts["input_require_grads"] else "false"]
     return flags
 
 
@@ -203,6 +264,11 @@ def _describe(opts):
     if opts.get("checkpointing", "none") != "none":
         parts.append(f"checkpointing {'reentrant' if opts.get('reentrant', True) else 'non-reentrant'}"
                      f" every {int(opts.get('every', 1))}")
+    if opts.get("lora") is not None:
+        parts.append(f"lora {opts['lora'] or '(defaults)'}" + (f" dtype {opts['lora_dtype']}"
+                                                                if opts.get("lora_dtype") else ""))
+    if opts.get("input_require_grads") is not None:
+        parts.append(f"input_require_grads {str(bool(opts['input_require_grads'])).lower()}")
     return "; ".join(parts)
 
 
@@ -341,6 +407,18 @@ def print_table(name, spec, measured, rows, err, elapsed, pending=None):
               f"{eof['live_bytes_cuda']:,} B)")
         print(f"   {ck['mode']} checkpoint on layers {ck['layers']}, output requires grad "
               f"{ck['layers_output_requires_grad']}")
+    lora = measured.get("lora")
+    if lora:
+        print(f"   lora r={lora['r']} alpha={lora['alpha']} dropout={lora['dropout']} adapters {lora['adapter_dtype']}"
+              f" on {len(lora['targeted_modules'])} modules ({', '.join(lora['targeted_modules'][:4])}"
+              f"{', ...' if len(lora['targeted_modules']) > 4 else ''}); enable_input_require_grads "
+              f"{str(lora['enable_input_require_grads']).lower()}")
+    if eof.get("grad_leaf_bytes_cuda"):
+        print(f"   also alive at the end of forward: {eof['grad_leaf_bytes_cuda']:,} B of leaves that require grad "
+              f"(enable_input_require_grads' embeddings output, held by its AccumulateGrad node; not a saved "
+              f"tensor), whose .grad takes {measured['grad_leaf_grad_bytes']:,} B in backward")
+    if measured.get("backward_error"):
+        print(f"   backward: {measured['backward_error']}")
     if measured["trainable_parameters"] != measured["parameters"] or ck["mode"] != "none":
         print(f"   trainable {measured['trainable_parameters']:,} of {measured['parameters']:,} parameters; "
               f"{measured['parameters_with_grad']:,} got a gradient")

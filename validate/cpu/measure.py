@@ -3,12 +3,14 @@
 quantities for trainmem to be checked against.
 
     /usr/bin/python3 validate/cpu/measure.py --config PATH.json [--set key=value ...] --batch B --seq T \
-        --precision fp32|bf16 [--optimizer adamw|sgd|sgd-momentum|none] [--dropout-off] [--keep-dropout] \
+        --precision fp32|bf16|bf16-amp [--optimizer adamw|sgd|sgd-momentum|none] [--dropout-off] [--keep-dropout] \
         [--freeze GLOB ...] [--checkpointing none|full] [--checkpoint-reentrant true|false] \
-        [--checkpoint-every N] [--no-tensors]
+        [--checkpoint-every N] [--lora SPEC] [--lora-dtype fp32|base] [--input-require-grads true|false] \
+        [--autocast] [--no-tensors]
 
 Prints one JSON object. In-process use: measure(config, batch, seq, precision, optimizer, freeze=[...],
-checkpointing="full", checkpoint_reentrant=True, checkpoint_every=1) -> dict.
+checkpointing="full", checkpoint_reentrant=True, checkpoint_every=1, lora="r=16,alpha=32,targets=q_proj+v_proj",
+lora_dtype="fp32", enable_input_require_grads=None) -> dict. precision: fp32 | bf16 | bf16-amp.
 
 What is measured:
   * forward runs inside torch.autograd.graph.saved_tensors_hooks(pack, unpack) and a TorchDispatchMode
@@ -50,8 +52,13 @@ from torch.utils._pytree import tree_flatten
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402
+import peft_lora  # noqa: E402
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# precision -> (weight dtype, autocast dtype or None). bf16-amp: float32 weights, forward under
+# torch.autocast("cpu", dtype=torch.bfloat16) (trainmem --precision bf16-amp).
+PRECISIONS = {"fp32": (torch.float32, None), "bf16": (torch.bfloat16, None),
+              "bf16-amp": (torch.float32, torch.bfloat16)}
+DTYPES = {k: v[0] for k, v in PRECISIONS.items()}
 
 
 def _dtype_name(dt):
@@ -93,16 +100,20 @@ class _StorageRegistry(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.rows = {}
+        self.bernoulli = set()  # storages an aten.bernoulli_ filled: CPU dropout's noise (see _cuda_torch2_bytes)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        name = str(func)
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 st = t.storage()
                 ref = StorageWeakRef(st)
                 if ref.cdata not in self.rows:
-                    self.rows[ref.cdata] = (ref, ref.cdata, st.nbytes(), str(func), list(t.shape),
+                    self.rows[ref.cdata] = (ref, ref.cdata, st.nbytes(), name, list(t.shape),
                                             _dtype_name(t.dtype))
+                if name.startswith("aten.bernoulli_"):
+                    self.bernoulli.add(ref.cdata)
         return out
 
     def live(self):
@@ -111,27 +122,49 @@ class _StorageRegistry(TorchDispatchMode):
 
 
 def measure(config, batch, seq, precision="fp32", optimizer="adamw", dropout_off=True, with_tensors=True,
-            seed=0, freeze=(), checkpointing="none", checkpoint_reentrant=True, checkpoint_every=1):
+            seed=0, freeze=(), checkpointing="none", checkpoint_reentrant=True, checkpoint_every=1, lora=None,
+            lora_dtype="fp32", enable_input_require_grads=None, autocast=False):
     """Run one training step of `config` and return the measured quantities as a dict.
 
     freeze: parameter-name globs to freeze (requires_grad=False). checkpointing: "none" | "full" (every
     checkpoint_every-th decoder layer through torch.utils.checkpoint.checkpoint, use_reentrant=checkpoint_reentrant,
-    as transformers' GradientCheckpointingLayer calls it)."""
-    if precision not in DTYPES:
-        raise ValueError(f"precision must be one of {sorted(DTYPES)}")
+    as transformers' GradientCheckpointingLayer calls it). lora: None, a dict (peft_lora.parse_lora_spec's keys) or a
+    spec string "r=16,alpha=32,dropout=0.05,targets=q_proj+v_proj": PEFT LoRA (peft_lora.apply_lora) applied after
+    the cast to the precision's weight dtype, as get_peft_model on a model loaded in that dtype; lora_dtype "fp32"
+    (autocast_adapter_dtype=True, PEFT's default) or "base" (False: the adapters keep the base weights' dtype).
+    enable_input_require_grads: transformers' forward hook on the input embeddings (trainmem --input-require-grads);
+    None: on for LoRA with checkpointing, as PeftModel.__init__ does it when the model is already gradient-checkpointed
+    (trainmem's default too). precision "bf16-amp": float32
+    weights, forward under torch.autocast("cpu", bfloat16); autocast=True runs a "bf16" (cast) model under
+    autocast too (a bf16 base under Trainer(bf16=True); trainmem has no precision name for it)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {sorted(PRECISIONS)}")
     if checkpointing not in ("none", "full"):
         raise ValueError("checkpointing must be 'none' or 'full'")
+    if lora_dtype not in ("fp32", "base"):
+        raise ValueError("lora_dtype must be 'fp32' or 'base'")
+    if isinstance(lora, str):
+        lora = peft_lora.parse_lora_spec(lora)
+    elif lora is not None:
+        lora = {**peft_lora.LORA_DEFAULTS, **lora}
+    if lora is not None and freeze:
+        raise ValueError("--freeze with --lora: PEFT already freezes every base parameter")
+    if enable_input_require_grads is None:
+        enable_input_require_grads = lora is not None and checkpointing != "none"
     gc.freeze()  # objects made before this call are not scanned by the collection at the end of forward
     try:
         return _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors, seed, freeze,
-                        checkpointing, checkpoint_reentrant, checkpoint_every)
+                        checkpointing, checkpoint_reentrant, checkpoint_every, lora, lora_dtype,
+                        enable_input_require_grads, autocast)
     finally:
         gc.unfreeze()
 
 
 def _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors, seed, freeze, checkpointing,
-             checkpoint_reentrant, checkpoint_every):
-    dtype = DTYPES[precision]
+             checkpoint_reentrant, checkpoint_every, lora, lora_dtype, enable_input_require_grads, autocast):
+    dtype, autocast_dtype = PRECISIONS[precision]
+    if autocast and autocast_dtype is None:
+        autocast_dtype = torch.bfloat16
     cfg = models.zero_dropout(config) if dropout_off else dict(config)
     ck_mode = "none" if checkpointing == "none" else ("reentrant" if checkpoint_reentrant else "non-reentrant")
     torch.manual_seed(seed)
@@ -139,6 +172,18 @@ def _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors
     if dtype != torch.float32:
         model.to(dtype)  # casts floating buffers too, as model.to(torch.bfloat16) does; keeps requires_grad
     model.train()
+    lora_info = None
+    if lora is not None:
+        # get_peft_model on the model as loaded (already in its dtype): the adapters are made, cast to the base
+        # dtype, and upcast to float32 unless lora_dtype == "base" (autocast_adapter_dtype=False)
+        model = peft_lora.apply_lora(model, r=lora["r"], alpha=lora["alpha"], dropout=lora["dropout"],
+                                     targets=lora["targets"], adapter_dtype_fp32=(lora_dtype == "fp32"),
+                                     enable_input_require_grads_hook=enable_input_require_grads)
+        model.train()
+        lora_info = dict(model.lora_info)
+        lora_info["lora_dtype"] = lora_dtype
+    elif enable_input_require_grads:
+        peft_lora.enable_input_require_grads(model, cfg.get("model_type"))
 
     params = list(model.parameters())
     buffers = list(model.buffers())
@@ -190,7 +235,13 @@ def _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors
         warnings.simplefilter("always")
         with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
             with registry:
-                loss = model(*inputs)
+                if autocast_dtype is not None:
+                    # the autocast weight-cast cache is cleared when the outermost autocast exits, before the
+                    # end-of-forward accounting below (as a training loop leaves autocast before backward)
+                    with torch.autocast("cpu", dtype=autocast_dtype):
+                        loss = model(*inputs)
+                else:
+                    loss = model(*inputs)
         # ---- end of forward: what is still alive. Collect reference cycles first, so that only what is
         # reachable counts (the objects that predate this measurement are frozen out of the scan: fast).
         gc.collect()
@@ -202,8 +253,10 @@ def _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors
         # checkpoint region are not read: their saved fields hold the checkpoint's holders, and reading one
         # would run the region's recomputation.
         skip, pin = _checkpoint_region_nodes(log)
-        owner = _walk(loss.grad_fn, unpack_cb, skip)
+        leaves = []  # AccumulateGrad nodes of leaves that are not parameters (enable_input_require_grads)
+        owner = _walk(loss.grad_fn, unpack_cb, skip, leaves=leaves, params=params)
         del pin
+        leaf_storages = {models.storage_id(n.variable)[0] for n in leaves}
         for rec in log:
             rec.pop("output_grad_fn", None)
             rec.pop("input_grad_fns", None)
@@ -212,7 +265,18 @@ def _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors
         unpack_cb[0] = None
         loss_value = float(loss.detach().float())
         loss_storage = models.storage_id(loss)[0]
-        loss.backward()
+        backward_error = None
+        if loss.requires_grad:
+            loss.backward()
+        else:
+            # what loss.backward() raises: every trainable parameter sits in reentrant checkpoints whose inputs do not
+            # require grad (LoRA without enable_input_require_grads), and nothing after them is trainable
+            backward_error = "element 0 of tensors does not require grad and does not have a grad_fn"
+        leaf_grad_bytes = sum(n.variable.grad.numel() * n.variable.grad.element_size() for n in leaves
+                              if n.variable.grad is not None)
+        leaf_rows = [{"shape": list(n.variable.shape), "dtype": _dtype_name(n.variable.dtype),
+                      "storage_bytes": n.variable.storage().nbytes()} for n in leaves]
+        del leaves
     warning_texts = sorted({str(w.message) for w in caught})
 
     opt = make_optimizer(optimizer, trainable)
@@ -245,7 +309,7 @@ def _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors
             "storage": storage_index.setdefault(key, len(storage_index)),
             "first_use_of_storage": first,
         }
-        cuda = _cuda_torch2_bytes(node, field, m, nbytes)
+        cuda = _cuda_torch2_bytes(node, field, m, nbytes, key in registry.bernoulli)
         if cuda != nbytes:
             entry["cuda_torch2_bytes"] = cuda
         saved.append(entry)
@@ -271,12 +335,16 @@ def _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors
         if key in packed_keys:
             continue
         role, name, layer = ck_role.get(key, ("unexplained", op, None))
+        if role == "unexplained" and key in leaf_storages:
+            # a leaf that requires grad and is no parameter (enable_input_require_grads' embeddings output): its
+            # AccumulateGrad node, part of the graph, keeps it until the graph is freed. Not a saved tensor.
+            role, name = "grad_leaf", "AccumulateGrad.variable"
         if role == "unexplained":
             unexplained.append({"op": op, "shape": shape, "dtype": dt, "storage_bytes": nbytes})
         held.append({
             "shape": shape, "dtype": dt, "storage_bytes": nbytes,
-            "grad_fn": {"checkpoint_input": "CheckpointInput", "checkpoint_kwarg": "CheckpointKwarg"}.get(
-                role, "Unexplained"),
+            "grad_fn": {"checkpoint_input": "CheckpointInput", "checkpoint_kwarg": "CheckpointKwarg",
+                        "grad_leaf": "GradLeaf"}.get(role, "Unexplained"),
             "field": name if layer is None else f"{name} (layer {layer})",
             "is_param_or_buffer": False, "is_input": False, "is_wrapped_scalar": False,
             "storage": storage_index.setdefault(key, len(storage_index)), "first_use_of_storage": True,
@@ -294,20 +362,24 @@ def _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors
     # inputs (reentrant: CheckpointFunction's ctx.save_for_backward, already among the SavedVariables;
     # non-reentrant: the args its unpack closure keeps). The partial's keyword arguments (mask, cos/sin,
     # position_ids), which the checkpoint also keeps alive until the region's backward, are reported apart.
-    acc = _account(saved + [e for e in held if e["held_by"] != "checkpoint_kwarg"])
+    acc = _account(saved + [e for e in held if e["held_by"] not in ("checkpoint_kwarg", "grad_leaf")])
     acc_live = _account(saved + held)
     ck_input_storages = {storage_index[k] for k, v in ck_role.items()
                          if v[0] == "checkpoint_input" and k in storage_index}
     kwarg_storages = {e["storage"] for e in held if e["held_by"] == "checkpoint_kwarg"}
+    grad_leaf_storages = {e["storage"] for e in held if e["held_by"] == "grad_leaf"}
     unexplained_storages = {e["storage"] for e in held if e["held_by"] == "unexplained"}
     eof = {"live_bytes": acc_live["cpu"], "live_bytes_cuda": acc_live["cuda"],
            "autograd_saved_bytes_cuda": 0, "checkpoint_input_bytes_cuda": 0, "checkpoint_kwarg_bytes_cuda": 0,
-           "unexplained_bytes": 0, "unexplained": unexplained, "saved_not_in_registry": not_in_registry}
+           "grad_leaf_bytes_cuda": 0, "unexplained_bytes": 0, "unexplained": unexplained,
+           "saved_not_in_registry": not_in_registry}
     for sid, (cpu_b, cuda_b) in acc_live["per_storage"].items():
         if sid in unexplained_storages:
             eof["unexplained_bytes"] += cpu_b
         elif sid in kwarg_storages:
             eof["checkpoint_kwarg_bytes_cuda"] += cuda_b
+        elif sid in grad_leaf_storages:
+            eof["grad_leaf_bytes_cuda"] += cuda_b
         elif sid in ck_input_storages:
             eof["checkpoint_input_bytes_cuda"] += cuda_b
         else:
@@ -348,6 +420,12 @@ def _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors
         "parameter_tensors": len(params),
         "trainable_parameters": sum(p.numel() for p in trainable),
         "frozen_parameter_names": list(getattr(model, "frozen_parameters", [])),
+        "lora": lora_info,
+        "autocast": _dtype_name(autocast_dtype) if autocast_dtype is not None else None,
+        "enable_input_require_grads": bool(enable_input_require_grads),
+        "grad_leaves": leaf_rows,
+        "grad_leaf_grad_bytes": leaf_grad_bytes,
+        "backward_error": backward_error,
         "parameters_with_grad": sum(p.numel() for p in params if p.grad is not None),
         "weights_bytes": sum(p.numel() * p.element_size() for p in params),
         "buffers_elements": sum(b.numel() for b in buffers),
@@ -373,6 +451,8 @@ def _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors
     if with_tensors:
         out["saved_tensors"] = saved
         out["checkpoint_calls"] = log
+        if lora_info is not None:
+            out["parameter_names"] = peft_lora.lora_parameter_rows(model)
     return out
 
 
@@ -400,10 +480,13 @@ def _checkpoint_region_nodes(log):
     return skip, pin
 
 
-def _walk(root, unpack_cb, skip=frozenset()):
+def _walk(root, unpack_cb, skip=frozenset(), leaves=None, params=()):
     """Map pack index -> (grad_fn name, field) by reading every node's _saved_* attributes, and a custom
     Function's ctx.saved_tensors (unpack reports the index while the walk says which node/field is being read).
-    Nodes whose id is in `skip` are passed through without reading their fields."""
+    Nodes whose id is in `skip` are passed through without reading their fields. `leaves`, when a list, receives
+    the AccumulateGrad nodes whose variable is not one of `params` (a leaf made to require grad, such as the input
+    embeddings' output under enable_input_require_grads)."""
+    param_ids = {id(p) for p in params}
     owner = {}
     current = ["?", "?"]
 
@@ -422,6 +505,8 @@ def _walk(root, unpack_cb, skip=frozenset()):
         seen.add(id(node))
         keep.append(node)
         name = type(node).__name__
+        if leaves is not None and name == "AccumulateGrad" and id(node.variable) not in param_ids:
+            leaves.append(node)
         if id(node) in skip:
             for nxt, _ in node.next_functions:
                 if nxt is not None:
@@ -448,8 +533,12 @@ def _walk(root, unpack_cb, skip=frozenset()):
     return owner
 
 
-def _cuda_torch2_bytes(node, field, m, nbytes):
+def _cuda_torch2_bytes(node, field, m, nbytes, bernoulli=False):
     """Bytes this saved tensor would take in CUDA torch 2.x, where that differs from CPU torch 1.13:
+      * dropout with p > 0 (PEFT's lora_dropout): CPU (at::dropout -> _dropout_impl, since is_fused_kernel_acceptable
+        needs CUDA) computes noise = empty_like(input).bernoulli_(1 - p).div_(1 - p) and returns input * noise, so
+        MulBackward0 saves `other`, the noise, in the input dtype. CUDA runs native_dropout, whose
+        NativeDropoutBackward0 saves the bool mask (result1): 1 byte per element.
       * MeanBackward1.self: torch 1.13's mean.dim formula (sum_backward(...) / _safe_size(self.sizes(), dim))
         saves the whole input; torch 2.x's (mean_backward(grad, self.sym_sizes(), dim, self.sym_numel(),
         keepdim)) saves only sizes -> 0 bytes. (RMSNorm's pow(2).mean(-1) hits this.)
@@ -457,6 +546,8 @@ def _cuda_torch2_bytes(node, field, m, nbytes):
         CUDA computes and saves them in float32 (the accumulate type) for bf16/fp16 inputs."""
     if node == "MeanBackward1" and field == "self":
         return 0
+    if node == "MulBackward0" and field == "other" and bernoulli:
+        return m["numel"]  # bool mask
     if node == "NativeLayerNormBackward0" and field in ("result1", "result2") and m["element_size"] < 4:
         return m["numel"] * 4
     return nbytes
@@ -508,7 +599,10 @@ def main(argv=None):
                     help="override a config key (value parsed as JSON when possible)")
     ap.add_argument("--batch", type=int, required=True)
     ap.add_argument("--seq", type=int, required=True)
-    ap.add_argument("--precision", choices=sorted(DTYPES), default="fp32")
+    ap.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32",
+                    help="fp32, bf16 (model cast to bf16) or bf16-amp (fp32 weights under CPU bf16 autocast)")
+    ap.add_argument("--autocast", action="store_true",
+                    help="run the forward under torch.autocast('cpu', bfloat16) also for --precision bf16")
     ap.add_argument("--optimizer", choices=["adamw", "sgd", "sgd-momentum", "none"], default="adamw")
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--dropout-off", action="store_true", default=True,
@@ -522,6 +616,16 @@ def main(argv=None):
                     help="torch.utils.checkpoint's use_reentrant (default true)")
     ap.add_argument("--checkpoint-every", type=int, default=1, metavar="N",
                     help="checkpoint the layers whose index is a multiple of N")
+    ap.add_argument("--lora", metavar="SPEC", default=None,
+                    help="PEFT LoRA: r=16,alpha=32,dropout=0.05,targets=q_proj+v_proj (or targets=all-linear); every "
+                         "field optional (r=8, alpha=8, dropout=0, targets: PEFT's per-model default); '' for all "
+                         "defaults")
+    ap.add_argument("--lora-dtype", choices=["fp32", "base"], default="fp32",
+                    help="adapter dtype: fp32 (PEFT autocast_adapter_dtype=True, the default) or base")
+    ap.add_argument("--input-require-grads", choices=["true", "false"], default=None,
+                    help="transformers' enable_input_require_grads (forward hook on the input embeddings); default: "
+                         "on for LoRA with checkpointing (PeftModel.__init__ on a gradient-checkpointed model)")
+    ap.add_argument("--enable-input-require-grads", action="store_true", help="the same as --input-require-grads true")
     ap.add_argument("--no-tensors", action="store_true", help="omit the per-tensor list")
     a = ap.parse_args(argv)
     with open(a.config) as f:
@@ -531,9 +635,13 @@ def main(argv=None):
             ap.error(f"--set expects key=value, got {s!r}")
         k, v = s.split("=", 1)
         cfg[k] = _parse_value(v)
+    irg = None if a.input_require_grads is None else a.input_require_grads == "true"
     res = measure(cfg, a.batch, a.seq, a.precision, a.optimizer, dropout_off=not a.keep_dropout,
                   with_tensors=not a.no_tensors, freeze=a.freeze, checkpointing=a.checkpointing,
-                  checkpoint_reentrant=a.checkpoint_reentrant == "true", checkpoint_every=a.checkpoint_every)
+                  checkpoint_reentrant=a.checkpoint_reentrant == "true", checkpoint_every=a.checkpoint_every,
+                  lora=a.lora, lora_dtype=a.lora_dtype,
+                  enable_input_require_grads=True if a.enable_input_require_grads else irg,
+                  autocast=a.autocast)
     json.dump(res, sys.stdout, indent=1)
     sys.stdout.write("\n")
 

@@ -91,6 +91,10 @@ struct FitResult {
 // sequence, the micro-batch defaults to 1. Needs a GPU.
 FitResult fit(const Scenario& s, const FitRequest& r, const FileReader& files);
 
+// ... over a given inventory (its rows' ownership: frozen, LoRA adapters, 4-bit weights).
+FitResult fit(const ModelSpec& m, const Inventory& inv, const TrainSetup& s, const SimOptions& o,
+              const AllocatorConfig& ac, const GpuSpec& gpu, const FitRequest& r);
+
 FitResult fit(const ModelSpec& m, const TrainSetup& s, const SimOptions& o, const AllocatorConfig& ac,
               const GpuSpec& gpu, const FitRequest& r);
 

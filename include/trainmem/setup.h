@@ -51,6 +51,16 @@ struct LoraSetup {
   bool fp32 = true;                  // adapters in float32 (get_peft_model autocast_adapter_dtype=True, peft >= 0.12)
 };
 
+// A k-bit base (bitsandbytes through transformers' BitsAndBytesConfig), for QLoRA.
+enum class Quantize { kNone, kNf4, kFp4, kInt8 };
+std::span<const NameRow<Quantize>> name_table(Quantize);
+struct QuantSetup {
+  Quantize type = Quantize::kNone;
+  bool double_quant = false;             // bnb_4bit_use_double_quant (transformers' default False)
+  DType compute = DType::kF32;           // bnb_4bit_compute_dtype (transformers' default None: float32)
+  bool prepare = true;                   // peft's prepare_model_for_kbit_training (as QLoRA recipes call it)
+};
+
 struct TrainSetup {
   uint64_t batch = 8;      // B: micro-batch size
   uint64_t seq = 1024;     // T: tokens per sequence
@@ -66,6 +76,7 @@ struct TrainSetup {
   uint64_t checkpoint_every = 1;   // checkpoint layers whose index is a multiple of this (every_n_layers)
   std::vector<std::string> freeze; // parameter-name globs whose rows get requires_grad=False
   LoraSetup lora;
+  QuantSetup quant;
   // enable_input_require_grads (the input embedding's output requires grad); empty: on for LoRA with
   // checkpointing, as transformers and PEFT turn it on then
   std::optional<bool> input_require_grads;

@@ -49,6 +49,9 @@ const char* intern_name(std::string_view name);
 // Label::row of a tensor allocated by a backward function: `what` and `layer` name the forward op whose
 // backward made it ("backward of h.3 attn softmax").
 inline constexpr int32_t kRowBackwardOf = -2;
+// Label::row of a tensor a backward function allocates under a name of its own (bitsandbytes' dequantized
+// weight): it keeps `what`, and takes the layer of the node's forward op.
+inline constexpr int32_t kRowNamedInBackward = -3;
 
 struct Event {
   enum Kind : uint8_t { kAlloc, kFree, kRecategorize } kind;

@@ -74,6 +74,12 @@ constexpr NameRow<OptimizerImpl> kOptimizerImpls[] = {
     {OptimizerImpl::kFused, "fused", "_fused_adamw_ kernels; `step` is a device tensor"},
     {OptimizerImpl::kForLoop, "for-loop", "_single_tensor_*"},
 };
+constexpr NameRow<Quantize> kQuantizes[] = {
+    {Quantize::kNone, "none", "the base weights in the model's dtype"},
+    {Quantize::kNf4, "nf4", "bitsandbytes 4-bit NormalFloat (Linear4bit, quant_type nf4)"},
+    {Quantize::kFp4, "fp4", "bitsandbytes 4-bit float (Linear4bit, quant_type fp4): the same bytes as nf4"},
+    {Quantize::kInt8, "int8", "bitsandbytes LLM.int8 (Linear8bitLt): not simulated yet"},
+};
 constexpr NameRow<Checkpointing> kCheckpointings[] = {
     {Checkpointing::kNone, "none", "every activation autograd saves is kept from forward to backward"},
     {Checkpointing::kFull, "full", "checkpointed layers keep only their input; backward recomputes them"},
@@ -81,6 +87,7 @@ constexpr NameRow<Checkpointing> kCheckpointings[] = {
 }  // namespace
 
 std::span<const NameRow<Checkpointing>> name_table(Checkpointing) { return kCheckpointings; }
+std::span<const NameRow<Quantize>> name_table(Quantize) { return kQuantizes; }
 std::span<const NameRow<Precision>> name_table(Precision) { return kPrecisions; }
 std::span<const NameRow<Optimizer>> name_table(Optimizer) { return kOptimizers; }
 std::span<const NameRow<OptimizerImpl>> name_table(OptimizerImpl) { return kOptimizerImpls; }

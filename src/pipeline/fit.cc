@@ -186,6 +186,16 @@ class Search {
   std::map<uint64_t, FitProbe> probes_;
 };
 
+// The inventory of the model with another attention (nanoGPT's eager attention has mask buffers, sdpa none):
+// the fresh one, unless the scenario changed the rows (frozen, LoRA, 4-bit), which attention does not touch
+// for the models that take those.
+Inventory same_rows_as(const Inventory& base, Inventory fresh) {
+  const bool owned = std::any_of(base.parameters.begin(), base.parameters.end(), [](const TensorRow& r) {
+    return !r.trainable || r.adapter || r.packed_4bit || r.fp32;
+  });
+  return owned ? base : fresh;
+}
+
 uint64_t cap_for(const Candidate& c, FitDimension dim, const FitRequest& r) {
   if (dim == FitDimension::kBatch) return r.max_batch;
   uint64_t cap = r.max_seq;
@@ -241,10 +251,10 @@ void suggest(const Candidate& base, const FitProbe& original, std::optional<uint
   if (base.model.attn_impl == AttnImpl::kEager) {
     Candidate c = base;
     c.model.attn_impl = AttnImpl::kSdpa;
-    c.inv = build_inventory(c.model);
+    c.inv = same_rows_as(base.inv, build_inventory(c.model));
     add({{"attention", "sdpa"}}, "scaled_dot_product_attention: no (B, H, T, T) scores or probabilities kept", c);
     all.model.attn_impl = AttnImpl::kSdpa;
-    all.inv = build_inventory(all.model);
+    all.inv = same_rows_as(base.inv, build_inventory(all.model));
     all_changes.push_back({"attention", "sdpa"});
   }
   const bool adam = base.setup.optimizer == Optimizer::kAdamW || base.setup.optimizer == Optimizer::kAdam;
@@ -297,6 +307,11 @@ void suggest(const Candidate& base, const FitProbe& original, std::optional<uint
 
 FitResult fit(const ModelSpec& m, const TrainSetup& s0, const SimOptions& o, const AllocatorConfig& ac,
               const GpuSpec& gpu, const FitRequest& r) {
+  return fit(m, build_inventory(m), s0, o, ac, gpu, r);
+}
+
+FitResult fit(const ModelSpec& m, const Inventory& inv, const TrainSetup& s0, const SimOptions& o,
+              const AllocatorConfig& ac, const GpuSpec& gpu, const FitRequest& r) {
   if (r.solve == FitDimension::kSeq && input_kind(m) == InputKind::kFeatures) {
     throw FieldError("solve", fmt::format("seq: {} is a layer stack, which has no sequence axis; solve for the batch",
                             m.name));
@@ -305,7 +320,7 @@ FitResult fit(const ModelSpec& m, const TrainSetup& s0, const SimOptions& o, con
   TrainSetup s = s0;
   (r.solve == FitDimension::kBatch ? s.batch : s.seq) = 1;
   validate_setup(m, s);
-  Candidate base{m, build_inventory(m), s, resolved(o, m), ac};
+  Candidate base{m, inv, s, resolved(o, m), ac};
   base.options.sm = gpu.sm;
   FitResult out;
   out.model = m;
@@ -350,7 +365,7 @@ FitResult fit(const Scenario& s0, const FitRequest& r, const FileReader& files) 
     throw FieldError("gpu", "\"\": expected a GPU from the catalog (trainmem gpus): fit needs a device");
   }
   const ResolvedScenario rs = resolve(s, files);
-  FitResult out = fit(rs.model, rs.setup, rs.options, rs.alloc, *rs.gpu, r);
+  FitResult out = fit(rs.model, rs.inventory, rs.setup, rs.options, rs.alloc, *rs.gpu, r);
   out.warnings = rs.warnings;
   return out;
 }

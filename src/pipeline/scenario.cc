@@ -125,6 +125,12 @@ constexpr Field kFields[] = {
     {"lora_dtype", "fp32 | base: LoRA adapters in float32 (PEFT >= 0.12) or in the model's dtype", FieldGroup::kModel},
     {"input_require_grads", "true | false: enable_input_require_grads (default: on for LoRA with checkpointing)",
      FieldGroup::kTraining},
+    {"quantize", "none | nf4 | fp4: a bitsandbytes 4-bit base (QLoRA) with every Linear but the head quantized",
+     FieldGroup::kModel},
+    {"double_quant", "true | false: bnb_4bit_use_double_quant (default false, as transformers)", FieldGroup::kModel},
+    {"compute_dtype", "fp32 | bf16 | fp16: bnb_4bit_compute_dtype (default fp32, as transformers)", FieldGroup::kModel},
+    {"kbit_prepare", "true | false: peft's prepare_model_for_kbit_training (float32 non-quantized parameters, "
+                     "reentrant checkpointing, input grads; default true with --quantize)", FieldGroup::kModel},
     {"freeze", "freeze the parameters whose names match a glob (* matches anything): --freeze 'model.layers.0.*' "
                "(repeatable); frozen rows get no gradient and no optimizer state", FieldGroup::kModel, true},
     {"gpu",
@@ -208,6 +214,16 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
   } else if (f == "input_require_grads") {
     if (v != "true" && v != "false") bad(f, v, "true or false");
     s.train.input_require_grads = v == "true";
+  } else if (f == "quantize") {
+    s.train.quant.type = named(f, v, parse_name<Quantize>(v));
+  } else if (f == "double_quant" || f == "kbit_prepare") {
+    if (v != "true" && v != "false") bad(f, v, "true or false");
+    (f == "double_quant" ? s.train.quant.double_quant : s.train.quant.prepare) = v == "true";
+  } else if (f == "compute_dtype") {
+    if (v == "fp32") s.train.quant.compute = DType::kF32;
+    else if (v == "bf16") s.train.quant.compute = DType::kBF16;
+    else if (v == "fp16") s.train.quant.compute = DType::kF16;
+    else bad(f, v, "fp32, bf16 or fp16");
   } else if (f == "freeze") {
     if (v.empty()) bad(f, v, "a glob over parameter names, like 'model.layers.0.*'");
     s.train.freeze.emplace_back(v);
@@ -247,6 +263,12 @@ std::string field_text(const Scenario& s, std::string_view f) {
   }
   if (f == "checkpoint_every") return std::to_string(s.train.checkpoint_every);
   if (f == "lora_dtype") return s.train.lora.fp32 ? "fp32" : "base";
+  if (f == "quantize") return std::string(name_of(s.train.quant.type));
+  if (f == "double_quant") return s.train.quant.double_quant ? "true" : "false";
+  if (f == "kbit_prepare") return s.train.quant.prepare ? "true" : "false";
+  if (f == "compute_dtype") {
+    return s.train.quant.compute == DType::kBF16 ? "bf16" : s.train.quant.compute == DType::kF16 ? "fp16" : "fp32";
+  }
   if (f == "input_require_grads") {
     return s.train.input_require_grads ? (*s.train.input_require_grads ? "true" : "false") : "";
   }
@@ -308,6 +330,32 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   r.inventory = build_inventory(r.model);
   r.setup = s.train;
   validate_setup(r.model, r.setup);
+  // A bitsandbytes 4-bit base: the Linear weights packed, their quantization state as extra rows.
+  if (s.train.quant.type == Quantize::kInt8) {
+    throw FieldError("quantize", "int8: LLM.int8 (Linear8bitLt) bases are not simulated yet; nf4 or fp4 are");
+  }
+  if (s.train.quant.type != Quantize::kNone) {
+    if (r.model.family == Family::kGpt2 && r.model.impl == Impl::kHf) {
+      throw FieldError("quantize", fmt::format("{}: a 4-bit GPT-2 (transformers' Conv1D layers) is not simulated "
+                                               "yet", name_of(s.train.quant.type)));
+    }
+    if (input_kind(r.model) != InputKind::kTokenIds) {
+      throw FieldError("quantize", fmt::format("{}: a layer stack is not a transformers model", name_of(s.train.quant.type)));
+    }
+    quantize_4bit_rows(r.inventory, s.train.quant.double_quant);
+    if (s.train.quant.prepare) {
+      // prepare_model_for_kbit_training: every parameter frozen; each 16-bit one that is not Params4bit cast to
+      // float32 (embeddings, norms, lm_head); gradient checkpointing, reentrant ({} kwargs: torch's default in
+      // every transformers version), with enable_input_require_grads
+      for (TensorRow& row : r.inventory.parameters) {
+        row.trainable = false;
+        if (!row.packed_4bit) row.fp32 = true;
+      }
+      if (!s.was_given("checkpointing")) r.setup.checkpointing = Checkpointing::kFull;
+      if (!s.was_given("checkpoint_reentrant")) r.setup.checkpoint_reentrant = true;
+      if (!s.was_given("input_require_grads")) r.setup.input_require_grads = true;
+    }
+  }
   // PEFT LoRA: adapter rows after each targeted Linear, every base row frozen.
   if (s.train.lora.on) {
     LoraSetup& l = r.setup.lora;
@@ -345,6 +393,11 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
     }
   }
   if (trainable_rows(r.inventory) == 0) {
+    if (s.train.quant.type != Quantize::kNone) {
+      throw FieldError("quantize", fmt::format("{}: a quantized base is frozen (prepare_model_for_kbit_training, "
+                                               "Params4bit): add adapters to train, like --lora r=16",
+                                               name_of(s.train.quant.type)));
+    }
     throw FieldError("freeze", "froze every parameter: nothing is left to train (loss.backward() would fail)");
   }
   // use_reentrant: the modelled code's default (transformers 5.x gradient_checkpointing_enable passes

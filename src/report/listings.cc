@@ -57,11 +57,11 @@ std::string render_inventory_table(const ModelSpec& m, const Inventory& inv, DTy
     Bytes b;
     for (const auto& r : rows) {
       const DType d = stored_dtype(r, dtype);
-      const Bytes rb = bytes_of(r.elems, d);
+      const Bytes rb = stored_bytes(r, dtype);  // packed for a 4-bit weight
       n += r.elems;
       b += rb;
       t.row({r.name + (buffers && !r.persistent ? " (non-persistent)" : ""), shape_string(r.shape),
-             std::string(dtype_name(d)), with_commas(r.elems.value), with_commas(rb.value)});
+             std::string(dtype_name(d)) + (r.packed_4bit ? " (4-bit, packed)" : ""), with_commas(r.elems.value), with_commas(rb.value)});
     }
     t.rule();
     t.row({fmt::format("{} {}", rows.size(), buffers ? "buffers" : "parameter tensors"), "", "",
@@ -90,7 +90,8 @@ std::string render_inventory_json(const ModelSpec& m, const Inventory& inv, DTyp
     for (const auto& r : rs) {
       const DType d = stored_dtype(r, dtype);
       nlohmann::json row = {{"name", r.name}, {"shape", r.shape}, {"dtype", dtype_name(d)},
-                            {"elements", r.elems.value}, {"bytes", bytes_of(r.elems, d).value}};
+                            {"elements", r.elems.value}, {"bytes", stored_bytes(r, dtype).value}};
+      if (r.packed_4bit) row["packed_4bit"] = true;
       if (buffers) row["persistent"] = r.persistent;
       a.push_back(row);
     }

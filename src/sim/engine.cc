@@ -159,10 +159,12 @@ TensorImpl* Engine::new_impl() {
 void Engine::delete_impl(TensorImpl* p) { impls_.put(p); }
 
 uint64_t Engine::alloc_storage(Bytes b, Category c, Label l) {
-  if (running_ && (c == Category::kBackward || c == Category::kTemporaries)) {
-    l = Label{running_->label.what, running_->label.layer, kRowBackwardOf};
-  } else if (recomputing_depth_ > 0 && l.row < 0) {
+  if (recomputing_depth_ > 0 && l.row < 0) {
     l.what = intern_name(std::string("recompute: ") + l.what);  // checkpointing's forward, run again in backward
+  } else if (running_ && l.row == kRowNamedInBackward) {
+    l = Label{l.what, running_->label.layer, -1};  // a backward allocation with a name of its own
+  } else if (running_ && (c == Category::kBackward || c == Category::kTemporaries)) {
+    l = Label{running_->label.what, running_->label.layer, kRowBackwardOf};
   }
   if (tl_->events.size() >= kMaxEvents) {
     throw Error(fmt::format("the simulation passes {} events (the bound on one simulated run): fewer layers, "

@@ -306,6 +306,17 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
     ++i;
   }
   loop.c.lora.dropout = s.lora.dropout;
+  // bitsandbytes 4-bit weights: their Linear's shape, the compute dtype and the dtype they were quantized from
+  for (size_t i = 0; i < inv.parameters.size(); ++i) {
+    const TensorRow& r = inv.parameters[i];
+    if (!r.packed_4bit) continue;
+    auto& dims = loop.c.quant.dims_by_row;
+    if (dims.size() < inv.parameters.size()) dims.resize(inv.parameters.size());
+    dims[i] = {r.shape[0], r.shape[1]};
+  }
+  loop.c.quant.compute = s.quant.compute;
+  loop.c.quant.quantized = param_dtype(s.precision);  // QuantState.dtype: the weight's dtype at quantization
+  loop.c.quant.double_quant = s.quant.double_quant;
   if (s.input_require_grads.value_or(false)) {
     const std::string_view emb = family_descriptor(m.family).input_embedding;
     for (size_t i = 0; i < inv.parameters.size(); ++i) {

@@ -154,8 +154,12 @@ T linear_4bit(Ctx& c, const T& x0, const T& packed, const T* b0, uint64_t out_f,
   c.e.record("MatMul4BitBackward", {&x}, {&out}, {}, [xs, qd, out_f, in_f](Engine& e, Node&, Grads& g) {
     if (!g[0]) return Grads{T()};
     // grad_A = grad_output @ F.dequantize_4bit(B, ctx.state).to(grad_output.dtype).t()
-    T wdq = e.empty(Shape{out_f, in_f}, qd, Category::kTemporaries, Label{"dequantized 4-bit weight"});
-    if (qd != g[0].dtype()) wdq = e.empty(Shape{out_f, in_f}, g[0].dtype(), Category::kTemporaries, Label{"dequantized weight .to()"});
+    T wdq = e.empty(Shape{out_f, in_f}, qd, Category::kTemporaries,
+                    Label{"backward: dequantized 4-bit weight", -1, kRowNamedInBackward});
+    if (qd != g[0].dtype()) {
+      wdq = e.empty(Shape{out_f, in_f}, g[0].dtype(), Category::kTemporaries,
+                    Label{"backward: dequantized weight .to()", -1, kRowNamedInBackward});
+    }
     T ga = grad_empty(e, xs, g[0].dtype(), g[0]->label);
     e.gemm(false);
     return Grads{ga};

@@ -75,6 +75,8 @@ struct StateBytes {
   Bytes optimizer_state;    // state tensors on the device (moments, momentum, fused `step` scalars)
   Bytes optimizer_moments;  // of which exp_avg/exp_avg_sq or momentum_buffer
   Bytes optimizer_steps;    // of which `step` scalars (device tensors only with fused/capturable)
+  Bytes paged_optimizer_state;  // bitsandbytes' paged states: cudaMallocManaged memory, outside the caching
+                                // allocator (not in memory_allocated), but what nvidia-smi counts while resident
   Bytes inputs;             // one micro-batch of input ids and targets
 };
 

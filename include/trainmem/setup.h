@@ -22,7 +22,16 @@ enum class Precision {
   kBf16,     // model.to(bfloat16)
 };
 
-enum class Optimizer { kAdamW, kAdam, kSgd, kSgdMomentum, kNone };
+enum class Optimizer {
+  kAdamW, kAdam, kSgd, kSgdMomentum, kNone,
+  kAdamW8bit,       // bitsandbytes AdamW8bit (optim_bits=8): blockwise 8-bit states
+  kPagedAdamW8bit,  // bitsandbytes PagedAdamW8bit: the same, large states in paged (managed) memory
+  kPagedAdamW,      // bitsandbytes PagedAdamW: float32 states in paged memory
+  kLion,            // bitsandbytes Lion (32-bit): one float32 state
+  kAdafactor,       // transformers' Adafactor (the Trainer's optim="adafactor"), factored second moments
+};
+
+
 
 // Which torch.optim code path runs the update (it decides temporaries and where `step` lives).
 enum class OptimizerImpl {
@@ -32,6 +41,21 @@ enum class OptimizerImpl {
   kFused,    // _fused_adamw_ kernels; `step` is a device tensor
   kForLoop,  // _single_tensor_*
 };
+
+// One state tensor an optimizer keeps for a parameter (created at its first step).
+struct StateTensor {
+  std::vector<uint64_t> shape;
+  DType dtype = DType::kF32;
+  bool paged = false;  // in cudaMallocManaged memory: not the caching allocator's, so not in memory_allocated
+  const char* what = "";
+};
+// The state tensors of `o` for a parameter of `shape` stored as `param_dtype`, in the order the optimizer
+// creates them; the source of each rule is cited in setup.cc.
+std::vector<StateTensor> optimizer_state_tensors(Optimizer o, OptimizerImpl impl, const std::vector<uint64_t>& shape,
+                                                 DType param_dtype);
+// State created once per optimizer, on the first step (bitsandbytes' quantization maps).
+std::vector<StateTensor> optimizer_shared_state(Optimizer o);
+
 
 // Gradient (activation) checkpointing of the decoder layers, as transformers' gradient_checkpointing_enable()
 // applies it: each checkpointed layer's call goes through torch.utils.checkpoint.checkpoint.
@@ -87,9 +111,9 @@ DType param_dtype(Precision p);
 // The dtype matmuls run in: the autocast dtype, or the storage dtype without autocast.
 DType compute_dtype(Precision p);
 bool uses_autocast(Precision p);
-// Optimizer state tensors per parameter (exp_avg and exp_avg_sq for Adam(W), momentum_buffer for SGD with
-// momentum), each shaped and typed like the parameter (torch.zeros_like(p, memory_format=preserve_format)).
-uint64_t optimizer_states_per_param(Optimizer o);
+
+// AdamW, Adam, SGD: torch.optim's, with foreach/fused/for-loop code paths.
+bool is_torch_optim(Optimizer o);
 // The implementation that actually runs for `o` and `impl` with a model built by `model_impl`.
 OptimizerImpl resolve_optimizer_impl(Optimizer o, OptimizerImpl impl, Impl model_impl);
 

@@ -28,19 +28,90 @@ DType compute_dtype(Precision p) {
 
 bool uses_autocast(Precision p) { return p == Precision::kFp16Amp || p == Precision::kBf16Amp; }
 
-uint64_t optimizer_states_per_param(Optimizer o) {
+namespace {
+uint64_t numel_of(const std::vector<uint64_t>& shape) {
+  uint64_t n = 1;
+  for (uint64_t d : shape) n = checked_mul(n, d, "a parameter's elements");
+  return n;
+}
+// bitsandbytes optim/optimizer.py: Optimizer2State.init_state (bnb >= 0.44): parameters with fewer than
+// min_8bit_size = 4096 elements keep float32 states; `get_state_buffer` pages a state when is_paged and
+// p.numel() >= 1e5; the blockwise absmax has one float32 per 256 elements.
+constexpr uint64_t kMin8bitSize = 4096;
+constexpr uint64_t kPagedMinElems = 100'000;
+constexpr uint64_t k8bitBlock = 256;
+}  // namespace
+
+std::vector<StateTensor> optimizer_state_tensors(Optimizer o, OptimizerImpl impl, const std::vector<uint64_t>& shape,
+                                                 DType pd) {
+  const uint64_t n = numel_of(shape);
+  std::vector<StateTensor> s;
   switch (o) {
     case Optimizer::kAdamW:
-    case Optimizer::kAdam: return 2;          // exp_avg, exp_avg_sq
-    case Optimizer::kSgdMomentum: return 1;   // momentum_buffer
-    case Optimizer::kSgd:                     // momentum=0: no state
-    case Optimizer::kNone: return 0;
+    case Optimizer::kAdam:
+      // torch/optim/adam.py _init_group: step (0-d float32, on the device only when fused or capturable),
+      // exp_avg and exp_avg_sq = zeros_like(p)
+      if (impl == OptimizerImpl::kFused) s.push_back({{}, DType::kF32, false, "step"});
+      s.push_back({shape, pd, false, "exp_avg"});
+      s.push_back({shape, pd, false, "exp_avg_sq"});
+      break;
+    case Optimizer::kSgdMomentum: s.push_back({shape, pd, false, "momentum_buffer"}); break;
+    case Optimizer::kSgd:
+    case Optimizer::kNone: break;
+    case Optimizer::kAdamW8bit:
+    case Optimizer::kPagedAdamW8bit: {
+      const bool paged = o == Optimizer::kPagedAdamW8bit && n >= kPagedMinElems;
+      if (n < kMin8bitSize) {
+        s.push_back({shape, DType::kF32, paged, "state1"});
+        s.push_back({shape, DType::kF32, paged, "state2"});
+      } else {
+        s.push_back({shape, DType::kU8, paged, "state1 (8-bit)"});
+        s.push_back({shape, DType::kU8, paged, "state2 (8-bit)"});
+        s.push_back({{ceil_div(n, k8bitBlock)}, DType::kF32, false, "absmax1"});
+        s.push_back({{ceil_div(n, k8bitBlock)}, DType::kF32, false, "absmax2"});
+      }
+      break;
+    }
+    case Optimizer::kPagedAdamW: {
+      const bool paged = n >= kPagedMinElems;  // 32-bit states: float32 whatever the parameter's dtype
+      s.push_back({shape, DType::kF32, paged, "state1"});
+      s.push_back({shape, DType::kF32, paged, "state2"});
+      break;
+    }
+    case Optimizer::kLion: s.push_back({shape, DType::kF32, false, "state1"}); break;  // Optimizer1State, 32-bit
+    case Optimizer::kAdafactor:
+      // transformers optimization.py Adafactor.step: factored when len(shape) >= 2: exp_avg_sq_row
+      // shape[:-1] and exp_avg_sq_col shape[:-2] + shape[-1:], float32; otherwise exp_avg_sq, float32;
+      // exp_avg only with beta1 (default None)
+      if (shape.size() >= 2) {
+        s.push_back({std::vector<uint64_t>(shape.begin(), shape.end() - 1), DType::kF32, false, "exp_avg_sq_row"});
+        std::vector<uint64_t> col(shape.begin(), shape.end() - 2);
+        col.push_back(shape.back());
+        s.push_back({col, DType::kF32, false, "exp_avg_sq_col"});
+      } else {
+        s.push_back({shape, DType::kF32, false, "exp_avg_sq"});
+      }
+      break;
   }
-  return 0;
+  return s;
+}
+
+std::vector<StateTensor> optimizer_shared_state(Optimizer o) {
+  // Optimizer2State.init_state: self.name2qmap["dynamic"] / ["udynamic"] (create_dynamic_map: 256 float32
+  // values each), moved to the parameter's device once
+  if (o == Optimizer::kAdamW8bit || o == Optimizer::kPagedAdamW8bit) {
+    return {{{256}, DType::kF32, false, "qmap1 (dynamic)"}, {{256}, DType::kF32, false, "qmap2 (udynamic)"}};
+  }
+  return {};
+}
+
+
+bool is_torch_optim(Optimizer o) {
+  return o == Optimizer::kAdamW || o == Optimizer::kAdam || o == Optimizer::kSgd || o == Optimizer::kSgdMomentum;
 }
 
 OptimizerImpl resolve_optimizer_impl(Optimizer o, OptimizerImpl impl, Impl model_impl) {
-  if (o == Optimizer::kNone) return OptimizerImpl::kAuto;  // nothing runs
+  if (!is_torch_optim(o)) return OptimizerImpl::kAuto;  // nothing runs, or not torch.optim's code paths
   if (impl != OptimizerImpl::kAuto) return impl;
   // nanoGPT configure_optimizers: use_fused = fused_available and device_type == 'cuda' (AdamW only).
   if (model_impl == Impl::kNanoGpt && o == Optimizer::kAdamW) return OptimizerImpl::kFused;
@@ -67,6 +138,11 @@ constexpr NameRow<Optimizer> kOptimizers[] = {
     {Optimizer::kSgd, "sgd", "torch.optim.SGD without momentum: no state"},
     {Optimizer::kSgdMomentum, "sgd-momentum", "torch.optim.SGD with momentum: momentum_buffer per parameter"},
     {Optimizer::kNone, "none", "no optimizer step (forward and backward only)"},
+    {Optimizer::kAdamW8bit, "adamw8bit", "bitsandbytes AdamW8bit: 8-bit blockwise states (float32 under 4096 elements)"},
+    {Optimizer::kPagedAdamW8bit, "paged-adamw8bit", "bitsandbytes PagedAdamW8bit: 8-bit states, large ones paged"},
+    {Optimizer::kPagedAdamW, "paged-adamw", "bitsandbytes PagedAdamW: float32 states, large ones paged"},
+    {Optimizer::kLion, "lion", "bitsandbytes Lion (32-bit): one float32 state"},
+    {Optimizer::kAdafactor, "adafactor", "transformers' Adafactor: factored float32 second moments"},
 };
 constexpr NameRow<OptimizerImpl> kOptimizerImpls[] = {
     {OptimizerImpl::kAuto, "auto", "fused for nanoGPT's AdamW, foreach otherwise (torch.optim's CUDA default)"},
@@ -106,6 +182,11 @@ void validate_setup(const ModelSpec& m, const TrainSetup& s) {
   if (s.optimizer == Optimizer::kNone && s.optimizer_impl != OptimizerImpl::kAuto) {
     throw FieldError("optimizer_impl", fmt::format("{}: there is no optimizer (the optimizer is none)",
                                                    optimizer_impl_name(s.optimizer_impl)));
+  }
+  if (!is_torch_optim(s.optimizer) && s.optimizer_impl != OptimizerImpl::kAuto) {
+    throw FieldError("optimizer_impl", fmt::format("{}: {} has one implementation (foreach, fused and for-loop are "
+                                                   "torch.optim's)", optimizer_impl_name(s.optimizer_impl),
+                                                   optimizer_name(s.optimizer)));
   }
   if (input_kind(m) == InputKind::kFeatures) return;  // no sequence axis: T multiplies the rows
   if (m.max_positions != 0 && s.seq > m.max_positions) {

@@ -10,8 +10,6 @@ namespace trainmem {
 
 // torch.optim Adam(W) keeps state['step'] as a float32 scalar tensor: on the parameter's device when fused
 // or capturable, on the CPU otherwise (torch/optim/adam.py _init_group).
-inline constexpr uint64_t kOptimizerStepBytes = 4;
-
 namespace {
 
 const char* category_note(Category c) {
@@ -65,6 +63,9 @@ DeviceVerdict device_verdict(const Estimate& e, const GpuSpec& gpu, const Alloca
   // nvidia-smi on this GPU: what the allocator reserves there (less than without a limit when it had to
   // release its cache), plus the context; for a step that does not fit, what it would need.
   v.device_total = (v.fits ? v.peak_reserved : e.memory.peak_reserved) + gpu.context;
+  // bitsandbytes' paged optimizer state (cudaMallocManaged) counts while resident; the driver may evict it to
+  // the host rather than fail, so it does not decide the verdict
+  v.device_total += e.state.paged_optimizer_state;
   v.alloc_retries = r.alloc_retries;
   v.headroom = signed_difference(v.usable.value, r.peak_reserved.value, "the headroom on the device");
   if (r.oom) {
@@ -149,20 +150,31 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
   // Gradients and optimizer state exist for the trainable rows the backward reached (all of them, unless a
   // reentrant checkpoint's input did not require grad).
   // Each in its parameter's dtype (float32 LoRA adapters on a 16-bit model).
+  // The optimizer's state: optimizer_state_tensors() for each of those rows, the same tensors the simulated
+  // step creates; paged ones live outside the caching allocator.
   Bytes with_grad;
-  size_t rows_with_grad = 0;
   for (size_t i = 0; i < inv.parameters.size(); ++i) {
-    if (i < sim->param_has_grad.size() && sim->param_has_grad[i] && inv.parameters[i].trainable) {
-      with_grad += bytes_of(inv.parameters[i].elems, stored_dtype(inv.parameters[i], pd));
-      ++rows_with_grad;
+    const TensorRow& r = inv.parameters[i];
+    if (i >= sim->param_has_grad.size() || !sim->param_has_grad[i] || !r.trainable) continue;
+    const DType d = stored_dtype(r, pd);
+    with_grad += bytes_of(r.elems, d);
+    for (const StateTensor& t : optimizer_state_tensors(s.optimizer, e.setup.optimizer_impl, r.shape, d)) {
+      Elems n(1);
+      for (uint64_t dim : t.shape) n = Elems(checked_mul(n.value, dim, "an optimizer state's elements"));
+      const Bytes b = bytes_of(n, t.dtype);
+      if (t.paged) {
+        st.paged_optimizer_state += b;
+      } else if (std::string_view(t.what) == "step") {
+        st.optimizer_steps += b;
+      } else {
+        st.optimizer_moments += b;
+      }
     }
   }
-  st.gradients = with_grad;
-  st.optimizer_moments = with_grad * optimizer_states_per_param(s.optimizer);
-  const bool adam = s.optimizer == Optimizer::kAdamW || s.optimizer == Optimizer::kAdam;
-  if (adam && e.setup.optimizer_impl == OptimizerImpl::kFused) {
-    st.optimizer_steps = Bytes(kOptimizerStepBytes) * rows_with_grad;
+  if (with_grad.value > 0) {
+    for (const StateTensor& t : optimizer_shared_state(s.optimizer)) st.optimizer_moments += bytes_of(Elems(t.shape[0]), t.dtype);
   }
+  st.gradients = with_grad;
   st.optimizer_state = st.optimizer_moments + st.optimizer_steps;
   e.sim = sim;
   e.warnings = sim->warnings;

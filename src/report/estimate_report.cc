@@ -97,6 +97,10 @@ std::string render_estimate_table(const Estimate& e, const GpuSpec* gpu) {
   row("peak allocated", e.memory.peak_allocated, "max_memory_allocated(): blocks, with rounding gaps");
   row("peak reserved", e.memory.peak_reserved, fmt::format("max_memory_reserved(): {} cudaMalloc segments", e.memory.segments));
   row("fragmentation", e.memory.fragmentation, "reserved but not allocated at the peaks");
+  if (e.state.paged_optimizer_state.value > 0) {
+    row("paged optimizer", e.state.paged_optimizer_state,
+        "bitsandbytes' paged states: cudaMallocManaged, outside the caching allocator (in nvidia-smi while resident)");
+  }
   if (e.device && e.device->fits) {
     row("nvidia-smi", e.device->device_total,
         fmt::format("{} + {} outside PyTorch", e.device->alloc_retries > 0 ? "reserved on this GPU" : "peak reserved",
@@ -137,6 +141,7 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
                   {"gradients_bytes", e.state.gradients.value}, {"optimizer_state_bytes", e.state.optimizer_state.value},
                   {"optimizer_moments_bytes", e.state.optimizer_moments.value},
                   {"optimizer_steps_bytes", e.state.optimizer_steps.value}, {"inputs_bytes", e.state.inputs.value},
+                  {"paged_optimizer_state_bytes", e.state.paged_optimizer_state.value},
                   {"saved_activations_bytes", e.peak.saved_activations.value},
                   {"activations_bytes", e.peak.activations.value}, {"steady_state_bytes", e.memory.steady_state.value},
                   {"steady_state_reserved_bytes", e.memory.steady_state_reserved.value},

@@ -44,6 +44,12 @@ namespace sim {
 
 namespace {
 
+Shape shape_of(const std::vector<uint64_t>& dims) {
+  Shape s;
+  for (uint64_t d : dims) s.d[s.n++] = d;
+  return s;
+}
+
 // multi_tensor_apply (ATen/native/cuda/MultiTensorApply.cuh): kChunkSize elements per chunk; _foreach_norm
 // keeps one float partial per chunk of every tensor.
 constexpr uint64_t kForeachChunkElems = 65536;
@@ -206,18 +212,24 @@ struct Loop {
   void optimizer_step(bool first) {
     e.phase = Phase::kOptimizer;
     if (s.optimizer == Optimizer::kNone) return;
-    const uint64_t states = optimizer_states_per_param(s.optimizer);
     const bool adam = s.optimizer == Optimizer::kAdamW || s.optimizer == Optimizer::kAdam;
-    const bool device_step = adam && opt_impl == OptimizerImpl::kFused;
-    for (const std::vector<size_t>& group : param_groups()) {
+    const auto groups = param_groups();
+    if (first && !groups.empty()) {
+      for (const StateTensor& t : optimizer_shared_state(s.optimizer)) {
+        state.push_back(e.empty(shape_of(t.shape), t.dtype, Category::kOptimizer, Label{t.what}));
+      }
+    }
+    for (const std::vector<size_t>& group : groups) {
       if (first) {
-        // _init_group, parameter by parameter: step (a 0-dim float32, on the device only when fused or
-        // capturable), exp_avg, exp_avg_sq = zeros_like(p). SGD's momentum_buffer = clone(grad).
+        // the state of each parameter, created lazily at its first step in parameter order
+        // (optimizer_state_tensors: torch.optim's _init_group, bitsandbytes' init_state, Adafactor's step)
         for (size_t i : group) {
           const T& p = w.params[i];
           const Label l{intern_name(inv.parameters[i].name), -1, static_cast<int32_t>(i)};
-          if (device_step) state.push_back(e.empty(Shape{}, DType::kF32, Category::kOptimizer, l));
-          for (uint64_t k = 0; k < states; ++k) state.push_back(e.empty(p.shape(), p.dtype(), Category::kOptimizer, l));
+          for (const StateTensor& t : optimizer_state_tensors(s.optimizer, opt_impl, inv.parameters[i].shape, p.dtype())) {
+            if (t.paged) continue;  // cudaMallocManaged: not the caching allocator's (StateBytes::paged_optimizer_state)
+            state.push_back(e.empty(shape_of(t.shape), t.dtype, Category::kOptimizer, l));
+          }
         }
       }
       if (adam && opt_impl == OptimizerImpl::kForeach) {
@@ -234,7 +246,44 @@ struct Loop {
           T sq = e.empty(w.params[i].shape(), w.params[i].dtype(), Category::kTemporaries, Label{"adam sqrt"});
           T denom = e.empty(w.params[i].shape(), w.params[i].dtype(), Category::kTemporaries, Label{"adam denom"});
         }
+      } else if (s.optimizer == Optimizer::kAdafactor) {
+        for (size_t i : group) adafactor_update(i);
       }
+      // bitsandbytes' 8-bit, paged and Lion updates are one in-place kernel per parameter: no temporaries
+    }
+  }
+
+  // transformers' Adafactor.step for one parameter (optimization.py): float32 copies of a 16-bit grad and
+  // parameter, update = grad**2 + eps, the row and column means, the factored estimate r * c (a new tensor),
+  // then in-place scaling; the float32 parameter is copied back.
+  void adafactor_update(size_t i) {
+    const T& p = w.params[i];
+    const Shape ps = p.shape();
+    const bool half = p.dtype() != DType::kF32;
+    auto f32 = [&](const Shape& sh, const char* what) {
+      return e.empty(sh, DType::kF32, Category::kTemporaries, Label{what, -1, static_cast<int32_t>(i)});
+    };
+    T g32 = half ? f32(ps, "adafactor grad.float()") : T();
+    T p32 = half ? f32(ps, "adafactor p.float()") : T();
+    T update;
+    {
+      T sq = f32(ps, "adafactor grad**2");
+      update = f32(ps, "adafactor grad**2 + eps");
+    }
+    if (ps.n >= 2) {
+      Shape row = ps;
+      row.n = static_cast<uint8_t>(ps.n - 1);
+      Shape col = ps;
+      col.d[ps.n - 2] = ps.d[ps.n - 1];
+      col.n = static_cast<uint8_t>(ps.n - 1);
+      { T mean_row = f32(row, "adafactor update.mean(-1)"); }
+      { T mean_col = f32(col, "adafactor update.mean(-2)"); }
+      // _approx_sq_grad: r_factor = (row / row.mean(-1, keepdim)).rsqrt_(); c_factor = col.rsqrt(); r * c
+      T r = f32(row, "adafactor r_factor");
+      T c = f32(col, "adafactor c_factor");
+      update = f32(ps, "adafactor r_factor * c_factor");
+    } else {
+      update = f32(ps, "adafactor exp_avg_sq.rsqrt()");
     }
   }
 

@@ -1,12 +1,25 @@
 # The two commands of the README:
 #   make demo   installs what is missing, builds, and prints the memory breakdown of GPT-2 small training
 #   make test   installs what is missing, builds, and runs every test (unit, golden, CLI, PyTorch oracle)
+# Robustness (each in a build folder of its own; .ci/run runs all three after make test):
+#   make sanitize  builds with AddressSanitizer and UndefinedBehaviorSanitizer (g++) in build-asan and runs the
+#                  unit and CLI tests there (SANITIZE_LABELS)
+#   make fuzz      builds the libFuzzer harnesses of fuzz/ (clang) in build-fuzz, replays the hostile and found
+#                  inputs through them, then fuzzes each for FUZZ_SECONDS seconds (fuzz/run.sh)
+#   make hostile   runs tests/hostile/cases.txt through the release trainmem executable
 MAKEFLAGS += --no-print-directory
 BUILD ?= build
 JOBS ?= $(shell nproc)
 DEMO_ARGS ?= --model nanogpt-gpt2 --batch 12 --seq 1024 --precision bf16-amp --attention eager --gpu a100-80gb
 
-.PHONY: setup configure build demo test bench clean
+ASAN_BUILD ?= build-asan
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 60
+SANITIZE_LABELS ?= unit|cli
+SANITIZE_FLAGS ?= -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+FUZZ_FLAGS ?= -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+
+.PHONY: setup configure build demo test bench clean sanitize fuzz fuzz-build hostile
 
 setup:
 	@bash scripts/setup.sh
@@ -25,6 +38,26 @@ test: build
 
 bench: build
 	@./$(BUILD)/bench/trainmem_bench
+
+# -O1 -g: line numbers in the sanitizers' reports, and a build that stays quick to compile.
+sanitize: setup
+	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=g++ \
+	  -DCMAKE_CXX_FLAGS="$(SANITIZE_FLAGS) -O1" -DTRAINMEM_BUILD_BENCH=OFF >/dev/null
+	@cmake --build $(ASAN_BUILD) -j $(JOBS)
+	@cd $(ASAN_BUILD) && ASAN_OPTIONS=halt_on_error=1:detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	  ctest -L '$(SANITIZE_LABELS)' --output-on-failure -j $(JOBS)
+
+fuzz-build: setup
+	@cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
+	  -DCMAKE_CXX_FLAGS="$(FUZZ_FLAGS)" -DTRAINMEM_FUZZ=ON -DTRAINMEM_BUILD_TESTS=OFF -DTRAINMEM_BUILD_BENCH=OFF \
+	  -DTRAINMEM_BUILD_CLI=OFF >/dev/null
+	@cmake --build $(FUZZ_BUILD) -j $(JOBS)
+
+fuzz: fuzz-build
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) bash fuzz/run.sh $(FUZZ_BUILD)
+
+hostile: build
+	@python3 tests/hostile/run_hostile.py --trainmem $(BUILD)/trainmem --work $(BUILD)/tests/hostile/work
 
 clean:
 	rm -rf $(BUILD)

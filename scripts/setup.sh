@@ -11,6 +11,8 @@ PACKAGES=(
   libgtest-dev libgmock-dev      # unit tests (tests/)
   libbenchmark-dev               # benchmarks (bench/)
   python3 python3-torch          # the CPU oracle (validate/cpu)
+  clang libclang-rt-14-dev       # make fuzz: libFuzzer and clang's sanitizer runtimes (fuzz/)
+  llvm                           # llvm-symbolizer: file:line in the sanitizers' reports
 )
 
 missing=()

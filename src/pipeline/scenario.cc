@@ -77,6 +77,13 @@ LoraSetup parse_lora(std::string_view v) {
       bad("lora", v, expected);
     }
   }
+  // module names: letters, digits, '_', '.' and '-' (so that a list reads back unambiguously)
+  for (const std::string& t : l.targets) {
+    if (t.empty() || t.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") !=
+                         std::string::npos) {
+      bad("lora", v, "targets that are module names (letters, digits, '_', '.', '-'), like targets=q_proj,v_proj");
+    }
+  }
   if (std::find(l.targets.begin(), l.targets.end(), "all-linear") != l.targets.end() && l.targets.size() > 1) {
     bad("lora", v, "targets=all-linear alone, or a list of module names");
   }

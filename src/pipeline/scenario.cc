@@ -66,6 +66,7 @@ LoraSetup parse_lora(std::string_view v) {
       l.dropout = std::strtod(sval.c_str(), &end);
       if (sval.empty() || *end != '\0' || !(l.dropout >= 0.0) || !(l.dropout < 1.0)) bad("lora", v, expected);
     } else if (key == "targets") {
+      if (val.empty()) bad("lora", v, "at least one target after targets=, like targets=q_proj,v_proj");
       in_targets = true;
       size_t j = 0;
       while (j <= val.size()) {

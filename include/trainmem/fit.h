@@ -51,7 +51,6 @@ struct FitProbe {
 // A change to the setup that would save memory (or raise the answer), and what it gives at the smallest size.
 struct FitSuggestion {
   std::vector<FieldChange> changes;  // {{"precision", "bf16"}}: the front end words them ("--precision bf16")
-  std::string label;        // for a change that no field expresses yet ("gradient checkpointing")
   std::string what;         // what the change means for training
   std::optional<FitProbe> at_one;      // the setup with this change at the smallest size; empty: not simulated
   int64_t saves = 0;                   // peak reserved saved against the original setup at that size

@@ -93,7 +93,7 @@ std::string render_timeline_csv(const Estimate& e, const TimelineOptions& o, con
 std::string render_timeline_json(const Estimate& e, const TimelineOptions& o, const std::vector<TimelineRow>& rows);
 
 // How the CLI spells a scenario field ("optimizer_impl" -> "--optimizer-impl", "overrides" -> "--set"), and a
-// list of changes ("--precision bf16 --attention sdpa"); a suggestion no field expresses shows its label.
+// list of changes ("--precision bf16 --attention sdpa").
 std::string cli_flag(std::string_view field);
 std::string cli_words(std::span<const FieldChange> changes);
 std::string cli_words(const FitSuggestion& sg);

@@ -78,7 +78,7 @@ std::string cli_words(std::span<const FieldChange> changes) {
   return s;
 }
 
-std::string cli_words(const FitSuggestion& sg) { return sg.changes.empty() ? sg.label : cli_words(sg.changes); }
+std::string cli_words(const FitSuggestion& sg) { return cli_words(sg.changes); }
 
 std::string render_fit_table(const FitResult& r) {
   const ModelSpec& m = r.model;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 #include <optional>
+#include <span>
 #include <string_view>
 
 namespace trainmem {
@@ -66,6 +67,7 @@ using Bytes = Count<BytesTag>;
 
 // The element count of a shape; overflow names the shape.
 Elems numel(std::initializer_list<uint64_t> shape);
+Elems numel(std::span<const uint64_t> shape);
 
 // A size written as digits with an optional unit: "4096", "512B", "64KiB", "1MiB", "2GiB", "80GB" (GB is 10^9
 // bytes, as card vendors count). nullopt for anything else, or a size beyond 64 bits. `unit_given` receives

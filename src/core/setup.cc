@@ -29,11 +29,6 @@ DType compute_dtype(Precision p) {
 bool uses_autocast(Precision p) { return p == Precision::kFp16Amp || p == Precision::kBf16Amp; }
 
 namespace {
-uint64_t numel_of(const std::vector<uint64_t>& shape) {
-  uint64_t n = 1;
-  for (uint64_t d : shape) n = checked_mul(n, d, "a parameter's elements");
-  return n;
-}
 // bitsandbytes optim/optimizer.py: Optimizer2State.init_state (bnb >= 0.44): parameters with fewer than
 // min_8bit_size = 4096 elements keep float32 states; `get_state_buffer` pages a state when is_paged and
 // p.numel() >= 1e5; the blockwise absmax has one float32 per 256 elements.
@@ -44,7 +39,7 @@ constexpr uint64_t k8bitBlock = 256;
 
 std::vector<StateTensor> optimizer_state_tensors(Optimizer o, OptimizerImpl impl, const std::vector<uint64_t>& shape,
                                                  DType pd) {
-  const uint64_t n = numel_of(shape);
+  const uint64_t n = numel(shape).value;
   std::vector<StateTensor> s;
   switch (o) {
     case Optimizer::kAdamW:

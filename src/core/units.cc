@@ -32,7 +32,9 @@ uint64_t round_up(uint64_t a, uint64_t multiple) {
   return checked_mul(ceil_div(a, multiple), multiple, "rounded size");
 }
 
-Elems numel(std::initializer_list<uint64_t> shape) {
+Elems numel(std::initializer_list<uint64_t> shape) { return numel(std::span<const uint64_t>(shape.begin(), shape.size())); }
+
+Elems numel(std::span<const uint64_t> shape) {
   uint64_t n = 1;
   for (uint64_t d : shape) n = checked_mul(n, d, "element count of a tensor shape");
   return Elems(n);

@@ -159,9 +159,7 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
     const DType d = stored_dtype(r, pd);
     with_grad += bytes_of(r.elems, d);
     for (const StateTensor& t : optimizer_state_tensors(s.optimizer, e.setup.optimizer_impl, r.shape, d)) {
-      Elems n(1);
-      for (uint64_t dim : t.shape) n = Elems(checked_mul(n.value, dim, "an optimizer state's elements"));
-      const Bytes b = bytes_of(n, t.dtype);
+      const Bytes b = bytes_of(numel(t.shape), t.dtype);
       if (t.paged) {
         st.paged_optimizer_state += b;
       } else if (std::string_view(t.what) == "step") {

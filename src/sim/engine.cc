@@ -17,6 +17,12 @@ Shape::Shape(std::initializer_list<uint64_t> dims) {
   for (uint64_t x : dims) d[n++] = x;
 }
 
+Shape Shape::of(const std::vector<uint64_t>& dims) {
+  Shape s;
+  for (uint64_t d : dims) s.d[s.n++] = d;
+  return s;
+}
+
 Elems Shape::numel() const {
   uint64_t e = 1;
   for (uint8_t i = 0; i < n; ++i) e = checked_mul(e, d[i], "element count of a tensor");

@@ -26,6 +26,7 @@ struct Shape {
   uint8_t n = 0;
   Shape() = default;
   Shape(std::initializer_list<uint64_t> dims);
+  static Shape of(const std::vector<uint64_t>& dims);  // an inventory row's or a state tensor's dims
   uint64_t operator[](size_t i) const { return d[i]; }
   uint64_t back() const { return d[n - 1]; }
   Elems numel() const;

@@ -30,11 +30,7 @@ const T& LoadedModel::buf(std::string_view name) const {
 
 namespace {
 
-Shape shape_of(const TensorRow& r) {
-  Shape s;
-  for (uint64_t d : stored_shape(r)) s.d[s.n++] = d;
-  return s;
-}
+Shape shape_of(const TensorRow& r) { return Shape::of(stored_shape(r)); }
 
 }  // namespace
 

@@ -44,11 +44,6 @@ namespace sim {
 
 namespace {
 
-Shape shape_of(const std::vector<uint64_t>& dims) {
-  Shape s;
-  for (uint64_t d : dims) s.d[s.n++] = d;
-  return s;
-}
 
 // multi_tensor_apply (ATen/native/cuda/MultiTensorApply.cuh): kChunkSize elements per chunk; _foreach_norm
 // keeps one float partial per chunk of every tensor.
@@ -216,7 +211,7 @@ struct Loop {
     const auto groups = param_groups();
     if (first && !groups.empty()) {
       for (const StateTensor& t : optimizer_shared_state(s.optimizer)) {
-        state.push_back(e.empty(shape_of(t.shape), t.dtype, Category::kOptimizer, Label{t.what}));
+        state.push_back(e.empty(Shape::of(t.shape), t.dtype, Category::kOptimizer, Label{t.what}));
       }
     }
     for (const std::vector<size_t>& group : groups) {
@@ -228,7 +223,7 @@ struct Loop {
           const Label l{intern_name(inv.parameters[i].name), -1, static_cast<int32_t>(i)};
           for (const StateTensor& t : optimizer_state_tensors(s.optimizer, opt_impl, inv.parameters[i].shape, p.dtype())) {
             if (t.paged) continue;  // cudaMallocManaged: not the caching allocator's (StateBytes::paged_optimizer_state)
-            state.push_back(e.empty(shape_of(t.shape), t.dtype, Category::kOptimizer, l));
+            state.push_back(e.empty(Shape::of(t.shape), t.dtype, Category::kOptimizer, l));
           }
         }
       }

@@ -112,6 +112,11 @@ DType param_dtype(Precision p);
 DType compute_dtype(Precision p);
 bool uses_autocast(Precision p);
 
+// use_reentrant when the setup leaves it open: the modelled code's default (transformers 5.x
+// gradient_checkpointing_enable passes {"use_reentrant": False}, transformers PR #43203; nanoGPT and layer
+// stacks call torch.utils.checkpoint, whose own default is True).
+bool default_checkpoint_reentrant(Impl model_impl);
+
 // AdamW, Adam, SGD: torch.optim's, with foreach/fused/for-loop code paths.
 bool is_torch_optim(Optimizer o);
 // The implementation that actually runs for `o` and `impl` with a model built by `model_impl`.

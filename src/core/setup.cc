@@ -101,6 +101,8 @@ std::vector<StateTensor> optimizer_shared_state(Optimizer o) {
 }
 
 
+bool default_checkpoint_reentrant(Impl model_impl) { return model_impl != Impl::kHf; }
+
 bool is_torch_optim(Optimizer o) {
   return o == Optimizer::kAdamW || o == Optimizer::kAdam || o == Optimizer::kSgd || o == Optimizer::kSgdMomentum;
 }

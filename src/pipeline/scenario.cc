@@ -408,9 +408,7 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
     }
     throw FieldError("freeze", "froze every parameter: nothing is left to train (loss.backward() would fail)");
   }
-  // use_reentrant: the modelled code's default (transformers 5.x gradient_checkpointing_enable passes
-  // {"use_reentrant": False}, transformers PR #43203; torch.utils.checkpoint itself defaults to True)
-  if (!r.setup.checkpoint_reentrant) r.setup.checkpoint_reentrant = r.model.impl != Impl::kHf;
+  if (!r.setup.checkpoint_reentrant) r.setup.checkpoint_reentrant = default_checkpoint_reentrant(r.model.impl);
   // The optimizer code path that runs (fused for nanoGPT's AdamW, foreach for torch.optim on CUDA).
   r.setup.optimizer_impl = resolve_optimizer_impl(s.train.optimizer, s.train.optimizer_impl, r.model.impl);
   r.options.loop = s.loop == LoopKind::kAuto ? default_loop(r.model) : s.loop;

@@ -328,7 +328,7 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
   loop.c.autocast = uses_autocast(s.precision);
   if (s.checkpointing == Checkpointing::kFull) {
     loop.c.checkpoint.mode = sim::CheckpointPolicy::kFull;
-    loop.c.checkpoint.reentrant = s.checkpoint_reentrant.value_or(m.impl != Impl::kHf);
+    loop.c.checkpoint.reentrant = s.checkpoint_reentrant.value_or(default_checkpoint_reentrant(m.impl));
     loop.c.checkpoint.every = std::max<uint64_t>(s.checkpoint_every, 1);
   }
   loop.c.ac_dtype = compute_dtype(s.precision);

@@ -236,10 +236,16 @@ struct Loop {
                                  Label{"adam exp_avg_sq_sqrt", -1, static_cast<int32_t>(i)}));
         }
       } else if (adam && opt_impl == OptimizerImpl::kForLoop) {
-        // _single_tensor_adam: denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps), per parameter
+        // _single_tensor_adam: denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps), per parameter.
+        // The sqrt dies as soon as the division returns; `denom` is a local of the loop, so it stays bound until
+        // the next parameter's assignment rebinds it (after that parameter's sqrt and division exist), and the
+        // last one until the function returns. (Found by the CPU oracle's live timeline, validate/cpu/live.py.)
+        T denom;
         for (size_t i : group) {
           T sq = e.empty(w.params[i].shape(), w.params[i].dtype(), Category::kTemporaries, Label{"adam sqrt"});
-          T denom = e.empty(w.params[i].shape(), w.params[i].dtype(), Category::kTemporaries, Label{"adam denom"});
+          T next = e.empty(w.params[i].shape(), w.params[i].dtype(), Category::kTemporaries, Label{"adam denom"});
+          sq.reset();
+          denom = std::move(next);
         }
       } else if (s.optimizer == Optimizer::kAdafactor) {
         for (size_t i : group) adafactor_update(i);

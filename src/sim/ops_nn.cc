@@ -60,8 +60,12 @@ T softmax_like(Ctx& c, const T& x0, std::optional<DType> dtype, bool log, const 
                if (!g[0]) return Grads{T()};
                T gi = grad_like(e, g[0], in_dt);  // the gradient in the input's dtype
                if (!log) {
-                 // softmax_backward_cuda_out: "Tensor tmp = grad * output;" before the kernel.
-                 T tmp = grad_like(e, g[0], detail::promote(g[0], n.saved[0]));
+                 // softmax_backward_cuda_out: "Tensor tmp = grad * output;" before the kernel. CUDA only, and
+                 // inside the op: a temporary (the CPU oracle's live timeline, validate/cpu/live.py, leaves
+                 // backward's temporaries out).
+                 T tmp = e.empty_strided(g[0].shape(), dense_strides_like(g[0].shape(), g[0]->strides),
+                                         detail::promote(g[0], n.saved[0]), Category::kTemporaries,
+                                         Label{"softmax_backward tmp = grad * output"});
                }
                return Grads{gi};
              });

@@ -39,6 +39,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import measure  # noqa: E402
+import live as live_timeline  # noqa: E402
 
 SAVED_TOLERANCE = 0.005  # 0.5 %
 
@@ -304,11 +305,21 @@ def wait_for(binary, seconds=120):
     return True
 
 
-def run_trainmem(binary, cfg_path, model_type, batch, seq, precision, retries=10, extra=()):
-    """(json, None, None) on success; (None, error text, pending flag or None) otherwise."""
-    cmd = [binary, "estimate", "--model", cfg_path, "--impl", _impl(model_type), "--batch", str(batch),
-           "--seq", str(seq), "--precision", precision, "--optimizer", "adamw", "--optimizer-impl", "foreach",
-           "--format", "json"] + list(extra)
+# The live timeline is compared over one step of the loop measure.py runs: forward (the model computes the loss),
+# `loss.backward()` on a loss nothing keeps afterwards, and torch 1.13's AdamW on CPU, whose default is the
+# for-loop implementation (_single_tensor_adamw: foreach defaults to False off CUDA): trainmem --loop plain
+# --optimizer-impl for-loop --steps 1.
+TIMELINE_FLAGS = ["--steps", "1", "--loop", "plain", "--by", "event"]
+
+
+def run_trainmem(binary, cfg_path, model_type, batch, seq, precision, retries=10, extra=(), timeline=False):
+    """(json, None, None) on success; (None, error text, pending flag or None) otherwise. timeline: run
+    `trainmem timeline` over measure.py's loop (TIMELINE_FLAGS) instead of `estimate`."""
+    cmd = [binary, "timeline" if timeline else "estimate", "--model", cfg_path, "--impl", _impl(model_type),
+           "--batch", str(batch), "--seq", str(seq), "--precision", precision, "--optimizer", "adamw",
+           "--optimizer-impl", "for-loop" if timeline else "foreach", "--format", "json"] + list(extra)
+    if timeline:
+        cmd += TIMELINE_FLAGS
     if model_type != "mlp":
         cmd[4:4] = ["--attention", "eager"]
     for attempt in range(retries):
@@ -367,6 +378,27 @@ def compare(measured, tm, compare_raw=False, saved_tolerance=SAVED_TOLERANCE):
         tol=saved_tolerance)
     row("weights_bytes", measured["weights_bytes"], mem.get("weights_bytes"), info=True)
     row("buffers_bytes", measured["buffers_bytes"], mem.get("buffers_bytes"), info=True)
+    return rows
+
+
+def compare_live(problems, segments):
+    """Rows for the live timeline (validate/cpu/live.py): the peak and the end of each segment (forward with the
+    loss, backward, optimizer step) must be exact; the event-by-event comparison (the same allocation sizes in
+    the same order, and the live bytes after each op) is reported, informational while the reference models'
+    op order differs from trainmem's in places that do not move a peak."""
+    rows = []
+    for seg in segments:
+        for what in ("peak", "end"):
+            m, t = seg[f"measured_{what}"], seg[f"trainmem_{what}"]
+            rows.append({"quantity": f"live {what}: {seg['segment']}", "measured": m, "trainmem": t,
+                         "diff_pct": 0.0 if m == t else 100.0 * (t - m) / m, "status": "ok" if m == t else "FAIL",
+                         "informational": False})
+    events = [p for p in problems if "peak of" not in p and "end of" not in p]
+    rows.append({"quantity": "live events", "measured": None, "trainmem": None, "diff_pct": None,
+                 "status": "ok" if not events else "differs: " + "; ".join(events), "informational": True})
+    if any(p.startswith("trainmem timeline failed") or p.startswith("before the step") for p in problems):
+        rows[-1]["status"] = "FAIL: " + "; ".join(problems)
+        rows[-1]["informational"] = False
     return rows
 
 
@@ -471,12 +503,21 @@ def main(argv=None):
                                             extra=_option_flags(opts))
             # configurations with options compare saved activations exactly
             rows = compare(m, tm, a.compare_raw, saved_tolerance=0.0 if opts else SAVED_TOLERANCE)
+            live_problems, live_rows = [], []
+            if tm is not None and not m.get("backward_error"):
+                tl, tl_err, _ = run_trainmem(binary, path, cfg["model_type"], batch, seq, prec,
+                                             extra=_option_flags(opts), timeline=True)
+                if tl_err:
+                    live_problems = [f"trainmem timeline failed: {tl_err}"]
+                else:
+                    live_problems, live_rows = live_timeline.compare(m, tl)
+                rows += compare_live(live_problems, live_rows)
             spec = {"model_type": cfg["model_type"], "batch": batch, "seq": seq, "precision": prec}
             if opts:
                 spec["options"] = _describe(opts)
             print_table(name, spec, m, rows, err, elapsed, pending)
             oracle_bad = m["end_of_forward"]["unexplained_bytes"] != 0
-            bad = oracle_bad or (bool(err) and not pending) or any(r["status"] == "FAIL" for r in rows)
+            bad = oracle_bad or (bool(err) and not pending) or any(r["status"].startswith("FAIL") for r in rows)
             failures += bad
             pendings += bool(pending) and not bad
             missing += not pending and any(r["status"] == "missing" and not r["informational"] for r in rows)

@@ -52,7 +52,8 @@ from torch.utils._pytree import tree_flatten
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402
-import peft_lora  # noqa: E402
+import peft_lora
+import live as live_timeline  # noqa: E402
 
 # precision -> (weight dtype, autocast dtype or None). bf16-amp: float32 weights, forward under
 # torch.autocast("cpu", dtype=torch.bfloat16) (trainmem --precision bf16-amp).
@@ -101,10 +102,44 @@ class _StorageRegistry(TorchDispatchMode):
         super().__init__()
         self.rows = {}
         self.bernoulli = set()  # storages an aten.bernoulli_ filled: CPU dropout's noise (see _cuda_torch2_bytes)
+        # The live timeline (see live.py): one tick per ATen op (and per mark()), the op's name, and for each
+        # storage the tick whose op returned it first and the tick at which it was first seen expired.
+        self.tick = 0
+        self.ops = [""]
+        self.spans = {}
+        self.live_now = set()
+        self.marks = {}
+
+    def _prune(self):
+        gone = [k for k in self.live_now if self.rows[k][0].expired()]
+        for k in gone:
+            self.spans[k][1] = self.tick
+            self.live_now.discard(k)
+
+    def mark(self, name):
+        """A tick between ops (end of forward, of backward, of the optimizer step): what is alive there."""
+        self.tick += 1
+        self.ops.append(f"[{name}]")
+        self._prune()
+        self.marks[name] = self.tick
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
         name = str(func)
+        if name == "aten.detach.default" and not isinstance(args[0], torch.Tensor):
+            # torch 1.13: a wrapped number (a Python scalar operand that a SavedVariable unpacks in backward) reaches
+            # a Python mode as a float, and detach of it cannot run (nor may the mode return a float: "detach
+            # returned invalid type float"). A 0-dim CPU tensor of the same value serves: it never requires grad,
+            # is never written to, and is made here, where the mode is off, so it is not registered.
+            return torch.tensor(args[0])
+        out = func(*args, **(kwargs or {}))
+        if name == "aten.detach.default" and not isinstance(out, torch.Tensor):
+            return torch.tensor(out)
+        # The op's inputs are still referenced (args) and its outputs exist: live bytes now are the op's
+        # outputs plus everything that survived since the previous op. Frees between two ops (a SavedVariable
+        # released after its node ran, a Python temporary dropped) are seen at the next tick.
+        self.tick += 1
+        self.ops.append(name)
+        self._prune()
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 st = t.storage()
@@ -112,6 +147,8 @@ class _StorageRegistry(TorchDispatchMode):
                 if ref.cdata not in self.rows:
                     self.rows[ref.cdata] = (ref, ref.cdata, st.nbytes(), name, list(t.shape),
                                             _dtype_name(t.dtype))
+                    self.spans[ref.cdata] = [self.tick, None]
+                    self.live_now.add(ref.cdata)
                 if name.startswith("aten.bernoulli_"):
                     self.bernoulli.add(ref.cdata)
         return out
@@ -152,11 +189,13 @@ def measure(config, batch, seq, precision="fp32", optimizer="adamw", dropout_off
     if enable_input_require_grads is None:
         enable_input_require_grads = lora is not None and checkpointing != "none"
     gc.freeze()  # objects made before this call are not scanned by the collection at the end of forward
+    gc.disable()  # no collection at a random op: the live timeline frees by reference counting only
     try:
         return _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors, seed, freeze,
                         checkpointing, checkpoint_reentrant, checkpoint_every, lora, lora_dtype,
                         enable_input_require_grads, autocast)
     finally:
+        gc.enable()
         gc.unfreeze()
 
 
@@ -245,6 +284,7 @@ def _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors
         # ---- end of forward: what is still alive. Collect reference cycles first, so that only what is
         # reachable counts (the objects that predate this measurement are frozen out of the scan: fast).
         gc.collect()
+        registry.mark("end of forward")
         alive_packed = [r() is not None for r in packed_refs]
         live = registry.live()
         log = settings.log or []
@@ -265,9 +305,15 @@ def _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors
         unpack_cb[0] = None
         loss_value = float(loss.detach().float())
         loss_storage = models.storage_id(loss)[0]
+        kept = getattr(model, "kept_output", None)  # the layer stack's output, which the script keeps bound
+        kept_storage = models.storage_id(kept)[0] if kept is not None else None
+        del kept
         backward_error = None
         if loss.requires_grad:
-            loss.backward()
+            with registry:
+                loss.backward()
+            del loss  # `model(x).loss.backward()`: nothing holds the loss after backward (trainmem --loop plain)
+            registry.mark("end of backward")
         else:
             # what loss.backward() raises: every trainable parameter sits in reentrant checkpoints whose inputs do not
             # require grad (LoRA without enable_input_require_grads), and nothing after them is trainable
@@ -281,7 +327,9 @@ def _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors
 
     opt = make_optimizer(optimizer, trainable)
     if opt is not None:
-        opt.step()
+        with registry:
+            opt.step()
+        registry.mark("end of optimizer step")
 
     # ---- saved tensors (held by a SavedVariable at the end of forward)
     saved = []
@@ -329,7 +377,7 @@ def _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors
     for key, nbytes, op, shape, dt in live:
         # parameters and buffers; the model inputs (the harness holds them: they count only where a SavedVariable
         # holds them, e.g. Embedding's indices); the loss (the forward's result); empty storages
-        if key in pb_storages or key in input_storages or key == loss_storage or nbytes == 0:
+        if key in pb_storages or key in input_storages or key in (loss_storage, kept_storage) or nbytes == 0:
             continue
         live_keys.add(key)
         if key in packed_keys:
@@ -405,6 +453,28 @@ def _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors
                     continue
                 state_bytes += v.numel() * v.element_size()
 
+    # ---- the live timeline of the whole step, in CUDA torch 2.x bytes (live.py)
+    by_key = {}
+    for e in saved:
+        by_key.setdefault(key_of.get(e["storage"]), []).append(e)
+    cuda_sizes, mean_only = {}, set()
+    for key, entries in by_key.items():
+        sizes = [e.get("cuda_torch2_bytes", e["storage_bytes"]) for e in entries]
+        if all(sz == 0 for sz in sizes) and all(e["grad_fn"] == "MeanBackward1" for e in entries):
+            mean_only.add(key)
+        elif any("cuda_torch2_bytes" in e for e in entries):
+            cuda_sizes[key] = max(sizes)
+    step_keys = set()
+    if opt is not None:
+        for st in opt.state.values():
+            v = st.get("step")
+            if torch.is_tensor(v) and v.device.type == "cpu":
+                step_keys.add(models.storage_id(v)[0])
+    base_keys = pb_storages | input_storages
+    base = _storage_bytes(params + buffers + inputs)
+    tl = live_timeline.build(registry, base_keys, cuda_sizes, mean_only, step_keys)
+    live_summary = live_timeline.summary(tl, base)
+
     out = {
         "model_type": cfg.get("model_type"),
         "batch": batch,
@@ -444,16 +514,27 @@ def _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors
         "saved_by_grad_fn": acc["by_grad_fn"],
         "saved_by_grad_fn_cuda": acc["by_grad_fn_cuda"],
         "end_of_forward": eof,
+        "live_timeline": live_summary,
+        "live_events": {"ticks": tl["ticks"], "allocs": tl["allocs"], "frees": tl["frees"], "marks": tl["marks"]},
         "warnings": warning_texts,
         "loss": loss_value,
         "torch": torch.__version__,
     }
     if with_tensors:
+        out["live_events"]["ops"] = registry.ops
         out["saved_tensors"] = saved
         out["checkpoint_calls"] = log
         if lora_info is not None:
             out["parameter_names"] = peft_lora.lora_parameter_rows(model)
     return out
+
+
+def _storage_bytes(tensors):
+    """Bytes of the distinct storages of `tensors` (tied weights once)."""
+    seen = {}
+    for t in tensors:
+        seen[models.storage_id(t)[0]] = t.storage().nbytes()
+    return sum(seen.values())
 
 
 def _checkpoint_region_nodes(log):

@@ -1397,7 +1397,10 @@ class MLPStack(nn.Module):
         self.net = nn.Sequential(*layers)
 
     def forward(self, x):
-        return self.net(x).sum()
+        # seed 003's script: `y = model(x); y.sum().backward()`: y stays bound (here: kept_output) until the next
+        # forward, through backward and the optimizer step (trainmem --loop plain keeps it the same way)
+        self.kept_output = self.net(x)
+        return self.kept_output.sum()
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -31,11 +31,12 @@ def build(registry, exclude, cuda_bytes=None, mean_only=(), steps=()):
     [(tick, bytes)], "marks": {name: tick}}."""
     cuda_bytes = cuda_bytes or {}
     exclude = set(exclude) | _profiler_handles(registry)
+    spans = _accumulate_in_place(registry, exclude)
     n = registry.tick + 1
     delta = [0] * (n + 1)
     allocs = []
     frees = []
-    for key, (start, end) in registry.spans.items():
+    for key, (start, end) in spans.items():
         if key in exclude or key in steps:
             continue
         _ref, _cdata, nbytes, op, shape, dtype = registry.rows[key]
@@ -60,6 +61,24 @@ def build(registry, exclude, cuda_bytes=None, mean_only=(), steps=()):
     allocs.sort()
     frees.sort()
     return {"ticks": n, "live": live, "allocs": allocs, "frees": frees, "marks": dict(registry.marks)}
+
+
+def _accumulate_in_place(registry, exclude):
+    """The spans as CUDA torch 2.x would have them. Where torch 1.13's engine summed two gradients out of place
+    (registry.accumulations) and the old buffer entry died right after (the buffer held its last reference),
+    torch 2.x's InputBuffer::accumulate adds into it instead (old_var.add_(var), can_accumulate_inplace): the sum
+    is no new storage, and the old one lives on as long as the sum did. Adds `exclude`s the sums merged away."""
+    spans = {k: list(v) for k, v in registry.spans.items()}
+    root = {}
+    for t, old, new in registry.accumulations:
+        if old not in spans or new not in spans or old in exclude:
+            continue
+        if registry.spans[old][1] == t + 1:
+            r = root.get(old, old)
+            spans[r][1] = spans[new][1]
+            root[new] = r
+            exclude.add(new)
+    return spans
 
 
 def _profiler_handles(registry):

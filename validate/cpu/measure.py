@@ -109,6 +109,8 @@ class _StorageRegistry(TorchDispatchMode):
         self.spans = {}
         self.live_now = set()
         self.marks = {}
+        self.in_backward = False
+        self.accumulations = []  # (tick, storage of old_var, storage of the sum): the engine's InputBuffer adds
 
     def _prune(self):
         gone = [k for k in self.live_now if self.rows[k][0].expired()]
@@ -151,6 +153,15 @@ class _StorageRegistry(TorchDispatchMode):
                     self.live_now.add(ref.cdata)
                 if name.startswith("aten.bernoulli_"):
                     self.bernoulli.add(ref.cdata)
+        if (name == "aten.add.Tensor" and self.in_backward and not torch.is_grad_enabled()
+                and isinstance(args[0], torch.Tensor) and isinstance(args[1], torch.Tensor)):
+            # With grad mode off inside backward, the only add.Tensor is the engine's InputBuffer accumulating two
+            # gradients for one input (no derivative formula of the modelled ops calls add; a checkpoint's
+            # recomputation runs with grad mode on). torch 1.13 adds out of place (input_buffer.cpp:
+            # buffer[pos] = old_var + var); torch 2.x adds into old_var when the buffer holds its last reference
+            # (can_accumulate_inplace). live.build applies the 2.x rule.
+            self.accumulations.append((self.tick, StorageWeakRef(args[0].storage()).cdata,
+                                       StorageWeakRef(out.storage()).cdata))
         return out
 
     def live(self):
@@ -310,8 +321,10 @@ def _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors
         del kept
         backward_error = None
         if loss.requires_grad:
+            registry.in_backward = True
             with registry:
                 loss.backward()
+            registry.in_backward = False
             del loss  # `model(x).loss.backward()`: nothing holds the loss after backward (trainmem --loop plain)
             registry.mark("end of backward")
         else:

@@ -359,7 +359,7 @@ def eager_attention_forward(module, query, key, value, attention_mask, scaling, 
     attn_weights = F.dropout(attn_weights, p=dropout, training=module.training)
     attn_output = torch.matmul(attn_weights, value_states)
     attn_output = attn_output.transpose(1, 2).contiguous()
-    return attn_output
+    return attn_output, attn_weights
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -468,7 +468,7 @@ def gpt2_eager_attention_forward(module, query, key, value, attention_mask):
     attn_weights = module.attn_dropout(attn_weights)
     attn_output = torch.matmul(attn_weights, value)
     attn_output = attn_output.transpose(1, 2)
-    return attn_output
+    return attn_output, attn_weights
 
 
 class GPT2Attention(nn.Module):
@@ -509,7 +509,7 @@ class GPT2Attention(nn.Module):
         attn_weights = self.attn_dropout(attn_weights)
         attn_output = torch.matmul(attn_weights, value)
         attn_output = attn_output.transpose(1, 2)
-        return attn_output
+        return attn_output, attn_weights
 
     def forward(self, hidden_states, attention_mask):
         query_states, key_states, value_states = self.c_attn(hidden_states).split(self.split_size, dim=2)
@@ -519,13 +519,15 @@ class GPT2Attention(nn.Module):
         shape_q = (*query_states.shape[:-1], -1, self.head_dim)
         query_states = query_states.view(shape_q).transpose(1, 2)
         if self.reorder_and_upcast_attn:
-            attn_output = self._upcast_and_reordered_attn(query_states, key_states, value_states, attention_mask)
+            attn_output, attn_weights = self._upcast_and_reordered_attn(query_states, key_states, value_states,
+                                                                        attention_mask)
         else:
-            attn_output = gpt2_eager_attention_forward(self, query_states, key_states, value_states, attention_mask)
+            attn_output, attn_weights = gpt2_eager_attention_forward(self, query_states, key_states, value_states,
+                                                                     attention_mask)
         attn_output = attn_output.reshape(*attn_output.shape[:-2], -1).contiguous()
         attn_output = self.c_proj(attn_output)
         attn_output = self.resid_dropout(attn_output)
-        return attn_output
+        return attn_output, attn_weights
 
 
 class GPT2MLP(nn.Module):
@@ -558,7 +560,9 @@ class GPT2Block(nn.Module):
                 encoder_hidden_states=None, encoder_attention_mask=None, use_cache=False, **kwargs):
         residual = hidden_states
         hidden_states = self.ln_1(hidden_states)
-        attn_output = self.attn(hidden_states, attention_mask)
+        # transformers 5.x GPT2Block: both stay bound until the block returns (the weights matter under no_grad,
+        # e.g. in a reentrant checkpoint's first forward, where nothing else keeps them)
+        attn_output, self_attn_weights = self.attn(hidden_states, attention_mask)
         hidden_states = attn_output + residual
         residual = hidden_states
         hidden_states = self.ln_2(hidden_states)
@@ -923,13 +927,13 @@ class LlamaAttention(nn.Module):
             query_states, key_states = apply_rotary_pos_emb_phi3(query_states, key_states, cos, sin)
         else:
             query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
-        attn_output = eager_attention_forward(
+        attn_output, attn_weights = eager_attention_forward(
             self, query_states, key_states, value_states, attention_mask,
             scaling=self.scaling, dropout=0.0 if not self.training else self.attention_dropout,
             softcap=self.softcap)
         attn_output = attn_output.reshape(*input_shape, -1).contiguous()
         attn_output = self.o_proj(attn_output)
-        return attn_output
+        return attn_output, attn_weights
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -957,7 +961,7 @@ class LlamaDecoderLayer(nn.Module):
         if c.four_norms:  # gemma2
             residual = hidden_states
             hidden_states = self.input_layernorm(hidden_states)
-            hidden_states = self.self_attn(hidden_states, position_embeddings, mask)
+            hidden_states, _ = self.self_attn(hidden_states, position_embeddings, mask)
             hidden_states = self.post_attention_layernorm(hidden_states)
             hidden_states = residual + hidden_states
             residual = hidden_states
@@ -968,7 +972,9 @@ class LlamaDecoderLayer(nn.Module):
             return hidden_states
         residual = hidden_states
         hidden_states = self.input_layernorm(hidden_states)
-        hidden_states = self.self_attn(hidden_states, position_embeddings, mask)
+        # transformers 5.x: `hidden_states, _ = self.self_attn(...)`: `_` keeps the attention weights bound until
+        # the layer returns (under no_grad nothing else does)
+        hidden_states, _ = self.self_attn(hidden_states, position_embeddings, mask)
         if c.fused:  # phi3
             hidden_states = residual + self.resid_attn_dropout(hidden_states)
         else:
@@ -1092,9 +1098,10 @@ class GPTNeoXAttention(nn.Module):
         query_states, key_states, value_states = qkv.chunk(3, dim=-1)
         cos, sin = position_embeddings
         query_states, key_states = apply_rotary_pos_emb_neox(query_states, key_states, cos, sin)
+        # (transformers 5.x returns the weights too and the layer binds them to `_`; not modelled for GPT-NeoX yet)
         attn_output = eager_attention_forward(
             self, query_states, key_states, value_states, attention_mask,
-            scaling=self.scaling, dropout=0.0 if not self.training else self.attention_dropout)
+            scaling=self.scaling, dropout=0.0 if not self.training else self.attention_dropout)[0]
         attn_output = attn_output.reshape(*input_shape, -1).contiguous()
         attn_output = self.dense(attn_output)
         return attn_output
@@ -1246,9 +1253,10 @@ class OPTAttention(nn.Module):
         value_states = self.v_proj(hidden_states)
         key_states = key_states.view(bsz, -1, self.num_heads, self.head_dim).transpose(1, 2)
         value_states = value_states.view(bsz, -1, self.num_heads, self.head_dim).transpose(1, 2)
+        # (transformers 5.x returns the weights too and the layer binds them; not modelled for OPT yet)
         attn_output = eager_attention_forward(
             self, query_states, key_states, value_states, attention_mask,
-            dropout=0.0 if not self.training else self.dropout, scaling=1.0)
+            dropout=0.0 if not self.training else self.dropout, scaling=1.0)[0]
         attn_output = attn_output.reshape(bsz, tgt_len, -1).contiguous()
         attn_output = self.out_proj(attn_output)
         return attn_output

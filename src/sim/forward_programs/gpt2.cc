@@ -9,7 +9,9 @@ namespace trainmem::sim {
 
 namespace {
 
-T gpt2_attention(Ctx& c, const ModelSpec& m, const LoadedModel& w, uint64_t l, const T& x, const T* mask) {
+// GPT2Attention.forward returns (attn_output, attn_weights): the eager weights (None after SDPA) go back to the
+// block with the output.
+AttnOut gpt2_attention(Ctx& c, const ModelSpec& m, const LoadedModel& w, uint64_t l, const T& x, const T* mask) {
   auto n = [l](const char* s) { return param_name("transformer.h.{}.attn.{}", l, s); };
   const uint64_t B = x.shape()[0], Tn = x.shape()[1], C = m.hidden, H = m.attn.heads, D = m.attn.head_dim;
   T q, k, v;
@@ -21,6 +23,7 @@ T gpt2_attention(Ctx& c, const ModelSpec& m, const LoadedModel& w, uint64_t l, c
     q = transpose(c, view(c, qkv[0], Shape{B, Tn, H, D}), 1, 2);
   }
   T o;
+  T weights;
   if (m.attn_impl == AttnImpl::kEager) {
     // eager_attention_forward (GPT-2): matmul, / torch.full([], sqrt(D)), + mask, softmax (no dtype),
     // .type(value.dtype), dropout, matmul, transpose(1, 2)
@@ -34,6 +37,7 @@ T gpt2_attention(Ctx& c, const ModelSpec& m, const LoadedModel& w, uint64_t l, c
     s = to(c, s, v.dtype(), "attn weights .type(v.dtype)");
     s = dropout(c, s, m.dropout.attn, "attn dropout");
     o = transpose(c, matmul(c, s, v, "attn @ v"), 1, 2);
+    weights = s;
   } else {
     o = sdpa_attention(c, q, k, v, 1, m.dropout.attn);
   }
@@ -41,7 +45,7 @@ T gpt2_attention(Ctx& c, const ModelSpec& m, const LoadedModel& w, uint64_t l, c
   o = reshape(c, o, Shape{B, Tn, C});
   o = contiguous(c, o, "attn output contiguous");
   o = conv1d(c, o, w.p(n("c_proj.weight")), w.p(n("c_proj.bias")), "attn.c_proj");
-  return dropout(c, o, m.dropout.resid, "attn resid dropout");
+  return AttnOut{dropout(c, o, m.dropout.resid, "attn resid dropout"), weights};
 }
 
 T gpt2_mlp(Ctx& c, const ModelSpec& m, const LoadedModel& w, uint64_t l, const T& x) {
@@ -68,8 +72,10 @@ T gpt2_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
     auto n = [l](const char* s) { return param_name("transformer.h.{}.{}", l, s); };
     T residual = h;
     h = layer_norm(c, h, &w.p(n("ln_1.weight")), &w.p(n("ln_1.bias")), "ln_1");
-    h = gpt2_attention(c, m, w, l, h, a.mask ? &a.mask : nullptr);
-    h = add(c, h, residual, "attn_output + residual");
+    // `attn_output, self_attn_weights = self.attn(...)`: both stay bound until the block returns (the
+    // weights matter under no_grad, as in a reentrant checkpoint's first forward, where nothing else keeps them)
+    const AttnOut attn = gpt2_attention(c, m, w, l, h, a.mask ? &a.mask : nullptr);
+    h = add(c, attn.output, residual, "attn_output + residual");
     residual = h;
     h = layer_norm(c, h, &w.p(n("ln_2.weight")), &w.p(n("ln_2.bias")), "ln_2");
     h = gpt2_mlp(c, m, w, l, h);

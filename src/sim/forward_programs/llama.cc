@@ -108,10 +108,10 @@ T decoder_layer(Ctx& c, const ModelSpec& m, const Layer& L, T hidden, const Rota
   const bool sandwich = m.norms_per_layer == 4;  // Gemma2
   T residual = hidden;
   hidden = rms_norm(c, m, hidden, L.p("input_layernorm.weight"), "input_layernorm");
-  {
-    AttnOut a = attention(c, m, L, hidden, rot, mask);
-    hidden = std::move(a.output);  // `hidden_states, _ = self.self_attn(...)`
-  }
+  // `hidden_states, _ = self.self_attn(...)`: `_` keeps the attention weights (eager) bound until the layer
+  // returns; under no_grad (a reentrant checkpoint's first forward) nothing else keeps them
+  AttnOut a = attention(c, m, L, hidden, rot, mask);
+  hidden = std::move(a.output);
   if (sandwich) hidden = rms_norm(c, m, hidden, L.p("post_attention_layernorm.weight"), "post_attention_layernorm");
   hidden = add(c, residual, dropout(c, hidden, m.dropout.resid, "resid_attn_dropout"), "residual + attn");
   residual = hidden;

@@ -110,6 +110,7 @@ class _StorageRegistry(TorchDispatchMode):
         self.live_now = set()
         self.marks = {}
         self.in_backward = False
+        self.mean_temps = set()
         self.accumulations = []  # (tick, storage of old_var, storage of the sum): the engine's InputBuffer adds
 
     def _prune(self):
@@ -153,6 +154,15 @@ class _StorageRegistry(TorchDispatchMode):
                     self.live_now.add(ref.cdata)
                 if name.startswith("aten.bernoulli_"):
                     self.bernoulli.add(ref.cdata)
+        if name.startswith("aten.mean") and torch.is_grad_enabled() and isinstance(args[0], torch.Tensor):
+            # RMSNorm's hidden_states.pow(2).mean(-1, keepdim=True): torch 1.13's MeanBackward1 keeps the pow
+            # result (a temporary nothing else holds); torch 2.x saves no tensor there (_cuda_torch2_bytes). Noted
+            # here too because a checkpoint's recomputation in backward makes such temporaries after the saved
+            # tensors were read.
+            key = StorageWeakRef(args[0].storage()).cdata
+            span = self.spans.get(key)
+            if span is not None and span[0] == self.tick - 1 and self.rows[key][3].startswith("aten.pow"):
+                self.mean_temps.add(key)
         if (name == "aten.add.Tensor" and self.in_backward and not torch.is_grad_enabled()
                 and isinstance(args[0], torch.Tensor) and isinstance(args[1], torch.Tensor)):
             # With grad mode off inside backward, the only add.Tensor is the engine's InputBuffer accumulating two
@@ -485,7 +495,7 @@ def _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors
                 step_keys.add(models.storage_id(v)[0])
     base_keys = pb_storages | input_storages
     base = _storage_bytes(params + buffers + inputs)
-    tl = live_timeline.build(registry, base_keys, cuda_sizes, mean_only, step_keys)
+    tl = live_timeline.build(registry, base_keys, cuda_sizes, mean_only | registry.mean_temps, step_keys)
     live_summary = live_timeline.summary(tl, base)
 
     out = {

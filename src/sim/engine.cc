@@ -295,13 +295,17 @@ Node* Engine::new_accumulate_node() {
   return acc;
 }
 
-T Engine::requires_grad_leaf(const T& x) {
+T Engine::requires_grad_leaf(const T& x, bool held_by_graph) {
   T t = view(x, x.shape(), x->strides);  // detach(): the same storage, no autograd history
   t->requires_grad = true;
   Node* acc = new_accumulate_node();
   acc->leaf = static_cast<int32_t>(leaf_grads_.size());
   leaf_grads_.emplace_back();
   t->grad_fn = {acc, 0};
+  // AccumulateGrad keeps its `variable` (a strong reference, never released by release_variables): the leaf's
+  // storage lives until the graph is freed, even when nothing else holds it (found by the CPU oracle's live
+  // timeline). Not a saved tensor: saved_bytes() skips AccumulateGrad nodes.
+  if (held_by_graph) acc->saved.push_back(t);
   nodes_.push_back(acc);  // freed with the graph that reaches it
   return t;
 }
@@ -320,6 +324,7 @@ Bytes Engine::saved_bytes() const {
         if (t) ids.push_back(t->storage);
       }
     }
+    if (n->is_accumulate) continue;  // a leaf's AccumulateGrad holds its variable, which is not saved for backward
     for (const T& t : n->saved) {
       if (!t) continue;
       const Category c = storages_[t->storage].category;

@@ -336,7 +336,9 @@ class Engine {
   void backward(const T& out, T grad);
   // x.detach().requires_grad_(): an alias of x's storage that is a leaf requiring grad, whose gradient a
   // backward accumulates into leaf_grad() (what checkpoint's recomputation starts from).
-  T requires_grad_leaf(const T& x);
+  // held_by_graph: the leaf's AccumulateGrad node keeps it (its `variable`) until the graph is freed, as for a
+  // leaf of the training graph; a checkpoint's recomputation leaves are freed with their own graph instead.
+  T requires_grad_leaf(const T& x, bool held_by_graph = false);
   // The .grad of a requires_grad_leaf (empty when none arrived), handed over: the engine keeps no reference,
   // as the detached input dies when CheckpointFunction.backward returns its grads.
   T take_leaf_grad(const T& leaf);

@@ -288,7 +288,7 @@ T embedding(Ctx& c, const T& weight, const T& ids, const char* what) {
   // that layer 0 records a graph even when the embedding is frozen (PEFT, gradient checkpointing)
   if (c.input_embedding_row >= 0 && weight->label.row == c.input_embedding_row && !out->requires_grad &&
       c.e.grad_mode) {
-    out = c.e.requires_grad_leaf(out);
+    out = c.e.requires_grad_leaf(out, /*held_by_graph=*/true);
   }
   return out;
 }

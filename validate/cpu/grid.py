@@ -381,7 +381,21 @@ def compare(measured, tm, compare_raw=False, saved_tolerance=SAVED_TOLERANCE):
     return rows
 
 
-def compare_live(problems, segments):
+# Live-timeline figures that differ for a reason outside trainmem, pinned to the exact values (measured, trainmem):
+# a change on either side fails the grid until it is looked at again.
+_NO_EARLY_STOP = ("torch 1.13's non-reentrant checkpoint (checkpoint_without_reentrant) recomputes the whole layer "
+                  "on the first unpack and keeps its output until the unpack returns; torch >= 2.1 stops the "
+                  "recomputation once the last saved tensor is recomputed (early stop), which trainmem models")
+KNOWN_LIVE_DIFFERENCES = {
+    "ckpt-llama-nonreentrant": {"live peak: backward": (875468, 859080, _NO_EARLY_STOP)},
+    "lora-like-llama-nonreentrant": {"live peak: backward": (867148, 858952, _NO_EARLY_STOP)},
+    "lora-llama-ckpt-nonreentrant-bf16": {"live peak: backward": (407092, 378408, _NO_EARLY_STOP)},
+    "ckpt-gpt2-nonreentrant-bf16": {"live peak: backward": (475606, 475594, _NO_EARLY_STOP + " (here 12 B of "
+                                                            "scalars recomputed past the last saved tensor)")},
+}
+
+
+def compare_live(problems, segments, name=None):
     """Rows for the live timeline (validate/cpu/live.py): the peak and the end of each segment (forward with the
     loss, backward, optimizer step) must be exact; the event-by-event comparison (the same allocation sizes in
     the same order, and the live bytes after each op) is reported, informational while the reference models'
@@ -390,8 +404,13 @@ def compare_live(problems, segments):
     for seg in segments:
         for what in ("peak", "end"):
             m, t = seg[f"measured_{what}"], seg[f"trainmem_{what}"]
-            rows.append({"quantity": f"live {what}: {seg['segment']}", "measured": m, "trainmem": t,
-                         "diff_pct": 0.0 if m == t else 100.0 * (t - m) / m, "status": "ok" if m == t else "FAIL",
+            q = f"live {what}: {seg['segment']}"
+            status = "ok" if m == t else "FAIL"
+            known = KNOWN_LIVE_DIFFERENCES.get(name, {}).get(q)
+            if m != t and known and known[:2] == (m, t):
+                status = "known: " + known[2]
+            rows.append({"quantity": q, "measured": m, "trainmem": t,
+                         "diff_pct": 0.0 if m == t else 100.0 * (t - m) / m, "status": status,
                          "informational": False})
     events = [p for p in problems if "peak of" not in p and "end of" not in p]
     rows.append({"quantity": "live events", "measured": None, "trainmem": None, "diff_pct": None,
@@ -511,7 +530,7 @@ def main(argv=None):
                     live_problems = [f"trainmem timeline failed: {tl_err}"]
                 else:
                     live_problems, live_rows = live_timeline.compare(m, tl)
-                rows += compare_live(live_problems, live_rows)
+                rows += compare_live(live_problems, live_rows, name)
             spec = {"model_type": cfg["model_type"], "batch": batch, "seq": seq, "precision": prec}
             if opts:
                 spec["options"] = _describe(opts)

@@ -185,6 +185,18 @@ def trainmem_segments(tm):
     return base, out
 
 
+def _minus(a, b):
+    """The sizes in a that b lacks (multiset difference)."""
+    left = list(b)
+    out = []
+    for x in a:
+        if x in left:
+            left.remove(x)
+        else:
+            out.append(x)
+    return out
+
+
 def _tm_live(r):
     return r["live_total_bytes"] - r["live_bytes"].get("workspaces", 0) - r.get("_inside", 0)
 
@@ -222,7 +234,12 @@ def compare(measured, tm):
         o, t = ors[seg], tms[seg]
         osz = [a[0] for a in o["allocs"]]
         tsz = [a[0] for a in t["allocs"]]
-        if osz != tsz:
+        if sorted(osz) != sorted(tsz):
+            extra_o = _minus(osz, tsz)
+            extra_t = _minus(tsz, osz)
+            problems.append(f"{seg}: different tensors: only measured {extra_o[:6]}{'...' if len(extra_o) > 6 else ''}"
+                            f", only trainmem {extra_t[:6]}{'...' if len(extra_t) > 6 else ''}")
+        elif osz != tsz:
             i = next((k for k in range(min(len(osz), len(tsz))) if osz[k] != tsz[k]), min(len(osz), len(tsz)))
             problems.append(f"{seg}: allocation #{i} differs: measured "
                             f"{o['allocs'][i][:2] if i < len(osz) else 'none'} vs trainmem "

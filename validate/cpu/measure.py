@@ -111,6 +111,7 @@ class _StorageRegistry(TorchDispatchMode):
         self.marks = {}
         self.in_backward = False
         self.mean_temps = set()
+        self.cuda_sizes = {}
         self.accumulations = []  # (tick, storage of old_var, storage of the sum): the engine's InputBuffer adds
 
     def _prune(self):
@@ -154,6 +155,12 @@ class _StorageRegistry(TorchDispatchMode):
                     self.live_now.add(ref.cdata)
                 if name.startswith("aten.bernoulli_"):
                     self.bernoulli.add(ref.cdata)
+        if name == "aten.native_layer_norm.default" and isinstance(out, (tuple, list)):
+            # mean and rstd: the input dtype on CPU torch 1.13, float32 on CUDA for 16-bit inputs (_cuda_torch2_bytes);
+            # noted per op so that a checkpoint's recomputation in backward is corrected too
+            for t in out[1:3]:
+                if isinstance(t, torch.Tensor) and t.element_size() < 4:
+                    self.cuda_sizes[StorageWeakRef(t.storage()).cdata] = t.numel() * 4
         if name.startswith("aten.mean") and torch.is_grad_enabled() and isinstance(args[0], torch.Tensor):
             # RMSNorm's hidden_states.pow(2).mean(-1, keepdim=True): torch 1.13's MeanBackward1 keeps the pow
             # result (a temporary nothing else holds); torch 2.x saves no tensor there (_cuda_torch2_bytes). Noted
@@ -335,8 +342,6 @@ def _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors
             with registry:
                 loss.backward()
             registry.in_backward = False
-            del loss  # `model(x).loss.backward()`: nothing holds the loss after backward (trainmem --loop plain)
-            registry.mark("end of backward")
         else:
             # what loss.backward() raises: every trainable parameter sits in reentrant checkpoints whose inputs do not
             # require grad (LoRA without enable_input_require_grads), and nothing after them is trainable
@@ -345,7 +350,11 @@ def _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors
                               if n.variable.grad is not None)
         leaf_rows = [{"shape": list(n.variable.shape), "dtype": _dtype_name(n.variable.dtype),
                       "storage_bytes": n.variable.storage().nbytes()} for n in leaves]
+        # nothing of the harness keeps the graph's leaves, nor the loss, past backward (`model(x).loss.backward()`,
+        # trainmem --loop plain)
         del leaves
+        del loss
+        registry.mark("end of backward")
     warning_texts = sorted({str(w.message) for w in caught})
 
     opt = make_optimizer(optimizer, trainable)
@@ -495,6 +504,7 @@ def _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors
                 step_keys.add(models.storage_id(v)[0])
     base_keys = pb_storages | input_storages
     base = _storage_bytes(params + buffers + inputs)
+    cuda_sizes.update(registry.cuda_sizes)
     tl = live_timeline.build(registry, base_keys, cuda_sizes, mean_only | registry.mean_temps, step_keys)
     live_summary = live_timeline.summary(tl, base)
 

@@ -384,8 +384,9 @@ def compare(measured, tm, compare_raw=False, saved_tolerance=SAVED_TOLERANCE):
 # Live-timeline figures that differ for a reason outside trainmem, pinned to the exact values (measured, trainmem):
 # a change on either side fails the grid until it is looked at again.
 _NO_EARLY_STOP = ("torch 1.13's non-reentrant checkpoint (checkpoint_without_reentrant) recomputes the whole layer "
-                  "on the first unpack and keeps its output until the unpack returns; torch >= 2.1 stops the "
-                  "recomputation once the last saved tensor is recomputed (early stop), which trainmem models")
+                  "on the first unpack and keeps its output until the unpack returns; torch 2.x stops the "
+                  "recomputation once the last saved tensor is recomputed (_StopRecomputationError, "
+                  "set_checkpoint_early_stop), which trainmem models")
 KNOWN_LIVE_DIFFERENCES = {
     "ckpt-llama-nonreentrant": {"live peak: backward": (875468, 859080, _NO_EARLY_STOP)},
     "lora-like-llama-nonreentrant": {"live peak: backward": (867148, 858952, _NO_EARLY_STOP)},

@@ -409,17 +409,17 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
     throw FieldError("freeze", "froze every parameter: nothing is left to train (loss.backward() would fail)");
   }
   if (r.setup.checkpointing == Checkpointing::kSelective) {
+    // bitsandbytes' 4-bit matmul runs its own dequantize and matmul ops, which the policy is not modelled for
+    if (s.train.quant.type != Quantize::kNone) {
+      throw FieldError("checkpointing", fmt::format("selective: not modelled with --quantize {} (use full)",
+                                                    name_of(s.train.quant.type)));
+    }
     // create_selective_checkpoint_contexts works through the non-reentrant checkpoint's context_fn only
     // (torch/utils/checkpoint.py: "Passing context_fn or debug is only supported when use_reentrant=False");
     // torchtitan's SelectiveAC wraps with checkpoint_wrapper's default CheckpointImpl.NO_REENTRANT.
     if (r.setup.checkpoint_reentrant.value_or(false)) {
       throw FieldError("checkpoint_reentrant", "true: selective checkpointing needs use_reentrant=False "
                                                "(torch.utils.checkpoint takes context_fn only without reentrancy)");
-    }
-    // bitsandbytes' 4-bit matmul runs its own dequantize and matmul ops, which the policy is not modelled for
-    if (s.train.quant.type != Quantize::kNone) {
-      throw FieldError("checkpointing", fmt::format("selective: not modelled with --quantize {} (use full)",
-                                                    name_of(s.train.quant.type)));
     }
     r.setup.checkpoint_reentrant = false;
   }

@@ -67,6 +67,18 @@ TEST(SelectiveCheckpointing, LlamaRecomputesEverySecondMm) {
   EXPECT_EQ(kept_beyond_full("tinyllama-1.1b", "num_hidden_layers", "sdpa"), 2 * (mm + flash));
 }
 
+TEST(SelectiveCheckpointing, NanoGptWithoutBiasesKeepsTheFirstAndThirdMm) {
+  // nanoGPT's GPT-2 preset has bias=False: c_attn, attn.c_proj, c_fc, mlp.c_proj are all aten.mm; the policy
+  // keeps the first and third (c_attn 3h, c_fc 4h) and recomputes both c_proj. Plus the flash output.
+  const uint64_t h = 768, heads = 12;
+  const uint64_t mm = kB * kT * (3 * h + 4 * h) * kBf16;
+  const uint64_t flash = kB * kT * h * kBf16 + kB * heads * kT * kF32;
+  // full checkpointing non-reentrant, like selective, so that both keep the same layer inputs
+  Scenario full = two_layers("nanogpt-gpt2", "n_layer", "sdpa", "full");
+  set_field(full, "checkpoint_reentrant", "false");
+  EXPECT_EQ(saved(two_layers("nanogpt-gpt2", "n_layer", "sdpa", "selective")) - saved(full), 2 * (mm + flash));
+}
+
 TEST(SelectiveCheckpointing, TheRecomputeSkipsTheKeptOpsAndRunsTheRest) {
   const Estimate e = estimate(resolve(two_layers("tinyllama-1.1b", "num_hidden_layers", "sdpa", "selective"),
                                       MapFileReader()));

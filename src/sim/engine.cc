@@ -484,7 +484,14 @@ bool Engine::sac_saves(SacOp op) {
 void Engine::sac_push(SacOp op, std::initializer_list<T*> outs) {
   std::vector<T> kept;
   kept.reserve(outs.size());
-  for (T* o : outs) kept.push_back(*o);
+  for (T* o : outs) {
+    if (*o) {
+      // named in the timeline (its free, in the layer's backward) as what the selective checkpoint kept
+      Label& l = storages_[(*o)->storage].label;
+      l.what = intern_name(std::string("kept for recompute: ") + l.what);
+    }
+    kept.push_back(*o);  // an output the op did not make keeps its empty slot
+  }
   packing_->sac_storage[static_cast<size_t>(op)].push_back(std::move(kept));
 }
 

@@ -82,15 +82,17 @@ TEST(SelectiveCheckpointing, NanoGptWithoutBiasesKeepsTheFirstAndThirdMm) {
 TEST(SelectiveCheckpointing, TheRecomputeSkipsTheKeptOpsAndRunsTheRest) {
   const Estimate e = estimate(resolve(two_layers("tinyllama-1.1b", "num_hidden_layers", "sdpa", "selective"),
                                       MapFileReader()));
-  int recomputed_k = 0, recomputed_q = 0;
+  int recomputed_k = 0, recomputed_q = 0, kept_q_freed = 0;
   for (const Event& ev : e.sim->timeline.events) {
-    if (ev.kind != Event::kAlloc || ev.phase != Phase::kBackward) continue;
+    if (ev.phase != Phase::kBackward) continue;
     const std::string what = ev.label.what;
-    if (what == "recompute: attn.k_proj") ++recomputed_k;
-    if (what == "recompute: attn.q_proj") ++recomputed_q;
+    if (ev.kind == Event::kAlloc && what == "recompute: attn.k_proj") ++recomputed_k;
+    if (ev.kind == Event::kAlloc && what == "recompute: attn.q_proj") ++recomputed_q;
+    if (ev.kind == Event::kFree && what == "kept for recompute: attn.q_proj") ++kept_q_freed;
   }
   EXPECT_EQ(recomputed_k, 2 * 2);  // two layers, two steps
   EXPECT_EQ(recomputed_q, 0);      // taken from the frame's cache
+  EXPECT_EQ(kept_q_freed, 2 * 2);  // the forward's q_proj output, freed in the layer's backward
   // memory_allocated() after forward lies between none's and full's (the peak of two layers is the
   // optimizer step's, the same for all three)
   const uint64_t sel = e.memory.after_forward.value;

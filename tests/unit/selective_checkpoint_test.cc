@@ -1,7 +1,8 @@
 // Selective (op-level) activation checkpointing as torchtitan applies it (torchtitan/distributed/
 // activation_checkpoint.py, SelectiveAC; torch/utils/checkpoint.py create_selective_checkpoint_contexts): the
 // bytes a layer keeps beyond full checkpointing are the outputs of the ops the policy saves, from shapes.
-// No CPU oracle: torch 1.13 has no create_selective_checkpoint_contexts (nor the flash sdpa op).
+// torch 1.13 (the CPU oracle) has no create_selective_checkpoint_contexts nor the flash sdpa op; the op stream
+// the policy sees is checked against real torch in validate/cpu/sac_ops.py (eager attention, float32).
 #include <gtest/gtest.h>
 
 #include <string>

@@ -62,6 +62,10 @@ std::vector<StateTensor> optimizer_shared_state(Optimizer o);
 enum class Checkpointing {
   kNone,
   kFull,  // the whole layer is recomputed in backward (every `checkpoint_every`-th layer)
+  // torchtitan's op-level selective activation checkpointing (SelectiveAC): non-reentrant checkpointing of
+  // the layer whose forward keeps the outputs of the matmuls (all but every second mm) and of attention,
+  // and whose recompute runs only the rest
+  kSelective,
 };
 std::span<const NameRow<Checkpointing>> name_table(Checkpointing);
 

@@ -156,6 +156,9 @@ constexpr NameRow<Quantize> kQuantizes[] = {
 constexpr NameRow<Checkpointing> kCheckpointings[] = {
     {Checkpointing::kNone, "none", "every activation autograd saves is kept from forward to backward"},
     {Checkpointing::kFull, "full", "checkpointed layers keep only their input; backward recomputes them"},
+    {Checkpointing::kSelective, "selective",
+     "torchtitan's op-level SAC: checkpointed layers also keep their matmul (all but every second mm) and "
+     "attention outputs; backward recomputes the rest"},
 };
 }  // namespace
 

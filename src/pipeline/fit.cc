@@ -282,6 +282,16 @@ void suggest(const Candidate& base, const FitProbe& original, std::optional<uint
         "forward of compute)", c);
     all.setup.checkpointing = Checkpointing::kFull;
     all_changes.push_back({"checkpointing", "full"});
+    // torchtitan's selective AC: between none and full, keeping the matmul and attention outputs. Not part
+    // of "all of the above", which takes full; not with a 4-bit base, which resolve() refuses for selective.
+    if (base.setup.quant.type == Quantize::kNone) {
+      Candidate sel = base;
+      sel.setup.checkpointing = Checkpointing::kSelective;
+      sel.setup.checkpoint_reentrant = false;
+      add({{"checkpointing", "selective"}},
+          "torchtitan's op-level selective checkpointing: layers keep their matmul (all but every second mm) and "
+          "attention outputs and recompute the rest in backward", sel);
+    }
   }
   if (all_changes.size() > 1) add(all_changes, "all of the above together", all);
   if (!answer && out.solve == FitDimension::kBatch && base.setup.seq > 1 && budget.events < kFitEventBudget) {

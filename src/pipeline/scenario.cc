@@ -122,8 +122,8 @@ constexpr Field kFields[] = {
     {"optimizer", "adamw | adam | sgd | sgd-momentum | none", FieldGroup::kTraining},
     {"optimizer_impl", "auto | foreach | fused | for-loop", FieldGroup::kTraining},
     {"grad_accum", "micro-batches per optimizer step", FieldGroup::kTraining},
-    {"checkpointing", "none | full: gradient checkpointing of the decoder layers (transformers' "
-                      "gradient_checkpointing_enable)", FieldGroup::kTraining},
+    {"checkpointing", "none | full | selective: gradient checkpointing of the decoder layers (full: transformers' "
+                      "gradient_checkpointing_enable; selective: torchtitan's op-level SAC)", FieldGroup::kTraining},
     {"checkpoint_reentrant", "true | false: torch.utils.checkpoint's use_reentrant (default: the modelled code's: "
                              "false for transformers 5.x, true for nanoGPT and layer stacks)", FieldGroup::kTraining},
     {"checkpoint_every", "checkpoint every N-th layer (those whose index is a multiple of N)", FieldGroup::kTraining},
@@ -407,6 +407,21 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
                                                name_of(s.train.quant.type)));
     }
     throw FieldError("freeze", "froze every parameter: nothing is left to train (loss.backward() would fail)");
+  }
+  if (r.setup.checkpointing == Checkpointing::kSelective) {
+    // bitsandbytes' 4-bit matmul runs its own dequantize and matmul ops, which the policy is not modelled for
+    if (s.train.quant.type != Quantize::kNone) {
+      throw FieldError("checkpointing", fmt::format("selective: not modelled with --quantize {} (use full)",
+                                                    name_of(s.train.quant.type)));
+    }
+    // create_selective_checkpoint_contexts works through the non-reentrant checkpoint's context_fn only
+    // (torch/utils/checkpoint.py: "Passing context_fn or debug is only supported when use_reentrant=False");
+    // torchtitan's SelectiveAC wraps with checkpoint_wrapper's default CheckpointImpl.NO_REENTRANT.
+    if (r.setup.checkpoint_reentrant.value_or(false)) {
+      throw FieldError("checkpoint_reentrant", "true: selective checkpointing needs use_reentrant=False "
+                                               "(torch.utils.checkpoint takes context_fn only without reentrancy)");
+    }
+    r.setup.checkpoint_reentrant = false;
   }
   if (!r.setup.checkpoint_reentrant) r.setup.checkpoint_reentrant = default_checkpoint_reentrant(r.model.impl);
   // The optimizer code path that runs (fused for nanoGPT's AdamW, foreach for torch.optim on CUDA).

@@ -78,6 +78,13 @@ T checkpoint_reentrant(Ctx& c, uint64_t l, T hidden, const LayerArgs& args, std:
 
 T checkpoint_non_reentrant(Ctx& c, uint64_t l, T hidden, const LayerArgs& args, std::shared_ptr<const LayerFn> fn) {
   auto frame = std::make_shared<CheckpointFrame>();
+  // torchtitan's SelectiveAC: ptd_checkpoint_wrapper(module, context_fn=lambda:
+  // create_selective_checkpoint_contexts(policy), early_stop=False): the frame keeps the op outputs the policy
+  // saves (Engine::sac_op) and the recompute runs the whole layer, taking those from the frame.
+  if (c.checkpoint.mode == CheckpointPolicy::kSelective) {
+    frame->selective = true;
+    frame->early_stop = false;
+  }
   frame->inputs.push_back(hidden);  // new_frame.save_inputs(*args): the positional arguments
   if (args.positional) {
     if (args.position) frame->inputs.push_back(args.position);

@@ -6,6 +6,7 @@
 #include <limits>
 #include <mutex>
 #include <queue>
+#include <stdexcept>
 #include <string>
 #include <unordered_set>
 
@@ -323,6 +324,14 @@ Bytes Engine::saved_bytes() const {
       for (const T& t : n->frame->inputs) {
         if (t) ids.push_back(t->storage);
       }
+      // and the op outputs selective checkpointing keeps for the recompute
+      for (const auto& kept : n->frame->sac_storage) {
+        for (const auto& outs : kept) {
+          for (const T& t : outs) {
+            if (t) ids.push_back(t->storage);
+          }
+        }
+      }
     }
     if (n->is_accumulate) continue;  // a leaf's AccumulateGrad holds its variable, which is not saved for backward
     for (const T& t : n->saved) {
@@ -405,7 +414,7 @@ Node* Engine::new_node(const char* name, std::initializer_list<const T*> inputs,
       if (t && filling_->filled < filling_->holders) filling_->recomputed[filling_->filled++] = std::move(t);
     }
     node->saved.clear();
-    if (filling_->filled == filling_->holders) throw StopRecomputation{};  // early_stop
+    if (filling_->early_stop && filling_->filled == filling_->holders) throw StopRecomputation{};
   } else if (packing_) {
     // _checkpoint_hook's pack: a holder instead of the tensor, which is released unless something else holds it
     node->holder = packing_->holders;
@@ -455,7 +464,49 @@ void Engine::unpack(Node& n) {
   if (f.unpacked >= f.holders) {  // the region's backward is done with it: inputs and arguments go
     f.inputs.clear();
     f.recompute = nullptr;
+    for (auto& kept : f.sac_storage) kept.clear();  // what an early-stopped recompute did not pop
   }
+}
+
+// torchtitan's SelectiveAC policy (torchtitan/distributed/activation_checkpoint.py, SelectiveAC._wrap_block
+// wrapped_policy, torchtitan b5bcd76): an op in the save set is MUST_SAVE, everything else PREFER_RECOMPUTE;
+// the save set is torch._functorch.partitioners.get_default_op_list().compute_intensive_ops (mm, bmm, addmm,
+// the flash and memory-efficient sdpa ops, ...) plus aten.linear, max, topk and others trainmem's programs do
+// not run. Of the mm ops (aten.mm, aten.linear) every second one is recomputed: the policy counts them, in
+// forward and in recompute separately, and saves the ones whose count is odd. The counter lives in the
+// policy's closure, made afresh for each checkpoint call (context_fn), so per layer. aten.addmm is in the
+// save set but not an mm op: always saved. force_recompute_mm_shapes_by_fqns defaults to the MoE router
+// gate, which the dense models here do not have.
+bool Engine::sac_saves(SacOp op) {
+  CheckpointFrame* const f = filling_ ? filling_ : packing_.get();
+  if (!f || !f->selective) return false;
+  if (op != SacOp::kMm) return true;
+  uint32_t& count = f->mm_count[filling_ ? 1 : 0];
+  ++count;
+  return count % 2 == 1;
+}
+
+void Engine::sac_push(SacOp op, std::initializer_list<T*> outs) {
+  std::vector<T> kept;
+  kept.reserve(outs.size());
+  for (T* o : outs) {
+    if (*o) {
+      // named in the timeline (its free, in the layer's backward) as what the selective checkpoint kept
+      Label& l = storages_[(*o)->storage].label;
+      l.what = intern_name(std::string("kept for recompute: ") + l.what);
+    }
+    kept.push_back(*o);  // an output the op did not make keeps its empty slot
+  }
+  packing_->sac_storage[static_cast<size_t>(op)].push_back(std::move(kept));
+}
+
+void Engine::sac_pop(SacOp op, std::initializer_list<T*> outs) {
+  auto& q = filling_->sac_storage[static_cast<size_t>(op)];
+  if (q.empty()) throw std::logic_error("selective checkpointing: the recompute ran an op the forward did not cache");
+  std::vector<T> kept = std::move(q.front());
+  q.pop_front();
+  size_t i = 0;
+  for (T* o : outs) *o = std::move(kept[i++]);
 }
 
 namespace {

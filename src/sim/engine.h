@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <new>
 #include <cstdint>
+#include <deque>
+#include <initializer_list>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -198,6 +200,23 @@ struct CheckpointFrame {
   uint32_t filled = 0, unpacked = 0;
   bool recomputed_once = false;
   std::function<void(Engine&)> recompute;  // runs the region's forward again (holds its arguments)
+  // checkpoint(..., early_stop=...): the recompute stops once every holder is filled (transformers: the
+  // default True); torchtitan's SelectiveAC passes early_stop=False and runs the whole region again.
+  bool early_stop = true;
+  // Selective checkpointing (create_selective_checkpoint_contexts): the op outputs the policy saves, per op,
+  // in forward order, from the forward until the recompute pops them (Engine::sac_op).
+  bool selective = false;
+  std::array<std::deque<std::vector<T>>, 4> sac_storage;  // by SacOp
+  std::array<uint32_t, 2> mm_count{};                      // torchtitan's forward_mm_count, recompute_mm_count
+};
+
+// The aten ops that torchtitan's selective activation checkpointing policy saves and that trainmem's
+// programs run inside a decoder layer (see Engine::sac_saves).
+enum class SacOp : uint8_t {
+  kMm,     // aten.mm.default: nn.Linear without bias (linear -> matmul -> mm on the flattened input)
+  kAddmm,  // aten.addmm.default: nn.Linear with bias on a contiguous input (Linear.cpp), GPT-2's Conv1D
+  kBmm,    // aten.bmm.default: torch.matmul of batched operands (eager attention, sdpa's math path)
+  kSdpa,   // aten._scaled_dot_product_flash_attention / _efficient_attention: every tensor output
 };
 
 // Thrown inside a recompute once every holder is filled (_StopRecomputationError, early_stop=True).
@@ -349,6 +368,24 @@ class Engine {
   // while it is recomputing, they fill it (and the recompute stops once it is full).
   void begin_packing(std::shared_ptr<CheckpointFrame> f) { packing_ = std::move(f); }
   void end_packing() { packing_.reset(); }
+  // One aten op that selective checkpointing may cache: `run` computes its outputs into `outs`. Outside a
+  // selective frame, or when the policy recomputes the op, `run` runs. When the policy saves it, the forward
+  // runs it and the frame keeps the outputs (_CachingTorchDispatchMode: storage[func].append(x.detach()), an
+  // alias of the same storage, so no copy); the recompute does not run it and takes the kept outputs instead
+  // (_CachedTorchDispatchMode: storage[func].pop(0)). torch/utils/checkpoint.py, PyTorch >= 2.4.
+  template <typename Run>
+  void sac_op(SacOp op, std::initializer_list<T*> outs, Run&& run) {
+    if (!sac_saves(op)) {
+      run();
+      return;
+    }
+    if (filling_) {
+      sac_pop(op, outs);
+      return;
+    }
+    run();
+    sac_push(op, outs);
+  }
   // Allocations while recomputing are labelled "recompute: <op>" (reentrant or not).
   void begin_recompute() { ++recomputing_depth_; }
   void end_recompute() { --recomputing_depth_; }
@@ -416,6 +453,9 @@ class Engine {
   CheckpointFrame* filling_ = nullptr;
   int recomputing_depth_ = 0;
   void unpack(Node& n);
+  bool sac_saves(SacOp op);
+  void sac_push(SacOp op, std::initializer_list<T*> outs);
+  void sac_pop(SacOp op, std::initializer_list<T*> outs);
   uint64_t seq_ = 0;
   Node* running_ = nullptr;
   bool recording_ = true;  // the node whose backward is running: its allocations are labelled after it

@@ -332,8 +332,9 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
   e.set_runtime(runtime_facts(o.torch, o.sm));
   sim::Loop loop(m, inv, s, o, e);
   loop.c.autocast = uses_autocast(s.precision);
-  if (s.checkpointing == Checkpointing::kFull) {
-    loop.c.checkpoint.mode = sim::CheckpointPolicy::kFull;
+  if (s.checkpointing != Checkpointing::kNone) {
+    loop.c.checkpoint.mode = s.checkpointing == Checkpointing::kSelective ? sim::CheckpointPolicy::kSelective
+                                                                          : sim::CheckpointPolicy::kFull;
     loop.c.checkpoint.reentrant = s.checkpoint_reentrant.value_or(default_checkpoint_reentrant(m.impl));
     loop.c.checkpoint.every = std::max<uint64_t>(s.checkpoint_every, 1);
   }

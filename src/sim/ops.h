@@ -15,7 +15,8 @@ namespace trainmem::sim {
 
 // Gradient checkpointing of the layers run_layers() runs (src/sim/layers.h).
 struct CheckpointPolicy {
-  enum Mode { kNone, kFull } mode = kNone;
+  // kSelective: torchtitan's op-level SAC (Engine::sac_saves) inside a non-reentrant checkpoint
+  enum Mode { kNone, kFull, kSelective } mode = kNone;
   bool reentrant = false;  // torch.utils.checkpoint's use_reentrant
   uint64_t every = 1;      // checkpoint layers with index % every == 0 (transformers' every_n_layers)
 };

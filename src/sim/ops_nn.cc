@@ -154,23 +154,32 @@ T sdpa(Ctx& c, const T& q0, const T& k0, const T& v0, const T* mask, double drop
   const uint64_t Hk = k.shape()[1], S = k.shape()[2];
   // The kernels take (B, L, H, D) views (q.transpose(1, 2)); the output is allocated (B, L, H, D) and the
   // caller sees its (B, H, L, D) transpose.
-  T out_blhd = c.e.empty(Shape{B, L, H, D}, q.dtype(), Category::kActivations, c.L("sdpa output"));
-  Shape os{B, H, L, D};
-  Strides ost = out_blhd->strides;
-  std::swap(ost[1], ost[2]);
-  T out = c.e.view(out_blhd, os, ost);
-  out_blhd.reset();
   const bool flash = be == SdpaBackend::kFlash;
-  // logsumexp, float32: flash (B, H, L) (flash_api.cpp); efficient pads L to a multiple of 32 (kAlignLSE).
-  constexpr uint64_t kAlignLse = 32;
-  T lse = c.e.empty(Shape{B, H, flash ? L : round_up_to(L, kAlignLse)}, DType::kF32, Category::kActivations,
+  const bool philox = !flash && dropout_p == 0.0;
+  T out, lse, seed, offset;
+  // the op's outputs (output, logsumexp, philox seed and offset) are what selective checkpointing keeps
+  c.e.sac_op(SacOp::kSdpa, {&out, &lse, &seed, &offset}, [&] {
+    T out_blhd = c.e.empty(Shape{B, L, H, D}, q.dtype(), Category::kActivations, c.L("sdpa output"));
+    Shape os{B, H, L, D};
+    Strides ost = out_blhd->strides;
+    std::swap(ost[1], ost[2]);
+    out = c.e.view(out_blhd, os, ost);
+    out_blhd.reset();
+    // logsumexp, float32: flash (B, H, L) (flash_api.cpp); efficient pads L to a multiple of 32 (kAlignLSE).
+    constexpr uint64_t kAlignLse = 32;
+    lse = c.e.empty(Shape{B, H, flash ? L : round_up_to(L, kAlignLse)}, DType::kF32, Category::kActivations,
                     c.L("sdpa logsumexp"));
+    if (philox) {
+      // without dropout the efficient kernel keeps seed and offset as two 0-dim int64 CUDA tensors
+      seed = c.e.empty(Shape{}, DType::kI64, Category::kActivations, c.L("sdpa philox seed"));
+      offset = c.e.empty(Shape{}, DType::kI64, Category::kActivations, c.L("sdpa philox offset"));
+    }
+  });
   Saved saved{q, k, v, out, lse};
   if (mask) saved.push_back(*mask);
-  if (!flash && dropout_p == 0.0) {
-    // without dropout the efficient kernel keeps seed and offset as two 0-dim int64 CUDA tensors
-    saved.push_back(c.e.empty(Shape{}, DType::kI64, Category::kActivations, c.L("sdpa philox seed")));
-    saved.push_back(c.e.empty(Shape{}, DType::kI64, Category::kActivations, c.L("sdpa philox offset")));
+  if (philox) {
+    saved.push_back(std::move(seed));
+    saved.push_back(std::move(offset));
   }
   const DType dt = q.dtype();
   c.e.record(flash ? "ScaledDotProductFlashAttentionBackward0" : "ScaledDotProductEfficientAttentionBackward0",

@@ -32,15 +32,19 @@ T product_2d(Ctx& c, const T& x, const T& w, const T* b, uint64_t out_f, bool lt
   const uint64_t in = x.shape().back();
   const Shape m2{detail::rows_of(x.shape()).value, in};
   T x2 = as_operand(c, x, m2);
-  T out = c.e.empty(detail::with_last(x.shape(), out_f), x.dtype(), Category::kActivations, c.L(what));
-  c.e.gemm(lt);  // the output is allocated first, then cuBLAS takes the thread's handle (and workspace)
+  const bool has_b = b && *b;
+  T out;
+  // aten.addmm when the bias is fused (lt: Linear.cpp's addmm path, Conv1D's torch.addmm), aten.mm otherwise
+  c.e.sac_op(has_b && lt ? SacOp::kAddmm : SacOp::kMm, {&out}, [&] {
+    out = c.e.empty(detail::with_last(x.shape(), out_f), x.dtype(), Category::kActivations, c.L(what));
+    c.e.gemm(lt);  // the output is allocated first, then cuBLAS takes the thread's handle (and workspace)
+  });
   Saved saved;
   const bool gx = x->requires_grad, gw = w->requires_grad;
   if (gw) saved.push_back(x2);  // mat1, needed for mat2's gradient
   if (gx) saved.push_back(w);   // mat2 (the weight, or its autocast copy)
   const Shape xs = x.shape(), ws = w.shape();
   const Shape g2{m2[0], out_f};
-  const bool has_b = b && *b;
   auto fn = [gx, gw, xs, ws, g2, has_b](Engine& e, Node&, Grads& g) {
     Grads r(3);
     if (!g[0]) return r;
@@ -222,8 +226,11 @@ T matmul(Ctx& c, const T& a0, const T& b0, const char* what) {
   // dims cannot be merged (e.g. q = x.view(B,T,H,D).transpose(1,2)).
   const T a3 = as_operand(c, a, Shape{batch, m, k});
   const T b3 = as_operand(c, b, Shape{batch, k, n});
-  T out3 = c.e.empty(Shape{batch, m, n}, a.dtype(), Category::kActivations, c.L(what));
-  c.e.gemm(false);
+  T out3;
+  c.e.sac_op(SacOp::kBmm, {&out3}, [&] {
+    out3 = c.e.empty(Shape{batch, m, n}, a.dtype(), Category::kActivations, c.L(what));
+    c.e.gemm(false);
+  });
   Saved saved;
   const bool ga = a->requires_grad, gb = b->requires_grad;
   if (gb) saved.push_back(a3);

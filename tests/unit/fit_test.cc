@@ -139,6 +139,7 @@ TEST(Fit, ASetupThatNeverFitsGetsSimulatedAlternatives) {
   EXPECT_FALSE(r.probes[0].fits);
   EXPECT_NE(r.probes[0].failure.find("out of memory in the"), std::string::npos);
   bool bf16 = false, checkpointing = false;
+  int64_t full_saves = 0, selective_saves = 0;
   for (const FitSuggestion& sg : r.suggestions) {
     if (cli_words(sg) == "--precision bf16") {
       bf16 = true;
@@ -158,11 +159,19 @@ TEST(Fit, ASetupThatNeverFitsGetsSimulatedAlternatives) {
       checkpointing = true;
       ASSERT_TRUE(sg.at_one);  // simulated, recompute and all
       EXPECT_GT(sg.saves, 0);
+      full_saves = sg.saves;
+    }
+    if (cli_words(sg) == "--checkpointing selective") {
+      ASSERT_TRUE(sg.at_one);  // simulated: the kept matmul and attention outputs, the recompute of the rest
+      selective_saves = sg.saves;
     }
     if (sg.at_one && sg.at_one->fits) EXPECT_TRUE(sg.largest);
   }
   EXPECT_TRUE(bf16);
   EXPECT_TRUE(checkpointing);
+  // selective keeps more of each layer than full: it saves memory, but less
+  EXPECT_GT(selective_saves, 0);
+  EXPECT_LT(selective_saves, full_saves);
 }
 
 TEST(Fit, SequenceSearchWithoutAPositionLimitStopsWhereMemoryDoes) {

@@ -29,6 +29,8 @@ enum class Optimizer {
   kPagedAdamW,      // bitsandbytes PagedAdamW: float32 states in paged memory
   kLion,            // bitsandbytes Lion (32-bit): one float32 state
   kAdafactor,       // transformers' Adafactor (the Trainer's optim="adafactor"), factored second moments
+  kLion8bit,        // bitsandbytes Lion8bit: one blockwise 8-bit state
+  kAdafactorTorch,  // torch.optim.Adafactor (torch >= 2.5): keepdim row/col variances in the parameter's dtype
 };
 
 
@@ -42,6 +44,17 @@ enum class OptimizerImpl {
   kForLoop,  // _single_tensor_*
 };
 
+// A bitsandbytes release (--optimizer-version), whose 8-bit state layout is modelled.
+struct BnbVersion {
+  uint32_t major = 0, minor = 0;
+  friend auto operator<=>(BnbVersion, BnbVersion) = default;
+};
+std::optional<BnbVersion> parse_bnb_version(std::string_view s);  // "0.43", "0.43.3"
+// Elements per float32 absmax of bitsandbytes' blockwise 8-bit states; empty: the newest release's.
+uint64_t bnb_block_size(std::optional<BnbVersion> v);
+// bitsandbytes' optimizers (the ones --optimizer-version applies to).
+bool is_bnb_optim(Optimizer o);
+
 // One state tensor an optimizer keeps for a parameter (created at its first step).
 struct StateTensor {
   std::vector<uint64_t> shape;
@@ -51,8 +64,9 @@ struct StateTensor {
 };
 // The state tensors of `o` for a parameter of `shape` stored as `param_dtype`, in the order the optimizer
 // creates them; the source of each rule is cited in setup.cc.
+// `bnb_block` is bnb_block_size() of the bitsandbytes release modelled.
 std::vector<StateTensor> optimizer_state_tensors(Optimizer o, OptimizerImpl impl, const std::vector<uint64_t>& shape,
-                                                 DType param_dtype);
+                                                 DType param_dtype, uint64_t bnb_block);
 // State created once per optimizer, on the first step (bitsandbytes' quantization maps).
 std::vector<StateTensor> optimizer_shared_state(Optimizer o);
 
@@ -91,6 +105,7 @@ struct TrainSetup {
   Precision precision = Precision::kBf16Amp;
   Optimizer optimizer = Optimizer::kAdamW;
   OptimizerImpl optimizer_impl = OptimizerImpl::kAuto;
+  std::optional<BnbVersion> optimizer_version;  // bitsandbytes release; empty: the newest layout
   uint64_t grad_accum = 1;  // micro-batches per optimizer step
   std::string gpu;          // catalog name, empty when not given
   Checkpointing checkpointing = Checkpointing::kNone;

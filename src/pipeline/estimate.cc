@@ -158,7 +158,8 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
     if (i >= sim->param_has_grad.size() || !sim->param_has_grad[i] || !r.trainable) continue;
     const DType d = stored_dtype(r, pd);
     with_grad += bytes_of(r.elems, d);
-    for (const StateTensor& t : optimizer_state_tensors(s.optimizer, e.setup.optimizer_impl, r.shape, d)) {
+    for (const StateTensor& t : optimizer_state_tensors(s.optimizer, e.setup.optimizer_impl, r.shape, d,
+                                                                  bnb_block_size(s.optimizer_version))) {
       const Bytes b = bytes_of(numel(t.shape), t.dtype);
       if (t.paged) {
         st.paged_optimizer_state += b;

@@ -221,7 +221,8 @@ struct Loop {
         for (size_t i : group) {
           const T& p = w.params[i];
           const Label l{intern_name(inv.parameters[i].name), -1, static_cast<int32_t>(i)};
-          for (const StateTensor& t : optimizer_state_tensors(s.optimizer, opt_impl, inv.parameters[i].shape, p.dtype())) {
+          for (const StateTensor& t : optimizer_state_tensors(s.optimizer, opt_impl, inv.parameters[i].shape, p.dtype(),
+                                                                  bnb_block_size(s.optimizer_version))) {
             if (t.paged) continue;  // cudaMallocManaged: not the caching allocator's (StateBytes::paged_optimizer_state)
             state.push_back(e.empty(Shape::of(t.shape), t.dtype, Category::kOptimizer, l));
           }
@@ -243,6 +244,8 @@ struct Loop {
         }
       } else if (s.optimizer == Optimizer::kAdafactor) {
         for (size_t i : group) adafactor_update(i);
+      } else if (s.optimizer == Optimizer::kAdafactorTorch) {
+        adafactor_torch_group(group);
       }
       // bitsandbytes' 8-bit, paged and Lion updates are one in-place kernel per parameter: no temporaries
     }
@@ -279,6 +282,39 @@ struct Loop {
       update = f32(ps, "adafactor r_factor * c_factor");
     } else {
       update = f32(ps, "adafactor exp_avg_sq.rsqrt()");
+    }
+  }
+
+  // torch/optim/_adafactor.py _single_tensor_adafactor over one parameter group (Adafactor.step calls it once
+  // per group; foreach=None selects it). Its locals row_mean, col_mean, grad_squared, var_estimate and update
+  // are Python names rebound each iteration, so each stays alive until the next parameter rebinds it (the new
+  // tensor is allocated before the old one is released) and until the function returns.
+  void adafactor_torch_group(const std::vector<size_t>& group) {
+    T row_mean, col_mean, grad_squared, var_estimate, update;
+    for (size_t i : group) {
+      const T& p = w.params[i];
+      const Shape ps = p.shape();
+      auto tmp = [&](const Shape& sh, const char* what) {
+        return e.empty(sh, p.dtype(), Category::kTemporaries, Label{what, -1, static_cast<int32_t>(i)});
+      };
+      { T norm = tmp(Shape{}, "adafactor param.norm(2)"); }  // .item() drops it
+      if (ps.n > 1) {
+        // row_mean = torch.linalg.vector_norm(grad, dim=-1, keepdim=True).square_().div_(grad.size(-1))
+        Shape row = ps, col = ps;
+        row.d[ps.n - 1] = 1;
+        col.d[ps.n - 2] = 1;
+        row_mean = tmp(row, "adafactor row_mean");
+        col_mean = tmp(col, "adafactor col_mean");
+        var_estimate = tmp(ps, "adafactor row_var @ col_var");
+        Shape corner = row;
+        corner.d[ps.n - 2] = 1;
+        { T m = tmp(corner, "adafactor row_var.mean(dim=-2, keepdim=True)"); }  // clamp_, div_ in place
+      } else {
+        grad_squared = tmp(ps, "adafactor grad * grad");
+        var_estimate = tmp(ps, "adafactor variance.clone()");
+      }
+      update = var_estimate;  // var_estimate.clamp_(min=eps1 * eps1).rsqrt_(), then update.mul_(grad): in place
+      { T norm = tmp(Shape{}, "adafactor update.norm(2)"); }  // .item() drops it; param.add_ is in place
     }
   }
 

@@ -1,9 +1,12 @@
 // Memory-lean optimizers: the state each keeps per parameter, against the rules of their source.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "test_util.h"
 #include "trainmem/estimate.h"
 #include "trainmem/scenario.h"
+#include "trainmem/timeline.h"
 
 namespace trainmem {
 namespace {
@@ -24,12 +27,12 @@ TEST(Optimizers, BitsandbytesEightBitStatesAreBlockwise) {
   // float32 absmax per 256 elements for each; under min_8bit_size = 4096 elements, float32 states.
   const std::vector<uint64_t> big{4096, 4096}, small{4000};
   const uint64_t n = 4096ull * 4096;
-  EXPECT_EQ(bytes(optimizer_state_tensors(Optimizer::kAdamW8bit, OptimizerImpl::kAuto, big, DType::kBF16), false),
+  EXPECT_EQ(bytes(optimizer_state_tensors(Optimizer::kAdamW8bit, OptimizerImpl::kAuto, big, DType::kBF16, 256), false),
             2 * n + 2 * 4 * (n / 256));  // 2.03125 B per parameter
-  EXPECT_EQ(bytes(optimizer_state_tensors(Optimizer::kAdamW8bit, OptimizerImpl::kAuto, small, DType::kBF16), false),
+  EXPECT_EQ(bytes(optimizer_state_tensors(Optimizer::kAdamW8bit, OptimizerImpl::kAuto, small, DType::kBF16, 256), false),
             2 * 4 * 4000u);
   // paged: get_state_buffer pages states of at least 1e5 elements (managed memory); absmax stays ordinary
-  const auto paged = optimizer_state_tensors(Optimizer::kPagedAdamW8bit, OptimizerImpl::kAuto, big, DType::kBF16);
+  const auto paged = optimizer_state_tensors(Optimizer::kPagedAdamW8bit, OptimizerImpl::kAuto, big, DType::kBF16, 256);
   EXPECT_EQ(bytes(paged, true), 2 * n);
   EXPECT_EQ(bytes(paged, false), 2 * 4 * (n / 256));
   // the two 256-entry quantization maps, once per optimizer
@@ -39,10 +42,109 @@ TEST(Optimizers, BitsandbytesEightBitStatesAreBlockwise) {
 TEST(Optimizers, AdafactorKeepsFactoredSecondMoments) {
   // transformers optimization.py Adafactor: exp_avg_sq_row shape[:-1] and exp_avg_sq_col shape[:-2] +
   // shape[-1:] in float32 for a matrix; exp_avg_sq for a vector; no first moment (beta1=None).
-  EXPECT_EQ(bytes(optimizer_state_tensors(Optimizer::kAdafactor, OptimizerImpl::kAuto, {1024, 4096}, DType::kBF16), false),
+  EXPECT_EQ(bytes(optimizer_state_tensors(Optimizer::kAdafactor, OptimizerImpl::kAuto, {1024, 4096}, DType::kBF16, 256), false),
             4 * (1024 + 4096u));
-  EXPECT_EQ(bytes(optimizer_state_tensors(Optimizer::kAdafactor, OptimizerImpl::kAuto, {4096}, DType::kBF16), false),
+  EXPECT_EQ(bytes(optimizer_state_tensors(Optimizer::kAdafactor, OptimizerImpl::kAuto, {4096}, DType::kBF16, 256), false),
             4 * 4096u);
+}
+
+TEST(Optimizers, BitsandbytesBeforeZeroFortyFourUsesBlocksOf2048) {
+  // optim/optimizer.py Optimizer2State.init_state before 0.44: `blocks = n // 2048; blocks += 1 if n % 2048 > 0`
+  // (PR #1365 made it 256 in 0.44.0); the 8-bit states themselves are n bytes either way.
+  EXPECT_EQ(bnb_block_size(BnbVersion{0, 43}), 2048u);
+  EXPECT_EQ(bnb_block_size(BnbVersion{0, 44}), 256u);
+  EXPECT_EQ(bnb_block_size(std::nullopt), 256u);
+  const uint64_t n = 4097ull * 4097;  // 2048 x 8196 + 1: the last block holds one element
+  EXPECT_EQ(bytes(optimizer_state_tensors(Optimizer::kAdamW8bit, OptimizerImpl::kAuto, {4097, 4097}, DType::kBF16,
+                                          bnb_block_size(BnbVersion{0, 43})), false),
+            2 * n + 2 * 4 * (n / 2048 + 1));
+}
+
+TEST(Optimizers, BitsandbytesVersionIsParsedAndBelongsToBitsandbytes) {
+  ASSERT_TRUE(parse_bnb_version("0.43.3"));
+  EXPECT_EQ(*parse_bnb_version("0.43.3"), (BnbVersion{0, 43}));
+  EXPECT_FALSE(parse_bnb_version("0.x"));
+  EXPECT_FALSE(parse_bnb_version("43"));
+  Scenario s;
+  s.model.model = "gpt2";
+  set_field(s, "optimizer_version", "0.43");
+  EXPECT_NE(testing::error_of([&] { resolve(s, testing::MapFileReader()); }).find("only bitsandbytes"),
+            std::string::npos);
+}
+
+TEST(Optimizers, Lion8bitKeepsOneBlockwiseState) {
+  // optim/lion.py Lion8bit = Optimizer1State(optim_bits=8): state1 uint8 and absmax1 (one float32 per 256),
+  // float32 under 4096 elements; one quantization map ("dynamic") moved to the device.
+  const uint64_t n = 4096ull * 4096;
+  EXPECT_EQ(bytes(optimizer_state_tensors(Optimizer::kLion8bit, OptimizerImpl::kAuto, {4096, 4096}, DType::kBF16, 256), false),
+            n + 4 * (n / 256));
+  EXPECT_EQ(bytes(optimizer_state_tensors(Optimizer::kLion8bit, OptimizerImpl::kAuto, {4000}, DType::kBF16, 256), false),
+            4 * 4000u);
+  EXPECT_EQ(bytes(optimizer_shared_state(Optimizer::kLion8bit), false), 256 * 4u);
+}
+
+TEST(Optimizers, TorchAdafactorKeepsKeepdimVariancesInTheParameterDtype) {
+  // torch/optim/_adafactor.py Adafactor._init_group: row_var = p.grad.new_zeros([..., m, 1]) and col_var =
+  // p.grad.new_zeros([..., 1, n]) in the gradient's dtype (2 bytes for bf16); a vector keeps variance =
+  // zeros_like(grad); `step` is a CPU tensor (no device bytes).
+  const auto m = optimizer_state_tensors(Optimizer::kAdafactorTorch, OptimizerImpl::kForLoop, {1024, 4096}, DType::kBF16, 256);
+  ASSERT_EQ(m.size(), 2u);
+  EXPECT_EQ(m[0].shape, (std::vector<uint64_t>{1024, 1}));
+  EXPECT_EQ(m[1].shape, (std::vector<uint64_t>{1, 4096}));
+  EXPECT_EQ(bytes(m, false), 2 * (1024 + 4096u));
+  EXPECT_EQ(bytes(optimizer_state_tensors(Optimizer::kAdafactorTorch, OptimizerImpl::kForLoop, {4096}, DType::kF32, 256), false),
+            4 * 4096u);
+}
+
+TEST(Optimizers, TorchAdafactorNeedsTorch25) {
+  Scenario s;
+  s.model.model = "gpt2";
+  set_field(s, "optimizer", "adafactor-torch");
+  set_field(s, "torch", "2.4");
+  EXPECT_NE(testing::error_of([&] { resolve(s, testing::MapFileReader()); }).find("from torch 2.5 on"),
+            std::string::npos);
+  set_field(s, "torch", "2.5");
+  EXPECT_EQ(resolve(s, testing::MapFileReader()).setup.optimizer_impl, OptimizerImpl::kForLoop);  // foreach=None
+  set_field(s, "optimizer_impl", "foreach");
+  EXPECT_NE(testing::error_of([&] { resolve(s, testing::MapFileReader()); }).find("not simulated yet"),
+            std::string::npos);
+}
+
+TEST(Optimizers, TorchAdafactorHoldsTheLastUpdateUntilTheNextParameterRebindsIt) {
+  // _single_tensor_adafactor's locals outlive their iteration: `update` (the previous parameter's full-size
+  // var_estimate) is released only when the next parameter rebinds it, after that parameter's
+  // var_estimate = row_var @ col_var exists. So while wpe (the second parameter) is updated, wte's update is
+  // still live: the optimizer's temporaries reach wte + wpe, and never two copies of wte.
+  Scenario s;
+  s.model.model = "gpt2";
+  for (auto [f, v] : std::initializer_list<std::pair<const char*, const char*>>{
+           {"batch", "1"}, {"seq", "16"}, {"precision", "fp32"}, {"optimizer", "adafactor-torch"}}) {
+    set_field(s, f, v);
+  }
+  const ResolvedScenario r = resolve(s, testing::MapFileReader());
+  uint64_t wte = 0, wpe = 0;
+  for (const TensorRow& row : r.inventory.parameters) {
+    if (row.name.find("wte.weight") != std::string::npos) wte = row.elems.value * 4;
+    if (row.name.find("wpe.weight") != std::string::npos) wpe = row.elems.value * 4;
+  }
+  ASSERT_GT(wte, 0u);
+  ASSERT_GT(wpe, 0u);
+  const Estimate e = estimate(r);
+  std::map<uint64_t, uint64_t> live;
+  uint64_t now = 0, peak = 0;
+  for (const Event& ev : e.sim->timeline.events) {
+    if (ev.phase != Phase::kOptimizer || ev.category != Category::kTemporaries) continue;
+    if (ev.kind == Event::kAlloc) {
+      live[ev.storage] = ev.bytes.value;
+      now += ev.bytes.value;
+    } else if (ev.kind == Event::kFree && live.count(ev.storage)) {
+      now -= live[ev.storage];
+      live.erase(ev.storage);
+    }
+    peak = std::max(peak, now);
+  }
+  EXPECT_GE(peak, wte + wpe);
+  EXPECT_LT(peak, 2 * wte);
 }
 
 TEST(Optimizers, PagedStateIsOutsideTheAllocatorButInTheDeviceTotal) {

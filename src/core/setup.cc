@@ -129,6 +129,9 @@ std::vector<StateTensor> optimizer_state_tensors(Optimizer o, OptimizerImpl impl
       } else {
         s.push_back({shape, DType::kF32, false, "exp_avg_sq"});
       }
+      // state["RMS"] = self._rms(p_data_fp32) = tensor.norm(2) / numel**0.5: a 0-d float32 device tensor kept
+      // in the state (initialised to the Python int 0, replaced by a tensor at every step)
+      s.push_back({{}, DType::kF32, false, "RMS"});
       break;
     case Optimizer::kAdafactorTorch:
       // torch/optim/_adafactor.py Adafactor._init_group: `step` = torch.tensor(0.0) on the CPU (no device

@@ -41,11 +41,12 @@ TEST(Optimizers, BitsandbytesEightBitStatesAreBlockwise) {
 
 TEST(Optimizers, AdafactorKeepsFactoredSecondMoments) {
   // transformers optimization.py Adafactor: exp_avg_sq_row shape[:-1] and exp_avg_sq_col shape[:-2] +
-  // shape[-1:] in float32 for a matrix; exp_avg_sq for a vector; no first moment (beta1=None).
+  // shape[-1:] in float32 for a matrix; exp_avg_sq for a vector; no first moment (beta1=None); and
+  // state["RMS"] = _rms(p_data_fp32), a 0-d float32 tensor (4 bytes).
   EXPECT_EQ(bytes(optimizer_state_tensors(Optimizer::kAdafactor, OptimizerImpl::kAuto, {1024, 4096}, DType::kBF16, 256), false),
-            4 * (1024 + 4096u));
+            4 * (1024 + 4096u) + 4);
   EXPECT_EQ(bytes(optimizer_state_tensors(Optimizer::kAdafactor, OptimizerImpl::kAuto, {4096}, DType::kBF16, 256), false),
-            4 * 4096u);
+            4 * 4096u + 4);
 }
 
 TEST(Optimizers, BitsandbytesBeforeZeroFortyFourUsesBlocksOf2048) {

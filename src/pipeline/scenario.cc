@@ -210,6 +210,8 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     s.train.optimizer = named(f, v, parse_name<Optimizer>(v));
   } else if (f == "optimizer_impl") {
     s.train.optimizer_impl = named(f, v, parse_name<OptimizerImpl>(v));
+  } else if (f == "optimizer_version" && v.empty()) {
+    s.train.optimizer_version.reset();  // the newest layout (get_field's text for "not given")
   } else if (f == "optimizer_version") {
     const auto b = parse_bnb_version(v);
     if (!b) throw FieldError(std::string(f), fmt::format("\"{}\": expected a bitsandbytes version like 0.43 or 0.45.2", v));

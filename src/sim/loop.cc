@@ -61,6 +61,7 @@ struct Loop {
   bool scaler;  // GradScaler active: float16 autocast
   T scale, growth_tracker;  // GradScaler state
   std::vector<T> state;     // optimizer state tensors, created on the first step
+  std::vector<T> adafactor_rms;  // transformers' Adafactor state["RMS"] per parameter, replaced every step
   T X, Y;                   // the current batch
   T kept_logits;            // nanoGPT: `logits` lives until the next forward returns
   T kept_loss;              // the training script's `loss` variable, rebound each micro-batch
@@ -209,13 +210,14 @@ struct Loop {
     if (s.optimizer == Optimizer::kNone) return;
     const bool adam = s.optimizer == Optimizer::kAdamW || s.optimizer == Optimizer::kAdam;
     const auto groups = param_groups();
+    AdafactorLocals af;  // transformers' Adafactor: its locals live until step() returns
     if (first && !groups.empty()) {
       for (const StateTensor& t : optimizer_shared_state(s.optimizer)) {
         state.push_back(e.empty(Shape::of(t.shape), t.dtype, Category::kOptimizer, Label{t.what}));
       }
     }
     for (const std::vector<size_t>& group : groups) {
-      if (first) {
+      if (first && s.optimizer != Optimizer::kAdafactor) {  // transformers' Adafactor: in adafactor_update
         // the state of each parameter, created lazily at its first step in parameter order
         // (optimizer_state_tensors: torch.optim's _init_group, bitsandbytes' init_state, Adafactor's step)
         for (size_t i : group) {
@@ -243,7 +245,7 @@ struct Loop {
           T denom = e.empty(w.params[i].shape(), w.params[i].dtype(), Category::kTemporaries, Label{"adam denom"});
         }
       } else if (s.optimizer == Optimizer::kAdafactor) {
-        for (size_t i : group) adafactor_update(i);
+        for (size_t i : group) adafactor_update(i, first, af);
       } else if (s.optimizer == Optimizer::kAdafactorTorch) {
         adafactor_torch_group(group);
       }
@@ -251,22 +253,45 @@ struct Loop {
     }
   }
 
-  // transformers' Adafactor.step for one parameter (optimization.py): float32 copies of a 16-bit grad and
-  // parameter, update = grad**2 + eps, the row and column means, the factored estimate r * c (a new tensor),
-  // then in-place scaling; the float32 parameter is copied back.
-  void adafactor_update(size_t i) {
+  // transformers optimization.py Adafactor.step, as the Trainer builds it (optim="adafactor":
+  // scale_parameter=False, relative_step=False, so lr is a float; beta1=None: no exp_avg; weight_decay 0).
+  // Its locals `grad`, `p_data_fp32` and `update` are Python names of one loop over every group's parameters:
+  // each lives until the next parameter rebinds it (its successor allocated first) and until step() returns.
+  struct AdafactorLocals {
+    T grad, p32, update;
+  };
+  void adafactor_update(size_t i, bool first, AdafactorLocals& af) {
     const T& p = w.params[i];
     const Shape ps = p.shape();
     const bool half = p.dtype() != DType::kF32;
     auto f32 = [&](const Shape& sh, const char* what) {
       return e.empty(sh, DType::kF32, Category::kTemporaries, Label{what, -1, static_cast<int32_t>(i)});
     };
-    T g32 = half ? f32(ps, "adafactor grad.float()") : T();
-    T p32 = half ? f32(ps, "adafactor p.float()") : T();
-    T update;
+    // grad = p.grad, then grad.float() for a 16-bit gradient (rebinding drops the previous parameter's copy)
+    af.grad = half ? f32(ps, "adafactor grad.float()") : T();
+    const Label l{intern_name(inv.parameters[i].name), -1, static_cast<int32_t>(i)};
+    if (adafactor_rms.size() < inv.parameters.size()) adafactor_rms.resize(inv.parameters.size());
+    if (first) {  // State Initialization (len(state) == 0): the factored moments; state["RMS"] = 0 (a number)
+      for (const StateTensor& t : optimizer_state_tensors(s.optimizer, opt_impl, inv.parameters[i].shape, p.dtype(),
+                                                          bnb_block_size(s.optimizer_version))) {
+        if (std::string_view(t.what) == "RMS") continue;
+        state.push_back(e.empty(Shape::of(t.shape), t.dtype, Category::kOptimizer, l));
+      }
+    }
+    af.p32 = half ? f32(ps, "adafactor p.float()") : T();  // p_data_fp32
     {
+      // state["RMS"] = self._rms(p_data_fp32): norm(2) (0-d), divided (the new 0-d RMS), then the old RMS goes
+      T norm = f32(Shape{}, "adafactor p_data_fp32.norm(2)");
+      T rms = e.empty(Shape{}, DType::kF32, Category::kOptimizer, l);
+      norm = T();
+      adafactor_rms[i] = std::move(rms);
+    }
+    {
+      // update = (grad**2) + eps[0]
       T sq = f32(ps, "adafactor grad**2");
-      update = f32(ps, "adafactor grad**2 + eps");
+      T sum = f32(ps, "adafactor grad**2 + eps");
+      sq = T();
+      af.update = std::move(sum);
     }
     if (ps.n >= 2) {
       Shape row = ps;
@@ -274,15 +299,35 @@ struct Loop {
       Shape col = ps;
       col.d[ps.n - 2] = ps.d[ps.n - 1];
       col.n = static_cast<uint8_t>(ps.n - 1);
-      { T mean_row = f32(row, "adafactor update.mean(-1)"); }
-      { T mean_col = f32(col, "adafactor update.mean(-2)"); }
-      // _approx_sq_grad: r_factor = (row / row.mean(-1, keepdim)).rsqrt_(); c_factor = col.rsqrt(); r * c
-      T r = f32(row, "adafactor r_factor");
+      Shape row_mean = row;
+      row_mean.d[row.n - 1] = 1;
+      { T m = f32(row, "adafactor update.mean(dim=-1)"); }  // exp_avg_sq_row.mul_(beta2t).add_(...)
+      { T m = f32(col, "adafactor update.mean(dim=-2)"); }
+      // _approx_sq_grad: r_factor = (row / row.mean(dim=-1, keepdim=True)).rsqrt_().unsqueeze(-1);
+      // c_factor = col.unsqueeze(-2).rsqrt(); torch.mul(r_factor, c_factor); its locals go when it returns
+      T r;
+      {
+        T m = f32(row_mean, "adafactor exp_avg_sq_row.mean(dim=-1, keepdim=True)");
+        r = f32(row, "adafactor r_factor");
+      }
       T c = f32(col, "adafactor c_factor");
-      update = f32(ps, "adafactor r_factor * c_factor");
+      T prod = f32(ps, "adafactor r_factor * c_factor");
+      r = T();
+      c = T();
+      af.update = std::move(prod);  // update.mul_(grad): in place
     } else {
-      update = f32(ps, "adafactor exp_avg_sq.rsqrt()");
+      af.update = f32(ps, "adafactor exp_avg_sq.rsqrt()");  // .mul_(grad): in place
     }
+    {
+      // update.div_((self._rms(update) / clip_threshold).clamp_(min=1.0)): three 0-d tensors in turn
+      T norm = f32(Shape{}, "adafactor update.norm(2)");
+      T rms = f32(Shape{}, "adafactor _rms(update)");
+      norm = T();
+      T clip = f32(Shape{}, "adafactor _rms(update) / clip_threshold");
+      rms = T();
+    }
+    // update.mul_(lr) in place; p_data_fp32.add_(-update): -update is a new tensor; p.copy_(p_data_fp32)
+    { T neg = f32(ps, "adafactor -update"); }
   }
 
   // torch/optim/_adafactor.py _single_tensor_adafactor over one parameter group (Adafactor.step calls it once

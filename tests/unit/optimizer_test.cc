@@ -148,6 +148,47 @@ TEST(Optimizers, TorchAdafactorHoldsTheLastUpdateUntilTheNextParameterRebindsIt)
   EXPECT_LT(peak, 2 * wte);
 }
 
+TEST(Optimizers, TransformersAdafactorKeepsItsLocalsAcrossParametersAndNegatesTheUpdate) {
+  // optimization.py Adafactor.step: `update` is a local of the loop over all parameters, so wte's update is
+  // still live when wpe's `grad**2` is computed; `p_data_fp32.add_(-update)` allocates -update, a full-size
+  // float32 tensor, once per parameter and step.
+  Scenario s;
+  s.model.model = "gpt2";
+  for (auto [f, v] : std::initializer_list<std::pair<const char*, const char*>>{
+           {"batch", "1"}, {"seq", "16"}, {"precision", "fp32"}, {"optimizer", "adafactor"}, {"steps", "1"}}) {
+    set_field(s, f, v);
+  }
+  const ResolvedScenario r = resolve(s, testing::MapFileReader());
+  int32_t wpe_row = -1;
+  uint64_t wte = 0, trainable = 0;
+  for (size_t i = 0; i < r.inventory.parameters.size(); ++i) {
+    const TensorRow& row = r.inventory.parameters[i];
+    if (row.name.find("wte.weight") != std::string::npos) wte = row.elems.value * 4;
+    if (row.name.find("wpe.weight") != std::string::npos) wpe_row = static_cast<int32_t>(i);
+    trainable += row.trainable ? 1 : 0;
+  }
+  ASSERT_GT(wte, 0u);
+  ASSERT_GE(wpe_row, 0);
+  const Estimate e = estimate(r);
+  std::map<uint64_t, uint64_t> live;
+  uint64_t now = 0, at_wpe = 0, negs = 0;
+  for (const Event& ev : e.sim->timeline.events) {
+    if (ev.phase != Phase::kOptimizer || ev.category != Category::kTemporaries) continue;
+    if (ev.kind == Event::kAlloc) {
+      live[ev.storage] = ev.bytes.value;
+      now += ev.bytes.value;
+      const std::string what = ev.label.what;
+      if (what == "adafactor grad**2" && ev.label.row == wpe_row) at_wpe = now;
+      if (what == "adafactor -update") ++negs;
+    } else if (ev.kind == Event::kFree && live.count(ev.storage)) {
+      now -= live[ev.storage];
+      live.erase(ev.storage);
+    }
+  }
+  EXPECT_GE(at_wpe, wte);
+  EXPECT_EQ(negs, trainable);
+}
+
 TEST(Optimizers, PagedStateIsOutsideTheAllocatorButInTheDeviceTotal) {
   Scenario s;
   s.model.model = "qwen3-0.6b";

@@ -106,6 +106,9 @@ struct TrainSetup {
   Optimizer optimizer = Optimizer::kAdamW;
   OptimizerImpl optimizer_impl = OptimizerImpl::kAuto;
   std::optional<BnbVersion> optimizer_version;  // bitsandbytes release; empty: the newest layout
+  // torchtune's optimizer_in_bwd: one optimizer per parameter, stepped (and its .grad freed) in the
+  // parameter's post-accumulate-grad hook during backward
+  bool optimizer_in_backward = false;
   uint64_t grad_accum = 1;  // micro-batches per optimizer step
   std::string gpu;          // catalog name, empty when not given
   Checkpointing checkpointing = Checkpointing::kNone;

@@ -261,6 +261,16 @@ void validate_setup(const ModelSpec& m, const TrainSetup& s) {
                                                    "torch.optim's)", optimizer_impl_name(s.optimizer_impl),
                                                    optimizer_name(s.optimizer)));
   }
+  if (s.optimizer_in_backward && s.grad_accum > 1) {
+    // torchtune recipes/full_finetune_single_device.py _setup_optimizer / setup: "Gradient accumulation is
+    // not supported with optimizer in bwd" (each gradient is consumed and freed as soon as it is accumulated)
+    throw FieldError("grad_accum", fmt::format("{}: optimizer-in-backward steps every parameter as its gradient "
+                                               "arrives, so it cannot accumulate micro-batches (torchtune refuses "
+                                               "it); use --grad-accum 1", s.grad_accum));
+  }
+  if (s.optimizer_in_backward && s.optimizer == Optimizer::kNone) {
+    throw FieldError("optimizer_in_backward", "true: there is no optimizer to step in backward (the optimizer is none)");
+  }
   if (s.optimizer_version && !is_bnb_optim(s.optimizer)) {
     throw FieldError("optimizer_version", fmt::format("{}.{}: only bitsandbytes' optimizers have a versioned state "
                                                       "layout, and the optimizer is {}", s.optimizer_version->major,

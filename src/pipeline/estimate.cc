@@ -170,10 +170,20 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
       }
     }
   }
-  if (with_grad.value > 0) {
-    for (const StateTensor& t : optimizer_shared_state(s.optimizer)) st.optimizer_moments += bytes_of(Elems(t.shape[0]), t.dtype);
+  uint64_t stepped = 0;  // parameters that got a gradient (each has an optimizer of its own in backward)
+  for (size_t i = 0; i < inv.parameters.size(); ++i) {
+    stepped += i < sim->param_has_grad.size() && sim->param_has_grad[i] && inv.parameters[i].trainable ? 1 : 0;
   }
-  st.gradients = with_grad;
+  if (with_grad.value > 0) {
+    // once per optimizer object: one optimizer, or one per parameter with optimizer-in-backward
+    const uint64_t optimizers = s.optimizer_in_backward ? stepped : 1;
+    for (const StateTensor& t : optimizer_shared_state(s.optimizer)) {
+      st.optimizer_moments += bytes_of(Elems(checked_mul(t.shape[0], optimizers, "optimizer state elements")), t.dtype);
+    }
+  }
+  // optimizer-in-backward frees each .grad right after its update (zero_grad(set_to_none=True) in the hook):
+  // no gradient outlives the backward; those in flight are in the timeline's peak
+  st.gradients = s.optimizer_in_backward ? Bytes{} : with_grad;
   st.optimizer_state = st.optimizer_moments + st.optimizer_steps;
   e.sim = sim;
   e.warnings = sim->warnings;

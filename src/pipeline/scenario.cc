@@ -122,6 +122,9 @@ constexpr Field kFields[] = {
     {"optimizer", "adamw | adam | sgd | sgd-momentum | none | adamw8bit | paged-adamw8bit | paged-adamw | lion | "
                   "lion8bit | adafactor | adafactor-torch", FieldGroup::kTraining},
     {"optimizer_impl", "auto | foreach | fused | for-loop", FieldGroup::kTraining},
+    {"optimizer_in_backward", "true | false: torchtune's optimizer_in_bwd: each parameter stepped and its "
+                              "gradient freed in its post-accumulate-grad hook (plain loop, torch >= 2.1)",
+     FieldGroup::kTraining},
     {"optimizer_version", "bitsandbytes release whose 8-bit state layout to model, like 0.43 (default: the newest; "
                           "blocks of 2048 before 0.44, 256 since)", FieldGroup::kTraining},
     {"grad_accum", "micro-batches per optimizer step", FieldGroup::kTraining},
@@ -210,6 +213,9 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     s.train.optimizer = named(f, v, parse_name<Optimizer>(v));
   } else if (f == "optimizer_impl") {
     s.train.optimizer_impl = named(f, v, parse_name<OptimizerImpl>(v));
+  } else if (f == "optimizer_in_backward") {
+    if (v != "true" && v != "false") throw FieldError(std::string(f), fmt::format("\"{}\": expected true or false", v));
+    s.train.optimizer_in_backward = v == "true";
   } else if (f == "optimizer_version" && v.empty()) {
     s.train.optimizer_version.reset();  // the newest layout (get_field's text for "not given")
   } else if (f == "optimizer_version") {
@@ -273,6 +279,7 @@ std::string field_text(const Scenario& s, std::string_view f) {
   if (f == "precision") return std::string(name_of(s.train.precision));
   if (f == "optimizer") return std::string(name_of(s.train.optimizer));
   if (f == "optimizer_impl") return std::string(name_of(s.train.optimizer_impl));
+  if (f == "optimizer_in_backward") return s.train.optimizer_in_backward ? "true" : "false";
   if (f == "optimizer_version") {
     const auto& b = s.train.optimizer_version;
     return b ? fmt::format("{}.{}", b->major, b->minor) : std::string();
@@ -433,6 +440,22 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   }
   r.options.loop = s.loop == LoopKind::kAuto ? default_loop(r.model) : s.loop;
   r.options.torch = s.torch;
+  if (s.train.optimizer_in_backward) {
+    // Tensor.register_post_accumulate_grad_hook, which torchtune's register_optim_in_bwd_hooks uses, exists
+    // from torch 2.1 on; and the recipe refuses clip_grad_norm with optimizer_in_bwd (no full set of
+    // gradients ever exists), which the nanoGPT and Trainer loops apply: only the plain loop runs it.
+    if (s.torch < TorchVersion{2, 1}) {
+      throw FieldError("optimizer_in_backward", fmt::format("true: Tensor.register_post_accumulate_grad_hook "
+                                                            "exists from torch 2.1 on, and --torch is {}",
+                                                            torch_version_name(s.torch)));
+    }
+    if (r.options.loop != LoopKind::kPlain) {
+      throw FieldError("optimizer_in_backward", fmt::format("true: the {} loop clips gradients (clip_grad_norm_ "
+                                                            "1.0), which needs every gradient at once; torchtune "
+                                                            "refuses clipping with optimizer-in-backward: use "
+                                                            "--loop plain", loop_name(r.options.loop)));
+    }
+  }
   r.options.steps = s.steps;
   if (!s.train.gpu.empty()) {
     r.gpu = resolve_gpu(s.train.gpu);

@@ -205,18 +205,50 @@ struct Loop {
     T clamped = e.empty(Shape{}, DType::kF32, Category::kTemporaries, Label{"clip_grad_norm_ clamped"});
   }
 
+  // transformers' Adafactor.step's loop locals (adafactor_update)
+  struct AdafactorLocals {
+    T grad, p32, update;
+  };
+
   void optimizer_step(bool first) {
     e.phase = Phase::kOptimizer;
     if (s.optimizer == Optimizer::kNone) return;
-    const bool adam = s.optimizer == Optimizer::kAdamW || s.optimizer == Optimizer::kAdam;
     const auto groups = param_groups();
     AdafactorLocals af;  // transformers' Adafactor: its locals live until step() returns
-    if (first && !groups.empty()) {
-      for (const StateTensor& t : optimizer_shared_state(s.optimizer)) {
-        state.push_back(e.empty(Shape::of(t.shape), t.dtype, Category::kOptimizer, Label{t.what}));
-      }
+    if (first && !groups.empty()) create_shared_state();
+    for (const std::vector<size_t>& group : groups) step_group(group, first, af);
+  }
+
+  // State created once per optimizer object on its first step (bitsandbytes' quantization maps)
+  void create_shared_state() {
+    for (const StateTensor& t : optimizer_shared_state(s.optimizer)) {
+      state.push_back(e.empty(Shape::of(t.shape), t.dtype, Category::kOptimizer, Label{t.what}));
     }
-    for (const std::vector<size_t>& group : groups) {
+  }
+
+  // Optimizer-in-backward, torchtune's (training/memory.py create_optim_in_bwd_wrapper /
+  // register_optim_in_bwd_hooks; recipes/full_finetune_single_device.py optimizer_in_bwd): one optimizer per
+  // parameter, `optim_dict[param].step()` then `optim_dict[param].zero_grad()` (set_to_none) in the
+  // parameter's post-accumulate-grad hook. So each parameter's state is created lazily at its first update,
+  // inside backward, and its .grad is freed right after: the backward holds only the gradients in flight.
+  // The recipe then skips its own optimizer.step() and zero_grad().
+  std::vector<char> stepped_in_backward;
+  void step_in_backward(int32_t i) {
+    const size_t pi = static_cast<size_t>(i);
+    if (s.optimizer == Optimizer::kNone || !inv.parameters[pi].trainable) return;
+    if (stepped_in_backward.size() < inv.parameters.size()) stepped_in_backward.resize(inv.parameters.size());
+    const bool first = !stepped_in_backward[pi];
+    stepped_in_backward[pi] = 1;
+    if (first) create_shared_state();  // each parameter's optimizer is an object of its own
+    AdafactorLocals af;
+    step_group({pi}, first, af);
+    e.grads()[pi].reset();
+  }
+
+  // One parameter group of optimizer.step(): the state of its parameters on the first step, then the update.
+  void step_group(const std::vector<size_t>& group, bool first, AdafactorLocals& af) {
+    const bool adam = s.optimizer == Optimizer::kAdamW || s.optimizer == Optimizer::kAdam;
+    {
       if (first && s.optimizer != Optimizer::kAdafactor) {  // transformers' Adafactor: in adafactor_update
         // the state of each parameter, created lazily at its first step in parameter order
         // (optimizer_state_tensors: torch.optim's _init_group, bitsandbytes' init_state, Adafactor's step)
@@ -257,9 +289,6 @@ struct Loop {
   // scale_parameter=False, relative_step=False, so lr is a float; beta1=None: no exp_avg; weight_decay 0).
   // Its locals `grad`, `p_data_fp32` and `update` are Python names of one loop over every group's parameters:
   // each lives until the next parameter rebinds it (its successor allocated first) and until step() returns.
-  struct AdafactorLocals {
-    T grad, p32, update;
-  };
   void adafactor_update(size_t i, bool first, AdafactorLocals& af) {
     const T& p = w.params[i];
     const Shape ps = p.shape();
@@ -449,6 +478,9 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
     }
   }
   if (o.loop != LoopKind::kHf) loop.get_batch();
+  if (s.optimizer_in_backward) {
+    e.post_accumulate_grad = [&loop](int32_t i) { loop.step_in_backward(i); };
+  }
 
   const uint32_t micros = static_cast<uint32_t>(std::min<uint64_t>(s.grad_accum, 2));
   r.micro_batches_simulated = micros;
@@ -462,8 +494,12 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
     }
     if (step == o.steps) {  // which parameters the backward reached: they have gradients and optimizer state
       r.param_has_grad.assign(inv.parameters.size(), 0);
-      for (size_t i = 0; i < inv.parameters.size(); ++i) r.param_has_grad[i] = e.grad(static_cast<int32_t>(i)) ? 1 : 0;
+      for (size_t i = 0; i < inv.parameters.size(); ++i) {
+        const bool stepped = i < loop.stepped_in_backward.size() && loop.stepped_in_backward[i];
+        r.param_has_grad[i] = e.grad(static_cast<int32_t>(i)) || stepped ? 1 : 0;
+      }
     }
+    if (s.optimizer_in_backward) continue;  // stepped and zeroed in backward (Loop::step_in_backward)
     if (o.loop != LoopKind::kPlain) loop.clip_grad_norm();  // grad_clip / max_grad_norm = 1.0
     loop.optimizer_step(step == 1);
     loop.zero_grad();

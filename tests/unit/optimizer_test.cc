@@ -189,6 +189,58 @@ TEST(Optimizers, TransformersAdafactorKeepsItsLocalsAcrossParametersAndNegatesTh
   EXPECT_EQ(negs, trainable);
 }
 
+Estimate in_backward_run(bool in_backward) {
+  Scenario s;
+  s.model.model = "qwen3-0.6b";
+  for (auto [f, v] : std::initializer_list<std::pair<const char*, const char*>>{
+           {"batch", "1"}, {"seq", "32"}, {"precision", "bf16"}, {"loop", "plain"}}) {
+    set_field(s, f, v);
+  }
+  set_field(s, "optimizer_in_backward", in_backward ? "true" : "false");
+  return estimate(resolve(s, testing::MapFileReader()));
+}
+
+TEST(Optimizers, OptimizerInBackwardStepsEachParameterInItsHookAndFreesItsGradient) {
+  // torchtune register_optim_in_bwd_hooks: optim_dict[p].step(); optim_dict[p].zero_grad() in the
+  // post-accumulate-grad hook: the state is created during step 1's backward (lazily, per parameter), every
+  // .grad is freed in backward, and the recipe runs no optimizer step of its own.
+  const Estimate in = in_backward_run(true), out = in_backward_run(false);
+  uint64_t state_in_backward = 0, optimizer_phase = 0;
+  std::map<uint64_t, uint64_t> grads;
+  for (const Event& ev : in.sim->timeline.events) {
+    if (ev.phase == Phase::kOptimizer) ++optimizer_phase;
+    if (ev.kind == Event::kAlloc && ev.category == Category::kOptimizer && ev.phase == Phase::kBackward) {
+      state_in_backward += ev.bytes.value;
+    }
+    const bool grad = ev.category == Category::kGradients;
+    if (ev.kind == Event::kRecategorize && grad) grads[ev.storage] = 1;
+    if (ev.kind == Event::kAlloc && grad) grads[ev.storage] = 1;
+    if (ev.kind == Event::kFree) grads.erase(ev.storage);
+  }
+  EXPECT_EQ(optimizer_phase, 0u);
+  EXPECT_EQ(state_in_backward, in.state.optimizer_state.value);  // AdamW: exp_avg, exp_avg_sq (foreach: no step)
+  EXPECT_EQ(in.state.optimizer_state, out.state.optimizer_state);
+  EXPECT_TRUE(grads.empty());  // no .grad outlives its update
+  EXPECT_EQ(in.state.gradients.value, 0u);
+  EXPECT_LT(in.peak.live_total.value, out.peak.live_total.value);
+}
+
+TEST(Optimizers, OptimizerInBackwardIsRefusedWhereTorchtuneRefusesIt) {
+  Scenario s;
+  s.model.model = "gpt2";
+  set_field(s, "optimizer_in_backward", "true");
+  EXPECT_NE(testing::error_of([&] { resolve(s, testing::MapFileReader()); }).find("clips gradients"),
+            std::string::npos);  // the Trainer loop clips
+  set_field(s, "loop", "plain");
+  set_field(s, "grad_accum", "2");
+  EXPECT_NE(testing::error_of([&] { resolve(s, testing::MapFileReader()); }).find("cannot accumulate"),
+            std::string::npos);
+  set_field(s, "grad_accum", "1");
+  set_field(s, "torch", "2.0");
+  EXPECT_NE(testing::error_of([&] { resolve(s, testing::MapFileReader()); }).find("from torch 2.1 on"),
+            std::string::npos);
+}
+
 TEST(Optimizers, PagedStateIsOutsideTheAllocatorButInTheDeviceTotal) {
   Scenario s;
   s.model.model = "qwen3-0.6b";

@@ -11,6 +11,31 @@
 namespace trainmem {
 namespace {
 
+Scenario scenario_of(const char* model, std::initializer_list<std::pair<const char*, const char*>> fields) {
+  Scenario s;
+  s.model.model = model;
+  for (auto [f, v] : fields) set_field(s, f, v);
+  return s;
+}
+
+// The optimizer phase's live temporaries: at(event, live bytes after it) for each of their allocations.
+template <class F>
+void walk_optimizer_temporaries(const Estimate& e, F at) {
+  std::map<uint64_t, uint64_t> live;
+  uint64_t now = 0;
+  for (const Event& ev : e.sim->timeline.events) {
+    if (ev.phase != Phase::kOptimizer || ev.category != Category::kTemporaries) continue;
+    if (ev.kind == Event::kAlloc) {
+      live[ev.storage] = ev.bytes.value;
+      now += ev.bytes.value;
+      at(ev, now);
+    } else if (ev.kind == Event::kFree && live.count(ev.storage)) {
+      now -= live[ev.storage];
+      live.erase(ev.storage);
+    }
+  }
+}
+
 uint64_t bytes(const std::vector<StateTensor>& ts, bool paged) {
   uint64_t b = 0;
   for (const StateTensor& t : ts) {
@@ -116,12 +141,8 @@ TEST(Optimizers, TorchAdafactorHoldsTheLastUpdateUntilTheNextParameterRebindsIt)
   // var_estimate) is released only when the next parameter rebinds it, after that parameter's
   // var_estimate = row_var @ col_var exists. So while wpe (the second parameter) is updated, wte's update is
   // still live: the optimizer's temporaries reach wte + wpe, and never two copies of wte.
-  Scenario s;
-  s.model.model = "gpt2";
-  for (auto [f, v] : std::initializer_list<std::pair<const char*, const char*>>{
-           {"batch", "1"}, {"seq", "16"}, {"precision", "fp32"}, {"optimizer", "adafactor-torch"}}) {
-    set_field(s, f, v);
-  }
+  Scenario s = scenario_of("gpt2", {{"batch", "1"}, {"seq", "16"}, {"precision", "fp32"},
+                                    {"optimizer", "adafactor-torch"}});
   const ResolvedScenario r = resolve(s, testing::MapFileReader());
   uint64_t wte = 0, wpe = 0;
   for (const TensorRow& row : r.inventory.parameters) {
@@ -131,19 +152,8 @@ TEST(Optimizers, TorchAdafactorHoldsTheLastUpdateUntilTheNextParameterRebindsIt)
   ASSERT_GT(wte, 0u);
   ASSERT_GT(wpe, 0u);
   const Estimate e = estimate(r);
-  std::map<uint64_t, uint64_t> live;
-  uint64_t now = 0, peak = 0;
-  for (const Event& ev : e.sim->timeline.events) {
-    if (ev.phase != Phase::kOptimizer || ev.category != Category::kTemporaries) continue;
-    if (ev.kind == Event::kAlloc) {
-      live[ev.storage] = ev.bytes.value;
-      now += ev.bytes.value;
-    } else if (ev.kind == Event::kFree && live.count(ev.storage)) {
-      now -= live[ev.storage];
-      live.erase(ev.storage);
-    }
-    peak = std::max(peak, now);
-  }
+  uint64_t peak = 0;
+  walk_optimizer_temporaries(e, [&](const Event&, uint64_t now) { peak = std::max(peak, now); });
   EXPECT_GE(peak, wte + wpe);
   EXPECT_LT(peak, 2 * wte);
 }
@@ -152,12 +162,8 @@ TEST(Optimizers, TransformersAdafactorKeepsItsLocalsAcrossParametersAndNegatesTh
   // optimization.py Adafactor.step: `update` is a local of the loop over all parameters, so wte's update is
   // still live when wpe's `grad**2` is computed; `p_data_fp32.add_(-update)` allocates -update, a full-size
   // float32 tensor, once per parameter and step.
-  Scenario s;
-  s.model.model = "gpt2";
-  for (auto [f, v] : std::initializer_list<std::pair<const char*, const char*>>{
-           {"batch", "1"}, {"seq", "16"}, {"precision", "fp32"}, {"optimizer", "adafactor"}, {"steps", "1"}}) {
-    set_field(s, f, v);
-  }
+  Scenario s = scenario_of("gpt2", {{"batch", "1"}, {"seq", "16"}, {"precision", "fp32"}, {"optimizer", "adafactor"},
+                                    {"steps", "1"}});
   const ResolvedScenario r = resolve(s, testing::MapFileReader());
   int32_t wpe_row = -1;
   uint64_t wte = 0, trainable = 0;
@@ -170,32 +176,18 @@ TEST(Optimizers, TransformersAdafactorKeepsItsLocalsAcrossParametersAndNegatesTh
   ASSERT_GT(wte, 0u);
   ASSERT_GE(wpe_row, 0);
   const Estimate e = estimate(r);
-  std::map<uint64_t, uint64_t> live;
-  uint64_t now = 0, at_wpe = 0, negs = 0;
-  for (const Event& ev : e.sim->timeline.events) {
-    if (ev.phase != Phase::kOptimizer || ev.category != Category::kTemporaries) continue;
-    if (ev.kind == Event::kAlloc) {
-      live[ev.storage] = ev.bytes.value;
-      now += ev.bytes.value;
-      const std::string what = ev.label.what;
-      if (what == "adafactor grad**2" && ev.label.row == wpe_row) at_wpe = now;
-      if (what == "adafactor -update") ++negs;
-    } else if (ev.kind == Event::kFree && live.count(ev.storage)) {
-      now -= live[ev.storage];
-      live.erase(ev.storage);
-    }
-  }
+  uint64_t at_wpe = 0, negs = 0;
+  walk_optimizer_temporaries(e, [&](const Event& ev, uint64_t now) {
+    const std::string what = ev.label.what;
+    if (what == "adafactor grad**2" && ev.label.row == wpe_row) at_wpe = now;
+    if (what == "adafactor -update") ++negs;
+  });
   EXPECT_GE(at_wpe, wte);
   EXPECT_EQ(negs, trainable);
 }
 
 Estimate in_backward_run(bool in_backward) {
-  Scenario s;
-  s.model.model = "qwen3-0.6b";
-  for (auto [f, v] : std::initializer_list<std::pair<const char*, const char*>>{
-           {"batch", "1"}, {"seq", "32"}, {"precision", "bf16"}, {"loop", "plain"}}) {
-    set_field(s, f, v);
-  }
+  Scenario s = scenario_of("qwen3-0.6b", {{"batch", "1"}, {"seq", "32"}, {"precision", "bf16"}, {"loop", "plain"}});
   set_field(s, "optimizer_in_backward", in_backward ? "true" : "false");
   return estimate(resolve(s, testing::MapFileReader()));
 }
@@ -242,12 +234,8 @@ TEST(Optimizers, OptimizerInBackwardIsRefusedWhereTorchtuneRefusesIt) {
 }
 
 TEST(Optimizers, PagedStateIsOutsideTheAllocatorButInTheDeviceTotal) {
-  Scenario s;
-  s.model.model = "qwen3-0.6b";
-  for (auto [f, v] : std::initializer_list<std::pair<const char*, const char*>>{
-           {"batch", "1"}, {"seq", "64"}, {"precision", "bf16"}, {"optimizer", "paged-adamw8bit"}, {"gpu", "a100-80gb"}}) {
-    set_field(s, f, v);
-  }
+  Scenario s = scenario_of("qwen3-0.6b", {{"batch", "1"}, {"seq", "64"}, {"precision", "bf16"},
+                                          {"optimizer", "paged-adamw8bit"}, {"gpu", "a100-80gb"}});
   const Estimate paged = estimate(resolve(s, testing::MapFileReader()));
   set_field(s, "optimizer", "adamw8bit");
   const Estimate plain = estimate(resolve(s, testing::MapFileReader()));

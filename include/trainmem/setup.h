@@ -149,7 +149,7 @@ std::string_view precision_name(Precision p);
 std::string_view optimizer_name(Optimizer o);
 std::string_view optimizer_impl_name(OptimizerImpl i);
 // "adamw (fused)", or "no optimizer".
-std::string optimizer_label(Optimizer o, OptimizerImpl impl);
+std::string optimizer_label(Optimizer o, OptimizerImpl impl, bool in_backward);  // in_backward: optimizer-in-backward
 std::optional<Precision> parse_precision(std::string_view s);
 std::optional<Optimizer> parse_optimizer(std::string_view s);
 std::optional<OptimizerImpl> parse_optimizer_impl(std::string_view s);

@@ -182,9 +182,9 @@ OptimizerImpl resolve_optimizer_impl(Optimizer o, OptimizerImpl impl, Impl model
   return OptimizerImpl::kForeach;
 }
 
-std::string optimizer_label(Optimizer o, OptimizerImpl impl) {
+std::string optimizer_label(Optimizer o, OptimizerImpl impl, bool in_backward) {
   if (o == Optimizer::kNone) return "no optimizer";
-  return fmt::format("{} ({})", optimizer_name(o), optimizer_impl_name(impl));
+  return fmt::format("{} ({}){}", optimizer_name(o), optimizer_impl_name(impl), in_backward ? " in backward" : "");
 }
 
 namespace {

@@ -69,6 +69,9 @@ std::vector<StateTensor> optimizer_state_tensors(Optimizer o, OptimizerImpl impl
                                                  DType param_dtype, uint64_t bnb_block);
 // State created once per optimizer, on the first step (bitsandbytes' quantization maps).
 std::vector<StateTensor> optimizer_shared_state(Optimizer o);
+// Whether a parameter's state needs that shared state: bitsandbytes moves its qmaps to the device only in
+// init_state's 8-bit branch (a parameter of at least min_8bit_size elements).
+bool needs_shared_state(const std::vector<StateTensor>& param_state);
 
 
 // Gradient (activation) checkpointing of the decoder layers, as transformers' gradient_checkpointing_enable()

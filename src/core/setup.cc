@@ -163,6 +163,12 @@ std::vector<StateTensor> optimizer_shared_state(Optimizer o) {
   return {};
 }
 
+bool needs_shared_state(const std::vector<StateTensor>& param_state) {
+  for (const StateTensor& t : param_state) {
+    if (t.dtype == DType::kU8) return true;
+  }
+  return false;
+}
 
 bool default_checkpoint_reentrant(Impl model_impl) { return model_impl != Impl::kHf; }
 

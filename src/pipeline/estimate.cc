@@ -170,13 +170,18 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
       }
     }
   }
-  uint64_t stepped = 0;  // parameters that got a gradient (each has an optimizer of its own in backward)
+  // per-parameter optimizers (optimizer-in-backward) whose parameter's state is 8-bit, each with its own qmaps
+  uint64_t eight_bit = 0;
   for (size_t i = 0; i < inv.parameters.size(); ++i) {
-    stepped += i < sim->param_has_grad.size() && sim->param_has_grad[i] && inv.parameters[i].trainable ? 1 : 0;
+    const TensorRow& r = inv.parameters[i];
+    if (i >= sim->param_has_grad.size() || !sim->param_has_grad[i] || !r.trainable) continue;
+    eight_bit += needs_shared_state(optimizer_state_tensors(s.optimizer, e.setup.optimizer_impl, r.shape,
+                                                            stored_dtype(r, pd), bnb_block_size(s.optimizer_version)))
+                     ? 1 : 0;
   }
   if (with_grad.value > 0) {
     // once per optimizer object: one optimizer, or one per parameter with optimizer-in-backward
-    const uint64_t optimizers = s.optimizer_in_backward ? stepped : 1;
+    const uint64_t optimizers = s.optimizer_in_backward ? eight_bit : 1;
     for (const StateTensor& t : optimizer_shared_state(s.optimizer)) {
       st.optimizer_moments += bytes_of(Elems(checked_mul(t.shape[0], optimizers, "optimizer state elements")), t.dtype);
     }

@@ -239,7 +239,11 @@ struct Loop {
     if (stepped_in_backward.size() < inv.parameters.size()) stepped_in_backward.resize(inv.parameters.size());
     const bool first = !stepped_in_backward[pi];
     stepped_in_backward[pi] = 1;
-    if (first) create_shared_state();  // each parameter's optimizer is an object of its own
+    // each parameter's optimizer is an object of its own, with its own name2qmap (Optimizer8bit.__init__)
+    if (first && needs_shared_state(optimizer_state_tensors(s.optimizer, opt_impl, inv.parameters[pi].shape,
+                                                            w.params[pi].dtype(), bnb_block_size(s.optimizer_version)))) {
+      create_shared_state();
+    }
     AdafactorLocals af;
     step_group({pi}, first, af);
     e.grads()[pi].reset();

@@ -217,6 +217,27 @@ TEST(Optimizers, OptimizerInBackwardStepsEachParameterInItsHookAndFreesItsGradie
   EXPECT_LT(in.peak.live_total.value, out.peak.live_total.value);
 }
 
+TEST(Optimizers, OptimizerInBackwardGivesEachEightBitParameterItsOwnQuantizationMaps) {
+  // One bitsandbytes optimizer per parameter: each has its own name2qmap, moved to the device in
+  // init_state's 8-bit branch only, so the 2 x 256 float32 maps come once per parameter of >= 4096 elements
+  // (qwen3-0.6b: 28 layers x 7 projections + the tied embedding; the norms keep float32 states).
+  Scenario s = scenario_of("qwen3-0.6b", {{"batch", "1"}, {"seq", "32"}, {"precision", "bf16"}, {"loop", "plain"},
+                                          {"optimizer", "adamw8bit"}});
+  const Estimate one = estimate(resolve(s, testing::MapFileReader()));
+  set_field(s, "optimizer_in_backward", "true");
+  const Estimate each = estimate(resolve(s, testing::MapFileReader()));
+  const uint64_t maps = 2 * 256 * 4;
+  EXPECT_EQ(each.state.optimizer_state.value, one.state.optimizer_state.value + (28 * 7 + 1) * maps - maps);
+  uint64_t qmaps = 0;
+  for (const Event& ev : each.sim->timeline.events) {
+    if (ev.kind == Event::kAlloc && ev.category == Category::kOptimizer && ev.bytes.value == 256 * 4 &&
+        std::string(ev.label.what).rfind("qmap", 0) == 0) {
+      ++qmaps;
+    }
+  }
+  EXPECT_EQ(qmaps, 2 * (28 * 7 + 1u));
+}
+
 TEST(Optimizers, OptimizerInBackwardIsRefusedWhereTorchtuneRefusesIt) {
   Scenario s;
   s.model.model = "gpt2";

@@ -29,6 +29,8 @@ enum class Optimizer {
   kPagedAdamW,      // bitsandbytes PagedAdamW: float32 states in paged memory
   kLion,            // bitsandbytes Lion (32-bit): one float32 state
   kAdafactor,       // transformers' Adafactor (the Trainer's optim="adafactor"), factored second moments
+  kLion8bit,        // bitsandbytes Lion8bit: one blockwise 8-bit state
+  kAdafactorTorch,  // torch.optim.Adafactor (torch >= 2.5): keepdim row/col variances in the parameter's dtype
 };
 
 
@@ -42,6 +44,17 @@ enum class OptimizerImpl {
   kForLoop,  // _single_tensor_*
 };
 
+// A bitsandbytes release (--optimizer-version), whose 8-bit state layout is modelled.
+struct BnbVersion {
+  uint32_t major = 0, minor = 0;
+  friend auto operator<=>(BnbVersion, BnbVersion) = default;
+};
+std::optional<BnbVersion> parse_bnb_version(std::string_view s);  // "0.43", "0.43.3"
+// Elements per float32 absmax of bitsandbytes' blockwise 8-bit states; empty: the newest release's.
+uint64_t bnb_block_size(std::optional<BnbVersion> v);
+// bitsandbytes' optimizers (the ones --optimizer-version applies to).
+bool is_bnb_optim(Optimizer o);
+
 // One state tensor an optimizer keeps for a parameter (created at its first step).
 struct StateTensor {
   std::vector<uint64_t> shape;
@@ -51,10 +64,14 @@ struct StateTensor {
 };
 // The state tensors of `o` for a parameter of `shape` stored as `param_dtype`, in the order the optimizer
 // creates them; the source of each rule is cited in setup.cc.
+// `bnb_block` is bnb_block_size() of the bitsandbytes release modelled.
 std::vector<StateTensor> optimizer_state_tensors(Optimizer o, OptimizerImpl impl, const std::vector<uint64_t>& shape,
-                                                 DType param_dtype);
+                                                 DType param_dtype, uint64_t bnb_block);
 // State created once per optimizer, on the first step (bitsandbytes' quantization maps).
 std::vector<StateTensor> optimizer_shared_state(Optimizer o);
+// Whether a parameter's state needs that shared state: bitsandbytes moves its qmaps to the device only in
+// init_state's 8-bit branch (a parameter of at least min_8bit_size elements).
+bool needs_shared_state(const std::vector<StateTensor>& param_state);
 
 
 // Gradient (activation) checkpointing of the decoder layers, as transformers' gradient_checkpointing_enable()
@@ -95,6 +112,10 @@ struct TrainSetup {
   Precision precision = Precision::kBf16Amp;
   Optimizer optimizer = Optimizer::kAdamW;
   OptimizerImpl optimizer_impl = OptimizerImpl::kAuto;
+  std::optional<BnbVersion> optimizer_version;  // bitsandbytes release; empty: the newest layout
+  // torchtune's optimizer_in_bwd: one optimizer per parameter, stepped (and its .grad freed) in the
+  // parameter's post-accumulate-grad hook during backward
+  bool optimizer_in_backward = false;
   uint64_t grad_accum = 1;  // micro-batches per optimizer step
   std::string gpu;          // catalog name, empty when not given
   Checkpointing checkpointing = Checkpointing::kNone;
@@ -135,7 +156,7 @@ std::string_view precision_name(Precision p);
 std::string_view optimizer_name(Optimizer o);
 std::string_view optimizer_impl_name(OptimizerImpl i);
 // "adamw (fused)", or "no optimizer".
-std::string optimizer_label(Optimizer o, OptimizerImpl impl);
+std::string optimizer_label(Optimizer o, OptimizerImpl impl, bool in_backward);  // in_backward: optimizer-in-backward
 std::optional<Precision> parse_precision(std::string_view s);
 std::optional<Optimizer> parse_optimizer(std::string_view s);
 std::optional<OptimizerImpl> parse_optimizer_impl(std::string_view s);

@@ -29,16 +29,49 @@ DType compute_dtype(Precision p) {
 bool uses_autocast(Precision p) { return p == Precision::kFp16Amp || p == Precision::kBf16Amp; }
 
 namespace {
-// bitsandbytes optim/optimizer.py: Optimizer2State.init_state (bnb >= 0.44): parameters with fewer than
+// bitsandbytes optim/optimizer.py: Optimizer2State/Optimizer1State.init_state: parameters with fewer than
 // min_8bit_size = 4096 elements keep float32 states; `get_state_buffer` pages a state when is_paged and
-// p.numel() >= 1e5; the blockwise absmax has one float32 per 256 elements.
+// p.numel() >= 1e5; the blockwise absmax has one float32 per block: `blocks = n // 256` (+1 for a remainder)
+// since bitsandbytes 0.44.0 (PR #1365 "Change 8bit optimizer blocksize 2048->256"), `n // 2048` before.
 constexpr uint64_t kMin8bitSize = 4096;
 constexpr uint64_t kPagedMinElems = 100'000;
 constexpr uint64_t k8bitBlock = 256;
+constexpr uint64_t k8bitBlockBefore044 = 2048;
+constexpr BnbVersion kBnbSmallBlocks{0, 44};
 }  // namespace
 
+std::optional<BnbVersion> parse_bnb_version(std::string_view s) {
+  BnbVersion v;
+  const auto dot = s.find('.');
+  if (dot == std::string_view::npos) return std::nullopt;
+  auto num = [](std::string_view t, uint32_t& out) {
+    if (t.empty() || t.size() > 4) return false;
+    out = 0;
+    for (char c : t) {
+      if (c < '0' || c > '9') return false;
+      out = out * 10 + static_cast<uint32_t>(c - '0');
+    }
+    return true;
+  };
+  std::string_view rest = s.substr(dot + 1);
+  const auto dot2 = rest.find('.');
+  uint32_t patch = 0;
+  if (dot2 != std::string_view::npos && !num(rest.substr(dot2 + 1), patch)) return std::nullopt;
+  if (!num(s.substr(0, dot), v.major) || !num(rest.substr(0, dot2), v.minor)) return std::nullopt;
+  return v;
+}
+
+uint64_t bnb_block_size(std::optional<BnbVersion> v) {
+  return v && *v < kBnbSmallBlocks ? k8bitBlockBefore044 : k8bitBlock;
+}
+
+bool is_bnb_optim(Optimizer o) {
+  return o == Optimizer::kAdamW8bit || o == Optimizer::kPagedAdamW8bit || o == Optimizer::kPagedAdamW ||
+         o == Optimizer::kLion || o == Optimizer::kLion8bit;
+}
+
 std::vector<StateTensor> optimizer_state_tensors(Optimizer o, OptimizerImpl impl, const std::vector<uint64_t>& shape,
-                                                 DType pd) {
+                                                 DType pd, uint64_t bnb_block) {
   const uint64_t n = numel(shape).value;
   std::vector<StateTensor> s;
   switch (o) {
@@ -62,8 +95,8 @@ std::vector<StateTensor> optimizer_state_tensors(Optimizer o, OptimizerImpl impl
       } else {
         s.push_back({shape, DType::kU8, paged, "state1 (8-bit)"});
         s.push_back({shape, DType::kU8, paged, "state2 (8-bit)"});
-        s.push_back({{ceil_div(n, k8bitBlock)}, DType::kF32, false, "absmax1"});
-        s.push_back({{ceil_div(n, k8bitBlock)}, DType::kF32, false, "absmax2"});
+        s.push_back({{ceil_div(n, bnb_block)}, DType::kF32, false, "absmax1"});
+        s.push_back({{ceil_div(n, bnb_block)}, DType::kF32, false, "absmax2"});
       }
       break;
     }
@@ -74,6 +107,16 @@ std::vector<StateTensor> optimizer_state_tensors(Optimizer o, OptimizerImpl impl
       break;
     }
     case Optimizer::kLion: s.push_back({shape, DType::kF32, false, "state1"}); break;  // Optimizer1State, 32-bit
+    case Optimizer::kLion8bit:
+      // optim/lion.py Lion8bit: Optimizer1State with optim_bits=8: Optimizer1State.init_state keeps one state
+      // (uint8 with one float32 absmax per block, or float32 under min_8bit_size)
+      if (n < kMin8bitSize) {
+        s.push_back({shape, DType::kF32, false, "state1"});
+      } else {
+        s.push_back({shape, DType::kU8, false, "state1 (8-bit)"});
+        s.push_back({{ceil_div(n, bnb_block)}, DType::kF32, false, "absmax1"});
+      }
+      break;
     case Optimizer::kAdafactor:
       // transformers optimization.py Adafactor.step: factored when len(shape) >= 2: exp_avg_sq_row
       // shape[:-1] and exp_avg_sq_col shape[:-2] + shape[-1:], float32; otherwise exp_avg_sq, float32;
@@ -86,6 +129,24 @@ std::vector<StateTensor> optimizer_state_tensors(Optimizer o, OptimizerImpl impl
       } else {
         s.push_back({shape, DType::kF32, false, "exp_avg_sq"});
       }
+      // state["RMS"] = self._rms(p_data_fp32) = tensor.norm(2) / numel**0.5: a 0-d float32 device tensor kept
+      // in the state (initialised to the Python int 0, replaced by a tensor at every step)
+      s.push_back({{}, DType::kF32, false, "RMS"});
+      break;
+    case Optimizer::kAdafactorTorch:
+      // torch/optim/_adafactor.py Adafactor._init_group: `step` = torch.tensor(0.0) on the CPU (no device
+      // bytes); when p.grad.dim() > 1, row_var = p.grad.new_zeros(shape with [-1] = 1) and col_var =
+      // p.grad.new_zeros(shape with [-2] = 1), both in the gradient's (= the parameter's) dtype; otherwise
+      // variance = torch.zeros_like(p.grad). No first moment.
+      if (shape.size() > 1) {
+        std::vector<uint64_t> row = shape, col = shape;
+        row[row.size() - 1] = 1;
+        col[col.size() - 2] = 1;
+        s.push_back({row, pd, false, "row_var"});
+        s.push_back({col, pd, false, "col_var"});
+      } else {
+        s.push_back({shape, pd, false, "variance"});
+      }
       break;
   }
   return s;
@@ -97,9 +158,17 @@ std::vector<StateTensor> optimizer_shared_state(Optimizer o) {
   if (o == Optimizer::kAdamW8bit || o == Optimizer::kPagedAdamW8bit) {
     return {{{256}, DType::kF32, false, "qmap1 (dynamic)"}, {{256}, DType::kF32, false, "qmap2 (udynamic)"}};
   }
+  // Optimizer1State.init_state moves only name2qmap["dynamic"] to the device
+  if (o == Optimizer::kLion8bit) return {{{256}, DType::kF32, false, "qmap1 (dynamic)"}};
   return {};
 }
 
+bool needs_shared_state(const std::vector<StateTensor>& param_state) {
+  for (const StateTensor& t : param_state) {
+    if (t.dtype == DType::kU8) return true;
+  }
+  return false;
+}
 
 bool default_checkpoint_reentrant(Impl model_impl) { return model_impl != Impl::kHf; }
 
@@ -108,6 +177,9 @@ bool is_torch_optim(Optimizer o) {
 }
 
 OptimizerImpl resolve_optimizer_impl(Optimizer o, OptimizerImpl impl, Impl model_impl) {
+  // torch/optim/_adafactor.py Adafactor: foreach=None runs _single_tensor_adafactor (its docstring: it
+  // "will default to the slower single tensor for-loop implementation unless this flag is explicitly True")
+  if (o == Optimizer::kAdafactorTorch) return OptimizerImpl::kForLoop;
   if (!is_torch_optim(o)) return OptimizerImpl::kAuto;  // nothing runs, or not torch.optim's code paths
   if (impl != OptimizerImpl::kAuto) return impl;
   // nanoGPT configure_optimizers: use_fused = fused_available and device_type == 'cuda' (AdamW only).
@@ -116,9 +188,9 @@ OptimizerImpl resolve_optimizer_impl(Optimizer o, OptimizerImpl impl, Impl model
   return OptimizerImpl::kForeach;
 }
 
-std::string optimizer_label(Optimizer o, OptimizerImpl impl) {
+std::string optimizer_label(Optimizer o, OptimizerImpl impl, bool in_backward) {
   if (o == Optimizer::kNone) return "no optimizer";
-  return fmt::format("{} ({})", optimizer_name(o), optimizer_impl_name(impl));
+  return fmt::format("{} ({}){}", optimizer_name(o), optimizer_impl_name(impl), in_backward ? " in backward" : "");
 }
 
 namespace {
@@ -139,7 +211,10 @@ constexpr NameRow<Optimizer> kOptimizers[] = {
     {Optimizer::kPagedAdamW8bit, "paged-adamw8bit", "bitsandbytes PagedAdamW8bit: 8-bit states, large ones paged"},
     {Optimizer::kPagedAdamW, "paged-adamw", "bitsandbytes PagedAdamW: float32 states, large ones paged"},
     {Optimizer::kLion, "lion", "bitsandbytes Lion (32-bit): one float32 state"},
+    {Optimizer::kLion8bit, "lion8bit", "bitsandbytes Lion8bit: one 8-bit blockwise state (float32 under 4096 elements)"},
     {Optimizer::kAdafactor, "adafactor", "transformers' Adafactor: factored float32 second moments"},
+    {Optimizer::kAdafactorTorch, "adafactor-torch",
+     "torch.optim.Adafactor (torch >= 2.5): factored second moments in the parameter's dtype"},
 };
 constexpr NameRow<OptimizerImpl> kOptimizerImpls[] = {
     {OptimizerImpl::kAuto, "auto", "fused for nanoGPT's AdamW, foreach otherwise (torch.optim's CUDA default)"},
@@ -183,10 +258,32 @@ void validate_setup(const ModelSpec& m, const TrainSetup& s) {
     throw FieldError("optimizer_impl", fmt::format("{}: there is no optimizer (the optimizer is none)",
                                                    optimizer_impl_name(s.optimizer_impl)));
   }
-  if (!is_torch_optim(s.optimizer) && s.optimizer_impl != OptimizerImpl::kAuto) {
+  if (s.optimizer == Optimizer::kAdafactorTorch && s.optimizer_impl != OptimizerImpl::kAuto &&
+      s.optimizer_impl != OptimizerImpl::kForLoop) {
+    throw FieldError("optimizer_impl", fmt::format("{}: torch's Adafactor is simulated on its default single-tensor "
+                                                   "path (for-loop); _multi_tensor_adafactor is not simulated yet and "
+                                                   "there is no fused Adafactor", optimizer_impl_name(s.optimizer_impl)));
+  }
+  if (!is_torch_optim(s.optimizer) && s.optimizer != Optimizer::kAdafactorTorch &&
+      s.optimizer_impl != OptimizerImpl::kAuto) {
     throw FieldError("optimizer_impl", fmt::format("{}: {} has one implementation (foreach, fused and for-loop are "
                                                    "torch.optim's)", optimizer_impl_name(s.optimizer_impl),
                                                    optimizer_name(s.optimizer)));
+  }
+  if (s.optimizer_in_backward && s.grad_accum > 1) {
+    // torchtune recipes/full_finetune_single_device.py _setup_optimizer / setup: "Gradient accumulation is
+    // not supported with optimizer in bwd" (each gradient is consumed and freed as soon as it is accumulated)
+    throw FieldError("grad_accum", fmt::format("{}: optimizer-in-backward steps every parameter as its gradient "
+                                               "arrives, so it cannot accumulate micro-batches (torchtune refuses "
+                                               "it); use --grad-accum 1", s.grad_accum));
+  }
+  if (s.optimizer_in_backward && s.optimizer == Optimizer::kNone) {
+    throw FieldError("optimizer_in_backward", "true: there is no optimizer to step in backward (the optimizer is none)");
+  }
+  if (s.optimizer_version && !is_bnb_optim(s.optimizer)) {
+    throw FieldError("optimizer_version", fmt::format("{}.{}: only bitsandbytes' optimizers have a versioned state "
+                                                      "layout, and the optimizer is {}", s.optimizer_version->major,
+                                                      s.optimizer_version->minor, optimizer_name(s.optimizer)));
   }
   if (input_kind(m) == InputKind::kFeatures) return;  // no sequence axis: T multiplies the rows
   if (m.max_positions != 0 && s.seq > m.max_positions) {

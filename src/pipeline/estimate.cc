@@ -158,7 +158,8 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
     if (i >= sim->param_has_grad.size() || !sim->param_has_grad[i] || !r.trainable) continue;
     const DType d = stored_dtype(r, pd);
     with_grad += bytes_of(r.elems, d);
-    for (const StateTensor& t : optimizer_state_tensors(s.optimizer, e.setup.optimizer_impl, r.shape, d)) {
+    for (const StateTensor& t : optimizer_state_tensors(s.optimizer, e.setup.optimizer_impl, r.shape, d,
+                                                                  bnb_block_size(s.optimizer_version))) {
       const Bytes b = bytes_of(numel(t.shape), t.dtype);
       if (t.paged) {
         st.paged_optimizer_state += b;
@@ -169,10 +170,25 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
       }
     }
   }
-  if (with_grad.value > 0) {
-    for (const StateTensor& t : optimizer_shared_state(s.optimizer)) st.optimizer_moments += bytes_of(Elems(t.shape[0]), t.dtype);
+  // per-parameter optimizers (optimizer-in-backward) whose parameter's state is 8-bit, each with its own qmaps
+  uint64_t eight_bit = 0;
+  for (size_t i = 0; i < inv.parameters.size(); ++i) {
+    const TensorRow& r = inv.parameters[i];
+    if (i >= sim->param_has_grad.size() || !sim->param_has_grad[i] || !r.trainable) continue;
+    eight_bit += needs_shared_state(optimizer_state_tensors(s.optimizer, e.setup.optimizer_impl, r.shape,
+                                                            stored_dtype(r, pd), bnb_block_size(s.optimizer_version)))
+                     ? 1 : 0;
   }
-  st.gradients = with_grad;
+  if (with_grad.value > 0) {
+    // once per optimizer object: one optimizer, or one per parameter with optimizer-in-backward
+    const uint64_t optimizers = s.optimizer_in_backward ? eight_bit : 1;
+    for (const StateTensor& t : optimizer_shared_state(s.optimizer)) {
+      st.optimizer_moments += bytes_of(Elems(checked_mul(t.shape[0], optimizers, "optimizer state elements")), t.dtype);
+    }
+  }
+  // optimizer-in-backward frees each .grad right after its update (zero_grad(set_to_none=True) in the hook):
+  // no gradient outlives the backward; those in flight are in the timeline's peak
+  st.gradients = s.optimizer_in_backward ? Bytes{} : with_grad;
   st.optimizer_state = st.optimizer_moments + st.optimizer_steps;
   e.sim = sim;
   e.warnings = sim->warnings;

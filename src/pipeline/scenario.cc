@@ -119,8 +119,14 @@ constexpr Field kFields[] = {
     {"batch", "micro-batch size", FieldGroup::kTraining},
     {"seq", "sequence length in tokens", FieldGroup::kTraining},
     {"precision", "fp32 | fp16-amp | bf16-amp | fp16 | bf16", FieldGroup::kTraining},
-    {"optimizer", "adamw | adam | sgd | sgd-momentum | none", FieldGroup::kTraining},
+    {"optimizer", "adamw | adam | sgd | sgd-momentum | none | adamw8bit | paged-adamw8bit | paged-adamw | lion | "
+                  "lion8bit | adafactor | adafactor-torch", FieldGroup::kTraining},
     {"optimizer_impl", "auto | foreach | fused | for-loop", FieldGroup::kTraining},
+    {"optimizer_in_backward", "true | false: torchtune's optimizer_in_bwd: each parameter stepped and its "
+                              "gradient freed in its post-accumulate-grad hook (plain loop, torch >= 2.1)",
+     FieldGroup::kTraining},
+    {"optimizer_version", "bitsandbytes release whose 8-bit state layout to model, like 0.43 (default: the newest; "
+                          "blocks of 2048 before 0.44, 256 since)", FieldGroup::kTraining},
     {"grad_accum", "micro-batches per optimizer step", FieldGroup::kTraining},
     {"checkpointing", "none | full | selective: gradient checkpointing of the decoder layers (full: transformers' "
                       "gradient_checkpointing_enable; selective: torchtitan's op-level SAC)", FieldGroup::kTraining},
@@ -207,6 +213,15 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     s.train.optimizer = named(f, v, parse_name<Optimizer>(v));
   } else if (f == "optimizer_impl") {
     s.train.optimizer_impl = named(f, v, parse_name<OptimizerImpl>(v));
+  } else if (f == "optimizer_in_backward") {
+    if (v != "true" && v != "false") throw FieldError(std::string(f), fmt::format("\"{}\": expected true or false", v));
+    s.train.optimizer_in_backward = v == "true";
+  } else if (f == "optimizer_version" && v.empty()) {
+    s.train.optimizer_version.reset();  // the newest layout (get_field's text for "not given")
+  } else if (f == "optimizer_version") {
+    const auto b = parse_bnb_version(v);
+    if (!b) throw FieldError(std::string(f), fmt::format("\"{}\": expected a bitsandbytes version like 0.43 or 0.45.2", v));
+    s.train.optimizer_version = *b;
   } else if (f == "checkpointing") {
     s.train.checkpointing = named(f, v, parse_name<Checkpointing>(v));
   } else if (f == "checkpoint_reentrant") {
@@ -264,6 +279,11 @@ std::string field_text(const Scenario& s, std::string_view f) {
   if (f == "precision") return std::string(name_of(s.train.precision));
   if (f == "optimizer") return std::string(name_of(s.train.optimizer));
   if (f == "optimizer_impl") return std::string(name_of(s.train.optimizer_impl));
+  if (f == "optimizer_in_backward") return s.train.optimizer_in_backward ? "true" : "false";
+  if (f == "optimizer_version") {
+    const auto& b = s.train.optimizer_version;
+    return b ? fmt::format("{}.{}", b->major, b->minor) : std::string();
+  }
   if (f == "gpu") return s.train.gpu;
   if (f == "checkpointing") return std::string(name_of(s.train.checkpointing));
   if (f == "checkpoint_reentrant") {
@@ -426,8 +446,31 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   if (!r.setup.checkpoint_reentrant) r.setup.checkpoint_reentrant = default_checkpoint_reentrant(r.model.impl);
   // The optimizer code path that runs (fused for nanoGPT's AdamW, foreach for torch.optim on CUDA).
   r.setup.optimizer_impl = resolve_optimizer_impl(s.train.optimizer, s.train.optimizer_impl, r.model.impl);
+  // torch.optim.Adafactor first ships in torch 2.5 (torch/optim/_adafactor.py; torch/optim/__init__.py
+  // exports Adafactor from 2.5 on): an older torch has no such optimizer to model.
+  if (s.train.optimizer == Optimizer::kAdafactorTorch && s.torch < TorchVersion{2, 5}) {
+    throw FieldError("optimizer", fmt::format("adafactor-torch: torch.optim.Adafactor exists from torch 2.5 on, and "
+                                              "--torch is {}; use --torch 2.5 or later, or transformers' adafactor",
+                                              torch_version_name(s.torch)));
+  }
   r.options.loop = s.loop == LoopKind::kAuto ? default_loop(r.model) : s.loop;
   r.options.torch = s.torch;
+  if (s.train.optimizer_in_backward) {
+    // Tensor.register_post_accumulate_grad_hook, which torchtune's register_optim_in_bwd_hooks uses, exists
+    // from torch 2.1 on; and the recipe refuses clip_grad_norm with optimizer_in_bwd (no full set of
+    // gradients ever exists), which the nanoGPT and Trainer loops apply: only the plain loop runs it.
+    if (s.torch < TorchVersion{2, 1}) {
+      throw FieldError("optimizer_in_backward", fmt::format("true: Tensor.register_post_accumulate_grad_hook "
+                                                            "exists from torch 2.1 on, and --torch is {}",
+                                                            torch_version_name(s.torch)));
+    }
+    if (r.options.loop != LoopKind::kPlain) {
+      throw FieldError("optimizer_in_backward", fmt::format("true: the {} loop clips gradients (clip_grad_norm_ "
+                                                            "1.0), which needs every gradient at once; torchtune "
+                                                            "refuses clipping with optimizer-in-backward: use "
+                                                            "--loop plain", loop_name(r.options.loop)));
+    }
+  }
   r.options.steps = s.steps;
   if (!s.train.gpu.empty()) {
     r.gpu = resolve_gpu(s.train.gpu);

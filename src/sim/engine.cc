@@ -565,6 +565,11 @@ void Engine::deliver(T g, GradEdge e, std::vector<Node*>& ready) {
 
 void Engine::accumulate_param(Node& n, T g) {
   if (!g) return;
+  accumulate_into_grad(n, std::move(g));
+  if (post_accumulate_grad) post_accumulate_grad(n.param);
+}
+
+void Engine::accumulate_into_grad(Node& n, T g) {
   T& grad = grads_[n.param];
   const T& p = params_[n.param];
   if (grad) {

@@ -392,6 +392,10 @@ class Engine {
   // The .grad of parameter `index` (empty handle when None).
   T& grad(int32_t index);
   std::vector<T>& grads() { return grads_; }
+  // Tensor.register_post_accumulate_grad_hook (torch >= 2.1): called with the parameter index each time
+  // AccumulateGrad has accumulated into that parameter's .grad (torch/csrc/autograd/functions/
+  // accumulate_grad.h AccumulateGrad::apply runs the tensor's post-accumulate-grad hooks after accumulateGrad).
+  std::function<void(int32_t)> post_accumulate_grad;
   // Parameter metadata for AccumulateGrad.
   size_t parameter_count() const { return params_.size(); }
 
@@ -435,6 +439,7 @@ class Engine {
   void recycle(Node* n);
   static constexpr uint32_t kRecycled = 0xFFFFFFFFu;  // deps of a node a reentrant backward is done with
   void accumulate_param(Node& n, T g);
+  void accumulate_into_grad(Node& n, T g);
   void accumulate_leaf(Node& n, T g);
   Node* new_accumulate_node();
 

@@ -61,6 +61,7 @@ struct Loop {
   bool scaler;  // GradScaler active: float16 autocast
   T scale, growth_tracker;  // GradScaler state
   std::vector<T> state;     // optimizer state tensors, created on the first step
+  std::vector<T> adafactor_rms;  // transformers' Adafactor state["RMS"] per parameter, replaced every step
   T X, Y;                   // the current batch
   T kept_logits;            // nanoGPT: `logits` lives until the next forward returns
   T kept_loss;              // the training script's `loss` variable, rebound each micro-batch
@@ -204,24 +205,62 @@ struct Loop {
     T clamped = e.empty(Shape{}, DType::kF32, Category::kTemporaries, Label{"clip_grad_norm_ clamped"});
   }
 
+  // transformers' Adafactor.step's loop locals (adafactor_update)
+  struct AdafactorLocals {
+    T grad, p32, update;
+  };
+
   void optimizer_step(bool first) {
     e.phase = Phase::kOptimizer;
     if (s.optimizer == Optimizer::kNone) return;
-    const bool adam = s.optimizer == Optimizer::kAdamW || s.optimizer == Optimizer::kAdam;
     const auto groups = param_groups();
-    if (first && !groups.empty()) {
-      for (const StateTensor& t : optimizer_shared_state(s.optimizer)) {
-        state.push_back(e.empty(Shape::of(t.shape), t.dtype, Category::kOptimizer, Label{t.what}));
-      }
+    AdafactorLocals af;  // transformers' Adafactor: its locals live until step() returns
+    if (first && !groups.empty()) create_shared_state();
+    for (const std::vector<size_t>& group : groups) step_group(group, first, af);
+  }
+
+  // State created once per optimizer object on its first step (bitsandbytes' quantization maps)
+  void create_shared_state() {
+    for (const StateTensor& t : optimizer_shared_state(s.optimizer)) {
+      state.push_back(e.empty(Shape::of(t.shape), t.dtype, Category::kOptimizer, Label{t.what}));
     }
-    for (const std::vector<size_t>& group : groups) {
-      if (first) {
+  }
+
+  // Optimizer-in-backward, torchtune's (training/memory.py create_optim_in_bwd_wrapper /
+  // register_optim_in_bwd_hooks; recipes/full_finetune_single_device.py optimizer_in_bwd): one optimizer per
+  // parameter, `optim_dict[param].step()` then `optim_dict[param].zero_grad()` (set_to_none) in the
+  // parameter's post-accumulate-grad hook. So each parameter's state is created lazily at its first update,
+  // inside backward, and its .grad is freed right after: the backward holds only the gradients in flight.
+  // The recipe then skips its own optimizer.step() and zero_grad().
+  std::vector<char> stepped_in_backward;
+  void step_in_backward(int32_t i) {
+    const size_t pi = static_cast<size_t>(i);
+    if (s.optimizer == Optimizer::kNone || !inv.parameters[pi].trainable) return;
+    if (stepped_in_backward.size() < inv.parameters.size()) stepped_in_backward.resize(inv.parameters.size());
+    const bool first = !stepped_in_backward[pi];
+    stepped_in_backward[pi] = 1;
+    // each parameter's optimizer is an object of its own, with its own name2qmap (Optimizer8bit.__init__)
+    if (first && needs_shared_state(optimizer_state_tensors(s.optimizer, opt_impl, inv.parameters[pi].shape,
+                                                            w.params[pi].dtype(), bnb_block_size(s.optimizer_version)))) {
+      create_shared_state();
+    }
+    AdafactorLocals af;
+    step_group({pi}, first, af);
+    e.grads()[pi].reset();
+  }
+
+  // One parameter group of optimizer.step(): the state of its parameters on the first step, then the update.
+  void step_group(const std::vector<size_t>& group, bool first, AdafactorLocals& af) {
+    const bool adam = s.optimizer == Optimizer::kAdamW || s.optimizer == Optimizer::kAdam;
+    {
+      if (first && s.optimizer != Optimizer::kAdafactor) {  // transformers' Adafactor: in adafactor_update
         // the state of each parameter, created lazily at its first step in parameter order
         // (optimizer_state_tensors: torch.optim's _init_group, bitsandbytes' init_state, Adafactor's step)
         for (size_t i : group) {
           const T& p = w.params[i];
           const Label l{intern_name(inv.parameters[i].name), -1, static_cast<int32_t>(i)};
-          for (const StateTensor& t : optimizer_state_tensors(s.optimizer, opt_impl, inv.parameters[i].shape, p.dtype())) {
+          for (const StateTensor& t : optimizer_state_tensors(s.optimizer, opt_impl, inv.parameters[i].shape, p.dtype(),
+                                                                  bnb_block_size(s.optimizer_version))) {
             if (t.paged) continue;  // cudaMallocManaged: not the caching allocator's (StateBytes::paged_optimizer_state)
             state.push_back(e.empty(Shape::of(t.shape), t.dtype, Category::kOptimizer, l));
           }
@@ -248,28 +287,50 @@ struct Loop {
           denom = std::move(next);
         }
       } else if (s.optimizer == Optimizer::kAdafactor) {
-        for (size_t i : group) adafactor_update(i);
+        for (size_t i : group) adafactor_update(i, first, af);
+      } else if (s.optimizer == Optimizer::kAdafactorTorch) {
+        adafactor_torch_group(group);
       }
       // bitsandbytes' 8-bit, paged and Lion updates are one in-place kernel per parameter: no temporaries
     }
   }
 
-  // transformers' Adafactor.step for one parameter (optimization.py): float32 copies of a 16-bit grad and
-  // parameter, update = grad**2 + eps, the row and column means, the factored estimate r * c (a new tensor),
-  // then in-place scaling; the float32 parameter is copied back.
-  void adafactor_update(size_t i) {
+  // transformers optimization.py Adafactor.step, as the Trainer builds it (optim="adafactor":
+  // scale_parameter=False, relative_step=False, so lr is a float; beta1=None: no exp_avg; weight_decay 0).
+  // Its locals `grad`, `p_data_fp32` and `update` are Python names of one loop over every group's parameters:
+  // each lives until the next parameter rebinds it (its successor allocated first) and until step() returns.
+  void adafactor_update(size_t i, bool first, AdafactorLocals& af) {
     const T& p = w.params[i];
     const Shape ps = p.shape();
     const bool half = p.dtype() != DType::kF32;
     auto f32 = [&](const Shape& sh, const char* what) {
       return e.empty(sh, DType::kF32, Category::kTemporaries, Label{what, -1, static_cast<int32_t>(i)});
     };
-    T g32 = half ? f32(ps, "adafactor grad.float()") : T();
-    T p32 = half ? f32(ps, "adafactor p.float()") : T();
-    T update;
+    // grad = p.grad, then grad.float() for a 16-bit gradient (rebinding drops the previous parameter's copy)
+    af.grad = half ? f32(ps, "adafactor grad.float()") : T();
+    const Label l{intern_name(inv.parameters[i].name), -1, static_cast<int32_t>(i)};
+    if (adafactor_rms.size() < inv.parameters.size()) adafactor_rms.resize(inv.parameters.size());
+    if (first) {  // State Initialization (len(state) == 0): the factored moments; state["RMS"] = 0 (a number)
+      for (const StateTensor& t : optimizer_state_tensors(s.optimizer, opt_impl, inv.parameters[i].shape, p.dtype(),
+                                                          bnb_block_size(s.optimizer_version))) {
+        if (std::string_view(t.what) == "RMS") continue;
+        state.push_back(e.empty(Shape::of(t.shape), t.dtype, Category::kOptimizer, l));
+      }
+    }
+    af.p32 = half ? f32(ps, "adafactor p.float()") : T();  // p_data_fp32
     {
+      // state["RMS"] = self._rms(p_data_fp32): norm(2) (0-d), divided (the new 0-d RMS), then the old RMS goes
+      T norm = f32(Shape{}, "adafactor p_data_fp32.norm(2)");
+      T rms = e.empty(Shape{}, DType::kF32, Category::kOptimizer, l);
+      norm = T();
+      adafactor_rms[i] = std::move(rms);
+    }
+    {
+      // update = (grad**2) + eps[0]
       T sq = f32(ps, "adafactor grad**2");
-      update = f32(ps, "adafactor grad**2 + eps");
+      T sum = f32(ps, "adafactor grad**2 + eps");
+      sq = T();
+      af.update = std::move(sum);
     }
     if (ps.n >= 2) {
       Shape row = ps;
@@ -277,14 +338,67 @@ struct Loop {
       Shape col = ps;
       col.d[ps.n - 2] = ps.d[ps.n - 1];
       col.n = static_cast<uint8_t>(ps.n - 1);
-      { T mean_row = f32(row, "adafactor update.mean(-1)"); }
-      { T mean_col = f32(col, "adafactor update.mean(-2)"); }
-      // _approx_sq_grad: r_factor = (row / row.mean(-1, keepdim)).rsqrt_(); c_factor = col.rsqrt(); r * c
-      T r = f32(row, "adafactor r_factor");
+      Shape row_mean = row;
+      row_mean.d[row.n - 1] = 1;
+      { T m = f32(row, "adafactor update.mean(dim=-1)"); }  // exp_avg_sq_row.mul_(beta2t).add_(...)
+      { T m = f32(col, "adafactor update.mean(dim=-2)"); }
+      // _approx_sq_grad: r_factor = (row / row.mean(dim=-1, keepdim=True)).rsqrt_().unsqueeze(-1);
+      // c_factor = col.unsqueeze(-2).rsqrt(); torch.mul(r_factor, c_factor); its locals go when it returns
+      T r;
+      {
+        T m = f32(row_mean, "adafactor exp_avg_sq_row.mean(dim=-1, keepdim=True)");
+        r = f32(row, "adafactor r_factor");
+      }
       T c = f32(col, "adafactor c_factor");
-      update = f32(ps, "adafactor r_factor * c_factor");
+      T prod = f32(ps, "adafactor r_factor * c_factor");
+      r = T();
+      c = T();
+      af.update = std::move(prod);  // update.mul_(grad): in place
     } else {
-      update = f32(ps, "adafactor exp_avg_sq.rsqrt()");
+      af.update = f32(ps, "adafactor exp_avg_sq.rsqrt()");  // .mul_(grad): in place
+    }
+    {
+      // update.div_((self._rms(update) / clip_threshold).clamp_(min=1.0)): three 0-d tensors in turn
+      T norm = f32(Shape{}, "adafactor update.norm(2)");
+      T rms = f32(Shape{}, "adafactor _rms(update)");
+      norm = T();
+      T clip = f32(Shape{}, "adafactor _rms(update) / clip_threshold");
+      rms = T();
+    }
+    // update.mul_(lr) in place; p_data_fp32.add_(-update): -update is a new tensor; p.copy_(p_data_fp32)
+    { T neg = f32(ps, "adafactor -update"); }
+  }
+
+  // torch/optim/_adafactor.py _single_tensor_adafactor over one parameter group (Adafactor.step calls it once
+  // per group; foreach=None selects it). Its locals row_mean, col_mean, grad_squared, var_estimate and update
+  // are Python names rebound each iteration, so each stays alive until the next parameter rebinds it (the new
+  // tensor is allocated before the old one is released) and until the function returns.
+  void adafactor_torch_group(const std::vector<size_t>& group) {
+    T row_mean, col_mean, grad_squared, var_estimate, update;
+    for (size_t i : group) {
+      const T& p = w.params[i];
+      const Shape ps = p.shape();
+      auto tmp = [&](const Shape& sh, const char* what) {
+        return e.empty(sh, p.dtype(), Category::kTemporaries, Label{what, -1, static_cast<int32_t>(i)});
+      };
+      { T norm = tmp(Shape{}, "adafactor param.norm(2)"); }  // .item() drops it
+      if (ps.n > 1) {
+        // row_mean = torch.linalg.vector_norm(grad, dim=-1, keepdim=True).square_().div_(grad.size(-1))
+        Shape row = ps, col = ps;
+        row.d[ps.n - 1] = 1;
+        col.d[ps.n - 2] = 1;
+        row_mean = tmp(row, "adafactor row_mean");
+        col_mean = tmp(col, "adafactor col_mean");
+        var_estimate = tmp(ps, "adafactor row_var @ col_var");
+        Shape corner = row;
+        corner.d[ps.n - 2] = 1;
+        { T m = tmp(corner, "adafactor row_var.mean(dim=-2, keepdim=True)"); }  // clamp_, div_ in place
+      } else {
+        grad_squared = tmp(ps, "adafactor grad * grad");
+        var_estimate = tmp(ps, "adafactor variance.clone()");
+      }
+      update = var_estimate;  // var_estimate.clamp_(min=eps1 * eps1).rsqrt_(), then update.mul_(grad): in place
+      { T norm = tmp(Shape{}, "adafactor update.norm(2)"); }  // .item() drops it; param.add_ is in place
     }
   }
 
@@ -375,6 +489,9 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
     }
   }
   if (o.loop != LoopKind::kHf) loop.get_batch();
+  if (s.optimizer_in_backward) {
+    e.post_accumulate_grad = [&loop](int32_t i) { loop.step_in_backward(i); };
+  }
 
   const uint32_t micros = static_cast<uint32_t>(std::min<uint64_t>(s.grad_accum, 2));
   r.micro_batches_simulated = micros;
@@ -388,8 +505,12 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
     }
     if (step == o.steps) {  // which parameters the backward reached: they have gradients and optimizer state
       r.param_has_grad.assign(inv.parameters.size(), 0);
-      for (size_t i = 0; i < inv.parameters.size(); ++i) r.param_has_grad[i] = e.grad(static_cast<int32_t>(i)) ? 1 : 0;
+      for (size_t i = 0; i < inv.parameters.size(); ++i) {
+        const bool stepped = i < loop.stepped_in_backward.size() && loop.stepped_in_backward[i];
+        r.param_has_grad[i] = e.grad(static_cast<int32_t>(i)) || stepped ? 1 : 0;
+      }
     }
+    if (s.optimizer_in_backward) continue;  // stepped and zeroed in backward (Loop::step_in_backward)
     if (o.loop != LoopKind::kPlain) loop.clip_grad_norm();  // grad_clip / max_grad_norm = 1.0
     loop.optimizer_step(step == 1);
     loop.zero_grad();

@@ -215,6 +215,20 @@ GRID = [
       "input_require_grads": False}),
     ("lora-llama-ckpt-nonreentrant-bf16", _ll("llama"), 2, 16, "bf16",
      {"lora": "r=16,alpha=32,dropout=0.1", "checkpointing": "full", "reentrant": False}),
+    # memory-lean optimizers (validate/cpu/optimizers.py): transformers' Adafactor (float32 factored moments and a
+    # 0-d float32 RMS per parameter, whatever the parameter dtype) and torch's (keepdim row/col variances in the
+    # gradient's dtype, its `step` on the CPU); optimizer state and gradient bytes must be exact
+    ("adafactor-gpt2-tied", {"model_type": "gpt2", "n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 128,
+                             "n_positions": 64, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}, 2, 16,
+     "fp32", {"optimizer": "adafactor"}),
+    ("adafactor-llama-bf16", _ll("llama", head_dim=24), 2, 16, "bf16", {"optimizer": "adafactor"}),
+    ("adafactor-llama-bf16-amp", _ll("llama"), 2, 16, "bf16-amp", {"optimizer": "adafactor"}),
+    ("adafactor-torch-gpt2-tied", {"model_type": "gpt2", "n_layer": 2, "n_head": 4, "n_embd": 64,
+                                   "vocab_size": 128, "n_positions": 64, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
+                                   "attn_pdrop": 0.0}, 2, 16, "fp32", {"optimizer": "adafactor-torch"}),
+    ("adafactor-torch-llama-bf16", _ll("llama", head_dim=24), 2, 16, "bf16", {"optimizer": "adafactor-torch"}),
+    ("adafactor-torch-lora-llama-bf16", _ll("llama"), 2, 16, "bf16",
+     {"optimizer": "adafactor-torch", "lora": "r=8,alpha=16"}),
 ]
 
 # trainmem flags the options need, in the order they are looked for in a rejection message
@@ -255,6 +269,8 @@ def _option_flags(opts):
             flags += ["--lora-dtype", opts["lora_dtype"]]
     if opts.get("input_require_grads") is not None:
         flags += ["--input-require-grads", "true" if opts["input_require_grads"] else "false"]
+    if opts.get("optimizer"):
+        flags += ["--optimizer", opts["optimizer"]]
     return flags
 
 
@@ -270,6 +286,8 @@ def _describe(opts):
                                                                 if opts.get("lora_dtype") else ""))
     if opts.get("input_require_grads") is not None:
         parts.append(f"input_require_grads {str(bool(opts['input_require_grads'])).lower()}")
+    if opts.get("optimizer"):
+        parts.append(f"optimizer {opts['optimizer']}")
     return "; ".join(parts)
 
 
@@ -320,6 +338,8 @@ def run_trainmem(binary, cfg_path, model_type, batch, seq, precision, retries=10
            "--optimizer-impl", "for-loop" if timeline else "foreach", "--format", "json"] + list(extra)
     if timeline:
         cmd += TIMELINE_FLAGS
+    if "--optimizer" in extra:  # another optimizer (with its own implementation): not AdamW's
+        del cmd[cmd.index("--optimizer"):cmd.index("--optimizer-impl") + 2]
     if model_type != "mlp":
         cmd[4:4] = ["--attention", "eager"]
     for attempt in range(retries):
@@ -516,7 +536,7 @@ def main(argv=None):
             with open(path, "w") as f:
                 json.dump(cfg, f, indent=1)
             t1 = time.time()
-            m = measure.measure(cfg, batch, seq, prec, "adamw", dropout_off=True, with_tensors=False,
+            m = measure.measure(cfg, batch, seq, prec, opts.get("optimizer", "adamw"), dropout_off=True, with_tensors=False,
                                 **_measure_kwargs(opts))
             elapsed = time.time() - t1
             tm, err, pending = run_trainmem(binary, path, cfg["model_type"], batch, seq, prec,

@@ -3,7 +3,7 @@
 quantities for trainmem to be checked against.
 
     /usr/bin/python3 validate/cpu/measure.py --config PATH.json [--set key=value ...] --batch B --seq T \
-        --precision fp32|bf16|bf16-amp [--optimizer adamw|sgd|sgd-momentum|none] [--dropout-off] [--keep-dropout] \
+        --precision fp32|bf16|bf16-amp [--optimizer adamw|sgd|sgd-momentum|adafactor|adafactor-torch|none] [--dropout-off] [--keep-dropout] \
         [--freeze GLOB ...] [--checkpointing none|full] [--checkpoint-reentrant true|false] \
         [--checkpoint-every N] [--lora SPEC] [--lora-dtype fp32|base] [--input-require-grads true|false] \
         [--autocast] [--no-tensors]
@@ -52,8 +52,9 @@ from torch.utils._pytree import tree_flatten
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import models  # noqa: E402
-import peft_lora
 import live as live_timeline  # noqa: E402
+import optimizers  # noqa: E402
+import peft_lora  # noqa: E402
 
 # precision -> (weight dtype, autocast dtype or None). bf16-amp: float32 weights, forward under
 # torch.autocast("cpu", dtype=torch.bfloat16) (trainmem --precision bf16-amp).
@@ -73,6 +74,10 @@ def make_optimizer(name, params):
         return torch.optim.SGD(params, lr=1e-2)
     if name == "sgd-momentum":
         return torch.optim.SGD(params, lr=1e-2, momentum=0.9)
+    if name == "adafactor":  # transformers' Trainer optim="adafactor": scale_parameter=False, relative_step=False
+        return optimizers.TransformersAdafactor(params, lr=1e-3, scale_parameter=False, relative_step=False)
+    if name == "adafactor-torch":  # torch.optim.Adafactor (2.5+) defaults, foreach=None: single-tensor path
+        return optimizers.TorchAdafactor(params)
     if name == "none":
         return None
     raise ValueError(f"unknown optimizer {name!r}")
@@ -717,7 +722,8 @@ def main(argv=None):
                     help="fp32, bf16 (model cast to bf16) or bf16-amp (fp32 weights under CPU bf16 autocast)")
     ap.add_argument("--autocast", action="store_true",
                     help="run the forward under torch.autocast('cpu', bfloat16) also for --precision bf16")
-    ap.add_argument("--optimizer", choices=["adamw", "sgd", "sgd-momentum", "none"], default="adamw")
+    ap.add_argument("--optimizer", choices=["adamw", "sgd", "sgd-momentum", "adafactor", "adafactor-torch", "none"],
+                    default="adamw")
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--dropout-off", action="store_true", default=True,
                    help="set every dropout probability to 0 (the default)")

@@ -47,7 +47,7 @@ T add_in_place(Ctx& c, const T& self, const T& other) {
 
 }  // namespace
 
-ForwardOut chunked_causal_lm(Ctx& c, const LoadedModel& w, const T& hidden, const char* head, const char* tied,
+ForwardOut chunked_causal_lm(Ctx& c, const LoadedModel& w, T hidden, const char* head, const char* tied,
                              const char* what, const T* labels) {
   if (!labels) throw Error("internal: torchtune's chunked loss needs labels (the hf training loop)");
   const uint64_t n = c.loss_chunks;
@@ -59,6 +59,9 @@ ForwardOut chunked_causal_lm(Ctx& c, const LoadedModel& w, const T& hidden, cons
   const T* hw = w.opt(head);
   std::vector<T> logits;
   for (const T& chunk : chunk_dim1(c, hidden, n)) logits.push_back(linear(c, chunk, hw ? *hw : w.p(tied), nullptr, what));
+  // TransformerDecoder.forward returns the list; the loss runs in the recipe, after the decoder's final hidden
+  // states `h` went out of scope (kept only where a chunk's matmul saved it).
+  hidden.reset();
   // The recipe (torchtune/recipes/full_finetune_single_device.py _loss_step) shifts the labels:
   //   labels = torch.hstack((labels[..., 1:], self.ignore_labels_cache[: labels.shape[0]]))
   // a new (B, T) int64 tensor; the ignore cache (B, 1) was made once in setup and is a temporary here.

@@ -106,6 +106,13 @@ struct QuantSetup {
   bool prepare = true;                   // peft's prepare_model_for_kbit_training (as QLoRA recipes call it)
 };
 
+// How the loss is computed from the final hidden states (transformers models).
+enum class LossKind {
+  kCe,       // transformers' ForCausalLMLoss over the whole (B, T, V) logits (loss_utils.py)
+  kChunked,  // torchtune: TransformerDecoder.chunked_output + CEWithChunkedOutputLoss (one chunk upcast at a time)
+};
+std::span<const NameRow<LossKind>> name_table(LossKind);
+
 struct TrainSetup {
   uint64_t batch = 8;      // B: micro-batch size
   uint64_t seq = 1024;     // T: tokens per sequence
@@ -129,6 +136,11 @@ struct TrainSetup {
   // enable_input_require_grads (the input embedding's output requires grad); empty: on for LoRA with
   // checkpointing, as transformers and PEFT turn it on then
   std::optional<bool> input_require_grads;
+  LossKind loss = LossKind::kCe;
+  // torchtune's num_output_chunks: 8 in CEWithChunkedOutputLoss.__init__ and every recipe config that sets it
+  uint64_t loss_chunks = 8;
+  // transformers' logits_to_keep: the head (and the loss) over the last N positions only; 0: all of them
+  uint64_t logits_to_keep = 0;
 };
 
 // The dtype parameters are stored in (and gradients and optimizer state follow).

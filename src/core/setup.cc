@@ -238,6 +238,13 @@ constexpr NameRow<Checkpointing> kCheckpointings[] = {
 }  // namespace
 
 std::span<const NameRow<Checkpointing>> name_table(Checkpointing) { return kCheckpointings; }
+
+constexpr NameRow<LossKind> kLossKinds[] = {
+    {LossKind::kCe, "ce", "transformers' ForCausalLMLoss: the whole logits upcast to float32 at once"},
+    {LossKind::kChunked, "chunked",
+     "torchtune's chunked output head and CEWithChunkedOutputLoss: one chunk upcast to float32 at a time"},
+};
+std::span<const NameRow<LossKind>> name_table(LossKind) { return kLossKinds; }
 std::span<const NameRow<Quantize>> name_table(Quantize) { return kQuantizes; }
 std::span<const NameRow<Precision>> name_table(Precision) { return kPrecisions; }
 std::span<const NameRow<Optimizer>> name_table(Optimizer) { return kOptimizers; }

@@ -28,6 +28,8 @@ constexpr uint64_t kMaxSeq = uint64_t{1} << 24;
 constexpr uint64_t kMaxGradAccum = uint64_t{1} << 20;
 constexpr uint64_t kMaxSteps = 16;  // the steady state is reached at step 2; more steps only repeat it
 constexpr uint64_t kMaxLayersPerCheckpoint = 1024;  // the bound on layers
+// torch.chunk's SplitBackward0 has one output per chunk; the simulator's nodes hold at most kMaxEdges (16)
+constexpr uint64_t kMaxLossChunks = 16;
 constexpr uint64_t kMaxLoraRank = 65536;             // far above any published LoRA rank (4 to 256)
 
 // fnmatch-style: `*` matches any run of characters (dots included), `?` one character.
@@ -147,6 +149,11 @@ constexpr Field kFields[] = {
                      "reentrant checkpointing, input grads; default true with --quantize)", FieldGroup::kModel},
     {"freeze", "freeze the parameters whose names match a glob (* matches anything): --freeze 'model.layers.0.*' "
                "(repeatable); frozen rows get no gradient and no optimizer state", FieldGroup::kModel, true},
+    {"loss", "ce | chunked: transformers' cross-entropy over the whole logits, or torchtune's chunked output head "
+             "with CEWithChunkedOutputLoss", FieldGroup::kTraining},
+    {"loss_chunks", "torchtune's num_output_chunks for --loss chunked (default 8, as torchtune)", FieldGroup::kTraining},
+    {"logits_to_keep", "transformers' logits_to_keep: the head and the loss over the last N positions only "
+                       "(default 0: all)", FieldGroup::kTraining},
     {"gpu",
      "GPU from the catalog (trainmem gpus, any case) or a memory size like 24GiB (a generic sm_80 card); "
      "sets the architecture (default sm_80)",
@@ -181,6 +188,44 @@ std::string lower(std::string_view s) {
   std::string out(s);
   for (char& ch : out) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   return out;
+}
+
+// The loss options only where the modelled code has them: both are transformers-model features (a layer stack
+// has no head, nanoGPT computes its own loss), and each must fit the sequence.
+void check_loss(const ModelSpec& m, const TrainSetup& t) {
+  const bool hf = m.impl == Impl::kHf && input_kind(m) == InputKind::kTokenIds;
+  if (t.loss != LossKind::kCe) {
+    if (!hf) {
+      throw FieldError("loss", fmt::format("{}: a chunked loss needs a transformers causal LM (--impl hf); {} has "
+                                           "its own loss", name_of(t.loss), m.name));
+    }
+    if (m.model_type == "gemma2") {
+      throw FieldError("loss", fmt::format("{}: gemma2's final logit softcapping is not part of torchtune's chunked "
+                                           "output head", name_of(t.loss)));
+    }
+    // chunked_output splits the hidden states with .chunk(n, dim=1) and CEWithChunkedOutputLoss the labels with
+    // .tensor_split(n, dim=1): the two agree (and zip pairs matching chunks) only when n divides the sequence.
+    if (t.seq % t.loss_chunks != 0) {
+      throw FieldError("loss_chunks", fmt::format("{}: must divide --seq {} (torchtune chunks the logits with "
+                                                  ".chunk() and the labels with .tensor_split(), which differ "
+                                                  "otherwise)", t.loss_chunks, t.seq));
+    }
+    if (t.logits_to_keep != 0) {
+      throw FieldError("logits_to_keep", fmt::format("{}: torchtune's chunked output head has no logits_to_keep; use "
+                                                     "it with --loss ce", t.logits_to_keep));
+    }
+  } else if (t.loss_chunks != 8) {
+    throw FieldError("loss_chunks", fmt::format("{}: chunks are for --loss chunked (the loss is ce)", t.loss_chunks));
+  }
+  if (t.logits_to_keep != 0) {
+    if (!hf) {
+      throw FieldError("logits_to_keep", fmt::format("{}: a transformers ForCausalLM argument (--impl hf); {} has "
+                                                     "none", t.logits_to_keep, m.name));
+    }
+    if (t.logits_to_keep > t.seq) {
+      throw FieldError("logits_to_keep", fmt::format("{}: more than the sequence (--seq {})", t.logits_to_keep, t.seq));
+    }
+  }
 }
 
 }  // namespace
@@ -250,6 +295,12 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
   } else if (f == "freeze") {
     if (v.empty()) bad(f, v, "a glob over parameter names, like 'model.layers.0.*'");
     s.train.freeze.emplace_back(v);
+  } else if (f == "loss") {
+    s.train.loss = named(f, v, parse_name<LossKind>(v));
+  } else if (f == "loss_chunks") {
+    s.train.loss_chunks = count(f, v, kMaxLossChunks);
+  } else if (f == "logits_to_keep") {
+    s.train.logits_to_keep = v == "0" ? 0 : count(f, v, kMaxSeq);
   } else if (f == "gpu") {
     s.train.gpu = std::string(v);
   } else if (f == "loop") {
@@ -307,6 +358,9 @@ std::string field_text(const Scenario& s, std::string_view f) {
     for (size_t i = 0; i < l.targets.size(); ++i) t += (i ? "+" : ",targets=") + l.targets[i];
     return t;
   }
+  if (f == "loss") return std::string(name_of(s.train.loss));
+  if (f == "loss_chunks") return std::to_string(s.train.loss_chunks);
+  if (f == "logits_to_keep") return std::to_string(s.train.logits_to_keep);
   if (f == "loop") return s.loop == LoopKind::kAuto ? "" : std::string(name_of(s.loop));
   if (f == "torch") return torch_version_name(s.torch);
   if (f == "alloc_conf") return s.alloc_conf;
@@ -443,6 +497,7 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
     }
     r.setup.checkpoint_reentrant = false;
   }
+  check_loss(r.model, r.setup);
   if (!r.setup.checkpoint_reentrant) r.setup.checkpoint_reentrant = default_checkpoint_reentrant(r.model.impl);
   // The optimizer code path that runs (fused for nanoGPT's AdamW, foreach for torch.optim on CUDA).
   r.setup.optimizer_impl = resolve_optimizer_impl(s.train.optimizer, s.train.optimizer_impl, r.model.impl);
@@ -454,6 +509,14 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
                                               torch_version_name(s.torch)));
   }
   r.options.loop = s.loop == LoopKind::kAuto ? default_loop(r.model) : s.loop;
+  if ((s.train.loss != LossKind::kCe || s.train.logits_to_keep) && r.options.loop != LoopKind::kHf &&
+      r.options.loop != LoopKind::kPlain) {
+    // nanoGPT's scripts call the model without labels and compute their own loss from whole logits; the
+    // Trainer and a plain `model(**batch).loss.backward()` take the model's (or the recipe's) loss
+    throw FieldError(s.train.loss != LossKind::kCe ? "loss" : "logits_to_keep",
+                     fmt::format("needs the transformers training loop (--loop hf) or a plain one (--loop plain), "
+                                 "not --loop {}", name_of(r.options.loop)));
+  }
   r.options.torch = s.torch;
   if (s.train.optimizer_in_backward) {
     // Tensor.register_post_accumulate_grad_hook, which torchtune's register_optim_in_bwd_hooks uses, exists

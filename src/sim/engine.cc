@@ -367,9 +367,10 @@ void Engine::gemm(bool lt) {
 
 // ---- autograd ----------------------------------------------------------------------------------------
 
-Node* Engine::new_node(const char* name, std::initializer_list<const T*> inputs, std::initializer_list<T*> outputs,
+Node* Engine::new_node(const char* name, std::initializer_list<const T*> inputs, std::span<T* const> outputs,
                        Saved saved) {
   if (!grad_mode) return nullptr;
+  if (outputs.size() > kMaxEdges) throw Error("internal: an op with more outputs than kMaxEdges");
   bool any = false;
   for (const T* in : inputs) any = any || (in && *in && (*in)->requires_grad);
   if (!any) return nullptr;

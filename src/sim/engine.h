@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "trainmem/dtype.h"
@@ -148,7 +149,9 @@ struct TensorList {
   const T* begin() const { return v.data(); }
   const T* end() const { return v.data() + n; }
 };
-inline constexpr size_t kMaxEdges = 4;  // differentiable inputs (and forward outputs) of one op
+// Differentiable inputs (and forward outputs) of one op: 16 for torch.chunk's SplitBackward0, which has one
+// output per chunk (torchtune's chunked output head splits the hidden states into up to 16 chunks here).
+inline constexpr size_t kMaxEdges = 16;
 using Grads = TensorList<kMaxEdges>;
 using Saved = TensorList<8>;
 
@@ -339,11 +342,19 @@ class Engine {
   template <typename F>
   Node* record(const char* name, std::initializer_list<const T*> inputs, std::initializer_list<T*> outputs,
                Saved saved, F fn) {
+    Node* n = new_node(name, inputs, std::span<T* const>(outputs.begin(), outputs.size()), std::move(saved));
+    if (n) n->fn.assign(std::move(fn));
+    return n;
+  }
+  // The same with a run-time number of outputs (torch.chunk's views), at most kMaxEdges.
+  template <typename F>
+  Node* record_n(const char* name, std::initializer_list<const T*> inputs, std::span<T* const> outputs, Saved saved,
+                 F fn) {
     Node* n = new_node(name, inputs, outputs, std::move(saved));
     if (n) n->fn.assign(std::move(fn));
     return n;
   }
-  Node* new_node(const char* name, std::initializer_list<const T*> inputs, std::initializer_list<T*> outputs,
+  Node* new_node(const char* name, std::initializer_list<const T*> inputs, std::span<T* const> outputs,
                  Saved saved);
 
   // Runs loss.backward(): seeds the gradient with ones_like(loss) and executes every reachable node.

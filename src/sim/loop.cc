@@ -453,6 +453,9 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
     loop.c.checkpoint.every = std::max<uint64_t>(s.checkpoint_every, 1);
   }
   loop.c.ac_dtype = compute_dtype(s.precision);
+  // the loss the forward programs end with (hf_common.cc causal_lm_head)
+  loop.c.loss_chunks = s.loss == LossKind::kChunked ? s.loss_chunks : 0;
+  loop.c.logits_to_keep = s.logits_to_keep;
   loop.c.seed000_block_locals = o.loop == LoopKind::kSeed000;
   loop.opt_impl = resolve_optimizer_impl(s.optimizer, s.optimizer_impl, m.impl);
   // seed 003's layer-stack script runs no GradScaler

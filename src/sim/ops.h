@@ -50,6 +50,10 @@ struct Ctx {
   CheckpointPolicy checkpoint;
   LoraPolicy lora;
   Quant4bitPolicy quant;
+  // The loss over the final hidden states (TrainSetup::loss): 0 chunks is transformers' ForCausalLMLoss over
+  // the whole logits, N > 0 torchtune's chunked output head and CEWithChunkedOutputLoss with N chunks.
+  uint64_t loss_chunks = 0;
+  uint64_t logits_to_keep = 0;  // transformers' logits_to_keep; 0: every position
   // enable_input_require_grads: the input embedding's output is made to require grad (its weight's row)
   int32_t input_embedding_row = -1;
   std::vector<std::string> warnings;  // what the simulated program would warn about, each once
@@ -103,6 +107,8 @@ T expand(Ctx& c, const T& x, const Shape& s);         // stride-0 broadcast view
 T contiguous(Ctx& c, const T& x, const char* what);   // x itself when contiguous, otherwise a copy
 std::vector<T> split_last(Ctx& c, const T& x, std::vector<uint64_t> sizes);  // x.split(sizes, dim=-1)
 T slice_last(Ctx& c, const T& x, uint64_t begin, uint64_t end);             // x[..., begin:end]
+T slice_dim1(Ctx& c, const T& x, uint64_t begin, uint64_t end);             // x[:, begin:end]
+std::vector<T> chunk_dim1(Ctx& c, const T& x, uint64_t n);  // x.chunk(n, dim=1), n dividing x.size(1)
 T cat_last(Ctx& c, std::vector<T> xs, const char* what);                    // torch.cat(xs, dim=-1)
 
 // ---- products ------------------------------------------------------------------------------------------

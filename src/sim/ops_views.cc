@@ -144,6 +144,49 @@ T slice_last(Ctx& c, const T& x, uint64_t begin, uint64_t end) {
   return out;
 }
 
+namespace {
+Shape with_dim1(const Shape& s, uint64_t n) {
+  Shape out = s;
+  out.d[1] = n;
+  return out;
+}
+}  // namespace
+
+T slice_dim1(Ctx& c, const T& x, uint64_t begin, uint64_t end) {
+  T out = c.e.view(x, with_dim1(x.shape(), end - begin), x->strides);
+  (void)begin;  // a view at an offset: the storage is the same
+  const Shape in = x.shape();
+  // SliceBackward0: slice_backward allocates zeros of the input's size and copies the gradient in.
+  c.e.record("SliceBackward0", {&x}, {&out}, {}, [in](Engine& e, Node&, Grads& g) {
+    return Grads{g[0] ? detail::grad_empty(e, in, g[0].dtype(), g[0]->label) : T()};
+  });
+  return out;
+}
+
+std::vector<T> chunk_dim1(Ctx& c, const T& x, uint64_t n) {
+  // torch.chunk -> split(ceil(size / n), dim): n views, one SplitBackward0 node with an output per chunk.
+  const uint64_t part = x.shape()[1] / n;
+  std::vector<T> outs;
+  for (uint64_t i = 0; i < n; ++i) outs.push_back(c.e.view(x, with_dim1(x.shape(), part), x->strides));
+  std::vector<T*> ptrs;
+  for (T& o : outs) ptrs.push_back(&o);
+  const Shape in = x.shape();
+  const DType dt = x.dtype();
+  // split_backward: the chunks' gradients (zeros for the missing ones) are cat into a new tensor of the input's
+  // size; the engine runs the node once every chunk's gradient has arrived.
+  c.e.record_n("SplitBackward0", {&x}, ptrs, {}, [in, dt, part](Engine& e, Node&, Grads& g) {
+    Grads zeros;
+    for (size_t i = 0; i < g.size(); ++i) {
+      if (!g[i]) zeros.push_back(detail::grad_empty(e, with_dim1(in, part), dt, Label{"zeros"}));
+    }
+    bool any = false;
+    for (const T& t : g) any = any || static_cast<bool>(t);
+    if (!any) return Grads{T()};
+    return Grads{detail::grad_empty(e, in, dt, Label{"split grad"})};
+  });
+  return outs;
+}
+
 T cat_last(Ctx& c, std::vector<T> xs, const char* what) {
   Shape s = xs[0].shape();
   uint64_t last = 0;

@@ -229,11 +229,26 @@ GRID = [
     ("adafactor-torch-llama-bf16", _ll("llama", head_dim=24), 2, 16, "bf16", {"optimizer": "adafactor-torch"}),
     ("adafactor-torch-lora-llama-bf16", _ll("llama"), 2, 16, "bf16",
      {"optimizer": "adafactor-torch", "lora": "r=8,alpha=16"}),
+    # torchtune's chunked output head + CEWithChunkedOutputLoss (torchtune_loss.py; trainmem --loss chunked)
+    ("chunked-llama-8", _ll("llama"), 2, 16, "fp32", {"loss": "chunked", "loss_chunks": 8}),
+    ("chunked-llama-4-bf16", _ll("llama"), 2, 16, "bf16", {"loss": "chunked", "loss_chunks": 4}),
+    ("chunked-llama-2-batch1", _ll("llama"), 1, 16, "fp32", {"loss": "chunked", "loss_chunks": 2}),
+    ("chunked-gpt2-4", {"model_type": "gpt2", "n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 128,
+                        "n_positions": 64, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0},
+     2, 16, "fp32", {"loss": "chunked", "loss_chunks": 4}),
+    ("chunked-gpt2-8-bf16", {"model_type": "gpt2", "n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 128,
+                             "n_positions": 64, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0},
+     2, 16, "bf16", {"loss": "chunked", "loss_chunks": 8}),
+    ("chunked-llama-ckpt-nonreentrant", _ll("llama"), 2, 16, "fp32",
+     {"loss": "chunked", "loss_chunks": 4, "checkpointing": "full", "reentrant": False}),
+    ("chunked-llama-lora-ckpt-bf16", _ll("llama"), 2, 16, "bf16",
+     {"loss": "chunked", "loss_chunks": 8, "lora": "r=4,alpha=8", "checkpointing": "full", "reentrant": True,
+      "input_require_grads": True}),
 ]
 
 # trainmem flags the options need, in the order they are looked for in a rejection message
 NEW_FLAGS = ("--freeze", "--checkpointing", "--checkpoint-reentrant", "--checkpoint-every", "--input-require-grads",
-             "--lora-dtype", "--lora")
+             "--lora-dtype", "--lora", "--loss-chunks", "--loss")
 # how a CLI parser (CLI11) says it does not know an argument
 _REJECTION_PHRASES = ("not expected", "unknown option", "unrecognized option", "unrecognised option",
                       "does not support", "not supported yet")
@@ -252,7 +267,8 @@ def _measure_kwargs(opts):
             "checkpoint_every": int(opts.get("every", 1)),
             "lora": opts.get("lora"),
             "lora_dtype": opts.get("lora_dtype", "fp32"),
-            "enable_input_require_grads": opts.get("input_require_grads")}
+            "enable_input_require_grads": opts.get("input_require_grads"),
+            "loss": opts.get("loss", "ce"), "loss_chunks": int(opts.get("loss_chunks", 8))}
 
 
 def _option_flags(opts):
@@ -267,6 +283,8 @@ def _option_flags(opts):
         flags += ["--lora", opts["lora"]]
         if opts.get("lora_dtype"):
             flags += ["--lora-dtype", opts["lora_dtype"]]
+    if opts.get("loss", "ce") != "ce":  # torchtune's chunked loss (torchtune_loss.py)
+        flags += ["--loss", opts["loss"], "--loss-chunks", str(int(opts.get("loss_chunks", 8)))]
     if opts.get("input_require_grads") is not None:
         flags += ["--input-require-grads", "true" if opts["input_require_grads"] else "false"]
     if opts.get("optimizer"):
@@ -284,6 +302,8 @@ def _describe(opts):
     if opts.get("lora") is not None:
         parts.append(f"lora {opts['lora'] or '(defaults)'}" + (f" dtype {opts['lora_dtype']}"
                                                                 if opts.get("lora_dtype") else ""))
+    if opts.get("loss", "ce") != "ce":
+        parts.append(f"loss {opts['loss']} x{int(opts.get('loss_chunks', 8))}")
     if opts.get("input_require_grads") is not None:
         parts.append(f"input_require_grads {str(bool(opts['input_require_grads'])).lower()}")
     if opts.get("optimizer"):
@@ -410,6 +430,7 @@ _NO_EARLY_STOP = ("torch 1.13's non-reentrant checkpoint (checkpoint_without_ree
 KNOWN_LIVE_DIFFERENCES = {
     "ckpt-llama-nonreentrant": {"live peak: backward": (875468, 859080, _NO_EARLY_STOP)},
     "lora-like-llama-nonreentrant": {"live peak: backward": (867148, 858952, _NO_EARLY_STOP)},
+    "chunked-llama-ckpt-nonreentrant": {"live peak: backward": (875468, 859080, _NO_EARLY_STOP)},
     "lora-llama-ckpt-nonreentrant-bf16": {"live peak: backward": (407092, 378408, _NO_EARLY_STOP)},
     "ckpt-gpt2-nonreentrant-bf16": {"live peak: backward": (475606, 475594, _NO_EARLY_STOP + " (here 12 B of "
                                                             "scalars recomputed past the last saved tensor)")},

@@ -55,6 +55,7 @@ import models  # noqa: E402
 import live as live_timeline  # noqa: E402
 import optimizers  # noqa: E402
 import peft_lora  # noqa: E402
+import torchtune_loss  # noqa: E402
 
 # precision -> (weight dtype, autocast dtype or None). bf16-amp: float32 weights, forward under
 # torch.autocast("cpu", dtype=torch.bfloat16) (trainmem --precision bf16-amp).
@@ -193,7 +194,7 @@ class _StorageRegistry(TorchDispatchMode):
 
 def measure(config, batch, seq, precision="fp32", optimizer="adamw", dropout_off=True, with_tensors=True,
             seed=0, freeze=(), checkpointing="none", checkpoint_reentrant=True, checkpoint_every=1, lora=None,
-            lora_dtype="fp32", enable_input_require_grads=None, autocast=False):
+            lora_dtype="fp32", enable_input_require_grads=None, autocast=False, loss="ce", loss_chunks=8):
     """Run one training step of `config` and return the measured quantities as a dict.
 
     freeze: parameter-name globs to freeze (requires_grad=False). checkpointing: "none" | "full" (every
@@ -226,14 +227,15 @@ def measure(config, batch, seq, precision="fp32", optimizer="adamw", dropout_off
     try:
         return _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors, seed, freeze,
                         checkpointing, checkpoint_reentrant, checkpoint_every, lora, lora_dtype,
-                        enable_input_require_grads, autocast)
+                        enable_input_require_grads, autocast, loss, loss_chunks)
     finally:
         gc.enable()
         gc.unfreeze()
 
 
 def _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors, seed, freeze, checkpointing,
-             checkpoint_reentrant, checkpoint_every, lora, lora_dtype, enable_input_require_grads, autocast):
+             checkpoint_reentrant, checkpoint_every, lora, lora_dtype, enable_input_require_grads, autocast,
+             loss="ce", loss_chunks=8):
     dtype, autocast_dtype = PRECISIONS[precision]
     if autocast and autocast_dtype is None:
         autocast_dtype = torch.bfloat16
@@ -244,6 +246,8 @@ def _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors
     if dtype != torch.float32:
         model.to(dtype)  # casts floating buffers too, as model.to(torch.bfloat16) does; keeps requires_grad
     model.train()
+    if loss == "chunked":  # torchtune's chunked output head + CEWithChunkedOutputLoss (torchtune_loss.py)
+        torchtune_loss.use_chunked_loss(model, loss_chunks)
     lora_info = None
     if lora is not None:
         # get_peft_model on the model as loaded (already in its dtype): the adapters are made, cast to the base
@@ -379,8 +383,9 @@ def _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors
         packed_keys.add(key)
         node, field = owner.get(i, ("?", "?"))
         # A Python number used as an operand (x * 0.125) becomes a 0-dim CPU "wrapped number" tensor
-        # (float64 / int64) that torch 1.13 packs; it never lives on the GPU, so it is not counted.
-        wrapped = m["wrapped"]
+        # (float64 / int64) that torch 1.13 packs; it never lives on the GPU, so it is not counted. A 0-dim
+        # int64 that an op returned (torchtune's total_elements = (labels != -100).sum()) is a real tensor.
+        wrapped = m["wrapped"] and key not in registry.rows
         first = key not in storage_index
         entry = {
             "shape": m["shape"],
@@ -747,6 +752,9 @@ def main(argv=None):
                          "on for LoRA with checkpointing (PeftModel.__init__ on a gradient-checkpointed model)")
     ap.add_argument("--enable-input-require-grads", action="store_true", help="the same as --input-require-grads true")
     ap.add_argument("--no-tensors", action="store_true", help="omit the per-tensor list")
+    ap.add_argument("--loss", choices=["ce", "chunked"], default="ce",
+                    help="chunked: torchtune's chunked output head + CEWithChunkedOutputLoss (torchtune_loss.py)")
+    ap.add_argument("--loss-chunks", type=int, default=8, metavar="N", help="torchtune's num_output_chunks")
     a = ap.parse_args(argv)
     with open(a.config) as f:
         cfg = json.load(f)
@@ -761,7 +769,7 @@ def main(argv=None):
                   checkpoint_reentrant=a.checkpoint_reentrant == "true", checkpoint_every=a.checkpoint_every,
                   lora=a.lora, lora_dtype=a.lora_dtype,
                   enable_input_require_grads=True if a.enable_input_require_grads else irg,
-                  autocast=a.autocast)
+                  autocast=a.autocast, loss=a.loss, loss_chunks=a.loss_chunks)
     json.dump(res, sys.stdout, indent=1)
     sys.stdout.write("\n")
 

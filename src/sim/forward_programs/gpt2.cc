@@ -90,6 +90,9 @@ T gpt2_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
 ForwardOut gpt2_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids, const T* labels) {
   // GPT2LMHeadModel.forward: the transformer outputs (holding the final hidden states) live until it returns.
   T hidden = gpt2_model(c, m, w, ids);
+  if (c.loss_chunks) {
+    return chunked_causal_lm(c, w, std::move(hidden), "lm_head.weight", "transformer.wte.weight", "lm_head", labels);
+  }
   return causal_lm_output(c, lm_head_logits(c, w, hidden, "lm_head.weight", "transformer.wte.weight", "lm_head"),
                           labels);
 }

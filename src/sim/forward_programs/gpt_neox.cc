@@ -95,6 +95,9 @@ T neox_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
 
 ForwardOut gpt_neox_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids, const T* labels) {
   T hidden = neox_model(c, m, w, ids);
+  if (c.loss_chunks) {
+    return chunked_causal_lm(c, w, std::move(hidden), "embed_out.weight", "gpt_neox.embed_in.weight", "embed_out", labels);
+  }
   return causal_lm_output(
       c, lm_head_logits(c, w, hidden, "embed_out.weight", "gpt_neox.embed_in.weight", "embed_out"), labels);
 }

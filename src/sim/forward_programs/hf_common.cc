@@ -9,13 +9,94 @@ namespace trainmem::sim {
 
 T lm_head_logits(Ctx& c, const LoadedModel& w, const T& hidden, const char* head, const char* tied, const char* what) {
   const T* h = w.opt(head);
-  return linear(c, hidden, h ? *h : w.p(tied), nullptr, what);
+  // LlamaForCausalLM.forward (and the other *ForCausalLM): slice_indices = slice(-logits_to_keep, None);
+  // logits = self.lm_head(hidden_states[:, slice_indices, :]); logits_to_keep=0 is slice(0, None), every position.
+  const uint64_t Tn = hidden.shape()[1];
+  const T kept = c.logits_to_keep ? slice_dim1(c, hidden, Tn - c.logits_to_keep, Tn) : hidden;
+  return linear(c, kept, h ? *h : w.p(tied), nullptr, what);
 }
 
 ForwardOut causal_lm_output(Ctx& c, T logits, const T* labels) {
   ForwardOut out;
   out.logits = std::move(logits);
-  if (labels) out.loss = causal_lm_loss(c, out.logits, *labels);
+  if (!labels) return out;
+  if (c.logits_to_keep) {
+    // Training with logits_to_keep (trainmem's reading, as GRPO-style trainers do): the loss is over the kept
+    // positions, so the labels passed are labels[:, -logits_to_keep:], a view of the batch's labels; with the
+    // whole (B, T) labels ForCausalLMLoss would fail on the (B, logits_to_keep, V) logits.
+    const Shape ls{labels->shape()[0], c.logits_to_keep};
+    const T kept = c.e.view(*labels, ls, (*labels)->strides);
+    out.loss = causal_lm_loss(c, out.logits, kept);
+  } else {
+    out.loss = causal_lm_loss(c, out.logits, *labels);
+  }
+  return out;
+}
+
+namespace {
+
+// `self += other` on a tensor that requires grad: no new storage; AddBackward0 becomes self's grad_fn and
+// passes the gradient to both.
+T add_in_place(Ctx& c, const T& self, const T& other) {
+  T out = c.e.view(self, self.shape(), self->strides);
+  c.e.record("AddBackward0", {&self, &other}, {&out}, {}, [](Engine&, Node&, Grads& g) {
+    return Grads{g[0], g[0]};
+  });
+  return out;
+}
+
+}  // namespace
+
+ForwardOut chunked_causal_lm(Ctx& c, const LoadedModel& w, T hidden, const char* head, const char* tied,
+                             const char* what, const T* labels) {
+  if (!labels) throw Error("internal: torchtune's chunked loss needs labels (the hf training loop)");
+  const uint64_t n = c.loss_chunks;
+  const uint64_t B = hidden.shape()[0], Tn = hidden.shape()[1];
+  const uint64_t Tc = Tn / n;  // resolve() makes n divide T, so .chunk and .tensor_split agree
+  // torchtune/modules/transformer.py TransformerDecoder.chunked_output:
+  //   [self.output(chunk) for chunk in last_hidden_state.chunk(self.num_output_chunks, dim=1)]
+  // every chunk's logits (B, T/n, V) are made before the loss runs, in the model's compute dtype.
+  const T* hw = w.opt(head);
+  std::vector<T> logits;
+  for (const T& chunk : chunk_dim1(c, hidden, n)) logits.push_back(linear(c, chunk, hw ? *hw : w.p(tied), nullptr, what));
+  // TransformerDecoder.forward returns the list; the loss runs in the recipe, after the decoder's final hidden
+  // states `h` went out of scope (kept only where a chunk's matmul saved it).
+  hidden.reset();
+  // The recipe (torchtune/recipes/full_finetune_single_device.py _loss_step) shifts the labels:
+  //   labels = torch.hstack((labels[..., 1:], self.ignore_labels_cache[: labels.shape[0]]))
+  // a new (B, T) int64 tensor; the ignore cache (B, 1) was made once in setup and is a temporary here.
+  T ignore = c.e.empty(Shape{B, 1}, DType::kI64, Category::kTemporaries, c.L("ignore_labels_cache"));
+  const T shifted = c.e.empty(Shape{B, Tn}, DType::kI64, Category::kActivations, c.L("shifted labels"));
+  // torchtune/modules/loss/ce_chunked_output_loss.py CEWithChunkedOutputLoss.forward:
+  //   total_elements = (labels != self.ignore_index).sum()
+  T total_elements;
+  {
+    T ne = c.e.empty(Shape{B, Tn}, DType::kBool, Category::kTemporaries, c.L("labels != ignore_index"));
+    total_elements = c.e.empty(Shape{}, DType::kI64, Category::kActivations, c.L("total_elements"));
+  }
+  //   labels = [target_chunk.reshape(-1) for target_chunk in labels.tensor_split(n, dim=1)]
+  // a (B, T/n) column slice is contiguous only when B == 1; otherwise reshape copies it.
+  std::vector<T> label_chunks;
+  for (uint64_t i = 0; i < n; ++i) {
+    label_chunks.push_back(B == 1 ? c.e.view(shifted, Shape{Tc}, Strides{1})
+                                  : c.e.empty(Shape{B * Tc}, DType::kI64, Category::kActivations, c.L("labels chunk")));
+  }
+  //   logits = [logit_chunk.reshape(-1, logit_chunk.size(-1)) for logit_chunk in logits]   (views)
+  //   total_loss = 0.0
+  //   for logits_chunk, labels_chunk in zip(logits, labels):
+  //       total_loss += F.cross_entropy(logits_chunk.float(), labels_chunk, ignore_index, reduction="sum")
+  //   return total_loss / total_elements
+  // each chunk's float32 copy is freed once its log_softmax is taken (LogSoftmaxBackward0 saves its result).
+  T total;
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint64_t V = logits[i].shape().back();
+    T flat = view(c, logits[i], Shape{B * Tc, V});
+    T loss = cross_entropy(c, to(c, flat, DType::kF32, "logits_chunk.float()"), label_chunks[i]);
+    total = i == 0 ? add_scalar(c, loss, "0.0 + chunk loss") : add_in_place(c, total, loss);
+  }
+  ForwardOut out;
+  out.loss = div(c, total, total_elements, "total_loss / total_elements");
+  // `del logits` after the loss: the chunks' logits are not returned.
   return out;
 }
 

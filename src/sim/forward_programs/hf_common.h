@@ -26,5 +26,9 @@ T activation(Ctx& c, Act a, const T& x);
 T lm_head_logits(Ctx& c, const LoadedModel& w, const T& hidden, const char* head, const char* tied, const char* what);
 // The forward's result: the logits, and the loss when labels are given.
 ForwardOut causal_lm_output(Ctx& c, T logits, const T* labels);
+// torchtune's chunked output head and CEWithChunkedOutputLoss in place of the head and the loss above (the
+// loss is c.loss_chunks > 0): no whole logits are returned.
+ForwardOut chunked_causal_lm(Ctx& c, const LoadedModel& w, T hidden, const char* head, const char* tied,
+                             const char* what, const T* labels);
 
 }  // namespace trainmem::sim

@@ -150,6 +150,9 @@ T llama_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
 
 ForwardOut llama_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids, const T* labels) {
   T hidden = llama_model(c, m, w, ids);
+  if (c.loss_chunks) {  // resolve() refuses gemma2 (softcapping) with it
+    return chunked_causal_lm(c, w, std::move(hidden), "lm_head.weight", "model.embed_tokens.weight", "lm_head", labels);
+  }
   T logits = lm_head_logits(c, w, hidden, "lm_head.weight", "model.embed_tokens.weight", "lm_head");
   if (m.model_type == "gemma2") {
     // final_logit_softcapping: logits / cap, tanh, * cap

@@ -102,6 +102,9 @@ T opt_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
 ForwardOut opt_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids, const T* labels) {
   T hidden = opt_model(c, m, w, ids);
   // logits = self.lm_head(outputs[0]).contiguous()
+  if (c.loss_chunks) {
+    return chunked_causal_lm(c, w, std::move(hidden), "lm_head.weight", "model.decoder.embed_tokens.weight", "lm_head", labels);
+  }
   return causal_lm_output(
       c, lm_head_logits(c, w, hidden, "lm_head.weight", "model.decoder.embed_tokens.weight", "lm_head"), labels);
 }

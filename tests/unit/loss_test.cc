@@ -1,0 +1,132 @@
+// The loss options: torchtune's chunked output head with CEWithChunkedOutputLoss against transformers'
+// ForCausalLMLoss, and transformers' logits_to_keep, each pinned by what the simulated step allocates and
+// saves, derived from the shapes below.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+
+#include "test_util.h"
+#include "trainmem/error.h"
+#include "trainmem/estimate.h"
+#include "trainmem/scenario.h"
+
+namespace trainmem {
+namespace {
+
+using testing::MapFileReader;
+
+// One Llama-2-7B layer: C = 4096, V = 32000; B = 2, T = 128, bf16 weights.
+constexpr uint64_t kB = 2, kT = 128, kV = 32000;
+
+Scenario llama(const std::string& loss, const std::string& chunks = "") {
+  Scenario s;
+  s.model.model = "llama-2-7b";
+  set_field(s, "overrides", "num_hidden_layers=1");
+  set_field(s, "precision", "bf16");
+  set_field(s, "batch", std::to_string(kB));
+  set_field(s, "seq", std::to_string(kT));
+  set_field(s, "loss", loss);
+  if (!chunks.empty()) set_field(s, "loss_chunks", chunks);
+  return s;
+}
+
+Estimate run(const Scenario& s) { return estimate(resolve(s, MapFileReader())); }
+
+// The float32 copies of the logits made in the first step's forward and loss (backward's gradients of the
+// copies carry the same label): their count and size.
+struct Upcasts {
+  int count = 0;
+  uint64_t bytes = 0;
+};
+Upcasts upcasts(const Estimate& e, const std::string& what) {
+  Upcasts u;
+  for (const Event& ev : e.sim->timeline.events) {
+    if (ev.kind != Event::kAlloc || ev.step != 1 || ev.phase == Phase::kBackward || what != ev.label.what) continue;
+    ++u.count;
+    u.bytes = ev.bytes.value;
+  }
+  return u;
+}
+
+TEST(Loss, ChunkedUpcastsOneChunkOfLogitsAtATime) {
+  // ForCausalLMLoss: logits.float() is one (B*T, V) float32 tensor; CEWithChunkedOutputLoss upcasts each of the
+  // n (B*T/n, V) chunks on its own (compute_cross_entropy: logits.float()).
+  const Upcasts ce = upcasts(run(llama("ce")), "logits.float()");
+  EXPECT_EQ(ce.count, 1);
+  EXPECT_EQ(ce.bytes, kB * kT * kV * 4);
+  const Upcasts ch = upcasts(run(llama("chunked", "4")), "logits_chunk.float()");
+  EXPECT_EQ(ch.count, 4);
+  EXPECT_EQ(ch.bytes, kB * (kT / 4) * kV * 4);
+}
+
+TEST(Loss, ChunkedSavesWhatCeSavesPlusOneScalarPerChunk) {
+  // Autograd still saves every chunk's log_softmax output (B*T/n x V float32 each, B*T*V*4 in all, as ce's one),
+  // every labels chunk (reshape(-1) of a (B, T/n) column slice copies it when B > 1: B*T*8 in all, as ce's
+  // shift_labels copy), and the head's input (each chunk's matmul operand, a copy of a non-contiguous (B, T/n, C)
+  // slice: B*T*C*2 in all, as ce's hidden states). What differs: n NllLossBackward0 total_weight scalars (4 B
+  // each) instead of one, and total_elements (an int64 scalar) saved by the division.
+  const uint64_t n = 4;
+  const uint64_t ce = run(llama("ce")).sim->saved_activations.value;
+  const uint64_t ch = run(llama("chunked", std::to_string(n))).sim->saved_activations.value;
+  EXPECT_EQ(ch, ce + 4 * (n - 1) + 8);
+}
+
+// The most live bytes during the first step's forward and loss.
+uint64_t forward_peak(const Estimate& e) {
+  LiveBytes live;
+  uint64_t peak = 0;
+  for (const Event& ev : e.sim->timeline.events) {
+    apply(live, ev);
+    if (ev.step == 1 && (ev.phase == Phase::kForward || ev.phase == Phase::kLoss)) {
+      peak = std::max(peak, live.total.value);
+    }
+  }
+  return peak;
+}
+
+TEST(Loss, ChunkedLowersTheForwardPeakByTheUpcastItAvoids) {
+  // At the loss, ce holds the bf16 logits, their whole float32 copy and the float32 log-probabilities at once;
+  // chunked holds the bf16 chunks, one chunk's float32 copy and the log-probabilities: (n - 1) / n of the copy
+  // (B*T*V*4) less, but for the scalars live at the last chunk's log_softmax: total_elements (int64, 8 B), the
+  // seven earlier chunks' nll total_weight (4 B each) and the running total_loss (4 B): 40 B. (The head's saved
+  // input weighs the same in both: ce's hidden states, chunked's per-chunk operand copies with h out of scope.)
+  const uint64_t ce = forward_peak(run(llama("ce")));
+  const uint64_t ch = forward_peak(run(llama("chunked", "8")));
+  EXPECT_EQ(ce - ch, kB * kT * kV * 4 * 7 / 8 - (8 + 7 * 4 + 4));
+}
+
+TEST(Loss, LogitsToKeepRunsTheHeadOverTheKeptPositionsOnly) {
+  // LlamaForCausalLM.forward: logits = self.lm_head(hidden_states[:, -logits_to_keep:, :]): (B, K, V) bf16,
+  // and the loss over those positions: its float32 copy (B*K, V).
+  Scenario s = llama("ce");
+  set_field(s, "logits_to_keep", "16");
+  const Upcasts u = upcasts(run(s), "logits.float()");
+  EXPECT_EQ(u.count, 1);
+  EXPECT_EQ(u.bytes, kB * 16 * kV * 4);
+}
+
+std::string refusal(Scenario s, const char* field, const char* value) {
+  set_field(s, field, value);
+  try {
+    resolve(s, MapFileReader());
+  } catch (const FieldError& e) {
+    return e.field() + ": " + e.what();
+  }
+  return "accepted";
+}
+
+TEST(Loss, RefusesCombinationsTheModelledCodeDoesNotHave) {
+  EXPECT_NE(refusal(llama("chunked"), "loss_chunks", "3").find("loss_chunks"), std::string::npos);  // 3 ∤ 128
+  EXPECT_NE(refusal(llama("ce"), "loss_chunks", "4").find("loss_chunks"), std::string::npos);
+  EXPECT_NE(refusal(llama("chunked"), "logits_to_keep", "16").find("logits_to_keep"), std::string::npos);
+  EXPECT_NE(refusal(llama("ce"), "logits_to_keep", "129").find("logits_to_keep"), std::string::npos);
+  EXPECT_NE(refusal(llama("chunked"), "loop", "nanogpt").find("loss"), std::string::npos);  // labels-free script
+  EXPECT_EQ(refusal(llama("chunked"), "loop", "plain"), "accepted");  // model(**batch).loss.backward()
+  EXPECT_THROW(set_field(*std::make_unique<Scenario>(), "loss_chunks", "17"), FieldError);  // SplitBackward0 edges
+  EXPECT_THROW(set_field(*std::make_unique<Scenario>(), "loss", "liger-fused"), FieldError);
+}
+
+}  // namespace
+}  // namespace trainmem

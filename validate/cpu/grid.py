@@ -229,6 +229,17 @@ GRID = [
     ("adafactor-torch-llama-bf16", _ll("llama", head_dim=24), 2, 16, "bf16", {"optimizer": "adafactor-torch"}),
     ("adafactor-torch-lora-llama-bf16", _ll("llama"), 2, 16, "bf16",
      {"optimizer": "adafactor-torch", "lora": "r=8,alpha=16"}),
+    # transformers' logits_to_keep in training: the head and the loss over the last N positions (models.keep_logits)
+    ("keep-llama-4", _ll("llama"), 2, 16, "fp32", {"logits_to_keep": 4}),
+    ("keep-gpt2-1-bf16", {"model_type": "gpt2", "n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 128,
+                          "n_positions": 64, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0},
+     2, 16, "bf16", {"logits_to_keep": 1}),
+    ("keep-opt-8", {"model_type": "opt", "vocab_size": 96, "hidden_size": 64, "ffn_dim": 128,
+                    "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 64,
+                    "dropout": 0.0, "attention_dropout": 0.0, "activation_dropout": 0.0}, 2, 16, "fp32",
+     {"logits_to_keep": 8}),
+    ("keep-qwen2-lora-ckpt-bf16", _ll("qwen2"), 2, 16, "bf16", {"logits_to_keep": 5, "lora": "r=4,alpha=8", "checkpointing": "full", "reentrant": True,
+              "input_require_grads": True}),
     # torchtune's chunked output head + CEWithChunkedOutputLoss (torchtune_loss.py; trainmem --loss chunked)
     ("chunked-llama-8", _ll("llama"), 2, 16, "fp32", {"loss": "chunked", "loss_chunks": 8}),
     ("chunked-llama-4-bf16", _ll("llama"), 2, 16, "bf16", {"loss": "chunked", "loss_chunks": 4}),
@@ -268,7 +279,8 @@ def _measure_kwargs(opts):
             "lora": opts.get("lora"),
             "lora_dtype": opts.get("lora_dtype", "fp32"),
             "enable_input_require_grads": opts.get("input_require_grads"),
-            "loss": opts.get("loss", "ce"), "loss_chunks": int(opts.get("loss_chunks", 8))}
+            "loss": opts.get("loss", "ce"), "loss_chunks": int(opts.get("loss_chunks", 8)),
+            "logits_to_keep": int(opts.get("logits_to_keep", 0))}
 
 
 def _option_flags(opts):
@@ -285,6 +297,8 @@ def _option_flags(opts):
             flags += ["--lora-dtype", opts["lora_dtype"]]
     if opts.get("loss", "ce") != "ce":  # torchtune's chunked loss (torchtune_loss.py)
         flags += ["--loss", opts["loss"], "--loss-chunks", str(int(opts.get("loss_chunks", 8)))]
+    if opts.get("logits_to_keep"):  # transformers' logits_to_keep (models.keep_logits)
+        flags += ["--logits-to-keep", str(int(opts["logits_to_keep"]))]
     if opts.get("input_require_grads") is not None:
         flags += ["--input-require-grads", "true" if opts["input_require_grads"] else "false"]
     if opts.get("optimizer"):
@@ -302,6 +316,8 @@ def _describe(opts):
     if opts.get("lora") is not None:
         parts.append(f"lora {opts['lora'] or '(defaults)'}" + (f" dtype {opts['lora_dtype']}"
                                                                 if opts.get("lora_dtype") else ""))
+    if opts.get("logits_to_keep"):
+        parts.append(f"logits_to_keep {int(opts['logits_to_keep'])}")
     if opts.get("loss", "ce") != "ce":
         parts.append(f"loss {opts['loss']} x{int(opts.get('loss_chunks', 8))}")
     if opts.get("input_require_grads") is not None:

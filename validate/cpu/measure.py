@@ -194,7 +194,8 @@ class _StorageRegistry(TorchDispatchMode):
 
 def measure(config, batch, seq, precision="fp32", optimizer="adamw", dropout_off=True, with_tensors=True,
             seed=0, freeze=(), checkpointing="none", checkpoint_reentrant=True, checkpoint_every=1, lora=None,
-            lora_dtype="fp32", enable_input_require_grads=None, autocast=False, loss="ce", loss_chunks=8):
+            lora_dtype="fp32", enable_input_require_grads=None, autocast=False, loss="ce", loss_chunks=8,
+            logits_to_keep=0):
     """Run one training step of `config` and return the measured quantities as a dict.
 
     freeze: parameter-name globs to freeze (requires_grad=False). checkpointing: "none" | "full" (every
@@ -227,7 +228,7 @@ def measure(config, batch, seq, precision="fp32", optimizer="adamw", dropout_off
     try:
         return _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors, seed, freeze,
                         checkpointing, checkpoint_reentrant, checkpoint_every, lora, lora_dtype,
-                        enable_input_require_grads, autocast, loss, loss_chunks)
+                        enable_input_require_grads, autocast, loss, loss_chunks, logits_to_keep)
     finally:
         gc.enable()
         gc.unfreeze()
@@ -235,7 +236,7 @@ def measure(config, batch, seq, precision="fp32", optimizer="adamw", dropout_off
 
 def _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors, seed, freeze, checkpointing,
              checkpoint_reentrant, checkpoint_every, lora, lora_dtype, enable_input_require_grads, autocast,
-             loss="ce", loss_chunks=8):
+             loss="ce", loss_chunks=8, logits_to_keep=0):
     dtype, autocast_dtype = PRECISIONS[precision]
     if autocast and autocast_dtype is None:
         autocast_dtype = torch.bfloat16
@@ -243,6 +244,7 @@ def _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors
     ck_mode = "none" if checkpointing == "none" else ("reentrant" if checkpoint_reentrant else "non-reentrant")
     torch.manual_seed(seed)
     model = models.build_model(cfg, frozen=freeze, checkpointing=ck_mode, checkpoint_every=checkpoint_every)
+    model.logits_to_keep = int(logits_to_keep)  # models.keep_logits: the head and the loss over the last N positions
     if dtype != torch.float32:
         model.to(dtype)  # casts floating buffers too, as model.to(torch.bfloat16) does; keeps requires_grad
     model.train()
@@ -755,6 +757,8 @@ def main(argv=None):
     ap.add_argument("--loss", choices=["ce", "chunked"], default="ce",
                     help="chunked: torchtune's chunked output head + CEWithChunkedOutputLoss (torchtune_loss.py)")
     ap.add_argument("--loss-chunks", type=int, default=8, metavar="N", help="torchtune's num_output_chunks")
+    ap.add_argument("--logits-to-keep", type=int, default=0, metavar="N",
+                    help="transformers' logits_to_keep: the head and the loss over the last N positions")
     a = ap.parse_args(argv)
     with open(a.config) as f:
         cfg = json.load(f)
@@ -769,7 +773,8 @@ def main(argv=None):
                   checkpoint_reentrant=a.checkpoint_reentrant == "true", checkpoint_every=a.checkpoint_every,
                   lora=a.lora, lora_dtype=a.lora_dtype,
                   enable_input_require_grads=True if a.enable_input_require_grads else irg,
-                  autocast=a.autocast, loss=a.loss, loss_chunks=a.loss_chunks)
+                  autocast=a.autocast, loss=a.loss, loss_chunks=a.loss_chunks,
+                  logits_to_keep=a.logits_to_keep)
     json.dump(res, sys.stdout, indent=1)
     sys.stdout.write("\n")
 

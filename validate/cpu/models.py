@@ -124,6 +124,17 @@ def act_fn(name):
 # Shared transformers pieces.
 
 
+def keep_logits(model, hidden_states, labels):
+    """*ForCausalLM.forward's logits_to_keep (transformers 5.x): slice_indices = slice(-logits_to_keep, None), or
+    slice(0, None) for 0; the head runs on hidden_states[:, slice_indices, :]. Training with it (trainmem
+    --logits-to-keep, as GRPO-style trainers use it): the loss is over the kept positions, labels[:, -k:] (a view).
+    `model.logits_to_keep` is set by measure.py (0 by default)."""
+    k = getattr(model, "logits_to_keep", 0)
+    if not k:
+        return hidden_states[:, slice(0, None), :], labels
+    return hidden_states[:, slice(-k, None), :], labels[:, -k:]
+
+
 def for_causal_lm_loss(logits, labels, vocab_size, ignore_index=-100):
     """transformers loss/loss_utils.py ForCausalLMLoss (+ fixed_cross_entropy, reduction "mean")."""
     # Upcast to float if we need to compute the loss to avoid potential precision issues
@@ -637,7 +648,8 @@ class GPT2LMHeadModel(nn.Module):
 
     def forward(self, input_ids, labels):
         hidden_states = self.transformer(input_ids)
-        logits = self.lm_head(hidden_states[:, slice(0, None), :])
+        kept, labels = keep_logits(self, hidden_states, labels)
+        logits = self.lm_head(kept)
         return for_causal_lm_loss(logits, labels, vocab_size=self.vocab_size)
 
 
@@ -1037,7 +1049,8 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids, labels):
         hidden_states = self.model(input_ids)
-        logits = self.lm_head(hidden_states[:, slice(0, None), :])
+        kept, labels = keep_logits(self, hidden_states, labels)
+        logits = self.lm_head(kept)
         if self.config.final_softcap is not None:
             logits = logits / self.config.final_softcap
             logits = torch.tanh(logits)
@@ -1186,7 +1199,8 @@ class GPTNeoXForCausalLM(nn.Module):
 
     def forward(self, input_ids, labels):
         hidden_states = self.gpt_neox(input_ids)
-        logits = self.embed_out(hidden_states[:, slice(0, None), :])
+        kept, labels = keep_logits(self, hidden_states, labels)
+        logits = self.embed_out(kept)
         return for_causal_lm_loss(logits, labels, vocab_size=self.vocab_size)
 
 
@@ -1371,7 +1385,8 @@ class OPTForCausalLM(nn.Module):
 
     def forward(self, input_ids, labels):
         hidden_states = self.model(input_ids)
-        logits = self.lm_head(hidden_states[:, slice(0, None), :]).contiguous()
+        kept, labels = keep_logits(self, hidden_states, labels)
+        logits = self.lm_head(kept).contiguous()
         return for_causal_lm_loss(logits, labels, vocab_size=self.vocab_size)
 
 

@@ -1,6 +1,6 @@
-// The loss options: torchtune's chunked output head with CEWithChunkedOutputLoss against transformers'
-// ForCausalLMLoss, and transformers' logits_to_keep, each pinned by what the simulated step allocates and
-// saves, derived from the shapes below.
+// The loss options: torchtune's chunked output head with CEWithChunkedOutputLoss and Liger-Kernel's fused linear
+// cross-entropy against transformers' ForCausalLMLoss, and transformers' logits_to_keep, each pinned by what the
+// simulated step allocates and saves, derived from the shapes below.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -193,6 +193,22 @@ TEST(Loss, LigerSavesThePrecomputedGradientsInsteadOfTheLogProbabilities) {
   const uint64_t ce = run(llama("ce")).sim->saved_activations.value;
   const uint64_t lg = run(llama("liger-fused")).sim->saved_activations.value;
   EXPECT_EQ(lg + kBT * kV * 4 + kBT * 8 + 4, ce + kV * kH * 2);
+}
+
+TEST(Loss, LigerGradWeightBecomesTheHeadsGradWithoutACopy) {
+  // backward returns the saved grad_weight; once the node has run its saved tensors are released, so the head's
+  // AccumulateGrad steals it as .grad (the storage is recategorized, no (V, H) clone is allocated).
+  const Estimate e = run(llama("liger-fused"));
+  uint64_t gw = 0;
+  int stolen = 0, cloned = 0;
+  for (const Event& ev : e.sim->timeline.events) {
+    if (ev.step != 1) continue;
+    if (ev.kind == Event::kAlloc && std::string("liger grad_weight") == ev.label.what) gw = ev.storage;
+    if (ev.kind == Event::kRecategorize && ev.storage == gw && ev.category == Category::kGradients) ++stolen;
+    if (ev.kind == Event::kAlloc && ev.category == Category::kGradients && ev.bytes.value == kV * kH * 2) ++cloned;
+  }
+  EXPECT_EQ(stolen, 1);
+  EXPECT_EQ(cloned, 0);
 }
 
 // Live bytes just before the first step-1 allocation labelled `what`.

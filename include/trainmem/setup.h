@@ -110,6 +110,7 @@ struct QuantSetup {
 enum class LossKind {
   kCe,       // transformers' ForCausalLMLoss over the whole (B, T, V) logits (loss_utils.py)
   kChunked,  // torchtune: TransformerDecoder.chunked_output + CEWithChunkedOutputLoss (one chunk upcast at a time)
+  kLigerFused,  // Liger-Kernel: LigerFusedLinearCrossEntropyFunction (head and loss fused, gradients in forward)
 };
 std::span<const NameRow<LossKind>> name_table(LossKind);
 

@@ -243,6 +243,9 @@ constexpr NameRow<LossKind> kLossKinds[] = {
     {LossKind::kCe, "ce", "transformers' ForCausalLMLoss: the whole logits upcast to float32 at once"},
     {LossKind::kChunked, "chunked",
      "torchtune's chunked output head and CEWithChunkedOutputLoss: one chunk upcast to float32 at a time"},
+    {LossKind::kLigerFused, "liger-fused",
+     "Liger-Kernel's fused linear cross-entropy: the head's gradients computed in forward, one chunk of logits "
+     "at a time"},
 };
 std::span<const NameRow<LossKind>> name_table(LossKind) { return kLossKinds; }
 std::span<const NameRow<Quantize>> name_table(Quantize) { return kQuantizes; }

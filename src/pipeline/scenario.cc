@@ -149,8 +149,9 @@ constexpr Field kFields[] = {
                      "reentrant checkpointing, input grads; default true with --quantize)", FieldGroup::kModel},
     {"freeze", "freeze the parameters whose names match a glob (* matches anything): --freeze 'model.layers.0.*' "
                "(repeatable); frozen rows get no gradient and no optimizer state", FieldGroup::kModel, true},
-    {"loss", "ce | chunked: transformers' cross-entropy over the whole logits, or torchtune's chunked output head "
-             "with CEWithChunkedOutputLoss", FieldGroup::kTraining},
+    {"loss", "ce | chunked | liger-fused: transformers' cross-entropy over the whole logits, torchtune's chunked "
+             "output head with CEWithChunkedOutputLoss, or Liger-Kernel's fused linear cross-entropy",
+     FieldGroup::kTraining},
     {"loss_chunks", "torchtune's num_output_chunks for --loss chunked (default 8, as torchtune)", FieldGroup::kTraining},
     {"logits_to_keep", "transformers' logits_to_keep: the head and the loss over the last N positions only "
                        "(default 0: all)", FieldGroup::kTraining},
@@ -190,11 +191,41 @@ std::string lower(std::string_view s) {
   return out;
 }
 
+// Liger-Kernel's fused linear cross-entropy (--loss liger-fused) where trainmem models what Liger patches in:
+// apply_liger_kernel_to_<model> (src/liger_kernel/transformers/monkey_patch.py) replaces the *ForCausalLM
+// forward of the llama-shaped families with lce_forward; it has no patch for gpt2, opt or gpt_neox.
+void check_liger_fused(const ModelSpec& m, const TrainSetup& t, bool hf) {
+  if (!hf || m.family != Family::kLlama) {
+    throw FieldError("loss", fmt::format("{}: Liger patches the llama-shaped transformers causal LMs (--impl hf: "
+                                         "llama, mistral, qwen2, qwen3, gemma, phi3, mixtral); {} is not one",
+                                         name_of(t.loss), m.name));
+  }
+  // gemma2's lce_forward passes final_logit_softcapping to the kernel (HAS_SOFTCAPPING); not modelled here.
+  if (m.model_type == "gemma2") {
+    throw FieldError("loss", fmt::format("{}: gemma2's final logit softcapping inside Liger's kernel is not "
+                                         "modelled", name_of(t.loss)));
+  }
+  // Under autocast the kernel's matmuls cast the float32 head weight to 16 bits in every chunk and torch >= 2.8
+  // takes the addmm(out_dtype=float32) path (fused_linear_cross_entropy_forward); only the storage-dtype path
+  // is modelled.
+  if (uses_autocast(t.precision)) {
+    throw FieldError("precision", fmt::format("{}: --loss liger-fused is modelled without autocast only (fp32, "
+                                              "fp16 or bf16)", name_of(t.precision)));
+  }
+  // lce_forward slices the hidden states with logits_to_keep but passes the whole labels to the loss.
+  if (t.logits_to_keep != 0) {
+    throw FieldError("logits_to_keep", fmt::format("{}: Liger's lce_forward keeps the whole labels; use it with "
+                                                   "--loss ce", t.logits_to_keep));
+  }
+}
+
 // The loss options only where the modelled code has them: both are transformers-model features (a layer stack
 // has no head, nanoGPT computes its own loss), and each must fit the sequence.
 void check_loss(const ModelSpec& m, const TrainSetup& t) {
   const bool hf = m.impl == Impl::kHf && input_kind(m) == InputKind::kTokenIds;
-  if (t.loss != LossKind::kCe) {
+  if (t.loss == LossKind::kLigerFused) {
+    check_liger_fused(m, t, hf);
+  } else if (t.loss == LossKind::kChunked) {
     if (!hf) {
       throw FieldError("loss", fmt::format("{}: a chunked loss needs a transformers causal LM (--impl hf); {} has "
                                            "its own loss", name_of(t.loss), m.name));
@@ -214,8 +245,10 @@ void check_loss(const ModelSpec& m, const TrainSetup& t) {
       throw FieldError("logits_to_keep", fmt::format("{}: torchtune's chunked output head has no logits_to_keep; use "
                                                      "it with --loss ce", t.logits_to_keep));
     }
-  } else if (t.loss_chunks != 8) {
-    throw FieldError("loss_chunks", fmt::format("{}: chunks are for --loss chunked (the loss is ce)", t.loss_chunks));
+  }
+  if (t.loss != LossKind::kChunked && t.loss_chunks != 8) {
+    throw FieldError("loss_chunks", fmt::format("{}: chunks are for --loss chunked (the loss is {})", t.loss_chunks,
+                                                name_of(t.loss)));
   }
   if (t.logits_to_keep != 0) {
     if (!hf) {

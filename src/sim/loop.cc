@@ -455,6 +455,7 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
   loop.c.ac_dtype = compute_dtype(s.precision);
   // the loss the forward programs end with (hf_common.cc causal_lm_head)
   loop.c.loss_chunks = s.loss == LossKind::kChunked ? s.loss_chunks : 0;
+  loop.c.liger_fused = s.loss == LossKind::kLigerFused;
   loop.c.logits_to_keep = s.logits_to_keep;
   loop.c.seed000_block_locals = o.loop == LoopKind::kSeed000;
   loop.opt_impl = resolve_optimizer_impl(s.optimizer, s.optimizer_impl, m.impl);

@@ -53,6 +53,8 @@ struct Ctx {
   // The loss over the final hidden states (TrainSetup::loss): 0 chunks is transformers' ForCausalLMLoss over
   // the whole logits, N > 0 torchtune's chunked output head and CEWithChunkedOutputLoss with N chunks.
   uint64_t loss_chunks = 0;
+  // Liger-Kernel's fused linear cross-entropy in place of the head and the loss (TrainSetup::loss)
+  bool liger_fused = false;
   uint64_t logits_to_keep = 0;  // transformers' logits_to_keep; 0: every position
   // enable_input_require_grads: the input embedding's output is made to require grad (its weight's row)
   int32_t input_embedding_row = -1;

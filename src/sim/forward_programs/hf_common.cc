@@ -3,6 +3,10 @@
 // B=micro-batch T=seq C=hidden H=heads KV=kv-heads D=head-dim V=vocab R=rotary dims
 #include "hf_common.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
+
 #include "trainmem/error.h"
 
 namespace trainmem::sim {
@@ -97,6 +101,113 @@ ForwardOut chunked_causal_lm(Ctx& c, const LoadedModel& w, T hidden, const char*
   ForwardOut out;
   out.loss = div(c, total, total_elements, "total_loss / total_elements");
   // `del logits` after the loss: the chunks' logits are not returned.
+  return out;
+}
+
+// Liger-Kernel at commit ead96b618e5c67bddc6a6e9bcb99bfe6b5ab661c (2026-08-21),
+// src/liger_kernel/ops/fused_linear_cross_entropy.py fused_linear_cross_entropy_forward:
+//   inc_factor = triton.cdiv(V, H); chunk_size = triton.next_power_of_2(triton.cdiv(BT, inc_factor));
+//   num_chunks = triton.cdiv(BT, chunk_size)
+LigerChunking liger_chunking(uint64_t bt, uint64_t v, uint64_t h) {
+  if (bt == 0 || v == 0 || h == 0) throw Error("internal: Liger's chunking needs BT, V and H > 0");
+  const uint64_t want = ceil_div(bt, ceil_div(v, h));
+  uint64_t size = 1;  // triton.next_power_of_2: the smallest power of two >= n (want <= bt, so no overflow)
+  while (size < want) size *= 2;
+  return LigerChunking{size, ceil_div(bt, size)};
+}
+
+ForwardOut liger_fused_causal_lm(Ctx& c, const LoadedModel& w, T hidden, const char* head, const char* tied,
+                                 const T* labels) {
+  if (!labels) throw Error("internal: Liger's fused linear cross-entropy needs labels (the hf training loop)");
+  const T* hp = w.opt(head);
+  const T weight = hp ? *hp : w.p(tied);
+  const uint64_t B = hidden.shape()[0], Tn = hidden.shape()[1], H = hidden.shape()[2];
+  const uint64_t V = weight.shape()[0];
+  const uint64_t BT = checked_mul(B, Tn, "liger BT = B*T");
+  const DType dt = hidden.dtype();
+  // `logits_chunk = _input_chunk @ weight.t()` "in the original precision": without autocast (resolve() refuses
+  // it) the two must share a dtype, as torch.matmul requires.
+  if (weight.dtype() != dt) {
+    throw Error(fmt::format("--loss liger-fused: the final hidden states are {} but the head weight is {}; Liger's "
+                            "_input_chunk @ weight.t() needs one dtype", dtype_name(dt), dtype_name(weight.dtype())));
+  }
+  // src/liger_kernel/transformers/model/llama.py lce_forward (training, labels given: skip_logits):
+  //   kept_hidden_states = hidden_states[:, slice(-0, None), :]   (logits_to_keep=0: a view of every position)
+  //   lce_maybe_trainable_lm_head -> LigerForCausalLMLoss(hidden_states, self.lm_head.weight, labels, ...)
+  // model/loss_utils.py LigerForCausalLMLoss: the labels are shifted, not the hidden states:
+  //   labels = nn.functional.pad(labels, (0, 1), value=ignore_index); shift_labels = labels[..., 1:].contiguous()
+  //   hidden_states = hidden_states.view(-1, hidden_size)    (a view: the final norm's output is contiguous)
+  T loss;
+  {
+    T padded = c.e.empty(Shape{B, Tn + 1}, DType::kI64, Category::kTemporaries, c.L("padded labels"));
+    const Shape ss{B, Tn};
+    const Strides st{static_cast<int64_t>(Tn + 1), 1};
+    // contiguous (a view of the padded labels) only when B == 1, as in causal_lm_loss
+    T shift = is_contiguous(ss, st) ? c.e.view(padded, ss, st)
+                                    : c.e.empty(ss, DType::kI64, Category::kTemporaries, c.L("shift_labels"));
+    T x = view(c, hidden, Shape{BT, H});
+    // fixed_fused_linear_cross_entropy: reduction="mean" (the loop passes no num_items_in_batch), so the
+    // Function's loss is returned as it is and backward's grad_output is ones_like(loss).
+    // LigerFusedLinearCrossEntropyFunction.forward runs fused_linear_cross_entropy_forward (an autograd
+    // Function's forward records no graph):
+    const bool in_rg = x->requires_grad, w_rg = weight->requires_grad;
+    const bool grad = c.e.grad_mode;
+    c.e.grad_mode = false;
+    // grad_input = torch.zeros_like(_input); grad_weight = torch.zeros_like(weight) if input_requires_grad and
+    // weight_needs_grad (accum_dtype=None: the weight's dtype); both are saved for backward.
+    T grad_input = c.e.empty(Shape{BT, H}, dt, Category::kActivations, c.L("liger grad_input"));
+    T grad_weight = in_rg && w_rg ? c.e.empty(Shape{V, H}, dt, Category::kActivations, c.L("liger grad_weight")) : T();
+    // loss_1d = torch.zeros(BT, dtype=torch.float32); target_mask = target != ignore_index (a local until the
+    // function returns); total_n_non_ignore = target_mask.sum().item() drops the 0-dim sum at once
+    T loss_1d = c.e.empty(Shape{BT}, DType::kF32, Category::kTemporaries, c.L("liger loss_1d"));
+    T target_mask = c.e.empty(Shape{BT}, DType::kBool, Category::kTemporaries, c.L("target != ignore_index"));
+    { T n = c.e.empty(Shape{}, DType::kI64, Category::kTemporaries, c.L("target_mask.sum()")); }
+    const LigerChunking k = liger_chunking(BT, V, H);
+    T logits_chunk, grad_logits_chunk;
+    for (uint64_t i = 0; i < k.count; ++i) {
+      const uint64_t rows = std::min(k.size, BT - i * k.size);
+      // logits_chunk = _input_chunk @ weight.t()  (chunk_size x V): made while the previous chunk's logits are
+      // still held by grad_logits_chunk; .contiguous() returns it
+      logits_chunk = c.e.empty(Shape{rows, V}, dt, Category::kTemporaries, c.L("liger logits_chunk"));
+      // liger_cross_entropy_kernel writes loss_1d's slice and the gradient into logits_chunk in place;
+      // grad_logits_chunk = logits_chunk drops the previous chunk
+      grad_logits_chunk = logits_chunk;
+      // grad_input[start_idx:end_idx] = grad_logits_chunk @ weight: a (chunk, H) result copied into the slice
+      if (in_rg) T tmp = c.e.empty(Shape{rows, H}, dt, Category::kTemporaries, c.L("grad_logits_chunk @ weight"));
+      if (grad_weight) {
+        // grad_weight += torch.mm(grad_logits_chunk.t(), _input_chunk).float(): the addmm(out_dtype) branch
+        // needs a float32 grad_weight with 16-bit logits, which the storage-dtype path never has. The (V, H) mm
+        // result dies once .float() returns (its bound method's reference), before the in-place add; .float()
+        // of a float32 tensor is the tensor itself.
+        T mm = c.e.empty(Shape{V, H}, dt, Category::kTemporaries, c.L("mm(grad_logits_chunk.t(), _input_chunk)"));
+        T f = dt == DType::kF32 ? mm : c.e.empty(Shape{V, H}, DType::kF32, Category::kTemporaries, c.L("mm(...).float()"));
+        mm.reset();
+      }
+    }
+    // loss = torch.sum(loss_1d); grad_weight.to(weight.dtype) is grad_weight itself (accum_dtype=None)
+    loss = c.e.empty(Shape{}, DType::kF32, Category::kActivations, c.L("torch.sum(loss_1d)"));
+    // the function returns: loss_1d, target_mask and the last chunk's logits die
+    logits_chunk.reset();
+    grad_logits_chunk.reset();
+    loss_1d.reset();
+    target_mask.reset();
+    c.e.grad_mode = grad;
+    // ctx.save_for_backward(grad_input.detach(), grad_weight.detach() if grad_weight is not None else None, ...)
+    Saved saved = grad_weight ? Saved{grad_input, grad_weight} : Saved{grad_input};
+    c.e.record("LigerFusedLinearCrossEntropyFunctionBackward", {&x, &weight}, {&loss}, std::move(saved),
+               [](Engine& e, Node& n, Grads&) {
+                 // fused_linear_cross_entropy_backward: torch.equal(grad_output, torch.tensor(1.0, device=...))
+                 // makes a 0-dim float32 tensor; grad_output is 1.0, so no element_mul_kernel runs and the
+                 // precomputed gradients are returned as they are (grad_input to the final norm, grad_weight to
+                 // the head's AccumulateGrad).
+                 { T one = e.empty(Shape{}, DType::kF32, Category::kTemporaries, Label{"torch.tensor(1.0)"}); }
+                 return Grads{n.saved[0], n.saved.size() > 1 ? n.saved[1] : T()};
+               });
+    // LigerForCausalLMLoss returns: the labels die; lce_forward returns: the hidden states die with `outputs`
+  }
+  hidden.reset();
+  ForwardOut out;
+  out.loss = std::move(loss);
   return out;
 }
 

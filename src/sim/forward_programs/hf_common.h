@@ -31,4 +31,15 @@ ForwardOut causal_lm_output(Ctx& c, T logits, const T* labels);
 ForwardOut chunked_causal_lm(Ctx& c, const LoadedModel& w, T hidden, const char* head, const char* tied,
                              const char* what, const T* labels);
 
+// Liger-Kernel's chunking in fused_linear_cross_entropy_forward: rows of logits per chunk and chunks.
+struct LigerChunking {
+  uint64_t size = 0;
+  uint64_t count = 0;
+};
+LigerChunking liger_chunking(uint64_t bt, uint64_t v, uint64_t h);
+// Liger-Kernel's lce_forward with LigerFusedLinearCrossEntropyFunction in place of the head and the loss (the
+// loss is c.liger_fused): the head's gradients are computed in forward, one chunk of logits at a time.
+ForwardOut liger_fused_causal_lm(Ctx& c, const LoadedModel& w, T hidden, const char* head, const char* tied,
+                                 const T* labels);
+
 }  // namespace trainmem::sim

@@ -150,6 +150,9 @@ T llama_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
 
 ForwardOut llama_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids, const T* labels) {
   T hidden = llama_model(c, m, w, ids);
+  if (c.liger_fused) {  // resolve() refuses gemma2 (softcapping) and autocast with it
+    return liger_fused_causal_lm(c, w, std::move(hidden), "lm_head.weight", "model.embed_tokens.weight", labels);
+  }
   if (c.loss_chunks) {  // resolve() refuses gemma2 (softcapping) with it
     return chunked_causal_lm(c, w, std::move(hidden), "lm_head.weight", "model.embed_tokens.weight", "lm_head", labels);
   }

@@ -114,7 +114,13 @@ enum class LossKind {
 };
 std::span<const NameRow<LossKind>> name_table(LossKind);
 
+// What one step is: a training step, or a forward pass for inference (model.eval() under
+// torch.inference_mode(): no autograd graph, so nothing is saved for backward, and no optimizer).
+enum class Task { kTrain, kInference };
+std::span<const NameRow<Task>> name_table(Task);
+
 struct TrainSetup {
+  Task task = Task::kTrain;
   uint64_t batch = 8;      // B: micro-batch size
   uint64_t seq = 1024;     // T: tokens per sequence
   Precision precision = Precision::kBf16Amp;
@@ -170,6 +176,8 @@ std::string_view optimizer_name(Optimizer o);
 std::string_view optimizer_impl_name(OptimizerImpl i);
 // "adamw (fused)", or "no optimizer".
 std::string optimizer_label(Optimizer o, OptimizerImpl impl, bool in_backward);  // in_backward: optimizer-in-backward
+// What runs, for report headers: "inference (forward only)" for --task inference, else the optimizer's label.
+std::string step_label(const TrainSetup& s);
 std::optional<Precision> parse_precision(std::string_view s);
 std::optional<Optimizer> parse_optimizer(std::string_view s);
 std::optional<OptimizerImpl> parse_optimizer_impl(std::string_view s);

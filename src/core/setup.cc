@@ -188,6 +188,11 @@ OptimizerImpl resolve_optimizer_impl(Optimizer o, OptimizerImpl impl, Impl model
   return OptimizerImpl::kForeach;
 }
 
+std::string step_label(const TrainSetup& s) {
+  if (s.task == Task::kInference) return "inference (forward only, torch.inference_mode())";
+  return optimizer_label(s.optimizer, s.optimizer_impl, s.optimizer_in_backward);
+}
+
 std::string optimizer_label(Optimizer o, OptimizerImpl impl, bool in_backward) {
   if (o == Optimizer::kNone) return "no optimizer";
   return fmt::format("{} ({}){}", optimizer_name(o), optimizer_impl_name(impl), in_backward ? " in backward" : "");
@@ -248,6 +253,13 @@ constexpr NameRow<LossKind> kLossKinds[] = {
      "at a time"},
 };
 std::span<const NameRow<LossKind>> name_table(LossKind) { return kLossKinds; }
+
+constexpr NameRow<Task> kTasks[] = {
+    {Task::kTrain, "train", "one training step: forward, loss, backward, the optimizer step"},
+    {Task::kInference, "inference",
+     "a forward pass in model.eval() under torch.inference_mode(): no graph, no gradients, no optimizer"},
+};
+std::span<const NameRow<Task>> name_table(Task) { return kTasks; }
 std::span<const NameRow<Quantize>> name_table(Quantize) { return kQuantizes; }
 std::span<const NameRow<Precision>> name_table(Precision) { return kPrecisions; }
 std::span<const NameRow<Optimizer>> name_table(Optimizer) { return kOptimizers; }

@@ -274,7 +274,8 @@ void suggest(const Candidate& base, const FitProbe& original, std::optional<uint
     all.alloc.expandable_segments = true;
     all_changes.push_back({"alloc_conf", "expandable_segments:True"});
   }
-  if (base.setup.checkpointing == Checkpointing::kNone) {
+  // (inference records no graph: checkpointing has nothing to save there)
+  if (base.setup.checkpointing == Checkpointing::kNone && base.setup.task == Task::kTrain) {
     Candidate c = base;
     c.setup.checkpointing = Checkpointing::kFull;
     add({{"checkpointing", "full"}},

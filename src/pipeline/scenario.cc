@@ -118,6 +118,8 @@ constexpr Field kFields[] = {
     {"impl", "hf | nanogpt | stack (default: nanogpt for model_type nanogpt, stack for mlp, hf otherwise)", FieldGroup::kModel},
     {"attention", "eager | sdpa", FieldGroup::kModel},
     {"overrides", "override a config key: --set key=value (repeatable)", FieldGroup::kModel, true},
+    {"task", "train | inference: one training step, or a forward pass in model.eval() under "
+             "torch.inference_mode() (no saved tensors, gradients or optimizer)", FieldGroup::kTraining},
     {"batch", "micro-batch size", FieldGroup::kTraining},
     {"seq", "sequence length in tokens", FieldGroup::kTraining},
     {"precision", "fp32 | fp16-amp | bf16-amp | fp16 | bf16", FieldGroup::kTraining},
@@ -328,6 +330,8 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
   } else if (f == "freeze") {
     if (v.empty()) bad(f, v, "a glob over parameter names, like 'model.layers.0.*'");
     s.train.freeze.emplace_back(v);
+  } else if (f == "task") {
+    s.train.task = named(f, v, parse_name<Task>(v));
   } else if (f == "loss") {
     s.train.loss = named(f, v, parse_name<LossKind>(v));
   } else if (f == "loss_chunks") {
@@ -391,6 +395,7 @@ std::string field_text(const Scenario& s, std::string_view f) {
     for (size_t i = 0; i < l.targets.size(); ++i) t += (i ? "+" : ",targets=") + l.targets[i];
     return t;
   }
+  if (f == "task") return std::string(name_of(s.train.task));
   if (f == "loss") return std::string(name_of(s.train.loss));
   if (f == "loss_chunks") return std::to_string(s.train.loss_chunks);
   if (f == "logits_to_keep") return std::to_string(s.train.logits_to_keep);
@@ -438,6 +443,30 @@ GpuSpec resolve_gpu(std::string_view text) {
   throw FieldError("gpu", fmt::format("\"{}\": unknown GPU; expected one of {}, or a memory size from 1GiB, like 24GiB", text, names));
 }
 
+// --task inference: what a forward pass in model.eval() under torch.inference_mode() leaves out. No optimizer
+// and no gradients (the optimizer field is refused unless none); dropout off (eval); and the training-only
+// options refused rather than ignored. 4-bit bases are not simulated for inference yet.
+void resolve_inference(const Scenario& s, ResolvedScenario& r) {
+  const auto refuse = [](const char* field, const std::string& value) {
+    throw FieldError(field, fmt::format("{}: a training option; --task inference runs a forward pass only", value));
+  };
+  if (s.was_given("optimizer") && s.train.optimizer != Optimizer::kNone) refuse("optimizer", std::string(name_of(s.train.optimizer)));
+  if (s.train.checkpointing != Checkpointing::kNone) refuse("checkpointing", std::string(name_of(s.train.checkpointing)));
+  if (s.train.lora.on) refuse("lora", "LoRA adapters");
+  if (!s.train.freeze.empty()) refuse("freeze", s.train.freeze.front());
+  if (s.train.grad_accum != 1) refuse("grad_accum", std::to_string(s.train.grad_accum));
+  if (s.train.optimizer_in_backward) refuse("optimizer_in_backward", "true");
+  if (s.train.loss != LossKind::kCe) refuse("loss", std::string(name_of(s.train.loss)));
+  if (s.train.input_require_grads.value_or(false)) refuse("input_require_grads", "true");
+  if (s.was_given("loop")) refuse("loop", std::string(name_of(s.loop)));
+  if (s.train.quant.type != Quantize::kNone) {
+    throw FieldError("quantize", fmt::format("{}: a 4-bit base is not simulated for inference yet",
+                                             name_of(s.train.quant.type)));
+  }
+  r.setup.optimizer = Optimizer::kNone;
+  r.model.dropout = DropoutSpec{};  // model.eval(): every nn.Dropout is the identity
+}
+
 ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   ResolvedScenario r;
   r.request = s;
@@ -445,6 +474,7 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   r.inventory = build_inventory(r.model);
   r.setup = s.train;
   validate_setup(r.model, r.setup);
+  if (s.train.task == Task::kInference) resolve_inference(s, r);
   // A bitsandbytes 4-bit base: the Linear weights packed, their quantization state as extra rows.
   if (s.train.quant.type == Quantize::kInt8) {
     throw FieldError("quantize", "int8: LLM.int8 (Linear8bitLt) bases are not simulated yet; nf4 or fp4 are");
@@ -533,7 +563,7 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   check_loss(r.model, r.setup);
   if (!r.setup.checkpoint_reentrant) r.setup.checkpoint_reentrant = default_checkpoint_reentrant(r.model.impl);
   // The optimizer code path that runs (fused for nanoGPT's AdamW, foreach for torch.optim on CUDA).
-  r.setup.optimizer_impl = resolve_optimizer_impl(s.train.optimizer, s.train.optimizer_impl, r.model.impl);
+  r.setup.optimizer_impl = resolve_optimizer_impl(r.setup.optimizer, s.train.optimizer_impl, r.model.impl);
   // torch.optim.Adafactor first ships in torch 2.5 (torch/optim/_adafactor.py; torch/optim/__init__.py
   // exports Adafactor from 2.5 on): an older torch has no such optimizer to model.
   if (s.train.optimizer == Optimizer::kAdafactorTorch && s.torch < TorchVersion{2, 5}) {

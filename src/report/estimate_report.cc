@@ -15,12 +15,16 @@ std::string headline(const Estimate& e) {
   const ModelSpec& m = e.model;
   const TrainSetup& s = e.setup;
   std::string accum = s.grad_accum > 1 ? fmt::format(", {} micro-batches per step", s.grad_accum) : "";
+  const bool inference = s.task == Task::kInference;
   return fmt::format(
       "{} (model_type {}, {} code, {} attention): batch {} x seq {}, {}, {}{}\n"
-      "{} training loop, PyTorch {}, sm_{}; parameters: {} ({})\n",
+      "{}, PyTorch {}, sm_{}; parameters: {} ({})\n",
       m.name, m.model_type, impl_name(m.impl), attn_impl_name(m.attn_impl), s.batch, s.seq,
-      precision_name(s.precision), optimizer_label(s.optimizer, s.optimizer_impl, s.optimizer_in_backward), accum,
-      loop_name(e.options.loop), torch_version_name(e.options.torch), e.options.sm, with_commas(e.state.parameters.value),
+      precision_name(s.precision),
+      step_label(s),
+      accum,
+      inference ? std::string("model.eval()") : fmt::format("{} training loop", loop_name(e.options.loop)),
+      torch_version_name(e.options.torch), e.options.sm, with_commas(e.state.parameters.value),
       e.state.parameters.value >= 1'000'000'000 ? fmt::format("{:.2f} B", static_cast<double>(e.state.parameters.value) / 1e9)
                                           : fmt::format("{:.1f} M", static_cast<double>(e.state.parameters.value) / 1e6));
 }

@@ -40,8 +40,11 @@ T checkpoint_non_reentrant(Ctx& c, uint64_t l, T hidden, const LayerArgs& args, 
 
 // hidden = layer(l, hidden) for l in 0..layers-1, with c.layer naming the layer for the timeline's labels.
 // `layer` takes the hidden state by value and returns the next one: the caller's variable is rebound to the
-// result, as `hidden = decoder_layer(hidden)` rebinds it in the modeling code, so the input is released when
-// the layer returns unless autograd saved it. The layers that c.checkpoint selects run checkpointed.
+// result, as `hidden = decoder_layer(hidden)` rebinds it in the modeling code. The caller's variable holds the
+// input while the layer runs (a copy is passed, not the caller's reference), so it is released only when the
+// layer returns, unless autograd saved it. That matters under no_grad (inference, a reentrant checkpoint's
+// first forward), where nothing else keeps it (found by the CPU oracle's inference timeline). The layers that
+// c.checkpoint selects run checkpointed.
 template <typename F>
 T run_layers(Ctx& c, uint64_t layers, T hidden, const LayerArgs& args, F&& layer) {
   std::shared_ptr<const LayerFn> fn;  // made once, when a layer is checkpointed
@@ -50,10 +53,9 @@ T run_layers(Ctx& c, uint64_t layers, T hidden, const LayerArgs& args, F&& layer
     const CheckpointPolicy& p = c.checkpoint;
     if (p.mode != CheckpointPolicy::kNone && l % p.every == 0 && c.e.grad_mode) {
       if (!fn) fn = std::make_shared<const LayerFn>(layer);
-      hidden = p.reentrant ? checkpoint_reentrant(c, l, std::move(hidden), args, fn)
-                           : checkpoint_non_reentrant(c, l, std::move(hidden), args, fn);
+      hidden = p.reentrant ? checkpoint_reentrant(c, l, hidden, args, fn) : checkpoint_non_reentrant(c, l, hidden, args, fn);
     } else {
-      hidden = layer(l, std::move(hidden), args);
+      hidden = layer(l, hidden, args);
     }
   }
   c.layer = -1;

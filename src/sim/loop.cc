@@ -106,6 +106,30 @@ struct Loop {
 
   ForwardOut run_forward(const T* targets) { return program.forward(c, m, w, X, targets); }
 
+  // --task inference: `with torch.inference_mode(): outputs = model(input_ids)` in model.eval(), once per step.
+  // No graph is recorded, so nothing is saved for backward and each layer's temporaries die as the code drops
+  // them; the script's `outputs` (the logits) stays bound until the next call returns.
+  void inference(SimResult& r) {
+    r.micro_batches_simulated = 1;
+    e.grad_mode = false;  // torch.inference_mode()
+    for (uint32_t step = 1; step <= o.steps; ++step) {
+      e.step = step;
+      e.micro = 1;
+      e.phase = Phase::kForward;
+      if (step == o.steps) {
+        r.steady = Moment{e.event_count() == 0 ? 0 : e.event_count() - 1, Phase::kForward, step, 1, e.live()};
+      }
+      X = batch_tensor("input ids");  // input_ids = batch.to(device): rebinding frees the previous batch
+      ForwardOut out = run_forward(nullptr);
+      c.exit_autocast();
+      kept_logits = std::move(out.logits);  // `outputs = model(...)` rebinds the script's variable
+      if (step == o.steps) {
+        r.after_forward = Moment{e.event_count(), e.phase, step, 1, e.live()};
+        r.saved_activations = e.saved_bytes();
+      }
+    }
+  }
+
   T scale_loss(T loss) {
     // loss = loss / gradient_accumulation_steps (a python number: a new 0-dim tensor)
     if (s.grad_accum > 1 || o.loop == LoopKind::kNanoGpt || o.loop == LoopKind::kSeed000) {
@@ -492,14 +516,18 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
       if (inv.parameters[i].name == emb) loop.c.input_embedding_row = static_cast<int32_t>(i);
     }
   }
-  if (o.loop != LoopKind::kHf) loop.get_batch();
+  if (o.loop != LoopKind::kHf && s.task == Task::kTrain) loop.get_batch();
   if (s.optimizer_in_backward) {
     e.post_accumulate_grad = [&loop](int32_t i) { loop.step_in_backward(i); };
   }
 
   const uint32_t micros = static_cast<uint32_t>(std::min<uint64_t>(s.grad_accum, 2));
   r.micro_batches_simulated = micros;
-  for (uint32_t step = 1; step <= o.steps; ++step) {
+  if (s.task == Task::kInference) {
+    loop.inference(r);
+    r.param_has_grad.assign(inv.parameters.size(), 0);
+  }
+  for (uint32_t step = 1; s.task == Task::kTrain && step <= o.steps; ++step) {
     for (uint32_t micro = 1; micro <= micros; ++micro) {
       if (step == o.steps && micro == 1) {
         // memory_allocated() just before the next step's forward

@@ -132,7 +132,7 @@ def keep_logits(model, hidden_states, labels):
     k = getattr(model, "logits_to_keep", 0)
     if not k:
         return hidden_states[:, slice(0, None), :], labels
-    return hidden_states[:, slice(-k, None), :], labels[:, -k:]
+    return hidden_states[:, slice(-k, None), :], (labels[:, -k:] if labels is not None else None)
 
 
 def for_causal_lm_loss(logits, labels, vocab_size, ignore_index=-100):
@@ -427,9 +427,10 @@ class NanoGPT(nanogpt.GPT):
         self.vocab_size = c.vocab_size
         self.checkpoint_settings = CheckpointSettings()
 
-    def forward(self, idx, targets):
+    def forward(self, idx, targets=None):
         if self.checkpoint_settings.mode == "none":
-            return super().forward(idx, targets)[1]
+            logits, loss = super().forward(idx, targets)
+            return logits if targets is None else loss  # inference: GPT.forward's last-position logits
         # GPT.forward with each `x = block(x)` as `x = checkpoint(block, x, use_reentrant=...)`
         device = idx.device
         b, t = idx.size()
@@ -646,10 +647,12 @@ class GPT2LMHeadModel(nn.Module):
         if c.tie_word_embeddings:
             self.lm_head.weight = self.transformer.wte.weight
 
-    def forward(self, input_ids, labels):
+    def forward(self, input_ids, labels=None):
         hidden_states = self.transformer(input_ids)
         kept, labels = keep_logits(self, hidden_states, labels)
         logits = self.lm_head(kept)
+        if labels is None:
+            return logits  # inference (validate/cpu/inference.py): the logits as the model returns them
         return for_causal_lm_loss(logits, labels, vocab_size=self.vocab_size)
 
 
@@ -1047,7 +1050,7 @@ class LlamaForCausalLM(nn.Module):
         if c.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def forward(self, input_ids, labels):
+    def forward(self, input_ids, labels=None):
         hidden_states = self.model(input_ids)
         kept, labels = keep_logits(self, hidden_states, labels)
         logits = self.lm_head(kept)
@@ -1055,6 +1058,8 @@ class LlamaForCausalLM(nn.Module):
             logits = logits / self.config.final_softcap
             logits = torch.tanh(logits)
             logits = logits * self.config.final_softcap
+        if labels is None:
+            return logits  # inference (validate/cpu/inference.py): the logits as the model returns them
         return for_causal_lm_loss(logits, labels, vocab_size=self.vocab_size)
 
 
@@ -1197,10 +1202,12 @@ class GPTNeoXForCausalLM(nn.Module):
         if c.tie_word_embeddings:
             self.embed_out.weight = self.gpt_neox.embed_in.weight
 
-    def forward(self, input_ids, labels):
+    def forward(self, input_ids, labels=None):
         hidden_states = self.gpt_neox(input_ids)
         kept, labels = keep_logits(self, hidden_states, labels)
         logits = self.embed_out(kept)
+        if labels is None:
+            return logits  # inference (validate/cpu/inference.py): the logits as the model returns them
         return for_causal_lm_loss(logits, labels, vocab_size=self.vocab_size)
 
 
@@ -1383,10 +1390,12 @@ class OPTForCausalLM(nn.Module):
         if c.tie_word_embeddings:
             self.lm_head.weight = self.model.decoder.embed_tokens.weight
 
-    def forward(self, input_ids, labels):
+    def forward(self, input_ids, labels=None):
         hidden_states = self.model(input_ids)
         kept, labels = keep_logits(self, hidden_states, labels)
         logits = self.lm_head(kept).contiguous()
+        if labels is None:
+            return logits  # inference (validate/cpu/inference.py): the logits as the model returns them
         return for_causal_lm_loss(logits, labels, vocab_size=self.vocab_size)
 
 

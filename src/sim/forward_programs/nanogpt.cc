@@ -112,7 +112,16 @@ ForwardOut nanogpt_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, con
   x = layer_norm(c, x, &w.p("transformer.ln_f.weight"), w.opt("transformer.ln_f.bias"), "ln_f");
   ForwardOut out;
   // lm_head is tied to wte
-  out.logits = linear(c, x, w.p("transformer.wte.weight"), nullptr, "lm_head");
+  if (!targets && !c.e.grad_mode) {
+    // model.py GPT.forward without targets: "inference-time mini-optimization: only forward the lm_head on the
+    // very last position": lm_head(x[:, [-1], :]), an index with a list, so a (B, 1, C) copy. Only reached
+    // under no_grad/inference_mode (--task inference); seed 000's fork computes its loss outside the model on
+    // whole logits, with grad mode on.
+    T last = c.e.empty(Shape{x.shape()[0], 1, x.shape()[2]}, x.dtype(), Category::kActivations, c.L("x[:, [-1], :]"));
+    out.logits = linear(c, last, w.p("transformer.wte.weight"), nullptr, "lm_head");
+  } else {
+    out.logits = linear(c, x, w.p("transformer.wte.weight"), nullptr, "lm_head");
+  }
   if (targets) {
     const uint64_t V = out.logits.shape().back();
     const T flat = view(c, out.logits, Shape{out.logits.shape().numel().value / V, V});

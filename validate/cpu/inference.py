@@ -1,0 +1,123 @@
+#!/usr/bin/python3
+"""The CPU oracle for trainmem --task inference: one forward pass of a reference model in model.eval() under
+torch.inference_mode() (run under torch.no_grad(), see measure_inference), with measure.py's storage registry counting the live tensor bytes after every op
+(live.py). Compared with `trainmem timeline --task inference --steps 1 --by event --format json`: the peak and
+the end of the forward (the logits, which the script keeps bound, included), exactly.
+
+    /usr/bin/python3 validate/cpu/inference.py --trainmem build/trainmem
+
+What differs from the training oracle: no saved_tensors_hooks (inference_mode records no graph), no labels
+(the transformers models return their logits; nanoGPT's GPT.forward without targets runs lm_head on the last
+position only), dropout off by model.eval() (the configs' probabilities are left as they are).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import live  # noqa: E402
+import measure  # noqa: E402
+import models  # noqa: E402
+
+# (name, config, batch, seq, precision). Dropout probabilities are kept (non-zero ones too): eval() turns them off.
+_LL = {"vocab_size": 96, "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2,
+       "num_attention_heads": 4, "num_key_value_heads": 2}
+_GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 128, "n_positions": 64,
+         "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1}
+GRID = [
+    ("infer-llama-fp32", {"model_type": "llama", **_LL}, 2, 16, "fp32"),
+    ("infer-llama-bf16", {"model_type": "llama", **_LL}, 3, 32, "bf16"),
+    ("infer-qwen2-bf16-amp", {"model_type": "qwen2", **_LL}, 2, 16, "bf16-amp"),
+    ("infer-gpt2-fp32", _GPT2, 2, 16, "fp32"),
+    ("infer-gpt2-bf16", _GPT2, 1, 32, "bf16"),
+    ("infer-nanogpt-fp32", {"model_type": "nanogpt", "n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 128,
+                            "block_size": 64, "bias": True, "dropout": 0.1}, 2, 32, "fp32"),
+    ("infer-neox-fp32", {"model_type": "gpt_neox", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 256,
+                         "num_hidden_layers": 2, "num_attention_heads": 4, "rotary_pct": 0.25}, 2, 16, "fp32"),
+    ("infer-opt-bf16", {"model_type": "opt", "vocab_size": 96, "hidden_size": 64, "ffn_dim": 128,
+                        "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 64}, 2, 16,
+     "bf16"),
+]
+
+
+def measure_inference(config, batch, seq, precision, seed=0):
+    """One forward in eval() under inference_mode; returns live.build's timeline and the base bytes."""
+    dtype, autocast_dtype = measure.PRECISIONS[precision]
+    torch.manual_seed(seed)
+    model = models.build_model(dict(config))
+    if dtype != torch.float32:
+        model.to(dtype)
+    model.eval()
+    g = torch.Generator().manual_seed(seed + 1)
+    ids = torch.randint(0, model.vocab_size, (batch, seq), dtype=torch.int64, generator=g)
+    params, buffers = list(model.parameters()), list(model.buffers())
+    base_keys = {models.storage_id(t)[0] for t in params + buffers + [ids]}
+    registry = measure._StorageRegistry()
+    # torch.no_grad() stands in for torch.inference_mode(): neither records a graph, and they allocate the same
+    # tensors; under inference_mode the Autograd key is excluded, so a composite op (layer_norm, linear) reaches
+    # the Python mode whole and its inner tensors (native_layer_norm's mean and rstd) would be invisible.
+    with torch.no_grad():
+        with registry:
+            if autocast_dtype is not None:
+                with torch.autocast("cpu", dtype=autocast_dtype):
+                    out = model(ids)
+            else:
+                out = model(ids)
+        registry.mark("end of forward")  # `outputs` (the logits) still bound, as the script keeps them
+    tl = live.build(registry, base_keys, dict(registry.cuda_sizes), set(), set())
+    base = measure._storage_bytes(params + buffers + [ids])
+    del out
+    return tl, base, measure._storage_bytes(params + buffers)
+
+
+def run_trainmem(binary, path, model_type, batch, seq, precision):
+    impl = "nanogpt" if model_type == "nanogpt" else "hf"
+    cmd = [binary, "timeline", "--model", path, "--impl", impl, "--attention", "eager", "--batch", str(batch),
+           "--seq", str(seq), "--precision", precision, "--task", "inference", "--steps", "1", "--by", "event",
+           "--format", "json"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: exit {p.returncode}: {p.stderr.strip()}")
+    return json.loads(p.stdout)
+
+
+def compare(tl, base, tm, weights_and_buffers):
+    """(measured, trainmem) for the forward's peak and end, and the event-level differences (informational)."""
+    _tm_base, tms = live.trainmem_segments(tm)
+    o = live.oracle_segments(tl, base)["forward"]
+    t = tms["forward"]
+    osz, tsz = sorted(a[0] for a in o["allocs"]), sorted(a[0] for a in t["allocs"])
+    return {"peak": (o["peak"], t["peak"]), "end": (o["end"], t["end"]), "same_tensors": osz == tsz,
+            "base": (weights_and_buffers, _tm_base)}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trainmem", required=True)
+    a = ap.parse_args(argv)
+    binary = os.path.abspath(a.trainmem)
+    failures = 0
+    with tempfile.TemporaryDirectory(prefix="trainmem-infer-") as tmp:
+        for name, cfg, batch, seq, prec in GRID:
+            path = os.path.join(tmp, name + ".json")
+            with open(path, "w") as f:
+                json.dump(cfg, f)
+            tl, base, pb = measure_inference(cfg, batch, seq, prec)
+            r = compare(tl, base, run_trainmem(binary, path, cfg["model_type"], batch, seq, prec), pb)
+            ok = r["peak"][0] == r["peak"][1] and r["end"][0] == r["end"][1] and r["base"][0] == r["base"][1]
+            failures += not ok
+            print(f"{name:24s} B={batch} T={seq} {prec:8s} peak measured {r['peak'][0]:>10,} trainmem "
+                  f"{r['peak'][1]:>10,}   end {r['end'][0]:>10,} / {r['end'][1]:>10,}   "
+                  f"{'ok' if ok else 'FAIL'}{'' if r['same_tensors'] else ' (allocations differ: info)'}")
+    print(f"{len(GRID)} inference configurations: {len(GRID) - failures} ok, {failures} failing")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

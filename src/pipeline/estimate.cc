@@ -18,7 +18,7 @@ const char* category_note(Category c) {
     case Category::kBuffers: return "registered buffers";
     case Category::kGradients: return ".grad of the parameters";
     case Category::kOptimizer: return "optimizer state";
-    case Category::kInputs: return "input ids and targets";
+    case Category::kInputs: return "the batch: input ids (and targets, when training)";
     case Category::kActivations: return "forward tensors held by Python or saved for backward";
     case Category::kWeightCopies: return "autocast's 16-bit copies of the weights, saved for backward";
     case Category::kBackward: return "gradients in flight through the backward pass";

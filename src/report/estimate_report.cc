@@ -96,7 +96,9 @@ std::string render_estimate_table(const Estimate& e, const GpuSpec* gpu) {
     a.row({name, with_commas(b.value), format_bytes(b), what});
   };
   row("steady state", e.memory.steady_state, "memory_allocated() before a step's forward");
-  row("after forward", e.memory.after_forward, "memory_allocated() after forward and loss, before backward");
+  row("after forward", e.memory.after_forward,
+      e.setup.task == Task::kInference ? "memory_allocated() after the forward, its logits still bound"
+                                       : "memory_allocated() after forward and loss, before backward");
   row("saved activations", e.peak.saved_activations, "what autograd holds at the end of forward (tensors)");
   row("peak allocated", e.memory.peak_allocated, "max_memory_allocated(): blocks, with rounding gaps");
   row("peak reserved", e.memory.peak_reserved, fmt::format("max_memory_reserved(): {} cudaMalloc segments", e.memory.segments));

@@ -73,4 +73,14 @@ inline void check_message(const trainmem::Error& e, const char* harness) {
   std::abort();
 }
 
+// Runs f(): it may succeed or refuse its input with a trainmem::Error, whose message is then checked.
+template <typename F>
+void refused_or_ok(const char* harness, F&& f) {
+  try {
+    f();
+  } catch (const trainmem::Error& e) {
+    check_message(e, harness);
+  }
+}
+
 }  // namespace trainmem_fuzz

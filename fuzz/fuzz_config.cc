@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "trainmem/config.h"
@@ -30,11 +31,7 @@ constexpr uint64_t kMaxSimulatedLayers = 8;
 
 template <typename F>
 void refused_or_ok(F&& f) {
-  try {
-    f();
-  } catch (const trainmem::Error& e) {
-    trainmem_fuzz::check_message(e, kHarness);
-  }
+  trainmem_fuzz::refused_or_ok(kHarness, std::forward<F>(f));
 }
 
 }  // namespace

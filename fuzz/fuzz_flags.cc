@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "trainmem/allocator.h"
@@ -44,11 +45,7 @@ const std::vector<std::string_view>& field_names() {
 
 template <typename F>
 void refused_or_ok(F&& f) {
-  try {
-    f();
-  } catch (const trainmem::Error& e) {
-    trainmem_fuzz::check_message(e, kHarness);
-  }
+  trainmem_fuzz::refused_or_ok(kHarness, std::forward<F>(f));
 }
 
 [[noreturn]] void finding(const char* what, std::string_view field, std::string_view detail) {

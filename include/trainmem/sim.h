@@ -28,6 +28,8 @@ enum class LoopKind {
 };
 std::span<const NameRow<LoopKind>> name_table(LoopKind);  // auto, nanogpt, hf, seed000, plain
 std::string_view loop_name(LoopKind k);
+// The script that runs, for report headers: "hf loop", or "model.eval()" for --task inference.
+std::string loop_label(const TrainSetup& s, LoopKind k);
 std::optional<LoopKind> parse_loop(std::string_view s);
 LoopKind default_loop(const ModelSpec& m);
 // `o` with kAuto replaced by the model's default loop.

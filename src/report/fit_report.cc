@@ -88,7 +88,7 @@ std::string render_fit_table(const FitResult& r) {
       "{} (model_type {}, {} code, {} attention): {}, {}, {}, {}, PyTorch {}\n", m.name, m.model_type,
       impl_name(m.impl), attn_impl_name(m.attn_impl),
       by_batch ? fmt::format("seq {}", s.seq) : fmt::format("micro-batch {}", s.batch), precision_name(s.precision),
-      step_label(s), r.setup.task == Task::kInference ? std::string("model.eval()") : fmt::format("{} loop", loop_name(r.options.loop)),
+      step_label(s), loop_label(r.setup, r.options.loop),
       torch_version_name(r.options.torch));
   out += fmt::format("{} ({}): {} total, {} outside PyTorch, {} safety margin: the caching allocator may reserve {}\n\n",
                      r.gpu.name, r.gpu.torch_name, format_bytes(r.gpu.runtime_total), format_bytes(r.gpu.context),

@@ -24,6 +24,10 @@ constexpr NameRow<LoopKind> kLoops[] = {
 std::span<const NameRow<LoopKind>> name_table(LoopKind) { return kLoops; }
 std::string_view loop_name(LoopKind k) { return name_of(k); }
 
+std::string loop_label(const TrainSetup& s, LoopKind k) {
+  return s.task == Task::kInference ? std::string("model.eval()") : fmt::format("{} loop", loop_name(k));
+}
+
 // "auto" is the default, not a spelling the CLI accepts for --loop
 std::optional<LoopKind> parse_loop(std::string_view s) {
   const auto k = parse_name<LoopKind>(s);
@@ -106,6 +110,32 @@ struct Loop {
 
   ForwardOut run_forward(const T* targets) { return program.forward(c, m, w, X, targets); }
 
+  // The training steps: o.steps optimizer steps of grad_accum micro-batches (at most two simulated each).
+  void train(SimResult& r) {
+    const uint32_t micros = static_cast<uint32_t>(std::min<uint64_t>(s.grad_accum, 2));
+    r.micro_batches_simulated = micros;
+    for (uint32_t step = 1; step <= o.steps; ++step) {
+      for (uint32_t micro = 1; micro <= micros; ++micro) {
+        if (step == o.steps && micro == 1) {
+          // memory_allocated() just before the next step's forward
+          r.steady = Moment{e.event_count() == 0 ? 0 : e.event_count() - 1, Phase::kForward, step, micro, e.live()};
+        }
+        micro_batch(step, micro, r, step == o.steps && micro == micros);
+      }
+      if (step == o.steps) {  // which parameters the backward reached: they have gradients and optimizer state
+        r.param_has_grad.assign(inv.parameters.size(), 0);
+        for (size_t i = 0; i < inv.parameters.size(); ++i) {
+          const bool stepped = i < stepped_in_backward.size() && stepped_in_backward[i];
+          r.param_has_grad[i] = e.grad(static_cast<int32_t>(i)) || stepped ? 1 : 0;
+        }
+      }
+      if (s.optimizer_in_backward) continue;  // stepped and zeroed in backward (Loop::step_in_backward)
+      if (o.loop != LoopKind::kPlain) clip_grad_norm();  // grad_clip / max_grad_norm = 1.0
+      optimizer_step(step == 1);
+      zero_grad();
+    }
+  }
+
   // --task inference: `with torch.inference_mode(): outputs = model(input_ids)` in model.eval(), once per step.
   // No graph is recorded, so nothing is saved for backward and each layer's temporaries die as the code drops
   // them; the script's `outputs` (the logits) stays bound until the next call returns.
@@ -128,6 +158,7 @@ struct Loop {
         r.saved_activations = e.saved_bytes();
       }
     }
+    r.param_has_grad.assign(inv.parameters.size(), 0);  // no backward: no parameter gets a gradient
   }
 
   T scale_loss(T loss) {
@@ -521,31 +552,10 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
     e.post_accumulate_grad = [&loop](int32_t i) { loop.step_in_backward(i); };
   }
 
-  const uint32_t micros = static_cast<uint32_t>(std::min<uint64_t>(s.grad_accum, 2));
-  r.micro_batches_simulated = micros;
   if (s.task == Task::kInference) {
     loop.inference(r);
-    r.param_has_grad.assign(inv.parameters.size(), 0);
-  }
-  for (uint32_t step = 1; s.task == Task::kTrain && step <= o.steps; ++step) {
-    for (uint32_t micro = 1; micro <= micros; ++micro) {
-      if (step == o.steps && micro == 1) {
-        // memory_allocated() just before the next step's forward
-        r.steady = Moment{e.event_count() == 0 ? 0 : e.event_count() - 1, Phase::kForward, step, micro, e.live()};
-      }
-      loop.micro_batch(step, micro, r, step == o.steps && micro == micros);
-    }
-    if (step == o.steps) {  // which parameters the backward reached: they have gradients and optimizer state
-      r.param_has_grad.assign(inv.parameters.size(), 0);
-      for (size_t i = 0; i < inv.parameters.size(); ++i) {
-        const bool stepped = i < loop.stepped_in_backward.size() && loop.stepped_in_backward[i];
-        r.param_has_grad[i] = e.grad(static_cast<int32_t>(i)) || stepped ? 1 : 0;
-      }
-    }
-    if (s.optimizer_in_backward) continue;  // stepped and zeroed in backward (Loop::step_in_backward)
-    if (o.loop != LoopKind::kPlain) loop.clip_grad_norm();  // grad_clip / max_grad_norm = 1.0
-    loop.optimizer_step(step == 1);
-    loop.zero_grad();
+  } else {
+    loop.train(r);
   }
 
   // The peak: the highest total of live requested bytes over the run (tracked by the engine at each

@@ -453,7 +453,7 @@ KNOWN_LIVE_DIFFERENCES = {
 }
 
 
-def compare_live(problems, segments, name=None):
+def compare_live(failures, events, segments, name=None):
     """Rows for the live timeline (validate/cpu/live.py): the peak and the end of each segment (forward with the
     loss, backward, optimizer step) must be exact; the event-by-event comparison (the same allocation sizes in
     the same order, and the live bytes after each op) is reported, informational while the reference models'
@@ -470,11 +470,10 @@ def compare_live(problems, segments, name=None):
             rows.append({"quantity": q, "measured": m, "trainmem": t,
                          "diff_pct": 0.0 if m == t else 100.0 * (t - m) / m, "status": status,
                          "informational": False})
-    events = [p for p in problems if "peak of" not in p and "end of" not in p]
     rows.append({"quantity": "live events", "measured": None, "trainmem": None, "diff_pct": None,
                  "status": "ok" if not events else "differs: " + "; ".join(events), "informational": True})
-    if any(p.startswith("trainmem timeline failed") or p.startswith("before the step") for p in problems):
-        rows[-1]["status"] = "FAIL: " + "; ".join(problems)
+    if failures:
+        rows[-1]["status"] = "FAIL: " + "; ".join(failures + events)
         rows[-1]["informational"] = False
     return rows
 
@@ -580,15 +579,14 @@ def main(argv=None):
                                             extra=_option_flags(opts))
             # configurations with options compare saved activations exactly
             rows = compare(m, tm, a.compare_raw, saved_tolerance=0.0 if opts else SAVED_TOLERANCE)
-            live_problems, live_rows = [], []
             if tm is not None and not m.get("backward_error"):
                 tl, tl_err, _ = run_trainmem(binary, path, cfg["model_type"], batch, seq, prec,
                                              extra=_option_flags(opts), timeline=True)
                 if tl_err:
-                    live_problems = [f"trainmem timeline failed: {tl_err}"]
+                    live = ([f"trainmem timeline failed: {tl_err}"], [], [])
                 else:
-                    live_problems, live_rows = live_timeline.compare(m, tl)
-                rows += compare_live(live_problems, live_rows, name)
+                    live = live_timeline.compare(m, tl)
+                rows += compare_live(*live, name)
             spec = {"model_type": cfg["model_type"], "batch": batch, "seq": seq, "precision": prec}
             if opts:
                 spec["options"] = _describe(opts)

@@ -501,13 +501,14 @@ def _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors
     by_key = {}
     for e in saved:
         by_key.setdefault(key_of.get(e["storage"]), []).append(e)
-    cuda_sizes, mean_only = {}, set()
+    # A storage's CUDA size where it differs (dropout's bool mask, LayerNorm's float32 mean/rstd). The saved
+    # rule's 0 for MeanBackward1.self is not a size: that storage exists on CUDA too, it only dies sooner, which
+    # the registry notes per op (mean_temps) for the forward and for a checkpoint's recomputation alike.
+    cuda_sizes = {}
     for key, entries in by_key.items():
-        sizes = [e.get("cuda_torch2_bytes", e["storage_bytes"]) for e in entries]
-        if all(sz == 0 for sz in sizes) and all(e["grad_fn"] == "MeanBackward1" for e in entries):
-            mean_only.add(key)
-        elif any("cuda_torch2_bytes" in e for e in entries):
-            cuda_sizes[key] = max(sizes)
+        size = max(e.get("cuda_torch2_bytes", e["storage_bytes"]) for e in entries)
+        if any("cuda_torch2_bytes" in e for e in entries) and size > 0:
+            cuda_sizes[key] = size
     step_keys = set()
     if opt is not None:
         for st in opt.state.values():
@@ -517,7 +518,7 @@ def _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors
     base_keys = pb_storages | input_storages
     base = _storage_bytes(params + buffers + inputs)
     cuda_sizes.update(registry.cuda_sizes)
-    tl = live_timeline.build(registry, base_keys, cuda_sizes, mean_only | registry.mean_temps, step_keys)
+    tl = live_timeline.build(registry, base_keys, cuda_sizes, registry.mean_temps, step_keys)
     live_summary = live_timeline.summary(tl, base)
 
     out = {

@@ -123,20 +123,15 @@ def from_events(ev):
 
 
 def summary(tl, base):
-    """Peak and phase figures of a timeline, with `base` (bytes alive before the step) added."""
+    """Peak and phase figures of a timeline, with `base` (bytes alive before the step) added: the peak of the
+    whole step, and each segment's peak and end (oracle_segments)."""
     live = tl["live"]
     peak_t = max(range(len(live)), key=lambda t: live[t]) if live else 0
     out = {"base_bytes": base, "peak_bytes": base + (live[peak_t] if live else 0), "peak_tick": peak_t,
            "allocations": len(tl["allocs"]), "frees": len(tl["frees"])}
-    for name, t in tl["marks"].items():
-        out[f"at {name}"] = base + live[t]
-    # the peak of each phase (forward: up to its end mark; backward: to its end mark; optimizer step)
-    bounds = sorted(tl["marks"].items(), key=lambda kv: kv[1])
-    lo = 0
-    for name, t in bounds:
-        seg = live[lo:t + 1]
-        out[f"peak before {name}"] = base + (max(seg) if seg else 0)
-        lo = t + 1
+    for seg, figures in oracle_segments(tl, base).items():
+        out[f"peak of {seg}"] = figures["peak"]
+        out[f"end of {seg}"] = figures["end"]
     return out
 
 
@@ -209,8 +204,9 @@ def oracle_segments(tl, base):
         hi = tl["marks"].get(mark)
         if hi is None:
             continue
+        # the ticks after the previous segment's end mark, through this one's (tick 0, before any op, is empty)
         allocs = [(b, op, base + live[t], t) for (t, b, op, _shape, _dt) in tl["allocs"] if lo < t <= hi]
-        out[seg] = {"allocs": allocs, "end": base + live[hi], "peak": base + max(live[lo:hi + 1])}
+        out[seg] = {"allocs": allocs, "end": base + live[hi], "peak": base + max(live[lo + 1:hi + 1])}
         lo = hi
     return out
 

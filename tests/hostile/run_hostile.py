@@ -24,22 +24,23 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def mlp_layers(count):
-    """An mlp layer stack (src/config/stack_config.cc) of `count` linear layers of width 8."""
+def json_array(head, item, count):
+    """A writer of `head`, `count` copies of `item` joined by commas, then `]}` and a newline."""
     def write(f):
-        f.write(b'{"model_type": "mlp", "input": 8, "layers": [')
-        f.write(b",".join([b'{"linear":8}'] * count))
+        f.write(head)
+        f.write(b",".join([item] * count))
         f.write(b"]}\n")
     return write
+
+
+def mlp_layers(count):
+    """An mlp layer stack (src/config/stack_config.cc) of `count` linear layers of width 8."""
+    return json_array(b'{"model_type": "mlp", "input": 8, "layers": [', b'{"linear":8}', count)
 
 
 def objects_in_array(count):
     """A gpt2 config with an array of `count` empty objects under a key nothing reads."""
-    def write(f):
-        f.write(b'{"model_type": "gpt2", "n_layer": 2, "unread": [')
-        f.write(b",".join([b"{}"] * count))
-        f.write(b"]}\n")
-    return write
+    return json_array(b'{"model_type": "gpt2", "n_layer": 2, "unread": [', b"{}", count)
 
 
 # Inputs too big for git, written into $WORK on first use: name -> writer.

@@ -105,6 +105,18 @@ struct AllocatorFigures {
   uint64_t segments = 0;         // cudaMalloc segments at the reserved peak
 };
 
+// --generate: the KV cache and the two phases of generate() (the prompt's forward, then one forward per new
+// token), from the simulated run.
+struct GenerationFigures {
+  uint64_t new_tokens = 0;        // max_new_tokens
+  uint64_t cached_tokens = 0;     // in the cache at the end: the prompt and every new token but the last
+  Bytes kv_per_token;             // what one more token of the batch adds to the cache: keys and values, every layer
+  Bytes kv_cache_end;             // the cache at the end (requested bytes)
+  Bytes prefill_peak_allocated;   // max memory_allocated() over the prefill
+  Bytes decode_peak_allocated;    // max memory_allocated() over the decode steps (0 with one new token)
+  Bytes end_allocated, end_reserved;  // memory_allocated() and memory_reserved() at the end, the cache still held
+};
+
 // The estimate of one step, in its natural parts; the timeline and the allocator's per-event figures are
 // shared (an Estimate copies cheaply, and a binding can hand them out without copying them).
 struct Estimate {
@@ -115,6 +127,7 @@ struct Estimate {
   PeakBreakdown peak;
   AllocatorFigures memory;
   std::optional<DeviceVerdict> device;  // with a GPU: whether it fits there, and what nvidia-smi would show
+  std::optional<GenerationFigures> generation;  // --generate only
   std::shared_ptr<const SimResult> sim;
   std::shared_ptr<const AllocatorReplay> alloc;
   std::vector<std::string> warnings;  // the simulated program's (SimResult::warnings)

@@ -148,6 +148,10 @@ struct TrainSetup {
   uint64_t loss_chunks = 8;
   // transformers' logits_to_keep: the head (and the loss) over the last N positions only; 0: all of them
   uint64_t logits_to_keep = 0;
+  // --task inference only: transformers' model.generate(input_ids, max_new_tokens=generate), greedy, with its
+  // default DynamicCache: a prefill of the `seq` prompt tokens, then generate - 1 one-token decode steps.
+  // 0: one forward pass of `seq` tokens (no cache).
+  uint64_t generate = 0;
 };
 
 // The dtype parameters are stored in (and gradients and optimizer state follow).

@@ -55,7 +55,9 @@ struct SimResult {
   Timeline timeline;
   Moment peak;                  // the highest total of live requested bytes
   Moment steady;                // just before a forward once the loop is in steady state
-  Moment after_forward;         // right after the loss of the steady micro-batch (before backward)
+  Moment after_forward;         // right after the loss of the steady micro-batch (before backward); with
+                                // --generate, after the prefill
+  Moment generation_end;        // --generate: after the last new token, before generate() frees the cache
   Bytes saved_activations;      // storages autograd holds at the end of that forward, each once, excluding
                                 // parameters and buffers (requested bytes)
   Bytes activations_at_peak;    // activations + autocast copies + backward in flight + temporaries at the peak

@@ -25,8 +25,9 @@ enum class Category : uint8_t {
   kBackward,       // gradients flowing through the backward pass (not yet a parameter's .grad)
   kTemporaries,    // op-internal scratch (casts, workspaces of single kernels, optimizer temporaries)
   kWorkspace,      // persistent cuBLAS / cuBLASLt workspaces
+  kKvCache,        // transformers' KV cache (past_key_values) while generating
 };
-inline constexpr size_t kCategoryCount = 10;
+inline constexpr size_t kCategoryCount = 11;
 std::string_view category_name(Category c);
 
 // Where in the training loop an event happens.

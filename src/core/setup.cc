@@ -189,6 +189,9 @@ OptimizerImpl resolve_optimizer_impl(Optimizer o, OptimizerImpl impl, Impl model
 }
 
 std::string step_label(const TrainSetup& s) {
+  if (s.task == Task::kInference && s.generate > 0) {
+    return fmt::format("inference: generate(max_new_tokens={}), greedy, DynamicCache", s.generate);
+  }
   if (s.task == Task::kInference) return "inference (forward only, torch.inference_mode())";
   return optimizer_label(s.optimizer, s.optimizer_impl, s.optimizer_in_backward);
 }
@@ -311,6 +314,12 @@ void validate_setup(const ModelSpec& m, const TrainSetup& s) {
   if (m.max_positions != 0 && s.seq > m.max_positions) {
     throw FieldError("seq", fmt::format("{}: {} has a learned position table of {} positions; a longer sequence "
                             "cannot be embedded", s.seq, m.name, m.max_positions));
+  }
+  // generate() feeds the prompt and every new token but the last: positions 0 .. seq + generate - 2
+  if (m.max_positions != 0 && s.generate > 0 && s.seq + s.generate - 1 > m.max_positions) {
+    throw FieldError("generate", fmt::format("{}: the prompt of {} tokens and {} new ones pass {}'s learned position "
+                                             "table of {} positions", s.generate, s.seq, s.generate - 1, m.name,
+                                             m.max_positions));
   }
 }
 

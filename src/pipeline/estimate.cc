@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "trainmem/error.h"
 #include "trainmem/family.h"
 
 namespace trainmem {
@@ -24,8 +25,31 @@ const char* category_note(Category c) {
     case Category::kBackward: return "gradients in flight through the backward pass";
     case Category::kTemporaries: return "op scratch and optimizer temporaries";
     case Category::kWorkspace: return "cuBLAS/cuBLASLt workspaces (one per thread)";
+    case Category::kKvCache: return "the KV cache: keys and values of every layer, every token so far";
   }
   return "";
+}
+
+// --generate: the cache at the end (its tokens and bytes), and memory_allocated() over the prefill (step 1 of
+// the timeline) and over the decode steps (steps 2 ..), from the replayed allocator.
+GenerationFigures generation_figures(const SimResult& sim, const AllocatorReplay& a, const TrainSetup& s) {
+  GenerationFigures g;
+  g.new_tokens = s.generate;
+  g.cached_tokens = s.seq + s.generate - 1;
+  g.kv_cache_end = sim.generation_end.live.by_category[static_cast<size_t>(Category::kKvCache)];
+  // every layer's cache is (B, KV, tokens, D): linear in the tokens
+  if (g.kv_cache_end.value % g.cached_tokens != 0) throw Error("internal: a KV cache not linear in its tokens");
+  g.kv_per_token = Bytes(g.kv_cache_end.value / g.cached_tokens);
+  const std::vector<Event>& ev = sim.timeline.events;
+  for (size_t i = 0; i < ev.size() && i < a.allocated.size(); ++i) {
+    if (ev[i].phase != Phase::kForward) continue;
+    Bytes& peak = ev[i].step <= 1 ? g.prefill_peak_allocated : g.decode_peak_allocated;
+    peak = std::max(peak, Bytes(a.allocated[i]));
+  }
+  const size_t end = sim.generation_end.event == 0 ? 0 : sim.generation_end.event - 1;
+  g.end_allocated = Bytes(a.allocated[end]);
+  g.end_reserved = Bytes(a.reserved[end]);
+  return g;
 }
 
 }  // namespace
@@ -217,6 +241,7 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
     mem.after_forward = Bytes(alloc->allocated[af]);
     mem.after_forward_reserved = Bytes(alloc->reserved[af]);
   }
+  if (s.generate > 0 && !alloc->allocated.empty()) e.generation = generation_figures(*sim, *alloc, s);
   mem.peak_allocated = alloc->peak_allocated;
   mem.peak_reserved = alloc->peak_reserved;
   mem.fragmentation = mem.peak_reserved - mem.peak_allocated;

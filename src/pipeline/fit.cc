@@ -113,9 +113,10 @@ class Search {
     if (it != probes_.end()) return it->second;
     if (budget_.events >= kFitEventBudget) {
       throw Error(fmt::format("fit stops after {} probes: they simulated {} events, its bound on work ({}); a "
-                              "step of this setup is large (layers x steps): try fewer --steps or ask estimate "
-                              "for single sizes", budget_.probes, with_commas(budget_.events),
-                              with_commas(kFitEventBudget)));
+                              "step of this setup is large ({}): try {} or ask estimate for single sizes",
+                              budget_.probes, with_commas(budget_.events), with_commas(kFitEventBudget),
+                              c_.setup.generate > 0 ? "layers x new tokens" : "layers x steps",
+                              c_.setup.generate > 0 ? "fewer --generate tokens" : "fewer --steps"));
     }
     TrainSetup s = c_.setup;
     (dim_ == FitDimension::kBatch ? s.batch : s.seq) = size;

@@ -25,6 +25,9 @@ namespace {
 // 64 bits long before the checked arithmetic would have to say so.
 constexpr uint64_t kMaxBatch = uint64_t{1} << 20;
 constexpr uint64_t kMaxSeq = uint64_t{1} << 24;
+// --generate: every decode step is simulated (one forward of every layer per token), so the count is bounded to
+// keep an estimate within seconds; 32,768 new tokens is past what a generate() call is used for.
+constexpr uint64_t kMaxGenerate = uint64_t{1} << 15;
 constexpr uint64_t kMaxGradAccum = uint64_t{1} << 20;
 constexpr uint64_t kMaxSteps = 16;  // the steady state is reached at step 2; more steps only repeat it
 constexpr uint64_t kMaxLayersPerCheckpoint = 1024;  // the bound on layers
@@ -157,6 +160,9 @@ constexpr Field kFields[] = {
     {"loss_chunks", "torchtune's num_output_chunks for --loss chunked (default 8, as torchtune)", FieldGroup::kTraining},
     {"logits_to_keep", "transformers' logits_to_keep: the head and the loss over the last N positions only "
                        "(default 0: all)", FieldGroup::kTraining},
+    {"generate", "with --task inference: model.generate(max_new_tokens=N), greedy, with transformers' DynamicCache: "
+                 "the --seq prompt prefilled, then N-1 one-token decode steps (default 0: one forward pass)",
+     FieldGroup::kTraining},
     {"gpu",
      "GPU from the catalog (trainmem gpus, any case) or a memory size like 24GiB (a generic sm_80 card); "
      "sets the architecture (default sm_80)",
@@ -338,6 +344,8 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     s.train.loss_chunks = count(f, v, kMaxLossChunks);
   } else if (f == "logits_to_keep") {
     s.train.logits_to_keep = v == "0" ? 0 : count(f, v, kMaxSeq);
+  } else if (f == "generate") {
+    s.train.generate = v == "0" ? 0 : count(f, v, kMaxGenerate);
   } else if (f == "gpu") {
     s.train.gpu = std::string(v);
   } else if (f == "loop") {
@@ -399,6 +407,7 @@ std::string field_text(const Scenario& s, std::string_view f) {
   if (f == "loss") return std::string(name_of(s.train.loss));
   if (f == "loss_chunks") return std::to_string(s.train.loss_chunks);
   if (f == "logits_to_keep") return std::to_string(s.train.logits_to_keep);
+  if (f == "generate") return std::to_string(s.train.generate);
   if (f == "loop") return s.loop == LoopKind::kAuto ? "" : std::string(name_of(s.loop));
   if (f == "torch") return torch_version_name(s.torch);
   if (f == "alloc_conf") return s.alloc_conf;
@@ -463,6 +472,25 @@ void resolve_inference(const Scenario& s, ResolvedScenario& r) {
     throw FieldError("quantize", fmt::format("{}: a 4-bit base is not simulated for inference yet",
                                              name_of(s.train.quant.type)));
   }
+  if (s.train.generate > 0) {
+    // GenerationMixin.generate with its default DynamicCache: what the transformers programs model.
+    if (r.model.impl != Impl::kHf) {
+      throw FieldError("generate", fmt::format("{}: generation is modelled for transformers' models (--impl hf); {} "
+                                               "is built by {}", s.train.generate, r.model.name,
+                                               impl_name(r.model.impl)));
+    }
+    // OPT's forward derives its position ids from the (B, past + T) attention mask that generate() passes; that
+    // path is not transliterated yet.
+    if (r.model.family == Family::kOpt) {
+      throw FieldError("generate", fmt::format("{}: generation is not modelled for model_type opt yet (its position "
+                                               "ids come from generate()'s attention mask)", s.train.generate));
+    }
+    // generate() sets logits_to_keep=1 itself (GenerationMixin.generate, step 6)
+    if (s.train.logits_to_keep != 0) {
+      throw FieldError("logits_to_keep", fmt::format("{}: generate() passes logits_to_keep=1 itself; leave it out "
+                                                     "with --generate", s.train.logits_to_keep));
+    }
+  }
   r.setup.optimizer = Optimizer::kNone;
   r.model.dropout = DropoutSpec{};  // model.eval(): every nn.Dropout is the identity
 }
@@ -475,6 +503,10 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   r.setup = s.train;
   validate_setup(r.model, r.setup);
   if (s.train.task == Task::kInference) resolve_inference(s, r);
+  if (s.train.generate > 0 && s.train.task != Task::kInference) {
+    throw FieldError("generate", fmt::format("{}: generation runs the model for inference; add --task inference",
+                                             s.train.generate));
+  }
   // A bitsandbytes 4-bit base: the Linear weights packed, their quantization state as extra rows.
   if (s.train.quant.type == Quantize::kInt8) {
     throw FieldError("quantize", "int8: LLM.int8 (Linear8bitLt) bases are not simulated yet; nf4 or fp4 are");

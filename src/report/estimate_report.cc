@@ -30,7 +30,33 @@ std::string headline(const Estimate& e) {
 }
 
 std::string where(const Estimate& e) {
+  // --generate: step 1 is the prompt's forward, step k the forward of the k-th new token's input
+  if (e.generation) {
+    return e.peak.step <= 1 ? std::string("the prefill (the prompt's forward)")
+                            : fmt::format("decode step {} of {} (the one-token forward that yields token {})",
+                                          e.peak.step - 1, e.generation->new_tokens - 1, e.peak.step);
+  }
   return moment_name(e.peak.phase, e.peak.step, e.setup.grad_accum > 1 ? e.peak.micro : 0);
+}
+
+std::string render_generation_table(const GenerationFigures& g, const TrainSetup& s) {
+  using TT = report::TextTable;
+  TT t({{"generate()", TT::kLeft}, {"bytes", TT::kRight}, {"size", TT::kRight}, {"what", TT::kLeft}});
+  auto row = [&](const char* name, Bytes b, const std::string& what) {
+    t.row({name, with_commas(b.value), format_bytes(b), what});
+  };
+  row("kv cache per token", g.kv_per_token,
+      fmt::format("keys and values of every layer for one more token of each of the {} sequences", s.batch));
+  row("kv cache at end", g.kv_cache_end,
+      fmt::format("{} tokens cached: the prompt and every new token but the last", with_commas(g.cached_tokens)));
+  row("prefill peak", g.prefill_peak_allocated, "max memory_allocated() over the prompt's forward");
+  if (g.new_tokens > 1) {
+    row("decode peak", g.decode_peak_allocated,
+        fmt::format("max memory_allocated() over the {} one-token forwards", g.new_tokens - 1));
+  }
+  row("at the end", g.end_allocated, "memory_allocated() after the last token, the cache still held");
+  row("reserved at end", g.end_reserved, "memory_reserved() then: each torch.cat asks for a larger block");
+  return t.str();
 }
 
 }  // namespace
@@ -95,10 +121,15 @@ std::string render_estimate_table(const Estimate& e, const GpuSpec* gpu) {
   auto row = [&](const char* name, Bytes b, const std::string& what) {
     a.row({name, with_commas(b.value), format_bytes(b), what});
   };
-  row("steady state", e.memory.steady_state, "memory_allocated() before a step's forward");
-  row("after forward", e.memory.after_forward,
-      e.setup.task == Task::kInference ? "memory_allocated() after the forward, its logits still bound"
-                                       : "memory_allocated() after forward and loss, before backward");
+  if (e.generation) {
+    row("before generate", e.memory.steady_state, "memory_allocated() before generate(): the model");
+    row("after prefill", e.memory.after_forward, "memory_allocated() after the prompt's forward and its token");
+  } else {
+    row("steady state", e.memory.steady_state, "memory_allocated() before a step's forward");
+    row("after forward", e.memory.after_forward,
+        e.setup.task == Task::kInference ? "memory_allocated() after the forward, its logits still bound"
+                                         : "memory_allocated() after forward and loss, before backward");
+  }
   row("saved activations", e.peak.saved_activations, "what autograd holds at the end of forward (tensors)");
   row("peak allocated", e.memory.peak_allocated, "max_memory_allocated(): blocks, with rounding gaps");
   row("peak reserved", e.memory.peak_reserved, fmt::format("max_memory_reserved(): {} cudaMalloc segments", e.memory.segments));
@@ -120,6 +151,7 @@ std::string render_estimate_table(const Estimate& e, const GpuSpec* gpu) {
   out += '\n';
   out += a.str();
   out += fragmentation_note(e.memory);
+  if (e.generation) out += '\n' + render_generation_table(*e.generation, e.setup);
   if (e.device) {
     out += '\n';
     out += render_verdict(*e.device, gpu);
@@ -163,6 +195,18 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
                   {"segments", e.memory.segments}}},
       {"peak_components", comps},
   };
+  out["setup"]["task"] = name_of(s.task);
+  out["setup"]["generate"] = s.generate;
+  if (const auto& g = e.generation) {
+    out["generation"] = {{"new_tokens", g->new_tokens},
+                         {"cached_tokens", g->cached_tokens},
+                         {"kv_cache_per_token_bytes", g->kv_per_token.value},
+                         {"kv_cache_end_bytes", g->kv_cache_end.value},
+                         {"prefill_peak_allocated_bytes", g->prefill_peak_allocated.value},
+                         {"decode_peak_allocated_bytes", g->decode_peak_allocated.value},
+                         {"end_allocated_bytes", g->end_allocated.value},
+                         {"end_reserved_bytes", g->end_reserved.value}};
+  }
   if (e.device) {
     const DeviceVerdict& v = *e.device;
     out["memory"]["device_total_bytes"] = e.device->device_total.value;

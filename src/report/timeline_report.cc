@@ -19,6 +19,7 @@ namespace {
 struct Group {
   const char* name;
   std::initializer_list<Category> categories;
+  bool generation_only = false;  // a column only when the step generates (--generate): the KV cache
 };
 const Group kGroups[] = {
     {"weights", {Category::kWeights, Category::kBuffers}},
@@ -27,7 +28,10 @@ const Group kGroups[] = {
     {"activ", {Category::kInputs, Category::kActivations, Category::kWeightCopies}},
     {"bwd+tmp", {Category::kBackward, Category::kTemporaries}},
     {"wksp", {Category::kWorkspace}},
+    {"kv", {Category::kKvCache}, true},
 };
+
+bool shown(const Group& g, const Estimate& e) { return !g.generation_only || e.setup.generate > 0; }
 
 uint64_t group_bytes(const LiveBytes& live, const Group& g) {
   uint64_t b = 0;
@@ -229,7 +233,9 @@ std::string render_timeline_table(const Estimate& e, const TimelineOptions& o, c
   } else if (o.granularity == TimelineGranularity::kLayer) {
     cols.push_back({"layer", TT::kLeft});
   }
-  for (const Group& g : kGroups) cols.push_back({g.name, TT::kRight});
+  for (const Group& g : kGroups) {
+    if (shown(g, e)) cols.push_back({g.name, TT::kRight});
+  }
   cols.push_back({"live", TT::kRight});
   if (!ev) cols.push_back({"max live", TT::kRight});
   cols.push_back({"allocated", TT::kRight});
@@ -253,7 +259,9 @@ std::string render_timeline_table(const Estimate& e, const TimelineOptions& o, c
     } else if (o.granularity == TimelineGranularity::kLayer) {
       cells.push_back(where(r, e.model));
     }
-    for (const Group& g : kGroups) cells.push_back(in_unit(group_bytes(r.live, g), u));
+    for (const Group& g : kGroups) {
+      if (shown(g, e)) cells.push_back(in_unit(group_bytes(r.live, g), u));
+    }
     cells.push_back(in_unit(r.live.total.value, u));
     if (!ev) cells.push_back(in_unit(r.max_live.value, u));
     cells.push_back(in_unit(r.allocated, u));

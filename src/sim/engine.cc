@@ -730,6 +730,7 @@ std::string_view category_name(Category c) {
     case Category::kBackward: return "backward gradients";
     case Category::kTemporaries: return "temporaries";
     case Category::kWorkspace: return "workspaces";
+    case Category::kKvCache: return "kv cache";
   }
   return "?";
 }

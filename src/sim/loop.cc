@@ -109,6 +109,7 @@ struct Loop {
   }
 
   ForwardOut run_forward(const T* targets) { return program.forward(c, m, w, X, targets); }
+  ForwardOut run_forward_on(const T& ids) { return program.forward(c, m, w, ids, nullptr); }
 
   // The training steps: o.steps optimizer steps of grad_accum micro-batches (at most two simulated each).
   void train(SimResult& r) {
@@ -159,6 +160,63 @@ struct Loop {
       }
     }
     r.param_has_grad.assign(inv.parameters.size(), 0);  // no backward: no parameter gets a gradient
+  }
+
+  // --task inference --generate N: model.generate(input_ids, max_new_tokens=N), greedy, with transformers'
+  // default DynamicCache (generation/utils.py GenerationMixin._sample): the prompt's forward (the prefill),
+  // then one forward per new token over that token alone, every layer's keys and values appended to the cache
+  // by torch.cat (kv_update in hf_common.cc). generate() passes logits_to_keep=1, so each forward's logits are
+  // (B, 1, V). Step i of the timeline is the forward that produces token i (step 1: the prefill). The cache
+  // dies when generate() returns.
+  void generate(SimResult& r) {
+    r.micro_batches_simulated = 1;
+    e.grad_mode = false;  // generate() runs under torch.no_grad(); inference_mode() around it changes nothing
+    c.logits_to_keep = 1;
+    const uint64_t B = s.batch, V = m.embed.vocab_size;
+    e.micro = 1;
+    e.step = 1;
+    e.phase = Phase::kForward;
+    r.steady = Moment{e.event_count() == 0 ? 0 : e.event_count() - 1, Phase::kForward, 1, 1, e.live()};
+    X = batch_tensor("input ids");  // the prompt, (B, T)
+    // _prepare_attention_mask_for_generation: torch.ones(input_ids.shape[:2], dtype=torch.long)
+    T attention_mask = e.empty(Shape{B, s.seq}, DType::kI64, Category::kInputs, Label{"attention_mask (ones)"});
+    KvCache kv;
+    c.kv = &kv;
+    for (uint64_t i = 0; i < s.generate; ++i) {
+      e.step = static_cast<uint32_t>(i + 1);
+      const uint64_t q = i == 0 ? s.seq : 1;  // the prompt, then the newest token
+      const uint64_t len = X.shape()[1];
+      // no exit_autocast() between forwards: `with torch.autocast(...): model.generate(...)` is one region, so
+      // its cast weights are made by the prefill and reused by every decode step
+      ForwardOut out = run_forward_on(q == len ? X : slice_dim1(c, X, len - q, len));
+      if (kv.keys.size() != m.layers) {  // a forward program that does not call kv_update (hf_common.h)
+        throw Error(fmt::format("generation is not modelled for model_type {} yet: its forward keeps no KV cache",
+                                m.model_type));
+      }
+      kv.past += q;
+      // _update_model_kwargs_for_generation: attention_mask = torch.cat([attention_mask,
+      // attention_mask.new_ones((B, 1))], dim=-1)
+      {
+        T ones = e.empty(Shape{B, 1}, DType::kI64, Category::kTemporaries, Label{"attention_mask.new_ones((B, 1))"});
+        attention_mask = e.empty(Shape{B, kv.past + 1}, DType::kI64, Category::kInputs, Label{"attention_mask (torch.cat)"});
+      }
+      // next_token_logits = outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32); greedy: argmax
+      T next_logits = e.empty(Shape{B, V}, DType::kF32, Category::kActivations, Label{"next_token_logits (float32 copy)"});
+      T next_tokens = e.empty(Shape{B}, DType::kI64, Category::kActivations, Label{"next_tokens (argmax)"});
+      // input_ids = torch.cat([input_ids, next_tokens[:, None]], dim=-1)
+      X = e.empty(Shape{B, len + 1}, DType::kI64, Category::kInputs, Label{"input_ids (torch.cat)"});
+      next_tokens.reset();
+      next_logits.reset();
+      if (i == 0) {
+        r.after_forward = Moment{e.event_count(), e.phase, 1, 1, e.live()};  // after the prefill, `outputs` bound
+        r.saved_activations = e.saved_bytes();
+      }
+      out = ForwardOut{};  // del outputs
+    }
+    r.generation_end = Moment{e.event_count(), e.phase, e.step, 1, e.live()};
+    c.kv = nullptr;  // generate() returns: the cache and its kwargs go
+    c.exit_autocast();
+    r.param_has_grad.assign(inv.parameters.size(), 0);
   }
 
   T scale_loss(T loss) {
@@ -552,7 +610,9 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
     e.post_accumulate_grad = [&loop](int32_t i) { loop.step_in_backward(i); };
   }
 
-  if (s.task == Task::kInference) {
+  if (s.task == Task::kInference && s.generate > 0) {
+    loop.generate(r);
+  } else if (s.task == Task::kInference) {
     loop.inference(r);
   } else {
     loop.train(r);

@@ -35,6 +35,14 @@ struct Quant4bitPolicy {
   bool double_quant = false;    // the absmax is dequantized (float32, one per 64 elements) first
 };
 
+// transformers' DynamicCache while generating (cache_utils.py DynamicLayer): per layer the keys and values,
+// (B, KV, past, D) each, that every forward grows by torch.cat. Null in Ctx when the forward keeps no cache
+// (training, one inference pass).
+struct KvCache {
+  std::vector<T> keys, values;
+  uint64_t past = 0;  // tokens cached before the current forward: past_key_values.get_seq_length()
+};
+
 // Forward-pass state: autocast (with its cache of 16-bit weight copies), the layer being built (for labels),
 // training mode, and the runtime facts.
 struct Ctx {
@@ -50,6 +58,7 @@ struct Ctx {
   CheckpointPolicy checkpoint;
   LoraPolicy lora;
   Quant4bitPolicy quant;
+  KvCache* kv = nullptr;  // past_key_values while generating (Loop::generate)
   // The loss over the final hidden states (TrainSetup::loss): 0 chunks is transformers' ForCausalLMLoss over
   // the whole logits, N > 0 torchtune's chunked output head and CEWithChunkedOutputLoss with N chunks.
   uint64_t loss_chunks = 0;

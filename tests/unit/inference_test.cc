@@ -4,6 +4,7 @@
 // validate/cpu/inference.py (ctest oracle.inference_forward); these tests pin the rules themselves.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 
 #include "test_util.h"
@@ -80,6 +81,108 @@ TEST(Inference, RefusesTrainingOptionsInsteadOfIgnoringThem) {
   Scenario none = gpt2("inference");
   set_field(none, "optimizer", "none");
   EXPECT_NO_THROW(run(none));
+}
+
+// --generate: model.generate() with transformers' DynamicCache, one forward per new token.
+Scenario generating(const std::string& model, const std::string& layers_key, uint64_t new_tokens) {
+  Scenario s;
+  s.model.model = model;
+  set_field(s, "overrides", layers_key + "=2");
+  set_field(s, "precision", "fp16");
+  set_field(s, "batch", "3");
+  set_field(s, "seq", "40");
+  set_field(s, "task", "inference");
+  set_field(s, "generate", std::to_string(new_tokens));
+  return s;
+}
+
+uint64_t kv_bytes(const LiveBytes& l) { return l.by_category[static_cast<size_t>(Category::kKvCache)].value; }
+
+TEST(Generation, CachesKeysAndValuesOfEveryLayerForThePromptAndEveryNewTokenButTheLast) {
+  // Each layer caches (B, KV, tokens, D) keys and values in the model dtype. The last new token is never fed
+  // back, so the cache ends at seq + N - 1 tokens. Llama-3-8B has 8 KV heads of 128 (grouped-query), GPT-2
+  // 12 heads of 64, Pythia-160M 12 of 64.
+  struct Case {
+    const char* model;
+    const char* layers_key;
+    uint64_t kv_heads, head_dim;
+  };
+  for (const Case& c : {Case{"llama-3-8b", "num_hidden_layers", 8, 128}, Case{"gpt2", "n_layer", 12, 64},
+                        Case{"pythia-160m", "num_hidden_layers", 12, 64}}) {
+    const Estimate e = run(generating(c.model, c.layers_key, 7));
+    ASSERT_TRUE(e.generation.has_value()) << c.model;
+    const uint64_t per_token = 2 /*layers*/ * 2 /*k and v*/ * 3 /*B*/ * c.kv_heads * c.head_dim * 2 /*fp16*/;
+    EXPECT_EQ(e.generation->kv_per_token.value, per_token) << c.model;
+    EXPECT_EQ(e.generation->cached_tokens, 40u + 7 - 1) << c.model;
+    EXPECT_EQ(e.generation->kv_cache_end.value, per_token * (40 + 7 - 1)) << c.model;
+    EXPECT_EQ(kv_bytes(e.sim->generation_end.live), e.generation->kv_cache_end.value) << c.model;
+    // after the prefill: the prompt's tokens only
+    EXPECT_EQ(kv_bytes(e.sim->after_forward.live), per_token * 40) << c.model;
+  }
+}
+
+TEST(Generation, GrowsTheCacheByTorchCatSoEachUpdateHoldsTheOldAndTheNewCopyOfOneLayer) {
+  // DynamicLayer.update: self.keys = torch.cat([self.keys, key_states], dim=-2) allocates the grown tensor
+  // before the old one is freed: the live cache peaks one layer's keys (or values) above its final size.
+  const Estimate e = run(generating("gpt2", "n_layer", 5));
+  uint64_t max_kv = 0;
+  LiveBytes live;
+  for (const Event& ev : e.sim->timeline.events) {
+    apply(live, ev);
+    max_kv = std::max(max_kv, kv_bytes(live));
+  }
+  const uint64_t one_layer_keys_before_last = 3ull * 12 * (40 + 5 - 2) * 64 * 2;
+  EXPECT_EQ(max_kv, e.generation->kv_cache_end.value + one_layer_keys_before_last);
+}
+
+TEST(Generation, PassesLogitsToKeepOneSoThePrefillMakesLogitsForTheLastPositionOnly) {
+  // generate() sets logits_to_keep=1: the head runs on the last position only, so no (B, T, V) logits are ever
+  // made, only (B, 1, V) ones and their float32 copy. GPT-2: V = 50,257.
+  const Estimate g = run(generating("gpt2", "n_layer", 1));
+  uint64_t largest = 0;
+  for (const Event& ev : g.sim->timeline.events) {
+    if (ev.kind == Event::kAlloc && ev.category == Category::kActivations) largest = std::max(largest, ev.bytes.value);
+  }
+  EXPECT_LT(largest, 3ull * 40 * 50257 * 2);  // never the whole (B, T, V) logits
+}
+
+TEST(Generation, ReusesTheAutocastWeightCopiesOfThePrefillInEveryDecodeStep) {
+  // `with torch.autocast(...): model.generate(...)` is one autocast region: each float32 weight is cast once.
+  Scenario one = generating("gpt2", "n_layer", 1);
+  Scenario many = generating("gpt2", "n_layer", 6);
+  set_field(one, "precision", "fp16-amp");
+  set_field(many, "precision", "fp16-amp");
+  auto copies = [](const Estimate& e) {
+    uint64_t n = 0;
+    for (const Event& ev : e.sim->timeline.events) n += ev.kind == Event::kAlloc && ev.category == Category::kWeightCopies;
+    return n;
+  };
+  EXPECT_GT(copies(run(one)), 0u);
+  EXPECT_EQ(copies(run(one)), copies(run(many)));
+}
+
+TEST(Generation, RefusesWhatItDoesNotModel) {
+  auto field_of = [](Scenario s) {
+    try {
+      run(s);
+    } catch (const FieldError& e) {
+      return std::string(e.field());
+    }
+    return std::string("accepted");
+  };
+  Scenario train = generating("gpt2", "n_layer", 4);
+  set_field(train, "task", "train");
+  EXPECT_EQ(field_of(train), "generate");
+  EXPECT_EQ(field_of(generating("opt-125m", "num_hidden_layers", 4)), "generate");
+  Scenario keep = generating("gpt2", "n_layer", 4);
+  set_field(keep, "logits_to_keep", "1");
+  EXPECT_EQ(field_of(keep), "logits_to_keep");
+  Scenario past_table = generating("gpt2", "n_layer", 4);
+  set_field(past_table, "seq", "1020");
+  set_field(past_table, "generate", "6");  // positions 0 .. 1024: one past GPT-2's 1,024
+  EXPECT_EQ(field_of(past_table), "generate");
+  set_field(past_table, "generate", "5");
+  EXPECT_EQ(field_of(past_table), "accepted");
 }
 
 }  // namespace

@@ -22,6 +22,7 @@ AttnOut gpt2_attention(Ctx& c, const ModelSpec& m, const LoadedModel& w, uint64_
     v = transpose(c, view(c, qkv[2], Shape{B, Tn, H, D}), 1, 2);
     q = transpose(c, view(c, qkv[0], Shape{B, Tn, H, D}), 1, 2);
   }
+  kv_update(c, l, k, v);  // past_key_values.update(key_states, value_states, self.layer_idx, cache_kwargs)
   T o;
   T weights;
   if (m.attn_impl == AttnImpl::kEager) {

@@ -25,6 +25,7 @@ T neox_attention(Ctx& c, const ModelSpec& m, const LoadedModel& w, uint64_t l, c
   }
   q = apply_rotary(c, q, rot);
   k = apply_rotary(c, k, rot);
+  kv_update(c, l, k, v);  // past_key_values.update(key_states, value_states, self.layer_idx, cache_kwargs)
   T o;
   if (m.attn_impl == AttnImpl::kEager) {
     o = eager_attention(c, q, k, v, mask, 1, m.dropout.attn, "attn * scaling", 0.0).output;

@@ -230,11 +230,31 @@ T causal_lm_loss(Ctx& c, const T& logits0, const T& labels0) {
 }
 
 T eager_mask(Ctx& c, uint64_t B, uint64_t Tn, DType dt) {
-  // masking_utils eager_mask: the bool (B, 1, T, T) mask of sdpa_mask, then torch.where(mask,
-  // torch.tensor(0.0, dtype), finfo(dtype).min): a (B, 1, T, T) tensor in the embeddings' dtype.
-  T bool_mask = c.e.empty(Shape{B, 1, Tn, Tn}, DType::kBool, Category::kTemporaries, c.L("causal mask (bool)"));
+  // masking_utils eager_mask: the bool (B, 1, T, KV) mask of sdpa_mask, then torch.where(mask,
+  // torch.tensor(0.0, dtype), finfo(dtype).min): a (B, 1, T, KV) tensor in the embeddings' dtype. KV is
+  // DynamicLayer.get_mask_sizes' kv_length, past + T (T without a cache).
+  const uint64_t kv = checked_add(c.kv ? c.kv->past : 0, Tn, "the attention mask's key length");
+  T bool_mask = c.e.empty(Shape{B, 1, Tn, kv}, DType::kBool, Category::kTemporaries, c.L("causal mask (bool)"));
   T zero = c.e.empty(Shape{}, dt, Category::kTemporaries, c.L("mask zero"));
-  return c.e.empty(Shape{B, 1, Tn, Tn}, dt, Category::kActivations, c.L("causal mask"));
+  return c.e.empty(Shape{B, 1, Tn, kv}, dt, Category::kActivations, c.L("causal mask"));
+}
+
+void kv_update(Ctx& c, uint64_t layer, T& k, T& v) {
+  if (!c.kv) return;
+  // cache_utils.py DynamicLayer.update: the first call makes torch.tensor([]) (no storage) and then, like every
+  // later call, `self.keys = torch.cat([self.keys, key_states], dim=-2)`: a new (B, KV, past + T, D) tensor,
+  // the previous one freed when the attribute is rebound; then the values the same way. The caller rebinds
+  // key_states and value_states to what update returns: the whole cache.
+  auto grow = [&](std::vector<T>& slot, T& x, const char* what) {
+    if (slot.size() <= layer) slot.resize(layer + 1);
+    Shape s = x.shape();
+    s.d[2] = checked_add(slot[layer] ? slot[layer].shape()[2] : 0, s[2], "the KV cache's length");
+    T grown = c.e.empty(s, x.dtype(), Category::kKvCache, c.L(what));
+    slot[layer] = grown;
+    x = std::move(grown);
+  };
+  grow(c.kv->keys, k, "past_key_values keys (torch.cat)");
+  grow(c.kv->values, v, "past_key_values values (torch.cat)");
 }
 
 Rotary rotary_embedding(Ctx& c, const T& inv_freq, uint64_t Tn, DType x_dtype) {

@@ -13,7 +13,11 @@ struct AttnOut {
   T weights;  // returned to the caller with the output (dropped by the decoder layer)
 };
 
+// The eager attention mask (B, 1, T, past + T): past is what c.kv holds (0 without a cache).
 T eager_mask(Ctx& c, uint64_t B, uint64_t Tn, DType dt);
+// `key_states, value_states = past_key_values.update(key_states, value_states, self.layer_idx)` while
+// generating (c.kv set): k and v become the layer's whole cached keys and values; without a cache they stay.
+void kv_update(Ctx& c, uint64_t layer, T& k, T& v);
 Rotary rotary_embedding(Ctx& c, const T& inv_freq, uint64_t Tn, DType x_dtype);
 T apply_rotary(Ctx& c, const T& x, const Rotary& r);
 T repeat_kv(Ctx& c, const T& x, uint64_t n_rep);

@@ -67,6 +67,7 @@ AttnOut attention(Ctx& c, const ModelSpec& m, const Layer& L, const T& x, const 
   }
   q = apply_rotary(c, q, rot);
   k = apply_rotary(c, k, rot);
+  kv_update(c, L.l, k, v);  // past_key_values.update(key_states, value_states, self.layer_idx, cache_kwargs)
   AttnOut a;
   if (m.attn_impl == AttnImpl::kEager) {
     a = eager_attention(c, q, k, v, mask, H / KV, m.dropout.attn, "attn * scaling", m.attn.softcap);

@@ -501,12 +501,12 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   r.model = load_model(s.model, files, &r.warnings);  // a shape key missing from the config is said, not silent
   r.inventory = build_inventory(r.model);
   r.setup = s.train;
-  validate_setup(r.model, r.setup);
-  if (s.train.task == Task::kInference) resolve_inference(s, r);
   if (s.train.generate > 0 && s.train.task != Task::kInference) {
     throw FieldError("generate", fmt::format("{}: generation runs the model for inference; add --task inference",
                                              s.train.generate));
   }
+  validate_setup(r.model, r.setup);
+  if (s.train.task == Task::kInference) resolve_inference(s, r);
   // A bitsandbytes 4-bit base: the Linear weights packed, their quantization state as extra rows.
   if (s.train.quant.type == Quantize::kInt8) {
     throw FieldError("quantize", "int8: LLM.int8 (Linear8bitLt) bases are not simulated yet; nf4 or fp4 are");

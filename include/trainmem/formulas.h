@@ -47,4 +47,23 @@ struct Seed000Peak {
 };
 Seed000Peak seed000_peak(const ModelSpec& m, const Inventory& inv, const TrainSetup& s);
 
+// Seed 004 ("Breaking down GPU VRAM consumption", the VRAM calculator's components), for training and for
+// inference: CUDA kernels ("between 300 MiB to 2000 MiB"), parameters (parameters + buffers: 4 bytes each in
+// full precision, 6 under mixed precision, the load dtype's bytes for inference), activations (training: every
+// layer's, per Korthikanti et al. sec 4.1, sbh(34 + 5as/h) per layer; inference: "only the current (single)
+// layer's"), gradients ("always ... 4 bytes per parameter"; training only), optimizer states (SGD 0, SGD with
+// momentum 4, Adam 8 bytes per parameter; training only), outputs (B x S x V float32; training also stores the
+// softmax probabilities, "the same size as the output tensor"). No KV cache: the seed disables use_cache.
+struct Seed004Calculator {
+  bool training = true;
+  Elems params;                   // parameters + buffers (inventory)
+  uint64_t bytes_per_param = 0;
+  Bytes cuda_low, cuda_high;      // the seed's range for the CUDA kernels
+  Bytes parameters, activations_per_layer, activations, gradients, optimizer, outputs;
+  Bytes total_low, total_high;    // the sum with either end of the kernels' range
+};
+inline constexpr uint64_t kSeed004CudaLowBytes = 300ull * 1024 * 1024;    // "between 300 MiB"
+inline constexpr uint64_t kSeed004CudaHighBytes = 2000ull * 1024 * 1024;  // "to 2000 MiB"
+Seed004Calculator seed004_calculator(const ModelSpec& m, const Inventory& inv, const TrainSetup& s);
+
 }  // namespace trainmem

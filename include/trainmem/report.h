@@ -37,6 +37,7 @@ struct FormulaReport {
   Seed001Contract seed001;
   Seed002Korthikanti seed002;
   Seed000Peak seed000;
+  Seed004Calculator seed004;  // the only one for --task inference: the other seeds' forms are of training
 };
 // The seeds' closed forms for a scenario. They assume Adam(W) state and no particular device: an optimizer
 // without that state, or a device or runtime field, is refused rather than silently ignored.

@@ -71,6 +71,39 @@ Seed002Korthikanti seed002_korthikanti(const ModelSpec& m, const TrainSetup& s) 
   return k;
 }
 
+Seed004Calculator seed004_calculator(const ModelSpec& m, const Inventory& inv, const TrainSetup& s) {
+  require_transformer(m);
+  Seed004Calculator c;
+  c.training = s.task == Task::kTrain;
+  // "under 'parameters' I assume 'parameters' + 'buffers'"
+  c.params = parameter_count(inv) + buffer_elems(inv);
+  // training: "in full precision, 4 bytes per parameter"; "Mixed precision ... in total it takes 6 bytes per
+  // param"; a model trained in 16-bit (not in the seed) takes its dtype's bytes. Inference: "the number of bytes
+  // per parameter when loading a model like .from_pretrained(..., torch_dtype=torch.float16)".
+  c.bytes_per_param = c.training && uses_autocast(s.precision) ? 4 + 2 : itemsize(param_dtype(s.precision));
+  c.parameters = Bytes(mul("seed 004 parameters", {c.params.value, c.bytes_per_param}));
+  c.cuda_low = Bytes(kSeed004CudaLowBytes);
+  c.cuda_high = Bytes(kSeed004CudaHighBytes);
+  // "There are good estimations of activations size per layer in [Korthikanti et al.] section 4.1":
+  // sbh(34 + 5as/h) = 34sbh + 5as^2b. "in inference, we only keep the current (single) layer's activations".
+  const uint64_t sq = s.seq, b = s.batch, h = m.hidden, a = m.attn.heads;
+  c.activations_per_layer = Bytes(mul("seed 004 34sbh", {34, sq, b, h})) + Bytes(mul("seed 004 5as^2b", {5, a, sq, sq, b}));
+  c.activations = c.training ? c.activations_per_layer * m.layers : c.activations_per_layer;
+  // "the output tensors (Batch Size x Sequence Length x Vocabulary Size) are almost always in float32";
+  // "While training, we also need to store probabilities F.softmax(logits, dim=-1) ... the same size".
+  c.outputs = Bytes(mul("seed 004 outputs", {s.batch, s.seq, m.embed.vocab_size, 4, c.training ? 2u : 1u}));
+  if (c.training) {
+    c.gradients = Bytes(mul("seed 004 gradients", {c.params.value, 4}));
+    // "SGD 0, SGD w momentum 4, ADAM 8" bytes per parameter
+    const uint64_t per = s.optimizer == Optimizer::kSgd ? 0 : s.optimizer == Optimizer::kSgdMomentum ? 4 : 8;
+    c.optimizer = Bytes(mul("seed 004 optimizer states", {c.params.value, per}));
+  }
+  const Bytes rest = c.parameters + c.activations + c.gradients + c.optimizer + c.outputs;
+  c.total_low = rest + c.cuda_low;
+  c.total_high = rest + c.cuda_high;
+  return c;
+}
+
 Seed000Peak seed000_peak(const ModelSpec& m, const Inventory& inv, const TrainSetup& s) {
   require_transformer(m);
   Seed000Peak p;

@@ -22,7 +22,11 @@ std::vector<std::string> bytes_row(const std::string& name, Bytes b, const std::
 FormulaReport formula_report(const ResolvedScenario& r) {
   const Scenario& q = r.request;
   const Optimizer o = q.train.optimizer;
-  if (o != Optimizer::kAdamW && o != Optimizer::kAdam) {
+  if (q.train.generate > 0) {
+    throw FieldError("generate", fmt::format("{}: the seeds' closed forms have no KV cache (seed 004 disables "
+                                             "use_cache); `trainmem estimate` simulates generation", q.train.generate));
+  }
+  if (q.train.task == Task::kTrain && o != Optimizer::kAdamW && o != Optimizer::kAdam) {
     throw FieldError("optimizer", fmt::format("{}: the seeds' closed forms count Adam(W) state (seed 001: 8 bytes, "
                                               "seed 002: 12 bytes per parameter); `trainmem estimate` simulates {}",
                                               optimizer_name(o), optimizer_name(o)));
@@ -35,8 +39,13 @@ FormulaReport formula_report(const ResolvedScenario& r) {
                                                    "estimate` simulates it", field_text(q, f)));
     }
   }
-  return FormulaReport{r.model, r.setup, parameter_count(r.inventory), seed001_contract(r.model, r.setup),
-                       seed002_korthikanti(r.model, r.setup), seed000_peak(r.model, r.inventory, r.setup)};
+  FormulaReport f{r.model, r.setup, parameter_count(r.inventory), {}, {}, {}, seed004_calculator(r.model, r.inventory, r.setup)};
+  if (r.setup.task == Task::kTrain) {  // seeds 000-002 describe a training step
+    f.seed001 = seed001_contract(r.model, r.setup);
+    f.seed002 = seed002_korthikanti(r.model, r.setup);
+    f.seed000 = seed000_peak(r.model, r.inventory, r.setup);
+  }
+  return f;
 }
 
 std::string render_formulas_table(const FormulaReport& f) {
@@ -48,6 +57,30 @@ std::string render_formulas_table(const FormulaReport& f) {
   using TT = report::TextTable;
   const std::vector<std::pair<std::string, TT::Align>> cols = {
       {"term", TT::kLeft}, {"bytes / elements", TT::kRight}, {"", TT::kRight}, {"formula", TT::kLeft}};
+
+  const Seed004Calculator& v = f.seed004;
+  TT t4(cols);
+  t4.row({"parameters + buffers", with_commas(v.params.value), "", "inventory"});
+  t4.row(bytes_row("parameters", v.parameters,
+                   fmt::format("P x {}{}", v.bytes_per_param,
+                               v.training ? (v.bytes_per_param == 6 ? " (fp32 master + 16-bit copy)" : "")
+                                          : " (the load dtype)")));
+  t4.row(bytes_row("activations", v.activations,
+                   v.training ? "L x sbh(34 + 5as/h) (Korthikanti sec 4.1)" : "one layer's: sbh(34 + 5as/h)"));
+  if (v.training) {
+    t4.row(bytes_row("gradients", v.gradients, "P x 4"));
+    t4.row(bytes_row("optimizer states", v.optimizer, "P x 8 (Adam: first and second moments)"));
+  }
+  t4.row(bytes_row("outputs", v.outputs, v.training ? "B x S x V x 4 x 2 (float32 logits and softmax)"
+                                                    : "B x S x V x 4 (float32 logits)"));
+  t4.row(bytes_row("CUDA kernels", v.cuda_low, "300 MiB (low end)"));
+  t4.rule();
+  t4.row(bytes_row("total", v.total_low, "sum, with 300 MiB of kernels"));
+  t4.row(bytes_row("total", v.total_high, "sum, with 2000 MiB of kernels (high end)"));
+  const std::string seed004 = fmt::format("seed 004 VRAM calculator ({})\n", v.training ? "training" : "inference") + t4.str();
+  if (!v.training) {
+    return out + seed004 + "\nseeds 000-002 describe a training step: not shown for --task inference\n";
+  }
 
   const Seed001Contract& c = f.seed001;
   const int64_t diff = static_cast<int64_t>(c.p_total.value) - static_cast<int64_t>(f.inventory_parameters.value);
@@ -86,7 +119,7 @@ std::string render_formulas_table(const FormulaReport& f) {
   t3.row(bytes_row("steady state", p.steady_state, "16N + 4Nbuf"));
   t3.rule();
   t3.row(bytes_row("peak", p.peak, "L(36Ne + 6Na) + 6Ne + 10Nl + 16N + 4Nbuf"));
-  out += "seed 000 nanoGPT under autocast\n" + t3.str();
+  out += "seed 000 nanoGPT under autocast\n" + t3.str() + "\n" + seed004;
   return out;
 }
 
@@ -94,6 +127,21 @@ std::string render_formulas_json(const FormulaReport& f) {
   const Seed001Contract& c = f.seed001;
   const Seed002Korthikanti& k = f.seed002;
   const Seed000Peak& p = f.seed000;
+  const Seed004Calculator& v = f.seed004;
+  nlohmann::json seed004 = {{"training", v.training}, {"params_and_buffers", v.params.value},
+                            {"bytes_per_param", v.bytes_per_param}, {"parameter_bytes", v.parameters.value},
+                            {"activation_bytes_per_layer", v.activations_per_layer.value},
+                            {"activation_bytes", v.activations.value}, {"gradient_bytes", v.gradients.value},
+                            {"optimizer_bytes", v.optimizer.value}, {"output_bytes", v.outputs.value},
+                            {"cuda_low_bytes", v.cuda_low.value}, {"cuda_high_bytes", v.cuda_high.value},
+                            {"total_low_bytes", v.total_low.value}, {"total_high_bytes", v.total_high.value}};
+  if (!v.training) {
+    return report::json_text({{"model", f.model.name},
+                              {"setup", {{"batch", f.setup.batch}, {"seq", f.setup.seq}, {"task", "inference"},
+                                         {"precision", precision_name(f.setup.precision)}}},
+                              {"inventory_parameters", f.inventory_parameters.value},
+                              {"seed004", seed004}});
+  }
   nlohmann::json out = {
       {"model", f.model.name},
       {"setup", {{"batch", f.setup.batch}, {"seq", f.setup.seq}, {"precision", precision_name(f.setup.precision)}}},
@@ -110,6 +158,7 @@ std::string render_formulas_json(const FormulaReport& f) {
       {"seed000", {{"ne", p.ne.value}, {"na", p.na.value}, {"nl", p.nl.value}, {"n", p.n.value},
                    {"nbuf", p.nbuf.value}, {"activation_bytes", p.activations.value},
                    {"steady_state_bytes", p.steady_state.value}, {"peak_bytes", p.peak.value}}},
+      {"seed004", seed004},
   };
   return report::json_text(out);
 }

@@ -81,5 +81,52 @@ TEST(Seed000, Gpt2SmallActivationsAsPublished) {
   EXPECT_NEAR(to_gib(p.peak + Bytes(2 * 8'519'680) + Bytes(196'608)), 21.648, 0.0005);
 }
 
+TrainSetup inference_setup(uint64_t batch, uint64_t seq, Precision p) {
+  TrainSetup s = train_setup(batch, seq);
+  s.task = Task::kInference;
+  s.precision = p;
+  return s;
+}
+
+TEST(Seed004, OutputsReproduceTheSeedsFloat32LogitsMeasurement) {
+  // Seed 004 measures `torch.Tensor(4, 8192, 32000).cuda()` at 4000 MiB: the float32 outputs of a batch of 4
+  // sequences of 8,192 tokens over Mistral's 32,000-token vocabulary.
+  const ModelSpec m = preset("mistral-7b");
+  const Seed004Calculator c = seed004_calculator(m, build_inventory(m), inference_setup(4, 8192, Precision::kFp16));
+  EXPECT_EQ(c.outputs.value, 4000ull * 1024 * 1024);
+  // training also keeps the softmax probabilities, "the same size as the output tensor"
+  const Seed004Calculator t = seed004_calculator(m, build_inventory(m), train_setup(4, 8192));
+  EXPECT_EQ(t.outputs.value, 2 * c.outputs.value);
+}
+
+TEST(Seed004, InferenceCountsTheLoadDtypeAndOneLayerWithoutGradientsOrOptimizer) {
+  // "a 7B-parameter model like Mistral, when loaded in half-precision (float16), would take ... x 2 bytes";
+  // parameters + buffers, from the inventory.
+  const ModelSpec m = preset("mistral-7b");
+  const Inventory inv = build_inventory(m);
+  const Seed004Calculator c = seed004_calculator(m, inv, inference_setup(1, 4096, Precision::kFp16));
+  const uint64_t p = parameter_count(inv).value + buffer_elems(inv).value;
+  EXPECT_EQ(c.parameters.value, 2 * p);
+  EXPECT_EQ(c.gradients.value, 0u);
+  EXPECT_EQ(c.optimizer.value, 0u);
+  EXPECT_EQ(c.activations, c.activations_per_layer);  // "only the current (single) layer's activations"
+  EXPECT_EQ(c.total_high.value - c.total_low.value, (2000ull - 300) * 1024 * 1024);
+}
+
+TEST(Seed004, TrainingCountsSixBytesUnderMixedPrecisionFourForGradientsAndEightForAdam) {
+  const ModelSpec m = preset("gpt2");
+  const Inventory inv = build_inventory(m);
+  const Seed004Calculator c = seed004_calculator(m, inv, train_setup(8, 1024));  // bf16-amp, AdamW
+  const uint64_t p = parameter_count(inv).value + buffer_elems(inv).value;
+  EXPECT_EQ(c.parameters.value, 6 * p);
+  EXPECT_EQ(c.gradients.value, 4 * p);
+  EXPECT_EQ(c.optimizer.value, 8 * p);
+  // every layer's activations: Korthikanti's sbh(34 + 5as/h), as seed 002 writes it
+  EXPECT_EQ(c.activations, seed002_korthikanti(m, train_setup(8, 1024)).activations);
+  TrainSetup sgd = train_setup(8, 1024);
+  sgd.optimizer = Optimizer::kSgdMomentum;
+  EXPECT_EQ(seed004_calculator(m, inv, sgd).optimizer.value, 4 * p);
+}
+
 }  // namespace
 }  // namespace trainmem

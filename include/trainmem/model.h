@@ -64,6 +64,9 @@ struct AttentionSpec {
   bool qk_norm = false;     // Qwen3: RMSNorm(D) on q and k
   uint64_t rotary_dim = 0;  // rotated dims per head (partial rotary for NeoX/Phi); 0 when not rotary
   double softcap = 0.0;     // Gemma2 attn_logit_softcapping; 0 = off
+  // The window of the layers that attend to a sliding window (config sliding_window; 0: no layer does). It
+  // changes what generate()'s DynamicCache keeps (DynamicSlidingWindowLayer) once a sequence reaches it.
+  uint64_t sliding_window = 0;
 };
 
 struct MlpSpec {

@@ -57,6 +57,25 @@ const LlamaFamilyDefaults* find_family(const std::string& t) {
   return nullptr;
 }
 
+// The sliding window of the layers that have one (0: none), as each configuration class decides it:
+// MistralConfig, MixtralConfig, Phi3Config: sliding_window (default 4096, None, None), every layer;
+// Qwen2Config, Qwen3Config: `self.sliding_window = sliding_window if self.use_sliding_window else None`
+// (use_sliding_window=False, sliding_window=4096), the layers from max_window_layers on;
+// Gemma2Config: sliding_window=4096, every other layer. Llama and Gemma have none.
+uint64_t read_sliding_window(const KeyReader& r, const std::string& t, uint64_t layers) {
+  if (t == "mistral") return r.optional_integer({"sliding_window"}, 1, kMaxPositions).value_or(4096);
+  if (t == "mixtral" || t == "phi3") return r.optional_integer({"sliding_window"}, 1, kMaxPositions).value_or(0);
+  if (t == "gemma2") return r.optional_integer({"sliding_window"}, 1, kMaxPositions).value_or(4096);
+  if (t == "qwen2" || t == "qwen3") {
+    const bool on = r.boolean({"use_sliding_window"}, false);
+    const uint64_t w = r.optional_integer({"sliding_window"}, 1, kMaxPositions).value_or(4096);
+    const uint64_t from = r.optional_integer({"max_window_layers"}, 0, kMaxLayers).value_or(28);
+    // layer_types: "sliding_attention" if self.sliding_window is not None and i >= self.max_window_layers
+    return on && layers > from ? w : 0;
+  }
+  return 0;
+}
+
 }  // namespace
 
 bool read_llama_family(const KeyReader& r, const std::string& model_type, ModelSpec& m) {
@@ -106,6 +125,7 @@ bool read_llama_family(const KeyReader& r, const std::string& model_type, ModelS
              fmt::format("at most \"num_local_experts\" = {}", m.moe.experts));
     }
   }
+  m.attn.sliding_window = read_sliding_window(r, model_type, m.layers);
   m.dropout.attn = read_probability(r, {"attention_dropout"}, 0.0);
   if (model_type == "phi3") {
     m.dropout.embd = read_probability(r, {"embd_pdrop"}, 0.0);

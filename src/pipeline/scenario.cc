@@ -485,6 +485,16 @@ void resolve_inference(const Scenario& s, ResolvedScenario& r) {
       throw FieldError("generate", fmt::format("{}: generation is not modelled for model_type opt yet (its position "
                                                "ids come from generate()'s attention mask)", s.train.generate));
     }
+    // DynamicCache gives a sliding-window layer a DynamicSlidingWindowLayer, which keeps the last window - 1
+    // tokens once the sequence reaches the window (and its mask stops being ignorable by SDPA); below the window
+    // it holds what DynamicLayer holds. Past it is not simulated yet.
+    const uint64_t w = r.model.attn.sliding_window;
+    if (w > 0 && s.train.seq + s.train.generate - 1 >= w) {
+      throw FieldError("generate", fmt::format("{}: the prompt of {} tokens and {} new ones reach {}'s sliding window "
+                                               "of {} tokens, where DynamicSlidingWindowLayer starts dropping the "
+                                               "oldest; that cache is not simulated yet (stay below the window)",
+                                               s.train.generate, s.train.seq, s.train.generate - 1, r.model.name, w));
+    }
     // generate() sets logits_to_keep=1 itself (GenerationMixin.generate, step 6)
     if (s.train.logits_to_keep != 0) {
       throw FieldError("logits_to_keep", fmt::format("{}: generate() passes logits_to_keep=1 itself; leave it out "

@@ -183,6 +183,12 @@ TEST(Generation, RefusesWhatItDoesNotModel) {
   EXPECT_EQ(field_of(past_table), "generate");
   set_field(past_table, "generate", "5");
   EXPECT_EQ(field_of(past_table), "accepted");
+  // Mistral-7B's layers attend to a window of 4,096: DynamicSlidingWindowLayer drops the oldest tokens from there
+  Scenario sliding = generating("mistral-7b", "num_hidden_layers", 57);
+  set_field(sliding, "seq", "4040");  // 4,040 + 56 = 4,096 cached at the end: the window
+  EXPECT_EQ(field_of(sliding), "generate");
+  set_field(sliding, "generate", "56");
+  EXPECT_EQ(field_of(sliding), "accepted");
 }
 
 }  // namespace

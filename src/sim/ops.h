@@ -59,6 +59,9 @@ struct Ctx {
   LoraPolicy lora;
   Quant4bitPolicy quant;
   KvCache* kv = nullptr;  // past_key_values while generating (Loop::generate)
+  // generate() passes position_ids of (B, q) (GenerationMixin._prepare_position_ids_for_generation): the model
+  // then makes none of its own, and the rotary embedding computes B rows. Null: the model's (1, T) ones.
+  const T* position_ids = nullptr;
   // The loss over the final hidden states (TrainSetup::loss): 0 chunks is transformers' ForCausalLMLoss over
   // the whole logits, N > 0 torchtune's chunked output head and CEWithChunkedOutputLoss with N chunks.
   uint64_t loss_chunks = 0;

@@ -63,7 +63,7 @@ T gpt2_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
   c.layer = -1;
   T inputs_embeds = embedding(c, w.p("transformer.wte.weight"), ids, "wte");
   // cache_position = torch.arange(T); position_ids = cache_position.unsqueeze(0)
-  T position_ids = c.e.empty(Shape{1, Tn}, DType::kI64, Category::kActivations, c.L("position_ids"));
+  T position_ids = model_position_ids(c, Tn);
   T position_embeds = embedding(c, w.p("transformer.wpe.weight"), position_ids, "wpe");
   T hidden = add(c, inputs_embeds, position_embeds, "inputs_embeds + position_embeds");
   T mask;

@@ -79,7 +79,7 @@ T neox_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
   const uint64_t B = ids.shape()[0], Tn = ids.shape()[1];
   c.layer = -1;
   T inputs_embeds = embedding(c, w.p("gpt_neox.embed_in.weight"), ids, "embed_in");
-  T position_ids = c.e.empty(Shape{1, Tn}, DType::kI64, Category::kActivations, c.L("position_ids"));
+  T position_ids = model_position_ids(c, Tn);
   T mask;
   if (m.attn_impl == AttnImpl::kEager) mask = eager_mask(c, B, Tn, inputs_embeds.dtype());
   T hidden = dropout(c, inputs_embeds, m.dropout.resid, "emb_dropout");

@@ -257,6 +257,11 @@ void kv_update(Ctx& c, uint64_t layer, T& k, T& v) {
   grow(c.kv->values, v, "past_key_values values (torch.cat)");
 }
 
+T model_position_ids(Ctx& c, uint64_t Tn) {
+  if (c.position_ids) return *c.position_ids;
+  return c.e.empty(Shape{1, Tn}, DType::kI64, Category::kActivations, c.L("position_ids"));
+}
+
 Rotary rotary_embedding(Ctx& c, const T& inv_freq, uint64_t Tn, DType x_dtype) {
   // LlamaRotaryEmbedding.forward under @torch.no_grad(), autocast disabled, position_ids (1, T):
   // freqs = (inv_freq[None, :, None].float() @ position_ids[:, None, :].float()).transpose(1, 2);
@@ -266,9 +271,12 @@ Rotary rotary_embedding(Ctx& c, const T& inv_freq, uint64_t Tn, DType x_dtype) {
   c.e.grad_mode = false;
   c.autocast = false;
   const uint64_t half = inv_freq.shape()[0];
+  const uint64_t rows = c.position_ids ? c.position_ids->shape()[0] : 1;
   T inv = to(c, inv_freq, DType::kF32, "inv_freq.float()");
-  T pos = c.e.empty(Shape{1, 1, Tn}, DType::kF32, Category::kActivations, c.L("position_ids.float()"));
-  T freqs = transpose(c, matmul(c, reshape(c, inv, Shape{1, half, 1}), pos, "rotary freqs"), 1, 2);
+  // inv_freq[None, :, None].float().expand(position_ids.shape[0], -1, 1): a view
+  T inv_e = expand(c, reshape(c, inv, Shape{1, half, 1}), Shape{rows, half, 1});
+  T pos = c.e.empty(Shape{rows, 1, Tn}, DType::kF32, Category::kActivations, c.L("position_ids.float()"));
+  T freqs = transpose(c, matmul(c, inv_e, pos, "rotary freqs"), 1, 2);
   T emb = cat_last(c, {freqs, freqs}, "rotary emb");
   freqs.reset();
   Rotary r;

@@ -18,6 +18,11 @@ T eager_mask(Ctx& c, uint64_t B, uint64_t Tn, DType dt);
 // `key_states, value_states = past_key_values.update(key_states, value_states, self.layer_idx)` while
 // generating (c.kv set): k and v become the layer's whole cached keys and values; without a cache they stay.
 void kv_update(Ctx& c, uint64_t layer, T& k, T& v);
+// The model's position_ids: (1, T) from cache_position (`position_ids = cache_position.unsqueeze(0)`), or the
+// (B, T) ones generate() passes (c.position_ids), which the model takes as they are.
+T model_position_ids(Ctx& c, uint64_t Tn);
+// cos and sin of the rotary embedding, (rows, T, R) with rows the batch of the position ids (c.position_ids's,
+// else 1).
 Rotary rotary_embedding(Ctx& c, const T& inv_freq, uint64_t Tn, DType x_dtype);
 T apply_rotary(Ctx& c, const T& x, const Rotary& r);
 T repeat_kv(Ctx& c, const T& x, uint64_t n_rep);

@@ -134,7 +134,7 @@ T llama_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
     T scale = to(c, w.buf("model.embed_tokens.embed_scale"), w.p("model.embed_tokens.weight").dtype(), "embed_scale.to()");
     inputs_embeds = mul(c, inputs_embeds, scale, "embeddings * embed_scale");
   }
-  T position_ids = c.e.empty(Shape{1, Tn}, DType::kI64, Category::kActivations, c.L("position_ids"));
+  T position_ids = model_position_ids(c, Tn);
   T mask;
   if (m.attn_impl == AttnImpl::kEager) mask = eager_mask(c, B, Tn, inputs_embeds.dtype());
   T hidden = inputs_embeds;

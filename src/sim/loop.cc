@@ -163,56 +163,110 @@ struct Loop {
   }
 
   // --task inference --generate N: model.generate(input_ids, max_new_tokens=N), greedy, with transformers'
-  // default DynamicCache (generation/utils.py GenerationMixin._sample): the prompt's forward (the prefill),
-  // then one forward per new token over that token alone, every layer's keys and values appended to the cache
-  // by torch.cat (kv_update in hf_common.cc). generate() passes logits_to_keep=1, so each forward's logits are
-  // (B, 1, V). Step i of the timeline is the forward that produces token i (step 1: the prefill). The cache
-  // dies when generate() returns.
+  // default DynamicCache, as transformers 5.x (>= 5.3) runs it (generation/utils.py GenerationMixin.generate
+  // and _sample; notes with quotes in validate/cpu/README.md): the prompt's forward (_prefill), then one forward
+  // per new token over that token alone, every layer's keys and values appended to the cache by torch.cat
+  // (kv_update in hf_common.cc). generate() passes logits_to_keep=1, so each forward's logits are (B, 1, V).
+  // Step i of the timeline is the forward that yields token i (step 1: the prefill). Tensors of B elements or
+  // fewer (next_tokens, unfinished_sequences, the eos fill, the stopping criteria's flags, 0-d ones) are left
+  // out: each is one 512-byte block of the small pool. The cache dies when generate() returns.
   void generate(SimResult& r) {
     r.micro_batches_simulated = 1;
     e.grad_mode = false;  // generate() runs under torch.no_grad(); inference_mode() around it changes nothing
     c.logits_to_keep = 1;
     const uint64_t B = s.batch, V = m.embed.vocab_size;
+    auto ids = [&](uint64_t cols, const char* what, Category cat = Category::kInputs) {
+      return e.empty(Shape{B, cols}, DType::kI64, cat, Label{what});
+    };
     e.micro = 1;
     e.step = 1;
     e.phase = Phase::kForward;
     r.steady = Moment{e.event_count() == 0 ? 0 : e.event_count() - 1, Phase::kForward, 1, 1, e.live()};
     X = batch_tensor("input ids");  // the prompt, (B, T)
-    // _prepare_attention_mask_for_generation: torch.ones(input_ids.shape[:2], dtype=torch.long)
-    T attention_mask = e.empty(Shape{B, s.seq}, DType::kI64, Category::kInputs, Label{"attention_mask (ones)"});
+    // _prepare_attention_mask_for_generation, pad_token_id set (the eos when the config has none):
+    // default_attention_mask = torch.ones(...); isin(inputs, pad).any(); inputs.ne(pad).long();
+    // mask_from_padding * can_infer + default * ~can_infer
+    T attention_mask;
+    {
+      T ones = ids(s.seq, "default_attention_mask (ones)", Category::kTemporaries);
+      { T isin = e.empty(Shape{B, s.seq}, DType::kBool, Category::kTemporaries, Label{"isin(inputs, pad_token_id)"}); }
+      T from_padding;
+      {
+        T ne = e.empty(Shape{B, s.seq}, DType::kBool, Category::kTemporaries, Label{"inputs.ne(pad_token_id)"});
+        from_padding = ids(s.seq, "attention_mask_from_padding (.long())", Category::kTemporaries);
+      }
+      T a = ids(s.seq, "mask_from_padding * can_infer", Category::kTemporaries);
+      T b = ids(s.seq, "default * ~can_infer", Category::kTemporaries);
+      attention_mask = ids(s.seq, "attention_mask");
+    }
+    // _prepare_position_ids_for_generation: attention_mask.long().cumsum(-1) - 1, .masked_fill(mask == 0, 0)
+    T position_ids;
+    {
+      T minus;
+      {
+        T cumsum = ids(s.seq, "attention_mask.cumsum(-1)", Category::kTemporaries);
+        minus = ids(s.seq, "cumsum - 1", Category::kTemporaries);
+      }
+      T zero = e.empty(Shape{B, s.seq}, DType::kBool, Category::kTemporaries, Label{"attention_mask == 0"});
+      position_ids = ids(s.seq, "position_ids");
+    }
     KvCache kv;
     c.kv = &kv;
+    T next_logits;                 // `next_token_logits` stays bound until the next step rebinds it
+    T model_ids, model_pos;        // a decode step's `model_inputs`, replaced by the next step's
     for (uint64_t i = 0; i < s.generate; ++i) {
       e.step = static_cast<uint32_t>(i + 1);
       const uint64_t q = i == 0 ? s.seq : 1;  // the prompt, then the newest token
       const uint64_t len = X.shape()[1];
-      // no exit_autocast() between forwards: `with torch.autocast(...): model.generate(...)` is one region, so
-      // its cast weights are made by the prefill and reused by every decode step
-      ForwardOut out = run_forward_on(q == len ? X : slice_dim1(c, X, len - q, len));
+      ForwardOut out;
+      {
+        // prepare_inputs_for_generation: input_ids[:, -q:].clone(); position_ids sliced and cloned when their
+        // length differs from q (every decode step), passed as they are at the prefill
+        T new_ids = ids(q, "model_inputs input_ids (clone)");
+        T new_pos = q == position_ids.shape()[1] ? position_ids : ids(q, "model_inputs position_ids (clone)");
+        model_ids = std::move(new_ids);
+        model_pos = std::move(new_pos);
+        c.position_ids = &model_pos;
+        // no exit_autocast() between forwards: `with torch.autocast(...): model.generate(...)` is one region,
+        // so its cast weights are made by the prefill and reused by every decode step
+        out = run_forward_on(model_ids);
+        c.position_ids = nullptr;
+        if (i == 0) {  // _prefill's model_inputs die when it returns
+          model_ids.reset();
+          model_pos.reset();
+        }
+      }
       if (kv.keys.size() != m.layers) {  // a forward program that does not call kv_update (hf_common.h)
         throw Error(fmt::format("generation is not modelled for model_type {} yet: its forward keeps no KV cache",
                                 m.model_type));
       }
       kv.past += q;
-      // _update_model_kwargs_for_generation: attention_mask = torch.cat([attention_mask,
-      // attention_mask.new_ones((B, 1))], dim=-1)
+      // _update_model_kwargs_for_generation: next_position_ids = arange(1).view(1, -1) + position_ids[..., -1:]
+      // + 1, then torch.cat([position_ids, next_position_ids], dim=-1); attention_mask = torch.cat(
+      // [attention_mask, attention_mask.new_ones((B, 1))], dim=-1)
       {
-        T ones = e.empty(Shape{B, 1}, DType::kI64, Category::kTemporaries, Label{"attention_mask.new_ones((B, 1))"});
-        attention_mask = e.empty(Shape{B, kv.past + 1}, DType::kI64, Category::kInputs, Label{"attention_mask (torch.cat)"});
+        T plus = ids(1, "position_ids[..., -1:] + arange", Category::kTemporaries);
+        T next = ids(1, "next_position_ids", Category::kTemporaries);
+        plus.reset();
+        position_ids = ids(kv.past + 1, "position_ids (torch.cat)");
       }
-      // next_token_logits = outputs.logits[:, -1, :].to(copy=True, dtype=torch.float32); greedy: argmax
-      T next_logits = e.empty(Shape{B, V}, DType::kF32, Category::kActivations, Label{"next_token_logits (float32 copy)"});
-      T next_tokens = e.empty(Shape{B}, DType::kI64, Category::kActivations, Label{"next_tokens (argmax)"});
+      {
+        T ones = ids(1, "attention_mask.new_ones((B, 1))", Category::kTemporaries);
+        attention_mask = ids(kv.past + 1, "attention_mask (torch.cat)");
+      }
+      // next_token_logits = outputs.logits[:, -1].to(copy=True, dtype=torch.float32); greedy: argmax;
       // input_ids = torch.cat([input_ids, next_tokens[:, None]], dim=-1)
-      X = e.empty(Shape{B, len + 1}, DType::kI64, Category::kInputs, Label{"input_ids (torch.cat)"});
-      next_tokens.reset();
-      next_logits.reset();
+      next_logits = e.empty(Shape{B, V}, DType::kF32, Category::kActivations, Label{"next_token_logits (float32 copy)"});
+      X = ids(len + 1, "input_ids (torch.cat)");
       if (i == 0) {
         r.after_forward = Moment{e.event_count(), e.phase, 1, 1, e.live()};  // after the prefill, `outputs` bound
         r.saved_activations = e.saved_bytes();
       }
       out = ForwardOut{};  // del outputs
     }
+    next_logits.reset();  // generate() returns
+    model_ids.reset();
+    model_pos.reset();
     r.generation_end = Moment{e.event_count(), e.phase, e.step, 1, e.live()};
     c.kv = nullptr;  // generate() returns: the cache and its kwargs go
     c.exit_autocast();

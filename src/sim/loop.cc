@@ -183,6 +183,7 @@ struct Loop {
     e.phase = Phase::kForward;
     r.steady = Moment{e.event_count() == 0 ? 0 : e.event_count() - 1, Phase::kForward, 1, 1, e.live()};
     X = batch_tensor("input ids");  // the prompt, (B, T)
+    const T prompt = X;             // the caller's `input_ids`: generate() rebinds its own name only
     // _prepare_attention_mask_for_generation, pad_token_id set (the eos when the config has none):
     // default_attention_mask = torch.ones(...); isin(inputs, pad).any(); inputs.ne(pad).long();
     // mask_from_padding * can_infer + default * ~can_infer
@@ -258,11 +259,11 @@ struct Loop {
       // input_ids = torch.cat([input_ids, next_tokens[:, None]], dim=-1)
       next_logits = e.empty(Shape{B, V}, DType::kF32, Category::kActivations, Label{"next_token_logits (float32 copy)"});
       X = ids(len + 1, "input_ids (torch.cat)");
+      out = ForwardOut{};  // del outputs
       if (i == 0) {
-        r.after_forward = Moment{e.event_count(), e.phase, 1, 1, e.live()};  // after the prefill, `outputs` bound
+        r.after_forward = Moment{e.event_count(), e.phase, 1, 1, e.live()};  // the prefill and its token done
         r.saved_activations = e.saved_bytes();
       }
-      out = ForwardOut{};  // del outputs
     }
     next_logits.reset();  // generate() returns
     model_ids.reset();

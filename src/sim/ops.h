@@ -40,6 +40,7 @@ struct Quant4bitPolicy {
 // (training, one inference pass).
 struct KvCache {
   std::vector<T> keys, values;
+  std::vector<DType> dtype;  // per layer: DynamicLayer.lazy_initialization's `self.dtype = key_states.dtype`
   uint64_t past = 0;  // tokens cached before the current forward: past_key_values.get_seq_length()
 };
 

@@ -151,18 +151,51 @@ def for_causal_lm_loss(logits, labels, vocab_size, ignore_index=-100):
 
 def eager_causal_mask(batch, seq, dtype, device, sliding_window=None):
     """masking_utils (5.x) create_causal_mask / create_sliding_window_causal_mask for eager attention with no
-    attention_mask and no cache: a bool (1,1,T,T) expanded to (B,1,T,T), then
-    torch.where(mask, tensor(0.0, dtype), finfo(dtype).min) -> materialized float (B,1,T,T) in dtype."""
-    cache_position = torch.arange(seq, device=device)
-    kv_arange = torch.arange(seq, device=device)
+    attention_mask: a bool (1,1,T,KV) expanded to (B,1,T,KV), then
+    torch.where(mask, tensor(0.0, dtype), finfo(dtype).min) -> materialized float (B,1,T,KV) in dtype. KV is
+    past + T while generating (GENERATION.cache), T otherwise."""
+    past = GENERATION.cache.get_seq_length() if GENERATION.cache is not None else 0
+    cache_position = torch.arange(past, past + seq, device=device)
+    kv_arange = torch.arange(past + seq, device=device)
     q_idx = cache_position.view(1, 1, seq, 1)
-    kv_idx = kv_arange.view(1, 1, 1, seq)
+    kv_idx = kv_arange.view(1, 1, 1, past + seq)
     mask = kv_idx <= q_idx
     if sliding_window is not None:
         mask = mask & (kv_idx > q_idx - sliding_window)
-    mask = mask.expand(batch, -1, seq, seq)
+    mask = mask.expand(batch, -1, seq, past + seq)
     min_dtype = torch.finfo(dtype).min
     return torch.where(mask, torch.tensor(0.0, device=device, dtype=dtype), min_dtype)
+
+
+class DynamicCache:
+    """transformers 5.x cache_utils.DynamicCache of DynamicLayer's (validate/cpu/generate.py): per layer,
+    `self.keys = torch.cat([self.keys, key_states], dim=-2)` (the first update cats onto torch.tensor([]))."""
+
+    def __init__(self):
+        self.keys, self.values = {}, {}
+
+    def update(self, key_states, value_states, layer_idx):
+        if layer_idx not in self.keys:  # DynamicLayer.lazy_initialization
+            self.keys[layer_idx] = torch.tensor([], dtype=key_states.dtype, device=key_states.device)
+            self.values[layer_idx] = torch.tensor([], dtype=key_states.dtype, device=key_states.device)
+        self.keys[layer_idx] = torch.cat([self.keys[layer_idx], key_states], dim=-2)
+        self.values[layer_idx] = torch.cat([self.values[layer_idx], value_states], dim=-2)
+        return self.keys[layer_idx], self.values[layer_idx]
+
+    def get_seq_length(self):
+        return self.keys[0].shape[-2] if 0 in self.keys and self.keys[0].numel() else 0
+
+
+# While generate.py runs a model: the cache its attention layers update (past_key_values) and the (B, q)
+# position_ids generate() passes. Both None otherwise: the forward is the training and inference one.
+GENERATION = SimpleNamespace(cache=None, position_ids=None)
+
+
+def update_cache(key_states, value_states, layer_idx):
+    """`key_states, value_states = past_key_values.update(key_states, value_states, self.layer_idx)`."""
+    if GENERATION.cache is None:
+        return key_states, value_states
+    return GENERATION.cache.update(key_states, value_states, layer_idx)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -338,10 +371,11 @@ class RotaryEmbedding(nn.Module):
     def forward(self, x, position_ids):
         inv_freq_expanded = self.inv_freq[None, :, None].float().expand(position_ids.shape[0], -1, 1).to(x.device)
         position_ids_expanded = position_ids[:, None, :].float()
-        freqs = (inv_freq_expanded.float() @ position_ids_expanded.float()).transpose(1, 2)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos = emb.cos() * self.attention_scaling
-        sin = emb.sin() * self.attention_scaling
+        with torch.autocast(device_type="cpu", enabled=False):  # Force float32 (5.x LlamaRotaryEmbedding.forward)
+            freqs = (inv_freq_expanded.float() @ position_ids_expanded.float()).transpose(1, 2)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            cos = emb.cos() * self.attention_scaling
+            sin = emb.sin() * self.attention_scaling
         return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
 
 
@@ -530,6 +564,7 @@ class GPT2Attention(nn.Module):
         value_states = value_states.view(shape_kv).transpose(1, 2)
         shape_q = (*query_states.shape[:-1], -1, self.head_dim)
         query_states = query_states.view(shape_q).transpose(1, 2)
+        key_states, value_states = update_cache(key_states, value_states, self.layer_idx)
         if self.reorder_and_upcast_attn:
             attn_output, attn_weights = self._upcast_and_reordered_attn(query_states, key_states, value_states,
                                                                         attention_mask)
@@ -599,8 +634,11 @@ class GPT2Model(nn.Module):
         input_ids = input_ids.view(-1, input_shape[-1])
         batch_size = input_ids.shape[0]
         inputs_embeds = self.wte(input_ids)
-        cache_position = torch.arange(0, inputs_embeds.shape[1], device=inputs_embeds.device)
-        position_ids = cache_position.unsqueeze(0)
+        if GENERATION.position_ids is not None:  # passed by generate(): no cache_position is made
+            cache_position, position_ids = None, GENERATION.position_ids
+        else:
+            cache_position = torch.arange(0, inputs_embeds.shape[1], device=inputs_embeds.device)
+            position_ids = cache_position.unsqueeze(0)
         position_embeds = self.wpe(position_ids)
         hidden_states = inputs_embeds + position_embeds.to(inputs_embeds.device)
         causal_mask = eager_causal_mask(batch_size, input_shape[-1], inputs_embeds.dtype, inputs_embeds.device)
@@ -942,6 +980,7 @@ class LlamaAttention(nn.Module):
             query_states, key_states = apply_rotary_pos_emb_phi3(query_states, key_states, cos, sin)
         else:
             query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        key_states, value_states = update_cache(key_states, value_states, self.layer_idx)
         attn_output, attn_weights = eager_attention_forward(
             self, query_states, key_states, value_states, attention_mask,
             scaling=self.scaling, dropout=0.0 if not self.training else self.attention_dropout,
@@ -1022,8 +1061,11 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids):
         inputs_embeds = self.embed_tokens(input_ids)
         B, T = inputs_embeds.shape[:2]
-        position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + 0
-        position_ids = position_ids.unsqueeze(0)
+        if GENERATION.position_ids is not None:  # passed by generate()
+            position_ids = GENERATION.position_ids
+        else:
+            position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + 0
+            position_ids = position_ids.unsqueeze(0)
         masks = {}
         for w in set(self.config.layer_windows):
             masks[w] = eager_causal_mask(B, T, inputs_embeds.dtype, inputs_embeds.device, sliding_window=w)

@@ -245,11 +245,19 @@ void kv_update(Ctx& c, uint64_t layer, T& k, T& v) {
   // later call, `self.keys = torch.cat([self.keys, key_states], dim=-2)`: a new (B, KV, past + T, D) tensor,
   // the previous one freed when the attribute is rebound; then the values the same way. The caller rebinds
   // key_states and value_states to what update returns: the whole cache.
+  // lazy_initialization makes both empty tensors in the keys' dtype, and torch.cat's result dtype promotes over
+  // every input, the empty one too: under autocast, where the rotated keys are float32 (q * cos with float32
+  // cos) and the values 16-bit, the values are cached in float32 as well.
+  if (c.kv->dtype.size() <= layer) c.kv->dtype.resize(layer + 1);
+  if (c.kv->keys.size() <= layer || !c.kv->keys[layer]) c.kv->dtype[layer] = k.dtype();
+  const DType init = c.kv->dtype[layer];
   auto grow = [&](std::vector<T>& slot, T& x, const char* what) {
     if (slot.size() <= layer) slot.resize(layer + 1);
     Shape s = x.shape();
     s.d[2] = checked_add(slot[layer] ? slot[layer].shape()[2] : 0, s[2], "the KV cache's length");
-    T grown = c.e.empty(s, x.dtype(), Category::kKvCache, c.L(what));
+    const DType cached = slot[layer] ? slot[layer].dtype() : init;
+    const DType dt = cached == x.dtype() ? cached : DType::kF32;  // float32 with anything, fp16 with bf16
+    T grown = c.e.empty(s, dt, Category::kKvCache, c.L(what));
     slot[layer] = grown;
     x = std::move(grown);
   };

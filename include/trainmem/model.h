@@ -25,6 +25,7 @@ enum class Family {
   kLlama,    // llama, mistral, qwen2, qwen3, gemma, gemma2, phi3, mixtral
   kGptNeox,  // gpt_neox (Pythia)
   kOpt,      // opt
+  kPhi,      // phi (phi-1, phi-1.5, phi-2)
   kStack,    // mlp layer stack
 };
 
@@ -52,6 +53,9 @@ struct EmbeddingSpec {
   bool tied = false;                // lm_head.weight is the token embedding (named_parameters lists it once)
   uint64_t proj_dim = 0;            // OPT word_embed_proj_dim when it differs from C (project_in/project_out)
   bool scaled_by_sqrt_hidden = false;  // Gemma multiplies the embeddings by sqrt(C)
+  // lm_head has a bias (V,): Phi's PhiForCausalLM builds nn.Linear(hidden_size, vocab_size, bias=True); no
+  // config key sets it. Listed even when the weight is tied (the bias is the head's own parameter).
+  bool head_bias = false;
 };
 
 struct AttentionSpec {

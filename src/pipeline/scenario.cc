@@ -236,6 +236,10 @@ void check_loss(const ModelSpec& m, const TrainSetup& t) {
       throw FieldError("loss", fmt::format("{}: gemma2's final logit softcapping is not part of torchtune's chunked "
                                            "output head", name_of(t.loss)));
     }
+    if (m.embed.head_bias) {  // Phi: lm_head = nn.Linear(hidden_size, vocab_size, bias=True)
+      throw FieldError("loss", fmt::format("{}: {}'s lm_head has a bias, which torchtune's chunked output head "
+                                           "(a bias-free linear per chunk) does not model", name_of(t.loss), m.name));
+    }
     // chunked_output splits the hidden states with .chunk(n, dim=1) and CEWithChunkedOutputLoss the labels with
     // .tensor_split(n, dim=1): the two agree (and zip pairs matching chunks) only when n divides the sequence.
     if (t.seq % t.loss_chunks != 0) {

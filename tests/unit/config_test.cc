@@ -33,6 +33,33 @@ TEST(Config, MissingKeysTakeTheTransformersDefaults) {
   EXPECT_EQ(nano.impl, Impl::kNanoGpt);
 }
 
+TEST(Config, PhiTakesPhiConfigDefaults) {
+  // PhiConfig() defaults are phi-1 / phi-1.5's shapes (hidden 2048, 24 layers, 32 heads, ffn 8192, vocab 51200):
+  // 1,418,270,720 parameters, the safetensors total the Hugging Face Hub reports for microsoft/phi-1_5.
+  const ModelSpec m = from_json(R"({"model_type": "phi"})");
+  EXPECT_EQ(parameter_count(build_inventory(m)).value, 1'418'270'720u);
+  EXPECT_EQ(m.attn.kv_heads, 32u);      // num_key_value_heads=None -> num_attention_heads
+  EXPECT_EQ(m.attn.rotary_dim, 32u);    // int(head_dim 64 * partial_rotary_factor 0.5)
+  EXPECT_EQ(m.mlp.act, Act::kGeluNew);  // hidden_act="gelu_new"
+  EXPECT_FALSE(m.embed.tied);
+  EXPECT_TRUE(m.embed.head_bias);       // lm_head = nn.Linear(..., bias=True)
+  EXPECT_FALSE(m.attn.qk_norm);
+  EXPECT_TRUE(m.parallel_residual);
+  EXPECT_DOUBLE_EQ(m.dropout.resid, 0.0);
+  // qk_layernorm=True: q_layernorm and k_layernorm, LayerNorm(head_dim) with weight and bias, in every layer
+  const ModelSpec q = from_json(R"({"model_type": "phi", "qk_layernorm": true})");
+  EXPECT_EQ(parameter_count(build_inventory(q)).value, 1'418'270'720u + 24u * 4u * 64u);
+  // A tied head still has its own bias: the weight is listed once, the bias stays
+  const ModelSpec t = from_json(R"({"model_type": "phi", "tie_word_embeddings": true})");
+  EXPECT_EQ(parameter_count(build_inventory(t)).value, 1'418'270'720u - 51'200u * 2'048u);
+}
+
+TEST(ConfigErrors, PhiNeedsRotaryDims) {
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "phi", "partial_rotary_factor": 0.01})"); }),
+            "test.json: key \"partial_rotary_factor\" = 0.01: expected a factor that leaves at least 2 rotary dims of "
+            "the head's 64 (0 rotary dims is not simulated)");
+}
+
 TEST(Config, AliasesAndNullMeanTheSameAsTransformers) {
   // attribute_map: hidden_size -> n_embd; null head_dim and num_key_value_heads are derived.
   EXPECT_EQ(from_json(R"({"model_type": "gpt2", "hidden_size": 1024, "n_head": 16})").hidden, 1024u);
@@ -75,7 +102,7 @@ TEST(ConfigErrors, MissingAndUnknownModelType) {
             "test.json: missing required key \"model_type\" (expected a string)");
   EXPECT_EQ(error_of([] { from_json(R"({"model_type": "bert"})"); }),
             "test.json: key \"model_type\" = \"bert\": expected one of gpt2, nanogpt, llama, mistral, qwen2, qwen3, "
-            "gemma, gemma2, phi3, mixtral, gpt_neox, opt, mlp");
+            "gemma, gemma2, phi3, mixtral, gpt_neox, opt, phi, mlp");
 }
 
 TEST(ConfigErrors, HeadsThatDoNotDivideTheWidth) {

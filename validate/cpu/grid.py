@@ -54,6 +54,18 @@ def _ll(model_type, **kw):
     return c
 
 
+# Phi (small: C=64, F=256, V=96, 4 heads); every dropout key at 0.0.
+_PHI = {"model_type": "phi", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "partial_rotary_factor": 0.5, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
+        "attention_dropout": 0.0}
+
+
+def _phi(**kw):
+    c = dict(_PHI)
+    c.update(kw)
+    return c
+
+
 # (name, config, batch, seq, precision[, options]). Every dropout probability is written as 0 into the config
 # files. options: {"freeze": [globs], "checkpointing": "full", "reentrant": bool, "every": N,
 # "lora": "r=..,alpha=..,dropout=..,targets=a+b" (trainmem's --lora spelling, passed to both sides),
@@ -118,6 +130,13 @@ GRID = [
                           "intermediate_size": 96, "num_hidden_layers": 1, "num_attention_heads": 4,
                           "rotary_pct": 0.5, "attention_bias": False, "tie_word_embeddings": True,
                           "attention_dropout": 0.0, "hidden_dropout": 0.0}, 3, 8, "fp32"),
+    # --- Phi
+    ("phi-partial0.5", _phi(), 2, 16, "fp32"),
+    ("phi-qkln-gqa-rot0.4-bf16", _phi(num_key_value_heads=2, partial_rotary_factor=0.4, qk_layernorm=True),
+     2, 32, "bf16"),
+    ("phi-qkln-B1", _phi(num_hidden_layers=1, qk_layernorm=True), 1, 16, "fp32"),
+    ("phi-tied-rot1.0-gelu", _phi(hidden_size=48, intermediate_size=96, partial_rotary_factor=1.0,
+                                  tie_word_embeddings=True, hidden_act="gelu"), 3, 8, "fp32"),
     # --- OPT
     ("opt-prenorm", {"model_type": "opt", "vocab_size": 96, "hidden_size": 64, "ffn_dim": 256,
                      "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 64,

@@ -14,6 +14,8 @@ reports the tensors that the real models would save.
             experts loop, no router aux loss; its saved tensors depend on the routing, i.e. on the data).
   gpt_neox  transformers 5.x GPTNeoXForCausalLM, eager attention.
   opt       transformers 5.x OPTForCausalLM, eager attention.
+  phi       transformers 5.x PhiForCausalLM, eager attention (parallel attention + MLP off one LayerNorm, partial
+            rotary, optional q/k LayerNorms, biased lm_head).
   mlp       an nn.Sequential of Linear / ReLU / GELU / Sigmoid / LayerNorm (trainmem's "stack" impl).
 
 Sources: /work/research/hf_*.md (quotes of the transformers source) and nanoGPT model.py. Every model's
@@ -53,7 +55,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import nanogpt  # noqa: E402
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "mixtral")
-MODEL_TYPES = ("nanogpt", "gpt2", "gpt_neox", "opt", "mlp") + LLAMA_FAMILY
+MODEL_TYPES = ("nanogpt", "gpt2", "gpt_neox", "opt", "phi", "mlp") + LLAMA_FAMILY
 
 
 def _is_meta(device):
@@ -1212,6 +1214,168 @@ class GPTNeoXForCausalLM(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------------------
+# Phi (transformers 5.x modeling_phi.py, generated from modular_phi.py; eager)
+
+
+def resolve_phi_config(cfg):
+    """PhiConfig (configuration_phi.py, 5.x) defaults."""
+    c = SimpleNamespace()
+    c.vocab_size = int(_get(cfg, "vocab_size", 51200))
+    c.hidden_size = int(_get(cfg, "hidden_size", 2048))
+    c.intermediate_size = int(_get(cfg, "intermediate_size", 8192))
+    c.num_hidden_layers = int(_get(cfg, "num_hidden_layers", 24))
+    c.num_attention_heads = int(_get(cfg, "num_attention_heads", 32))
+    # __post_init__: if self.num_key_value_heads is None: self.num_key_value_heads = self.num_attention_heads
+    c.num_key_value_heads = int(_get(cfg, "num_key_value_heads", c.num_attention_heads))
+    c.resid_pdrop = float(_get(cfg, "resid_pdrop", 0.0))
+    c.embd_pdrop = float(_get(cfg, "embd_pdrop", 0.0))
+    c.attention_dropout = float(_get(cfg, "attention_dropout", 0.0))
+    c.hidden_act = _get(cfg, "hidden_act", "gelu_new")
+    c.layer_norm_eps = float(_get(cfg, "layer_norm_eps", 1e-5))
+    c.tie_word_embeddings = bool(_get(cfg, "tie_word_embeddings", False))
+    c.qk_layernorm = bool(_get(cfg, "qk_layernorm", False))
+    # kwargs.setdefault("partial_rotary_factor", 0.5)
+    c.partial_rotary_factor = float(_get(cfg, "partial_rotary_factor", 0.5))
+    c.pad_token_id = _get(cfg, "pad_token_id", None)
+    c.rope_theta = _rope_theta(cfg)
+    # LlamaAttention: head_dim = getattr(config, "head_dim", hidden_size // num_attention_heads)
+    c.head_dim = c.hidden_size // c.num_attention_heads
+    c.rotary_ndims = int(c.head_dim * c.partial_rotary_factor)
+    return c
+
+
+class PhiAttention(nn.Module):
+    def __init__(self, c, layer_idx, device=None):
+        super().__init__()
+        self.config = c
+        self.layer_idx = layer_idx
+        self.head_dim = c.head_dim
+        self.num_key_value_groups = c.num_attention_heads // c.num_key_value_heads
+        self.scaling = self.head_dim ** -0.5
+        self.attention_dropout = c.attention_dropout
+        self.is_causal = True
+        H, KV, D, C = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.hidden_size
+        self.q_proj = nn.Linear(C, H * D, bias=True, device=device)
+        self.k_proj = nn.Linear(C, KV * D, bias=True, device=device)
+        self.v_proj = nn.Linear(C, KV * D, bias=True, device=device)
+        self.dense = nn.Linear(H * D, C, bias=True, device=device)
+        self.rotary_ndims = c.rotary_ndims
+        self.qk_layernorm = c.qk_layernorm
+        if self.qk_layernorm:
+            self.q_layernorm = nn.LayerNorm(C // H, eps=c.layer_norm_eps, elementwise_affine=True, device=device)
+            self.k_layernorm = nn.LayerNorm(C // H, eps=c.layer_norm_eps, elementwise_affine=True, device=device)
+
+    def forward(self, hidden_states, position_embeddings, attention_mask):
+        input_shape = hidden_states.shape[:-1]
+        hidden_shape = (*input_shape, -1, self.head_dim)
+        query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        if self.qk_layernorm:
+            query_states = self.q_layernorm(query_states)
+            key_states = self.k_layernorm(key_states)
+        cos, sin = position_embeddings
+        # Partial rotary embedding
+        query_rot, query_pass = (
+            query_states[..., : self.rotary_ndims],
+            query_states[..., self.rotary_ndims:],
+        )
+        key_rot, key_pass = (
+            key_states[..., : self.rotary_ndims],
+            key_states[..., self.rotary_ndims:],
+        )
+        query_rot, key_rot = apply_rotary_pos_emb(query_rot, key_rot, cos, sin)
+        query_states = torch.cat((query_rot, query_pass), dim=-1)
+        key_states = torch.cat((key_rot, key_pass), dim=-1)
+        attn_output, attn_weights = eager_attention_forward(
+            self, query_states, key_states, value_states, attention_mask,
+            scaling=self.scaling, dropout=0.0 if not self.training else self.attention_dropout)
+        attn_output = attn_output.reshape(*input_shape, -1).contiguous()
+        attn_output = self.dense(attn_output)
+        return attn_output, attn_weights
+
+
+class PhiMLP(nn.Module):
+    """CLIPMLP: fc1, activation_fn, fc2."""
+
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.activation_fn = act_fn(c.hidden_act)
+        self.fc1 = nn.Linear(c.hidden_size, c.intermediate_size, device=device)
+        self.fc2 = nn.Linear(c.intermediate_size, c.hidden_size, device=device)
+
+    def forward(self, hidden_states):
+        hidden_states = self.fc1(hidden_states)
+        hidden_states = self.activation_fn(hidden_states)
+        hidden_states = self.fc2(hidden_states)
+        return hidden_states
+
+
+class PhiDecoderLayer(nn.Module):
+    def __init__(self, c, layer_idx, device=None):
+        super().__init__()
+        self.self_attn = PhiAttention(c, layer_idx, device)
+        self.mlp = PhiMLP(c, device)
+        self.input_layernorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, device=device)
+        self.resid_dropout = nn.Dropout(c.resid_pdrop)
+
+    def forward(self, hidden_states, attention_mask=None, position_ids=None, position_embeddings=None, **kwargs):
+        residual = hidden_states
+        hidden_states = self.input_layernorm(hidden_states)
+        attn_outputs, self_attn_weights = self.self_attn(hidden_states, position_embeddings, attention_mask)
+        attn_outputs = self.resid_dropout(attn_outputs)
+        feed_forward_hidden_states = self.resid_dropout(self.mlp(hidden_states))
+        hidden_states = attn_outputs + feed_forward_hidden_states + residual
+        return hidden_states
+
+
+class PhiModel(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.config = c
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size, c.pad_token_id, device=device)
+        self.layers = nn.ModuleList([PhiDecoderLayer(c, i, device) for i in range(c.num_hidden_layers)])
+        self.rotary_emb = RotaryEmbedding(c.rotary_ndims, c.rope_theta, device=device)
+        self.embed_dropout = nn.Dropout(c.embd_pdrop)
+        self.final_layernorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, device=device)
+
+    def forward(self, input_ids):
+        inputs_embeds = self.embed_tokens(input_ids)
+        B, T = inputs_embeds.shape[:2]
+        cache_position = torch.arange(0, T, device=inputs_embeds.device)
+        position_ids = cache_position.unsqueeze(0)
+        causal_mask = eager_causal_mask(B, T, inputs_embeds.dtype, inputs_embeds.device)
+        inputs_embeds = self.embed_dropout(inputs_embeds)  # diff with Llama
+        hidden_states = inputs_embeds
+        position_embeddings = self.rotary_emb(hidden_states, position_ids)
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, attention_mask=causal_mask, position_ids=position_ids,
+                                  position_embeddings=position_embeddings)
+        hidden_states = self.final_layernorm(hidden_states)  # diff with Llama
+        return hidden_states
+
+
+class PhiForCausalLM(nn.Module):
+    def __init__(self, cfg, device=None):
+        super().__init__()
+        c = resolve_phi_config(cfg)
+        self.config = c
+        self.vocab_size = c.vocab_size
+        self.model = PhiModel(c, device)
+        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=True, device=device)
+        if c.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids, labels=None):
+        hidden_states = self.model(input_ids)
+        kept, labels = keep_logits(self, hidden_states, labels)
+        logits = self.lm_head(kept)
+        if labels is None:
+            return logits  # inference (validate/cpu/inference.py): the logits as the model returns them
+        return for_causal_lm_loss(logits, labels, vocab_size=self.vocab_size)
+
+
+# ----------------------------------------------------------------------------------------------------------
 # OPT (transformers 5.x modeling_opt.py, eager)
 
 
@@ -1458,6 +1622,8 @@ def build_model(config, device=None, frozen=(), checkpointing="none", checkpoint
         m = GPTNeoXForCausalLM(config, device)
     elif t == "opt":
         m = OPTForCausalLM(config, device)
+    elif t == "phi":
+        m = PhiForCausalLM(config, device)
     elif t == "mlp":
         m = MLPStack(config, device)
     else:

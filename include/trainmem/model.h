@@ -68,6 +68,9 @@ struct AttentionSpec {
   bool qk_norm = false;     // Qwen3: RMSNorm(D) on q and k
   uint64_t rotary_dim = 0;  // rotated dims per head (partial rotary for NeoX/Phi); 0 when not rotary
   double softcap = 0.0;     // Gemma2 attn_logit_softcapping; 0 = off
+  // Gemma3 (gemma3_text) layer_types: true where layer i is "sliding_attention" (its own mask and its own rotary
+  // table), false for "full_attention". Empty for every other family (one mask, one rotary table).
+  std::vector<bool> sliding_layers;
 };
 
 struct MlpSpec {
@@ -125,6 +128,7 @@ struct ModelSpec {
   bool final_norm = true;        // OPT-350m (do_layer_norm_before=False) has none
   bool pre_norm = true;          // OPT do_layer_norm_before
   bool parallel_residual = false;  // NeoX use_parallel_residual
+  double final_softcap = 0.0;    // gemma3_text final_logit_softcapping (None: 0 = off); gemma2's is in llama.cc
   DropoutSpec dropout;           // probabilities used in model.train()
 
   // model_type "mlp" only

@@ -43,6 +43,7 @@ constexpr ModelType kLlamaTypes[] = {
     {"llama", llama_config, Impl::kHf},  {"mistral", llama_config, Impl::kHf}, {"qwen2", llama_config, Impl::kHf},
     {"qwen3", llama_config, Impl::kHf},  {"gemma", llama_config, Impl::kHf},   {"gemma2", llama_config, Impl::kHf},
     {"phi3", llama_config, Impl::kHf},   {"mixtral", llama_config, Impl::kHf},
+    {"gemma3_text", llama_config, Impl::kHf},
 };
 constexpr Program kLlamaPrograms[] = {{Impl::kHf, models::llama_tensors, sim::llama_forward, LoopKind::kHf}};
 
@@ -59,7 +60,7 @@ constexpr ModelType kStackTypes[] = {{"mlp", stack_config, Impl::kStack}};
 constexpr Program kStackPrograms[] = {{Impl::kStack, models::stack_tensors, stack_program, LoopKind::kPlain}};
 
 // peft: utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING ("gpt2": ["c_attn"], "llama" and
-// the other Llama-shaped types and "opt": ["q_proj", "v_proj"], "gpt_neox": ["query_key_value"]).
+// the other Llama-shaped types (gemma3_text too) and "opt": ["q_proj", "v_proj"], "gpt_neox": ["query_key_value"]).
 constexpr std::string_view kQV[] = {"q_proj", "v_proj"};
 constexpr std::string_view kCAttn[] = {"c_attn"};
 constexpr std::string_view kQKV[] = {"query_key_value"};

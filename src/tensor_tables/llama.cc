@@ -62,7 +62,7 @@ void norm_rows(const ModelSpec& m, const std::string& p, Table& t) {
   const uint64_t C = m.hidden;
   t.param(p + "input_layernorm.weight", {C});
   t.param(p + "post_attention_layernorm.weight", {C});
-  if (m.norms_per_layer == 4) {  // Gemma2 sandwich norms
+  if (m.norms_per_layer == 4) {  // Gemma2 / Gemma3 sandwich norms
     t.param(p + "pre_feedforward_layernorm.weight", {C});
     t.param(p + "post_feedforward_layernorm.weight", {C});
   }
@@ -95,7 +95,21 @@ void llama_tensors(const ModelSpec& m, Table& t) {
   t.param("model.norm.weight", {C});
   // One rotary embedding for the whole model (model.rotary_emb since transformers 4.45), registered after
   // the final norm.
-  rotary_buffers("model.rotary_emb.", m.attn.rotary_dim, t);
+  if (!m.attn.sliding_layers.empty()) {
+    // Gemma3RotaryEmbedding (5.x): for each layer type of config.layer_types,
+    // register_buffer(f"{layer_type}_inv_freq", ...) and f"{layer_type}_original_inv_freq" (a clone). transformers
+    // walks set(config.layer_types), whose order is Python's string hashing; listed here in order of first use.
+    bool sliding_done = false, full_done = false;
+    for (bool sliding : m.attn.sliding_layers) {
+      bool& done = sliding ? sliding_done : full_done;
+      if (done) continue;
+      done = true;
+      rotary_buffers(sliding ? "model.rotary_emb.sliding_attention_" : "model.rotary_emb.full_attention_",
+                     m.attn.rotary_dim, t);
+    }
+  } else {
+    rotary_buffers("model.rotary_emb.", m.attn.rotary_dim, t);
+  }
   if (!m.embed.tied) t.param("lm_head.weight", {V, C});
 }
 

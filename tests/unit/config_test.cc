@@ -54,6 +54,44 @@ TEST(Config, PhiTakesPhiConfigDefaults) {
   EXPECT_EQ(parameter_count(build_inventory(t)).value, 1'418'270'720u - 51'200u * 2'048u);
 }
 
+TEST(Config, Gemma3TextTakesGemma3TextConfigDefaults) {
+  const ModelSpec m = from_json(R"({"model_type": "gemma3_text"})");
+  EXPECT_EQ(m.family, Family::kLlama);
+  EXPECT_EQ(m.hidden, 2304u);
+  EXPECT_EQ(m.layers, 26u);
+  EXPECT_EQ(m.attn.heads, 8u);
+  EXPECT_EQ(m.attn.kv_heads, 4u);
+  EXPECT_EQ(m.attn.head_dim, 256u);
+  EXPECT_EQ(m.embed.vocab_size, 262'208u);
+  EXPECT_TRUE(m.embed.tied);
+  EXPECT_TRUE(m.attn.qk_norm);
+  EXPECT_EQ(m.norms_per_layer, 4u);
+  EXPECT_TRUE(m.embed.scaled_by_sqrt_hidden);
+  EXPECT_EQ(m.mlp.act, Act::kGeluTanh);  // hidden_activation="gelu_pytorch_tanh"
+  EXPECT_DOUBLE_EQ(m.attn.softcap, 0.0);  // attn_logit_softcapping=None
+  EXPECT_DOUBLE_EQ(m.final_softcap, 0.0);  // final_logit_softcapping=None
+  // layer_types=None: "sliding_attention" if bool((i + 1) % 6) else "full_attention"
+  ASSERT_EQ(m.attn.sliding_layers.size(), 26u);
+  for (uint64_t i = 0; i < 26; ++i) EXPECT_EQ(m.attn.sliding_layers[i], (i + 1) % 6 != 0) << i;
+  // layer_types, when given, wins over sliding_window_pattern
+  const ModelSpec t = from_json(
+      R"({"model_type": "gemma3_text", "num_hidden_layers": 2, "sliding_window_pattern": 2,
+          "layer_types": ["full_attention", "sliding_attention"], "final_logit_softcapping": 30.0})");
+  EXPECT_EQ(t.attn.sliding_layers, (std::vector<bool>{false, true}));
+  EXPECT_DOUBLE_EQ(t.final_softcap, 30.0);
+}
+
+TEST(ConfigErrors, Gemma3LayerTypesMustNameEachLayer) {
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "gemma3_text", "num_hidden_layers": 2,
+                                         "layer_types": ["full_attention"]})"); }),
+            "test.json: key \"layer_types\" = [\"full_attention\"]: expected a list of 2 (num_hidden_layers) "
+            "\"sliding_attention\" or \"full_attention\" entries");
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "gemma3_text", "num_hidden_layers": 1,
+                                         "layer_types": ["chunked_attention"]})"); }),
+            "test.json: key \"layer_types\" = \"chunked_attention\": expected \"sliding_attention\" or "
+            "\"full_attention\"");
+}
+
 TEST(ConfigErrors, PhiNeedsRotaryDims) {
   EXPECT_EQ(error_of([] { from_json(R"({"model_type": "phi", "partial_rotary_factor": 0.01})"); }),
             "test.json: key \"partial_rotary_factor\" = 0.01: expected a factor that leaves at least 2 rotary dims of "
@@ -102,7 +140,7 @@ TEST(ConfigErrors, MissingAndUnknownModelType) {
             "test.json: missing required key \"model_type\" (expected a string)");
   EXPECT_EQ(error_of([] { from_json(R"({"model_type": "bert"})"); }),
             "test.json: key \"model_type\" = \"bert\": expected one of gpt2, nanogpt, llama, mistral, qwen2, qwen3, "
-            "gemma, gemma2, phi3, mixtral, gpt_neox, opt, phi, mlp");
+            "gemma, gemma2, phi3, mixtral, gemma3_text, gpt_neox, opt, phi, mlp");
 }
 
 TEST(ConfigErrors, HeadsThatDoNotDivideTheWidth) {

@@ -115,6 +115,13 @@ GRID = [
     ("phi3-partial0.5", _ll("phi3", num_key_value_heads=4, partial_rotary_factor=0.5, resid_pdrop=0.0,
                             embd_pdrop=0.0), 2, 16, "fp32"),
     ("phi3-gqa-bf16", _ll("phi3", partial_rotary_factor=0.5, resid_pdrop=0.0, embd_pdrop=0.0), 2, 24, "bf16"),
+    ("gemma3-text-sliding-full", _ll("gemma3_text", num_hidden_layers=3, head_dim=32, sliding_window=8,
+                                     layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
+     2, 16, "fp32"),
+    ("gemma3-text-bf16-softcap", _ll("gemma3_text", head_dim=16, sliding_window=8, sliding_window_pattern=2,
+                                     final_logit_softcapping=30.0, attn_logit_softcapping=50.0), 1, 32, "bf16"),
+    ("gemma3-text-untied-mqa", _ll("gemma3_text", num_key_value_heads=1, head_dim=32, tie_word_embeddings=False,
+                                   query_pre_attn_scalar=32), 3, 8, "fp32"),
     ("mistral-sliding", _ll("mistral", sliding_window=8), 2, 16, "fp32"),
     ("mistral-bf16", _ll("mistral"), 4, 16, "bf16"),
     # --- GPT-NeoX
@@ -168,6 +175,9 @@ GRID = [
     # --- gradient checkpointing (trainmem --checkpointing full --checkpoint-reentrant B --checkpoint-every N)
     ("ckpt-llama-reentrant", _ll("llama"), 2, 16, "fp32", {"checkpointing": "full", "reentrant": True}),
     ("ckpt-llama-nonreentrant", _ll("llama"), 2, 16, "fp32", {"checkpointing": "full", "reentrant": False}),
+    ("ckpt-gemma3-text-reentrant", _ll("gemma3_text", num_hidden_layers=3, head_dim=16, sliding_window=8,
+                                       sliding_window_pattern=2), 2, 16, "fp32",
+     {"checkpointing": "full", "reentrant": True}),
     ("ckpt-llama-reentrant-every2-L4-bf16", _ll("llama", num_hidden_layers=4), 2, 16, "bf16",
      {"checkpointing": "full", "reentrant": True, "every": 2}),
     ("ckpt-gpt2-reentrant", {"model_type": "gpt2", "n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 128,

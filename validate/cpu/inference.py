@@ -40,6 +40,8 @@ GRID = [
                             "block_size": 64, "bias": True, "dropout": 0.1}, 2, 32, "fp32"),
     ("infer-neox-fp32", {"model_type": "gpt_neox", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 256,
                          "num_hidden_layers": 2, "num_attention_heads": 4, "rotary_pct": 0.25}, 2, 16, "fp32"),
+    ("infer-gemma3-text-bf16", {"model_type": "gemma3_text", **_LL, "head_dim": 16, "sliding_window": 8,
+                                "sliding_window_pattern": 2}, 2, 32, "bf16"),
     ("infer-phi-qkln-fp32", {"model_type": "phi", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 256,
                              "num_hidden_layers": 2, "num_attention_heads": 4, "partial_rotary_factor": 0.5,
                              "qk_layernorm": True, "resid_pdrop": 0.1}, 2, 16, "fp32"),

@@ -9,8 +9,9 @@ reports the tensors that the real models would save.
             F.cross_entropy(logits.view(-1, V), targets.view(-1), ignore_index=-1).
   gpt2      transformers 5.x GPT2LMHeadModel, eager attention (Conv1D = addmm, gelu_new as its composite
             formula, division by a 0-dim tensor sqrt(D), additive float (B,1,T,T) causal mask).
-  llama, mistral, qwen2, qwen3, gemma, gemma2, phi3, mixtral
-            transformers 5.x *ForCausalLM with eager attention (mixtral: 5.x fused 3-D experts with the eager
+  llama, mistral, qwen2, qwen3, gemma, gemma2, phi3, mixtral, gemma3_text
+            transformers 5.x *ForCausalLM with eager attention (gemma3_text: Gemma3ForCausalLM, its sliding and
+            full layers with their own masks and rotary tables, q/k norms after the transpose) (mixtral: 5.x fused 3-D experts with the eager
             experts loop, no router aux loss; its saved tensors depend on the routing, i.e. on the data).
   gpt_neox  transformers 5.x GPTNeoXForCausalLM, eager attention.
   opt       transformers 5.x OPTForCausalLM, eager attention.
@@ -54,7 +55,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # validate/: nanogpt.py
 import nanogpt  # noqa: E402
 
-LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "mixtral")
+LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "mixtral", "gemma3_text")
 MODEL_TYPES = ("nanogpt", "gpt2", "gpt_neox", "opt", "phi", "mlp") + LLAMA_FAMILY
 
 
@@ -672,6 +673,7 @@ _LLAMA_DEFAULTS = {
     "gemma2":  (256000, 2304, 9216, 26, 8, 4, 256, True, "gelu_pytorch_tanh", 1e-6),
     "phi3":    (32064, 3072, 8192, 32, 32, None, None, False, "silu", 1e-5),
     "mixtral": (32000, 4096, 14336, 32, 32, 8, None, False, "silu", 1e-5),
+    "gemma3_text": (262208, 2304, 9216, 26, 8, 4, 256, True, "gelu_pytorch_tanh", 1e-6),
 }
 
 
@@ -691,7 +693,7 @@ def resolve_llama_config(cfg):
     if c.num_attention_heads % c.num_key_value_heads:
         raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
     c.tie_word_embeddings = bool(_get(cfg, "tie_word_embeddings", tied))
-    if t == "gemma2":
+    if t in ("gemma2", "gemma3_text"):
         c.hidden_act = _get(cfg, "hidden_activation", act)
     else:
         c.hidden_act = _get(cfg, "hidden_act", act)
@@ -702,7 +704,7 @@ def resolve_llama_config(cfg):
     c.mlp_bias = False
     if t == "qwen2":
         c.q_bias = c.k_bias = c.v_bias = True
-    if t in ("llama", "qwen3", "gemma", "gemma2"):
+    if t in ("llama", "qwen3", "gemma", "gemma2", "gemma3_text"):
         ab = bool(_get(cfg, "attention_bias", False))
         c.q_bias = c.k_bias = c.v_bias = c.o_bias = ab
     if t == "llama":
@@ -712,11 +714,12 @@ def resolve_llama_config(cfg):
         c.num_local_experts = int(_get(cfg, "num_local_experts", 8))
         c.num_experts_per_tok = int(_get(cfg, "num_experts_per_tok", 2))
         c.router_jitter_noise = float(_get(cfg, "router_jitter_noise", 0.0))
-    c.qk_norm = t == "qwen3"
+    c.qk_norm = t in ("qwen3", "gemma3_text")
+    c.qk_norm_after_transpose = t == "gemma3_text"  # Gemma3Attention: q_norm(q.view(...).transpose(1, 2))
     c.fused = t == "phi3"
-    c.gemma_norm = t in ("gemma", "gemma2")
-    c.four_norms = t == "gemma2"
-    c.embed_scale = t in ("gemma", "gemma2")
+    c.gemma_norm = t in ("gemma", "gemma2", "gemma3_text")
+    c.four_norms = t in ("gemma2", "gemma3_text")
+    c.embed_scale = t in ("gemma", "gemma2", "gemma3_text")
     c.attention_dropout = float(_get(cfg, "attention_dropout", 0.0))
     c.resid_pdrop = float(_get(cfg, "resid_pdrop", 0.0)) if t == "phi3" else 0.0
     # rotary
@@ -734,8 +737,23 @@ def resolve_llama_config(cfg):
         c.scaling = float(_get(cfg, "query_pre_attn_scalar", 256)) ** -0.5
         c.attn_softcap = cfg.get("attn_logit_softcapping", 50.0)
         c.final_softcap = cfg.get("final_logit_softcapping", 30.0)
+    if t == "gemma3_text":
+        # Gemma3TextConfig: query_pre_attn_scalar=256, attn_logit_softcapping=None, final_logit_softcapping=None
+        c.scaling = float(_get(cfg, "query_pre_attn_scalar", 256)) ** -0.5
+        c.attn_softcap = cfg.get("attn_logit_softcapping")
+        c.final_softcap = cfg.get("final_logit_softcapping")
+    # Gemma3TextConfig: layer_types=None -> "sliding_attention" if bool((i + 1) % sliding_window_pattern) else
+    # "full_attention", sliding_window_pattern=6
+    c.layer_types = None
+    if t == "gemma3_text":
+        c.layer_types = cfg.get("layer_types")
+        if c.layer_types is None:
+            pat = int(_get(cfg, "sliding_window_pattern", 6))
+            c.layer_types = ["sliding_attention" if (i + 1) % pat else "full_attention"
+                             for i in range(c.num_hidden_layers)]
+        c.rope_local_base_freq = float(_get(cfg, "rope_local_base_freq", 10000.0))
     # sliding windows per layer (masks only; no saved tensor depends on them)
-    sw = cfg.get("sliding_window", 4096 if t in ("mistral", "gemma2") else None)
+    sw = cfg.get("sliding_window", 4096 if t in ("mistral", "gemma2", "gemma3_text") else None)
     if t == "phi3":
         sw = None  # not applied to the eager mask here (masks are never saved; only their shape matters)
     if t in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):
@@ -744,6 +762,8 @@ def resolve_llama_config(cfg):
     for i in range(c.num_hidden_layers):
         if t == "gemma2":
             c.layer_windows.append(sw if (i + 1) % 2 else None)
+        elif t == "gemma3_text":
+            c.layer_windows.append(sw if c.layer_types[i] == "sliding_attention" else None)
         elif t in ("qwen2", "qwen3") and sw is not None:
             c.layer_windows.append(sw if i >= int(cfg.get("max_window_layers", 28)) else None)
         else:
@@ -915,8 +935,9 @@ class LlamaAttention(nn.Module):
             self.v_proj = nn.Linear(C, KV * D, bias=c.v_bias, device=device)
             self.o_proj = nn.Linear(H * D, C, bias=c.o_bias, device=device)
         if c.qk_norm:
-            self.q_norm = LlamaRMSNorm(D, eps=c.rms_norm_eps, device=device)
-            self.k_norm = LlamaRMSNorm(D, eps=c.rms_norm_eps, device=device)
+            QKNorm = GemmaRMSNorm if c.gemma_norm else LlamaRMSNorm  # Gemma3RMSNorm is GemmaRMSNorm's code
+            self.q_norm = QKNorm(D, eps=c.rms_norm_eps, device=device)
+            self.k_norm = QKNorm(D, eps=c.rms_norm_eps, device=device)
 
     def forward(self, hidden_states, position_embeddings, attention_mask):
         c = self.config
@@ -931,6 +952,12 @@ class LlamaAttention(nn.Module):
             query_states = query_states.view(hidden_shape).transpose(1, 2)
             key_states = key_states.view(hidden_shape).transpose(1, 2)
             value_states = value_states.view(hidden_shape).transpose(1, 2)
+        elif c.qk_norm_after_transpose:  # gemma3_text
+            query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+            key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+            value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+            query_states = self.q_norm(query_states)
+            key_states = self.k_norm(key_states)
         elif c.qk_norm:
             query_states = self.q_norm(self.q_proj(hidden_states).view(hidden_shape)).transpose(1, 2)
             key_states = self.k_norm(self.k_proj(hidden_states).view(hidden_shape)).transpose(1, 2)
@@ -1006,6 +1033,42 @@ class LlamaDecoderLayer(nn.Module):
         return hidden_states
 
 
+class Gemma3RotaryEmbedding(nn.Module):
+    """Gemma3RotaryEmbedding (5.x): per layer type of config.layer_types, buffers f"{layer_type}_inv_freq" and
+    f"{layer_type}_original_inv_freq" (a clone), persistent=False; the full-attention table from rope_theta (and
+    rope_scaling, default here), the sliding one from rope_local_base_freq. transformers walks set(layer_types)
+    (Python string-hash order); here the order of first use, as trainmem lists them. forward(x, position_ids,
+    layer_type) is LlamaRotaryEmbedding's on that type's table."""
+
+    def __init__(self, c, device=None):
+        super().__init__()
+        dev = "meta" if _is_meta(device) else None
+        self.order = []
+        for lt in c.layer_types:
+            if lt in self.order:
+                continue
+            self.order.append(lt)
+            base = c.rope_local_base_freq if lt == "sliding_attention" else c.rope_theta
+            dim = c.rotary_dim
+            inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(dtype=torch.float) / dim))
+            if dev:
+                inv = inv.to(dev)
+            self.register_buffer(f"{lt}_inv_freq", inv, persistent=False)
+            self.register_buffer(f"{lt}_original_inv_freq", inv.clone(), persistent=False)
+        self.attention_scaling = 1.0
+
+    @torch.no_grad()
+    def forward(self, x, position_ids, layer_type):
+        inv_freq = getattr(self, f"{layer_type}_inv_freq")
+        inv_freq_expanded = inv_freq[None, :, None].float().expand(position_ids.shape[0], -1, 1).to(x.device)
+        position_ids_expanded = position_ids[:, None, :].float()
+        freqs = (inv_freq_expanded.float() @ position_ids_expanded.float()).transpose(1, 2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = emb.cos() * self.attention_scaling
+        sin = emb.sin() * self.attention_scaling
+        return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
+
+
 class LlamaModel(nn.Module):
     def __init__(self, c, device=None):
         super().__init__()
@@ -1018,7 +1081,10 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList([LlamaDecoderLayer(c, i, device) for i in range(c.num_hidden_layers)])
         Norm = GemmaRMSNorm if c.gemma_norm else LlamaRMSNorm
         self.norm = Norm(c.hidden_size, eps=c.rms_norm_eps, device=device)
-        self.rotary_emb = RotaryEmbedding(c.rotary_dim, c.rope_theta, device=device)
+        if c.layer_types is not None:
+            self.rotary_emb = Gemma3RotaryEmbedding(c, device=device)
+        else:
+            self.rotary_emb = RotaryEmbedding(c.rotary_dim, c.rope_theta, device=device)
         self.checkpoint_settings = CheckpointSettings()
 
     def forward(self, input_ids):
@@ -1026,6 +1092,8 @@ class LlamaModel(nn.Module):
         B, T = inputs_embeds.shape[:2]
         position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + 0
         position_ids = position_ids.unsqueeze(0)
+        if self.config.layer_types is not None:
+            return self._gemma3_forward(inputs_embeds, position_ids)
         masks = {}
         for w in set(self.config.layer_windows):
             masks[w] = eager_causal_mask(B, T, inputs_embeds.dtype, inputs_embeds.device, sliding_window=w)
@@ -1037,6 +1105,28 @@ class LlamaModel(nn.Module):
             hidden_states = call_layer(self.checkpoint_settings, i, layer, hidden_states,
                                        attention_mask=masks[layer.self_attn.sliding_window],
                                        position_embeddings=position_embeddings, position_ids=position_ids)
+        hidden_states = self.norm(hidden_states)
+        return hidden_states
+
+    def _gemma3_forward(self, inputs_embeds, position_ids):
+        """Gemma3TextModel.forward (5.x) from the masks on: both masks made (full, then sliding), one rotary
+        table per layer type, each layer called with its type's mask and table."""
+        B, T = inputs_embeds.shape[:2]
+        sw = next((w for w in self.config.layer_windows if w is not None), None)
+        causal_mask_mapping = {
+            "full_attention": eager_causal_mask(B, T, inputs_embeds.dtype, inputs_embeds.device),
+            "sliding_attention": eager_causal_mask(B, T, inputs_embeds.dtype, inputs_embeds.device,
+                                                   sliding_window=sw if sw is not None else 4096),
+        }
+        hidden_states = inputs_embeds
+        position_embeddings = {}
+        for layer_type in self.rotary_emb.order:
+            position_embeddings[layer_type] = self.rotary_emb(hidden_states, position_ids, layer_type)
+        for i, layer in enumerate(self.layers):
+            lt = self.config.layer_types[i]
+            hidden_states = call_layer(self.checkpoint_settings, i, layer, hidden_states,
+                                       attention_mask=causal_mask_mapping[lt],
+                                       position_embeddings=position_embeddings[lt], position_ids=position_ids)
         hidden_states = self.norm(hidden_states)
         return hidden_states
 

@@ -54,6 +54,12 @@ constexpr LlamaFamilyDefaults kFamily[] = {
     // q_norm / k_norm (Gemma3RMSNorm(head_dim)), Gemma3DecoderLayer four norms, Gemma3TextScaledWordEmbedding.
     {"gemma3_text", "Gemma3TextConfig", 262208, 2304, 9216, 26, 8, 4, 256, 131072, true, "gelu_pytorch_tanh",
      false, true, false, true, false, 4, false, true},
+    // Starcoder2Config: vocab_size=49152, hidden_size=3072, intermediate_size=12288, num_hidden_layers=30,
+    // num_attention_heads=24, num_key_value_heads=2, hidden_act="gelu_pytorch_tanh", max_position_embeddings=4096,
+    // tie_word_embeddings not passed (PretrainedConfig's True); use_bias, the LayerNorms and the non-gated MLP are
+    // read in read_starcoder2.
+    {"starcoder2", "Starcoder2Config", 49152, 3072, 12288, 30, 24, 2, 0, 4096, true, "gelu_pytorch_tanh",
+     false, false, false, false, false, 2, false, false},
 };
 
 const LlamaFamilyDefaults* find_family(const std::string& t) {
@@ -88,6 +94,21 @@ void read_gemma3_layers(const KeyReader& r, ModelSpec& m) {
     return;
   }
   for (uint64_t i = 0; i < m.layers; ++i) m.attn.sliding_layers.push_back((i + 1) % pattern != 0);
+}
+
+// Starcoder2 (modeling_starcoder2.py, generated from modular_starcoder2.py on Mistral's): Starcoder2Config
+// use_bias=True (q/k/v/o_proj and Starcoder2MLP's c_fc/c_proj: nn.Linear(..., bias=config.use_bias)),
+// norm_epsilon=1e-5 (input_layernorm, post_attention_layernorm and the final norm are nn.LayerNorm, with bias),
+// residual_dropout=0.0 (after o_proj and after c_proj), embedding_dropout=0.0 (on the embeddings), sliding_window=None
+// (the mask only), attention_dropout=0.0. Starcoder2MLP: c_proj(act(c_fc(x))), not gated.
+void read_starcoder2(const KeyReader& r, ModelSpec& m) {
+  const bool bias = r.boolean({"use_bias"}, true);
+  m.attn.qkv_bias = m.attn.out_bias = m.mlp.bias = bias;
+  m.mlp.gated = false;
+  m.norm = {NormKind::kLayerNorm, true, true};
+  m.dropout.resid = read_probability(r, {"residual_dropout"}, 0.0);
+  m.dropout.embd = read_probability(r, {"embedding_dropout"}, 0.0);
+  r.optional_integer({"sliding_window"}, 1, kMaxPositions);
 }
 
 }  // namespace
@@ -132,6 +153,7 @@ bool read_llama_family(const KeyReader& r, const std::string& model_type, ModelS
   m.norms_per_layer = d->norms_per_layer;
   if (model_type == "gemma2") m.attn.softcap = r.number({"attn_logit_softcapping"}, 50.0, 0.0, 1e9);
   if (model_type == "gemma3_text") read_gemma3_layers(r, m);
+  if (model_type == "starcoder2") read_starcoder2(r, m);
   if (d->moe) {
     m.moe.experts = r.shape({"num_local_experts"}, 8, 1, kMaxExperts, defaults_of);
     m.moe.top_k = r.shape({"num_experts_per_tok"}, 2, 1, kMaxExperts, defaults_of);

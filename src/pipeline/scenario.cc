@@ -509,7 +509,9 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   if (s.train.lora.on) {
     LoraSetup& l = r.setup.lora;
     const FamilyDescriptor& fam = family_descriptor(r.model.family);
-    if (l.targets.empty()) {
+    // peft's TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING has no "starcoder2" entry, although the rest of
+    // its registry family (the Llama-shaped types) has one
+    if (l.targets.empty() && r.model.model_type != "starcoder2") {
       for (std::string_view t : fam.lora_targets) l.targets.emplace_back(t);
     }
     if (l.targets.empty()) {

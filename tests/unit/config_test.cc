@@ -81,6 +81,31 @@ TEST(Config, Gemma3TextTakesGemma3TextConfigDefaults) {
   EXPECT_DOUBLE_EQ(t.final_softcap, 30.0);
 }
 
+TEST(Config, Starcoder2TakesStarcoder2ConfigDefaults) {
+  const ModelSpec m = from_json(R"({"model_type": "starcoder2"})");
+  EXPECT_EQ(m.family, Family::kLlama);
+  EXPECT_EQ(m.embed.vocab_size, 49'152u);
+  EXPECT_EQ(m.hidden, 3072u);
+  EXPECT_EQ(m.mlp.ffn, 12'288u);
+  EXPECT_EQ(m.layers, 30u);
+  EXPECT_EQ(m.attn.heads, 24u);
+  EXPECT_EQ(m.attn.kv_heads, 2u);
+  EXPECT_EQ(m.attn.head_dim, 128u);
+  EXPECT_TRUE(m.embed.tied);  // tie_word_embeddings is not a Starcoder2Config argument: PretrainedConfig's True
+  EXPECT_EQ(m.norm.kind, NormKind::kLayerNorm);
+  EXPECT_TRUE(m.norm.bias);
+  EXPECT_FALSE(m.mlp.gated);  // Starcoder2MLP: c_proj(act(c_fc(x)))
+  EXPECT_TRUE(m.attn.qkv_bias && m.attn.out_bias && m.mlp.bias);  // use_bias=True
+  EXPECT_EQ(m.mlp.act, Act::kGeluTanh);
+  // use_bias=False drops every projection's bias (the LayerNorms keep theirs)
+  const ModelSpec nb = from_json(R"({"model_type": "starcoder2", "use_bias": false})");
+  EXPECT_FALSE(nb.attn.qkv_bias || nb.attn.out_bias || nb.mlp.bias);
+  EXPECT_TRUE(nb.norm.bias);
+  const uint64_t C = 3072, F = 12'288, KV = 256, L = 30;
+  EXPECT_EQ(parameter_count(build_inventory(m)).value - parameter_count(build_inventory(nb)).value,
+            L * (C + KV + KV + C + F + C));
+}
+
 TEST(ConfigErrors, Gemma3LayerTypesMustNameEachLayer) {
   EXPECT_EQ(error_of([] { from_json(R"({"model_type": "gemma3_text", "num_hidden_layers": 2,
                                          "layer_types": ["full_attention"]})"); }),
@@ -140,7 +165,7 @@ TEST(ConfigErrors, MissingAndUnknownModelType) {
             "test.json: missing required key \"model_type\" (expected a string)");
   EXPECT_EQ(error_of([] { from_json(R"({"model_type": "bert"})"); }),
             "test.json: key \"model_type\" = \"bert\": expected one of gpt2, nanogpt, llama, mistral, qwen2, qwen3, "
-            "gemma, gemma2, phi3, mixtral, gemma3_text, gpt_neox, opt, phi, mlp");
+            "gemma, gemma2, phi3, mixtral, gemma3_text, starcoder2, gpt_neox, opt, phi, mlp");
 }
 
 TEST(ConfigErrors, HeadsThatDoNotDivideTheWidth) {

@@ -122,6 +122,10 @@ GRID = [
                                      final_logit_softcapping=30.0, attn_logit_softcapping=50.0), 1, 32, "bf16"),
     ("gemma3-text-untied-mqa", _ll("gemma3_text", num_key_value_heads=1, head_dim=32, tie_word_embeddings=False,
                                    query_pre_attn_scalar=32), 3, 8, "fp32"),
+    ("starcoder2-gqa-bias", _ll("starcoder2", sliding_window=8, residual_dropout=0.0, embedding_dropout=0.0),
+     2, 16, "fp32"),
+    ("starcoder2-nobias-untied-bf16", _ll("starcoder2", use_bias=False, tie_word_embeddings=False,
+                                          residual_dropout=0.0, embedding_dropout=0.0), 2, 32, "bf16"),
     ("mistral-sliding", _ll("mistral", sliding_window=8), 2, 16, "fp32"),
     ("mistral-bf16", _ll("mistral"), 4, 16, "bf16"),
     # --- GPT-NeoX

@@ -9,9 +9,10 @@ reports the tensors that the real models would save.
             F.cross_entropy(logits.view(-1, V), targets.view(-1), ignore_index=-1).
   gpt2      transformers 5.x GPT2LMHeadModel, eager attention (Conv1D = addmm, gelu_new as its composite
             formula, division by a 0-dim tensor sqrt(D), additive float (B,1,T,T) causal mask).
-  llama, mistral, qwen2, qwen3, gemma, gemma2, phi3, mixtral, gemma3_text
+  llama, mistral, qwen2, qwen3, gemma, gemma2, phi3, mixtral, gemma3_text, starcoder2
             transformers 5.x *ForCausalLM with eager attention (gemma3_text: Gemma3ForCausalLM, its sliding and
-            full layers with their own masks and rotary tables, q/k norms after the transpose) (mixtral: 5.x fused 3-D experts with the eager
+            full layers with their own masks and rotary tables, q/k norms after the transpose; starcoder2:
+            LayerNorms, biased projections, c_fc/c_proj MLP) (mixtral: 5.x fused 3-D experts with the eager
             experts loop, no router aux loss; its saved tensors depend on the routing, i.e. on the data).
   gpt_neox  transformers 5.x GPTNeoXForCausalLM, eager attention.
   opt       transformers 5.x OPTForCausalLM, eager attention.
@@ -55,7 +56,8 @@ from torch.multiprocessing.reductions import StorageWeakRef
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # validate/: nanogpt.py
 import nanogpt  # noqa: E402
 
-LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "mixtral", "gemma3_text")
+LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "mixtral", "gemma3_text",
+                "starcoder2")
 MODEL_TYPES = ("nanogpt", "gpt2", "gpt_neox", "opt", "phi", "mlp") + LLAMA_FAMILY
 
 
@@ -674,6 +676,7 @@ _LLAMA_DEFAULTS = {
     "phi3":    (32064, 3072, 8192, 32, 32, None, None, False, "silu", 1e-5),
     "mixtral": (32000, 4096, 14336, 32, 32, 8, None, False, "silu", 1e-5),
     "gemma3_text": (262208, 2304, 9216, 26, 8, 4, 256, True, "gelu_pytorch_tanh", 1e-6),
+    "starcoder2": (49152, 3072, 12288, 30, 24, 2, None, True, "gelu_pytorch_tanh", 1e-5),
 }
 
 
@@ -709,6 +712,15 @@ def resolve_llama_config(cfg):
         c.q_bias = c.k_bias = c.v_bias = c.o_bias = ab
     if t == "llama":
         c.mlp_bias = bool(_get(cfg, "mlp_bias", False))
+    c.starcoder2 = t == "starcoder2"
+    if t == "starcoder2":
+        # Starcoder2Config: use_bias=True, norm_epsilon=1e-5, residual_dropout=0.0, embedding_dropout=0.0
+        ub = bool(_get(cfg, "use_bias", True))
+        c.q_bias = c.k_bias = c.v_bias = c.o_bias = ub
+        c.mlp_bias = ub
+        c.rms_norm_eps = float(_get(cfg, "norm_epsilon", 1e-5))
+        c.residual_dropout = float(_get(cfg, "residual_dropout", 0.0))
+        c.embedding_dropout = float(_get(cfg, "embedding_dropout", 0.0))
     c.moe = t == "mixtral"
     if c.moe:
         c.num_local_experts = int(_get(cfg, "num_local_experts", 8))
@@ -912,6 +924,29 @@ class MixtralSparseMoeBlock(nn.Module):
         return hidden_states
 
 
+class Starcoder2MLP(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.c_fc = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias, device=device)
+        self.c_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias, device=device)
+        self.act = act_fn(c.hidden_act)
+        self.residual_dropout = c.residual_dropout
+
+    def forward(self, hidden_states):
+        hidden_states = self.c_fc(hidden_states)
+        hidden_states = self.act(hidden_states)
+        hidden_states = self.c_proj(hidden_states)
+        hidden_states = F.dropout(hidden_states, p=self.residual_dropout, training=self.training)
+        return hidden_states
+
+
+def _layer_norm_cls(c):
+    """The decoder's norm: nn.LayerNorm for starcoder2 (with bias), GemmaRMSNorm for the Gemmas, else LlamaRMSNorm."""
+    if c.starcoder2:
+        return lambda dim, eps, device=None: nn.LayerNorm(dim, eps=eps, device=device)
+    return GemmaRMSNorm if c.gemma_norm else LlamaRMSNorm
+
+
 class LlamaAttention(nn.Module):
     def __init__(self, c, layer_idx, device=None):
         super().__init__()
@@ -977,6 +1012,8 @@ class LlamaAttention(nn.Module):
             softcap=self.softcap)
         attn_output = attn_output.reshape(*input_shape, -1).contiguous()
         attn_output = self.o_proj(attn_output)
+        if c.starcoder2:  # Starcoder2Attention: "diff with Llama"
+            attn_output = F.dropout(attn_output, p=c.residual_dropout, training=self.training)
         return attn_output, attn_weights
 
 
@@ -988,8 +1025,8 @@ class LlamaDecoderLayer(nn.Module):
         if c.moe:
             self.mlp = MixtralSparseMoeBlock(c, device)
         else:
-            self.mlp = Phi3MLP(c, device) if c.fused else LlamaMLP(c, device)
-        Norm = GemmaRMSNorm if c.gemma_norm else LlamaRMSNorm
+            self.mlp = Phi3MLP(c, device) if c.fused else (Starcoder2MLP(c, device) if c.starcoder2 else LlamaMLP(c, device))
+        Norm = _layer_norm_cls(c)
         self.input_layernorm = Norm(c.hidden_size, eps=c.rms_norm_eps, device=device)
         self.post_attention_layernorm = Norm(c.hidden_size, eps=c.rms_norm_eps, device=device)
         if c.four_norms:
@@ -1079,7 +1116,7 @@ class LlamaModel(nn.Module):
         else:
             self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size, c.pad_token_id, device=device)
         self.layers = nn.ModuleList([LlamaDecoderLayer(c, i, device) for i in range(c.num_hidden_layers)])
-        Norm = GemmaRMSNorm if c.gemma_norm else LlamaRMSNorm
+        Norm = _layer_norm_cls(c)
         self.norm = Norm(c.hidden_size, eps=c.rms_norm_eps, device=device)
         if c.layer_types is not None:
             self.rotary_emb = Gemma3RotaryEmbedding(c, device=device)
@@ -1098,6 +1135,8 @@ class LlamaModel(nn.Module):
         for w in set(self.config.layer_windows):
             masks[w] = eager_causal_mask(B, T, inputs_embeds.dtype, inputs_embeds.device, sliding_window=w)
         hidden_states = inputs_embeds
+        if self.config.starcoder2:  # Starcoder2Model: "main diff with Llama"
+            hidden_states = F.dropout(hidden_states, p=self.config.embedding_dropout, training=self.training)
         position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
         for i, layer in enumerate(self.layers):
             # 5.x: decoder_layer(hidden_states, attention_mask=causal_mask_mapping[layer.attention_type],

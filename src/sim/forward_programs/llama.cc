@@ -44,6 +44,13 @@ T rms_norm(Ctx& c, const ModelSpec& m, const T& x, const T& weight, const char* 
   return mul(c, weight, to(c, h, in, "rms_norm h.to(input_dtype)"), what);
 }
 
+// A decoder layer's norm: Starcoder2's nn.LayerNorm(hidden_size, eps=config.norm_epsilon) (weight and bias); every
+// other Llama-shaped model's RMSNorm.
+T block_norm(Ctx& c, const ModelSpec& m, const T& x, const T& weight, const T* bias, const char* what) {
+  if (m.norm.kind == NormKind::kLayerNorm) return layer_norm(c, x, &weight, bias, what);
+  return rms_norm(c, m, x, weight, what);
+}
+
 struct Layer {
   const LoadedModel& w;
   uint64_t l;
@@ -107,6 +114,13 @@ T mlp(Ctx& c, const ModelSpec& m, const Layer& L, const T& x) {
     }
     return linear(c, up, L.p("mlp.down_proj.weight"), nullptr, "mlp.down_proj");
   }
+  if (!m.mlp.gated) {
+    // Starcoder2MLP: hidden_states = self.c_fc(hidden_states); self.act(...); self.c_proj(...); then
+    // nn.functional.dropout(hidden_states, p=self.residual_dropout) (the layer's resid_mlp_dropout below)
+    T h = linear(c, x, L.p("mlp.c_fc.weight"), L.o("mlp.c_fc.bias"), "mlp.c_fc");
+    h = activation(c, m.mlp.act, h);
+    return linear(c, h, L.p("mlp.c_proj.weight"), L.o("mlp.c_proj.bias"), "mlp.c_proj");
+  }
   // LlamaMLP: down_proj(act_fn(gate_proj(x)) * up_proj(x))
   T h;
   {
@@ -120,7 +134,7 @@ T mlp(Ctx& c, const ModelSpec& m, const Layer& L, const T& x) {
 T decoder_layer(Ctx& c, const ModelSpec& m, const Layer& L, T hidden, const Rotary& rot, const T* mask) {
   const bool sandwich = m.norms_per_layer == 4;  // Gemma2, Gemma3
   T residual = hidden;
-  hidden = rms_norm(c, m, hidden, L.p("input_layernorm.weight"), "input_layernorm");
+  hidden = block_norm(c, m, hidden, L.p("input_layernorm.weight"), L.o("input_layernorm.bias"), "input_layernorm");
   // `hidden_states, _ = self.self_attn(...)`: `_` keeps the attention weights (eager) bound until the layer
   // returns; under no_grad (a reentrant checkpoint's first forward) nothing else keeps them
   AttnOut a = attention(c, m, L, hidden, rot, mask);
@@ -128,8 +142,9 @@ T decoder_layer(Ctx& c, const ModelSpec& m, const Layer& L, T hidden, const Rota
   if (sandwich) hidden = rms_norm(c, m, hidden, L.p("post_attention_layernorm.weight"), "post_attention_layernorm");
   hidden = add(c, residual, dropout(c, hidden, m.dropout.resid, "resid_attn_dropout"), "residual + attn");
   residual = hidden;
-  hidden = rms_norm(c, m, hidden, L.p(sandwich ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight"),
-                    sandwich ? "pre_feedforward_layernorm" : "post_attention_layernorm");
+  hidden = block_norm(c, m, hidden, L.p(sandwich ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight"),
+                      sandwich ? nullptr : L.o("post_attention_layernorm.bias"),
+                      sandwich ? "pre_feedforward_layernorm" : "post_attention_layernorm");
   if (m.moe.experts > 0) throw Error("the step simulator does not model mixture-of-experts layers yet");
   hidden = mlp(c, m, L, hidden);
   if (sandwich) hidden = rms_norm(c, m, hidden, L.p("post_feedforward_layernorm.weight"), "post_feedforward_layernorm");
@@ -169,7 +184,7 @@ T gemma3_text_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, T inputs_e
   hidden = run_layers(c, m.layers, std::move(hidden), args, [&](uint64_t l, T h, const LayerArgs& a) {
     return decoder_layer(c, m, Layer{w, l}, h, Rotary{a.cos, a.sin}, a.mask ? &a.mask : nullptr);
   });
-  return rms_norm(c, m, hidden, w.p("model.norm.weight"), "norm");
+  return block_norm(c, m, hidden, w.p("model.norm.weight"), w.opt("model.norm.bias"), "norm");
 }
 
 // LlamaModel.forward: returns the final hidden states; its locals (embeddings, mask, cos/sin) die with it.
@@ -193,7 +208,7 @@ T llama_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
                       [&](uint64_t l, T h, const LayerArgs& a) {
                         return decoder_layer(c, m, Layer{w, l}, h, Rotary{a.cos, a.sin}, a.mask ? &a.mask : nullptr);
                       });
-  return rms_norm(c, m, hidden, w.p("model.norm.weight"), "norm");
+  return block_norm(c, m, hidden, w.p("model.norm.weight"), w.opt("model.norm.bias"), "norm");
 }
 
 }  // namespace

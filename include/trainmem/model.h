@@ -25,6 +25,7 @@ enum class Family {
   kLlama,    // llama, mistral, qwen2, qwen3, gemma, gemma2, phi3, mixtral
   kGptNeox,  // gpt_neox (Pythia)
   kOpt,      // opt
+  kPhi,      // phi (phi-1, phi-1.5, phi-2)
   kStack,    // mlp layer stack
 };
 
@@ -52,6 +53,9 @@ struct EmbeddingSpec {
   bool tied = false;                // lm_head.weight is the token embedding (named_parameters lists it once)
   uint64_t proj_dim = 0;            // OPT word_embed_proj_dim when it differs from C (project_in/project_out)
   bool scaled_by_sqrt_hidden = false;  // Gemma multiplies the embeddings by sqrt(C)
+  // lm_head has a bias (V,): Phi's PhiForCausalLM builds nn.Linear(hidden_size, vocab_size, bias=True); no
+  // config key sets it. Listed even when the weight is tied (the bias is the head's own parameter).
+  bool head_bias = false;
 };
 
 struct AttentionSpec {
@@ -67,6 +71,9 @@ struct AttentionSpec {
   // The window of the layers that attend to a sliding window (config sliding_window; 0: no layer does). It
   // changes what generate()'s DynamicCache keeps (DynamicSlidingWindowLayer) once a sequence reaches it.
   uint64_t sliding_window = 0;
+  // Gemma3 (gemma3_text) layer_types: true where layer i is "sliding_attention" (its own mask and its own rotary
+  // table), false for "full_attention". Empty for every other family (one mask, one rotary table).
+  std::vector<bool> sliding_layers;
 };
 
 struct MlpSpec {
@@ -124,6 +131,7 @@ struct ModelSpec {
   bool final_norm = true;        // OPT-350m (do_layer_norm_before=False) has none
   bool pre_norm = true;          // OPT do_layer_norm_before
   bool parallel_residual = false;  // NeoX use_parallel_residual
+  double final_softcap = 0.0;    // gemma3_text final_logit_softcapping (None: 0 = off); gemma2's is in llama.cc
   DropoutSpec dropout;           // probabilities used in model.train()
 
   // model_type "mlp" only

@@ -10,7 +10,9 @@ void read_gpt2(const KeyReader& r, ModelSpec& m);      // model_type gpt2
 void read_nanogpt(const KeyReader& r, ModelSpec& m);   // model_type nanogpt (GPTConfig keys)
 void read_gpt_neox(const KeyReader& r, ModelSpec& m);  // model_type gpt_neox
 void read_opt(const KeyReader& r, ModelSpec& m);       // model_type opt
-// llama, mistral, qwen2, qwen3, gemma, gemma2, phi3, mixtral. Returns false for other model types.
+void read_phi(const KeyReader& r, ModelSpec& m);       // model_type phi
+// llama, mistral, qwen2, qwen3, gemma, gemma2, phi3, mixtral, gemma3_text,
+// starcoder2. Returns false for other model types.
 bool read_llama_family(const KeyReader& r, const std::string& model_type, ModelSpec& m);
 void read_stack(const KeyReader& r, ModelSpec& m);     // model_type mlp
 

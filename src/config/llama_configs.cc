@@ -48,6 +48,18 @@ constexpr LlamaFamilyDefaults kFamily[] = {
      false, false, false, false, true, 2, false, false},
     {"mixtral",  "MixtralConfig",  32000,  4096, 14336, 32, 32, 8,  0,   131072,  false, "silu",
      false, false, false, false, false, 2, true, false},
+    // Gemma3TextConfig: vocab_size=262_208, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+    // num_attention_heads=8, num_key_value_heads=4, head_dim=256, hidden_activation="gelu_pytorch_tanh",
+    // max_position_embeddings=131_072, tie_word_embeddings=True, attention_bias=False; Gemma3Attention always has
+    // q_norm / k_norm (Gemma3RMSNorm(head_dim)), Gemma3DecoderLayer four norms, Gemma3TextScaledWordEmbedding.
+    {"gemma3_text", "Gemma3TextConfig", 262208, 2304, 9216, 26, 8, 4, 256, 131072, true, "gelu_pytorch_tanh",
+     false, true, false, true, false, 4, false, true},
+    // Starcoder2Config: vocab_size=49152, hidden_size=3072, intermediate_size=12288, num_hidden_layers=30,
+    // num_attention_heads=24, num_key_value_heads=2, hidden_act="gelu_pytorch_tanh", max_position_embeddings=4096,
+    // tie_word_embeddings not passed (PretrainedConfig's True); use_bias, the LayerNorms and the non-gated MLP are
+    // read in read_starcoder2.
+    {"starcoder2", "Starcoder2Config", 49152, 3072, 12288, 30, 24, 2, 0, 4096, true, "gelu_pytorch_tanh",
+     false, false, false, false, false, 2, false, false},
 };
 
 const LlamaFamilyDefaults* find_family(const std::string& t) {
@@ -73,7 +85,52 @@ uint64_t read_sliding_window(const KeyReader& r, const std::string& t, uint64_t 
     // layer_types: "sliding_attention" if self.sliding_window is not None and i >= self.max_window_layers
     return on && layers > from ? w : 0;
   }
+  // Gemma3TextConfig sliding_window=4096 on its sliding layers; Starcoder2Config sliding_window=None, every layer
+  if (t == "gemma3_text") return r.optional_integer({"sliding_window"}, 1, kMaxPositions).value_or(4096);
+  if (t == "starcoder2") return r.optional_integer({"sliding_window"}, 1, kMaxPositions).value_or(0);
   return 0;
+}
+
+// Gemma3TextConfig's attention pattern and softcaps: attn_logit_softcapping=None, final_logit_softcapping=None
+// (0 here: off); sliding_window=4096 (the mask of the sliding layers; its size changes no tensor's shape);
+// layer_types=None -> ["sliding_attention" if bool((i + 1) % self._sliding_window_pattern) else "full_attention"
+// for i in range(self.num_hidden_layers)] with _sliding_window_pattern = kwargs.get("sliding_window_pattern", 6).
+void read_gemma3_layers(const KeyReader& r, ModelSpec& m) {
+  m.attn.softcap = r.has({"attn_logit_softcapping"}) ? r.number({"attn_logit_softcapping"}, 0.0, 0.0, 1e9) : 0.0;
+  m.final_softcap = r.has({"final_logit_softcapping"}) ? r.number({"final_logit_softcapping"}, 0.0, 0.0, 1e9) : 0.0;
+  r.integer({"sliding_window"}, 4096, 1, kMaxPositions);
+  const uint64_t pattern = r.integer({"sliding_window_pattern"}, 6, 1, kMaxLayers);
+  m.attn.sliding_layers.clear();
+  if (const nlohmann::json* types = r.find({"layer_types"}); types && !types->is_null()) {
+    if (!types->is_array() || types->size() != m.layers) {
+      r.fail("layer_types", *types, fmt::format("a list of {} (num_hidden_layers) \"sliding_attention\" or "
+                                                "\"full_attention\" entries", m.layers));
+    }
+    for (const nlohmann::json& t : *types) {
+      if (t == "sliding_attention" || t == "full_attention") {
+        m.attn.sliding_layers.push_back(t == "sliding_attention");
+      } else {
+        r.fail("layer_types", t, "\"sliding_attention\" or \"full_attention\"");
+      }
+    }
+    return;
+  }
+  for (uint64_t i = 0; i < m.layers; ++i) m.attn.sliding_layers.push_back((i + 1) % pattern != 0);
+}
+
+// Starcoder2 (modeling_starcoder2.py, generated from modular_starcoder2.py on Mistral's): Starcoder2Config
+// use_bias=True (q/k/v/o_proj and Starcoder2MLP's c_fc/c_proj: nn.Linear(..., bias=config.use_bias)),
+// norm_epsilon=1e-5 (input_layernorm, post_attention_layernorm and the final norm are nn.LayerNorm, with bias),
+// residual_dropout=0.0 (after o_proj and after c_proj), embedding_dropout=0.0 (on the embeddings), sliding_window=None
+// (the mask only), attention_dropout=0.0. Starcoder2MLP: c_proj(act(c_fc(x))), not gated.
+void read_starcoder2(const KeyReader& r, ModelSpec& m) {
+  const bool bias = r.boolean({"use_bias"}, true);
+  m.attn.qkv_bias = m.attn.out_bias = m.mlp.bias = bias;
+  m.mlp.gated = false;
+  m.norm = {NormKind::kLayerNorm, true, true};
+  m.dropout.resid = read_probability(r, {"residual_dropout"}, 0.0);
+  m.dropout.embd = read_probability(r, {"embedding_dropout"}, 0.0);
+  r.optional_integer({"sliding_window"}, 1, kMaxPositions);
 }
 
 }  // namespace
@@ -105,8 +162,8 @@ bool read_llama_family(const KeyReader& r, const std::string& model_type, ModelS
   m.embed.scaled_by_sqrt_hidden = d->scaled_embeddings;
   // Gemma2MLP uses ACT2FN[config.hidden_activation]; every other MLP (GemmaMLP inherits LlamaMLP) uses
   // ACT2FN[config.hidden_act].
-  m.mlp.act = model_type == "gemma2" ? read_activation(r, {"hidden_activation"}, d->act)
-                                     : read_activation(r, {"hidden_act"}, d->act);
+  m.mlp.act = model_type == "gemma2" || model_type == "gemma3_text" ? read_activation(r, {"hidden_activation"}, d->act)
+                                                                    : read_activation(r, {"hidden_act"}, d->act);
   m.mlp.gated = true;
   m.mlp.fused_gate_up = d->fused;
   m.attn.fused_qkv = d->fused;
@@ -117,6 +174,8 @@ bool read_llama_family(const KeyReader& r, const std::string& model_type, ModelS
   m.norm = {NormKind::kRmsNorm, false, true};
   m.norms_per_layer = d->norms_per_layer;
   if (model_type == "gemma2") m.attn.softcap = r.number({"attn_logit_softcapping"}, 50.0, 0.0, 1e9);
+  if (model_type == "gemma3_text") read_gemma3_layers(r, m);
+  if (model_type == "starcoder2") read_starcoder2(r, m);
   if (d->moe) {
     m.moe.experts = r.shape({"num_local_experts"}, 8, 1, kMaxExperts, defaults_of);
     m.moe.top_k = r.shape({"num_experts_per_tok"}, 2, 1, kMaxExperts, defaults_of);

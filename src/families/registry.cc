@@ -21,6 +21,7 @@ void gpt2_config(const KeyReader& r, std::string_view, ModelSpec& m) { config::r
 void nanogpt_config(const KeyReader& r, std::string_view, ModelSpec& m) { config::read_nanogpt(r, m); }
 void gpt_neox_config(const KeyReader& r, std::string_view, ModelSpec& m) { config::read_gpt_neox(r, m); }
 void opt_config(const KeyReader& r, std::string_view, ModelSpec& m) { config::read_opt(r, m); }
+void phi_config(const KeyReader& r, std::string_view, ModelSpec& m) { config::read_phi(r, m); }
 void stack_config(const KeyReader& r, std::string_view, ModelSpec& m) { config::read_stack(r, m); }
 void llama_config(const KeyReader& r, std::string_view t, ModelSpec& m) {
   if (!config::read_llama_family(r, std::string(t), m)) throw Error(fmt::format("internal: no llama defaults for {}", t));
@@ -42,6 +43,7 @@ constexpr ModelType kLlamaTypes[] = {
     {"llama", llama_config, Impl::kHf},  {"mistral", llama_config, Impl::kHf}, {"qwen2", llama_config, Impl::kHf},
     {"qwen3", llama_config, Impl::kHf},  {"gemma", llama_config, Impl::kHf},   {"gemma2", llama_config, Impl::kHf},
     {"phi3", llama_config, Impl::kHf},   {"mixtral", llama_config, Impl::kHf},
+    {"gemma3_text", llama_config, Impl::kHf}, {"starcoder2", llama_config, Impl::kHf},
 };
 constexpr Program kLlamaPrograms[] = {{Impl::kHf, models::llama_tensors, sim::llama_forward, LoopKind::kHf}};
 
@@ -51,14 +53,19 @@ constexpr Program kNeoxPrograms[] = {{Impl::kHf, models::gpt_neox_tensors, sim::
 constexpr ModelType kOptTypes[] = {{"opt", opt_config, Impl::kHf}};
 constexpr Program kOptPrograms[] = {{Impl::kHf, models::opt_tensors, sim::opt_forward, LoopKind::kHf}};
 
+constexpr ModelType kPhiTypes[] = {{"phi", phi_config, Impl::kHf}};
+constexpr Program kPhiPrograms[] = {{Impl::kHf, models::phi_tensors, sim::phi_forward, LoopKind::kHf}};
+
 constexpr ModelType kStackTypes[] = {{"mlp", stack_config, Impl::kStack}};
 constexpr Program kStackPrograms[] = {{Impl::kStack, models::stack_tensors, stack_program, LoopKind::kPlain}};
 
 // peft: utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING ("gpt2": ["c_attn"], "llama" and
-// the other Llama-shaped types and "opt": ["q_proj", "v_proj"], "gpt_neox": ["query_key_value"]).
+// the other Llama-shaped types (gemma3_text too) and "opt": ["q_proj", "v_proj"], "gpt_neox": ["query_key_value"]).
 constexpr std::string_view kQV[] = {"q_proj", "v_proj"};
 constexpr std::string_view kCAttn[] = {"c_attn"};
 constexpr std::string_view kQKV[] = {"query_key_value"};
+// peft constants.py: "phi": ["q_proj", "v_proj", "fc1", "fc2"]
+constexpr std::string_view kPhiLora[] = {"q_proj", "v_proj", "fc1", "fc2"};
 
 const FamilyDescriptor kFamilies[] = {
     {Family::kGpt2, "gpt2", kGpt2Types, kGpt2Programs, InputKind::kTokenIds, "transformer.h", "transformer.wte.weight",
@@ -69,6 +76,8 @@ const FamilyDescriptor kFamilies[] = {
      "gpt_neox.embed_in.weight", kQKV},
     {Family::kOpt, "opt", kOptTypes, kOptPrograms, InputKind::kTokenIds, "model.decoder.layers",
      "model.decoder.embed_tokens.weight", kQV},
+    {Family::kPhi, "phi", kPhiTypes, kPhiPrograms, InputKind::kTokenIds, "model.layers", "model.embed_tokens.weight",
+     kPhiLora},
     {Family::kStack, "mlp", kStackTypes, kStackPrograms, InputKind::kFeatures, "", "", {}},
 };
 

@@ -209,9 +209,9 @@ void check_liger_fused(const ModelSpec& m, const TrainSetup& t, bool hf) {
                                          name_of(t.loss), m.name));
   }
   // gemma2's lce_forward passes final_logit_softcapping to the kernel (HAS_SOFTCAPPING); not modelled here.
-  if (m.model_type == "gemma2") {
-    throw FieldError("loss", fmt::format("{}: gemma2's final logit softcapping inside Liger's kernel is not "
-                                         "modelled", name_of(t.loss)));
+  if (m.model_type == "gemma2" || m.final_softcap > 0) {
+    throw FieldError("loss", fmt::format("{}: {}'s final logit softcapping inside Liger's kernel is not "
+                                         "modelled", name_of(t.loss), m.model_type));
   }
   // Under autocast the kernel's matmuls cast the float32 head weight to 16 bits in every chunk and torch >= 2.8
   // takes the addmm(out_dtype=float32) path (fused_linear_cross_entropy_forward); only the storage-dtype path
@@ -238,9 +238,13 @@ void check_loss(const ModelSpec& m, const TrainSetup& t) {
       throw FieldError("loss", fmt::format("{}: a chunked loss needs a transformers causal LM (--impl hf); {} has "
                                            "its own loss", name_of(t.loss), m.name));
     }
-    if (m.model_type == "gemma2") {
-      throw FieldError("loss", fmt::format("{}: gemma2's final logit softcapping is not part of torchtune's chunked "
-                                           "output head", name_of(t.loss)));
+    if (m.model_type == "gemma2" || m.final_softcap > 0) {
+      throw FieldError("loss", fmt::format("{}: {}'s final logit softcapping is not part of torchtune's chunked "
+                                           "output head", name_of(t.loss), m.model_type));
+    }
+    if (m.embed.head_bias) {  // Phi: lm_head = nn.Linear(hidden_size, vocab_size, bias=True)
+      throw FieldError("loss", fmt::format("{}: {}'s lm_head has a bias, which torchtune's chunked output head "
+                                           "(a bias-free linear per chunk) does not model", name_of(t.loss), m.name));
     }
     // chunked_output splits the hidden states with .chunk(n, dim=1) and CEWithChunkedOutputLoss the labels with
     // .tensor_split(n, dim=1): the two agree (and zip pairs matching chunks) only when n divides the sequence.
@@ -547,7 +551,9 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   if (s.train.lora.on) {
     LoraSetup& l = r.setup.lora;
     const FamilyDescriptor& fam = family_descriptor(r.model.family);
-    if (l.targets.empty()) {
+    // peft's TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING has no "starcoder2" entry, although the rest of
+    // its registry family (the Llama-shaped types) has one
+    if (l.targets.empty() && r.model.model_type != "starcoder2") {
       for (std::string_view t : fam.lora_targets) l.targets.emplace_back(t);
     }
     if (l.targets.empty()) {

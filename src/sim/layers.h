@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "ops.h"
 
@@ -56,6 +57,26 @@ T run_layers(Ctx& c, uint64_t layers, T hidden, const LayerArgs& args, F&& layer
       hidden = p.reentrant ? checkpoint_reentrant(c, l, hidden, args, fn) : checkpoint_non_reentrant(c, l, hidden, args, fn);
     } else {
       hidden = layer(l, hidden, args);
+    }
+  }
+  c.layer = -1;
+  return hidden;
+}
+
+// run_layers() where layers take different arguments (Gemma3: a sliding layer gets the sliding-window mask and the
+// local rotary table, a full layer the causal mask and the global one): layer l gets args[l] (one per layer).
+template <typename F>
+T run_layers(Ctx& c, uint64_t layers, T hidden, const std::vector<LayerArgs>& args, F&& layer) {
+  std::shared_ptr<const LayerFn> fn;  // made once, when a layer is checkpointed
+  for (uint64_t l = 0; l < layers; ++l) {
+    c.layer = static_cast<int32_t>(l);
+    const CheckpointPolicy& p = c.checkpoint;
+    if (p.mode != CheckpointPolicy::kNone && l % p.every == 0 && c.e.grad_mode) {
+      if (!fn) fn = std::make_shared<const LayerFn>(layer);
+      hidden = p.reentrant ? checkpoint_reentrant(c, l, hidden, args.at(l), fn)
+                           : checkpoint_non_reentrant(c, l, hidden, args.at(l), fn);
+    } else {
+      hidden = layer(l, hidden, args.at(l));
     }
   }
   c.layer = -1;

@@ -14,7 +14,13 @@ T layer_norm(Ctx& c, const T& x0, const T* w0, const T* b0, const char* what) {
   const T x = autocast_fp32(c, x0);
   const T w = w0 ? autocast_fp32(c, *w0) : T();
   const T b = b0 ? autocast_fp32(c, *b0) : T();
-  // native_layer_norm: Y = empty_like(X); mean and rstd have one float (acc_type) per row.
+  // layer_norm_cuda (aten/src/ATen/native/cuda/layer_norm_kernel.cu): auto X = input.expect_contiguous(): a
+  // non-contiguous input (Phi's q_layernorm on the transposed (B, H, T, D) query) is copied for the kernel and
+  // the copy dies when the op returns; autograd saves the input itself. Y = empty_like(*X) (contiguous); mean and
+  // rstd have one float (acc_type) per row.
+  const bool strided = !is_contiguous(x.shape(), x->strides);
+  T x_copy;
+  if (strided) x_copy = c.e.empty(x.shape(), x.dtype(), Category::kTemporaries, c.L("layer_norm input expect_contiguous"));
   T out = c.e.empty(x.shape(), x.dtype(), Category::kActivations, c.L(what));
   const Shape rows{detail::rows_of(x.shape()).value};
   T mean = c.e.empty(rows, DType::kF32, Category::kActivations, c.L("layer_norm mean"));
@@ -29,10 +35,13 @@ T layer_norm(Ctx& c, const T& x0, const T* w0, const T* b0, const char* what) {
   const DType wd = w ? w.dtype() : DType::kF32;
   const bool hw = static_cast<bool>(w), hb = static_cast<bool>(b);
   c.e.record("NativeLayerNormBackward0", {&x, w ? &w : nullptr, b ? &b : nullptr}, {&out}, std::move(saved),
-             [gx, xs, xd, ws, wd, hw, hb](Engine& e, Node&, Grads& g) {
+             [gx, xs, xd, ws, wd, hw, hb, strided](Engine& e, Node&, Grads& g) {
                Grads r(3);
                if (!g[0]) return r;
-               if (gx) r[0] = grad_empty(e, xs, xd, g[0]->label);  // dX = empty_like(X)
+               // layer_norm_backward_cuda: auto X = input.expect_contiguous() again, alive until it returns
+               T x_copy;
+               if (strided) x_copy = e.empty(xs, xd, Category::kTemporaries, g[0]->label);
+               if (gx) r[0] = grad_empty(e, xs, xd, g[0]->label);  // dX = empty_like(*X)
                if (hw) r[1] = grad_empty(e, ws, wd, g[0]->label);  // dgamma
                if (hb) r[2] = grad_empty(e, ws, wd, g[0]->label);  // dbeta
                return r;

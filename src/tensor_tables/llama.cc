@@ -2,6 +2,8 @@
 // (mistral, qwen2, qwen3, gemma, gemma2, phi3, mixtral). Differences are spec fields, each read in one place:
 //   qwen2: q/k/v biases            qwen3: q_norm/k_norm (D)      gemma2: 4 RMSNorms per layer
 //   phi3: fused qkv_proj and gate_up_proj                        mixtral: router + E experts per layer
+//   gemma3_text: q/k norms, 4 norms, a rotary table per layer type
+//   starcoder2: LayerNorms with bias, biased q/k/v/o, c_fc/c_proj MLP with bias
 // B=micro-batch T=seq C=hidden L=layers NH=heads KV=kv-heads D=head-dim F=ffn V=vocab E=experts
 #include <fmt/format.h>
 
@@ -50,6 +52,14 @@ void mlp_rows(const ModelSpec& m, const std::string& p, Table& t) {
     t.param(p + "mlp.down_proj.weight", {C, F});
     return;
   }
+  if (!m.mlp.gated) {
+    // Starcoder2MLP registers c_fc (C -> F) then c_proj (F -> C)
+    t.param(p + "mlp.c_fc.weight", {F, C});
+    if (m.mlp.bias) t.param(p + "mlp.c_fc.bias", {F});
+    t.param(p + "mlp.c_proj.weight", {C, F});
+    if (m.mlp.bias) t.param(p + "mlp.c_proj.bias", {C});
+    return;
+  }
   t.param(p + "mlp.gate_proj.weight", {F, C});
   if (m.mlp.bias) t.param(p + "mlp.gate_proj.bias", {F});
   t.param(p + "mlp.up_proj.weight", {F, C});
@@ -60,9 +70,12 @@ void mlp_rows(const ModelSpec& m, const std::string& p, Table& t) {
 
 void norm_rows(const ModelSpec& m, const std::string& p, Table& t) {
   const uint64_t C = m.hidden;
+  const bool ln = m.norm.kind == NormKind::kLayerNorm;  // Starcoder2's nn.LayerNorm: weight, bias
   t.param(p + "input_layernorm.weight", {C});
+  if (ln) t.param(p + "input_layernorm.bias", {C});
   t.param(p + "post_attention_layernorm.weight", {C});
-  if (m.norms_per_layer == 4) {  // Gemma2 sandwich norms
+  if (ln) t.param(p + "post_attention_layernorm.bias", {C});
+  if (m.norms_per_layer == 4) {  // Gemma2 / Gemma3 sandwich norms
     t.param(p + "pre_feedforward_layernorm.weight", {C});
     t.param(p + "post_feedforward_layernorm.weight", {C});
   }
@@ -93,9 +106,24 @@ void llama_tensors(const ModelSpec& m, Table& t) {
     norm_rows(m, p, t);
   }
   t.param("model.norm.weight", {C});
+  if (m.norm.kind == NormKind::kLayerNorm) t.param("model.norm.bias", {C});
   // One rotary embedding for the whole model (model.rotary_emb since transformers 4.45), registered after
   // the final norm.
-  rotary_buffers("model.rotary_emb.", m.attn.rotary_dim, t);
+  if (!m.attn.sliding_layers.empty()) {
+    // Gemma3RotaryEmbedding (5.x): for each layer type of config.layer_types,
+    // register_buffer(f"{layer_type}_inv_freq", ...) and f"{layer_type}_original_inv_freq" (a clone). transformers
+    // walks set(config.layer_types), whose order is Python's string hashing; listed here in order of first use.
+    bool sliding_done = false, full_done = false;
+    for (bool sliding : m.attn.sliding_layers) {
+      bool& done = sliding ? sliding_done : full_done;
+      if (done) continue;
+      done = true;
+      rotary_buffers(sliding ? "model.rotary_emb.sliding_attention_" : "model.rotary_emb.full_attention_",
+                     m.attn.rotary_dim, t);
+    }
+  } else {
+    rotary_buffers("model.rotary_emb.", m.attn.rotary_dim, t);
+  }
   if (!m.embed.tied) t.param("lm_head.weight", {V, C});
 }
 

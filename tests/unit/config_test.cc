@@ -33,6 +33,96 @@ TEST(Config, MissingKeysTakeTheTransformersDefaults) {
   EXPECT_EQ(nano.impl, Impl::kNanoGpt);
 }
 
+TEST(Config, PhiTakesPhiConfigDefaults) {
+  // PhiConfig() defaults are phi-1 / phi-1.5's shapes (hidden 2048, 24 layers, 32 heads, ffn 8192, vocab 51200):
+  // 1,418,270,720 parameters, the safetensors total the Hugging Face Hub reports for microsoft/phi-1_5.
+  const ModelSpec m = from_json(R"({"model_type": "phi"})");
+  EXPECT_EQ(parameter_count(build_inventory(m)).value, 1'418'270'720u);
+  EXPECT_EQ(m.attn.kv_heads, 32u);      // num_key_value_heads=None -> num_attention_heads
+  EXPECT_EQ(m.attn.rotary_dim, 32u);    // int(head_dim 64 * partial_rotary_factor 0.5)
+  EXPECT_EQ(m.mlp.act, Act::kGeluNew);  // hidden_act="gelu_new"
+  EXPECT_FALSE(m.embed.tied);
+  EXPECT_TRUE(m.embed.head_bias);       // lm_head = nn.Linear(..., bias=True)
+  EXPECT_FALSE(m.attn.qk_norm);
+  EXPECT_TRUE(m.parallel_residual);
+  EXPECT_DOUBLE_EQ(m.dropout.resid, 0.0);
+  // qk_layernorm=True: q_layernorm and k_layernorm, LayerNorm(head_dim) with weight and bias, in every layer
+  const ModelSpec q = from_json(R"({"model_type": "phi", "qk_layernorm": true})");
+  EXPECT_EQ(parameter_count(build_inventory(q)).value, 1'418'270'720u + 24u * 4u * 64u);
+  // A tied head still has its own bias: the weight is listed once, the bias stays
+  const ModelSpec t = from_json(R"({"model_type": "phi", "tie_word_embeddings": true})");
+  EXPECT_EQ(parameter_count(build_inventory(t)).value, 1'418'270'720u - 51'200u * 2'048u);
+}
+
+TEST(Config, Gemma3TextTakesGemma3TextConfigDefaults) {
+  const ModelSpec m = from_json(R"({"model_type": "gemma3_text"})");
+  EXPECT_EQ(m.family, Family::kLlama);
+  EXPECT_EQ(m.hidden, 2304u);
+  EXPECT_EQ(m.layers, 26u);
+  EXPECT_EQ(m.attn.heads, 8u);
+  EXPECT_EQ(m.attn.kv_heads, 4u);
+  EXPECT_EQ(m.attn.head_dim, 256u);
+  EXPECT_EQ(m.embed.vocab_size, 262'208u);
+  EXPECT_TRUE(m.embed.tied);
+  EXPECT_TRUE(m.attn.qk_norm);
+  EXPECT_EQ(m.norms_per_layer, 4u);
+  EXPECT_TRUE(m.embed.scaled_by_sqrt_hidden);
+  EXPECT_EQ(m.mlp.act, Act::kGeluTanh);  // hidden_activation="gelu_pytorch_tanh"
+  EXPECT_DOUBLE_EQ(m.attn.softcap, 0.0);  // attn_logit_softcapping=None
+  EXPECT_DOUBLE_EQ(m.final_softcap, 0.0);  // final_logit_softcapping=None
+  // layer_types=None: "sliding_attention" if bool((i + 1) % 6) else "full_attention"
+  ASSERT_EQ(m.attn.sliding_layers.size(), 26u);
+  for (uint64_t i = 0; i < 26; ++i) EXPECT_EQ(m.attn.sliding_layers[i], (i + 1) % 6 != 0) << i;
+  // layer_types, when given, wins over sliding_window_pattern
+  const ModelSpec t = from_json(
+      R"({"model_type": "gemma3_text", "num_hidden_layers": 2, "sliding_window_pattern": 2,
+          "layer_types": ["full_attention", "sliding_attention"], "final_logit_softcapping": 30.0})");
+  EXPECT_EQ(t.attn.sliding_layers, (std::vector<bool>{false, true}));
+  EXPECT_DOUBLE_EQ(t.final_softcap, 30.0);
+}
+
+TEST(Config, Starcoder2TakesStarcoder2ConfigDefaults) {
+  const ModelSpec m = from_json(R"({"model_type": "starcoder2"})");
+  EXPECT_EQ(m.family, Family::kLlama);
+  EXPECT_EQ(m.embed.vocab_size, 49'152u);
+  EXPECT_EQ(m.hidden, 3072u);
+  EXPECT_EQ(m.mlp.ffn, 12'288u);
+  EXPECT_EQ(m.layers, 30u);
+  EXPECT_EQ(m.attn.heads, 24u);
+  EXPECT_EQ(m.attn.kv_heads, 2u);
+  EXPECT_EQ(m.attn.head_dim, 128u);
+  EXPECT_TRUE(m.embed.tied);  // tie_word_embeddings is not a Starcoder2Config argument: PretrainedConfig's True
+  EXPECT_EQ(m.norm.kind, NormKind::kLayerNorm);
+  EXPECT_TRUE(m.norm.bias);
+  EXPECT_FALSE(m.mlp.gated);  // Starcoder2MLP: c_proj(act(c_fc(x)))
+  EXPECT_TRUE(m.attn.qkv_bias && m.attn.out_bias && m.mlp.bias);  // use_bias=True
+  EXPECT_EQ(m.mlp.act, Act::kGeluTanh);
+  // use_bias=False drops every projection's bias (the LayerNorms keep theirs)
+  const ModelSpec nb = from_json(R"({"model_type": "starcoder2", "use_bias": false})");
+  EXPECT_FALSE(nb.attn.qkv_bias || nb.attn.out_bias || nb.mlp.bias);
+  EXPECT_TRUE(nb.norm.bias);
+  const uint64_t C = 3072, F = 12'288, KV = 256, L = 30;
+  EXPECT_EQ(parameter_count(build_inventory(m)).value - parameter_count(build_inventory(nb)).value,
+            L * (C + KV + KV + C + F + C));
+}
+
+TEST(ConfigErrors, Gemma3LayerTypesMustNameEachLayer) {
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "gemma3_text", "num_hidden_layers": 2,
+                                         "layer_types": ["full_attention"]})"); }),
+            "test.json: key \"layer_types\" = [\"full_attention\"]: expected a list of 2 (num_hidden_layers) "
+            "\"sliding_attention\" or \"full_attention\" entries");
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "gemma3_text", "num_hidden_layers": 1,
+                                         "layer_types": ["chunked_attention"]})"); }),
+            "test.json: key \"layer_types\" = \"chunked_attention\": expected \"sliding_attention\" or "
+            "\"full_attention\"");
+}
+
+TEST(ConfigErrors, PhiNeedsRotaryDims) {
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "phi", "partial_rotary_factor": 0.01})"); }),
+            "test.json: key \"partial_rotary_factor\" = 0.01: expected a factor that leaves at least 2 rotary dims of "
+            "the head's 64 (0 rotary dims is not simulated)");
+}
+
 TEST(Config, AliasesAndNullMeanTheSameAsTransformers) {
   // attribute_map: hidden_size -> n_embd; null head_dim and num_key_value_heads are derived.
   EXPECT_EQ(from_json(R"({"model_type": "gpt2", "hidden_size": 1024, "n_head": 16})").hidden, 1024u);
@@ -75,7 +165,7 @@ TEST(ConfigErrors, MissingAndUnknownModelType) {
             "test.json: missing required key \"model_type\" (expected a string)");
   EXPECT_EQ(error_of([] { from_json(R"({"model_type": "bert"})"); }),
             "test.json: key \"model_type\" = \"bert\": expected one of gpt2, nanogpt, llama, mistral, qwen2, qwen3, "
-            "gemma, gemma2, phi3, mixtral, gpt_neox, opt, mlp");
+            "gemma, gemma2, phi3, mixtral, gemma3_text, starcoder2, gpt_neox, opt, phi, mlp");
 }
 
 TEST(ConfigErrors, HeadsThatDoNotDivideTheWidth) {

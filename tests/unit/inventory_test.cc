@@ -43,6 +43,8 @@ constexpr Published kPublished[] = {
     {"phi-3-mini", 3'821'079'552, "keras-hub phi3_presets.py phi3_mini_4k_instruct_en; arXiv:2502.00706 Tab.4"},
     {"pythia-160m", 162'322'944, "Pythia model card, 'Naming convention and parameter count' table"},
     {"opt-125m", 125'239'296, "pytorch/PiPPy examples/hf/opt/pippy_opt.py '# size: 125,239,296'; 2502.00706"},
+    {"gemma-3-1b-it", 999'885'952, "keras-hub gemma3_presets.py@46f3b4a gemma3_instruct_1b (and gemma3_1b)"},
+    {"phi-2", 2'779'683'840, "Hugging Face Hub API microsoft/phi-2: safetensors.parameters F16 2779683840"},
 };
 
 TEST(Inventory, EveryPresetMatchesItsPublishedParameterCount) {

@@ -46,6 +46,13 @@ GRID = [
     ("gen-llama-bf16", {"model_type": "llama", **_LL}, 3, 16, 4, "bf16"),
     ("gen-llama-mha-fp32", {"model_type": "llama", **_LL, "num_key_value_heads": 4}, 1, 8, 6, "fp32"),
     ("gen-qwen2-bf16-amp", {"model_type": "qwen2", **_LL}, 2, 10, 3, "bf16-amp"),
+    ("gen-phi-fp32", {"model_type": "phi", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 128,
+                      "num_hidden_layers": 2, "num_attention_heads": 4, "partial_rotary_factor": 0.5,
+                      "eos_token_id": 2, "bos_token_id": 1, "resid_pdrop": 0.0, "embd_pdrop": 0.0}, 2, 10, 4, "fp32"),
+    ("gen-gemma3-bf16", {"model_type": "gemma3_text", "vocab_size": 96, "hidden_size": 64,
+                         "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4,
+                         "num_key_value_heads": 1, "head_dim": 16, "sliding_window": 64,
+                         "sliding_window_pattern": 2, "eos_token_id": 1, "bos_token_id": 2}, 2, 12, 4, "bf16"),
     ("gen-gpt2-fp32", _GPT2, 2, 12, 5, "fp32"),
     ("gen-gpt2-bf16", _GPT2, 1, 20, 4, "bf16"),
 ]

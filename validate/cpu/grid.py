@@ -54,6 +54,18 @@ def _ll(model_type, **kw):
     return c
 
 
+# Phi (small: C=64, F=256, V=96, 4 heads); every dropout key at 0.0.
+_PHI = {"model_type": "phi", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "partial_rotary_factor": 0.5, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
+        "attention_dropout": 0.0}
+
+
+def _phi(**kw):
+    c = dict(_PHI)
+    c.update(kw)
+    return c
+
+
 # (name, config, batch, seq, precision[, options]). Every dropout probability is written as 0 into the config
 # files. options: {"freeze": [globs], "checkpointing": "full", "reentrant": bool, "every": N,
 # "lora": "r=..,alpha=..,dropout=..,targets=a+b" (trainmem's --lora spelling, passed to both sides),
@@ -103,6 +115,17 @@ GRID = [
     ("phi3-partial0.5", _ll("phi3", num_key_value_heads=4, partial_rotary_factor=0.5, resid_pdrop=0.0,
                             embd_pdrop=0.0), 2, 16, "fp32"),
     ("phi3-gqa-bf16", _ll("phi3", partial_rotary_factor=0.5, resid_pdrop=0.0, embd_pdrop=0.0), 2, 24, "bf16"),
+    ("gemma3-text-sliding-full", _ll("gemma3_text", num_hidden_layers=3, head_dim=32, sliding_window=8,
+                                     layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
+     2, 16, "fp32"),
+    ("gemma3-text-bf16-softcap", _ll("gemma3_text", head_dim=16, sliding_window=8, sliding_window_pattern=2,
+                                     final_logit_softcapping=30.0, attn_logit_softcapping=50.0), 1, 32, "bf16"),
+    ("gemma3-text-untied-mqa", _ll("gemma3_text", num_key_value_heads=1, head_dim=32, tie_word_embeddings=False,
+                                   query_pre_attn_scalar=32), 3, 8, "fp32"),
+    ("starcoder2-gqa-bias", _ll("starcoder2", sliding_window=8, residual_dropout=0.0, embedding_dropout=0.0),
+     2, 16, "fp32"),
+    ("starcoder2-nobias-untied-bf16", _ll("starcoder2", use_bias=False, tie_word_embeddings=False,
+                                          residual_dropout=0.0, embedding_dropout=0.0), 2, 32, "bf16"),
     ("mistral-sliding", _ll("mistral", sliding_window=8), 2, 16, "fp32"),
     ("mistral-bf16", _ll("mistral"), 4, 16, "bf16"),
     # --- GPT-NeoX
@@ -118,6 +141,13 @@ GRID = [
                           "intermediate_size": 96, "num_hidden_layers": 1, "num_attention_heads": 4,
                           "rotary_pct": 0.5, "attention_bias": False, "tie_word_embeddings": True,
                           "attention_dropout": 0.0, "hidden_dropout": 0.0}, 3, 8, "fp32"),
+    # --- Phi
+    ("phi-partial0.5", _phi(), 2, 16, "fp32"),
+    ("phi-qkln-gqa-rot0.4-bf16", _phi(num_key_value_heads=2, partial_rotary_factor=0.4, qk_layernorm=True),
+     2, 32, "bf16"),
+    ("phi-qkln-B1", _phi(num_hidden_layers=1, qk_layernorm=True), 1, 16, "fp32"),
+    ("phi-tied-rot1.0-gelu", _phi(hidden_size=48, intermediate_size=96, partial_rotary_factor=1.0,
+                                  tie_word_embeddings=True, hidden_act="gelu"), 3, 8, "fp32"),
     # --- OPT
     ("opt-prenorm", {"model_type": "opt", "vocab_size": 96, "hidden_size": 64, "ffn_dim": 256,
                      "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 64,
@@ -149,6 +179,9 @@ GRID = [
     # --- gradient checkpointing (trainmem --checkpointing full --checkpoint-reentrant B --checkpoint-every N)
     ("ckpt-llama-reentrant", _ll("llama"), 2, 16, "fp32", {"checkpointing": "full", "reentrant": True}),
     ("ckpt-llama-nonreentrant", _ll("llama"), 2, 16, "fp32", {"checkpointing": "full", "reentrant": False}),
+    ("ckpt-gemma3-text-reentrant", _ll("gemma3_text", num_hidden_layers=3, head_dim=16, sliding_window=8,
+                                       sliding_window_pattern=2), 2, 16, "fp32",
+     {"checkpointing": "full", "reentrant": True}),
     ("ckpt-llama-reentrant-every2-L4-bf16", _ll("llama", num_hidden_layers=4), 2, 16, "bf16",
      {"checkpointing": "full", "reentrant": True, "every": 2}),
     ("ckpt-gpt2-reentrant", {"model_type": "gpt2", "n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 128,

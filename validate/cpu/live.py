@@ -147,7 +147,8 @@ _SEGMENTS = (("forward", ("forward", "loss"), "end of forward"),
 # allocation, and a Python mode could not see it if it had. In backward these are exactly trainmem's
 # `temporaries` (softmax_backward's tmp = grad * output, embedding backward's sort buffers, the flash and
 # efficient attention kernels' scratch); in forward the ones named here.
-KERNEL_INTERNAL_FORWARD = ("sdpa causal mask",)
+# layer_norm_cuda's expect_contiguous() copy of a strided input (Phi's q_layernorm / k_layernorm).
+KERNEL_INTERNAL_FORWARD = ("sdpa causal mask", "layer_norm input expect_contiguous")
 
 
 def _internal(r):

@@ -9,11 +9,15 @@ reports the tensors that the real models would save.
             F.cross_entropy(logits.view(-1, V), targets.view(-1), ignore_index=-1).
   gpt2      transformers 5.x GPT2LMHeadModel, eager attention (Conv1D = addmm, gelu_new as its composite
             formula, division by a 0-dim tensor sqrt(D), additive float (B,1,T,T) causal mask).
-  llama, mistral, qwen2, qwen3, gemma, gemma2, phi3, mixtral
-            transformers 5.x *ForCausalLM with eager attention (mixtral: 5.x fused 3-D experts with the eager
+  llama, mistral, qwen2, qwen3, gemma, gemma2, phi3, mixtral, gemma3_text, starcoder2
+            transformers 5.x *ForCausalLM with eager attention (gemma3_text: Gemma3ForCausalLM, its sliding and
+            full layers with their own masks and rotary tables, q/k norms after the transpose; starcoder2:
+            LayerNorms, biased projections, c_fc/c_proj MLP) (mixtral: 5.x fused 3-D experts with the eager
             experts loop, no router aux loss; its saved tensors depend on the routing, i.e. on the data).
   gpt_neox  transformers 5.x GPTNeoXForCausalLM, eager attention.
   opt       transformers 5.x OPTForCausalLM, eager attention.
+  phi       transformers 5.x PhiForCausalLM, eager attention (parallel attention + MLP off one LayerNorm, partial
+            rotary, optional q/k LayerNorms, biased lm_head).
   mlp       an nn.Sequential of Linear / ReLU / GELU / Sigmoid / LayerNorm (trainmem's "stack" impl).
 
 Sources: /work/research/hf_*.md (quotes of the transformers source) and nanoGPT model.py. Every model's
@@ -52,8 +56,9 @@ from torch.multiprocessing.reductions import StorageWeakRef
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # validate/: nanogpt.py
 import nanogpt  # noqa: E402
 
-LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "mixtral")
-MODEL_TYPES = ("nanogpt", "gpt2", "gpt_neox", "opt", "mlp") + LLAMA_FAMILY
+LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "mixtral", "gemma3_text",
+                "starcoder2")
+MODEL_TYPES = ("nanogpt", "gpt2", "gpt_neox", "opt", "phi", "mlp") + LLAMA_FAMILY
 
 
 def _is_meta(device):
@@ -708,6 +713,8 @@ _LLAMA_DEFAULTS = {
     "gemma2":  (256000, 2304, 9216, 26, 8, 4, 256, True, "gelu_pytorch_tanh", 1e-6),
     "phi3":    (32064, 3072, 8192, 32, 32, None, None, False, "silu", 1e-5),
     "mixtral": (32000, 4096, 14336, 32, 32, 8, None, False, "silu", 1e-5),
+    "gemma3_text": (262208, 2304, 9216, 26, 8, 4, 256, True, "gelu_pytorch_tanh", 1e-6),
+    "starcoder2": (49152, 3072, 12288, 30, 24, 2, None, True, "gelu_pytorch_tanh", 1e-5),
 }
 
 
@@ -727,7 +734,7 @@ def resolve_llama_config(cfg):
     if c.num_attention_heads % c.num_key_value_heads:
         raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
     c.tie_word_embeddings = bool(_get(cfg, "tie_word_embeddings", tied))
-    if t == "gemma2":
+    if t in ("gemma2", "gemma3_text"):
         c.hidden_act = _get(cfg, "hidden_activation", act)
     else:
         c.hidden_act = _get(cfg, "hidden_act", act)
@@ -738,21 +745,31 @@ def resolve_llama_config(cfg):
     c.mlp_bias = False
     if t == "qwen2":
         c.q_bias = c.k_bias = c.v_bias = True
-    if t in ("llama", "qwen3", "gemma", "gemma2"):
+    if t in ("llama", "qwen3", "gemma", "gemma2", "gemma3_text"):
         ab = bool(_get(cfg, "attention_bias", False))
         c.q_bias = c.k_bias = c.v_bias = c.o_bias = ab
     if t == "llama":
         c.mlp_bias = bool(_get(cfg, "mlp_bias", False))
+    c.starcoder2 = t == "starcoder2"
+    if t == "starcoder2":
+        # Starcoder2Config: use_bias=True, norm_epsilon=1e-5, residual_dropout=0.0, embedding_dropout=0.0
+        ub = bool(_get(cfg, "use_bias", True))
+        c.q_bias = c.k_bias = c.v_bias = c.o_bias = ub
+        c.mlp_bias = ub
+        c.rms_norm_eps = float(_get(cfg, "norm_epsilon", 1e-5))
+        c.residual_dropout = float(_get(cfg, "residual_dropout", 0.0))
+        c.embedding_dropout = float(_get(cfg, "embedding_dropout", 0.0))
     c.moe = t == "mixtral"
     if c.moe:
         c.num_local_experts = int(_get(cfg, "num_local_experts", 8))
         c.num_experts_per_tok = int(_get(cfg, "num_experts_per_tok", 2))
         c.router_jitter_noise = float(_get(cfg, "router_jitter_noise", 0.0))
-    c.qk_norm = t == "qwen3"
+    c.qk_norm = t in ("qwen3", "gemma3_text")
+    c.qk_norm_after_transpose = t == "gemma3_text"  # Gemma3Attention: q_norm(q.view(...).transpose(1, 2))
     c.fused = t == "phi3"
-    c.gemma_norm = t in ("gemma", "gemma2")
-    c.four_norms = t == "gemma2"
-    c.embed_scale = t in ("gemma", "gemma2")
+    c.gemma_norm = t in ("gemma", "gemma2", "gemma3_text")
+    c.four_norms = t in ("gemma2", "gemma3_text")
+    c.embed_scale = t in ("gemma", "gemma2", "gemma3_text")
     c.attention_dropout = float(_get(cfg, "attention_dropout", 0.0))
     c.resid_pdrop = float(_get(cfg, "resid_pdrop", 0.0)) if t == "phi3" else 0.0
     # rotary
@@ -770,8 +787,23 @@ def resolve_llama_config(cfg):
         c.scaling = float(_get(cfg, "query_pre_attn_scalar", 256)) ** -0.5
         c.attn_softcap = cfg.get("attn_logit_softcapping", 50.0)
         c.final_softcap = cfg.get("final_logit_softcapping", 30.0)
+    if t == "gemma3_text":
+        # Gemma3TextConfig: query_pre_attn_scalar=256, attn_logit_softcapping=None, final_logit_softcapping=None
+        c.scaling = float(_get(cfg, "query_pre_attn_scalar", 256)) ** -0.5
+        c.attn_softcap = cfg.get("attn_logit_softcapping")
+        c.final_softcap = cfg.get("final_logit_softcapping")
+    # Gemma3TextConfig: layer_types=None -> "sliding_attention" if bool((i + 1) % sliding_window_pattern) else
+    # "full_attention", sliding_window_pattern=6
+    c.layer_types = None
+    if t == "gemma3_text":
+        c.layer_types = cfg.get("layer_types")
+        if c.layer_types is None:
+            pat = int(_get(cfg, "sliding_window_pattern", 6))
+            c.layer_types = ["sliding_attention" if (i + 1) % pat else "full_attention"
+                             for i in range(c.num_hidden_layers)]
+        c.rope_local_base_freq = float(_get(cfg, "rope_local_base_freq", 10000.0))
     # sliding windows per layer (masks only; no saved tensor depends on them)
-    sw = cfg.get("sliding_window", 4096 if t in ("mistral", "gemma2") else None)
+    sw = cfg.get("sliding_window", 4096 if t in ("mistral", "gemma2", "gemma3_text") else None)
     if t == "phi3":
         sw = None  # not applied to the eager mask here (masks are never saved; only their shape matters)
     if t in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):
@@ -780,6 +812,8 @@ def resolve_llama_config(cfg):
     for i in range(c.num_hidden_layers):
         if t == "gemma2":
             c.layer_windows.append(sw if (i + 1) % 2 else None)
+        elif t == "gemma3_text":
+            c.layer_windows.append(sw if c.layer_types[i] == "sliding_attention" else None)
         elif t in ("qwen2", "qwen3") and sw is not None:
             c.layer_windows.append(sw if i >= int(cfg.get("max_window_layers", 28)) else None)
         else:
@@ -928,6 +962,29 @@ class MixtralSparseMoeBlock(nn.Module):
         return hidden_states
 
 
+class Starcoder2MLP(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.c_fc = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias, device=device)
+        self.c_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias, device=device)
+        self.act = act_fn(c.hidden_act)
+        self.residual_dropout = c.residual_dropout
+
+    def forward(self, hidden_states):
+        hidden_states = self.c_fc(hidden_states)
+        hidden_states = self.act(hidden_states)
+        hidden_states = self.c_proj(hidden_states)
+        hidden_states = F.dropout(hidden_states, p=self.residual_dropout, training=self.training)
+        return hidden_states
+
+
+def _layer_norm_cls(c):
+    """The decoder's norm: nn.LayerNorm for starcoder2 (with bias), GemmaRMSNorm for the Gemmas, else LlamaRMSNorm."""
+    if c.starcoder2:
+        return lambda dim, eps, device=None: nn.LayerNorm(dim, eps=eps, device=device)
+    return GemmaRMSNorm if c.gemma_norm else LlamaRMSNorm
+
+
 class LlamaAttention(nn.Module):
     def __init__(self, c, layer_idx, device=None):
         super().__init__()
@@ -951,8 +1008,9 @@ class LlamaAttention(nn.Module):
             self.v_proj = nn.Linear(C, KV * D, bias=c.v_bias, device=device)
             self.o_proj = nn.Linear(H * D, C, bias=c.o_bias, device=device)
         if c.qk_norm:
-            self.q_norm = LlamaRMSNorm(D, eps=c.rms_norm_eps, device=device)
-            self.k_norm = LlamaRMSNorm(D, eps=c.rms_norm_eps, device=device)
+            QKNorm = GemmaRMSNorm if c.gemma_norm else LlamaRMSNorm  # Gemma3RMSNorm is GemmaRMSNorm's code
+            self.q_norm = QKNorm(D, eps=c.rms_norm_eps, device=device)
+            self.k_norm = QKNorm(D, eps=c.rms_norm_eps, device=device)
 
     def forward(self, hidden_states, position_embeddings, attention_mask):
         c = self.config
@@ -967,6 +1025,12 @@ class LlamaAttention(nn.Module):
             query_states = query_states.view(hidden_shape).transpose(1, 2)
             key_states = key_states.view(hidden_shape).transpose(1, 2)
             value_states = value_states.view(hidden_shape).transpose(1, 2)
+        elif c.qk_norm_after_transpose:  # gemma3_text
+            query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+            key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+            value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+            query_states = self.q_norm(query_states)
+            key_states = self.k_norm(key_states)
         elif c.qk_norm:
             query_states = self.q_norm(self.q_proj(hidden_states).view(hidden_shape)).transpose(1, 2)
             key_states = self.k_norm(self.k_proj(hidden_states).view(hidden_shape)).transpose(1, 2)
@@ -987,6 +1051,8 @@ class LlamaAttention(nn.Module):
             softcap=self.softcap)
         attn_output = attn_output.reshape(*input_shape, -1).contiguous()
         attn_output = self.o_proj(attn_output)
+        if c.starcoder2:  # Starcoder2Attention: "diff with Llama"
+            attn_output = F.dropout(attn_output, p=c.residual_dropout, training=self.training)
         return attn_output, attn_weights
 
 
@@ -998,8 +1064,8 @@ class LlamaDecoderLayer(nn.Module):
         if c.moe:
             self.mlp = MixtralSparseMoeBlock(c, device)
         else:
-            self.mlp = Phi3MLP(c, device) if c.fused else LlamaMLP(c, device)
-        Norm = GemmaRMSNorm if c.gemma_norm else LlamaRMSNorm
+            self.mlp = Phi3MLP(c, device) if c.fused else (Starcoder2MLP(c, device) if c.starcoder2 else LlamaMLP(c, device))
+        Norm = _layer_norm_cls(c)
         self.input_layernorm = Norm(c.hidden_size, eps=c.rms_norm_eps, device=device)
         self.post_attention_layernorm = Norm(c.hidden_size, eps=c.rms_norm_eps, device=device)
         if c.four_norms:
@@ -1043,6 +1109,43 @@ class LlamaDecoderLayer(nn.Module):
         return hidden_states
 
 
+class Gemma3RotaryEmbedding(nn.Module):
+    """Gemma3RotaryEmbedding (5.x): per layer type of config.layer_types, buffers f"{layer_type}_inv_freq" and
+    f"{layer_type}_original_inv_freq" (a clone), persistent=False; the full-attention table from rope_theta (and
+    rope_scaling, default here), the sliding one from rope_local_base_freq. transformers walks set(layer_types)
+    (Python string-hash order); here the order of first use, as trainmem lists them. forward(x, position_ids,
+    layer_type) is LlamaRotaryEmbedding's on that type's table."""
+
+    def __init__(self, c, device=None):
+        super().__init__()
+        dev = "meta" if _is_meta(device) else None
+        self.order = []
+        for lt in c.layer_types:
+            if lt in self.order:
+                continue
+            self.order.append(lt)
+            base = c.rope_local_base_freq if lt == "sliding_attention" else c.rope_theta
+            dim = c.rotary_dim
+            inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(dtype=torch.float) / dim))
+            if dev:
+                inv = inv.to(dev)
+            self.register_buffer(f"{lt}_inv_freq", inv, persistent=False)
+            self.register_buffer(f"{lt}_original_inv_freq", inv.clone(), persistent=False)
+        self.attention_scaling = 1.0
+
+    @torch.no_grad()
+    def forward(self, x, position_ids, layer_type):
+        inv_freq = getattr(self, f"{layer_type}_inv_freq")
+        inv_freq_expanded = inv_freq[None, :, None].float().expand(position_ids.shape[0], -1, 1).to(x.device)
+        position_ids_expanded = position_ids[:, None, :].float()
+        with torch.autocast(device_type="cpu", enabled=False):  # Force float32, as LlamaRotaryEmbedding
+            freqs = (inv_freq_expanded.float() @ position_ids_expanded.float()).transpose(1, 2)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            cos = emb.cos() * self.attention_scaling
+            sin = emb.sin() * self.attention_scaling
+        return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
+
+
 class LlamaModel(nn.Module):
     def __init__(self, c, device=None):
         super().__init__()
@@ -1053,9 +1156,12 @@ class LlamaModel(nn.Module):
         else:
             self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size, c.pad_token_id, device=device)
         self.layers = nn.ModuleList([LlamaDecoderLayer(c, i, device) for i in range(c.num_hidden_layers)])
-        Norm = GemmaRMSNorm if c.gemma_norm else LlamaRMSNorm
+        Norm = _layer_norm_cls(c)
         self.norm = Norm(c.hidden_size, eps=c.rms_norm_eps, device=device)
-        self.rotary_emb = RotaryEmbedding(c.rotary_dim, c.rope_theta, device=device)
+        if c.layer_types is not None:
+            self.rotary_emb = Gemma3RotaryEmbedding(c, device=device)
+        else:
+            self.rotary_emb = RotaryEmbedding(c.rotary_dim, c.rope_theta, device=device)
         self.checkpoint_settings = CheckpointSettings()
 
     def forward(self, input_ids):
@@ -1066,10 +1172,14 @@ class LlamaModel(nn.Module):
         else:
             position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + 0
             position_ids = position_ids.unsqueeze(0)
+        if self.config.layer_types is not None:
+            return self._gemma3_forward(inputs_embeds, position_ids)
         masks = {}
         for w in set(self.config.layer_windows):
             masks[w] = eager_causal_mask(B, T, inputs_embeds.dtype, inputs_embeds.device, sliding_window=w)
         hidden_states = inputs_embeds
+        if self.config.starcoder2:  # Starcoder2Model: "main diff with Llama"
+            hidden_states = F.dropout(hidden_states, p=self.config.embedding_dropout, training=self.training)
         position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
         for i, layer in enumerate(self.layers):
             # 5.x: decoder_layer(hidden_states, attention_mask=causal_mask_mapping[layer.attention_type],
@@ -1077,6 +1187,28 @@ class LlamaModel(nn.Module):
             hidden_states = call_layer(self.checkpoint_settings, i, layer, hidden_states,
                                        attention_mask=masks[layer.self_attn.sliding_window],
                                        position_embeddings=position_embeddings, position_ids=position_ids)
+        hidden_states = self.norm(hidden_states)
+        return hidden_states
+
+    def _gemma3_forward(self, inputs_embeds, position_ids):
+        """Gemma3TextModel.forward (5.x) from the masks on: both masks made (full, then sliding), one rotary
+        table per layer type, each layer called with its type's mask and table."""
+        B, T = inputs_embeds.shape[:2]
+        sw = next((w for w in self.config.layer_windows if w is not None), None)
+        causal_mask_mapping = {
+            "full_attention": eager_causal_mask(B, T, inputs_embeds.dtype, inputs_embeds.device),
+            "sliding_attention": eager_causal_mask(B, T, inputs_embeds.dtype, inputs_embeds.device,
+                                                   sliding_window=sw if sw is not None else 4096),
+        }
+        hidden_states = inputs_embeds
+        position_embeddings = {}
+        for layer_type in self.rotary_emb.order:
+            position_embeddings[layer_type] = self.rotary_emb(hidden_states, position_ids, layer_type)
+        for i, layer in enumerate(self.layers):
+            lt = self.config.layer_types[i]
+            hidden_states = call_layer(self.checkpoint_settings, i, layer, hidden_states,
+                                       attention_mask=causal_mask_mapping[lt],
+                                       position_embeddings=position_embeddings[lt], position_ids=position_ids)
         hidden_states = self.norm(hidden_states)
         return hidden_states
 
@@ -1248,6 +1380,172 @@ class GPTNeoXForCausalLM(nn.Module):
         hidden_states = self.gpt_neox(input_ids)
         kept, labels = keep_logits(self, hidden_states, labels)
         logits = self.embed_out(kept)
+        if labels is None:
+            return logits  # inference (validate/cpu/inference.py): the logits as the model returns them
+        return for_causal_lm_loss(logits, labels, vocab_size=self.vocab_size)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Phi (transformers 5.x modeling_phi.py, generated from modular_phi.py; eager)
+
+
+def resolve_phi_config(cfg):
+    """PhiConfig (configuration_phi.py, 5.x) defaults."""
+    c = SimpleNamespace()
+    c.vocab_size = int(_get(cfg, "vocab_size", 51200))
+    c.hidden_size = int(_get(cfg, "hidden_size", 2048))
+    c.intermediate_size = int(_get(cfg, "intermediate_size", 8192))
+    c.num_hidden_layers = int(_get(cfg, "num_hidden_layers", 24))
+    c.num_attention_heads = int(_get(cfg, "num_attention_heads", 32))
+    # __post_init__: if self.num_key_value_heads is None: self.num_key_value_heads = self.num_attention_heads
+    c.num_key_value_heads = int(_get(cfg, "num_key_value_heads", c.num_attention_heads))
+    c.resid_pdrop = float(_get(cfg, "resid_pdrop", 0.0))
+    c.embd_pdrop = float(_get(cfg, "embd_pdrop", 0.0))
+    c.attention_dropout = float(_get(cfg, "attention_dropout", 0.0))
+    c.hidden_act = _get(cfg, "hidden_act", "gelu_new")
+    c.layer_norm_eps = float(_get(cfg, "layer_norm_eps", 1e-5))
+    c.tie_word_embeddings = bool(_get(cfg, "tie_word_embeddings", False))
+    c.qk_layernorm = bool(_get(cfg, "qk_layernorm", False))
+    # kwargs.setdefault("partial_rotary_factor", 0.5)
+    c.partial_rotary_factor = float(_get(cfg, "partial_rotary_factor", 0.5))
+    c.pad_token_id = _get(cfg, "pad_token_id", None)
+    c.rope_theta = _rope_theta(cfg)
+    # LlamaAttention: head_dim = getattr(config, "head_dim", hidden_size // num_attention_heads)
+    c.head_dim = c.hidden_size // c.num_attention_heads
+    c.rotary_ndims = int(c.head_dim * c.partial_rotary_factor)
+    return c
+
+
+class PhiAttention(nn.Module):
+    def __init__(self, c, layer_idx, device=None):
+        super().__init__()
+        self.config = c
+        self.layer_idx = layer_idx
+        self.head_dim = c.head_dim
+        self.num_key_value_groups = c.num_attention_heads // c.num_key_value_heads
+        self.scaling = self.head_dim ** -0.5
+        self.attention_dropout = c.attention_dropout
+        self.is_causal = True
+        H, KV, D, C = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.hidden_size
+        self.q_proj = nn.Linear(C, H * D, bias=True, device=device)
+        self.k_proj = nn.Linear(C, KV * D, bias=True, device=device)
+        self.v_proj = nn.Linear(C, KV * D, bias=True, device=device)
+        self.dense = nn.Linear(H * D, C, bias=True, device=device)
+        self.rotary_ndims = c.rotary_ndims
+        self.qk_layernorm = c.qk_layernorm
+        if self.qk_layernorm:
+            self.q_layernorm = nn.LayerNorm(C // H, eps=c.layer_norm_eps, elementwise_affine=True, device=device)
+            self.k_layernorm = nn.LayerNorm(C // H, eps=c.layer_norm_eps, elementwise_affine=True, device=device)
+
+    def forward(self, hidden_states, position_embeddings, attention_mask):
+        input_shape = hidden_states.shape[:-1]
+        hidden_shape = (*input_shape, -1, self.head_dim)
+        query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        if self.qk_layernorm:
+            query_states = self.q_layernorm(query_states)
+            key_states = self.k_layernorm(key_states)
+        cos, sin = position_embeddings
+        # Partial rotary embedding
+        query_rot, query_pass = (
+            query_states[..., : self.rotary_ndims],
+            query_states[..., self.rotary_ndims:],
+        )
+        key_rot, key_pass = (
+            key_states[..., : self.rotary_ndims],
+            key_states[..., self.rotary_ndims:],
+        )
+        query_rot, key_rot = apply_rotary_pos_emb(query_rot, key_rot, cos, sin)
+        query_states = torch.cat((query_rot, query_pass), dim=-1)
+        key_states = torch.cat((key_rot, key_pass), dim=-1)
+        key_states, value_states = update_cache(key_states, value_states, self.layer_idx)
+        attn_output, attn_weights = eager_attention_forward(
+            self, query_states, key_states, value_states, attention_mask,
+            scaling=self.scaling, dropout=0.0 if not self.training else self.attention_dropout)
+        attn_output = attn_output.reshape(*input_shape, -1).contiguous()
+        attn_output = self.dense(attn_output)
+        return attn_output, attn_weights
+
+
+class PhiMLP(nn.Module):
+    """CLIPMLP: fc1, activation_fn, fc2."""
+
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.activation_fn = act_fn(c.hidden_act)
+        self.fc1 = nn.Linear(c.hidden_size, c.intermediate_size, device=device)
+        self.fc2 = nn.Linear(c.intermediate_size, c.hidden_size, device=device)
+
+    def forward(self, hidden_states):
+        hidden_states = self.fc1(hidden_states)
+        hidden_states = self.activation_fn(hidden_states)
+        hidden_states = self.fc2(hidden_states)
+        return hidden_states
+
+
+class PhiDecoderLayer(nn.Module):
+    def __init__(self, c, layer_idx, device=None):
+        super().__init__()
+        self.self_attn = PhiAttention(c, layer_idx, device)
+        self.mlp = PhiMLP(c, device)
+        self.input_layernorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, device=device)
+        self.resid_dropout = nn.Dropout(c.resid_pdrop)
+
+    def forward(self, hidden_states, attention_mask=None, position_ids=None, position_embeddings=None, **kwargs):
+        residual = hidden_states
+        hidden_states = self.input_layernorm(hidden_states)
+        attn_outputs, self_attn_weights = self.self_attn(hidden_states, position_embeddings, attention_mask)
+        attn_outputs = self.resid_dropout(attn_outputs)
+        feed_forward_hidden_states = self.resid_dropout(self.mlp(hidden_states))
+        hidden_states = attn_outputs + feed_forward_hidden_states + residual
+        return hidden_states
+
+
+class PhiModel(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.config = c
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size, c.pad_token_id, device=device)
+        self.layers = nn.ModuleList([PhiDecoderLayer(c, i, device) for i in range(c.num_hidden_layers)])
+        self.rotary_emb = RotaryEmbedding(c.rotary_ndims, c.rope_theta, device=device)
+        self.embed_dropout = nn.Dropout(c.embd_pdrop)
+        self.final_layernorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, device=device)
+
+    def forward(self, input_ids):
+        inputs_embeds = self.embed_tokens(input_ids)
+        B, T = inputs_embeds.shape[:2]
+        if GENERATION.position_ids is not None:  # passed by generate()
+            position_ids = GENERATION.position_ids
+        else:
+            cache_position = torch.arange(0, T, device=inputs_embeds.device)
+            position_ids = cache_position.unsqueeze(0)
+        causal_mask = eager_causal_mask(B, T, inputs_embeds.dtype, inputs_embeds.device)
+        inputs_embeds = self.embed_dropout(inputs_embeds)  # diff with Llama
+        hidden_states = inputs_embeds
+        position_embeddings = self.rotary_emb(hidden_states, position_ids)
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, attention_mask=causal_mask, position_ids=position_ids,
+                                  position_embeddings=position_embeddings)
+        hidden_states = self.final_layernorm(hidden_states)  # diff with Llama
+        return hidden_states
+
+
+class PhiForCausalLM(nn.Module):
+    def __init__(self, cfg, device=None):
+        super().__init__()
+        c = resolve_phi_config(cfg)
+        self.config = c
+        self.vocab_size = c.vocab_size
+        self.model = PhiModel(c, device)
+        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=True, device=device)
+        if c.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids, labels=None):
+        hidden_states = self.model(input_ids)
+        kept, labels = keep_logits(self, hidden_states, labels)
+        logits = self.lm_head(kept)
         if labels is None:
             return logits  # inference (validate/cpu/inference.py): the logits as the model returns them
         return for_causal_lm_loss(logits, labels, vocab_size=self.vocab_size)
@@ -1500,6 +1798,8 @@ def build_model(config, device=None, frozen=(), checkpointing="none", checkpoint
         m = GPTNeoXForCausalLM(config, device)
     elif t == "opt":
         m = OPTForCausalLM(config, device)
+    elif t == "phi":
+        m = PhiForCausalLM(config, device)
     elif t == "mlp":
         m = MLPStack(config, device)
     else:

@@ -27,6 +27,9 @@ PUBLISHED = {
     "gemma-2b": 2_506_172_416, "gemma-2-2b": 2_614_341_888, "phi-3-mini": 3_821_079_552,
     "pythia-160m": 162_322_944, "opt-125m": 125_239_296, "llama-3.2-1b-instruct": 1_235_814_400,
     "smollm2-135m": 134_515_008, "mixtral-8x7b": 46_702_792_704,
+    # Hugging Face Hub model API, microsoft/phi-2: safetensors.parameters {"F16": 2779683840} (untied, lm_head.bias)
+    "phi-2": 2_779_683_840,
+    "gemma-3-1b-it": 999_885_952,  # keras-hub gemma3_presets.py@46f3b4a gemma3_instruct_1b
     # nanoGPT GPT-2 small as configured in data/models/nanogpt-gpt2.json (no published figure: nanoGPT's own
     # get_num_params() subtracts wpe; this is sum(numel)).
 }

@@ -11,13 +11,14 @@
 
 namespace trainmem::sim {
 
-T lm_head_logits(Ctx& c, const LoadedModel& w, const T& hidden, const char* head, const char* tied, const char* what) {
+T lm_head_logits(Ctx& c, const LoadedModel& w, const T& hidden, const char* head, const char* tied, const char* what,
+                 const char* bias) {
   const T* h = w.opt(head);
   // LlamaForCausalLM.forward (and the other *ForCausalLM): slice_indices = slice(-logits_to_keep, None);
   // logits = self.lm_head(hidden_states[:, slice_indices, :]); logits_to_keep=0 is slice(0, None), every position.
   const uint64_t Tn = hidden.shape()[1];
   const T kept = c.logits_to_keep ? slice_dim1(c, hidden, Tn - c.logits_to_keep, Tn) : hidden;
-  return linear(c, kept, h ? *h : w.p(tied), nullptr, what);
+  return linear(c, kept, h ? *h : w.p(tied), bias ? &w.p(bias) : nullptr, what);
 }
 
 ForwardOut causal_lm_output(Ctx& c, T logits, const T* labels) {

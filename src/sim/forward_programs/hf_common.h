@@ -31,8 +31,9 @@ AttnOut eager_attention(Ctx& c, const T& q, const T& k, const T& v, const T* mas
 T sdpa_attention(Ctx& c, const T& q, const T& k, const T& v, uint64_t n_rep, double dropout_p);
 T activation(Ctx& c, Act a, const T& x);
 // *ForCausalLM's head: logits = lm_head(hidden), through the input embedding `tied` when the model has no
-// `head` parameter (tie_word_embeddings).
-T lm_head_logits(Ctx& c, const LoadedModel& w, const T& hidden, const char* head, const char* tied, const char* what);
+// `head` parameter (tie_word_embeddings). `bias`: the head's bias parameter where it has one (Phi).
+T lm_head_logits(Ctx& c, const LoadedModel& w, const T& hidden, const char* head, const char* tied, const char* what,
+                 const char* bias = nullptr);
 // The forward's result: the logits, and the loss when labels are given.
 ForwardOut causal_lm_output(Ctx& c, T logits, const T* labels);
 // torchtune's chunked output head and CEWithChunkedOutputLoss in place of the head and the loss above (the

@@ -12,12 +12,18 @@ namespace trainmem::sim {
 
 namespace {
 
-bool is_gemma(const ModelSpec& m) { return m.model_type == "gemma" || m.model_type == "gemma2"; }
+bool is_gemma(const ModelSpec& m) {
+  return m.model_type == "gemma" || m.model_type == "gemma2" || m.model_type == "gemma3_text";
+}
+// Gemma3Attention normalizes q and k after `.transpose(1, 2)` (on the (B, H, T, D) view); Qwen3 before it.
+bool qk_norm_after_transpose(const ModelSpec& m) { return m.model_type == "gemma3_text"; }
 
 // LlamaRMSNorm: input_dtype = h.dtype; h = h.to(float32); variance = h.pow(2).mean(-1, keepdim=True);
 // h = h * torch.rsqrt(variance + eps); return weight * h.to(input_dtype).
 // GemmaRMSNorm: output = x.float() * rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps);
-// output = output * (1.0 + weight.float()); return output.type_as(x).
+// output = output * (1.0 + weight.float()); return output.type_as(x). Gemma3RMSNorm: output = self._norm(x.float())
+// with _norm(x) = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps); output = output * (1.0 +
+// self.weight.float()); return output.type_as(x): the same ops.
 T rms_norm(Ctx& c, const ModelSpec& m, const T& x, const T& weight, const char* what) {
   const DType in = x.dtype();
   T h = to(c, x, DType::kF32, "rms_norm h.to(float32)");
@@ -36,6 +42,13 @@ T rms_norm(Ctx& c, const ModelSpec& m, const T& x, const T& weight, const char* 
     return to(c, h, in, "rms_norm type_as(x)");
   }
   return mul(c, weight, to(c, h, in, "rms_norm h.to(input_dtype)"), what);
+}
+
+// A decoder layer's norm: Starcoder2's nn.LayerNorm(hidden_size, eps=config.norm_epsilon) (weight and bias); every
+// other Llama-shaped model's RMSNorm.
+T block_norm(Ctx& c, const ModelSpec& m, const T& x, const T& weight, const T* bias, const char* what) {
+  if (m.norm.kind == NormKind::kLayerNorm) return layer_norm(c, x, &weight, bias, what);
+  return rms_norm(c, m, x, weight, what);
 }
 
 struct Layer {
@@ -57,13 +70,20 @@ AttnOut attention(Ctx& c, const ModelSpec& m, const Layer& L, const T& x, const 
     k = transpose(c, view(c, slice_last(c, qkv, H * D, (H + KV) * D), kvs), 1, 2);
     v = transpose(c, view(c, slice_last(c, qkv, (H + KV) * D, (H + 2 * KV) * D), kvs), 1, 2);
   } else {
+    const bool norm_before = m.attn.qk_norm && !qk_norm_after_transpose(m);
     q = view(c, linear(c, x, L.p("self_attn.q_proj.weight"), L.o("self_attn.q_proj.bias"), "attn.q_proj"), qs);
-    if (m.attn.qk_norm) q = rms_norm(c, m, q, L.p("self_attn.q_norm.weight"), "attn.q_norm");
+    if (norm_before) q = rms_norm(c, m, q, L.p("self_attn.q_norm.weight"), "attn.q_norm");
     q = transpose(c, q, 1, 2);
     k = view(c, linear(c, x, L.p("self_attn.k_proj.weight"), L.o("self_attn.k_proj.bias"), "attn.k_proj"), kvs);
-    if (m.attn.qk_norm) k = rms_norm(c, m, k, L.p("self_attn.k_norm.weight"), "attn.k_norm");
+    if (norm_before) k = rms_norm(c, m, k, L.p("self_attn.k_norm.weight"), "attn.k_norm");
     k = transpose(c, k, 1, 2);
     v = transpose(c, view(c, linear(c, x, L.p("self_attn.v_proj.weight"), L.o("self_attn.v_proj.bias"), "attn.v_proj"), kvs), 1, 2);
+    if (m.attn.qk_norm && !norm_before) {
+      // Gemma3Attention: query_states = self.q_norm(query_states); key_states = self.k_norm(key_states), after
+      // the three projections are viewed and transposed
+      q = rms_norm(c, m, q, L.p("self_attn.q_norm.weight"), "attn.q_norm");
+      k = rms_norm(c, m, k, L.p("self_attn.k_norm.weight"), "attn.k_norm");
+    }
   }
   q = apply_rotary(c, q, rot);
   k = apply_rotary(c, k, rot);
@@ -95,6 +115,13 @@ T mlp(Ctx& c, const ModelSpec& m, const Layer& L, const T& x) {
     }
     return linear(c, up, L.p("mlp.down_proj.weight"), nullptr, "mlp.down_proj");
   }
+  if (!m.mlp.gated) {
+    // Starcoder2MLP: hidden_states = self.c_fc(hidden_states); self.act(...); self.c_proj(...); then
+    // nn.functional.dropout(hidden_states, p=self.residual_dropout) (the layer's resid_mlp_dropout below)
+    T h = linear(c, x, L.p("mlp.c_fc.weight"), L.o("mlp.c_fc.bias"), "mlp.c_fc");
+    h = activation(c, m.mlp.act, h);
+    return linear(c, h, L.p("mlp.c_proj.weight"), L.o("mlp.c_proj.bias"), "mlp.c_proj");
+  }
   // LlamaMLP: down_proj(act_fn(gate_proj(x)) * up_proj(x))
   T h;
   {
@@ -106,9 +133,9 @@ T mlp(Ctx& c, const ModelSpec& m, const Layer& L, const T& x) {
 }
 
 T decoder_layer(Ctx& c, const ModelSpec& m, const Layer& L, T hidden, const Rotary& rot, const T* mask) {
-  const bool sandwich = m.norms_per_layer == 4;  // Gemma2
+  const bool sandwich = m.norms_per_layer == 4;  // Gemma2, Gemma3
   T residual = hidden;
-  hidden = rms_norm(c, m, hidden, L.p("input_layernorm.weight"), "input_layernorm");
+  hidden = block_norm(c, m, hidden, L.p("input_layernorm.weight"), L.o("input_layernorm.bias"), "input_layernorm");
   // `hidden_states, _ = self.self_attn(...)`: `_` keeps the attention weights (eager) bound until the layer
   // returns; under no_grad (a reentrant checkpoint's first forward) nothing else keeps them
   AttnOut a = attention(c, m, L, hidden, rot, mask);
@@ -116,12 +143,49 @@ T decoder_layer(Ctx& c, const ModelSpec& m, const Layer& L, T hidden, const Rota
   if (sandwich) hidden = rms_norm(c, m, hidden, L.p("post_attention_layernorm.weight"), "post_attention_layernorm");
   hidden = add(c, residual, dropout(c, hidden, m.dropout.resid, "resid_attn_dropout"), "residual + attn");
   residual = hidden;
-  hidden = rms_norm(c, m, hidden, L.p(sandwich ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight"),
-                    sandwich ? "pre_feedforward_layernorm" : "post_attention_layernorm");
+  hidden = block_norm(c, m, hidden, L.p(sandwich ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight"),
+                      sandwich ? nullptr : L.o("post_attention_layernorm.bias"),
+                      sandwich ? "pre_feedforward_layernorm" : "post_attention_layernorm");
   if (m.moe.experts > 0) throw Error("the step simulator does not model mixture-of-experts layers yet");
   hidden = mlp(c, m, L, hidden);
   if (sandwich) hidden = rms_norm(c, m, hidden, L.p("post_feedforward_layernorm.weight"), "post_feedforward_layernorm");
   return add(c, residual, dropout(c, hidden, m.dropout.resid, "resid_mlp_dropout"), "residual + mlp");
+}
+
+// Gemma3TextModel.forward (5.x) from the masks on: causal_mask_mapping = {"full_attention":
+// create_causal_mask(...), "sliding_attention": create_sliding_window_causal_mask(...)} (both made, for eager
+// each a (B, 1, T, T) mask in the embeddings' dtype; sdpa runs is_causal without one, as for the other Llama-shaped
+// models); position_embeddings[layer_type] = self.rotary_emb(hidden_states, position_ids, layer_type) for each
+// layer type; then decoder_layer(hidden_states, attention_mask=causal_mask_mapping[layer_types[i]],
+// position_embeddings=position_embeddings[layer_types[i]], position_ids=position_ids, ...).
+T gemma3_text_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, T inputs_embeds, const T& position_ids) {
+  const uint64_t B = inputs_embeds.shape()[0], Tn = inputs_embeds.shape()[1];
+  T full_mask, sliding_mask;
+  if (m.attn_impl == AttnImpl::kEager) {
+    full_mask = eager_mask(c, B, Tn, inputs_embeds.dtype());
+    sliding_mask = eager_mask(c, B, Tn, inputs_embeds.dtype());
+  }
+  T hidden = inputs_embeds;
+  // set(config.layer_types): taken in order of first use (the tensor table's order)
+  Rotary sliding_rot, full_rot;
+  bool sliding_done = false, full_done = false;
+  for (bool sliding : m.attn.sliding_layers) {
+    bool& done = sliding ? sliding_done : full_done;
+    if (done) continue;
+    done = true;
+    (sliding ? sliding_rot : full_rot) =
+        rotary_embedding(c, w.buf(sliding ? "model.rotary_emb.sliding_attention_inv_freq" : "model.rotary_emb.full_attention_inv_freq"),
+                         Tn, hidden.dtype());
+  }
+  std::vector<LayerArgs> args;
+  for (bool sliding : m.attn.sliding_layers) {
+    args.push_back(sliding ? LayerArgs{sliding_mask, sliding_rot.cos, sliding_rot.sin, position_ids}
+                           : LayerArgs{full_mask, full_rot.cos, full_rot.sin, position_ids});
+  }
+  hidden = run_layers(c, m.layers, std::move(hidden), args, [&](uint64_t l, T h, const LayerArgs& a) {
+    return decoder_layer(c, m, Layer{w, l}, h, Rotary{a.cos, a.sin}, a.mask ? &a.mask : nullptr);
+  });
+  return block_norm(c, m, hidden, w.p("model.norm.weight"), w.opt("model.norm.bias"), "norm");
 }
 
 // LlamaModel.forward: returns the final hidden states; its locals (embeddings, mask, cos/sin) die with it.
@@ -135,6 +199,7 @@ T llama_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
     inputs_embeds = mul(c, inputs_embeds, scale, "embeddings * embed_scale");
   }
   T position_ids = model_position_ids(c, Tn);
+  if (!m.attn.sliding_layers.empty()) return gemma3_text_model(c, m, w, std::move(inputs_embeds), position_ids);
   T mask;
   if (m.attn_impl == AttnImpl::kEager) mask = eager_mask(c, B, Tn, inputs_embeds.dtype());
   T hidden = inputs_embeds;
@@ -144,7 +209,7 @@ T llama_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
                       [&](uint64_t l, T h, const LayerArgs& a) {
                         return decoder_layer(c, m, Layer{w, l}, h, Rotary{a.cos, a.sin}, a.mask ? &a.mask : nullptr);
                       });
-  return rms_norm(c, m, hidden, w.p("model.norm.weight"), "norm");
+  return block_norm(c, m, hidden, w.p("model.norm.weight"), w.opt("model.norm.bias"), "norm");
 }
 
 }  // namespace
@@ -158,8 +223,8 @@ ForwardOut llama_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const
     return chunked_causal_lm(c, w, std::move(hidden), "lm_head.weight", "model.embed_tokens.weight", "lm_head", labels);
   }
   T logits = lm_head_logits(c, w, hidden, "lm_head.weight", "model.embed_tokens.weight", "lm_head");
-  if (m.model_type == "gemma2") {
-    // final_logit_softcapping: logits / cap, tanh, * cap
+  if (m.model_type == "gemma2" || m.final_softcap > 0) {
+    // final_logit_softcapping (gemma2 always; gemma3_text when set): logits / cap, tanh, * cap
     logits = mul_scalar(c, logits, "logits / softcap");
     logits = tanh(c, logits, "logits tanh");
     logits = mul_scalar(c, logits, "logits * softcap");

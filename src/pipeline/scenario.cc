@@ -483,12 +483,6 @@ void resolve_inference(const Scenario& s, ResolvedScenario& r) {
                                                "is built by {}", s.train.generate, r.model.name,
                                                impl_name(r.model.impl)));
     }
-    // OPT's forward derives its position ids from the (B, past + T) attention mask that generate() passes; that
-    // path is not transliterated yet.
-    if (r.model.family == Family::kOpt) {
-      throw FieldError("generate", fmt::format("{}: generation is not modelled for model_type opt yet (its position "
-                                               "ids come from generate()'s attention mask)", s.train.generate));
-    }
     // DynamicCache gives a sliding-window layer a DynamicSlidingWindowLayer, which keeps the last window - 1
     // tokens once the sequence reaches the window (and its mask stops being ignorable by SDPA); below the window
     // it holds what DynamicLayer holds. Past it is not simulated yet.

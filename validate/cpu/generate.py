@@ -53,6 +53,9 @@ GRID = [
                          "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4,
                          "num_key_value_heads": 1, "head_dim": 16, "sliding_window": 64,
                          "sliding_window_pattern": 2, "eos_token_id": 1, "bos_token_id": 2}, 2, 12, 4, "bf16"),
+    ("gen-opt-fp32", {"model_type": "opt", "vocab_size": 96, "hidden_size": 64, "ffn_dim": 128,
+                      "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 64,
+                      "eos_token_id": 2, "bos_token_id": 2}, 2, 12, 5, "fp32"),
     ("gen-gpt2-fp32", _GPT2, 2, 12, 5, "fp32"),
     ("gen-gpt2-bf16", _GPT2, 1, 20, 4, "bf16"),
 ]

@@ -1614,6 +1614,7 @@ class OPTAttention(nn.Module):
         value_states = self.v_proj(hidden_states)
         key_states = key_states.view(bsz, -1, self.num_heads, self.head_dim).transpose(1, 2)
         value_states = value_states.view(bsz, -1, self.num_heads, self.head_dim).transpose(1, 2)
+        key_states, value_states = update_cache(key_states, value_states, self.layer_idx)
         # (transformers 5.x returns the weights too and the layer binds them; not modelled for OPT yet)
         attn_output = eager_attention_forward(
             self, query_states, key_states, value_states, attention_mask,
@@ -1691,10 +1692,14 @@ class OPTDecoder(nn.Module):
         inputs_embeds = self.embed_tokens(input_ids)
         past_seen_tokens = 0
         seq_length = past_seen_tokens + inputs_embeds.shape[1]
-        attention_mask = torch.ones(inputs_embeds.shape[0], seq_length, device=inputs_embeds.device)
-        position_ids = torch.cumsum(attention_mask, dim=1)
-        position_ids = (position_ids * attention_mask - 1).long()
-        position_ids = position_ids[:, past_seen_tokens:]
+        if GENERATION.position_ids is not None:
+            # generate() passes its attention_mask and position_ids: the decoder makes neither
+            attention_mask, position_ids = None, GENERATION.position_ids
+        else:
+            attention_mask = torch.ones(inputs_embeds.shape[0], seq_length, device=inputs_embeds.device)
+            position_ids = torch.cumsum(attention_mask, dim=1)
+            position_ids = (position_ids * attention_mask - 1).long()
+            position_ids = position_ids[:, past_seen_tokens:]
         # create_causal_mask with an all-ones 2-D padding mask: eager -> float (B,1,T,T)
         causal_mask = eager_causal_mask(inputs_embeds.shape[0], seq_length, inputs_embeds.dtype, inputs_embeds.device)
         pos_embeds = self.embed_positions(attention_mask, past_seen_tokens, position_ids=position_ids)

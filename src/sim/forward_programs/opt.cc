@@ -20,6 +20,7 @@ T opt_attention(Ctx& c, const ModelSpec& m, const LoadedModel& w, uint64_t l, co
   T v = linear(c, x, w.p(n("v_proj.weight")), w.opt(n("v_proj.bias")), "self_attn.v_proj");
   k = transpose(c, view(c, k, hs), 1, 2);
   v = transpose(c, view(c, v, hs), 1, 2);
+  kv_update(c, l, k, v);  // past_key_values.update(key_states, value_states, self.layer_idx, cache_kwargs)
   T o;
   if (m.attn_impl == AttnImpl::kEager) {
     o = eager_attention(c, q, k, v, mask, 1, m.dropout.attn, "attn * 1.0", 0.0).output;  // scaling=1.0
@@ -64,9 +65,13 @@ T opt_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
   c.layer = -1;
   T inputs_embeds = embedding(c, w.p("model.decoder.embed_tokens.weight"), ids, "embed_tokens");
   // attention_mask = torch.ones(B, T) (float32); position_ids = (torch.cumsum(mask, 1) * mask - 1).long()
-  T attention_mask = c.e.empty(Shape{B, Tn}, DType::kF32, Category::kActivations, c.L("attention_mask (ones)"));
+  // generate() passes its own attention_mask and (B, q) position_ids (c.position_ids): the decoder makes neither
+  T attention_mask;
   T position_ids;
-  {
+  if (c.position_ids) {
+    position_ids = *c.position_ids;
+  } else {
+    attention_mask = c.e.empty(Shape{B, Tn}, DType::kF32, Category::kActivations, c.L("attention_mask (ones)"));
     T cs = c.e.empty(Shape{B, Tn}, DType::kF32, Category::kTemporaries, c.L("cumsum"));
     T prod = c.e.empty(Shape{B, Tn}, DType::kF32, Category::kTemporaries, c.L("cumsum * mask"));
     cs.reset();

@@ -74,9 +74,17 @@ struct MlpSpec {
   Act act = Act::kGeluTanh;
 };
 
+// Which experts the router picks is data-dependent; the step simulator needs per-expert token counts, so they
+// are an explicit assumption (Scenario field moe_routing).
+enum class MoeRouting {
+  kBalanced,  // the B*T*k assignments spread as evenly as possible over the E experts, remainder to the lowest
+  kWorst,     // every token routed to the same k experts (experts 0..k-1 each get all B*T tokens)
+};
+
 struct MoeSpec {
   uint64_t experts = 0;  // E; 0 = a dense MLP
   uint64_t top_k = 0;    // experts per token
+  MoeRouting routing = MoeRouting::kBalanced;
 };
 
 struct NormSpec {
@@ -131,10 +139,14 @@ struct ModelSpec {
 std::span<const NameRow<Impl>> name_table(Impl);
 std::span<const NameRow<AttnImpl>> name_table(AttnImpl);
 std::span<const NameRow<Act>> name_table(Act);
+std::span<const NameRow<MoeRouting>> name_table(MoeRouting);
 
 std::string_view family_name(Family f);
 std::string_view impl_name(Impl i);
 std::string_view attn_impl_name(AttnImpl a);
 std::string_view act_name(Act a);
+std::string_view moe_routing_name(MoeRouting r);
+// ", balanced MoE routing" for a mixture-of-experts model (the assumption its numbers rest on), "" otherwise.
+std::string moe_routing_note(const ModelSpec& m);
 
 }  // namespace trainmem

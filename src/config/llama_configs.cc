@@ -99,12 +99,24 @@ bool read_llama_family(const KeyReader& r, const std::string& model_type, ModelS
   m.norms_per_layer = d->norms_per_layer;
   if (model_type == "gemma2") m.attn.softcap = r.number({"attn_logit_softcapping"}, 50.0, 0.0, 1e9);
   if (d->moe) {
-    m.moe.experts = r.shape({"num_local_experts"}, 8, 1, kMaxExperts, defaults_of);
+    // MixtralConfig (configuration_mixtral.py, transformers 5.x @008e574): num_experts_per_tok: int = 2,
+    // num_local_experts: int = 8, attribute_map = {"num_experts": "num_local_experts"},
+    // output_router_logits: bool = False, router_aux_loss_coef: float = 0.001, router_jitter_noise: float = 0.0
+    m.moe.experts = r.shape({"num_local_experts", "num_experts"}, 8, 1, kMaxExperts, defaults_of);
     m.moe.top_k = r.shape({"num_experts_per_tok"}, 2, 1, kMaxExperts, defaults_of);
     if (m.moe.top_k > m.moe.experts) {
       r.fail("num_experts_per_tok", m.moe.top_k,
              fmt::format("at most \"num_local_experts\" = {}", m.moe.experts));
     }
+    // MixtralForCausalLM.forward adds load_balancing_loss_func(...) * router_aux_loss_coef to the loss when
+    // output_router_logits; MixtralSparseMoeBlock multiplies the hidden states by uniform noise in training when
+    // router_jitter_noise > 0. Neither is simulated yet: refused rather than left out of the estimate.
+    if (r.boolean({"output_router_logits"}, false)) {
+      r.fail("output_router_logits", true, "false (the router's load-balancing loss is not simulated yet)");
+    }
+    (void)r.number({"router_aux_loss_coef"}, 0.001, 0.0, 1e9);
+    const double jitter = r.number({"router_jitter_noise"}, 0.0, 0.0, 1.0);
+    if (jitter > 0.0) r.fail("router_jitter_noise", jitter, "0.0 (router jitter in training is not simulated yet)");
   }
   m.dropout.attn = read_probability(r, {"attention_dropout"}, 0.0);
   if (model_type == "phi3") {

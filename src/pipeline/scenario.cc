@@ -117,6 +117,9 @@ constexpr Field kFields[] = {
     {"model", "preset name (trainmem models) or path to a config.json (or a folder holding one)", FieldGroup::kModel},
     {"impl", "hf | nanogpt | stack (default: nanogpt for model_type nanogpt, stack for mlp, hf otherwise)", FieldGroup::kModel},
     {"attention", "eager | sdpa", FieldGroup::kModel},
+    {"moe_routing", "balanced | worst: which experts the router picks, for mixture-of-experts models (balanced: "
+                    "the B*T*k assignments spread evenly over the experts, the remainder to the lowest indices; "
+                    "worst: every token routed to the same k experts)", FieldGroup::kModel},
     {"overrides", "override a config key: --set key=value (repeatable)", FieldGroup::kModel, true},
     {"task", "train | inference: one training step, or a forward pass in model.eval() under "
              "torch.inference_mode() (no saved tensors, gradients or optimizer)", FieldGroup::kTraining},
@@ -279,6 +282,8 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     s.model.impl = named(f, v, parse_name<Impl>(v));
   } else if (f == "attention") {
     s.model.attention = named(f, v, parse_name<AttnImpl>(v));
+  } else if (f == "moe_routing") {
+    s.model.moe_routing = named(f, v, parse_name<MoeRouting>(v));
   } else if (f == "overrides") {
     s.model.overrides.emplace_back(v);
   } else if (f == "batch") {
@@ -361,6 +366,7 @@ std::string field_text(const Scenario& s, std::string_view f) {
   if (f == "model") return s.model.model;
   if (f == "impl") return s.model.impl ? std::string(name_of(*s.model.impl)) : "";
   if (f == "attention") return std::string(name_of(s.model.attention));
+  if (f == "moe_routing") return std::string(name_of(s.model.moe_routing));
   if (f == "batch") return std::to_string(s.train.batch);
   if (f == "seq") return std::to_string(s.train.seq);
   if (f == "grad_accum") return std::to_string(s.train.grad_accum);

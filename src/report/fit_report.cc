@@ -85,8 +85,8 @@ std::string render_fit_table(const FitResult& r) {
   const TrainSetup& s = r.setup;
   const bool by_batch = r.solve == FitDimension::kBatch;
   std::string out = fmt::format(
-      "{} (model_type {}, {} code, {} attention): {}, {}, {}, {}, PyTorch {}\n", m.name, m.model_type,
-      impl_name(m.impl), attn_impl_name(m.attn_impl),
+      "{} (model_type {}, {} code, {} attention{}): {}, {}, {}, {}, PyTorch {}\n", m.name, m.model_type,
+      impl_name(m.impl), attn_impl_name(m.attn_impl), moe_routing_note(m),
       by_batch ? fmt::format("seq {}", s.seq) : fmt::format("micro-batch {}", s.batch), precision_name(s.precision),
       step_label(s), loop_label(r.setup, r.options.loop),
       torch_version_name(r.options.torch));

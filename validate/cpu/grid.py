@@ -105,6 +105,15 @@ GRID = [
     ("phi3-gqa-bf16", _ll("phi3", partial_rotary_factor=0.5, resid_pdrop=0.0, embd_pdrop=0.0), 2, 24, "bf16"),
     ("mistral-sliding", _ll("mistral", sliding_window=8), 2, 16, "fp32"),
     ("mistral-bf16", _ll("mistral"), 4, 16, "bf16"),
+    # --- Mixtral (5.x fused experts, eager loop); routing forced to trainmem's --moe-routing (models.set_moe_routing)
+    ("mixtral-top2-balanced", _ll("mixtral", num_local_experts=3, num_experts_per_tok=2), 2, 11, "fp32",
+     {"moe_routing": "balanced"}),
+    ("mixtral-top2-worst-bf16", _ll("mixtral", num_local_experts=4, num_experts_per_tok=2), 2, 16, "bf16",
+     {"moe_routing": "worst"}),
+    ("mixtral-top1-balanced-bf16", _ll("mixtral", num_local_experts=4, num_experts_per_tok=1), 1, 18, "bf16",
+     {"moe_routing": "balanced"}),
+    ("mixtral-top1-worst", _ll("mixtral", num_local_experts=4, num_experts_per_tok=1, num_hidden_layers=1), 2, 8,
+     "fp32", {"moe_routing": "worst"}),
     # --- GPT-NeoX
     ("neox-parallel-rot0.25", {"model_type": "gpt_neox", "vocab_size": 96, "hidden_size": 64,
                                "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -280,7 +289,8 @@ def _measure_kwargs(opts):
             "lora_dtype": opts.get("lora_dtype", "fp32"),
             "enable_input_require_grads": opts.get("input_require_grads"),
             "loss": opts.get("loss", "ce"), "loss_chunks": int(opts.get("loss_chunks", 8)),
-            "logits_to_keep": int(opts.get("logits_to_keep", 0))}
+            "logits_to_keep": int(opts.get("logits_to_keep", 0)),
+            "moe_routing": opts.get("moe_routing", "balanced")}
 
 
 def _option_flags(opts):
@@ -299,6 +309,8 @@ def _option_flags(opts):
         flags += ["--loss", opts["loss"], "--loss-chunks", str(int(opts.get("loss_chunks", 8)))]
     if opts.get("logits_to_keep"):  # transformers' logits_to_keep (models.keep_logits)
         flags += ["--logits-to-keep", str(int(opts["logits_to_keep"]))]
+    if opts.get("moe_routing"):  # MoE routers (models.set_moe_routing)
+        flags += ["--moe-routing", opts["moe_routing"]]
     if opts.get("input_require_grads") is not None:
         flags += ["--input-require-grads", "true" if opts["input_require_grads"] else "false"]
     if opts.get("optimizer"):

@@ -832,9 +832,35 @@ class MixtralTopKRouter(nn.Module):
         router_logits = F.linear(hidden_states, self.weight)
         router_probs = torch.nn.functional.softmax(router_logits.float(), dim=-1)
         router_top_value, router_indices = torch.topk(router_probs, self.top_k, dim=-1)
+        forced = getattr(self, "forced_indices", None)
+        if forced is not None:
+            # The test's routing (set_moe_routing): the experts topk picked are overwritten through .data, which
+            # the registry and autograd do not see (no new storage, no version bump); every op, shape and
+            # lifetime stays transformers', only the expert each (token, slot) goes to is the test's.
+            router_indices.data.copy_(forced)
         router_top_value /= router_top_value.sum(dim=-1, keepdim=True)
         router_scores = router_top_value
         return router_logits, router_scores, router_indices
+
+
+def moe_routing_indices(tokens, top_k, num_experts, mode):
+    """The (tokens, top_k) expert indices of trainmem's --moe-routing assumption. balanced: assignment
+    a = token * top_k + slot goes to expert a % num_experts (a token's experts are distinct when top_k <=
+    num_experts; expert e gets floor(tokens*top_k / E) assignments, one more when e < (tokens*top_k) % E);
+    worst: every token goes to experts 0..top_k-1."""
+    if mode == "balanced":
+        return (torch.arange(tokens * top_k, dtype=torch.int64) % num_experts).view(tokens, top_k)
+    if mode == "worst":
+        return torch.arange(top_k, dtype=torch.int64).expand(tokens, top_k).contiguous()
+    raise ValueError(f"moe routing {mode!r}: expected balanced or worst")
+
+
+def set_moe_routing(model, tokens, mode):
+    """Makes every router of `model` route `tokens` tokens as trainmem's --moe-routing `mode` assumes. Call it
+    before the measured step: the index tensors are made here, outside it."""
+    for mod in model.modules():
+        if isinstance(mod, MixtralTopKRouter):
+            mod.forced_indices = None if mode is None else moe_routing_indices(tokens, mod.top_k, mod.num_experts, mode)
 
 
 class MixtralExperts(nn.Module):

@@ -1,0 +1,142 @@
+// The sparse mixture-of-experts block of transformers 5.x, shared by every MoE family. Read from
+// huggingface/transformers: models/mixtral/modeling_mixtral.py (MixtralTopKRouter, MixtralExperts,
+// MixtralSparseMoeBlock, as of main in 2026) and integrations/moe.py @0261a46 (use_experts_implementation:
+// with config._experts_implementation == "eager" the class's own forward runs; "batched_mm" / "grouped_mm"
+// are other kernels, not modelled). The experts are one module with 3-D parameters gate_up_proj (E, 2F, C) and
+// down_proj (E, C, F); the eager forward loops over the experts that got tokens.
+// Routing is data-dependent: the tokens each expert gets come from MoeSpec::routing (routed_tokens()).
+// B=micro-batch T=seq N=B*T tokens C=hidden F=expert ffn E=experts k=experts per token n=tokens of one expert
+#include <vector>
+
+#include "hf_common.h"
+#include "trainmem/error.h"
+#include "trainmem/units.h"
+
+namespace trainmem::sim {
+
+std::vector<uint64_t> routed_tokens(const MoeSpec& moe, uint64_t tokens) {
+  const uint64_t E = moe.experts, k = moe.top_k;
+  std::vector<uint64_t> n(E, 0);
+  if (moe.routing == MoeRouting::kWorst) {
+    // every token's top-k are the same k experts: 0..k-1 get every token, the others none
+    for (uint64_t e = 0; e < k && e < E; ++e) n[e] = tokens;
+    return n;
+  }
+  // balanced: assignment a = token * k + slot goes to expert a % E (a token's k experts are distinct, k <= E):
+  // floor(N*k / E) each, one more for the first (N*k) % E experts
+  const uint64_t a = checked_mul(tokens, k, "token-expert assignments");
+  for (uint64_t e = 0; e < E; ++e) n[e] = a / E + (e < a % E ? 1 : 0);
+  return n;
+}
+
+namespace {
+
+struct Routing {
+  T logits;       // router_logits: returned by the router and bound to `_` in the block
+  T top_k_weights;  // (N, k) float32
+  T top_k_index;    // (N, k) int64
+};
+
+// MixtralTopKRouter.forward:
+//   hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+//   router_logits = F.linear(hidden_states, self.weight)  # (seq_len, num_experts)
+//   router_probs = torch.nn.functional.softmax(router_logits.float(), dim=-1)
+//   router_top_value, router_indices = torch.topk(router_probs, self.top_k, dim=-1)
+//   router_top_value /= router_top_value.sum(dim=-1, keepdim=True)
+//   return router_logits, router_top_value, router_indices
+Routing router(Ctx& c, const MoeSpec& moe, const T& router_weight, const T& hidden) {
+  Routing r;
+  const T h = view(c, hidden, hidden.shape());
+  r.logits = linear(c, h, router_weight, nullptr, "router F.linear");
+  TopK top;
+  {
+    const T probs = softmax(c, to(c, r.logits, DType::kF32, "router_logits.float()"), std::nullopt, "router softmax");
+    top = topk_last(c, probs, moe.top_k, "router topk");
+  }
+  div_(c, top.values, sum_last_keepdim(c, top.values, "router_top_value.sum()"), "router_top_value /= (original_self)");
+  r.top_k_weights = std::move(top.values);
+  r.top_k_index = std::move(top.indices);
+  return r;
+}
+
+// MixtralExperts.forward (eager):
+//   final_hidden_states = torch.zeros_like(hidden_states)
+//   with torch.no_grad():
+//       expert_mask = torch.nn.functional.one_hot(top_k_index, num_classes=self.num_experts)
+//       expert_mask = expert_mask.permute(2, 1, 0)
+//       expert_hit = torch.greater(expert_mask.sum(dim=(-1, -2)), 0).nonzero()
+//   for expert_idx in expert_hit:
+//       expert_idx = expert_idx[0]
+//       if expert_idx == self.num_experts: continue
+//       top_k_pos, token_idx = torch.where(expert_mask[expert_idx])
+//       current_state = hidden_states[token_idx]
+//       gate, up = nn.functional.linear(current_state, self.gate_up_proj[expert_idx]).chunk(2, dim=-1)
+//       current_hidden_states = self.act_fn(gate) * up
+//       current_hidden_states = nn.functional.linear(current_hidden_states, self.down_proj[expert_idx])
+//       current_hidden_states = current_hidden_states * top_k_weights[token_idx, top_k_pos, None]
+//       final_hidden_states.index_add_(0, token_idx, current_hidden_states.to(final_hidden_states.dtype))
+//   return final_hidden_states
+T experts(Ctx& c, const ModelSpec& m, const MoeParams& p, const T& hidden, const T& top_k_index,
+          const T& top_k_weights) {
+  const uint64_t N = hidden.shape()[0], E = m.moe.experts, k = m.moe.top_k;
+  const uint64_t F = p.gate_up.shape()[1] / 2;
+  T final_hs = zeros_like(c, hidden, "experts final_hidden_states");
+  T expert_mask, expert_hit;
+  {
+    // no_grad, integer tensors: one_hot (N, k, E) int64 (permute is a view); the (E,) int64 sum and the (E,) bool
+    // comparison are temporaries of the expression; nonzero gives (hit, 1) int64
+    expert_mask = c.e.empty(Shape{top_k_index.shape()[0], k, E}, DType::kI64, Category::kActivations,
+                            c.L("experts one_hot expert_mask"));
+    T sum = c.e.empty(Shape{E}, DType::kI64, Category::kActivations, c.L("expert_mask.sum(dim=(-1, -2))"));
+    T hit = c.e.empty(Shape{E}, DType::kBool, Category::kActivations, c.L("torch.greater(..., 0)"));
+    sum.reset();
+    uint64_t hits = 0;
+    for (uint64_t n : routed_tokens(m.moe, N)) hits += n > 0 ? 1 : 0;
+    expert_hit = c.e.empty(Shape{hits, 1}, DType::kI64, Category::kActivations, c.L("expert_hit nonzero()"));
+  }
+  const std::vector<uint64_t> counts = routed_tokens(m.moe, N);
+  T top_k_pos, token_idx, current_state, gate, up, cur;  // the loop's locals, rebound every iteration
+  for (uint64_t e = 0; e < E; ++e) {
+    const uint64_t n = counts[e];
+    if (n == 0) continue;  // not in expert_hit
+    { T eq = c.e.empty(Shape{}, DType::kBool, Category::kActivations, c.L("expert_idx == num_experts")); }
+    {
+      // torch.where(cond) is cond.nonzero().unbind(1): one (n, 2) int64 tensor and two column views of it
+      T nz = c.e.empty(Shape{n, 2}, DType::kI64, Category::kActivations, c.L("torch.where(expert_mask[expert_idx])"));
+      top_k_pos = c.e.view(nz, Shape{n}, Strides{2});
+      token_idx = c.e.view(nz, Shape{n}, Strides{2});
+    }
+    current_state = index_rows(c, hidden, token_idx, "experts hidden_states[token_idx]");
+    {
+      std::vector<T> parts =
+          split_last(c, linear(c, current_state, select0(c, p.gate_up), nullptr, "experts gate_up linear"), {F, F});
+      gate = std::move(parts[0]);
+      up = std::move(parts[1]);
+    }
+    cur = mul(c, activation(c, m.mlp.act, gate), up, "experts act(gate) * up");
+    cur = linear(c, cur, select0(c, p.down), nullptr, "experts down linear");
+    cur = mul(c, cur, index_pair_unsqueeze(c, top_k_weights, token_idx, top_k_pos, "top_k_weights[token_idx, top_k_pos, None]"),
+              "experts * top_k_weights");
+    index_add_(c, final_hs, token_idx, to(c, cur, final_hs.dtype(), "current_hidden_states.to(dtype)"));
+  }
+  return final_hs;
+}
+
+}  // namespace
+
+T sparse_moe_block(Ctx& c, const ModelSpec& m, const MoeParams& p, const T& x) {
+  if (m.moe.top_k > m.moe.experts) throw Error("internal: top_k above the number of experts");
+  const uint64_t B = x.shape()[0], Tn = x.shape()[1], C = x.shape()[2];
+  const uint64_t N = checked_mul(B, Tn, "tokens");
+  // MixtralSparseMoeBlock.forward (router_jitter_noise == 0: the config reader refuses other values):
+  //   hidden_states = hidden_states.view(-1, hidden_states.shape[-1])
+  //   _, top_k_weights, top_k_index = self.gate(hidden_states)
+  //   hidden_states = self.experts(hidden_states, top_k_index, top_k_weights)
+  //   hidden_states = hidden_states.reshape(batch_size, sequence_length, hidden_dim)
+  T hidden = view(c, x, Shape{N, C});
+  Routing r = router(c, m.moe, p.router, hidden);
+  hidden = experts(c, m, p, hidden, r.top_k_index, r.top_k_weights);
+  return reshape(c, hidden, Shape{B, Tn, C});
+}
+
+}  // namespace trainmem::sim

@@ -1,0 +1,79 @@
+// The mixture-of-experts block (src/sim/forward_programs/moe.cc): the routing assumption, and what the eager
+// experts loop of transformers 5.x MixtralExperts allocates, derived from the shapes below.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+#include "trainmem/estimate.h"
+#include "trainmem/scenario.h"
+#include "sim/forward_programs/hf_common.h"
+
+namespace trainmem {
+namespace {
+
+using testing::MapFileReader;
+
+MoeSpec moe(uint64_t experts, uint64_t top_k, MoeRouting routing) {
+  MoeSpec m;
+  m.experts = experts;
+  m.top_k = top_k;
+  m.routing = routing;
+  return m;
+}
+
+TEST(Moe, BalancedRoutingSpreadsTheAssignmentsRemainderToTheLowestExperts) {
+  // 22 tokens x top-2 = 44 assignments over 3 experts: 14 each, the 2 left over to experts 0 and 1
+  EXPECT_EQ(sim::routed_tokens(moe(3, 2, MoeRouting::kBalanced), 22), (std::vector<uint64_t>{15, 15, 14}));
+  // 3 tokens x top-2 over 8 experts: 6 experts get one token each, experts 6 and 7 none
+  EXPECT_EQ(sim::routed_tokens(moe(8, 2, MoeRouting::kBalanced), 3), (std::vector<uint64_t>{1, 1, 1, 1, 1, 1, 0, 0}));
+}
+
+TEST(Moe, WorstRoutingSendsEveryTokenToTheSameKExperts) {
+  EXPECT_EQ(sim::routed_tokens(moe(4, 2, MoeRouting::kWorst), 32), (std::vector<uint64_t>{32, 32, 0, 0}));
+  EXPECT_EQ(sim::routed_tokens(moe(4, 1, MoeRouting::kWorst), 5), (std::vector<uint64_t>{5, 0, 0, 0}));
+}
+
+// Mixtral-8x7B, one layer: E = 8, F = 14336, C = 4096; bf16 weights, B = 1, T = 64.
+constexpr uint64_t kE = 8, kF = 14336, kC = 4096;
+
+Estimate mixtral(const std::string& routing) {
+  Scenario s;
+  s.model.model = "mixtral-8x7b";
+  set_field(s, "overrides", "num_hidden_layers=1");
+  set_field(s, "precision", "bf16");
+  set_field(s, "batch", "1");
+  set_field(s, "seq", "64");
+  set_field(s, "moe_routing", routing);
+  return estimate(resolve(s, MapFileReader()));
+}
+
+// Allocations of `bytes` in the first step's backward.
+int backward_allocations_of(const Estimate& e, uint64_t bytes) {
+  int n = 0;
+  for (const Event& ev : e.sim->timeline.events) {
+    if (ev.kind == Event::kAlloc && ev.step == 1 && ev.phase == Phase::kBackward && ev.bytes.value == bytes) ++n;
+  }
+  return n;
+}
+
+TEST(Moe, EveryExpertWithTokensGetsAWholeSizeGradientOfTheFusedExperts) {
+  // self.gate_up_proj[expert_idx] is a select: SelectBackward0's select_backward allocates zeros of the whole
+  // (E, 2F, C) parameter for each expert the loop ran (its gradient is added into the first in place), and the
+  // same for down_proj (E, C, F). Balanced: 64 x 2 assignments reach all 8 experts; worst: experts 0 and 1 only.
+  const uint64_t gate_up = kE * 2 * kF * kC * 2, down = kE * kC * kF * 2;
+  EXPECT_EQ(backward_allocations_of(mixtral("balanced"), gate_up), 8);
+  EXPECT_EQ(backward_allocations_of(mixtral("worst"), gate_up), 2);
+  EXPECT_EQ(backward_allocations_of(mixtral("balanced"), down), 8);
+  EXPECT_EQ(backward_allocations_of(mixtral("worst"), down), 2);
+}
+
+TEST(Moe, TheRoutingAssumptionIsPartOfTheResolvedModel) {
+  EXPECT_EQ(mixtral("worst").model.moe.routing, MoeRouting::kWorst);
+  EXPECT_EQ(mixtral("balanced").model.moe.routing, MoeRouting::kBalanced);
+  EXPECT_EQ(moe_routing_note(mixtral("worst").model), ", worst MoE routing");
+}
+
+}  // namespace
+}  // namespace trainmem

@@ -85,6 +85,11 @@ struct MoeSpec {
   uint64_t experts = 0;  // E; 0 = a dense MLP
   uint64_t top_k = 0;    // experts per token
   MoeRouting routing = MoeRouting::kBalanced;
+  uint64_t ffn = 0;             // F of each expert (mixtral: intermediate_size; qwen*_moe: moe_intermediate_size)
+  uint64_t shared_ffn = 0;      // qwen2_moe shared_expert_intermediate_size (a gated shared expert); 0: none
+  bool norm_topk_prob = true;   // the router renormalizes the top-k weights (mixtral always; qwen*_moe: the key)
+  uint64_t sparse_step = 1;     // qwen*_moe decoder_sparse_step: layer l is sparse when (l + 1) % step == 0
+  std::vector<uint64_t> dense_layers;  // qwen*_moe mlp_only_layers: layers with a dense MLP
 };
 
 struct NormSpec {
@@ -135,6 +140,16 @@ struct ModelSpec {
   uint64_t stack_input = 0;
   std::vector<StackLayer> stack;
 };
+
+// Whether decoder layer `l` has a sparse MoE block (Qwen2MoeDecoderLayer: `layer_idx not in mlp_only_layers and
+// num_experts > 0 and (layer_idx + 1) % decoder_sparse_step == 0`; every layer of a mixtral).
+inline bool is_moe_layer(const ModelSpec& m, uint64_t l) {
+  if (m.moe.experts == 0 || (l + 1) % m.moe.sparse_step != 0) return false;
+  for (uint64_t d : m.moe.dense_layers) {
+    if (d == l) return false;
+  }
+  return true;
+}
 
 std::span<const NameRow<Impl>> name_table(Impl);
 std::span<const NameRow<AttnImpl>> name_table(AttnImpl);

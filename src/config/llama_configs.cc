@@ -48,6 +48,13 @@ constexpr LlamaFamilyDefaults kFamily[] = {
      false, false, false, false, true, 2, false, false},
     {"mixtral",  "MixtralConfig",  32000,  4096, 14336, 32, 32, 8,  0,   131072,  false, "silu",
      false, false, false, false, false, 2, true, false},
+    // Qwen2MoeConfig / Qwen3MoeConfig (configuration_qwen2_moe.py, configuration_qwen3_moe.py, transformers 5.x
+    // @008e574); qwen2_moe's q/k/v biases are its qkv_bias key (read below), qwen3_moe has no head_dim field
+    // (Qwen3Attention: getattr(config, "head_dim", None) or hidden_size // num_attention_heads)
+    {"qwen2_moe", "Qwen2MoeConfig", 151936, 2048, 5632, 24, 16, 16, 0,   32768,   false, "silu",
+     false, false, false, false, false, 2, true, false},
+    {"qwen3_moe", "Qwen3MoeConfig", 151936, 2048, 6144, 24, 32, 4,  0,   32768,   false, "silu",
+     false, true, false, true, false, 2, true, false},
 };
 
 const LlamaFamilyDefaults* find_family(const std::string& t) {
@@ -98,11 +105,46 @@ bool read_llama_family(const KeyReader& r, const std::string& model_type, ModelS
   m.norm = {NormKind::kRmsNorm, false, true};
   m.norms_per_layer = d->norms_per_layer;
   if (model_type == "gemma2") m.attn.softcap = r.number({"attn_logit_softcapping"}, 50.0, 0.0, 1e9);
-  if (d->moe) {
+  if (model_type == "qwen2_moe") {
+    // Qwen2MoeAttention: q/k/v_proj bias=config.qkv_bias (qkv_bias: bool = True), o_proj bias=False
+    m.attn.qkv_bias = r.boolean({"qkv_bias"}, true);
+  }
+  if (d->moe && model_type != "mixtral") {
+    // Qwen2MoeConfig: moe_intermediate_size: int = 1408, shared_expert_intermediate_size: int = 5632,
+    // num_experts_per_tok: int = 4, num_experts: int = 60, norm_topk_prob: bool = False, decoder_sparse_step: int = 1,
+    // mlp_only_layers: list[int] | None = None (-> []). Qwen3MoeConfig: moe_intermediate_size: int = 768,
+    // num_experts_per_tok: int = 8, num_experts: int = 128, the rest the same and no shared expert.
+    const bool q2 = model_type == "qwen2_moe";
+    m.moe.experts = r.shape({"num_experts"}, q2 ? 60 : 128, 1, kMaxExperts, defaults_of);
+    m.moe.top_k = r.shape({"num_experts_per_tok"}, q2 ? 4 : 8, 1, kMaxExperts, defaults_of);
+    m.moe.ffn = r.shape({"moe_intermediate_size"}, q2 ? 1408 : 768, 1, kMaxWidth, defaults_of);
+    if (q2) m.moe.shared_ffn = r.shape({"shared_expert_intermediate_size"}, 5632, 1, kMaxWidth, defaults_of);
+    m.moe.norm_topk_prob = r.boolean({"norm_topk_prob"}, false);
+    m.moe.sparse_step = r.integer({"decoder_sparse_step"}, 1, 1, kMaxLayers);
+    if (const nlohmann::json* v = r.find({"mlp_only_layers"}); v && !v->is_null()) {
+      const std::string expected = fmt::format("a list of layer indices below num_hidden_layers = {}", m.layers);
+      if (!v->is_array()) r.fail("mlp_only_layers", *v, expected);
+      for (const nlohmann::json& x : *v) {
+        if (!x.is_number_unsigned() || x.get<uint64_t>() >= m.layers) r.fail("mlp_only_layers", *v, expected);
+        m.moe.dense_layers.push_back(x.get<uint64_t>());
+      }
+    }
+    if (m.moe.top_k > m.moe.experts) {
+      r.fail("num_experts_per_tok", m.moe.top_k, fmt::format("at most \"num_experts\" = {}", m.moe.experts));
+    }
+    // Qwen*MoeForCausalLM.forward (MixtralForCausalLM's): the router aux loss when output_router_logits
+    if (r.boolean({"output_router_logits"}, false)) {
+      r.fail("output_router_logits", true, "false (the router's load-balancing loss is not simulated yet)");
+    }
+    (void)r.number({"router_aux_loss_coef"}, 0.001, 0.0, 1e9);
+  }
+  if (model_type == "mixtral") {
     // MixtralConfig (configuration_mixtral.py, transformers 5.x @008e574): num_experts_per_tok: int = 2,
     // num_local_experts: int = 8, attribute_map = {"num_experts": "num_local_experts"},
-    // output_router_logits: bool = False, router_aux_loss_coef: float = 0.001, router_jitter_noise: float = 0.0
+    // output_router_logits: bool = False, router_aux_loss_coef: float = 0.001, router_jitter_noise: float = 0.0.
+    // MixtralExperts: intermediate_dim = config.intermediate_size; the router always renormalizes.
     m.moe.experts = r.shape({"num_local_experts", "num_experts"}, 8, 1, kMaxExperts, defaults_of);
+    m.moe.ffn = m.mlp.ffn;
     m.moe.top_k = r.shape({"num_experts_per_tok"}, 2, 1, kMaxExperts, defaults_of);
     if (m.moe.top_k > m.moe.experts) {
       r.fail("num_experts_per_tok", m.moe.top_k,

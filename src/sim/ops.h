@@ -157,6 +157,8 @@ struct TopK {
 TopK topk_last(Ctx& c, const T& x, uint64_t k, const char* what);
 // x.sum(dim=-1, keepdim=True): SumBackward1 saves nothing; its backward is grad.expand(x's size), a view.
 T sum_last_keepdim(Ctx& c, const T& x, const char* what);
+// self += other, in place (add_): `self` is rebound to the result. AddBackward0 saves nothing.
+void add_(Ctx& c, T& self, const T& other);
 // self /= other, in place (div_): `self` is rebound to the result. When other needs a gradient the autograd
 // kernel first saves original_self = self.clone() (div's other formula reads self).
 void div_(Ctx& c, T& self, const T& other, const char* what);

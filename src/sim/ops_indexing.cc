@@ -103,6 +103,17 @@ T sum_last_keepdim(Ctx& c, const T& x, const char* what) {
   return out;
 }
 
+void add_(Ctx& c, T& self, const T& other) {
+  T out = c.e.view(self, self.shape(), self->strides);  // in place: the same storage
+  // "self: handle_r_to_c(self.scalar_type(), grad)", "other: handle_r_to_c(other.scalar_type(), maybe_multiply(grad,
+  // alpha.conj()))": both the incoming gradient (validate_outputs casts other's to its dtype)
+  c.e.record("AddBackward0", {&self, &other}, {&out}, {}, [](Engine&, Node&, Grads& g) {
+    if (!g[0]) return Grads{T(), T()};
+    return Grads{g[0], g[0]};
+  });
+  self = std::move(out);
+}
+
 void div_(Ctx& c, T& self, const T& other, const char* what) {
   const bool go = other->requires_grad && c.e.grad_mode;
   Saved saved{other};

@@ -7,6 +7,7 @@
 
 #include "test_util.h"
 #include "trainmem/estimate.h"
+#include "trainmem/inventory.h"
 #include "trainmem/scenario.h"
 #include "sim/forward_programs/hf_common.h"
 
@@ -73,6 +74,63 @@ TEST(Moe, TheRoutingAssumptionIsPartOfTheResolvedModel) {
   EXPECT_EQ(mixtral("worst").model.moe.routing, MoeRouting::kWorst);
   EXPECT_EQ(mixtral("balanced").model.moe.routing, MoeRouting::kBalanced);
   EXPECT_EQ(moe_routing_note(mixtral("worst").model), ", worst MoE routing");
+}
+
+}  // namespace
+}  // namespace trainmem
+
+namespace trainmem {
+namespace {
+
+using testing::error_of;
+using testing::from_json;
+
+TEST(MoeConfig, QwenMoeTypesTakeTheirConfigClassDefaults) {
+  // Qwen2MoeConfig: 60 experts, top-4, moe_intermediate_size 1408, a 5632-wide shared expert, no renormalization,
+  // q/k/v biases (qkv_bias=True); Qwen3MoeConfig: 128 experts, top-8, 768, no shared expert, q/k norms.
+  const ModelSpec q2 = from_json(R"({"model_type": "qwen2_moe"})");
+  EXPECT_EQ(q2.moe.experts, 60u);
+  EXPECT_EQ(q2.moe.top_k, 4u);
+  EXPECT_EQ(q2.moe.ffn, 1408u);
+  EXPECT_EQ(q2.moe.shared_ffn, 5632u);
+  EXPECT_FALSE(q2.moe.norm_topk_prob);
+  EXPECT_TRUE(q2.attn.qkv_bias);
+  EXPECT_FALSE(q2.attn.out_bias);
+  const ModelSpec q3 = from_json(R"({"model_type": "qwen3_moe"})");
+  EXPECT_EQ(q3.moe.experts, 128u);
+  EXPECT_EQ(q3.moe.top_k, 8u);
+  EXPECT_EQ(q3.moe.ffn, 768u);
+  EXPECT_EQ(q3.moe.shared_ffn, 0u);
+  EXPECT_TRUE(q3.attn.qk_norm);
+  EXPECT_EQ(q3.attn.head_dim, 64u);  // no head_dim field: hidden_size // num_attention_heads
+  // Mixtral's experts are intermediate_size wide and its router always renormalizes.
+  const ModelSpec mx = from_json(R"({"model_type": "mixtral", "num_experts": 4})");  // attribute_map alias
+  EXPECT_EQ(mx.moe.experts, 4u);
+  EXPECT_EQ(mx.moe.ffn, 14336u);
+  EXPECT_TRUE(mx.moe.norm_topk_prob);
+}
+
+TEST(MoeConfig, DenseLayersFollowDecoderSparseStepAndMlpOnlyLayers) {
+  // Qwen2MoeDecoderLayer: sparse iff layer_idx not in mlp_only_layers and (layer_idx + 1) % decoder_sparse_step == 0
+  const ModelSpec m = from_json(
+      R"({"model_type": "qwen2_moe", "num_hidden_layers": 6, "decoder_sparse_step": 2, "mlp_only_layers": [3]})");
+  std::vector<bool> sparse;
+  for (uint64_t l = 0; l < 6; ++l) sparse.push_back(is_moe_layer(m, l));
+  EXPECT_EQ(sparse, (std::vector<bool>{false, true, false, false, false, true}));
+  const Inventory inv = build_inventory(m);
+  bool dense_mlp_in_layer_3 = false;
+  for (const auto& p : inv.parameters) dense_mlp_in_layer_3 |= p.name == "model.layers.3.mlp.gate_proj.weight";
+  EXPECT_TRUE(dense_mlp_in_layer_3);
+}
+
+TEST(MoeConfig, BadExpertKeysAreRefusedNamingTheKey) {
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "qwen2_moe", "num_hidden_layers": 4, "mlp_only_layers": [4]})"); }),
+            "test.json: key \"mlp_only_layers\" = [4]: expected a list of layer indices below num_hidden_layers = 4");
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "qwen3_moe", "num_experts": 4})"); }),
+            "test.json: key \"num_experts_per_tok\" = 8: expected at most \"num_experts\" = 4");
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "mixtral", "router_jitter_noise": 0.01})"); }),
+            "test.json: key \"router_jitter_noise\" = 0.01: expected 0.0 (router jitter in training is not simulated "
+            "yet)");
 }
 
 }  // namespace

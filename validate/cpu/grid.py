@@ -114,6 +114,18 @@ GRID = [
      {"moe_routing": "balanced"}),
     ("mixtral-top1-worst", _ll("mixtral", num_local_experts=4, num_experts_per_tok=1, num_hidden_layers=1), 2, 8,
      "fp32", {"moe_routing": "worst"}),
+    # --- Qwen2-MoE (shared expert with a sigmoid gate, dense layers by decoder_sparse_step / mlp_only_layers) and
+    # Qwen3-MoE (q/k norms, experts registered before the router)
+    ("qwen2_moe-shared-sparse2", _ll("qwen2_moe", num_hidden_layers=3, num_experts=4, num_experts_per_tok=2,
+                                     moe_intermediate_size=48, shared_expert_intermediate_size=96,
+                                     decoder_sparse_step=2), 2, 12, "fp32", {"moe_routing": "balanced"}),
+    ("qwen2_moe-norm-topk-bf16", _ll("qwen2_moe", num_experts=5, num_experts_per_tok=3, moe_intermediate_size=32,
+                                     shared_expert_intermediate_size=64, norm_topk_prob=True, qkv_bias=False,
+                                     mlp_only_layers=[0]), 2, 10, "bf16", {"moe_routing": "worst"}),
+    ("qwen3_moe-top1-worst", _ll("qwen3_moe", head_dim=32, num_experts=4, num_experts_per_tok=1,
+                                 moe_intermediate_size=40), 2, 8, "fp32", {"moe_routing": "worst"}),
+    ("qwen3_moe-normtopk-bf16", _ll("qwen3_moe", num_experts=6, num_experts_per_tok=2, moe_intermediate_size=40,
+                                    norm_topk_prob=True), 1, 20, "bf16", {"moe_routing": "balanced"}),
     # --- GPT-NeoX
     ("neox-parallel-rot0.25", {"model_type": "gpt_neox", "vocab_size": 96, "hidden_size": 64,
                                "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,

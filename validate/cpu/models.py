@@ -52,7 +52,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # validate/: nanogpt.py
 import nanogpt  # noqa: E402
 
-LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "mixtral")
+LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "mixtral", "qwen2_moe", "qwen3_moe")
 MODEL_TYPES = ("nanogpt", "gpt2", "gpt_neox", "opt", "mlp") + LLAMA_FAMILY
 
 
@@ -670,6 +670,9 @@ _LLAMA_DEFAULTS = {
     "gemma2":  (256000, 2304, 9216, 26, 8, 4, 256, True, "gelu_pytorch_tanh", 1e-6),
     "phi3":    (32064, 3072, 8192, 32, 32, None, None, False, "silu", 1e-5),
     "mixtral": (32000, 4096, 14336, 32, 32, 8, None, False, "silu", 1e-5),
+    # configuration_qwen2_moe.py / configuration_qwen3_moe.py (5.x dataclass fields)
+    "qwen2_moe": (151936, 2048, 5632, 24, 16, 16, None, False, "silu", 1e-6),
+    "qwen3_moe": (151936, 2048, 6144, 24, 32, 4, None, False, "silu", 1e-6),
 }
 
 
@@ -700,17 +703,33 @@ def resolve_llama_config(cfg):
     c.mlp_bias = False
     if t == "qwen2":
         c.q_bias = c.k_bias = c.v_bias = True
-    if t in ("llama", "qwen3", "gemma", "gemma2"):
+    if t == "qwen2_moe":  # Qwen2MoeAttention: q/k/v bias=config.qkv_bias (default True), o_proj bias=False
+        c.q_bias = c.k_bias = c.v_bias = bool(_get(cfg, "qkv_bias", True))
+    if t in ("llama", "qwen3", "gemma", "gemma2", "qwen3_moe"):
         ab = bool(_get(cfg, "attention_bias", False))
         c.q_bias = c.k_bias = c.v_bias = c.o_bias = ab
     if t == "llama":
         c.mlp_bias = bool(_get(cfg, "mlp_bias", False))
-    c.moe = t == "mixtral"
-    if c.moe:
-        c.num_local_experts = int(_get(cfg, "num_local_experts", 8))
+    c.moe = t in ("mixtral", "qwen2_moe", "qwen3_moe")
+    c.shared_expert_intermediate_size = 0
+    c.decoder_sparse_step = 1
+    c.mlp_only_layers = []
+    if t == "mixtral":
+        c.num_local_experts = int(_get(cfg, ("num_local_experts", "num_experts"), 8))
         c.num_experts_per_tok = int(_get(cfg, "num_experts_per_tok", 2))
         c.router_jitter_noise = float(_get(cfg, "router_jitter_noise", 0.0))
-    c.qk_norm = t == "qwen3"
+        c.moe_intermediate_size = c.intermediate_size
+    elif c.moe:  # Qwen2MoeConfig / Qwen3MoeConfig
+        q2 = t == "qwen2_moe"
+        c.num_local_experts = int(_get(cfg, "num_experts", 60 if q2 else 128))
+        c.num_experts_per_tok = int(_get(cfg, "num_experts_per_tok", 4 if q2 else 8))
+        c.moe_intermediate_size = int(_get(cfg, "moe_intermediate_size", 1408 if q2 else 768))
+        if q2:
+            c.shared_expert_intermediate_size = int(_get(cfg, "shared_expert_intermediate_size", 5632))
+        c.norm_topk_prob = bool(_get(cfg, "norm_topk_prob", False))
+        c.decoder_sparse_step = int(_get(cfg, "decoder_sparse_step", 1))
+        c.mlp_only_layers = list(cfg.get("mlp_only_layers") or [])
+    c.qk_norm = t in ("qwen3", "qwen3_moe")
     c.fused = t == "phi3"
     c.gemma_norm = t in ("gemma", "gemma2")
     c.four_norms = t == "gemma2"
@@ -736,7 +755,7 @@ def resolve_llama_config(cfg):
     sw = cfg.get("sliding_window", 4096 if t in ("mistral", "gemma2") else None)
     if t == "phi3":
         sw = None  # not applied to the eager mask here (masks are never saved; only their shape matters)
-    if t in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):
+    if t in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and not cfg.get("use_sliding_window", False):
         sw = None
     c.layer_windows = []
     for i in range(c.num_hidden_layers):
@@ -791,11 +810,12 @@ class GemmaTextScaledWordEmbedding(nn.Embedding):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, c, device=None):
+    def __init__(self, c, device=None, intermediate_size=None):
         super().__init__()
-        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias, device=device)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias, device=device)
-        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias, device=device)
+        f = c.intermediate_size if intermediate_size is None else intermediate_size
+        self.gate_proj = nn.Linear(c.hidden_size, f, bias=c.mlp_bias, device=device)
+        self.up_proj = nn.Linear(c.hidden_size, f, bias=c.mlp_bias, device=device)
+        self.down_proj = nn.Linear(f, c.hidden_size, bias=c.mlp_bias, device=device)
         self.act_fn = act_fn(c.hidden_act)
 
     def forward(self, x):
@@ -855,11 +875,70 @@ def moe_routing_indices(tokens, top_k, num_experts, mode):
     raise ValueError(f"moe routing {mode!r}: expected balanced or worst")
 
 
+class Qwen2MoeTopKRouter(nn.Module):
+    """modular_qwen2_moe.py (5.x); Qwen3MoeTopKRouter inherits it. The logits are rebound to the float32
+    probabilities, which are returned; the top-k weights are renormalized only with norm_topk_prob."""
+
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.top_k = c.num_experts_per_tok
+        self.num_experts = c.num_local_experts
+        self.norm_topk_prob = c.norm_topk_prob
+        self.hidden_dim = c.hidden_size
+        self.weight = nn.Parameter(_normal_(torch.empty(self.num_experts, self.hidden_dim, device=device)))
+
+    def forward(self, hidden_states):
+        hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+        router_logits = F.linear(hidden_states, self.weight)
+        router_logits = torch.nn.functional.softmax(router_logits, dtype=torch.float, dim=-1)
+        router_top_value, router_indices = torch.topk(router_logits, self.top_k, dim=-1)
+        forced = getattr(self, "forced_indices", None)
+        if forced is not None:  # the test's routing (set_moe_routing), as in MixtralTopKRouter
+            router_indices.data.copy_(forced)
+        if self.norm_topk_prob:
+            router_top_value /= router_top_value.sum(dim=-1, keepdim=True)
+        router_top_value = router_top_value.to(router_logits.dtype)
+        router_scores = router_top_value
+        return router_logits, router_scores, router_indices
+
+
+class Qwen2MoeSparseMoeBlock(nn.Module):
+    """modular_qwen2_moe.py (5.x): gate, experts, shared_expert (Qwen2MoeMLP = LlamaMLP's layout and forward),
+    shared_expert_gate. Qwen3MoeSparseMoeBlock: experts registered before gate, no shared expert."""
+
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.qwen3 = c.model_type == "qwen3_moe"
+        if self.qwen3:
+            self.experts = MixtralExperts(c, device)
+            self.gate = Qwen2MoeTopKRouter(c, device)
+        else:
+            self.gate = Qwen2MoeTopKRouter(c, device)
+            self.experts = MixtralExperts(c, device)
+            self.shared_expert = LlamaMLP(c, device, intermediate_size=c.shared_expert_intermediate_size)
+            self.shared_expert_gate = nn.Linear(c.hidden_size, 1, bias=False, device=device)
+
+    def forward(self, hidden_states):
+        batch_size, sequence_length, hidden_dim = hidden_states.shape
+        hidden_states_reshaped = hidden_states.view(-1, hidden_dim)
+        if self.qwen3:
+            _, routing_weights, selected_experts = self.gate(hidden_states_reshaped)
+            final_hidden_states = self.experts(hidden_states_reshaped, selected_experts, routing_weights)
+            return final_hidden_states.reshape(batch_size, sequence_length, hidden_dim)
+        shared_expert_output = self.shared_expert(hidden_states_reshaped)
+        _, routing_weights, selected_experts = self.gate(hidden_states_reshaped)
+        expert_output = self.experts(hidden_states_reshaped, selected_experts, routing_weights)
+        shared_expert_output = F.sigmoid(self.shared_expert_gate(hidden_states_reshaped)) * shared_expert_output
+        expert_output += shared_expert_output
+        expert_output = expert_output.reshape(batch_size, sequence_length, hidden_dim)
+        return expert_output
+
+
 def set_moe_routing(model, tokens, mode):
     """Makes every router of `model` route `tokens` tokens as trainmem's --moe-routing `mode` assumes. Call it
     before the measured step: the index tensors are made here, outside it."""
     for mod in model.modules():
-        if isinstance(mod, MixtralTopKRouter):
+        if isinstance(mod, (MixtralTopKRouter, Qwen2MoeTopKRouter)):
             mod.forced_indices = None if mode is None else moe_routing_indices(tokens, mod.top_k, mod.num_experts, mode)
 
 
@@ -870,7 +949,7 @@ class MixtralExperts(nn.Module):
         super().__init__()
         self.num_experts = c.num_local_experts
         self.hidden_dim = c.hidden_size
-        self.intermediate_dim = c.intermediate_size
+        self.intermediate_dim = c.moe_intermediate_size  # qwen*_moe: config.moe_intermediate_size
         self.gate_up_proj = nn.Parameter(_normal_(torch.empty(self.num_experts, 2 * self.intermediate_dim,
                                                               self.hidden_dim, device=device)))
         self.down_proj = nn.Parameter(_normal_(torch.empty(self.num_experts, self.hidden_dim, self.intermediate_dim,
@@ -982,8 +1061,12 @@ class LlamaDecoderLayer(nn.Module):
         super().__init__()
         self.config = c
         self.self_attn = LlamaAttention(c, layer_idx, device)
-        if c.moe:
+        # Qwen2MoeDecoderLayer: sparse when layer_idx not in mlp_only_layers and (layer_idx + 1) % decoder_sparse_step == 0
+        sparse = c.moe and layer_idx not in c.mlp_only_layers and (layer_idx + 1) % c.decoder_sparse_step == 0
+        if sparse and c.model_type == "mixtral":
             self.mlp = MixtralSparseMoeBlock(c, device)
+        elif sparse:
+            self.mlp = Qwen2MoeSparseMoeBlock(c, device)
         else:
             self.mlp = Phi3MLP(c, device) if c.fused else LlamaMLP(c, device)
         Norm = GemmaRMSNorm if c.gemma_norm else LlamaRMSNorm

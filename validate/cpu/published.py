@@ -27,6 +27,8 @@ PUBLISHED = {
     "gemma-2b": 2_506_172_416, "gemma-2-2b": 2_614_341_888, "phi-3-mini": 3_821_079_552,
     "pythia-160m": 162_322_944, "opt-125m": 125_239_296, "llama-3.2-1b-instruct": 1_235_814_400,
     "smollm2-135m": 134_515_008, "mixtral-8x7b": 46_702_792_704,
+    # keras-hub qwen3_moe_presets.py@79c5664 qwen3_moe_30b_a3b_en, qwen_moe_presets.py@41e055b qwen1.5_moe_2.7b_en
+    "qwen3-30b-a3b": 30_532_122_624, "qwen1.5-moe-a2.7b": 14_315_784_192,
     # nanoGPT GPT-2 small as configured in data/models/nanogpt-gpt2.json (no published figure: nanoGPT's own
     # get_num_params() subtracts wpe; this is sum(numel)).
 }

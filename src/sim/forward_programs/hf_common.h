@@ -35,10 +35,17 @@ ForwardOut chunked_causal_lm(Ctx& c, const LoadedModel& w, T hidden, const char*
 
 // The sparse mixture-of-experts block of transformers 5.x (moe.cc): MixtralSparseMoeBlock's router
 // (MixtralTopKRouter) and experts (MixtralExperts, eager), for every MoE family.
+struct SharedExpert {  // qwen2_moe: shared_expert (Qwen2MoeMLP) and shared_expert_gate; nullptr: none
+  const T* gate_proj = nullptr;
+  const T* up_proj = nullptr;
+  const T* down_proj = nullptr;
+  const T* gate = nullptr;  // shared_expert_gate.weight (1, C)
+};
 struct MoeParams {
   const T& router;   // gate.weight (E, C)
   const T& gate_up;  // experts.gate_up_proj (E, 2F, C)
   const T& down;     // experts.down_proj (E, C, F)
+  SharedExpert shared;
 };
 // Tokens each expert gets from `tokens` tokens under the routing assumption m.moe.routing.
 std::vector<uint64_t> routed_tokens(const MoeSpec& moe, uint64_t tokens);

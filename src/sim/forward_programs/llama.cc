@@ -117,10 +117,13 @@ T decoder_layer(Ctx& c, const ModelSpec& m, const Layer& L, T hidden, const Rota
   residual = hidden;
   hidden = rms_norm(c, m, hidden, L.p(sandwich ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight"),
                     sandwich ? "pre_feedforward_layernorm" : "post_attention_layernorm");
-  if (m.moe.experts > 0) {
-    // MixtralDecoderLayer: hidden_states = self.mlp(hidden_states), a MixtralSparseMoeBlock (moe.cc)
+  if (is_moe_layer(m, L.l)) {
+    // MixtralDecoderLayer / Qwen2MoeDecoderLayer: hidden_states = self.mlp(hidden_states), a sparse MoE block
+    // (moe.cc); qwen2_moe's shared expert is a LlamaMLP-shaped module
+    const SharedExpert shared{L.o("mlp.shared_expert.gate_proj.weight"), L.o("mlp.shared_expert.up_proj.weight"),
+                              L.o("mlp.shared_expert.down_proj.weight"), L.o("mlp.shared_expert_gate.weight")};
     hidden = sparse_moe_block(c, m, MoeParams{L.p("mlp.gate.weight"), L.p("mlp.experts.gate_up_proj"),
-                                              L.p("mlp.experts.down_proj")}, hidden);
+                                              L.p("mlp.experts.down_proj"), shared}, hidden);
   } else {
     hidden = mlp(c, m, L, hidden);
   }

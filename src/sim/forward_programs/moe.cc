@@ -44,16 +44,31 @@ struct Routing {
 //   router_top_value, router_indices = torch.topk(router_probs, self.top_k, dim=-1)
 //   router_top_value /= router_top_value.sum(dim=-1, keepdim=True)
 //   return router_logits, router_top_value, router_indices
-Routing router(Ctx& c, const MoeSpec& moe, const T& router_weight, const T& hidden) {
+// Qwen2MoeTopKRouter.forward (modular_qwen2_moe.py @001f85b; Qwen3MoeTopKRouter inherits it): the logits are
+// rebound to the probabilities, which are what it returns, and the renormalization depends on the config:
+//   router_logits = F.linear(hidden_states, self.weight)  # (seq_len, num_experts)
+//   router_logits = torch.nn.functional.softmax(router_logits, dtype=torch.float, dim=-1)
+//   router_top_value, router_indices = torch.topk(router_logits, self.top_k, dim=-1)  # (seq_len, top_k)
+//   if self.norm_topk_prob:
+//       router_top_value /= router_top_value.sum(dim=-1, keepdim=True)
+//   router_top_value = router_top_value.to(router_logits.dtype)   # float32 already
+//   return router_logits, router_top_value, router_indices
+Routing router(Ctx& c, const ModelSpec& m, const T& router_weight, const T& hidden) {
   Routing r;
   const T h = view(c, hidden, hidden.shape());
-  r.logits = linear(c, h, router_weight, nullptr, "router F.linear");
   TopK top;
-  {
+  if (m.model_type == "mixtral") {
+    r.logits = linear(c, h, router_weight, nullptr, "router F.linear");
     const T probs = softmax(c, to(c, r.logits, DType::kF32, "router_logits.float()"), std::nullopt, "router softmax");
-    top = topk_last(c, probs, moe.top_k, "router topk");
+    top = topk_last(c, probs, m.moe.top_k, "router topk");
+  } else {
+    r.logits = softmax(c, linear(c, h, router_weight, nullptr, "router F.linear"), DType::kF32, "router softmax");
+    top = topk_last(c, r.logits, m.moe.top_k, "router topk");
   }
-  div_(c, top.values, sum_last_keepdim(c, top.values, "router_top_value.sum()"), "router_top_value /= (original_self)");
+  if (m.moe.norm_topk_prob) {
+    div_(c, top.values, sum_last_keepdim(c, top.values, "router_top_value.sum()"),
+         "router_top_value /= (original_self)");
+  }
   r.top_k_weights = std::move(top.values);
   r.top_k_index = std::move(top.indices);
   return r;
@@ -79,7 +94,7 @@ Routing router(Ctx& c, const MoeSpec& moe, const T& router_weight, const T& hidd
 T experts(Ctx& c, const ModelSpec& m, const MoeParams& p, const T& hidden, const T& top_k_index,
           const T& top_k_weights) {
   const uint64_t N = hidden.shape()[0], E = m.moe.experts, k = m.moe.top_k;
-  const uint64_t F = p.gate_up.shape()[1] / 2;
+  const uint64_t F = m.moe.ffn;
   T final_hs = zeros_like(c, hidden, "experts final_hidden_states");
   T expert_mask, expert_hit;
   {
@@ -122,21 +137,48 @@ T experts(Ctx& c, const ModelSpec& m, const MoeParams& p, const T& hidden, const
   return final_hs;
 }
 
+// Qwen2MoeMLP (GemmaMLP's forward): down_proj(act_fn(gate_proj(x)) * up_proj(x))
+T shared_expert(Ctx& c, const ModelSpec& m, const SharedExpert& s, const T& x) {
+  T h;
+  {
+    T a = activation(c, m.mlp.act, linear(c, x, *s.gate_proj, nullptr, "shared_expert.gate_proj"));
+    T u = linear(c, x, *s.up_proj, nullptr, "shared_expert.up_proj");
+    h = mul(c, a, u, "shared_expert act(gate) * up");
+  }
+  return linear(c, h, *s.down_proj, nullptr, "shared_expert.down_proj");
+}
+
 }  // namespace
 
 T sparse_moe_block(Ctx& c, const ModelSpec& m, const MoeParams& p, const T& x) {
   if (m.moe.top_k > m.moe.experts) throw Error("internal: top_k above the number of experts");
   const uint64_t B = x.shape()[0], Tn = x.shape()[1], C = x.shape()[2];
   const uint64_t N = checked_mul(B, Tn, "tokens");
-  // MixtralSparseMoeBlock.forward (router_jitter_noise == 0: the config reader refuses other values):
+  // MixtralSparseMoeBlock.forward (router_jitter_noise == 0: the config reader refuses other values), and
+  // Qwen3MoeSparseMoeBlock.forward, the same without the jitter:
   //   hidden_states = hidden_states.view(-1, hidden_states.shape[-1])
   //   _, top_k_weights, top_k_index = self.gate(hidden_states)
   //   hidden_states = self.experts(hidden_states, top_k_index, top_k_weights)
   //   hidden_states = hidden_states.reshape(batch_size, sequence_length, hidden_dim)
-  T hidden = view(c, x, Shape{N, C});
-  Routing r = router(c, m.moe, p.router, hidden);
-  hidden = experts(c, m, p, hidden, r.top_k_index, r.top_k_weights);
-  return reshape(c, hidden, Shape{B, Tn, C});
+  // Qwen2MoeSparseMoeBlock.forward runs its shared expert first and adds it, gated, at the end:
+  //   shared_expert_output = self.shared_expert(hidden_states_reshaped)
+  //   _, routing_weights, selected_experts = self.gate(hidden_states_reshaped)
+  //   expert_output = self.experts(hidden_states_reshaped, selected_experts, routing_weights)
+  //   shared_expert_output = F.sigmoid(self.shared_expert_gate(hidden_states_reshaped)) * shared_expert_output
+  //   expert_output += shared_expert_output
+  //   expert_output = expert_output.reshape(batch_size, sequence_length, hidden_dim)
+  const T hidden = view(c, x, Shape{N, C});
+  const bool shared = p.shared.gate != nullptr;
+  T shared_out;
+  if (shared) shared_out = shared_expert(c, m, p.shared, hidden);
+  Routing r = router(c, m, p.router, hidden);
+  T out = experts(c, m, p, hidden, r.top_k_index, r.top_k_weights);
+  if (shared) {
+    shared_out = mul(c, sigmoid(c, linear(c, hidden, *p.shared.gate, nullptr, "shared_expert_gate"), "sigmoid(shared_expert_gate)"),
+                     shared_out, "sigmoid(gate) * shared_expert_output");
+    add_(c, out, shared_out);
+  }
+  return reshape(c, out, Shape{B, Tn, C});
 }
 
 }  // namespace trainmem::sim

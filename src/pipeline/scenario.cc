@@ -205,6 +205,12 @@ void check_liger_fused(const ModelSpec& m, const TrainSetup& t, bool hf) {
                                          "llama, mistral, qwen2, qwen3, gemma, phi3, mixtral); {} is not one",
                                          name_of(t.loss), m.name));
   }
+  // Liger's MoE patches swap the experts too (monkey_patch.py: `modeling_*.XxxExperts = LigerExperts` on
+  // transformers 5) and its MoE lce_forward adds the router loss: neither is modelled.
+  if (m.moe.experts > 0) {
+    throw FieldError("loss", fmt::format("{}: Liger's kernels for mixture-of-experts models (LigerExperts, the MoE "
+                                         "lce_forward) are not modelled; {} is one", name_of(t.loss), m.name));
+  }
   // gemma2's lce_forward passes final_logit_softcapping to the kernel (HAS_SOFTCAPPING); not modelled here.
   if (m.model_type == "gemma2") {
     throw FieldError("loss", fmt::format("{}: gemma2's final logit softcapping inside Liger's kernel is not "

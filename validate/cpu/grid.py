@@ -114,6 +114,10 @@ GRID = [
      {"moe_routing": "balanced"}),
     ("mixtral-top1-worst", _ll("mixtral", num_local_experts=4, num_experts_per_tok=1, num_hidden_layers=1), 2, 8,
      "fp32", {"moe_routing": "worst"}),
+    ("mixtral-top2-balanced-bf16-amp", _ll("mixtral", num_local_experts=4, num_experts_per_tok=2), 2, 12, "bf16-amp",
+     {"moe_routing": "balanced"}),
+    ("qwen2_moe-shared-bf16-amp", _ll("qwen2_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+                                      shared_expert_intermediate_size=96), 2, 8, "bf16-amp", {"moe_routing": "worst"}),
     # --- Qwen2-MoE (shared expert with a sigmoid gate, dense layers by decoder_sparse_step / mlp_only_layers) and
     # Qwen3-MoE (q/k norms, experts registered before the router)
     ("qwen2_moe-shared-sparse2", _ll("qwen2_moe", num_hidden_layers=3, num_experts=4, num_experts_per_tok=2,

@@ -43,6 +43,10 @@ GRID = [
     ("infer-opt-bf16", {"model_type": "opt", "vocab_size": 96, "hidden_size": 64, "ffn_dim": 128,
                         "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 64}, 2, 16,
      "bf16"),
+    # mixture of experts: routers forced to trainmem's default assumption, balanced (models.set_moe_routing)
+    ("infer-mixtral-bf16", {"model_type": "mixtral", **_LL, "num_local_experts": 4}, 2, 12, "bf16"),
+    ("infer-qwen2_moe-fp32", {"model_type": "qwen2_moe", **_LL, "num_experts": 4, "num_experts_per_tok": 2,
+                              "moe_intermediate_size": 48, "shared_expert_intermediate_size": 96}, 2, 10, "fp32"),
 ]
 
 
@@ -51,6 +55,7 @@ def measure_inference(config, batch, seq, precision, seed=0):
     dtype, autocast_dtype = measure.PRECISIONS[precision]
     torch.manual_seed(seed)
     model = models.build_model(dict(config))
+    models.set_moe_routing(model, batch * seq, "balanced")  # MoE routers: trainmem's default --moe-routing
     if dtype != torch.float32:
         model.to(dtype)
     model.eval()

@@ -43,6 +43,8 @@ from types import SimpleNamespace
 import os
 import sys
 
+import warnings
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -51,6 +53,9 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # validate/: nanogpt.py
 import nanogpt  # noqa: E402
+
+# Qwen2MoeSparseMoeBlock calls F.sigmoid as transformers does; torch 1.13 warns that the alias is deprecated
+warnings.filterwarnings("ignore", message="nn.functional.sigmoid is deprecated")
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "mixtral", "qwen2_moe", "qwen3_moe")
 MODEL_TYPES = ("nanogpt", "gpt2", "gpt_neox", "opt", "mlp") + LLAMA_FAMILY

@@ -84,6 +84,7 @@ namespace {
 
 using testing::error_of;
 using testing::from_json;
+using testing::MapFileReader;
 
 TEST(MoeConfig, QwenMoeTypesTakeTheirConfigClassDefaults) {
   // Qwen2MoeConfig: 60 experts, top-4, moe_intermediate_size 1408, a 5632-wide shared expert, no renormalization,
@@ -121,6 +122,27 @@ TEST(MoeConfig, DenseLayersFollowDecoderSparseStepAndMlpOnlyLayers) {
   bool dense_mlp_in_layer_3 = false;
   for (const auto& p : inv.parameters) dense_mlp_in_layer_3 |= p.name == "model.layers.3.mlp.gate_proj.weight";
   EXPECT_TRUE(dense_mlp_in_layer_3);
+}
+
+TEST(MoeConfig, RoutersAreNotLinearsForPeftAllLinear) {
+  // transformers 5.x MixtralTopKRouter holds `self.weight = nn.Parameter(...)`, no nn.Linear: PEFT's all-linear
+  // adapts q/k/v/o only (the experts are 3-D parameters); qwen2_moe adds its shared expert's three projections
+  // and the shared_expert_gate Linear(C, 1).
+  Scenario s;
+  s.model.model = "mixtral-8x7b";
+  set_field(s, "overrides", "num_hidden_layers=1");
+  set_field(s, "lora", "r=8,targets=all-linear");
+  size_t adapters = 0;
+  for (const TensorRow& r : resolve(s, MapFileReader()).inventory.parameters) {
+    adapters += r.adapter ? 1 : 0;
+    EXPECT_EQ(r.name.find("mlp.gate.lora"), std::string::npos) << r.name;
+  }
+  EXPECT_EQ(adapters, 2u * 4u);  // lora_A and lora_B of q, k, v and o_proj (one layer)
+  Scenario q = s;
+  q.model.model = std::string(TRAINMEM_SOURCE_DIR) + "/tests/testdata/configs/qwen1.5-moe-a2.7b.json";
+  size_t q_adapters = 0;
+  for (const TensorRow& r : resolve(q).inventory.parameters) q_adapters += r.adapter ? 1 : 0;
+  EXPECT_EQ(q_adapters, 2u * (4u + 3u + 1u));  // and of shared_expert.{gate,up,down}_proj, shared_expert_gate
 }
 
 TEST(MoeConfig, BadExpertKeysAreRefusedNamingTheKey) {

@@ -483,6 +483,15 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   ResolvedScenario r;
   r.request = s;
   r.model = load_model(s.model, files, &r.warnings);  // a shape key missing from the config is said, not silent
+  if (r.model.moe.experts > 0) {
+    // transformers 5.x PreTrainedModel.get_correct_experts_implementation: `"grouped_mm" if requested_experts is
+    // None` (falling back to eager only when _grouped_mm_can_dispatch fails); trainmem simulates the experts'
+    // eager loop (MixtralExperts.forward, src/sim/forward_programs/moe.cc), whose memory differs.
+    r.warnings.push_back(
+        "the experts are simulated as transformers' eager loop (experts_implementation=\"eager\"); transformers "
+        "5.x picks grouped_mm unless told otherwise, which trainmem does not model yet: load the model with "
+        "experts_implementation=\"eager\" for these numbers to apply");
+  }
   r.inventory = build_inventory(r.model);
   r.setup = s.train;
   validate_setup(r.model, r.setup);

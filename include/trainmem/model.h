@@ -81,10 +81,15 @@ enum class MoeRouting {
   kWorst,     // every token routed to the same k experts (experts 0..k-1 each get all B*T tokens)
 };
 
+// transformers 5.x `experts_implementation` (integrations/moe.py): the experts' eager loop, or
+// grouped_mm_experts_forward (sorted token-expert pairs, two torch._grouped_mm calls).
+enum class MoeExperts { kEager, kGroupedMm };
+
 struct MoeSpec {
   uint64_t experts = 0;  // E; 0 = a dense MLP
   uint64_t top_k = 0;    // experts per token
   MoeRouting routing = MoeRouting::kBalanced;
+  MoeExperts impl = MoeExperts::kEager;
   uint64_t ffn = 0;             // F of each expert (mixtral: intermediate_size; qwen*_moe: moe_intermediate_size)
   uint64_t shared_ffn = 0;      // qwen2_moe shared_expert_intermediate_size (a gated shared expert); 0: none
   bool norm_topk_prob = true;   // the router renormalizes the top-k weights (mixtral always; qwen*_moe: the key)
@@ -155,6 +160,7 @@ std::span<const NameRow<Impl>> name_table(Impl);
 std::span<const NameRow<AttnImpl>> name_table(AttnImpl);
 std::span<const NameRow<Act>> name_table(Act);
 std::span<const NameRow<MoeRouting>> name_table(MoeRouting);
+std::span<const NameRow<MoeExperts>> name_table(MoeExperts);
 
 std::string_view family_name(Family f);
 std::string_view impl_name(Impl i);

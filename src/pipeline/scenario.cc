@@ -120,6 +120,9 @@ constexpr Field kFields[] = {
     {"moe_routing", "balanced | worst: which experts the router picks, for mixture-of-experts models (balanced: "
                     "the B*T*k assignments spread evenly over the experts, the remainder to the lowest indices; "
                     "worst: every token routed to the same k experts)", FieldGroup::kModel},
+    {"moe_experts", "eager | grouped_mm: transformers' experts_implementation for mixture-of-experts models "
+                    "(transformers 5.x picks grouped_mm when none is given; grouped_mm is not simulated under "
+                    "autocast)", FieldGroup::kModel},
     {"overrides", "override a config key: --set key=value (repeatable)", FieldGroup::kModel, true},
     {"task", "train | inference: one training step, or a forward pass in model.eval() under "
              "torch.inference_mode() (no saved tensors, gradients or optimizer)", FieldGroup::kTraining},
@@ -290,6 +293,8 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     s.model.attention = named(f, v, parse_name<AttnImpl>(v));
   } else if (f == "moe_routing") {
     s.model.moe_routing = named(f, v, parse_name<MoeRouting>(v));
+  } else if (f == "moe_experts") {
+    s.model.moe_experts = named(f, v, parse_name<MoeExperts>(v));
   } else if (f == "overrides") {
     s.model.overrides.emplace_back(v);
   } else if (f == "batch") {
@@ -373,6 +378,7 @@ std::string field_text(const Scenario& s, std::string_view f) {
   if (f == "impl") return s.model.impl ? std::string(name_of(*s.model.impl)) : "";
   if (f == "attention") return std::string(name_of(s.model.attention));
   if (f == "moe_routing") return std::string(name_of(s.model.moe_routing));
+  if (f == "moe_experts") return std::string(name_of(s.model.moe_experts));
   if (f == "batch") return std::to_string(s.train.batch);
   if (f == "seq") return std::to_string(s.train.seq);
   if (f == "grad_accum") return std::to_string(s.train.grad_accum);
@@ -483,18 +489,24 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   ResolvedScenario r;
   r.request = s;
   r.model = load_model(s.model, files, &r.warnings);  // a shape key missing from the config is said, not silent
-  if (r.model.moe.experts > 0) {
+  if (r.model.moe.experts > 0 && !s.was_given("moe_experts")) {
     // transformers 5.x PreTrainedModel.get_correct_experts_implementation: `"grouped_mm" if requested_experts is
-    // None` (falling back to eager only when _grouped_mm_can_dispatch fails); trainmem simulates the experts'
-    // eager loop (MixtralExperts.forward, src/sim/forward_programs/moe.cc), whose memory differs.
+    // None` (falling back to eager only when _grouped_mm_can_dispatch fails); trainmem's default is the eager loop
+    // (MixtralExperts.forward), whose memory differs: said, not silent.
     r.warnings.push_back(
         "the experts are simulated as transformers' eager loop (experts_implementation=\"eager\"); transformers "
-        "5.x picks grouped_mm unless told otherwise, which trainmem does not model yet: load the model with "
-        "experts_implementation=\"eager\" for these numbers to apply");
+        "5.x picks grouped_mm when none is given: --moe-experts grouped_mm simulates that one");
   }
   r.inventory = build_inventory(r.model);
   r.setup = s.train;
   validate_setup(r.model, r.setup);
+  if (r.model.moe.experts > 0 && r.model.moe.impl == MoeExperts::kGroupedMm && uses_autocast(r.setup.precision)) {
+    // whether autocast casts torch._grouped_mm's operands (and which dtypes its CUDA kernel takes) is not
+    // established from a source here: refused rather than guessed
+    throw FieldError("moe_experts", fmt::format("grouped_mm: not simulated under autocast (--precision {}); use "
+                                                "fp32, fp16 or bf16 weights, or --moe-experts eager",
+                                                name_of(r.setup.precision)));
+  }
   if (s.train.task == Task::kInference) resolve_inference(s, r);
   // A bitsandbytes 4-bit base: the Linear weights packed, their quantization state as extra rows.
   if (s.train.quant.type == Quantize::kInt8) {

@@ -157,6 +157,10 @@ struct TopK {
 TopK topk_last(Ctx& c, const T& x, uint64_t k, const char* what);
 // x.sum(dim=-1, keepdim=True): SumBackward1 saves nothing; its backward is grad.expand(x's size), a view.
 T sum_last_keepdim(Ctx& c, const T& x, const char* what);
+// torch._grouped_mm(x (S, in), w (E, in, out), offs=offs): one (S, out) output in x's dtype. derivatives.yaml:
+// "self: _grouped_mm_mat1_backward(grad, mat2, ...)", "mat2: _grouped_mm_mat2_backward(grad, self, ...)": saves x
+// when w needs a gradient, w when x does, and offs.
+T grouped_mm(Ctx& c, const T& x, const T& w, const T& offs, const char* what);
 // self += other, in place (add_): `self` is rebound to the result. AddBackward0 saves nothing.
 void add_(Ctx& c, T& self, const T& other);
 // self /= other, in place (div_): `self` is rebound to the result. When other needs a gradient the autograd

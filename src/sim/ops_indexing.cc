@@ -103,6 +103,26 @@ T sum_last_keepdim(Ctx& c, const T& x, const char* what) {
   return out;
 }
 
+T grouped_mm(Ctx& c, const T& x, const T& w, const T& offs, const char* what) {
+  T out = c.e.empty(Shape{x.shape()[0], w.shape()[2]}, x.dtype(), Category::kActivations, c.L(what));
+  const bool gx = x->requires_grad, gw = w->requires_grad;
+  Saved saved;
+  if (gw) saved.push_back(x);
+  if (gx) saved.push_back(w);
+  saved.push_back(offs);
+  const Shape xs = x.shape(), ws = w.shape();
+  const Strides wst = w->strides;
+  // mat2's gradient first, in mat2's layout (as mm's: product_2d), then self's
+  c.e.record("GroupedMmBackward0", {&x, &w}, {&out}, std::move(saved), [gx, gw, xs, ws, wst](Engine& e, Node&, Grads& g) {
+    Grads r(2);
+    if (!g[0]) return r;
+    if (gw) r[1] = e.empty_strided(ws, wst, g[0].dtype(), Category::kBackward, g[0]->label);
+    if (gx) r[0] = grad_empty(e, xs, g[0].dtype(), g[0]->label);
+    return r;
+  });
+  return out;
+}
+
 void add_(Ctx& c, T& self, const T& other) {
   T out = c.e.view(self, self.shape(), self->strides);  // in place: the same storage
   // "self: handle_r_to_c(self.scalar_type(), grad)", "other: handle_r_to_c(other.scalar_type(), maybe_multiply(grad,

@@ -39,7 +39,7 @@ TEST(Moe, WorstRoutingSendsEveryTokenToTheSameKExperts) {
 // Mixtral-8x7B, one layer: E = 8, F = 14336, C = 4096; bf16 weights, B = 1, T = 64.
 constexpr uint64_t kE = 8, kF = 14336, kC = 4096;
 
-Estimate mixtral(const std::string& routing) {
+Estimate mixtral(const std::string& routing, const std::string& experts = "eager") {
   Scenario s;
   s.model.model = "mixtral-8x7b";
   set_field(s, "overrides", "num_hidden_layers=1");
@@ -47,6 +47,7 @@ Estimate mixtral(const std::string& routing) {
   set_field(s, "batch", "1");
   set_field(s, "seq", "64");
   set_field(s, "moe_routing", routing);
+  set_field(s, "moe_experts", experts);
   return estimate(resolve(s, MapFileReader()));
 }
 
@@ -68,6 +69,28 @@ TEST(Moe, EveryExpertWithTokensGetsAWholeSizeGradientOfTheFusedExperts) {
   EXPECT_EQ(backward_allocations_of(mixtral("worst"), gate_up), 2);
   EXPECT_EQ(backward_allocations_of(mixtral("balanced"), down), 8);
   EXPECT_EQ(backward_allocations_of(mixtral("worst"), down), 2);
+}
+
+TEST(Moe, GroupedMmGivesOneGradientOfEachFusedExpertTensorWhateverTheRouting) {
+  // grouped_mm_experts_forward multiplies by the whole gate_up_proj.transpose(-2, -1): one _grouped_mm backward,
+  // one (E, C, 2F) gradient; and it gathers the N*k token-expert rows twice (hidden_states[token_idx], then
+  // [perm]), (N*k, C) bf16 each, whatever the routing.
+  const uint64_t gate_up = kE * 2 * kF * kC * 2, down = kE * kC * kF * 2;
+  for (const char* routing : {"balanced", "worst"}) {
+    const Estimate e = mixtral(routing, "grouped_mm");
+    EXPECT_EQ(backward_allocations_of(e, gate_up), 1) << routing;
+    EXPECT_EQ(backward_allocations_of(e, down), 1) << routing;
+  }
+  EXPECT_EQ(mixtral("balanced", "grouped_mm").sim->saved_activations.value,
+            mixtral("worst", "grouped_mm").sim->saved_activations.value);
+}
+
+TEST(Moe, GroupedMmIsRefusedUnderAutocast) {
+  Scenario s;
+  s.model.model = "mixtral-8x7b";
+  set_field(s, "precision", "bf16-amp");
+  set_field(s, "moe_experts", "grouped_mm");
+  EXPECT_THROW(resolve(s, MapFileReader()), FieldError);
 }
 
 TEST(Moe, TheRoutingAssumptionIsPartOfTheResolvedModel) {

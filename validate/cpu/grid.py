@@ -124,6 +124,14 @@ GRID = [
       "input_require_grads": True}),
     ("ckpt-mixtral-reentrant-bf16", _ll("mixtral", num_local_experts=3, num_experts_per_tok=2), 2, 8, "bf16",
      {"moe_routing": "balanced", "checkpointing": "full", "reentrant": True}),
+    # experts_implementation="grouped_mm" (transformers 5.x's default), torch._grouped_mm emulated (models._GroupedMM)
+    ("mixtral-grouped_mm-top2", _ll("mixtral", num_local_experts=3, num_experts_per_tok=2), 2, 11, "fp32",
+     {"moe_routing": "balanced", "moe_experts": "grouped_mm"}),
+    ("mixtral-grouped_mm-top1-worst-bf16", _ll("mixtral", num_local_experts=4, num_experts_per_tok=1), 2, 8, "bf16",
+     {"moe_routing": "worst", "moe_experts": "grouped_mm"}),
+    ("qwen2_moe-grouped_mm-bf16", _ll("qwen2_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+                                      shared_expert_intermediate_size=96, norm_topk_prob=True), 2, 8, "bf16",
+     {"moe_routing": "balanced", "moe_experts": "grouped_mm"}),
     ("qwen2_moe-shared-bf16-amp", _ll("qwen2_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
                                       shared_expert_intermediate_size=96), 2, 8, "bf16-amp", {"moe_routing": "worst"}),
     # --- Qwen2-MoE (shared expert with a sigmoid gate, dense layers by decoder_sparse_step / mlp_only_layers) and
@@ -314,7 +322,8 @@ def _measure_kwargs(opts):
             "enable_input_require_grads": opts.get("input_require_grads"),
             "loss": opts.get("loss", "ce"), "loss_chunks": int(opts.get("loss_chunks", 8)),
             "logits_to_keep": int(opts.get("logits_to_keep", 0)),
-            "moe_routing": opts.get("moe_routing", "balanced")}
+            "moe_routing": opts.get("moe_routing", "balanced"),
+            "moe_experts": opts.get("moe_experts", "eager")}
 
 
 def _option_flags(opts):
@@ -335,6 +344,8 @@ def _option_flags(opts):
         flags += ["--logits-to-keep", str(int(opts["logits_to_keep"]))]
     if opts.get("moe_routing"):  # MoE routers (models.set_moe_routing)
         flags += ["--moe-routing", opts["moe_routing"]]
+    if opts.get("moe_experts"):  # experts_implementation (models.set_moe_experts)
+        flags += ["--moe-experts", opts["moe_experts"]]
     if opts.get("input_require_grads") is not None:
         flags += ["--input-require-grads", "true" if opts["input_require_grads"] else "false"]
     if opts.get("optimizer"):

@@ -195,7 +195,7 @@ class _StorageRegistry(TorchDispatchMode):
 def measure(config, batch, seq, precision="fp32", optimizer="adamw", dropout_off=True, with_tensors=True,
             seed=0, freeze=(), checkpointing="none", checkpoint_reentrant=True, checkpoint_every=1, lora=None,
             lora_dtype="fp32", enable_input_require_grads=None, autocast=False, loss="ce", loss_chunks=8,
-            logits_to_keep=0, moe_routing="balanced"):
+            logits_to_keep=0, moe_routing="balanced", moe_experts="eager"):
     """Run one training step of `config` and return the measured quantities as a dict.
 
     freeze: parameter-name globs to freeze (requires_grad=False). checkpointing: "none" | "full" (every
@@ -209,7 +209,8 @@ def measure(config, batch, seq, precision="fp32", optimizer="adamw", dropout_off
     (trainmem's default too). precision "bf16-amp": float32
     weights, forward under torch.autocast("cpu", bfloat16); autocast=True runs a "bf16" (cast) model under
     autocast too (a bf16 base under Trainer(bf16=True); trainmem has no precision name for it). moe_routing: the
-    experts every router picks (models.set_moe_routing), trainmem's --moe-routing balanced | worst."""
+    experts every router picks (models.set_moe_routing), trainmem's --moe-routing balanced | worst. moe_experts:
+    experts_implementation eager | grouped_mm (models.set_moe_experts), trainmem's --moe-experts."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(PRECISIONS)}")
     if checkpointing not in ("none", "full"):
@@ -229,7 +230,8 @@ def measure(config, batch, seq, precision="fp32", optimizer="adamw", dropout_off
     try:
         return _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors, seed, freeze,
                         checkpointing, checkpoint_reentrant, checkpoint_every, lora, lora_dtype,
-                        enable_input_require_grads, autocast, loss, loss_chunks, logits_to_keep, moe_routing)
+                        enable_input_require_grads, autocast, loss, loss_chunks, logits_to_keep, moe_routing,
+                        moe_experts)
     finally:
         gc.enable()
         gc.unfreeze()
@@ -237,7 +239,7 @@ def measure(config, batch, seq, precision="fp32", optimizer="adamw", dropout_off
 
 def _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors, seed, freeze, checkpointing,
              checkpoint_reentrant, checkpoint_every, lora, lora_dtype, enable_input_require_grads, autocast,
-             loss="ce", loss_chunks=8, logits_to_keep=0, moe_routing="balanced"):
+             loss="ce", loss_chunks=8, logits_to_keep=0, moe_routing="balanced", moe_experts="eager"):
     dtype, autocast_dtype = PRECISIONS[precision]
     if autocast and autocast_dtype is None:
         autocast_dtype = torch.bfloat16
@@ -246,6 +248,7 @@ def _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors
     torch.manual_seed(seed)
     model = models.build_model(cfg, frozen=freeze, checkpointing=ck_mode, checkpoint_every=checkpoint_every)
     models.set_moe_routing(model, batch * seq, moe_routing)  # MoE routers: trainmem's routing assumption
+    models.set_moe_experts(model, moe_experts)  # MoE experts: trainmem's --moe-experts
     model.logits_to_keep = int(logits_to_keep)  # models.keep_logits: the head and the loss over the last N positions
     if dtype != torch.float32:
         model.to(dtype)  # casts floating buffers too, as model.to(torch.bfloat16) does; keeps requires_grad

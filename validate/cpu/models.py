@@ -947,6 +947,83 @@ def set_moe_routing(model, tokens, mode):
             mod.forced_indices = None if mode is None else moe_routing_indices(tokens, mod.top_k, mod.num_experts, mode)
 
 
+class _GroupedMM(torch.autograd.Function):
+    """torch._grouped_mm(x (S, in), w (E, in, out), offs) for torch 1.13, which lacks it: one (S, out) output
+    written group by group (mm out=, no other storage); saves x when w needs a gradient, w when x does, and offs
+    (derivatives.yaml: self: _grouped_mm_mat1_backward(grad, mat2, ...), mat2: _grouped_mm_mat2_backward(grad,
+    self, ...)); the backward makes w's gradient first, in w's layout, then x's."""
+
+    @staticmethod
+    def forward(ctx, x, w, offs):
+        out = x.new_empty((x.shape[0], w.shape[2]))
+        start = 0
+        for e in range(w.shape[0]):
+            end = int(offs[e])
+            if end > start:
+                torch.mm(x[start:end], w[e], out=out[start:end])
+            start = end
+        ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, w if ctx.needs_input_grad[0] else None, offs)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w, offs = ctx.saved_tensors
+        gx = gw = None
+        bounds = []
+        start = 0
+        for e in range(offs.shape[0]):
+            end = int(offs[e])
+            bounds.append((e, start, end))
+            start = end
+        if ctx.needs_input_grad[1]:
+            # zeros in w's layout (w is a parameter's transpose(-2, -1)): experts without tokens get zeros
+            gw = torch.zeros((w.shape[0], w.shape[2], w.shape[1]), dtype=grad.dtype).transpose(-2, -1)
+            for e, a, b in bounds:
+                if b > a:
+                    torch.mm(x[a:b].t(), grad[a:b], out=gw[e])
+        if ctx.needs_input_grad[0]:
+            gx = torch.empty((grad.shape[0], w.shape[1]), dtype=grad.dtype)
+            for e, a, b in bounds:
+                if b > a:
+                    torch.mm(grad[a:b], w[e].t(), out=gx[a:b])
+        return gx, gw, None
+
+
+def grouped_mm_experts_forward(self, hidden_states, top_k_index, top_k_weights):
+    """integrations/moe.py @0261a46 (experts_implementation="grouped_mm"), with _GroupedMM for torch._grouped_mm."""
+    device = hidden_states.device
+    num_top_k = top_k_index.size(-1)
+    num_tokens = hidden_states.size(0)
+    num_experts = self.gate_up_proj.size(0)
+    final_hidden_states = torch.zeros_like(hidden_states)
+    expert_ids = top_k_index.reshape(-1)
+    token_idx = torch.arange(num_tokens, device=device).unsqueeze(1).expand(-1, num_top_k).reshape(-1)
+    perm = torch.argsort(expert_ids, stable=True)
+    inv_perm = torch.argsort(perm, stable=True)
+    sample_weights = top_k_weights.reshape(-1)
+    current_hidden_states = hidden_states[token_idx]
+    expert_ids_g = expert_ids[perm]
+    sample_weights_g = sample_weights[perm]
+    current_states_g = current_hidden_states[perm]
+    num_tokens_per_expert = torch.histc(expert_ids_g.float(), bins=num_experts, min=0, max=num_experts - 1)
+    offsets = torch.cumsum(num_tokens_per_expert, dim=0, dtype=torch.int32)
+    gate_up_out = _GroupedMM.apply(current_states_g, self.gate_up_proj.transpose(-2, -1), offsets)
+    gate, up = gate_up_out.chunk(2, dim=-1)
+    hidden_after_activation = self.act_fn(gate) * up
+    out_per_sample_g = _GroupedMM.apply(hidden_after_activation, self.down_proj.transpose(-2, -1), offsets)
+    out_per_sample_g = out_per_sample_g * sample_weights_g.unsqueeze(-1)
+    out_per_sample = out_per_sample_g[inv_perm]
+    final_hidden_states.index_add_(0, token_idx, out_per_sample.to(final_hidden_states.dtype))
+    return final_hidden_states
+
+
+def set_moe_experts(model, implementation):
+    """experts_implementation of every experts module: "eager" (the loop) or "grouped_mm"."""
+    for mod in model.modules():
+        if isinstance(mod, MixtralExperts):
+            mod.experts_implementation = implementation
+
+
 class MixtralExperts(nn.Module):
     """5.x fused 3-D experts, eager implementation (grouped_mm does not exist in torch 1.13)."""
 
@@ -962,6 +1039,8 @@ class MixtralExperts(nn.Module):
         self.act_fn = act_fn(c.hidden_act)
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
+        if getattr(self, "experts_implementation", "eager") == "grouped_mm":  # use_experts_implementation's dispatch
+            return grouped_mm_experts_forward(self, hidden_states, top_k_index, top_k_weights)
         final_hidden_states = torch.zeros_like(hidden_states)
         with torch.no_grad():
             expert_mask = torch.nn.functional.one_hot(top_k_index, num_classes=self.num_experts)

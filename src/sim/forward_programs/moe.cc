@@ -137,6 +137,79 @@ T experts(Ctx& c, const ModelSpec& m, const MoeParams& p, const T& hidden, const
   return final_hs;
 }
 
+// integrations/moe.py @0261a46 grouped_mm_experts_forward (experts_implementation="grouped_mm"; gate_up_proj is
+// not transposed, MixtralExperts has no biases and no _apply_gate):
+//   final_hidden_states = torch.zeros_like(hidden_states)
+//   expert_ids = top_k_index.reshape(-1)
+//   token_idx = torch.arange(num_tokens, device=device).unsqueeze(1).expand(-1, num_top_k).reshape(-1)
+//   perm = torch.argsort(expert_ids, stable=True)
+//   inv_perm = torch.argsort(perm, stable=True)
+//   sample_weights = top_k_weights.reshape(-1)  # (S,)
+//   current_hidden_states = hidden_states[token_idx]  # (S, hidden_dim)
+//   expert_ids_g = expert_ids[perm]
+//   sample_weights_g = sample_weights[perm]
+//   current_states_g = current_hidden_states[perm]
+//   num_tokens_per_expert = torch.histc(expert_ids_g.float(), bins=num_experts, min=0, max=num_experts - 1)
+//   offsets = torch.cumsum(num_tokens_per_expert, dim=0, dtype=torch.int32)
+//   gate_up_out = torch._grouped_mm(current_states_g, self.gate_up_proj.transpose(-2, -1), offs=offsets)
+//   gate, up = gate_up_out.chunk(2, dim=-1)
+//   hidden_after_activation = self.act_fn(gate) * up
+//   out_per_sample_g = torch._grouped_mm(hidden_after_activation, self.down_proj.transpose(-2, -1), offs=offsets)
+//   out_per_sample_g = out_per_sample_g * sample_weights_g.unsqueeze(-1)
+//   out_per_sample = out_per_sample_g[inv_perm]
+//   final_hidden_states.index_add_(0, token_idx, out_per_sample.to(final_hidden_states.dtype))
+//   return final_hidden_states
+// Every local lives until the function returns. The routing decides nothing here but the values: the sizes
+// are S = N*k rows whatever experts the tokens go to.
+T experts_grouped_mm(Ctx& c, const ModelSpec& m, const MoeParams& p, const T& hidden, const T& top_k_index,
+                     const T& top_k_weights) {
+  const uint64_t N = hidden.shape()[0], E = m.moe.experts, k = m.moe.top_k, F = m.moe.ffn;
+  const uint64_t S = checked_mul(N, k, "token-expert assignments");
+  auto ints = [&](uint64_t n, DType dt, const char* what) {
+    return c.e.empty(Shape{n}, dt, Category::kActivations, c.L(what));
+  };
+  T final_hs = zeros_like(c, hidden, "experts final_hidden_states");
+  const T expert_ids = c.e.view(top_k_index, Shape{S}, Strides{1});
+  T token_idx;
+  {
+    // arange (N,); .unsqueeze(1).expand(-1, k) are views; reshape(-1) copies unless k == 1 (then a view)
+    T ar = ints(N, DType::kI64, "torch.arange(num_tokens)");
+    token_idx = k == 1 ? c.e.view(ar, Shape{S}, Strides{1}) : ints(S, DType::kI64, "token_idx reshape(-1)");
+  }
+  auto argsort = [&](const char* what) {
+    // argsort(stable=True) is sort(stable=True)'s indices: the sorted values are made first and dropped
+    { T values = ints(S, DType::kI64, "argsort values"); }
+    return ints(S, DType::kI64, what);
+  };
+  const T perm = argsort("perm = argsort(expert_ids)");
+  const T inv_perm = argsort("inv_perm = argsort(perm)");
+  const T sample_weights = view(c, top_k_weights, Shape{S});
+  const T current_hidden_states = index_rows(c, hidden, token_idx, "experts hidden_states[token_idx]");
+  const T expert_ids_g = ints(S, DType::kI64, "expert_ids[perm]");
+  const T sample_weights_g = index_rows(c, sample_weights, perm, "sample_weights[perm]");
+  const T current_states_g = index_rows(c, current_hidden_states, perm, "current_hidden_states[perm]");
+  T num_tokens_per_expert;
+  {
+    T f = ints(S, DType::kF32, "expert_ids_g.float()");  // histc's argument, dropped when histc returns
+    num_tokens_per_expert = ints(E, DType::kF32, "num_tokens_per_expert = torch.histc(...)");
+  }
+  const T offsets = ints(E, DType::kI32, "offsets = cumsum(..., dtype=int32)");
+  T gate, up;
+  {
+    std::vector<T> parts = split_last(
+        c, grouped_mm(c, current_states_g, transpose(c, p.gate_up, 1, 2), offsets, "experts grouped_mm gate_up"), {F, F});
+    gate = std::move(parts[0]);
+    up = std::move(parts[1]);
+  }
+  const T hidden_after_activation = mul(c, activation(c, m.mlp.act, gate), up, "experts act(gate) * up");
+  T out_g = grouped_mm(c, hidden_after_activation, transpose(c, p.down, 1, 2), offsets, "experts grouped_mm down");
+  out_g = mul(c, out_g, unsqueeze(c, sample_weights_g, -1), "out_per_sample_g * sample_weights_g");
+  const T out_per_sample = index_rows(c, out_g, inv_perm, "out_per_sample_g[inv_perm]");
+  index_add_(c, final_hs, token_idx, to(c, out_per_sample, final_hs.dtype(), "out_per_sample.to(dtype)"));
+  (void)expert_ids_g;
+  return final_hs;
+}
+
 // Qwen2MoeMLP (GemmaMLP's forward): down_proj(act_fn(gate_proj(x)) * up_proj(x))
 T shared_expert(Ctx& c, const ModelSpec& m, const SharedExpert& s, const T& x) {
   T h;
@@ -172,7 +245,8 @@ T sparse_moe_block(Ctx& c, const ModelSpec& m, const MoeParams& p, const T& x) {
   T shared_out;
   if (shared) shared_out = shared_expert(c, m, p.shared, hidden);
   Routing r = router(c, m, p.router, hidden);
-  T out = experts(c, m, p, hidden, r.top_k_index, r.top_k_weights);
+  T out = m.moe.impl == MoeExperts::kGroupedMm ? experts_grouped_mm(c, m, p, hidden, r.top_k_index, r.top_k_weights)
+                                               : experts(c, m, p, hidden, r.top_k_index, r.top_k_weights);
   if (shared) {
     shared_out = mul(c, sigmoid(c, linear(c, hidden, *p.shared.gate, nullptr, "shared_expert_gate"), "sigmoid(shared_expert_gate)"),
                      shared_out, "sigmoid(gate) * shared_expert_output");

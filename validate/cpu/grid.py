@@ -132,6 +132,8 @@ GRID = [
     ("qwen2_moe-grouped_mm-bf16", _ll("qwen2_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
                                       shared_expert_intermediate_size=96, norm_topk_prob=True), 2, 8, "bf16",
      {"moe_routing": "balanced", "moe_experts": "grouped_mm"}),
+    ("lora-qwen3_moe-grouped_mm-bf16", _ll("qwen3_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=40),
+     2, 8, "bf16", {"moe_routing": "balanced", "moe_experts": "grouped_mm", "lora": "r=4,alpha=8,targets=q_proj+v_proj"}),
     ("qwen2_moe-shared-bf16-amp", _ll("qwen2_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
                                       shared_expert_intermediate_size=96), 2, 8, "bf16-amp", {"moe_routing": "worst"}),
     # --- Qwen2-MoE (shared expert with a sigmoid gate, dense layers by decoder_sparse_step / mlp_only_layers) and

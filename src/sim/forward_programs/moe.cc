@@ -1,9 +1,10 @@
 // The sparse mixture-of-experts block of transformers 5.x, shared by every MoE family. Read from
 // huggingface/transformers: models/mixtral/modeling_mixtral.py (MixtralTopKRouter, MixtralExperts,
-// MixtralSparseMoeBlock, as of main in 2026) and integrations/moe.py @0261a46 (use_experts_implementation:
-// with config._experts_implementation == "eager" the class's own forward runs; "batched_mm" / "grouped_mm"
-// are other kernels, not modelled). The experts are one module with 3-D parameters gate_up_proj (E, 2F, C) and
-// down_proj (E, C, F); the eager forward loops over the experts that got tokens.
+// MixtralSparseMoeBlock, as of main in 2026), models/qwen2_moe/modular_qwen2_moe.py @001f85b and
+// models/qwen3_moe/modular_qwen3_moe.py @00eb116, and integrations/moe.py @0261a46 (use_experts_implementation:
+// config._experts_implementation "eager" runs the class's own forward, "grouped_mm" grouped_mm_experts_forward,
+// both modelled here (MoeSpec::impl); "batched_mm" is not). The experts are one module with 3-D parameters
+// gate_up_proj (E, 2F, C) and down_proj (E, C, F).
 // Routing is data-dependent: the tokens each expert gets come from MoeSpec::routing (routed_tokens()).
 // B=micro-batch T=seq N=B*T tokens C=hidden F=expert ffn E=experts k=experts per token n=tokens of one expert
 #include <vector>
@@ -95,6 +96,7 @@ T experts(Ctx& c, const ModelSpec& m, const MoeParams& p, const T& hidden, const
           const T& top_k_weights) {
   const uint64_t N = hidden.shape()[0], E = m.moe.experts, k = m.moe.top_k;
   const uint64_t F = m.moe.ffn;
+  const std::vector<uint64_t> counts = routed_tokens(m.moe, N);
   T final_hs = zeros_like(c, hidden, "experts final_hidden_states");
   T expert_mask, expert_hit;
   {
@@ -106,10 +108,9 @@ T experts(Ctx& c, const ModelSpec& m, const MoeParams& p, const T& hidden, const
     T hit = c.e.empty(Shape{E}, DType::kBool, Category::kActivations, c.L("torch.greater(..., 0)"));
     sum.reset();
     uint64_t hits = 0;
-    for (uint64_t n : routed_tokens(m.moe, N)) hits += n > 0 ? 1 : 0;
+    for (uint64_t n : counts) hits += n > 0 ? 1 : 0;
     expert_hit = c.e.empty(Shape{hits, 1}, DType::kI64, Category::kActivations, c.L("expert_hit nonzero()"));
   }
-  const std::vector<uint64_t> counts = routed_tokens(m.moe, N);
   T top_k_pos, token_idx, current_state, gate, up, cur;  // the loop's locals, rebound every iteration
   for (uint64_t e = 0; e < E; ++e) {
     const uint64_t n = counts[e];
@@ -206,7 +207,6 @@ T experts_grouped_mm(Ctx& c, const ModelSpec& m, const MoeParams& p, const T& hi
   out_g = mul(c, out_g, unsqueeze(c, sample_weights_g, -1), "out_per_sample_g * sample_weights_g");
   const T out_per_sample = index_rows(c, out_g, inv_perm, "out_per_sample_g[inv_perm]");
   index_add_(c, final_hs, token_idx, to(c, out_per_sample, final_hs.dtype(), "out_per_sample.to(dtype)"));
-  (void)expert_ids_g;
   return final_hs;
 }
 

@@ -85,6 +85,26 @@ TEST(Moe, GroupedMmGivesOneGradientOfEachFusedExpertTensorWhateverTheRouting) {
             mixtral("worst", "grouped_mm").sim->saved_activations.value);
 }
 
+TEST(Moe, TheDefaultEagerLoopIsSaidUnlessTheExpertsImplementationIsGiven) {
+  // transformers 5.x picks grouped_mm when no experts_implementation is given; trainmem's default is the eager loop
+  Scenario s;
+  s.model.model = "mixtral-8x7b";
+  set_field(s, "precision", "bf16");
+  auto says_eager = [](const ResolvedScenario& r) {
+    for (const std::string& w : r.warnings) {
+      if (w.find("eager loop") != std::string::npos) return true;
+    }
+    return false;
+  };
+  EXPECT_TRUE(says_eager(resolve(s, MapFileReader())));
+  Scenario g = s;
+  set_field(g, "moe_experts", "grouped_mm");
+  EXPECT_FALSE(says_eager(resolve(g, MapFileReader())));
+  Scenario dense;
+  dense.model.model = "mistral-7b";
+  EXPECT_FALSE(says_eager(resolve(dense, MapFileReader())));
+}
+
 TEST(Moe, GroupedMmIsRefusedUnderAutocast) {
   Scenario s;
   s.model.model = "mixtral-8x7b";

@@ -112,7 +112,11 @@ T grouped_mm(Ctx& c, const T& x, const T& w, const T& offs, const char* what) {
   saved.push_back(offs);
   const Shape xs = x.shape(), ws = w.shape();
   const Strides wst = w->strides;
-  // mat2's gradient first, in mat2's layout (as mm's: product_2d), then self's
+  // mat2's gradient first (as mm's: product_2d), then self's. FunctionsManual.cpp @002ca67
+  // _grouped_mm_mat2_backward: for a column-major mat2 (a parameter's transpose(-2, -1)), "return grad as
+  // column-order for efficiency": at::_grouped_mm(grad.transpose(-2, -1), mat1, offs).transpose(-2, -1), mat2's
+  // layout, so the parameter's TransposeBackward0 hands AccumulateGrad a contiguous tensor it can keep;
+  // _grouped_mm_mat1_backward for a row-major mat1: at::_grouped_mm(grad, mat2.transpose(-2, -1), offs).
   c.e.record("GroupedMmBackward0", {&x, &w}, {&out}, std::move(saved), [gx, gw, xs, ws, wst](Engine& e, Node&, Grads& g) {
     Grads r(2);
     if (!g[0]) return r;

@@ -951,7 +951,8 @@ class _GroupedMM(torch.autograd.Function):
     """torch._grouped_mm(x (S, in), w (E, in, out), offs) for torch 1.13, which lacks it: one (S, out) output
     written group by group (mm out=, no other storage); saves x when w needs a gradient, w when x does, and offs
     (derivatives.yaml: self: _grouped_mm_mat1_backward(grad, mat2, ...), mat2: _grouped_mm_mat2_backward(grad,
-    self, ...)); the backward makes w's gradient first, in w's layout, then x's."""
+    self, ...)); the backward makes w's gradient first, in w's layout (FunctionsManual.cpp
+    _grouped_mm_mat2_backward's column-major branch, w being a parameter's transpose), then x's."""
 
     @staticmethod
     def forward(ctx, x, w, offs):

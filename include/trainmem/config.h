@@ -20,6 +20,8 @@ struct ModelRequest {
   std::string model = "gpt2";          // a preset name (trainmem models) or a path to a config.json
   std::optional<Impl> impl;            // default: nanogpt for model_type "nanogpt", hf otherwise
   AttnImpl attention = AttnImpl::kSdpa;
+  MoeRouting moe_routing = MoeRouting::kBalanced;  // mixture-of-experts models: per-expert token counts
+  MoeExperts moe_experts = MoeExperts::kEager;     // mixture-of-experts models: experts_implementation
   // "key=value" (--set), applied to the config before it is read; a key the model type does not read is an
   // error naming the nearest one it does.
   std::vector<std::string> overrides;

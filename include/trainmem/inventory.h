@@ -36,6 +36,9 @@ struct TensorRow {
   // A bitsandbytes 4-bit weight (Params4bit): `shape` stays the Linear's (out, in) and `elems` its element
   // count, but the storage is the packed uint8 data, ((n + 1) / 2, 1) (functional.py quantize_4bit).
   bool packed_4bit = false;
+  // A 2-D nn.Parameter of a module that is not an nn.Linear (transformers 5.x MoE routers: MixtralTopKRouter's
+  // `self.weight = nn.Parameter(...)`): PEFT's LoRA (all-linear or by name) and bitsandbytes leave it alone.
+  bool not_linear = false;
   // Buffers: how many parameter rows nn.Module._apply moves to the device before this buffer (children
   // first, then a module's own parameters, then its own buffers): the allocation order of model.to(device).
   size_t load_after = 0;

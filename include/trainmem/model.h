@@ -84,9 +84,27 @@ struct MlpSpec {
   Act act = Act::kGeluTanh;
 };
 
+// Which experts the router picks is data-dependent; the step simulator needs per-expert token counts, so they
+// are an explicit assumption (Scenario field moe_routing).
+enum class MoeRouting {
+  kBalanced,  // the B*T*k assignments spread as evenly as possible over the E experts, remainder to the lowest
+  kWorst,     // every token routed to the same k experts (experts 0..k-1 each get all B*T tokens)
+};
+
+// transformers 5.x `experts_implementation` (integrations/moe.py): the experts' eager loop, or
+// grouped_mm_experts_forward (sorted token-expert pairs, two torch._grouped_mm calls).
+enum class MoeExperts { kEager, kGroupedMm };
+
 struct MoeSpec {
   uint64_t experts = 0;  // E; 0 = a dense MLP
   uint64_t top_k = 0;    // experts per token
+  MoeRouting routing = MoeRouting::kBalanced;
+  MoeExperts impl = MoeExperts::kEager;
+  uint64_t ffn = 0;             // F of each expert (mixtral: intermediate_size; qwen*_moe: moe_intermediate_size)
+  uint64_t shared_ffn = 0;      // qwen2_moe shared_expert_intermediate_size (a gated shared expert); 0: none
+  bool norm_topk_prob = true;   // the router renormalizes the top-k weights (mixtral always; qwen*_moe: the key)
+  uint64_t sparse_step = 1;     // qwen*_moe decoder_sparse_step: layer l is sparse when (l + 1) % step == 0
+  std::vector<uint64_t> dense_layers;  // qwen*_moe mlp_only_layers: layers with a dense MLP
 };
 
 struct NormSpec {
@@ -139,13 +157,28 @@ struct ModelSpec {
   std::vector<StackLayer> stack;
 };
 
+// Whether decoder layer `l` has a sparse MoE block (Qwen2MoeDecoderLayer: `layer_idx not in mlp_only_layers and
+// num_experts > 0 and (layer_idx + 1) % decoder_sparse_step == 0`; every layer of a mixtral).
+inline bool is_moe_layer(const ModelSpec& m, uint64_t l) {
+  if (m.moe.experts == 0 || (l + 1) % m.moe.sparse_step != 0) return false;
+  for (uint64_t d : m.moe.dense_layers) {
+    if (d == l) return false;
+  }
+  return true;
+}
+
 std::span<const NameRow<Impl>> name_table(Impl);
 std::span<const NameRow<AttnImpl>> name_table(AttnImpl);
 std::span<const NameRow<Act>> name_table(Act);
+std::span<const NameRow<MoeRouting>> name_table(MoeRouting);
+std::span<const NameRow<MoeExperts>> name_table(MoeExperts);
 
 std::string_view family_name(Family f);
 std::string_view impl_name(Impl i);
 std::string_view attn_impl_name(AttnImpl a);
 std::string_view act_name(Act a);
+std::string_view moe_routing_name(MoeRouting r);
+// ", balanced MoE routing" for a mixture-of-experts model (the assumption its numbers rest on), "" otherwise.
+std::string moe_routing_note(const ModelSpec& m);
 
 }  // namespace trainmem

@@ -60,6 +60,13 @@ constexpr LlamaFamilyDefaults kFamily[] = {
     // read in read_starcoder2.
     {"starcoder2", "Starcoder2Config", 49152, 3072, 12288, 30, 24, 2, 0, 4096, true, "gelu_pytorch_tanh",
      false, false, false, false, false, 2, false, false},
+    // Qwen2MoeConfig / Qwen3MoeConfig (configuration_qwen2_moe.py, configuration_qwen3_moe.py, transformers 5.x
+    // @008e574); qwen2_moe's q/k/v biases are its qkv_bias key (read below), qwen3_moe has no head_dim field
+    // (Qwen3Attention: getattr(config, "head_dim", None) or hidden_size // num_attention_heads)
+    {"qwen2_moe", "Qwen2MoeConfig", 151936, 2048, 5632, 24, 16, 16, 0,   32768,   false, "silu",
+     false, false, false, false, false, 2, true, false},
+    {"qwen3_moe", "Qwen3MoeConfig", 151936, 2048, 6144, 24, 32, 4,  0,   32768,   false, "silu",
+     false, true, false, true, false, 2, true, false},
 };
 
 const LlamaFamilyDefaults* find_family(const std::string& t) {
@@ -78,7 +85,7 @@ uint64_t read_sliding_window(const KeyReader& r, const std::string& t, uint64_t 
   if (t == "mistral") return r.optional_integer({"sliding_window"}, 1, kMaxPositions).value_or(4096);
   if (t == "mixtral" || t == "phi3") return r.optional_integer({"sliding_window"}, 1, kMaxPositions).value_or(0);
   if (t == "gemma2") return r.optional_integer({"sliding_window"}, 1, kMaxPositions).value_or(4096);
-  if (t == "qwen2" || t == "qwen3") {
+  if (t == "qwen2" || t == "qwen3" || t == "qwen2_moe" || t == "qwen3_moe") {
     const bool on = r.boolean({"use_sliding_window"}, false);
     const uint64_t w = r.optional_integer({"sliding_window"}, 1, kMaxPositions).value_or(4096);
     const uint64_t from = r.optional_integer({"max_window_layers"}, 0, kMaxLayers).value_or(28);
@@ -176,13 +183,60 @@ bool read_llama_family(const KeyReader& r, const std::string& model_type, ModelS
   if (model_type == "gemma2") m.attn.softcap = r.number({"attn_logit_softcapping"}, 50.0, 0.0, 1e9);
   if (model_type == "gemma3_text") read_gemma3_layers(r, m);
   if (model_type == "starcoder2") read_starcoder2(r, m);
-  if (d->moe) {
-    m.moe.experts = r.shape({"num_local_experts"}, 8, 1, kMaxExperts, defaults_of);
+  if (model_type == "qwen2_moe") {
+    // Qwen2MoeAttention: q/k/v_proj bias=config.qkv_bias (qkv_bias: bool = True), o_proj bias=False
+    m.attn.qkv_bias = r.boolean({"qkv_bias"}, true);
+  }
+  if (d->moe && model_type != "mixtral") {
+    // Qwen2MoeConfig: moe_intermediate_size: int = 1408, shared_expert_intermediate_size: int = 5632,
+    // num_experts_per_tok: int = 4, num_experts: int = 60, norm_topk_prob: bool = False, decoder_sparse_step: int = 1,
+    // mlp_only_layers: list[int] | None = None (-> []). Qwen3MoeConfig: moe_intermediate_size: int = 768,
+    // num_experts_per_tok: int = 8, num_experts: int = 128, the rest the same and no shared expert.
+    const bool q2 = model_type == "qwen2_moe";
+    m.moe.experts = r.shape({"num_experts"}, q2 ? 60 : 128, 1, kMaxExperts, defaults_of);
+    m.moe.top_k = r.shape({"num_experts_per_tok"}, q2 ? 4 : 8, 1, kMaxExperts, defaults_of);
+    m.moe.ffn = r.shape({"moe_intermediate_size"}, q2 ? 1408 : 768, 1, kMaxWidth, defaults_of);
+    if (q2) m.moe.shared_ffn = r.shape({"shared_expert_intermediate_size"}, 5632, 1, kMaxWidth, defaults_of);
+    m.moe.norm_topk_prob = r.boolean({"norm_topk_prob"}, false);
+    m.moe.sparse_step = r.integer({"decoder_sparse_step"}, 1, 1, kMaxLayers);
+    if (const nlohmann::json* v = r.find({"mlp_only_layers"}); v && !v->is_null()) {
+      const std::string expected = fmt::format("a list of layer indices below num_hidden_layers = {}", m.layers);
+      if (!v->is_array()) r.fail("mlp_only_layers", *v, expected);
+      for (const nlohmann::json& x : *v) {
+        if (!x.is_number_unsigned() || x.get<uint64_t>() >= m.layers) r.fail("mlp_only_layers", *v, expected);
+        m.moe.dense_layers.push_back(x.get<uint64_t>());
+      }
+    }
+    if (m.moe.top_k > m.moe.experts) {
+      r.fail("num_experts_per_tok", m.moe.top_k, fmt::format("at most \"num_experts\" = {}", m.moe.experts));
+    }
+    // Qwen*MoeForCausalLM.forward (MixtralForCausalLM's): the router aux loss when output_router_logits
+    if (r.boolean({"output_router_logits"}, false)) {
+      r.fail("output_router_logits", true, "false (the router's load-balancing loss is not simulated yet)");
+    }
+    (void)r.number({"router_aux_loss_coef"}, 0.001, 0.0, 1e9);
+  }
+  if (model_type == "mixtral") {
+    // MixtralConfig (configuration_mixtral.py, transformers 5.x @008e574): num_experts_per_tok: int = 2,
+    // num_local_experts: int = 8, attribute_map = {"num_experts": "num_local_experts"},
+    // output_router_logits: bool = False, router_aux_loss_coef: float = 0.001, router_jitter_noise: float = 0.0.
+    // MixtralExperts: intermediate_dim = config.intermediate_size; the router always renormalizes.
+    m.moe.experts = r.shape({"num_local_experts", "num_experts"}, 8, 1, kMaxExperts, defaults_of);
+    m.moe.ffn = m.mlp.ffn;
     m.moe.top_k = r.shape({"num_experts_per_tok"}, 2, 1, kMaxExperts, defaults_of);
     if (m.moe.top_k > m.moe.experts) {
       r.fail("num_experts_per_tok", m.moe.top_k,
              fmt::format("at most \"num_local_experts\" = {}", m.moe.experts));
     }
+    // MixtralForCausalLM.forward adds load_balancing_loss_func(...) * router_aux_loss_coef to the loss when
+    // output_router_logits; MixtralSparseMoeBlock multiplies the hidden states by uniform noise in training when
+    // router_jitter_noise > 0. Neither is simulated yet: refused rather than left out of the estimate.
+    if (r.boolean({"output_router_logits"}, false)) {
+      r.fail("output_router_logits", true, "false (the router's load-balancing loss is not simulated yet)");
+    }
+    (void)r.number({"router_aux_loss_coef"}, 0.001, 0.0, 1e9);
+    const double jitter = r.number({"router_jitter_noise"}, 0.0, 0.0, 1.0);
+    if (jitter > 0.0) r.fail("router_jitter_noise", jitter, "0.0 (router jitter in training is not simulated yet)");
   }
   m.attn.sliding_window = read_sliding_window(r, model_type, m.layers);
   m.dropout.attn = read_probability(r, {"attention_dropout"}, 0.0);

@@ -214,6 +214,8 @@ ModelSpec read_model(std::string_view text, std::string_view origin, const Model
   m.model_type = r.text({"model_type"}, std::nullopt);
   m.source = r.text({"_source"}, where);
   m.attn_impl = req.attention;
+  m.moe.routing = req.moe_routing;
+  m.moe.impl = req.moe_experts;
   const std::string& t = m.model_type;
   check_causal_lm(r);
   // The family registry says which reader reads this model_type (src/families/registry.cc).

@@ -26,6 +26,11 @@ void Table::param(std::string name, std::vector<uint64_t> shape) {
   inv_.parameters.push_back(std::move(r));
 }
 
+void Table::raw_param(std::string name, std::vector<uint64_t> shape) {
+  param(std::move(name), std::move(shape));
+  inv_.parameters.back().not_linear = true;
+}
+
 void Table::buffer(std::string name, std::vector<uint64_t> shape, DType dtype, bool persistent) {
   TensorRow r;
   r.elems = shape_elems(shape);
@@ -111,7 +116,7 @@ namespace {
 bool is_linear_weight(const TensorRow& r) {
   const std::string& n = r.name;
   auto ends = [&](std::string_view s) { return n.size() >= s.size() && n.compare(n.size() - s.size(), s.size(), s) == 0; };
-  if (r.shape.size() != 2 || !ends(".weight")) return false;
+  if (r.shape.size() != 2 || !ends(".weight") || r.not_linear) return false;
   if (n == "lm_head.weight" || n == "embed_out.weight") return false;
   return n.find("embed") == std::string::npos && n.find(".wte.") == std::string::npos &&
          n.find(".wpe.") == std::string::npos;

@@ -120,6 +120,12 @@ constexpr Field kFields[] = {
     {"model", "preset name (trainmem models) or path to a config.json (or a folder holding one)", FieldGroup::kModel},
     {"impl", "hf | nanogpt | stack (default: nanogpt for model_type nanogpt, stack for mlp, hf otherwise)", FieldGroup::kModel},
     {"attention", "eager | sdpa", FieldGroup::kModel},
+    {"moe_routing", "balanced | worst: which experts the router picks, for mixture-of-experts models (balanced: "
+                    "the B*T*k assignments spread evenly over the experts, the remainder to the lowest indices; "
+                    "worst: every token routed to the same k experts)", FieldGroup::kModel},
+    {"moe_experts", "eager | grouped_mm: transformers' experts_implementation for mixture-of-experts models "
+                    "(transformers 5.x picks grouped_mm when none is given; grouped_mm is not simulated under "
+                    "autocast)", FieldGroup::kModel},
     {"overrides", "override a config key: --set key=value (repeatable)", FieldGroup::kModel, true},
     {"task", "train | inference: one training step, or a forward pass in model.eval() under "
              "torch.inference_mode() (no saved tensors, gradients or optimizer)", FieldGroup::kTraining},
@@ -208,6 +214,12 @@ void check_liger_fused(const ModelSpec& m, const TrainSetup& t, bool hf) {
                                          "llama, mistral, qwen2, qwen3, gemma, phi3, mixtral); {} is not one",
                                          name_of(t.loss), m.name));
   }
+  // Liger's MoE patches swap the experts too (monkey_patch.py: `modeling_*.XxxExperts = LigerExperts` on
+  // transformers 5) and its MoE lce_forward adds the router loss: neither is modelled.
+  if (m.moe.experts > 0) {
+    throw FieldError("loss", fmt::format("{}: Liger's kernels for mixture-of-experts models (LigerExperts, the MoE "
+                                         "lce_forward) are not modelled; {} is one", name_of(t.loss), m.name));
+  }
   // gemma2's lce_forward passes final_logit_softcapping to the kernel (HAS_SOFTCAPPING); not modelled here.
   if (m.model_type == "gemma2" || m.final_softcap > 0) {
     throw FieldError("loss", fmt::format("{}: {}'s final logit softcapping inside Liger's kernel is not "
@@ -289,6 +301,10 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     s.model.impl = named(f, v, parse_name<Impl>(v));
   } else if (f == "attention") {
     s.model.attention = named(f, v, parse_name<AttnImpl>(v));
+  } else if (f == "moe_routing") {
+    s.model.moe_routing = named(f, v, parse_name<MoeRouting>(v));
+  } else if (f == "moe_experts") {
+    s.model.moe_experts = named(f, v, parse_name<MoeExperts>(v));
   } else if (f == "overrides") {
     s.model.overrides.emplace_back(v);
   } else if (f == "batch") {
@@ -373,6 +389,8 @@ std::string field_text(const Scenario& s, std::string_view f) {
   if (f == "model") return s.model.model;
   if (f == "impl") return s.model.impl ? std::string(name_of(*s.model.impl)) : "";
   if (f == "attention") return std::string(name_of(s.model.attention));
+  if (f == "moe_routing") return std::string(name_of(s.model.moe_routing));
+  if (f == "moe_experts") return std::string(name_of(s.model.moe_experts));
   if (f == "batch") return std::to_string(s.train.batch);
   if (f == "seq") return std::to_string(s.train.seq);
   if (f == "grad_accum") return std::to_string(s.train.grad_accum);
@@ -507,6 +525,14 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   ResolvedScenario r;
   r.request = s;
   r.model = load_model(s.model, files, &r.warnings);  // a shape key missing from the config is said, not silent
+  if (r.model.moe.experts > 0 && !s.was_given("moe_experts")) {
+    // transformers 5.x PreTrainedModel.get_correct_experts_implementation: `"grouped_mm" if requested_experts is
+    // None` (falling back to eager only when _grouped_mm_can_dispatch fails); trainmem's default is the eager loop
+    // (MixtralExperts.forward), whose memory differs: said, not silent.
+    r.warnings.push_back(
+        "the experts are simulated as transformers' eager loop (experts_implementation=\"eager\"); transformers "
+        "5.x picks grouped_mm when none is given: --moe-experts grouped_mm simulates that one");
+  }
   r.inventory = build_inventory(r.model);
   r.setup = s.train;
   if (s.train.generate > 0 && s.train.task != Task::kInference) {
@@ -514,6 +540,13 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
                                              s.train.generate));
   }
   validate_setup(r.model, r.setup);
+  if (r.model.moe.experts > 0 && r.model.moe.impl == MoeExperts::kGroupedMm && uses_autocast(r.setup.precision)) {
+    // whether autocast casts torch._grouped_mm's operands (and which dtypes its CUDA kernel takes) is not
+    // established from a source here: refused rather than guessed
+    throw FieldError("moe_experts", fmt::format("grouped_mm: not simulated under autocast (--precision {}); use "
+                                                "fp32, fp16 or bf16 weights, or --moe-experts eager",
+                                                name_of(r.setup.precision)));
+  }
   if (s.train.task == Task::kInference) resolve_inference(s, r);
   // A bitsandbytes 4-bit base: the Linear weights packed, their quantization state as extra rows.
   if (s.train.quant.type == Quantize::kInt8) {
@@ -545,9 +578,11 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   if (s.train.lora.on) {
     LoraSetup& l = r.setup.lora;
     const FamilyDescriptor& fam = family_descriptor(r.model.family);
-    // peft's TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING has no "starcoder2" entry, although the rest of
-    // its registry family (the Llama-shaped types) has one
-    if (l.targets.empty() && r.model.model_type != "starcoder2") {
+    // peft utils/constants.py@00073fe TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING has the family's
+    // defaults for mixtral but no entry for qwen2_moe, qwen3_moe or starcoder2: PEFT asks for target_modules there.
+    const bool peft_has_no_default = r.model.model_type == "qwen2_moe" || r.model.model_type == "qwen3_moe" ||
+                                     r.model.model_type == "starcoder2";
+    if (l.targets.empty() && !peft_has_no_default) {
       for (std::string_view t : fam.lora_targets) l.targets.emplace_back(t);
     }
     if (l.targets.empty()) {

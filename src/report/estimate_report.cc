@@ -17,9 +17,9 @@ std::string headline(const Estimate& e) {
   std::string accum = s.grad_accum > 1 ? fmt::format(", {} micro-batches per step", s.grad_accum) : "";
   const bool inference = s.task == Task::kInference;
   return fmt::format(
-      "{} (model_type {}, {} code, {} attention): batch {} x seq {}, {}, {}{}\n"
+      "{} (model_type {}, {} code, {} attention{}): batch {} x seq {}, {}, {}{}\n"
       "{}, PyTorch {}, sm_{}; parameters: {} ({})\n",
-      m.name, m.model_type, impl_name(m.impl), attn_impl_name(m.attn_impl), s.batch, s.seq,
+      m.name, m.model_type, impl_name(m.impl), attn_impl_name(m.attn_impl), moe_routing_note(m), s.batch, s.seq,
       precision_name(s.precision),
       step_label(s),
       accum,
@@ -167,6 +167,7 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
   nlohmann::json out = {
       {"model", {{"name", m.name}, {"model_type", m.model_type}, {"source", m.source}}},
       {"setup", {{"model", m.name}, {"impl", impl_name(m.impl)}, {"attention", attn_impl_name(m.attn_impl)},
+                 {"moe_routing", m.moe.experts > 0 ? nlohmann::json(moe_routing_name(m.moe.routing)) : nlohmann::json()},
                  {"batch", s.batch}, {"seq", s.seq}, {"precision", precision_name(s.precision)},
                  {"optimizer", optimizer_name(s.optimizer)}, {"optimizer_impl", optimizer_impl_name(s.optimizer_impl)},
                  {"grad_accum", s.grad_accum}, {"gpu", s.gpu.empty() ? nlohmann::json() : nlohmann::json(s.gpu)},

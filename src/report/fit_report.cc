@@ -85,8 +85,8 @@ std::string render_fit_table(const FitResult& r) {
   const TrainSetup& s = r.setup;
   const bool by_batch = r.solve == FitDimension::kBatch;
   std::string out = fmt::format(
-      "{} (model_type {}, {} code, {} attention): {}, {}, {}, {}, PyTorch {}\n", m.name, m.model_type,
-      impl_name(m.impl), attn_impl_name(m.attn_impl),
+      "{} (model_type {}, {} code, {} attention{}): {}, {}, {}, {}, PyTorch {}\n", m.name, m.model_type,
+      impl_name(m.impl), attn_impl_name(m.attn_impl), moe_routing_note(m),
       by_batch ? fmt::format("seq {}", s.seq) : fmt::format("micro-batch {}", s.batch), precision_name(s.precision),
       step_label(s), loop_label(r.setup, r.options.loop),
       torch_version_name(r.options.torch));
@@ -175,7 +175,10 @@ std::string render_fit_json(const FitResult& r) {
       {"model", r.model.name},
       {"setup", {{"batch", s.batch}, {"seq", s.seq}, {"precision", precision_name(s.precision)},
                  {"optimizer", optimizer_name(s.optimizer)}, {"optimizer_impl", optimizer_impl_name(s.optimizer_impl)},
-                 {"attention", attn_impl_name(r.model.attn_impl)}, {"loop", loop_name(r.options.loop)},
+                 {"attention", attn_impl_name(r.model.attn_impl)},
+                 {"moe_routing", r.model.moe.experts > 0 ? nlohmann::json(moe_routing_name(r.model.moe.routing))
+                                                         : nlohmann::json()},
+                 {"loop", loop_name(r.options.loop)},
                  {"torch", torch_version_name(r.options.torch)}, {"grad_accum", s.grad_accum}}},
       {"solve", fit_dimension_name(r.solve)},
       {"gpu", {{"name", r.gpu.name}, {"capacity_bytes", r.gpu.runtime_total.value},

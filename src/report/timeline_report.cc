@@ -274,10 +274,10 @@ std::string render_timeline_table(const Estimate& e, const TimelineOptions& o, c
   const ModelSpec& m = e.model;
   const TrainSetup& s = e.setup;
   std::string head = fmt::format(
-      "{}: batch {} x seq {}, {}, {}, {}, PyTorch {}\n"
+      "{}{}: batch {} x seq {}, {}, {}, {}, PyTorch {}\n"
       "{} rows ({} granularity{}); in {}: live tensors by category, live total, allocated and reserved (the "
       "caching allocator) after each row{}\n",
-      m.name, s.batch, s.seq, precision_name(s.precision), step_label(s), loop_label(e.setup, e.options.loop),
+      m.name, m.moe.experts > 0 ? " (" + moe_routing_note(m).substr(2) + ")" : std::string(), s.batch, s.seq, precision_name(s.precision), step_label(s), loop_label(e.setup, e.options.loop),
       torch_version_name(e.options.torch), rows.size(), granularity_name(o.granularity),
       ev && o.min_bytes > 0 ? fmt::format(", tensors of at least {}", format_bytes(Bytes(o.min_bytes))) : "",
       u.name, ev ? "" : ", and the highest live and allocated within it");

@@ -149,6 +149,37 @@ SdpaBackend sdpa_backend(const Ctx& c, const T& q, bool has_mask, double dropout
 // F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p, is_causal) with q, k, v (B, H, T, D).
 T sdpa(Ctx& c, const T& q, const T& k, const T& v, const T* mask, double dropout_p, bool is_causal);
 
+// ---- indexing, top-k and in-place updates (the mixture-of-experts block) -------------------------------
+// torch.zeros_like(x): a new tensor outside the graph.
+T zeros_like(Ctx& c, const T& x, const char* what);
+// x[i] with a Python int or a 0-dim integer tensor (TensorIndexing.h applySelect): a view of row i of dim 0.
+// SelectBackward0 saves nothing; select_backward allocates zeros of x's whole size and copies the gradient in.
+T select0(Ctx& c, const T& x);
+// x[index] with a 1-D int64 index on dim 0 (advanced indexing, aten::index): a new (n, ...) tensor.
+// IndexBackward0 saves the index, not x; its backward is new_zeros(x's size).index_put_(indices, grad, True).
+T index_rows(Ctx& c, const T& x, const T& index, const char* what);
+// x[i0, i1, None] on a 2-D x with two 1-D int64 indices of n entries: the None unsqueezes x first
+// (applySlicing), then aten::index gives (n, 1). IndexBackward0 saves both indices.
+T index_pair_unsqueeze(Ctx& c, const T& x, const T& i0, const T& i1, const char* what);
+// self.index_add_(0, index, source), in place: `self` is rebound to the result (the same storage).
+void index_add_(Ctx& c, T& self, const T& index, const T& source);
+// torch.topk(x, k, dim=-1): values in x's dtype and int64 indices, (..., k) each.
+struct TopK {
+  T values, indices;
+};
+TopK topk_last(Ctx& c, const T& x, uint64_t k, const char* what);
+// x.sum(dim=-1, keepdim=True): SumBackward1 saves nothing; its backward is grad.expand(x's size), a view.
+T sum_last_keepdim(Ctx& c, const T& x, const char* what);
+// torch._grouped_mm(x (S, in), w (E, in, out), offs=offs): one (S, out) output in x's dtype. derivatives.yaml:
+// "self: _grouped_mm_mat1_backward(grad, mat2, ...)", "mat2: _grouped_mm_mat2_backward(grad, self, ...)": saves x
+// when w needs a gradient, w when x does, and offs.
+T grouped_mm(Ctx& c, const T& x, const T& w, const T& offs, const char* what);
+// self += other, in place (add_): `self` is rebound to the result. AddBackward0 saves nothing.
+void add_(Ctx& c, T& self, const T& other);
+// self /= other, in place (div_): `self` is rebound to the result. When other needs a gradient the autograd
+// kernel first saves original_self = self.clone() (div's other formula reads self).
+void div_(Ctx& c, T& self, const T& other, const char* what);
+
 // ---- loss ----------------------------------------------------------------------------------------------
 // F.cross_entropy(logits (N, V), target (N,)) with class indices: log_softmax + nll_loss, as the composite
 // ATen op does it (and as autocast intercepts nll_loss).

@@ -4,6 +4,7 @@
 //   phi3: fused qkv_proj and gate_up_proj                        mixtral: router + E experts per layer
 //   gemma3_text: q/k norms, 4 norms, a rotary table per layer type
 //   starcoder2: LayerNorms with bias, biased q/k/v/o, c_fc/c_proj MLP with bias
+//   qwen2_moe / qwen3_moe: router + E experts (+ qwen2_moe's gated shared expert) in the sparse layers
 // B=micro-batch T=seq C=hidden L=layers NH=heads KV=kv-heads D=head-dim F=ffn V=vocab E=experts
 #include <fmt/format.h>
 
@@ -36,15 +37,30 @@ void attention_rows(const ModelSpec& m, const std::string& p, Table& t) {
   }
 }
 
-void mlp_rows(const ModelSpec& m, const std::string& p, Table& t) {
+void moe_rows(const ModelSpec& m, const std::string& p, Table& t) {
+  // MixtralSparseMoeBlock: a router gate (MixtralTopKRouter.weight (E, C)) and E experts stored as two fused
+  // 3-D tensors (transformers 5.x MixtralExperts: gate_up_proj (E, 2F, C), down_proj (E, C, F)).
+  // Qwen2MoeSparseMoeBlock.__init__ adds shared_expert (Qwen2MoeMLP with shared_expert_intermediate_size) and
+  // shared_expert_gate (Linear(C, 1, bias=False)) after them; Qwen3MoeSparseMoeBlock registers experts before gate.
+  const uint64_t C = m.hidden, F = m.moe.ffn, E = m.moe.experts;
+  const bool experts_first = m.model_type == "qwen3_moe";
+  if (!experts_first) t.raw_param(p + "mlp.gate.weight", {E, C});
+  t.param(p + "mlp.experts.gate_up_proj", {E, 2 * F, C});
+  t.param(p + "mlp.experts.down_proj", {E, C, F});
+  if (experts_first) t.raw_param(p + "mlp.gate.weight", {E, C});
+  if (m.moe.shared_ffn > 0) {
+    const uint64_t S = m.moe.shared_ffn;
+    t.param(p + "mlp.shared_expert.gate_proj.weight", {S, C});
+    t.param(p + "mlp.shared_expert.up_proj.weight", {S, C});
+    t.param(p + "mlp.shared_expert.down_proj.weight", {C, S});
+    t.param(p + "mlp.shared_expert_gate.weight", {1, C});
+  }
+}
+
+void mlp_rows(const ModelSpec& m, uint64_t l, const std::string& p, Table& t) {
   const uint64_t C = m.hidden, F = m.mlp.ffn;
-  if (m.moe.experts > 0) {
-    // MixtralSparseMoeBlock: a router gate (E, C) and E experts, stored as two fused 3-D tensors
-    // (transformers 5.x MixtralExperts: gate_up_proj (E, 2F, C), down_proj (E, C, F)).
-    const uint64_t E = m.moe.experts;
-    t.param(p + "mlp.gate.weight", {E, C});
-    t.param(p + "mlp.experts.gate_up_proj", {E, 2 * F, C});
-    t.param(p + "mlp.experts.down_proj", {E, C, F});
+  if (is_moe_layer(m, l)) {
+    moe_rows(m, p, t);
     return;
   }
   if (m.mlp.fused_gate_up) {
@@ -102,7 +118,7 @@ void llama_tensors(const ModelSpec& m, Table& t) {
     const std::string p = fmt::format("model.layers.{}.", l);
     // DecoderLayer registers self_attn, mlp, then its norms.
     attention_rows(m, p, t);
-    mlp_rows(m, p, t);
+    mlp_rows(m, l, p, t);
     norm_rows(m, p, t);
   }
   t.param("model.norm.weight", {C});

@@ -12,6 +12,8 @@ namespace trainmem::models {
 class Table {
  public:
   void param(std::string name, std::vector<uint64_t> shape);
+  // A parameter whose module is not an nn.Linear although the row looks like one (TensorRow::not_linear).
+  void raw_param(std::string name, std::vector<uint64_t> shape);
   void buffer(std::string name, std::vector<uint64_t> shape, DType dtype, bool persistent);
   Inventory take() { return std::move(inv_); }
 

@@ -165,7 +165,7 @@ TEST(ConfigErrors, MissingAndUnknownModelType) {
             "test.json: missing required key \"model_type\" (expected a string)");
   EXPECT_EQ(error_of([] { from_json(R"({"model_type": "bert"})"); }),
             "test.json: key \"model_type\" = \"bert\": expected one of gpt2, nanogpt, llama, mistral, qwen2, qwen3, "
-            "gemma, gemma2, phi3, mixtral, gemma3_text, starcoder2, gpt_neox, opt, phi, mlp");
+            "gemma, gemma2, phi3, mixtral, qwen2_moe, qwen3_moe, gemma3_text, starcoder2, gpt_neox, opt, phi, mlp");
 }
 
 TEST(ConfigErrors, HeadsThatDoNotDivideTheWidth) {

@@ -35,6 +35,7 @@ constexpr Published kPublished[] = {
     {"llama-3-8b", 8'030'261'248, "keras-hub llama3_presets.py@2f5dce1 llama3_8b_en"},
     {"mistral-7b", 7'241'732'096, "keras-hub mistral_presets.py@0e1444f mistral_7b_en"},
     {"mixtral-8x7b", 46'702'792'704, "keras-hub mixtral_presets.py@36ad74e mixtral_8_7b_en (all experts)"},
+    {"qwen3-30b-a3b", 30'532'122'624, "keras-hub qwen3_moe_presets.py@79c5664 qwen3_moe_30b_a3b_en (all experts)"},
     {"tinyllama-1.1b", 1'100'048'384, "arXiv:2502.00706 Table 4, TinyLlama/TinyLlama-1.1B-Chat-v1.0"},
     {"qwen2-0.5b", 494'032'768, "arXiv:2502.00706 Table 4, Qwen/Qwen2-0.5B"},
     {"qwen3-0.6b", 596'049'920, "public GitHub measurements '596,049,920 params ... Qwen3ForCausalLM' (tied)"},
@@ -72,6 +73,8 @@ TEST(Inventory, OtherCheckpointsConfigJsonGiveTheirPublishedCounts) {
             1'543'714'304u);  // arXiv:2502.00706 Table 4, Qwen/Qwen2-1.5B
   EXPECT_EQ(parameter_count(build_inventory(from_json(read_testdata("smollm2-135m.json")))).value,
             134'515'008u);  // public GitHub notes "SmolLM2-135M ... 134,515,008"
+  EXPECT_EQ(parameter_count(build_inventory(from_json(read_testdata("qwen1.5-moe-a2.7b.json")))).value,
+            14'315'784'192u);  // keras-hub qwen_moe_presets.py@41e055b qwen1.5_moe_2.7b_en (all experts)
 }
 
 TEST(Inventory, Gpt2UsesConv1DLayoutAndNanoGptUsesLinearLayout) {

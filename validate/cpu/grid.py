@@ -128,6 +128,49 @@ GRID = [
                                           residual_dropout=0.0, embedding_dropout=0.0), 2, 32, "bf16"),
     ("mistral-sliding", _ll("mistral", sliding_window=8), 2, 16, "fp32"),
     ("mistral-bf16", _ll("mistral"), 4, 16, "bf16"),
+    # --- Mixtral (5.x fused experts, eager loop); routing forced to trainmem's --moe-routing (models.set_moe_routing)
+    ("mixtral-top2-balanced", _ll("mixtral", num_local_experts=3, num_experts_per_tok=2), 2, 11, "fp32",
+     {"moe_routing": "balanced"}),
+    ("mixtral-top2-worst-bf16", _ll("mixtral", num_local_experts=4, num_experts_per_tok=2), 2, 16, "bf16",
+     {"moe_routing": "worst"}),
+    ("mixtral-top1-balanced-bf16", _ll("mixtral", num_local_experts=4, num_experts_per_tok=1), 1, 18, "bf16",
+     {"moe_routing": "balanced"}),
+    ("mixtral-top1-worst", _ll("mixtral", num_local_experts=4, num_experts_per_tok=1, num_hidden_layers=1), 2, 8,
+     "fp32", {"moe_routing": "worst"}),
+    ("mixtral-top2-balanced-bf16-amp", _ll("mixtral", num_local_experts=4, num_experts_per_tok=2), 2, 12, "bf16-amp",
+     {"moe_routing": "balanced"}),
+    ("lora-mixtral-all-linear-bf16", _ll("mixtral", num_local_experts=4, num_experts_per_tok=2), 2, 8, "bf16",
+     {"moe_routing": "balanced", "lora": "r=4,alpha=8,targets=all-linear"}),
+    ("lora-qwen2_moe-all-linear-ckpt", _ll("qwen2_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+                                           shared_expert_intermediate_size=96), 2, 8, "fp32",
+     {"moe_routing": "worst", "lora": "r=4,alpha=8,targets=all-linear", "checkpointing": "full", "reentrant": True,
+      "input_require_grads": True}),
+    ("ckpt-mixtral-reentrant-bf16", _ll("mixtral", num_local_experts=3, num_experts_per_tok=2), 2, 8, "bf16",
+     {"moe_routing": "balanced", "checkpointing": "full", "reentrant": True}),
+    # experts_implementation="grouped_mm" (transformers 5.x's default), torch._grouped_mm emulated (models._GroupedMM)
+    ("mixtral-grouped_mm-top2", _ll("mixtral", num_local_experts=3, num_experts_per_tok=2), 2, 11, "fp32",
+     {"moe_routing": "balanced", "moe_experts": "grouped_mm"}),
+    ("mixtral-grouped_mm-top1-worst-bf16", _ll("mixtral", num_local_experts=4, num_experts_per_tok=1), 2, 8, "bf16",
+     {"moe_routing": "worst", "moe_experts": "grouped_mm"}),
+    ("qwen2_moe-grouped_mm-bf16", _ll("qwen2_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+                                      shared_expert_intermediate_size=96, norm_topk_prob=True), 2, 8, "bf16",
+     {"moe_routing": "balanced", "moe_experts": "grouped_mm"}),
+    ("lora-qwen3_moe-grouped_mm-bf16", _ll("qwen3_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=40),
+     2, 8, "bf16", {"moe_routing": "balanced", "moe_experts": "grouped_mm", "lora": "r=4,alpha=8,targets=q_proj+v_proj"}),
+    ("qwen2_moe-shared-bf16-amp", _ll("qwen2_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+                                      shared_expert_intermediate_size=96), 2, 8, "bf16-amp", {"moe_routing": "worst"}),
+    # --- Qwen2-MoE (shared expert with a sigmoid gate, dense layers by decoder_sparse_step / mlp_only_layers) and
+    # Qwen3-MoE (q/k norms, experts registered before the router)
+    ("qwen2_moe-shared-sparse2", _ll("qwen2_moe", num_hidden_layers=3, num_experts=4, num_experts_per_tok=2,
+                                     moe_intermediate_size=48, shared_expert_intermediate_size=96,
+                                     decoder_sparse_step=2), 2, 12, "fp32", {"moe_routing": "balanced"}),
+    ("qwen2_moe-norm-topk-bf16", _ll("qwen2_moe", num_experts=5, num_experts_per_tok=3, moe_intermediate_size=32,
+                                     shared_expert_intermediate_size=64, norm_topk_prob=True, qkv_bias=False,
+                                     mlp_only_layers=[0]), 2, 10, "bf16", {"moe_routing": "worst"}),
+    ("qwen3_moe-top1-worst", _ll("qwen3_moe", head_dim=32, num_experts=4, num_experts_per_tok=1,
+                                 moe_intermediate_size=40), 2, 8, "fp32", {"moe_routing": "worst"}),
+    ("qwen3_moe-normtopk-bf16", _ll("qwen3_moe", num_experts=6, num_experts_per_tok=2, moe_intermediate_size=40,
+                                    norm_topk_prob=True), 1, 20, "bf16", {"moe_routing": "balanced"}),
     # --- GPT-NeoX
     ("neox-parallel-rot0.25", {"model_type": "gpt_neox", "vocab_size": 96, "hidden_size": 64,
                                "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -313,7 +356,9 @@ def _measure_kwargs(opts):
             "lora_dtype": opts.get("lora_dtype", "fp32"),
             "enable_input_require_grads": opts.get("input_require_grads"),
             "loss": opts.get("loss", "ce"), "loss_chunks": int(opts.get("loss_chunks", 8)),
-            "logits_to_keep": int(opts.get("logits_to_keep", 0))}
+            "logits_to_keep": int(opts.get("logits_to_keep", 0)),
+            "moe_routing": opts.get("moe_routing", "balanced"),
+            "moe_experts": opts.get("moe_experts", "eager")}
 
 
 def _option_flags(opts):
@@ -332,6 +377,10 @@ def _option_flags(opts):
         flags += ["--loss", opts["loss"], "--loss-chunks", str(int(opts.get("loss_chunks", 8)))]
     if opts.get("logits_to_keep"):  # transformers' logits_to_keep (models.keep_logits)
         flags += ["--logits-to-keep", str(int(opts["logits_to_keep"]))]
+    if opts.get("moe_routing"):  # MoE routers (models.set_moe_routing)
+        flags += ["--moe-routing", opts["moe_routing"]]
+    if opts.get("moe_experts"):  # experts_implementation (models.set_moe_experts)
+        flags += ["--moe-experts", opts["moe_experts"]]
     if opts.get("input_require_grads") is not None:
         flags += ["--input-require-grads", "true" if opts["input_require_grads"] else "false"]
     if opts.get("optimizer"):

@@ -48,14 +48,23 @@ GRID = [
     ("infer-opt-bf16", {"model_type": "opt", "vocab_size": 96, "hidden_size": 64, "ffn_dim": 128,
                         "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 64}, 2, 16,
      "bf16"),
+    # mixture of experts: routers forced to trainmem's default assumption, balanced (models.set_moe_routing)
+    ("infer-mixtral-bf16", {"model_type": "mixtral", **_LL, "num_local_experts": 4}, 2, 12, "bf16"),
+    ("infer-qwen2_moe-fp32", {"model_type": "qwen2_moe", **_LL, "num_experts": 4, "num_experts_per_tok": 2,
+                              "moe_intermediate_size": 48, "shared_expert_intermediate_size": 96}, 2, 10, "fp32"),
+    # experts_implementation="grouped_mm" (trainmem --moe-experts grouped_mm; models._GroupedMM for torch 1.13)
+    ("infer-qwen3_moe-grouped_mm", {"model_type": "qwen3_moe", **_LL, "num_experts": 4, "num_experts_per_tok": 2,
+                                    "moe_intermediate_size": 40, "head_dim": 16}, 2, 12, "bf16", "grouped_mm"),
 ]
 
 
-def measure_inference(config, batch, seq, precision, seed=0):
+def measure_inference(config, batch, seq, precision, seed=0, moe_experts="eager"):
     """One forward in eval() under inference_mode; returns live.build's timeline and the base bytes."""
     dtype, autocast_dtype = measure.PRECISIONS[precision]
     torch.manual_seed(seed)
     model = models.build_model(dict(config))
+    models.set_moe_routing(model, batch * seq, "balanced")  # MoE routers: trainmem's default --moe-routing
+    models.set_moe_experts(model, moe_experts)
     if dtype != torch.float32:
         model.to(dtype)
     model.eval()
@@ -81,11 +90,13 @@ def measure_inference(config, batch, seq, precision, seed=0):
     return tl, base, measure._storage_bytes(params + buffers)
 
 
-def run_trainmem(binary, path, model_type, batch, seq, precision):
+def run_trainmem(binary, path, model_type, batch, seq, precision, moe_experts="eager"):
     impl = "nanogpt" if model_type == "nanogpt" else "hf"
     cmd = [binary, "timeline", "--model", path, "--impl", impl, "--attention", "eager", "--batch", str(batch),
            "--seq", str(seq), "--precision", precision, "--task", "inference", "--steps", "1", "--by", "event",
            "--format", "json"]
+    if moe_experts != "eager":
+        cmd += ["--moe-experts", moe_experts]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}: exit {p.returncode}: {p.stderr.strip()}")
@@ -109,12 +120,13 @@ def main(argv=None):
     binary = os.path.abspath(a.trainmem)
     failures = 0
     with tempfile.TemporaryDirectory(prefix="trainmem-infer-") as tmp:
-        for name, cfg, batch, seq, prec in GRID:
+        for name, cfg, batch, seq, prec, *rest in GRID:
+            experts = rest[0] if rest else "eager"  # a MoE row's experts_implementation
             path = os.path.join(tmp, name + ".json")
             with open(path, "w") as f:
                 json.dump(cfg, f)
-            tl, base, pb = measure_inference(cfg, batch, seq, prec)
-            r = compare(tl, base, run_trainmem(binary, path, cfg["model_type"], batch, seq, prec), pb)
+            tl, base, pb = measure_inference(cfg, batch, seq, prec, moe_experts=experts)
+            r = compare(tl, base, run_trainmem(binary, path, cfg["model_type"], batch, seq, prec, experts), pb)
             ok = r["peak"][0] == r["peak"][1] and r["end"][0] == r["end"][1] and r["base"][0] == r["base"][1]
             failures += not ok
             print(f"{name:24s} B={batch} T={seq} {prec:8s} peak measured {r['peak'][0]:>10,} trainmem "

@@ -69,7 +69,9 @@ def _accumulate_in_place(registry, exclude):
     spans = {k: list(v) for k, v in registry.spans.items()}
     root = {}
     for t, old, new in registry.accumulations:
-        if old not in spans or new not in spans or old in exclude:
+        # `old` may be an earlier sum merged away here (a third gradient for the same input: the experts' slices
+        # of a 3-D parameter in a MoE block); it stands for its root, into which 2.x keeps adding in place
+        if old not in spans or new not in spans or (old in exclude and old not in root):
             continue
         if registry.spans[old][1] == t + 1:
             r = root.get(old, old)

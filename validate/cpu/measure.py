@@ -195,7 +195,7 @@ class _StorageRegistry(TorchDispatchMode):
 def measure(config, batch, seq, precision="fp32", optimizer="adamw", dropout_off=True, with_tensors=True,
             seed=0, freeze=(), checkpointing="none", checkpoint_reentrant=True, checkpoint_every=1, lora=None,
             lora_dtype="fp32", enable_input_require_grads=None, autocast=False, loss="ce", loss_chunks=8,
-            logits_to_keep=0):
+            logits_to_keep=0, moe_routing="balanced", moe_experts="eager"):
     """Run one training step of `config` and return the measured quantities as a dict.
 
     freeze: parameter-name globs to freeze (requires_grad=False). checkpointing: "none" | "full" (every
@@ -208,7 +208,9 @@ def measure(config, batch, seq, precision="fp32", optimizer="adamw", dropout_off
     None: on for LoRA with checkpointing, as PeftModel.__init__ does it when the model is already gradient-checkpointed
     (trainmem's default too). precision "bf16-amp": float32
     weights, forward under torch.autocast("cpu", bfloat16); autocast=True runs a "bf16" (cast) model under
-    autocast too (a bf16 base under Trainer(bf16=True); trainmem has no precision name for it)."""
+    autocast too (a bf16 base under Trainer(bf16=True); trainmem has no precision name for it). moe_routing: the
+    experts every router picks (models.set_moe_routing), trainmem's --moe-routing balanced | worst. moe_experts:
+    experts_implementation eager | grouped_mm (models.set_moe_experts), trainmem's --moe-experts."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {sorted(PRECISIONS)}")
     if checkpointing not in ("none", "full"):
@@ -228,7 +230,8 @@ def measure(config, batch, seq, precision="fp32", optimizer="adamw", dropout_off
     try:
         return _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors, seed, freeze,
                         checkpointing, checkpoint_reentrant, checkpoint_every, lora, lora_dtype,
-                        enable_input_require_grads, autocast, loss, loss_chunks, logits_to_keep)
+                        enable_input_require_grads, autocast, loss, loss_chunks, logits_to_keep, moe_routing,
+                        moe_experts)
     finally:
         gc.enable()
         gc.unfreeze()
@@ -236,7 +239,7 @@ def measure(config, batch, seq, precision="fp32", optimizer="adamw", dropout_off
 
 def _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors, seed, freeze, checkpointing,
              checkpoint_reentrant, checkpoint_every, lora, lora_dtype, enable_input_require_grads, autocast,
-             loss="ce", loss_chunks=8, logits_to_keep=0):
+             loss="ce", loss_chunks=8, logits_to_keep=0, moe_routing="balanced", moe_experts="eager"):
     dtype, autocast_dtype = PRECISIONS[precision]
     if autocast and autocast_dtype is None:
         autocast_dtype = torch.bfloat16
@@ -244,6 +247,8 @@ def _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors
     ck_mode = "none" if checkpointing == "none" else ("reentrant" if checkpoint_reentrant else "non-reentrant")
     torch.manual_seed(seed)
     model = models.build_model(cfg, frozen=freeze, checkpointing=ck_mode, checkpoint_every=checkpoint_every)
+    models.set_moe_routing(model, batch * seq, moe_routing)  # MoE routers: trainmem's routing assumption
+    models.set_moe_experts(model, moe_experts)  # MoE experts: trainmem's --moe-experts
     model.logits_to_keep = int(logits_to_keep)  # models.keep_logits: the head and the loss over the last N positions
     if dtype != torch.float32:
         model.to(dtype)  # casts floating buffers too, as model.to(torch.bfloat16) does; keeps requires_grad
@@ -760,6 +765,8 @@ def main(argv=None):
     ap.add_argument("--loss-chunks", type=int, default=8, metavar="N", help="torchtune's num_output_chunks")
     ap.add_argument("--logits-to-keep", type=int, default=0, metavar="N",
                     help="transformers' logits_to_keep: the head and the loss over the last N positions")
+    ap.add_argument("--moe-routing", choices=["balanced", "worst"], default="balanced",
+                    help="the experts MoE routers pick (trainmem's --moe-routing)")
     a = ap.parse_args(argv)
     with open(a.config) as f:
         cfg = json.load(f)
@@ -775,7 +782,7 @@ def main(argv=None):
                   lora=a.lora, lora_dtype=a.lora_dtype,
                   enable_input_require_grads=True if a.enable_input_require_grads else irg,
                   autocast=a.autocast, loss=a.loss, loss_chunks=a.loss_chunks,
-                  logits_to_keep=a.logits_to_keep)
+                  logits_to_keep=a.logits_to_keep, moe_routing=a.moe_routing)
     json.dump(res, sys.stdout, indent=1)
     sys.stdout.write("\n")
 

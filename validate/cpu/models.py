@@ -47,6 +47,8 @@ from types import SimpleNamespace
 import os
 import sys
 
+import warnings
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -56,8 +58,11 @@ from torch.multiprocessing.reductions import StorageWeakRef
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # validate/: nanogpt.py
 import nanogpt  # noqa: E402
 
-LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "mixtral", "gemma3_text",
-                "starcoder2")
+# Qwen2MoeSparseMoeBlock calls F.sigmoid as transformers does; torch 1.13 warns that the alias is deprecated
+warnings.filterwarnings("ignore", message="nn.functional.sigmoid is deprecated")
+
+LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "mixtral", "qwen2_moe", "qwen3_moe",
+                "gemma3_text", "starcoder2")
 MODEL_TYPES = ("nanogpt", "gpt2", "gpt_neox", "opt", "phi", "mlp") + LLAMA_FAMILY
 
 
@@ -715,6 +720,9 @@ _LLAMA_DEFAULTS = {
     "mixtral": (32000, 4096, 14336, 32, 32, 8, None, False, "silu", 1e-5),
     "gemma3_text": (262208, 2304, 9216, 26, 8, 4, 256, True, "gelu_pytorch_tanh", 1e-6),
     "starcoder2": (49152, 3072, 12288, 30, 24, 2, None, True, "gelu_pytorch_tanh", 1e-5),
+    # configuration_qwen2_moe.py / configuration_qwen3_moe.py (5.x dataclass fields)
+    "qwen2_moe": (151936, 2048, 5632, 24, 16, 16, None, False, "silu", 1e-6),
+    "qwen3_moe": (151936, 2048, 6144, 24, 32, 4, None, False, "silu", 1e-6),
 }
 
 
@@ -745,7 +753,9 @@ def resolve_llama_config(cfg):
     c.mlp_bias = False
     if t == "qwen2":
         c.q_bias = c.k_bias = c.v_bias = True
-    if t in ("llama", "qwen3", "gemma", "gemma2", "gemma3_text"):
+    if t == "qwen2_moe":  # Qwen2MoeAttention: q/k/v bias=config.qkv_bias (default True), o_proj bias=False
+        c.q_bias = c.k_bias = c.v_bias = bool(_get(cfg, "qkv_bias", True))
+    if t in ("llama", "qwen3", "gemma", "gemma2", "gemma3_text", "qwen3_moe"):
         ab = bool(_get(cfg, "attention_bias", False))
         c.q_bias = c.k_bias = c.v_bias = c.o_bias = ab
     if t == "llama":
@@ -759,12 +769,26 @@ def resolve_llama_config(cfg):
         c.rms_norm_eps = float(_get(cfg, "norm_epsilon", 1e-5))
         c.residual_dropout = float(_get(cfg, "residual_dropout", 0.0))
         c.embedding_dropout = float(_get(cfg, "embedding_dropout", 0.0))
-    c.moe = t == "mixtral"
-    if c.moe:
-        c.num_local_experts = int(_get(cfg, "num_local_experts", 8))
+    c.moe = t in ("mixtral", "qwen2_moe", "qwen3_moe")
+    c.shared_expert_intermediate_size = 0
+    c.decoder_sparse_step = 1
+    c.mlp_only_layers = []
+    if t == "mixtral":
+        c.num_local_experts = int(_get(cfg, ("num_local_experts", "num_experts"), 8))
         c.num_experts_per_tok = int(_get(cfg, "num_experts_per_tok", 2))
         c.router_jitter_noise = float(_get(cfg, "router_jitter_noise", 0.0))
-    c.qk_norm = t in ("qwen3", "gemma3_text")
+        c.moe_intermediate_size = c.intermediate_size
+    elif c.moe:  # Qwen2MoeConfig / Qwen3MoeConfig
+        q2 = t == "qwen2_moe"
+        c.num_local_experts = int(_get(cfg, "num_experts", 60 if q2 else 128))
+        c.num_experts_per_tok = int(_get(cfg, "num_experts_per_tok", 4 if q2 else 8))
+        c.moe_intermediate_size = int(_get(cfg, "moe_intermediate_size", 1408 if q2 else 768))
+        if q2:
+            c.shared_expert_intermediate_size = int(_get(cfg, "shared_expert_intermediate_size", 5632))
+        c.norm_topk_prob = bool(_get(cfg, "norm_topk_prob", False))
+        c.decoder_sparse_step = int(_get(cfg, "decoder_sparse_step", 1))
+        c.mlp_only_layers = list(cfg.get("mlp_only_layers") or [])
+    c.qk_norm = t in ("qwen3", "gemma3_text", "qwen3_moe")
     c.qk_norm_after_transpose = t == "gemma3_text"  # Gemma3Attention: q_norm(q.view(...).transpose(1, 2))
     c.fused = t == "phi3"
     c.gemma_norm = t in ("gemma", "gemma2", "gemma3_text")
@@ -806,7 +830,7 @@ def resolve_llama_config(cfg):
     sw = cfg.get("sliding_window", 4096 if t in ("mistral", "gemma2", "gemma3_text") else None)
     if t == "phi3":
         sw = None  # not applied to the eager mask here (masks are never saved; only their shape matters)
-    if t in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):
+    if t in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and not cfg.get("use_sliding_window", False):
         sw = None
     c.layer_windows = []
     for i in range(c.num_hidden_layers):
@@ -863,11 +887,12 @@ class GemmaTextScaledWordEmbedding(nn.Embedding):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, c, device=None):
+    def __init__(self, c, device=None, intermediate_size=None):
         super().__init__()
-        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias, device=device)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias, device=device)
-        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias, device=device)
+        f = c.intermediate_size if intermediate_size is None else intermediate_size
+        self.gate_proj = nn.Linear(c.hidden_size, f, bias=c.mlp_bias, device=device)
+        self.up_proj = nn.Linear(c.hidden_size, f, bias=c.mlp_bias, device=device)
+        self.down_proj = nn.Linear(f, c.hidden_size, bias=c.mlp_bias, device=device)
         self.act_fn = act_fn(c.hidden_act)
 
     def forward(self, x):
@@ -904,9 +929,172 @@ class MixtralTopKRouter(nn.Module):
         router_logits = F.linear(hidden_states, self.weight)
         router_probs = torch.nn.functional.softmax(router_logits.float(), dim=-1)
         router_top_value, router_indices = torch.topk(router_probs, self.top_k, dim=-1)
+        forced = getattr(self, "forced_indices", None)
+        if forced is not None:
+            # The test's routing (set_moe_routing): the experts topk picked are overwritten through .data, which
+            # the registry and autograd do not see (no new storage, no version bump); every op, shape and
+            # lifetime stays transformers', only the expert each (token, slot) goes to is the test's.
+            router_indices.data.copy_(forced)
         router_top_value /= router_top_value.sum(dim=-1, keepdim=True)
         router_scores = router_top_value
         return router_logits, router_scores, router_indices
+
+
+def moe_routing_indices(tokens, top_k, num_experts, mode):
+    """The (tokens, top_k) expert indices of trainmem's --moe-routing assumption. balanced: assignment
+    a = token * top_k + slot goes to expert a % num_experts (a token's experts are distinct when top_k <=
+    num_experts; expert e gets floor(tokens*top_k / E) assignments, one more when e < (tokens*top_k) % E);
+    worst: every token goes to experts 0..top_k-1."""
+    if mode == "balanced":
+        return (torch.arange(tokens * top_k, dtype=torch.int64) % num_experts).view(tokens, top_k)
+    if mode == "worst":
+        return torch.arange(top_k, dtype=torch.int64).expand(tokens, top_k).contiguous()
+    raise ValueError(f"moe routing {mode!r}: expected balanced or worst")
+
+
+class Qwen2MoeTopKRouter(nn.Module):
+    """modular_qwen2_moe.py (5.x); Qwen3MoeTopKRouter inherits it. The logits are rebound to the float32
+    probabilities, which are returned; the top-k weights are renormalized only with norm_topk_prob."""
+
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.top_k = c.num_experts_per_tok
+        self.num_experts = c.num_local_experts
+        self.norm_topk_prob = c.norm_topk_prob
+        self.hidden_dim = c.hidden_size
+        self.weight = nn.Parameter(_normal_(torch.empty(self.num_experts, self.hidden_dim, device=device)))
+
+    def forward(self, hidden_states):
+        hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+        router_logits = F.linear(hidden_states, self.weight)
+        router_logits = torch.nn.functional.softmax(router_logits, dtype=torch.float, dim=-1)
+        router_top_value, router_indices = torch.topk(router_logits, self.top_k, dim=-1)
+        forced = getattr(self, "forced_indices", None)
+        if forced is not None:  # the test's routing (set_moe_routing), as in MixtralTopKRouter
+            router_indices.data.copy_(forced)
+        if self.norm_topk_prob:
+            router_top_value /= router_top_value.sum(dim=-1, keepdim=True)
+        router_top_value = router_top_value.to(router_logits.dtype)
+        router_scores = router_top_value
+        return router_logits, router_scores, router_indices
+
+
+class Qwen2MoeSparseMoeBlock(nn.Module):
+    """modular_qwen2_moe.py (5.x): gate, experts, shared_expert (Qwen2MoeMLP = LlamaMLP's layout and forward),
+    shared_expert_gate. Qwen3MoeSparseMoeBlock: experts registered before gate, no shared expert."""
+
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.qwen3 = c.model_type == "qwen3_moe"
+        if self.qwen3:
+            self.experts = MixtralExperts(c, device)
+            self.gate = Qwen2MoeTopKRouter(c, device)
+        else:
+            self.gate = Qwen2MoeTopKRouter(c, device)
+            self.experts = MixtralExperts(c, device)
+            self.shared_expert = LlamaMLP(c, device, intermediate_size=c.shared_expert_intermediate_size)
+            self.shared_expert_gate = nn.Linear(c.hidden_size, 1, bias=False, device=device)
+
+    def forward(self, hidden_states):
+        batch_size, sequence_length, hidden_dim = hidden_states.shape
+        hidden_states_reshaped = hidden_states.view(-1, hidden_dim)
+        if self.qwen3:
+            _, routing_weights, selected_experts = self.gate(hidden_states_reshaped)
+            final_hidden_states = self.experts(hidden_states_reshaped, selected_experts, routing_weights)
+            return final_hidden_states.reshape(batch_size, sequence_length, hidden_dim)
+        shared_expert_output = self.shared_expert(hidden_states_reshaped)
+        _, routing_weights, selected_experts = self.gate(hidden_states_reshaped)
+        expert_output = self.experts(hidden_states_reshaped, selected_experts, routing_weights)
+        shared_expert_output = F.sigmoid(self.shared_expert_gate(hidden_states_reshaped)) * shared_expert_output
+        expert_output += shared_expert_output
+        expert_output = expert_output.reshape(batch_size, sequence_length, hidden_dim)
+        return expert_output
+
+
+def set_moe_routing(model, tokens, mode):
+    """Makes every router of `model` route `tokens` tokens as trainmem's --moe-routing `mode` assumes. Call it
+    before the measured step: the index tensors are made here, outside it."""
+    for mod in model.modules():
+        if isinstance(mod, (MixtralTopKRouter, Qwen2MoeTopKRouter)):
+            mod.forced_indices = None if mode is None else moe_routing_indices(tokens, mod.top_k, mod.num_experts, mode)
+
+
+class _GroupedMM(torch.autograd.Function):
+    """torch._grouped_mm(x (S, in), w (E, in, out), offs) for torch 1.13, which lacks it: one (S, out) output
+    written group by group (mm out=, no other storage); saves x when w needs a gradient, w when x does, and offs
+    (derivatives.yaml: self: _grouped_mm_mat1_backward(grad, mat2, ...), mat2: _grouped_mm_mat2_backward(grad,
+    self, ...)); the backward makes w's gradient first, in w's layout (FunctionsManual.cpp
+    _grouped_mm_mat2_backward's column-major branch, w being a parameter's transpose), then x's."""
+
+    @staticmethod
+    def forward(ctx, x, w, offs):
+        out = x.new_empty((x.shape[0], w.shape[2]))
+        start = 0
+        for e in range(w.shape[0]):
+            end = int(offs[e])
+            if end > start:
+                torch.mm(x[start:end], w[e], out=out[start:end])
+            start = end
+        ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, w if ctx.needs_input_grad[0] else None, offs)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w, offs = ctx.saved_tensors
+        gx = gw = None
+        bounds = []
+        start = 0
+        for e in range(offs.shape[0]):
+            end = int(offs[e])
+            bounds.append((e, start, end))
+            start = end
+        if ctx.needs_input_grad[1]:
+            # zeros in w's layout (w is a parameter's transpose(-2, -1)): experts without tokens get zeros
+            gw = torch.zeros((w.shape[0], w.shape[2], w.shape[1]), dtype=grad.dtype).transpose(-2, -1)
+            for e, a, b in bounds:
+                if b > a:
+                    torch.mm(x[a:b].t(), grad[a:b], out=gw[e])
+        if ctx.needs_input_grad[0]:
+            gx = torch.empty((grad.shape[0], w.shape[1]), dtype=grad.dtype)
+            for e, a, b in bounds:
+                if b > a:
+                    torch.mm(grad[a:b], w[e].t(), out=gx[a:b])
+        return gx, gw, None
+
+
+def grouped_mm_experts_forward(self, hidden_states, top_k_index, top_k_weights):
+    """integrations/moe.py @0261a46 (experts_implementation="grouped_mm"), with _GroupedMM for torch._grouped_mm."""
+    device = hidden_states.device
+    num_top_k = top_k_index.size(-1)
+    num_tokens = hidden_states.size(0)
+    num_experts = self.gate_up_proj.size(0)
+    final_hidden_states = torch.zeros_like(hidden_states)
+    expert_ids = top_k_index.reshape(-1)
+    token_idx = torch.arange(num_tokens, device=device).unsqueeze(1).expand(-1, num_top_k).reshape(-1)
+    perm = torch.argsort(expert_ids, stable=True)
+    inv_perm = torch.argsort(perm, stable=True)
+    sample_weights = top_k_weights.reshape(-1)
+    current_hidden_states = hidden_states[token_idx]
+    expert_ids_g = expert_ids[perm]
+    sample_weights_g = sample_weights[perm]
+    current_states_g = current_hidden_states[perm]
+    num_tokens_per_expert = torch.histc(expert_ids_g.float(), bins=num_experts, min=0, max=num_experts - 1)
+    offsets = torch.cumsum(num_tokens_per_expert, dim=0, dtype=torch.int32)
+    gate_up_out = _GroupedMM.apply(current_states_g, self.gate_up_proj.transpose(-2, -1), offsets)
+    gate, up = gate_up_out.chunk(2, dim=-1)
+    hidden_after_activation = self.act_fn(gate) * up
+    out_per_sample_g = _GroupedMM.apply(hidden_after_activation, self.down_proj.transpose(-2, -1), offsets)
+    out_per_sample_g = out_per_sample_g * sample_weights_g.unsqueeze(-1)
+    out_per_sample = out_per_sample_g[inv_perm]
+    final_hidden_states.index_add_(0, token_idx, out_per_sample.to(final_hidden_states.dtype))
+    return final_hidden_states
+
+
+def set_moe_experts(model, implementation):
+    """experts_implementation of every experts module: "eager" (the loop) or "grouped_mm"."""
+    for mod in model.modules():
+        if isinstance(mod, MixtralExperts):
+            mod.experts_implementation = implementation
 
 
 class MixtralExperts(nn.Module):
@@ -916,7 +1104,7 @@ class MixtralExperts(nn.Module):
         super().__init__()
         self.num_experts = c.num_local_experts
         self.hidden_dim = c.hidden_size
-        self.intermediate_dim = c.intermediate_size
+        self.intermediate_dim = c.moe_intermediate_size  # qwen*_moe: config.moe_intermediate_size
         self.gate_up_proj = nn.Parameter(_normal_(torch.empty(self.num_experts, 2 * self.intermediate_dim,
                                                               self.hidden_dim, device=device)))
         self.down_proj = nn.Parameter(_normal_(torch.empty(self.num_experts, self.hidden_dim, self.intermediate_dim,
@@ -924,6 +1112,8 @@ class MixtralExperts(nn.Module):
         self.act_fn = act_fn(c.hidden_act)
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
+        if getattr(self, "experts_implementation", "eager") == "grouped_mm":  # use_experts_implementation's dispatch
+            return grouped_mm_experts_forward(self, hidden_states, top_k_index, top_k_weights)
         final_hidden_states = torch.zeros_like(hidden_states)
         with torch.no_grad():
             expert_mask = torch.nn.functional.one_hot(top_k_index, num_classes=self.num_experts)
@@ -1061,8 +1251,12 @@ class LlamaDecoderLayer(nn.Module):
         super().__init__()
         self.config = c
         self.self_attn = LlamaAttention(c, layer_idx, device)
-        if c.moe:
+        # Qwen2MoeDecoderLayer: sparse when layer_idx not in mlp_only_layers and (layer_idx + 1) % decoder_sparse_step == 0
+        sparse = c.moe and layer_idx not in c.mlp_only_layers and (layer_idx + 1) % c.decoder_sparse_step == 0
+        if sparse and c.model_type == "mixtral":
             self.mlp = MixtralSparseMoeBlock(c, device)
+        elif sparse:
+            self.mlp = Qwen2MoeSparseMoeBlock(c, device)
         else:
             self.mlp = Phi3MLP(c, device) if c.fused else (Starcoder2MLP(c, device) if c.starcoder2 else LlamaMLP(c, device))
         Norm = _layer_norm_cls(c)

@@ -54,7 +54,8 @@ TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING = {
     "gemma2": ["q_proj", "v_proj"],
     "qwen2": ["q_proj", "v_proj"],
     "qwen3": ["q_proj", "v_proj"],
-    # "phi3" has no entry: PEFT raises "Please specify `target_modules` ..." for it
+    # "phi3", "qwen2_moe", "qwen3_moe" have no entry (constants.py@00073fe): PEFT raises "Please specify
+    # `target_modules` ..." for them
 }
 INCLUDE_LINEAR_LAYERS_SHORTHAND = "all-linear"
 

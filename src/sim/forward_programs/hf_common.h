@@ -1,6 +1,8 @@
 // Internal: pieces shared by the transformers model programs.
 #pragma once
 
+#include <vector>
+
 #include "../forward.h"
 
 namespace trainmem::sim {
@@ -40,6 +42,25 @@ ForwardOut causal_lm_output(Ctx& c, T logits, const T* labels);
 // loss is c.loss_chunks > 0): no whole logits are returned.
 ForwardOut chunked_causal_lm(Ctx& c, const LoadedModel& w, T hidden, const char* head, const char* tied,
                              const char* what, const T* labels);
+
+// The sparse mixture-of-experts block of transformers 5.x (moe.cc): MixtralSparseMoeBlock's router
+// (MixtralTopKRouter) and experts (MixtralExperts, eager), for every MoE family.
+struct SharedExpert {  // qwen2_moe: shared_expert (Qwen2MoeMLP) and shared_expert_gate; nullptr: none
+  const T* gate_proj = nullptr;
+  const T* up_proj = nullptr;
+  const T* down_proj = nullptr;
+  const T* gate = nullptr;  // shared_expert_gate.weight (1, C)
+};
+struct MoeParams {
+  const T& router;   // gate.weight (E, C)
+  const T& gate_up;  // experts.gate_up_proj (E, 2F, C)
+  const T& down;     // experts.down_proj (E, C, F)
+  SharedExpert shared;
+};
+// Tokens each expert gets from `tokens` tokens under the routing assumption m.moe.routing.
+std::vector<uint64_t> routed_tokens(const MoeSpec& moe, uint64_t tokens);
+// hidden (B, T, C) -> (B, T, C)
+T sparse_moe_block(Ctx& c, const ModelSpec& m, const MoeParams& p, const T& hidden);
 
 // Liger-Kernel's chunking in fused_linear_cross_entropy_forward: rows of logits per chunk and chunks.
 struct LigerChunking {

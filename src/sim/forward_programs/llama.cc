@@ -1,5 +1,5 @@
 // transformers' LlamaForCausalLM and relatives (modeling_llama.py and the files generated from it, 5.x):
-// llama, mistral, qwen2, qwen3, gemma, gemma2, phi3 (mixtral's experts: see moe below). Labels given,
+// llama, mistral, qwen2, qwen3, gemma, gemma2, phi3, mixtral (its sparse MoE block: moe.cc). Labels given,
 // use_cache=False.
 // B=micro-batch T=seq C=hidden H=heads KV=kv-heads D=head-dim F=ffn V=vocab E=experts
 #include <fmt/format.h>
@@ -146,8 +146,16 @@ T decoder_layer(Ctx& c, const ModelSpec& m, const Layer& L, T hidden, const Rota
   hidden = block_norm(c, m, hidden, L.p(sandwich ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight"),
                       sandwich ? nullptr : L.o("post_attention_layernorm.bias"),
                       sandwich ? "pre_feedforward_layernorm" : "post_attention_layernorm");
-  if (m.moe.experts > 0) throw Error("the step simulator does not model mixture-of-experts layers yet");
-  hidden = mlp(c, m, L, hidden);
+  if (is_moe_layer(m, L.l)) {
+    // MixtralDecoderLayer / Qwen2MoeDecoderLayer: hidden_states = self.mlp(hidden_states), a sparse MoE block
+    // (moe.cc); qwen2_moe's shared expert is a LlamaMLP-shaped module
+    const SharedExpert shared{L.o("mlp.shared_expert.gate_proj.weight"), L.o("mlp.shared_expert.up_proj.weight"),
+                              L.o("mlp.shared_expert.down_proj.weight"), L.o("mlp.shared_expert_gate.weight")};
+    hidden = sparse_moe_block(c, m, MoeParams{L.p("mlp.gate.weight"), L.p("mlp.experts.gate_up_proj"),
+                                              L.p("mlp.experts.down_proj"), shared}, hidden);
+  } else {
+    hidden = mlp(c, m, L, hidden);
+  }
   if (sandwich) hidden = rms_norm(c, m, hidden, L.p("post_feedforward_layernorm.weight"), "post_feedforward_layernorm");
   return add(c, residual, dropout(c, hidden, m.dropout.resid, "resid_mlp_dropout"), "residual + mlp");
 }

@@ -1,0 +1,258 @@
+// The sparse mixture-of-experts block of transformers 5.x, shared by every MoE family. Read from
+// huggingface/transformers: models/mixtral/modeling_mixtral.py (MixtralTopKRouter, MixtralExperts,
+// MixtralSparseMoeBlock, as of main in 2026), models/qwen2_moe/modular_qwen2_moe.py @001f85b and
+// models/qwen3_moe/modular_qwen3_moe.py @00eb116, and integrations/moe.py @0261a46 (use_experts_implementation:
+// config._experts_implementation "eager" runs the class's own forward, "grouped_mm" grouped_mm_experts_forward,
+// both modelled here (MoeSpec::impl); "batched_mm" is not). The experts are one module with 3-D parameters
+// gate_up_proj (E, 2F, C) and down_proj (E, C, F).
+// Routing is data-dependent: the tokens each expert gets come from MoeSpec::routing (routed_tokens()).
+// B=micro-batch T=seq N=B*T tokens C=hidden F=expert ffn E=experts k=experts per token n=tokens of one expert
+#include <vector>
+
+#include "hf_common.h"
+#include "trainmem/error.h"
+#include "trainmem/units.h"
+
+namespace trainmem::sim {
+
+std::vector<uint64_t> routed_tokens(const MoeSpec& moe, uint64_t tokens) {
+  const uint64_t E = moe.experts, k = moe.top_k;
+  std::vector<uint64_t> n(E, 0);
+  if (moe.routing == MoeRouting::kWorst) {
+    // every token's top-k are the same k experts: 0..k-1 get every token, the others none
+    for (uint64_t e = 0; e < k && e < E; ++e) n[e] = tokens;
+    return n;
+  }
+  // balanced: assignment a = token * k + slot goes to expert a % E (a token's k experts are distinct, k <= E):
+  // floor(N*k / E) each, one more for the first (N*k) % E experts
+  const uint64_t a = checked_mul(tokens, k, "token-expert assignments");
+  for (uint64_t e = 0; e < E; ++e) n[e] = a / E + (e < a % E ? 1 : 0);
+  return n;
+}
+
+namespace {
+
+struct Routing {
+  T logits;       // router_logits: returned by the router and bound to `_` in the block
+  T top_k_weights;  // (N, k) float32
+  T top_k_index;    // (N, k) int64
+};
+
+// MixtralTopKRouter.forward:
+//   hidden_states = hidden_states.reshape(-1, self.hidden_dim)
+//   router_logits = F.linear(hidden_states, self.weight)  # (seq_len, num_experts)
+//   router_probs = torch.nn.functional.softmax(router_logits.float(), dim=-1)
+//   router_top_value, router_indices = torch.topk(router_probs, self.top_k, dim=-1)
+//   router_top_value /= router_top_value.sum(dim=-1, keepdim=True)
+//   return router_logits, router_top_value, router_indices
+// Qwen2MoeTopKRouter.forward (modular_qwen2_moe.py @001f85b; Qwen3MoeTopKRouter inherits it): the logits are
+// rebound to the probabilities, which are what it returns, and the renormalization depends on the config:
+//   router_logits = F.linear(hidden_states, self.weight)  # (seq_len, num_experts)
+//   router_logits = torch.nn.functional.softmax(router_logits, dtype=torch.float, dim=-1)
+//   router_top_value, router_indices = torch.topk(router_logits, self.top_k, dim=-1)  # (seq_len, top_k)
+//   if self.norm_topk_prob:
+//       router_top_value /= router_top_value.sum(dim=-1, keepdim=True)
+//   router_top_value = router_top_value.to(router_logits.dtype)   # float32 already
+//   return router_logits, router_top_value, router_indices
+Routing router(Ctx& c, const ModelSpec& m, const T& router_weight, const T& hidden) {
+  Routing r;
+  const T h = view(c, hidden, hidden.shape());
+  TopK top;
+  if (m.model_type == "mixtral") {
+    r.logits = linear(c, h, router_weight, nullptr, "router F.linear");
+    const T probs = softmax(c, to(c, r.logits, DType::kF32, "router_logits.float()"), std::nullopt, "router softmax");
+    top = topk_last(c, probs, m.moe.top_k, "router topk");
+  } else {
+    r.logits = softmax(c, linear(c, h, router_weight, nullptr, "router F.linear"), DType::kF32, "router softmax");
+    top = topk_last(c, r.logits, m.moe.top_k, "router topk");
+  }
+  if (m.moe.norm_topk_prob) {
+    div_(c, top.values, sum_last_keepdim(c, top.values, "router_top_value.sum()"),
+         "router_top_value /= (original_self)");
+  }
+  r.top_k_weights = std::move(top.values);
+  r.top_k_index = std::move(top.indices);
+  return r;
+}
+
+// MixtralExperts.forward (eager):
+//   final_hidden_states = torch.zeros_like(hidden_states)
+//   with torch.no_grad():
+//       expert_mask = torch.nn.functional.one_hot(top_k_index, num_classes=self.num_experts)
+//       expert_mask = expert_mask.permute(2, 1, 0)
+//       expert_hit = torch.greater(expert_mask.sum(dim=(-1, -2)), 0).nonzero()
+//   for expert_idx in expert_hit:
+//       expert_idx = expert_idx[0]
+//       if expert_idx == self.num_experts: continue
+//       top_k_pos, token_idx = torch.where(expert_mask[expert_idx])
+//       current_state = hidden_states[token_idx]
+//       gate, up = nn.functional.linear(current_state, self.gate_up_proj[expert_idx]).chunk(2, dim=-1)
+//       current_hidden_states = self.act_fn(gate) * up
+//       current_hidden_states = nn.functional.linear(current_hidden_states, self.down_proj[expert_idx])
+//       current_hidden_states = current_hidden_states * top_k_weights[token_idx, top_k_pos, None]
+//       final_hidden_states.index_add_(0, token_idx, current_hidden_states.to(final_hidden_states.dtype))
+//   return final_hidden_states
+T experts(Ctx& c, const ModelSpec& m, const MoeParams& p, const T& hidden, const T& top_k_index,
+          const T& top_k_weights) {
+  const uint64_t N = hidden.shape()[0], E = m.moe.experts, k = m.moe.top_k;
+  const uint64_t F = m.moe.ffn;
+  const std::vector<uint64_t> counts = routed_tokens(m.moe, N);
+  T final_hs = zeros_like(c, hidden, "experts final_hidden_states");
+  T expert_mask, expert_hit;
+  {
+    // no_grad, integer tensors: one_hot (N, k, E) int64 (permute is a view); the (E,) int64 sum and the (E,) bool
+    // comparison are temporaries of the expression; nonzero gives (hit, 1) int64
+    expert_mask = c.e.empty(Shape{top_k_index.shape()[0], k, E}, DType::kI64, Category::kActivations,
+                            c.L("experts one_hot expert_mask"));
+    T sum = c.e.empty(Shape{E}, DType::kI64, Category::kActivations, c.L("expert_mask.sum(dim=(-1, -2))"));
+    T hit = c.e.empty(Shape{E}, DType::kBool, Category::kActivations, c.L("torch.greater(..., 0)"));
+    sum.reset();
+    uint64_t hits = 0;
+    for (uint64_t n : counts) hits += n > 0 ? 1 : 0;
+    expert_hit = c.e.empty(Shape{hits, 1}, DType::kI64, Category::kActivations, c.L("expert_hit nonzero()"));
+  }
+  T top_k_pos, token_idx, current_state, gate, up, cur;  // the loop's locals, rebound every iteration
+  for (uint64_t e = 0; e < E; ++e) {
+    const uint64_t n = counts[e];
+    if (n == 0) continue;  // not in expert_hit
+    { T eq = c.e.empty(Shape{}, DType::kBool, Category::kActivations, c.L("expert_idx == num_experts")); }
+    {
+      // torch.where(cond) is cond.nonzero().unbind(1): one (n, 2) int64 tensor and two column views of it
+      T nz = c.e.empty(Shape{n, 2}, DType::kI64, Category::kActivations, c.L("torch.where(expert_mask[expert_idx])"));
+      top_k_pos = c.e.view(nz, Shape{n}, Strides{2});
+      token_idx = c.e.view(nz, Shape{n}, Strides{2});
+    }
+    current_state = index_rows(c, hidden, token_idx, "experts hidden_states[token_idx]");
+    {
+      std::vector<T> parts =
+          split_last(c, linear(c, current_state, select0(c, p.gate_up), nullptr, "experts gate_up linear"), {F, F});
+      gate = std::move(parts[0]);
+      up = std::move(parts[1]);
+    }
+    cur = mul(c, activation(c, m.mlp.act, gate), up, "experts act(gate) * up");
+    cur = linear(c, cur, select0(c, p.down), nullptr, "experts down linear");
+    cur = mul(c, cur, index_pair_unsqueeze(c, top_k_weights, token_idx, top_k_pos, "top_k_weights[token_idx, top_k_pos, None]"),
+              "experts * top_k_weights");
+    index_add_(c, final_hs, token_idx, to(c, cur, final_hs.dtype(), "current_hidden_states.to(dtype)"));
+  }
+  return final_hs;
+}
+
+// integrations/moe.py @0261a46 grouped_mm_experts_forward (experts_implementation="grouped_mm"; gate_up_proj is
+// not transposed, MixtralExperts has no biases and no _apply_gate):
+//   final_hidden_states = torch.zeros_like(hidden_states)
+//   expert_ids = top_k_index.reshape(-1)
+//   token_idx = torch.arange(num_tokens, device=device).unsqueeze(1).expand(-1, num_top_k).reshape(-1)
+//   perm = torch.argsort(expert_ids, stable=True)
+//   inv_perm = torch.argsort(perm, stable=True)
+//   sample_weights = top_k_weights.reshape(-1)  # (S,)
+//   current_hidden_states = hidden_states[token_idx]  # (S, hidden_dim)
+//   expert_ids_g = expert_ids[perm]
+//   sample_weights_g = sample_weights[perm]
+//   current_states_g = current_hidden_states[perm]
+//   num_tokens_per_expert = torch.histc(expert_ids_g.float(), bins=num_experts, min=0, max=num_experts - 1)
+//   offsets = torch.cumsum(num_tokens_per_expert, dim=0, dtype=torch.int32)
+//   gate_up_out = torch._grouped_mm(current_states_g, self.gate_up_proj.transpose(-2, -1), offs=offsets)
+//   gate, up = gate_up_out.chunk(2, dim=-1)
+//   hidden_after_activation = self.act_fn(gate) * up
+//   out_per_sample_g = torch._grouped_mm(hidden_after_activation, self.down_proj.transpose(-2, -1), offs=offsets)
+//   out_per_sample_g = out_per_sample_g * sample_weights_g.unsqueeze(-1)
+//   out_per_sample = out_per_sample_g[inv_perm]
+//   final_hidden_states.index_add_(0, token_idx, out_per_sample.to(final_hidden_states.dtype))
+//   return final_hidden_states
+// Every local lives until the function returns. The routing decides nothing here but the values: the sizes
+// are S = N*k rows whatever experts the tokens go to.
+T experts_grouped_mm(Ctx& c, const ModelSpec& m, const MoeParams& p, const T& hidden, const T& top_k_index,
+                     const T& top_k_weights) {
+  const uint64_t N = hidden.shape()[0], E = m.moe.experts, k = m.moe.top_k, F = m.moe.ffn;
+  const uint64_t S = checked_mul(N, k, "token-expert assignments");
+  auto ints = [&](uint64_t n, DType dt, const char* what) {
+    return c.e.empty(Shape{n}, dt, Category::kActivations, c.L(what));
+  };
+  T final_hs = zeros_like(c, hidden, "experts final_hidden_states");
+  const T expert_ids = c.e.view(top_k_index, Shape{S}, Strides{1});
+  T token_idx;
+  {
+    // arange (N,); .unsqueeze(1).expand(-1, k) are views; reshape(-1) copies unless k == 1 (then a view)
+    T ar = ints(N, DType::kI64, "torch.arange(num_tokens)");
+    token_idx = k == 1 ? c.e.view(ar, Shape{S}, Strides{1}) : ints(S, DType::kI64, "token_idx reshape(-1)");
+  }
+  auto argsort = [&](const char* what) {
+    // argsort(stable=True) is sort(stable=True)'s indices: the sorted values are made first and dropped
+    { T values = ints(S, DType::kI64, "argsort values"); }
+    return ints(S, DType::kI64, what);
+  };
+  const T perm = argsort("perm = argsort(expert_ids)");
+  const T inv_perm = argsort("inv_perm = argsort(perm)");
+  const T sample_weights = view(c, top_k_weights, Shape{S});
+  const T current_hidden_states = index_rows(c, hidden, token_idx, "experts hidden_states[token_idx]");
+  const T expert_ids_g = ints(S, DType::kI64, "expert_ids[perm]");
+  const T sample_weights_g = index_rows(c, sample_weights, perm, "sample_weights[perm]");
+  const T current_states_g = index_rows(c, current_hidden_states, perm, "current_hidden_states[perm]");
+  T num_tokens_per_expert;
+  {
+    T f = ints(S, DType::kF32, "expert_ids_g.float()");  // histc's argument, dropped when histc returns
+    num_tokens_per_expert = ints(E, DType::kF32, "num_tokens_per_expert = torch.histc(...)");
+  }
+  const T offsets = ints(E, DType::kI32, "offsets = cumsum(..., dtype=int32)");
+  T gate, up;
+  {
+    std::vector<T> parts = split_last(
+        c, grouped_mm(c, current_states_g, transpose(c, p.gate_up, 1, 2), offsets, "experts grouped_mm gate_up"), {F, F});
+    gate = std::move(parts[0]);
+    up = std::move(parts[1]);
+  }
+  const T hidden_after_activation = mul(c, activation(c, m.mlp.act, gate), up, "experts act(gate) * up");
+  T out_g = grouped_mm(c, hidden_after_activation, transpose(c, p.down, 1, 2), offsets, "experts grouped_mm down");
+  out_g = mul(c, out_g, unsqueeze(c, sample_weights_g, -1), "out_per_sample_g * sample_weights_g");
+  const T out_per_sample = index_rows(c, out_g, inv_perm, "out_per_sample_g[inv_perm]");
+  index_add_(c, final_hs, token_idx, to(c, out_per_sample, final_hs.dtype(), "out_per_sample.to(dtype)"));
+  return final_hs;
+}
+
+// Qwen2MoeMLP (GemmaMLP's forward): down_proj(act_fn(gate_proj(x)) * up_proj(x))
+T shared_expert(Ctx& c, const ModelSpec& m, const SharedExpert& s, const T& x) {
+  T h;
+  {
+    T a = activation(c, m.mlp.act, linear(c, x, *s.gate_proj, nullptr, "shared_expert.gate_proj"));
+    T u = linear(c, x, *s.up_proj, nullptr, "shared_expert.up_proj");
+    h = mul(c, a, u, "shared_expert act(gate) * up");
+  }
+  return linear(c, h, *s.down_proj, nullptr, "shared_expert.down_proj");
+}
+
+}  // namespace
+
+T sparse_moe_block(Ctx& c, const ModelSpec& m, const MoeParams& p, const T& x) {
+  if (m.moe.top_k > m.moe.experts) throw Error("internal: top_k above the number of experts");
+  const uint64_t B = x.shape()[0], Tn = x.shape()[1], C = x.shape()[2];
+  const uint64_t N = checked_mul(B, Tn, "tokens");
+  // MixtralSparseMoeBlock.forward (router_jitter_noise == 0: the config reader refuses other values), and
+  // Qwen3MoeSparseMoeBlock.forward, the same without the jitter:
+  //   hidden_states = hidden_states.view(-1, hidden_states.shape[-1])
+  //   _, top_k_weights, top_k_index = self.gate(hidden_states)
+  //   hidden_states = self.experts(hidden_states, top_k_index, top_k_weights)
+  //   hidden_states = hidden_states.reshape(batch_size, sequence_length, hidden_dim)
+  // Qwen2MoeSparseMoeBlock.forward runs its shared expert first and adds it, gated, at the end:
+  //   shared_expert_output = self.shared_expert(hidden_states_reshaped)
+  //   _, routing_weights, selected_experts = self.gate(hidden_states_reshaped)
+  //   expert_output = self.experts(hidden_states_reshaped, selected_experts, routing_weights)
+  //   shared_expert_output = F.sigmoid(self.shared_expert_gate(hidden_states_reshaped)) * shared_expert_output
+  //   expert_output += shared_expert_output
+  //   expert_output = expert_output.reshape(batch_size, sequence_length, hidden_dim)
+  const T hidden = view(c, x, Shape{N, C});
+  const bool shared = p.shared.gate != nullptr;
+  T shared_out;
+  if (shared) shared_out = shared_expert(c, m, p.shared, hidden);
+  Routing r = router(c, m, p.router, hidden);
+  T out = m.moe.impl == MoeExperts::kGroupedMm ? experts_grouped_mm(c, m, p, hidden, r.top_k_index, r.top_k_weights)
+                                               : experts(c, m, p, hidden, r.top_k_index, r.top_k_weights);
+  if (shared) {
+    shared_out = mul(c, sigmoid(c, linear(c, hidden, *p.shared.gate, nullptr, "shared_expert_gate"), "sigmoid(shared_expert_gate)"),
+                     shared_out, "sigmoid(gate) * shared_expert_output");
+    add_(c, out, shared_out);
+  }
+  return reshape(c, out, Shape{B, Tn, C});
+}
+
+}  // namespace trainmem::sim

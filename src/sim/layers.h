@@ -46,11 +46,12 @@ T checkpoint_non_reentrant(Ctx& c, uint64_t l, T hidden, const LayerArgs& args, 
 // layer returns, unless autograd saved it. That matters under no_grad (inference, a reentrant checkpoint's
 // first forward), where nothing else keeps it (found by the CPU oracle's inference timeline). The layers that
 // c.checkpoint selects run checkpointed.
-template <typename F>
-T run_layers(Ctx& c, uint64_t layers, T hidden, const LayerArgs& args, F&& layer) {
+template <typename F, typename ArgsOf>
+T run_layers_with(Ctx& c, uint64_t layers, T hidden, ArgsOf&& args_of, F&& layer) {
   std::shared_ptr<const LayerFn> fn;  // made once, when a layer is checkpointed
   for (uint64_t l = 0; l < layers; ++l) {
     c.layer = static_cast<int32_t>(l);
+    const LayerArgs& args = args_of(l);
     const CheckpointPolicy& p = c.checkpoint;
     if (p.mode != CheckpointPolicy::kNone && l % p.every == 0 && c.e.grad_mode) {
       if (!fn) fn = std::make_shared<const LayerFn>(layer);
@@ -63,24 +64,17 @@ T run_layers(Ctx& c, uint64_t layers, T hidden, const LayerArgs& args, F&& layer
   return hidden;
 }
 
+template <typename F>
+T run_layers(Ctx& c, uint64_t layers, T hidden, const LayerArgs& args, F&& layer) {
+  return run_layers_with(c, layers, std::move(hidden), [&](uint64_t) -> const LayerArgs& { return args; }, layer);
+}
+
 // run_layers() where layers take different arguments (Gemma3: a sliding layer gets the sliding-window mask and the
 // local rotary table, a full layer the causal mask and the global one): layer l gets args[l] (one per layer).
 template <typename F>
 T run_layers(Ctx& c, uint64_t layers, T hidden, const std::vector<LayerArgs>& args, F&& layer) {
-  std::shared_ptr<const LayerFn> fn;  // made once, when a layer is checkpointed
-  for (uint64_t l = 0; l < layers; ++l) {
-    c.layer = static_cast<int32_t>(l);
-    const CheckpointPolicy& p = c.checkpoint;
-    if (p.mode != CheckpointPolicy::kNone && l % p.every == 0 && c.e.grad_mode) {
-      if (!fn) fn = std::make_shared<const LayerFn>(layer);
-      hidden = p.reentrant ? checkpoint_reentrant(c, l, hidden, args.at(l), fn)
-                           : checkpoint_non_reentrant(c, l, hidden, args.at(l), fn);
-    } else {
-      hidden = layer(l, hidden, args.at(l));
-    }
-  }
-  c.layer = -1;
-  return hidden;
+  return run_layers_with(c, layers, std::move(hidden), [&](uint64_t l) -> const LayerArgs& { return args.at(l); },
+                         layer);
 }
 
 }  // namespace trainmem::sim

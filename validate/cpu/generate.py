@@ -22,16 +22,15 @@ outside the model's forward are dropped from the measurement. Everything the mod
 Like inference.py, torch.no_grad() stands in for inference_mode so composite ops are visible to the mode.
 """
 
-import argparse
 import json
 import os
 import subprocess
 import sys
-import tempfile
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import inference  # noqa: E402
 import live  # noqa: E402
 import measure  # noqa: E402
 import models  # noqa: E402
@@ -197,30 +196,20 @@ def trainmem_figures(tm):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trainmem", required=True)
-    a = ap.parse_args(argv)
-    binary = os.path.abspath(a.trainmem)
+    binary = inference.trainmem_argument(argv, __doc__)
     failures = 0
-    with tempfile.TemporaryDirectory(prefix="trainmem-gen-") as tmp:
-        for name, cfg, batch, seq, new, prec in GRID:
-            path = os.path.join(tmp, name + ".json")
-            with open(path, "w") as f:
-                json.dump(cfg, f)
-            tl, base, weights = measure_generate(cfg, batch, seq, new, prec)
-            t = trainmem_figures(run_trainmem(binary, path, batch, seq, new, prec))
-            live_ = tl["live"]
-            marks = tl["marks"]
-            o = {"base": weights, "peak": base + max(live_), "after_prefill": base + live_[marks["after prefill"]],
-                 "end": base + live_[marks["end of generate"]]}
-            keys = ("base", "peak", "end") + (("after_prefill",) if t["after_prefill"] is not None else ())
-            ok = all(o[k] == t[k] for k in keys)
-            if not ok:
-                print("   ", {k: (o[k], t[k]) for k in keys})
-            failures += not ok
-            print(f"{name:20s} B={batch} T={seq} N={new} {prec:8s} peak {o['peak']:>9,} / {t['peak']:>9,}   "
-                  f"after prefill {o['after_prefill']:>9,} / {t['after_prefill'] or 0:>9,}   "
-                  f"end {o['end']:>9,} / {t['end']:>9,}   {'ok' if ok else 'FAIL'}")
+    for (name, cfg, batch, seq, new, prec), path in inference.each_config(GRID, "trainmem-gen-"):
+        tl, base, weights = measure_generate(cfg, batch, seq, new, prec)
+        t = trainmem_figures(run_trainmem(binary, path, batch, seq, new, prec))
+        live_, marks = tl["live"], tl["marks"]
+        o = {"base": weights, "peak": base + max(live_), "after_prefill": base + live_[marks["after prefill"]],
+             "end": base + live_[marks["end of generate"]]}
+        keys = ("base", "peak", "end") + (("after_prefill",) if t["after_prefill"] is not None else ())
+        ok = all(o[k] == t[k] for k in keys)
+        failures += not ok
+        print(f"{name:20s} B={batch} T={seq} N={new} {prec:8s} peak {o['peak']:>9,} / {t['peak']:>9,}   "
+              f"after prefill {o['after_prefill']:>9,} / {t['after_prefill'] or 0:>9,}   "
+              f"end {o['end']:>9,} / {t['end']:>9,}   {'ok' if ok else 'FAIL'}")
     print(f"{len(GRID)} generation configurations: {len(GRID) - failures} ok, {failures} failing "
           "(measured / trainmem)")
     return 1 if failures else 0

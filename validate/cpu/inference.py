@@ -113,25 +113,35 @@ def compare(tl, base, tm, weights_and_buffers):
             "base": (weights_and_buffers, _tm_base)}
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def trainmem_argument(argv, doc):
+    """The absolute path of --trainmem, the one argument of the oracle scripts."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trainmem", required=True)
-    a = ap.parse_args(argv)
-    binary = os.path.abspath(a.trainmem)
-    failures = 0
-    with tempfile.TemporaryDirectory(prefix="trainmem-infer-") as tmp:
-        for name, cfg, batch, seq, prec, *rest in GRID:
-            experts = rest[0] if rest else "eager"  # a MoE row's experts_implementation
-            path = os.path.join(tmp, name + ".json")
+    return os.path.abspath(ap.parse_args(argv).trainmem)
+
+
+def each_config(grid, prefix):
+    """Each grid row (name, config, ...) with the path its config is written to, in a temporary directory."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        for row in grid:
+            path = os.path.join(tmp, row[0] + ".json")
             with open(path, "w") as f:
-                json.dump(cfg, f)
-            tl, base, pb = measure_inference(cfg, batch, seq, prec, moe_experts=experts)
-            r = compare(tl, base, run_trainmem(binary, path, cfg["model_type"], batch, seq, prec, experts), pb)
-            ok = r["peak"][0] == r["peak"][1] and r["end"][0] == r["end"][1] and r["base"][0] == r["base"][1]
-            failures += not ok
-            print(f"{name:24s} B={batch} T={seq} {prec:8s} peak measured {r['peak'][0]:>10,} trainmem "
-                  f"{r['peak'][1]:>10,}   end {r['end'][0]:>10,} / {r['end'][1]:>10,}   "
-                  f"{'ok' if ok else 'FAIL'}{'' if r['same_tensors'] else ' (allocations differ: info)'}")
+                json.dump(row[1], f)
+            yield row, path
+
+
+def main(argv=None):
+    binary = trainmem_argument(argv, __doc__)
+    failures = 0
+    for (name, cfg, batch, seq, prec, *rest), path in each_config(GRID, "trainmem-infer-"):
+        experts = rest[0] if rest else "eager"  # a MoE row's experts_implementation
+        tl, base, pb = measure_inference(cfg, batch, seq, prec, moe_experts=experts)
+        r = compare(tl, base, run_trainmem(binary, path, cfg["model_type"], batch, seq, prec, experts), pb)
+        ok = r["peak"][0] == r["peak"][1] and r["end"][0] == r["end"][1] and r["base"][0] == r["base"][1]
+        failures += not ok
+        print(f"{name:24s} B={batch} T={seq} {prec:8s} peak measured {r['peak'][0]:>10,} trainmem "
+              f"{r['peak'][1]:>10,}   end {r['end'][0]:>10,} / {r['end'][1]:>10,}   "
+              f"{'ok' if ok else 'FAIL'}{'' if r['same_tensors'] else ' (allocations differ: info)'}")
     print(f"{len(GRID)} inference configurations: {len(GRID) - failures} ok, {failures} failing")
     return 1 if failures else 0
 

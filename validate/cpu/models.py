@@ -145,6 +145,16 @@ def keep_logits(model, hidden_states, labels):
     return hidden_states[:, slice(-k, None), :], (labels[:, -k:] if labels is not None else None)
 
 
+def causal_lm_head(model, head, hidden_states, labels):
+    """*ForCausalLM.forward after the model: logits = head(hidden_states[:, slice_indices, :]) (keep_logits); the
+    logits as the model returns them without labels (inference), else transformers' ForCausalLMLoss."""
+    kept, labels = keep_logits(model, hidden_states, labels)
+    logits = head(kept)
+    if labels is None:
+        return logits  # inference (validate/cpu/inference.py): the logits as the model returns them
+    return for_causal_lm_loss(logits, labels, vocab_size=model.vocab_size)
+
+
 def for_causal_lm_loss(logits, labels, vocab_size, ignore_index=-100):
     """transformers loss/loss_utils.py ForCausalLMLoss (+ fixed_cross_entropy, reduction "mean")."""
     # Upcast to float if we need to compute the loss to avoid potential precision issues
@@ -697,11 +707,7 @@ class GPT2LMHeadModel(nn.Module):
 
     def forward(self, input_ids, labels=None):
         hidden_states = self.transformer(input_ids)
-        kept, labels = keep_logits(self, hidden_states, labels)
-        logits = self.lm_head(kept)
-        if labels is None:
-            return logits  # inference (validate/cpu/inference.py): the logits as the model returns them
-        return for_causal_lm_loss(logits, labels, vocab_size=self.vocab_size)
+        return causal_lm_head(self, self.lm_head, hidden_states, labels)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1572,11 +1578,7 @@ class GPTNeoXForCausalLM(nn.Module):
 
     def forward(self, input_ids, labels=None):
         hidden_states = self.gpt_neox(input_ids)
-        kept, labels = keep_logits(self, hidden_states, labels)
-        logits = self.embed_out(kept)
-        if labels is None:
-            return logits  # inference (validate/cpu/inference.py): the logits as the model returns them
-        return for_causal_lm_loss(logits, labels, vocab_size=self.vocab_size)
+        return causal_lm_head(self, self.embed_out, hidden_states, labels)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1738,11 +1740,7 @@ class PhiForCausalLM(nn.Module):
 
     def forward(self, input_ids, labels=None):
         hidden_states = self.model(input_ids)
-        kept, labels = keep_logits(self, hidden_states, labels)
-        logits = self.lm_head(kept)
-        if labels is None:
-            return logits  # inference (validate/cpu/inference.py): the logits as the model returns them
-        return for_causal_lm_loss(logits, labels, vocab_size=self.vocab_size)
+        return causal_lm_head(self, self.lm_head, hidden_states, labels)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -227,6 +227,11 @@ GRID = [
     ("falcon-newarch-ln1-bias-untied", _falcon(num_kv_heads=2, new_decoder_architecture=True, num_ln_in_parallel_attn=1,
                                                bias=True, tie_word_embeddings=False, ffn_hidden_size=512), 2, 16,
      "fp32"),
+    # bf16 autocast: FalconLinear's `+ self.bias` promotes the bf16 matmul to the float32 bias
+    ("falcon-amp-rw-alibi", _falcon(alibi=True, bias=True, multi_query=False, parallel_attn=False), 2, 16,
+     "bf16-amp"),
+    ("falcon-amp-newarch-bias", _falcon(num_attention_heads=8, num_kv_heads=2, new_decoder_architecture=True,
+                                        bias=True), 2, 16, "bf16-amp"),
     ("falcon-perhead-rotary-seq-bf16", _falcon(multi_query=False, parallel_attn=False, ffn_hidden_size=96), 2, 32,
      "bf16"),
     # --- frozen parameters (trainmem --freeze GLOB)

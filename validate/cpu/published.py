@@ -32,6 +32,7 @@ PUBLISHED = {
     "gemma-3-1b-it": 999_885_952,  # keras-hub gemma3_presets.py@46f3b4a gemma3_instruct_1b
     # keras-hub qwen3_moe_presets.py@79c5664 qwen3_moe_30b_a3b_en, qwen_moe_presets.py@41e055b qwen1.5_moe_2.7b_en
     "qwen3-30b-a3b": 30_532_122_624, "qwen1.5-moe-a2.7b": 14_315_784_192,
+    "falcon-rw-1b": 1_311_625_216,  # keras-hub falcon_presets.py@aa42194 falcon_refinedweb_1b_en
     # nanoGPT GPT-2 small as configured in data/models/nanogpt-gpt2.json (no published figure: nanoGPT's own
     # get_num_params() subtracts wpe; this is sum(numel)).
 }

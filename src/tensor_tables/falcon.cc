@@ -4,6 +4,8 @@
 // B=micro-batch T=seq C=hidden L=layers NH=heads KV=kv-heads D=head-dim V=vocab F=ffn
 #include <fmt/format.h>
 
+#include <tuple>
+
 #include "table.h"
 
 namespace trainmem::models {
@@ -25,11 +27,11 @@ void falcon_tensors(const ModelSpec& m, Table& t) {
   for (uint64_t l = 0; l < m.layers; ++l) {
     const std::string p = fmt::format("transformer.h.{}.", l);
     // FalconDecoderLayer.__init__ assigns self_attention (query_key_value, dense) and mlp (dense_h_to_4h,
-    // dense_4h_to_h) before its layer norms
-    linear(p + "self_attention.query_key_value", QKV, C);
-    linear(p + "self_attention.dense", C, C);
-    linear(p + "mlp.dense_h_to_4h", F, C);
-    linear(p + "mlp.dense_4h_to_h", C, F);
+    // dense_4h_to_h) before its layer norms: (name, out_features, in_features)
+    const std::tuple<const char*, uint64_t, uint64_t> linears[] = {
+        {"self_attention.query_key_value", QKV, C}, {"self_attention.dense", C, C},
+        {"mlp.dense_h_to_4h", F, C}, {"mlp.dense_4h_to_h", C, F}};
+    for (const auto& [name, out, in] : linears) linear(p + name, out, in);
     if (!m.parallel_residual) {
       norm(p + "post_attention_layernorm");  // `if not config.parallel_attn:` assigns this one first
       norm(p + "input_layernorm");

@@ -2012,6 +2012,9 @@ def dropout_add(x, residual, prob, training):
 
 
 class FalconAttention(nn.Module):
+    """FalconAttention, its eager paths: rotary (scores /= sqrt(head_dim), no dropout) and ALiBi (scores upcast to
+    float32, + alibi, *= inv_norm_factor, dropout). The layer_past update sits where update_cache is called."""
+
     def __init__(self, c, layer_idx, device=None):
         super().__init__()
         self.config = c
@@ -2119,6 +2122,9 @@ class FalconMLP(nn.Module):
 
 
 class FalconDecoderLayer(nn.Module):
+    """self_attention and mlp first, then the layout's layer norms: post_attention_layernorm + input_layernorm
+    (sequential), ln_attn + ln_mlp (num_ln_in_parallel_attn 2) or one input_layernorm. Returns (output, weights)."""
+
     def __init__(self, c, layer_idx, device=None):
         super().__init__()
         hidden_size = c.hidden_size
@@ -2235,14 +2241,16 @@ class FalconModel(nn.Module):
 
 
 class FalconForCausalLM(nn.Module):
+    """lm_head = nn.Linear(hidden_size, vocab_size, bias=False); _tied_weights_keys = {"lm_head.weight":
+    "transformer.word_embeddings.weight"}, applied when tie_word_embeddings (the default)."""
+
     def __init__(self, cfg, device=None):
         super().__init__()
-        c = resolve_falcon_config(cfg)
-        self.config = c
-        self.vocab_size = c.vocab_size
-        self.transformer = FalconModel(c, device)
-        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False, device=device)
-        if c.tie_word_embeddings:
+        self.config = resolve_falcon_config(cfg)
+        self.vocab_size = self.config.vocab_size
+        self.transformer = FalconModel(self.config, device)
+        self.lm_head = nn.Linear(self.config.hidden_size, self.vocab_size, bias=False, device=device)
+        if self.config.tie_word_embeddings:
             self.lm_head.weight = self.transformer.word_embeddings.weight
 
     def forward(self, input_ids, labels=None):

@@ -16,12 +16,12 @@ namespace trainmem::sim {
 
 namespace {
 
+// Layer l's modules, looked up by their transformers names (transformer.h.{l}.{module}.weight / .bias).
 struct Layer {
   const LoadedModel& w;
   uint64_t l;
-  ParamName n(const char* s) const { return param_name("transformer.h.{}.{}", l, s); }
-  const T& p(const char* s) const { return w.p(n(s)); }
-  const T* opt(const char* s) const { return w.opt(n(s)); }
+  const T& weight(const char* module) const { return w.p(param_name("transformer.h.{}.{}.weight", l, module)); }
+  const T* bias(const char* module) const { return w.opt(param_name("transformer.h.{}.{}.bias", l, module)); }
 };
 
 // What FalconModel makes once and hands every layer: the causal mask (null under SDPA without ALiBi), the
@@ -42,10 +42,8 @@ bool quantized(const Ctx& c, const T& w) {
 // return hidden_states + self.bias` ("we did not fuse matmul and bias during training"): the matmul folds the
 // input to (B*T, in) and runs mm, then the bias add is a second op with its own output.
 T falcon_linear(Ctx& c, const Layer& L, const char* name, const T& x, const char* what) {
-  const ParamName wn = param_name("{}.weight", name);
-  const ParamName bn = param_name("{}.bias", name);
-  const T& weight = L.p(wn.c_str());
-  const T* bias = L.opt(bn.c_str());
+  const T& weight = L.weight(name);
+  const T* bias = L.bias(name);
   // bitsandbytes replaces every nn.Linear (FalconLinear is one) with its Linear4bit, whose forward is its own
   if (quantized(c, weight)) return linear(c, x, weight, bias, what);
   T h = linear(c, x, weight, nullptr, what);  // input @ self.weight.T
@@ -193,11 +191,7 @@ T falcon_mlp(Ctx& c, const ModelSpec& m, const Layer& L, const T& x) {
   return falcon_linear(c, L, "mlp.dense_4h_to_h", h, "mlp.dense_4h_to_h");
 }
 
-T norm(Ctx& c, const Layer& L, const char* name, const T& x) {
-  const ParamName wn = param_name("{}.weight", name);
-  const ParamName bn = param_name("{}.bias", name);
-  return layer_norm(c, x, &L.p(wn.c_str()), &L.p(bn.c_str()), name);
-}
+T norm(Ctx& c, const Layer& L, const char* name, const T& x) { return layer_norm(c, x, &L.weight(name), L.bias(name), name); }
 
 // FalconDecoderLayer.forward; returns (output, attn_weights) as the Python does.
 AttnResult falcon_layer(Ctx& c, const ModelSpec& m, const Layer& L, const T& hidden, const Positions& pos) {
@@ -327,9 +321,6 @@ void check_supported(const Ctx& c, const ModelSpec& m) {
     throw Error(
         "--lora with a falcon \"bias\": true is not simulated: PEFT's lora.Linear adds the adapters after "
         "FalconLinear's separate `+ self.bias`, and trainmem's LoRA path runs inside the matmul before it");
-  }
-  if (c.loss_chunks == 0 && c.liger_fused) {
-    throw Error("--loss liger-fused with falcon is not simulated (Liger-Kernel patches Llama-shaped models only)");
   }
 }
 

@@ -579,9 +579,10 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
     LoraSetup& l = r.setup.lora;
     const FamilyDescriptor& fam = family_descriptor(r.model.family);
     // peft utils/constants.py@00073fe TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING has the family's
-    // defaults for mixtral but no entry for qwen2_moe, qwen3_moe or starcoder2: PEFT asks for target_modules there.
+    // defaults for mixtral but no entry for qwen2_moe, qwen3_moe, starcoder2 or deepseek_v3: PEFT asks for
+    // target_modules there.
     const bool peft_has_no_default = r.model.model_type == "qwen2_moe" || r.model.model_type == "qwen3_moe" ||
-                                     r.model.model_type == "starcoder2";
+                                     r.model.model_type == "starcoder2" || r.model.model_type == "deepseek_v3";
     if (l.targets.empty() && !peft_has_no_default) {
       for (std::string_view t : fam.lora_targets) l.targets.emplace_back(t);
     }

@@ -138,7 +138,7 @@ TEST(Config, DeepseekV3TakesDeepseekV3ConfigDefaults) {
   // q_lora_rank null: one q_proj (128x192)x7168 in place of q_a_proj, q_a_layernorm and q_b_proj, in 61 layers
   const ModelSpec q = from_json(R"({"model_type": "deepseek_v3", "q_lora_rank": null})");
   EXPECT_EQ(q.attn.mla.q_lora_rank, 0u);
-  EXPECT_EQ(parameter_count(build_inventory(q)).value, 671'026'404'352u + 61u * (24'576u * 7168u - 48'760'320u));
+  EXPECT_EQ(parameter_count(build_inventory(q)).value, 671'026'404'352ull + 61ull * (24'576ull * 7168 - 48'760'320));
   // num_local_experts is DeepseekV3Config's attribute_map alias of n_routed_experts
   EXPECT_EQ(from_json(R"({"model_type": "deepseek_v3", "num_local_experts": 64})").moe.experts, 64u);
 }

@@ -197,6 +197,10 @@ GRID = [
     ("deepseek_v3-bf16-amp", _ds(), 2, 8, "bf16-amp", {"moe_routing": "balanced"}),
     ("deepseek_v3-grouped_mm", _ds(q_lora_rank=None), 2, 8, "fp32",
      {"moe_routing": "balanced", "moe_experts": "grouped_mm"}),
+    ("ckpt-deepseek_v3-reentrant-bf16", _ds(), 2, 8, "bf16",
+     {"moe_routing": "balanced", "checkpointing": "full", "reentrant": True}),
+    ("lora-deepseek_v3-all-linear-ckpt", _ds(), 2, 8, "bf16",
+     {"moe_routing": "worst", "lora": "r=4,alpha=8,targets=all-linear", "checkpointing": "full", "reentrant": True}),
     # --- GPT-NeoX
     ("neox-parallel-rot0.25", {"model_type": "gpt_neox", "vocab_size": 96, "hidden_size": 64,
                                "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,

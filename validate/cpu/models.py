@@ -215,7 +215,7 @@ class DynamicCache:
 
 # While generate.py runs a model: the cache its attention layers update (past_key_values) and the (B, q)
 # position_ids generate() passes. Both None otherwise: the forward is the training and inference one.
-GENERATION = SimpleNamespace(cache=None, position_ids=None)
+GENERATION = SimpleNamespace(cache=None, position_ids=None, attention_mask=None)
 
 
 def update_cache(key_states, value_states, layer_idx):
@@ -2361,14 +2361,16 @@ class FalconModel(nn.Module):
         self.ln_f = nn.LayerNorm(self.embed_dim, eps=c.layer_norm_epsilon, device=device)
         self.rotary_emb = RotaryEmbedding(c.head_dim, c.rope_theta, device=device)
 
-    def _update_causal_mask(self, input_tensor, cache_position, past_seen_tokens, alibi):
-        """attention_mask=None, eager (or ALiBi), no static cache."""
+    def _update_causal_mask(self, attention_mask, input_tensor, cache_position, past_seen_tokens, alibi):
+        """Eager (torch 1.13 has no SDPA), no static cache; attention_mask: generate()'s 2-D one, or None."""
         dtype, device = input_tensor.dtype, input_tensor.device
         min_dtype = torch.finfo(dtype).min
         batch_size, sequence_length, _ = input_tensor.shape
-        target_length = past_seen_tokens + sequence_length
+        target_length = (
+            attention_mask.shape[-1] if isinstance(attention_mask, torch.Tensor) else past_seen_tokens + sequence_length
+        )
         causal_mask = self._prepare_4d_causal_attention_mask_with_cache_position(
-            None, sequence_length=sequence_length, target_length=target_length, dtype=dtype,
+            attention_mask, sequence_length=sequence_length, target_length=target_length, dtype=dtype,
             cache_position=cache_position, batch_size=input_tensor.shape[0])
         if alibi is not None:
             alibi = alibi.reshape(batch_size, -1, *alibi.shape[1:])
@@ -2390,23 +2392,42 @@ class FalconModel(nn.Module):
             causal_mask = torch.triu(causal_mask, diagonal=1)
         causal_mask *= torch.arange(target_length, device=cache_position.device) > cache_position.reshape(-1, 1)
         causal_mask = causal_mask[None, None, :, :].expand(batch_size, 1, -1, -1)
+        if attention_mask is not None:
+            causal_mask = causal_mask.clone()  # copy to contiguous memory for in-place edit
+            mask_length = attention_mask.shape[-1]
+            padding_mask = causal_mask[:, :, :, :mask_length] + attention_mask[:, None, None, :].to(
+                causal_mask.device
+            )
+            padding_mask = padding_mask == 0
+            causal_mask[:, :, :, :mask_length] = causal_mask[:, :, :, :mask_length].masked_fill(
+                padding_mask, min_dtype
+            )
         return causal_mask
 
     def forward(self, input_ids):
         inputs_embeds = self.word_embeddings(input_ids)
+        # generate() passes its attention_mask and position_ids (models.GENERATION); training passes neither
+        attention_mask, position_ids = GENERATION.attention_mask, GENERATION.position_ids
         alibi = None
-        past_key_values_length = 0
+        past_key_values = GENERATION.cache
+        past_key_values_length = past_key_values.get_seq_length() if past_key_values is not None else 0
         batch_size, seq_length, _ = inputs_embeds.shape
         if self.use_alibi:
-            mask = torch.ones(
-                (batch_size, seq_length + past_key_values_length), device=inputs_embeds.device, dtype=torch.long
+            mask = (
+                torch.ones(
+                    (batch_size, seq_length + past_key_values_length), device=inputs_embeds.device, dtype=torch.long
+                )
+                if attention_mask is None
+                else attention_mask
             )
             alibi = build_alibi_tensor(mask, self.num_heads, dtype=inputs_embeds.dtype)
         cache_position = torch.arange(
             past_key_values_length, past_key_values_length + seq_length, device=inputs_embeds.device
         )
-        position_ids = cache_position.unsqueeze(0)
-        causal_mask = self._update_causal_mask(inputs_embeds, cache_position, past_key_values_length, alibi)
+        if position_ids is None:
+            position_ids = cache_position.unsqueeze(0)
+        causal_mask = self._update_causal_mask(attention_mask, inputs_embeds, cache_position, past_key_values_length,
+                                               alibi)
         hidden_states = inputs_embeds
         position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
         for i, block in enumerate(self.h):

@@ -1,5 +1,6 @@
 // transformers' FalconForCausalLM (modeling_falcon.py, 5.x: read at zucchini-nlp/transformers@e241202, a fork
-// of main), labels given, use_cache=False. Three layer layouts (new_decoder_architecture: grouped kv heads and
+// of main), labels given, use_cache=False; under generate() (c.kv) the layers update the DynamicCache and the
+// masks are built from generate()'s 2-D attention_mask. Three layer layouts (new_decoder_architecture: grouped kv heads and
 // ln_attn/ln_mlp or one input_layernorm; multi_query + parallel_attn: falcon-7b; sequential: falcon-rw), rotary
 // or ALiBi positions, FalconLinear's unfused matmul and bias.
 // B=micro-batch T=seq C=hidden NH=heads KV=kv-heads D=head-dim S=key length F=ffn V=vocab
@@ -267,13 +268,22 @@ T alibi_tensor(Ctx& c, uint64_t B, uint64_t S, uint64_t NH, DType dt) {
   return out;
 }
 
-// FalconModel._update_causal_mask(attention_mask=None, ...) with no cache: the eager (or ALiBi) mask, (B, 1, T, S)
-// or with ALiBi folded in (B, NH, T, S). Null under SDPA without ALiBi (_ignore_causal_mask_sdpa).
-T causal_mask(Ctx& c, const ModelSpec& m, uint64_t B, uint64_t Tn, DType dt, const T* alibi) {
-  if (m.attn_impl == AttnImpl::kSdpa && !alibi) return T();
+// FalconModel._update_causal_mask: the eager (or ALiBi) mask, (B, 1, T, S) or with ALiBi folded in (B, NH, T, S);
+// null under SDPA without ALiBi (_ignore_causal_mask_sdpa). `padding`: generate() passed its 2-D all-ones
+// attention_mask (B, S), which the mask is built from (training and a plain inference pass give none).
+T causal_mask(Ctx& c, const ModelSpec& m, uint64_t B, uint64_t Tn, uint64_t S, DType dt, const T* alibi, bool padding) {
   auto t = [&](Shape s, DType d, const char* what) { return c.e.empty(s, d, Category::kActivations, c.L(what)); };
-  const uint64_t S = Tn;  // target_length = past_seen_tokens + sequence_length
-  // _prepare_4d_causal_attention_mask_with_cache_position:
+  if (m.attn_impl == AttnImpl::kSdpa && !alibi) {
+    // AttentionMaskConverter._ignore_causal_mask_sdpa: no mask, or `torch.all(attention_mask == 1)` with
+    // query_length == 1 or key_value_length == query_length (every forward of generate()): True
+    if (padding) {
+      T eq = t(Shape{B, S}, DType::kBool, "attention_mask == 1");
+      T all = t(Shape{}, DType::kBool, "torch.all(...)");
+      eq.reset();
+    }
+    return T();
+  }
+  // _prepare_4d_causal_attention_mask_with_cache_position (target_length = past_seen_tokens + sequence_length):
   // causal_mask = torch.full((sequence_length, target_length), fill_value=min_dtype, dtype=dtype)
   T cm = t(Shape{Tn, S}, dt, "causal_mask (torch.full)");
   if (Tn != 1) cm = t(Shape{Tn, S}, dt, "causal_mask (torch.triu)");  // torch.triu(causal_mask, diagonal=1)
@@ -286,6 +296,15 @@ T causal_mask(Ctx& c, const ModelSpec& m, uint64_t B, uint64_t Tn, DType dt, con
   // causal_mask = causal_mask[None, None, :, :].expand(batch_size, 1, -1, -1)
   T mask = c.e.view(cm, Shape{B, 1, Tn, S}, Strides{0, 0, static_cast<int64_t>(S), 1});
   cm.reset();
+  if (padding) {
+    // causal_mask = causal_mask.clone(); padding_mask = causal_mask[:, :, :, :mask_length] +
+    // attention_mask[:, None, None, :]; padding_mask = padding_mask == 0;
+    // causal_mask[:, :, :, :mask_length] = causal_mask[:, :, :, :mask_length].masked_fill(padding_mask, min_dtype)
+    mask = t(Shape{B, 1, Tn, S}, dt, "causal_mask.clone()");
+    T pad = t(Shape{B, 1, Tn, S}, dt, "causal_mask + attention_mask");
+    pad = t(Shape{B, 1, Tn, S}, DType::kBool, "padding_mask == 0");
+    { T filled = t(Shape{B, 1, Tn, S}, dt, "masked_fill(padding_mask, min_dtype)"); }  // copied in, then dropped
+  }  // padding_mask goes when the function returns
   if (!alibi) return mask;
   // alibi = alibi.reshape(batch_size, -1, *alibi.shape[1:])
   // causal_mask = torch.masked_fill(alibi / math.sqrt(self.config.hidden_size // self.num_heads),
@@ -297,18 +316,24 @@ T causal_mask(Ctx& c, const ModelSpec& m, uint64_t B, uint64_t Tn, DType dt, con
   d.reset();  // the call's arguments, in order, then the old causal_mask when the name is rebound
   lt.reset();
   mask.reset();
+  if (padding && m.attn_impl == AttnImpl::kSdpa) {
+    // `attention_mask is not None and attention_mask.device.type in ["cuda", ...]`:
+    // AttentionMaskConverter._unmask_unattended(causal_mask, min_dtype) =
+    // expanded_mask.mul(~torch.all(expanded_mask == min_dtype, dim=-1, keepdim=True))
+    T inv;
+    {
+      T eq = t(Shape{B, NH, Tn, S}, DType::kBool, "causal_mask == min_dtype");
+      T all = t(Shape{B, NH, Tn, 1}, DType::kBool, "torch.all(..., dim=-1, keepdim=True)");
+      eq.reset();
+      inv = t(Shape{B, NH, Tn, 1}, DType::kBool, "~torch.all(...)");
+    }
+    filled = t(Shape{B, NH, Tn, S}, (*alibi).dtype(), "causal_mask (_unmask_unattended)");
+  }
   return filled;
 }
 
 // The refusals: what this program does not simulate, and why.
 void check_supported(const Ctx& c, const ModelSpec& m) {
-  if (c.kv) {
-    throw Error(
-        "--generate with falcon is not simulated: FalconModel builds its causal mask (and the ALiBi tensor) from the "
-        "2-D attention_mask generate() passes (_prepare_4d_causal_attention_mask_with_cache_position clones the "
-        "expanded mask and masks the padding in place), which trainmem does not model yet; --task inference without "
-        "--generate is");
-  }
   if (c.checkpoint.mode != CheckpointPolicy::kNone && (m.attn.alibi || m.attn_impl == AttnImpl::kEager)) {
     throw Error(
         "--checkpointing with falcon is simulated with --attention sdpa and rotary positions only: the layer takes "
@@ -330,15 +355,22 @@ T falcon_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
   // inputs_embeds = self.word_embeddings(input_ids): bound until forward returns
   const T inputs_embeds = embedding(c, w.p("transformer.word_embeddings.weight"), ids, "word_embeddings");
   const DType dt = inputs_embeds.dtype();
+  // generate() passes its 2-D attention_mask (B, past + T), all ones, and (B, T) position_ids (c.position_ids)
+  const bool generating = c.kv != nullptr;
+  const uint64_t S = checked_add(generating ? c.kv->past : 0, Tn, "past + seq_length");
   T ones, alibi;
   if (m.attn.alibi) {
-    // mask = torch.ones((batch_size, seq_length + past_key_values_length), dtype=torch.long)
-    ones = c.e.empty(Shape{B, Tn}, DType::kI64, Category::kActivations, c.L("alibi mask (torch.ones)"));
-    alibi = alibi_tensor(c, B, Tn, m.attn.heads, dt);
+    // mask = torch.ones((batch_size, seq_length + past_key_values_length), dtype=torch.long) if attention_mask
+    // is None else attention_mask
+    if (!generating) ones = c.e.empty(Shape{B, S}, DType::kI64, Category::kActivations, c.L("alibi mask (torch.ones)"));
+    alibi = alibi_tensor(c, B, S, m.attn.heads, dt);
   }
-  // cache_position = torch.arange(past, past + seq_length); position_ids = cache_position.unsqueeze(0)
+  // cache_position = torch.arange(past, past + seq_length); position_ids = cache_position.unsqueeze(0) unless
+  // given (generate()'s)
+  const T cache_position =
+      generating ? c.e.empty(Shape{Tn}, DType::kI64, Category::kActivations, c.L("cache_position")) : T();
   const T position_ids = model_position_ids(c, Tn);
-  const T mask = causal_mask(c, m, B, Tn, dt, alibi ? &alibi : nullptr);
+  const T mask = causal_mask(c, m, B, Tn, S, dt, alibi ? &alibi : nullptr, generating);
   // position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids), ALiBi models too
   Positions pos;
   pos.rot = rotary_embedding(c, w.buf("transformer.rotary_emb.inv_freq"), Tn, dt);

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "../layers.h"
+#include "../ops_util.h"
 #include "hf_common.h"
 #include "trainmem/error.h"
 
@@ -21,16 +22,28 @@ T plain(Ctx& c, const Shape& s, DType dt, const char* what, Category cat = Categ
   return c.e.empty(s, dt, cat, c.L(what));
 }
 
+// One index of a tuple index that spans its whole dim (`x[:, :, -seq_length:, :]` with seq_length the dim's size):
+// python_variable_indexing's applySlicing records a slice per index (start -seq_length or a `:` with stop
+// PY_SSIZE_T_MAX is never the no-op shortcut's `start == 0 && stop == length`), each a view whose SliceBackward0
+// (slice_backward) allocates zeros of the input's size and copies the gradient in.
+T whole_slice(Ctx& c, const T& x) {
+  T out = c.e.view(x, x.shape(), x->strides);
+  const Shape in = x.shape();
+  c.e.record("SliceBackward0", {&x}, {&out}, {}, [in](Engine& e, Node&, Grads& g) {
+    return Grads{g[0] ? detail::grad_empty(e, in, g[0].dtype(), g[0]->label) : T()};
+  });
+  return out;
+}
+
 // T5LayerNorm.forward: variance = hidden_states.to(torch.float32).pow(2).mean(-1, keepdim=True);
 // hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon); `if self.weight.dtype in
 // [torch.float16, torch.bfloat16]: hidden_states = hidden_states.to(self.weight.dtype)`; return self.weight *
 // hidden_states. The rsqrt multiplies the input itself (not its float32 copy): float32 by type promotion.
 T t5_layer_norm(Ctx& c, const T& x, const T& weight, const char* what) {
-  T r;
-  {
-    T var = mean_last(c, pow_scalar(c, to(c, x, DType::kF32, "t5_norm .to(float32)"), "t5_norm pow(2)"), "t5_norm variance");
-    r = rsqrt(c, add_scalar(c, var, "t5_norm variance + eps"), "t5_norm rsqrt");
-  }
+  // `variance` is a local: bound until forward returns
+  const T var = mean_last(c, pow_scalar(c, to(c, x, DType::kF32, "t5_norm .to(float32)"), "t5_norm pow(2)"),
+                          "t5_norm variance");
+  T r = rsqrt(c, add_scalar(c, var, "t5_norm variance + eps"), "t5_norm rsqrt");  // the sum dies with the call
   T h = mul(c, x, r, "t5_norm h * rsqrt");
   r.reset();
   if (weight.dtype() == DType::kF16 || weight.dtype() == DType::kBF16) h = to(c, h, weight.dtype(), "t5_norm .to(weight.dtype)");
@@ -53,7 +66,7 @@ T relative_position_bucket(Ctx& c, const T& relative_position, bool bidirectiona
       gt.reset();
       prod = i64("* num_buckets");
     }
-    buckets = i64("relative_buckets (0 + ...)");
+    buckets = plain(c, s, DType::kI64, "relative_buckets (0 + ...)", Category::kActivations);  // saved by the embedding
     prod.reset();
     rp = i64("torch.abs(relative_position)");
   } else {
@@ -92,7 +105,9 @@ T relative_position_bucket(Ctx& c, const T& relative_position, bool bidirectiona
   }
   {
     T where = i64("torch.where(is_small, rel_pos, rp_if_large)");
-    if (!buckets) buckets = i64("relative_buckets (0 + where)");  // int += tensor: a new tensor
+    if (!buckets) {  // int += tensor: a new tensor (saved by the embedding)
+      buckets = plain(c, s, DType::kI64, "relative_buckets (0 + where)", Category::kActivations);
+    }
     // a tensor: `+=` adds in place
   }
   return buckets;
@@ -143,6 +158,8 @@ T t5_attention(Ctx& c, const ModelSpec& m, const LoadedModel& w, const std::stri
       // no query_length; a 0-dim tensor bound until forward returns)
       real_seq_length = plain(c, Shape{}, DType::kI64, "cache_position[-1] + 1");
       bias = compute_bias(c, *in.rel_bias, Q, K, in.bidirectional);
+      // position_bias = position_bias[:, :, -seq_length:, :]: four slices, each the whole dim here
+      for (int d = 0; d < 4; ++d) bias = whole_slice(c, bias);
     } else {
       // position_bias = torch.zeros((1, self.n_heads, seq_length, key_length), dtype=scores.dtype)
       bias = plain(c, Shape{1, H, Q, K}, scores.dtype(), "position_bias zeros", Category::kActivations);
@@ -152,16 +169,19 @@ T t5_attention(Ctx& c, const ModelSpec& m, const LoadedModel& w, const std::stri
     *in.position_bias = bias;
   }
   add_(c, scores, *in.position_bias);  // scores += position_bias_masked
-  // attn_weights = nn.functional.softmax(scores.float(), dim=-1).type_as(scores)
-  T a = to(c, softmax(c, to(c, scores, DType::kF32, "scores.float()"), std::nullopt, "attn softmax"), scores.dtype(),
-           "attn weights .type_as(scores)");
-  scores.reset();
+  // attn_weights = nn.functional.softmax(scores.float(), dim=-1).type_as(scores): each temporary dies when the
+  // next call returns; scores, the query/key/value states and attn_weights are locals, bound until forward returns
+  T a;
+  {
+    T sm;
+    {
+      T f = to(c, scores, DType::kF32, "scores.float()");
+      sm = softmax(c, f, std::nullopt, "attn softmax");
+    }
+    a = to(c, sm, scores.dtype(), "attn weights .type_as(scores)");
+  }
   a = dropout(c, a, m.dropout.attn, "attn dropout");
   T o = matmul(c, a, v, "attn @ v");
-  a.reset();
-  q.reset();
-  k.reset();
-  v.reset();
   // attn_output.transpose(1, 2).contiguous().view(batch_size, -1, self.inner_dim); self.o(attn_output)
   o = view(c, contiguous(c, transpose(c, o, 1, 2), "attn output contiguous"), Shape{B, Q, H * D});
   return linear(c, o, W("o.weight"), nullptr, "attn.o");

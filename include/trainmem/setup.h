@@ -123,9 +123,6 @@ struct TrainSetup {
   Task task = Task::kTrain;
   uint64_t batch = 8;      // B: micro-batch size
   uint64_t seq = 1024;     // T: tokens per sequence
-  // N: an encoder-decoder's (T5's) decoder tokens per sequence, the labels' (B, N) (seq is the encoder's);
-  // 0: the same as seq. Only encoder-decoder models take it.
-  uint64_t target_seq = 0;
   Precision precision = Precision::kBf16Amp;
   Optimizer optimizer = Optimizer::kAdamW;
   OptimizerImpl optimizer_impl = OptimizerImpl::kAuto;
@@ -155,6 +152,9 @@ struct TrainSetup {
   // default DynamicCache: a prefill of the `seq` prompt tokens, then generate - 1 one-token decode steps.
   // 0: one forward pass of `seq` tokens (no cache).
   uint64_t generate = 0;
+  // N: an encoder-decoder's (T5's) decoder tokens per sequence, the labels' (B, N) (seq is the encoder's);
+  // 0: the same as seq. Only encoder-decoder models take it.
+  uint64_t target_seq = 0;
 };
 
 // The dtype parameters are stored in (and gradients and optimizer state follow).

@@ -131,8 +131,8 @@ constexpr Field kFields[] = {
              "torch.inference_mode() (no saved tensors, gradients or optimizer)", FieldGroup::kTraining},
     {"batch", "micro-batch size", FieldGroup::kTraining},
     {"seq", "sequence length in tokens", FieldGroup::kTraining},
-    {"target_seq", "encoder-decoder models (t5): decoder tokens per sequence, the labels' length (default: --seq; "
-                   "--seq is the encoder's)", FieldGroup::kTraining},
+    {"target_seq", "encoder-decoder models (t5): decoder tokens per sequence, the labels' length (default 0: the "
+                   "same as --seq, which is the encoder's)", FieldGroup::kTraining},
     {"precision", "fp32 | fp16-amp | bf16-amp | fp16 | bf16", FieldGroup::kTraining},
     {"optimizer", "adamw | adam | sgd | sgd-momentum | none | adamw8bit | paged-adamw8bit | paged-adamw | lion | "
                   "lion8bit | adafactor | adafactor-torch", FieldGroup::kTraining},
@@ -314,7 +314,7 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
   } else if (f == "seq") {
     s.train.seq = count(f, v, kMaxSeq);
   } else if (f == "target_seq") {
-    s.train.target_seq = count(f, v, kMaxSeq);
+    s.train.target_seq = v == "0" ? 0 : count(f, v, kMaxSeq);  // 0: the same as --seq
   } else if (f == "grad_accum") {
     s.train.grad_accum = count(f, v, kMaxGradAccum);
   } else if (f == "precision") {
@@ -397,7 +397,7 @@ std::string field_text(const Scenario& s, std::string_view f) {
   if (f == "moe_experts") return std::string(name_of(s.model.moe_experts));
   if (f == "batch") return std::to_string(s.train.batch);
   if (f == "seq") return std::to_string(s.train.seq);
-  if (f == "target_seq") return s.train.target_seq ? std::to_string(s.train.target_seq) : "";
+  if (f == "target_seq") return std::to_string(s.train.target_seq);
   if (f == "grad_accum") return std::to_string(s.train.grad_accum);
   if (f == "precision") return std::string(name_of(s.train.precision));
   if (f == "optimizer") return std::string(name_of(s.train.optimizer));

@@ -327,9 +327,16 @@ T t5_stack(Ctx& c, const ModelSpec& m, const LoadedModel& w, bool decoder, const
 
 ForwardOut t5_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids, const T* labels) {
   if (!labels) {
-    throw Error(fmt::format("{}: T5 without labels (--task inference) is not simulated yet: its decoder needs "
-                            "decoder_input_ids, which a labels-free forward or generate() (EncoderDecoderCache) "
-                            "provides", m.name));
+    throw Error(fmt::format("{}: T5 for inference is not simulated yet (--task inference: a labels-free call passes "
+                            "its own decoder_input_ids; --generate: generate() encodes once and grows an "
+                            "EncoderDecoderCache of self- and cross-attention keys and values); train it instead",
+                            m.name));
+  }
+  // T5ForConditionalGeneration computes its own CrossEntropyLoss over the whole logits: no logits_to_keep, and
+  // neither torchtune's chunked head nor Liger's fused kernel has a T5 version
+  if (c.loss_chunks || c.liger_fused || c.logits_to_keep) {
+    throw Error(fmt::format("{}: T5ForConditionalGeneration's loss is CrossEntropyLoss over all the logits; "
+                            "--loss chunked, --loss liger-fused and --logits-to-keep are not for it", m.name));
   }
   if (!c.attention_mask) throw Error("internal: T5's forward needs the batch's attention_mask");
   // the layer lambda hands block 0's position_bias to the later blocks, which a checkpointed (recomputed) layer

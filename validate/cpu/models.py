@@ -2018,11 +2018,9 @@ def resolve_t5_config(cfg):
     return c
 
 
-class T5LayerNorm(nn.Module):
-    def __init__(self, hidden_size, eps=1e-6, device=None):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size, device=device))
-        self.variance_epsilon = eps
+class T5LayerNorm(LlamaRMSNorm):
+    """The same parameter (a weight of ones) and epsilon as LlamaRMSNorm; its own forward: the rsqrt multiplies the
+    input itself, and the cast to 16 bits depends on the weight's dtype."""
 
     def forward(self, hidden_states):
         variance = hidden_states.to(torch.float32).pow(2).mean(-1, keepdim=True)
@@ -2030,6 +2028,15 @@ class T5LayerNorm(nn.Module):
         if self.weight.dtype in [torch.float16, torch.bfloat16]:
             hidden_states = hidden_states.to(self.weight.dtype)
         return self.weight * hidden_states
+
+
+def _t5_wo(wo, hidden_states):
+    """T5DenseActDense / T5DenseGatedActDense after the dropout: `if isinstance(self.wo.weight, torch.Tensor) and
+    hidden_states.dtype != self.wo.weight.dtype and self.wo.weight.dtype != torch.int8: hidden_states =
+    hidden_states.to(self.wo.weight.dtype)`; then self.wo(hidden_states)."""
+    if isinstance(wo.weight, torch.Tensor) and hidden_states.dtype != wo.weight.dtype and wo.weight.dtype != torch.int8:
+        hidden_states = hidden_states.to(wo.weight.dtype)
+    return wo(hidden_states)
 
 
 class T5DenseActDense(nn.Module):
@@ -2044,11 +2051,7 @@ class T5DenseActDense(nn.Module):
         hidden_states = self.wi(hidden_states)
         hidden_states = self.act(hidden_states)
         hidden_states = self.dropout(hidden_states)
-        if (isinstance(self.wo.weight, torch.Tensor) and hidden_states.dtype != self.wo.weight.dtype
-                and self.wo.weight.dtype != torch.int8):
-            hidden_states = hidden_states.to(self.wo.weight.dtype)
-        hidden_states = self.wo(hidden_states)
-        return hidden_states
+        return _t5_wo(self.wo, hidden_states)
 
 
 class T5DenseGatedActDense(nn.Module):
@@ -2065,11 +2068,7 @@ class T5DenseGatedActDense(nn.Module):
         hidden_linear = self.wi_1(hidden_states)
         hidden_states = hidden_gelu * hidden_linear
         hidden_states = self.dropout(hidden_states)
-        if (isinstance(self.wo.weight, torch.Tensor) and hidden_states.dtype != self.wo.weight.dtype
-                and self.wo.weight.dtype != torch.int8):
-            hidden_states = hidden_states.to(self.wo.weight.dtype)
-        hidden_states = self.wo(hidden_states)
-        return hidden_states
+        return _t5_wo(self.wo, hidden_states)
 
 
 class T5LayerFF(nn.Module):

@@ -204,7 +204,6 @@ T t5_ff(Ctx& c, const ModelSpec& m, const LoadedModel& w, const std::string& p, 
       // T5DenseActDense: hidden_states = self.act(self.wi(x))
       h = activation(c, m.mlp.act, linear(c, x, W("DenseReluDense.wi.weight"), nullptr, "ff.wi"));
     }
-    x.reset();
     h = dropout(c, h, m.dropout.act, "ff dropout");
     // `if hidden_states.dtype != self.wo.weight.dtype and self.wo.weight.dtype != torch.int8:
     // hidden_states = hidden_states.to(self.wo.weight.dtype)`
@@ -221,22 +220,17 @@ T t5_block(Ctx& c, const ModelSpec& m, const LoadedModel& w, uint64_t l, bool de
            const T* enc, const AttnIn& cross) {
   const std::string p = fmt::format("{}.block.{}.layer.", decoder ? "decoder" : "encoder", l);
   {
-    // T5LayerSelfAttention: normed = self.layer_norm(h); h = h + self.dropout(self.SelfAttention(normed, ...)[0])
-    T attn;
-    {
-      T normed = t5_layer_norm(c, hidden, w.p(param_name("{}0.layer_norm.weight", p)), "self_attn.layer_norm");
-      attn = t5_attention(c, m, w, p + "0.SelfAttention.", normed, nullptr, self);
-    }
+    // T5LayerSelfAttention: normed = self.layer_norm(h); h = h + self.dropout(self.SelfAttention(normed, ...)[0]);
+    // normed_hidden_states is a local of that forward: bound until after the residual add
+    T normed = t5_layer_norm(c, hidden, w.p(param_name("{}0.layer_norm.weight", p)), "self_attn.layer_norm");
+    T attn = t5_attention(c, m, w, p + "0.SelfAttention.", normed, nullptr, self);
     hidden = add(c, hidden, dropout(c, attn, m.dropout.resid, "self_attn dropout"), "h + self_attn");
   }
   if (decoder) {
     // T5Block: query_length=cache_position[-1] + 1 (a 0-dim tensor made for the call)
     T query_length = plain(c, Shape{}, DType::kI64, "query_length = cache_position[-1] + 1");
-    T attn;
-    {
-      T normed = t5_layer_norm(c, hidden, w.p(param_name("{}1.layer_norm.weight", p)), "cross_attn.layer_norm");
-      attn = t5_attention(c, m, w, p + "1.EncDecAttention.", normed, enc, cross);
-    }
+    T normed = t5_layer_norm(c, hidden, w.p(param_name("{}1.layer_norm.weight", p)), "cross_attn.layer_norm");
+    T attn = t5_attention(c, m, w, p + "1.EncDecAttention.", normed, enc, cross);
     hidden = add(c, hidden, dropout(c, attn, m.dropout.resid, "cross_attn dropout"), "h + cross_attn");
   }
   return t5_ff(c, m, w, p + (decoder ? "2." : "1."), hidden);

@@ -225,7 +225,8 @@ GRID = [
                                  num_decoder_layers=1), 2, 32, "bf16", {"target_seq": 16}),
     # (no bf16-autocast row: T5's CrossEntropyLoss takes the 16-bit logits as they are, and torch 1.13's CPU autocast
     # casts them to float32 before log_softmax where CUDA 2.x's cross_entropy_loss keeps log_softmax in their dtype
-    # (ops_nn.cc cross_entropy); every op before the loss matched exactly under autocast in a relu row)
+    # (ops_nn.cc cross_entropy); in a relu row under autocast the forward matched allocation for allocation up to
+    # the loss)
     # --- frozen parameters (trainmem --freeze GLOB)
     ("frozen-llama-emb-L0", _ll("llama"), 2, 16, "fp32",
      {"freeze": ["model.embed_tokens.*", "model.layers.0.*"]}),

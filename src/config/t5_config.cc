@@ -77,8 +77,8 @@ void read_t5(const KeyReader& r, ModelSpec& m) {
   // T5Attention: q, k, v, o are nn.Linear(..., bias=False); T5DenseActDense's wi / wo too
   m.attn.qkv_bias = m.attn.out_bias = m.mlp.bias = false;
   m.max_positions = 0;  // relative position buckets: no table bounds the sequence
-  // T5Attention computes matmul, position bias and softmax itself for every attn_implementation (no SDPA path:
-  // T5PreTrainedModel does not declare _supports_sdpa), so the model runs eager attention
+  // T5Attention as modelled (modeling_t5.py before transformers PR #47014) computes matmul, position bias and
+  // softmax itself whatever attn_implementation says (T5PreTrainedModel declared no _supports_sdpa): eager
   m.attn_impl = AttnImpl::kEager;
   // nn.Dropout(config.dropout_rate) everywhere (T5Stack, T5LayerSelfAttention, T5LayerFF, the dense layers) and
   // F.dropout(attn_weights, p=self.dropout) with self.dropout = config.dropout_rate

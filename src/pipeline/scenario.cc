@@ -531,9 +531,9 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   r.request = s;
   r.model = load_model(s.model, files, &r.warnings);  // a shape key missing from the config is said, not silent
   if (r.model.family == Family::kT5 && s.was_given("attention") && s.model.attention == AttnImpl::kSdpa) {
-    throw FieldError("attention", fmt::format("sdpa: {}'s T5Attention has one code path (matmul, position bias, "
-                                              "softmax), eager; transformers gives T5 no SDPA attention",
-                                              r.model.name));
+    throw FieldError("attention", fmt::format("sdpa: {} is simulated on T5Attention's own eager path (matmul, "
+                                              "position bias, softmax); T5's SDPA path (transformers PR #47014, "
+                                              "the attention interface) is not simulated yet", r.model.name));
   }
   if (r.model.moe.experts > 0 && !s.was_given("moe_experts")) {
     // transformers 5.x PreTrainedModel.get_correct_experts_implementation: `"grouped_mm" if requested_experts is

@@ -2,9 +2,13 @@
 // program here: no EncoderDecoderCache), eager attention (T5Attention has one code path: explicit matmul, no
 // scaling, softmax). The encoder takes the --seq input ids and the collator's attention mask; the decoder takes
 // _shift_right(labels) of --target-seq tokens; the loss is CrossEntropyLoss(ignore_index=-100) over the logits.
-// Transliterated from huggingface/transformers src/transformers/models/t5/modeling_t5.py at 6b8b757 (T5Stack's
-// masks, _shift_right, the stacks' forwards) and the 5.x T5Attention forward (identical ops: q/k/v views, scores,
-// compute_bias, `scores += position_bias_masked`, softmax(scores.float()).type_as(scores), the o projection).
+// Transliterated from huggingface/transformers src/transformers/models/t5/modeling_t5.py at 6b8b757 (the one
+// upstream version the source index holds): T5Stack's masks (_update_causal_mask, the encoder's extended mask,
+// invert_attention_mask), _shift_right, the stacks' forwards, and T5Attention's own path (q/k/v views, scores,
+// compute_bias, `scores += position_bias_masked`, softmax(scores.float()).type_as(scores), the o projection), which
+// 5.x kept until PR #47014 (merged 2026-07) moved it to the attention interface. Not modelled yet: that interface
+// (eager_attention_forward with scaling=1.0 and the bias as a kwarg, and SDPA), and 5.x T5Stack's masks from
+// masking_utils (create_causal_mask / create_bidirectional_mask), which change mask temporaries only.
 // B=micro-batch T=encoder seq N=decoder seq (--target-seq) C=d_model H=num_heads D=d_kv I=H*D F=d_ff V=vocab
 #include <fmt/format.h>
 

@@ -71,6 +71,19 @@ std::vector<uint64_t> routed_tokens(const MoeSpec& moe, uint64_t tokens);
 // hidden (B, T, C) -> (B, T, C)
 T sparse_moe_block(Ctx& c, const ModelSpec& m, const MoeParams& p, const T& hidden);
 
+// DeepseekV3MoE (moe.cc): gate (DeepseekV3TopkRouter), experts (MixtralExperts' layout), shared_experts.
+struct DeepseekMoeParams {
+  const T& router;       // gate.weight (E, C)
+  const T& router_bias;  // gate.e_score_correction_bias (E,), a buffer
+  const T& gate_up;      // experts.gate_up_proj (E, 2F, C)
+  const T& down;         // experts.down_proj (E, C, F)
+  const T& shared_gate;  // shared_experts.gate_proj.weight (S, C)
+  const T& shared_up;    // shared_experts.up_proj.weight (S, C)
+  const T& shared_down;  // shared_experts.down_proj.weight (C, S)
+};
+// hidden (B, T, C) -> (B, T, C)
+T deepseek_moe_block(Ctx& c, const ModelSpec& m, const DeepseekMoeParams& p, const T& hidden);
+
 // Liger-Kernel's chunking in fused_linear_cross_entropy_forward: rows of logits per chunk and chunks.
 struct LigerChunking {
   uint64_t size = 0;

@@ -28,6 +28,7 @@ enum class Family {
   kPhi,      // phi (phi-1, phi-1.5, phi-2)
   kFalcon,   // falcon (falcon-rw, falcon-7b, falcon-40b/180b layouts)
   kStack,    // mlp layer stack
+  kT5,       // t5 (T5ForConditionalGeneration: an encoder stack and a decoder stack)
 };
 
 // attn_implementation: "eager" (explicit softmax(QK^T)V) or "sdpa" (F.scaled_dot_product_attention).
@@ -146,6 +147,14 @@ struct DropoutSpec {
   double act = 0.0;     // after the MLP activation (OPT activation_dropout)
 };
 
+// An encoder-decoder model (T5): the decoder's stack and the relative position buckets (T5Config). Zero
+// for every decoder-only family.
+struct EncDecSpec {
+  uint64_t decoder_layers = 0;    // num_decoder_layers (T5's default: num_layers)
+  uint64_t rel_buckets = 0;       // relative_attention_num_buckets: rows of relative_attention_bias
+  uint64_t rel_max_distance = 0;  // relative_attention_max_distance (the buckets' range; no tensor shape)
+};
+
 // One layer of the "mlp" layer stack (seed 003's nn.Sequential experiments).
 enum class StackOp { kLinear, kRelu, kGelu, kSigmoid, kLayerNorm };
 struct StackLayer {
@@ -176,6 +185,7 @@ struct ModelSpec {
   bool parallel_residual = false;  // NeoX use_parallel_residual
   double final_softcap = 0.0;    // gemma3_text final_logit_softcapping (None: 0 = off); gemma2's is in llama.cc
   DropoutSpec dropout;           // probabilities used in model.train()
+  EncDecSpec encdec;             // t5 only: m.layers is the encoder's num_layers
 
   // model_type "mlp" only
   uint64_t stack_input = 0;

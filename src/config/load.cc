@@ -114,6 +114,8 @@ void check_causal_lm(const config::KeyReader& r) {
   for (const nlohmann::json& c : *a) {
     if (!c.is_string()) r.fail("architectures", *a, kList);
     const std::string& name = c.get_ref<const std::string&>();
+    // T5ForConditionalGeneration: T5's language-model head (an encoder-decoder's lm_head over the vocabulary)
+    if (name == "T5ForConditionalGeneration") continue;
     if (!name.ends_with("ForCausalLM") && !name.ends_with("LMHeadModel")) {
       r.fail("architectures", *a,
              "a causal language model (...ForCausalLM or ...LMHeadModel); sequence-classification and other task "

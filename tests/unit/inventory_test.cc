@@ -47,6 +47,8 @@ constexpr Published kPublished[] = {
     {"gemma-3-1b-it", 999'885'952, "keras-hub gemma3_presets.py@46f3b4a gemma3_instruct_1b (and gemma3_1b)"},
     {"phi-2", 2'779'683'840, "Hugging Face Hub API microsoft/phi-2: safetensors.parameters F16 2779683840"},
     {"falcon-rw-1b", 1'311'625'216, "keras-hub falcon_presets.py@aa42194 falcon_refinedweb_1b_en (tied head)"},
+    {"t5-small", 60'506'624, "keras-nlp t5_presets.py t5_small params (mattdangerw/keras-hub@0df99da)"},
+    {"flan-t5-base", 247'577'856, "sdpetrides/t5x-train-and-test README.md@7742ecb t5x T5.1.1 base 247577856"},
 };
 
 TEST(Inventory, EveryPresetMatchesItsPublishedParameterCount) {

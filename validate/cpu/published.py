@@ -33,6 +33,9 @@ PUBLISHED = {
     # keras-hub qwen3_moe_presets.py@79c5664 qwen3_moe_30b_a3b_en, qwen_moe_presets.py@41e055b qwen1.5_moe_2.7b_en
     "qwen3-30b-a3b": 30_532_122_624, "qwen1.5-moe-a2.7b": 14_315_784_192,
     "falcon-rw-1b": 1_311_625_216,  # keras-hub falcon_presets.py@aa42194 falcon_refinedweb_1b_en
+    # keras-nlp t5_presets.py t5_small "params" (mattdangerw/keras-hub@0df99da keras_nlp/models/t5/t5_presets.py);
+    # T5.1.1 / flan base: sdpetrides/t5x-train-and-test README.md@7742ecb t5x "base" 247577856
+    "t5-small": 60_506_624, "flan-t5-base": 247_577_856,
     # nanoGPT GPT-2 small as configured in data/models/nanogpt-gpt2.json (no published figure: nanoGPT's own
     # get_num_params() subtracts wpe; this is sum(numel)).
 }

@@ -117,6 +117,17 @@ struct GenerationFigures {
   Bytes end_allocated, end_reserved;  // memory_allocated() and memory_reserved() at the end, the cache still held
 };
 
+// --dp N with DDP: one rank's DistributedDataParallel, as simulated (ddp.h).
+struct DdpFigures {
+  uint64_t ranks = 1;
+  uint64_t bucket_cap_bytes = 0, first_bucket_cap_bytes = 0;
+  bool gradient_as_bucket_view = false, find_unused_parameters = false;
+  std::vector<uint64_t> initial_buckets;  // bytes per bucket at construction, in the Reducer's order
+  std::vector<uint64_t> rebuilt_buckets;  // after the rebuild (empty when the Reducer does not rebuild)
+  // the DDP parameter indices (positions among the trainable parameters) of each bucket, as above
+  std::vector<std::vector<uint32_t>> initial_params, rebuilt_params;
+};
+
 // The estimate of one step, in its natural parts; the timeline and the allocator's per-event figures are
 // shared (an Estimate copies cheaply, and a binding can hand them out without copying them).
 struct Estimate {
@@ -128,6 +139,7 @@ struct Estimate {
   AllocatorFigures memory;
   std::optional<DeviceVerdict> device;  // with a GPU: whether it fits there, and what nvidia-smi would show
   std::optional<GenerationFigures> generation;  // --generate only
+  std::optional<DdpFigures> ddp;                // --dp > 1: per rank
   std::shared_ptr<const SimResult> sim;
   std::shared_ptr<const AllocatorReplay> alloc;
   std::vector<std::string> warnings;  // the simulated program's (SimResult::warnings)

@@ -119,6 +119,11 @@ std::span<const NameRow<LossKind>> name_table(LossKind);
 enum class Task { kTrain, kInference };
 std::span<const NameRow<Task>> name_table(Task);
 
+// How data-parallel ranks share the model (--sharding): DDP (full replicas, gradient buckets all-reduced) is
+// simulated; FSDP and ZeRO are named so that they can be refused with a reason.
+enum class Sharding { kDdp, kFsdp1, kFsdp2, kZero1, kZero2, kZero3 };
+std::span<const NameRow<Sharding>> name_table(Sharding);
+
 struct TrainSetup {
   Task task = Task::kTrain;
   uint64_t batch = 8;      // B: micro-batch size
@@ -152,9 +157,14 @@ struct TrainSetup {
   // default DynamicCache: a prefill of the `seq` prompt tokens, then generate - 1 one-token decode steps.
   // 0: one forward pass of `seq` tokens (no cache).
   uint64_t generate = 0;
-  // Data-parallel ranks (GPUs). So far only `trainmem formulas` reads it (ZeRO's and DeepSpeed's per-rank closed
-  // forms); the per-rank simulation (DDP, FSDP, ZeRO) is not implemented yet, and estimate refuses more than one.
+  // Data-parallel ranks (GPUs). With more than one, estimate simulates one rank of `sharding` (DDP so far);
+  // `trainmem formulas` prints ZeRO's and DeepSpeed's per-rank closed forms for them.
   uint64_t dp = 1;
+  Sharding sharding = Sharding::kDdp;  // how the dp ranks share the model (only DDP is simulated)
+  // DistributedDataParallel's arguments (ddp.h); empty: what the modelled loop passes (resolve_ddp)
+  std::optional<double> bucket_cap_mb;          // bucket_cap_mb (MiB despite the name)
+  std::optional<bool> gradient_as_bucket_view;  // gradient_as_bucket_view
+  std::optional<bool> find_unused_parameters;   // find_unused_parameters
   // N: an encoder-decoder's (T5's) decoder tokens per sequence, the labels' (B, N) (seq is the encoder's);
   // 0: the same as seq. Only encoder-decoder models take it.
   uint64_t target_seq = 0;

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "trainmem/ddp.h"
 #include "trainmem/inventory.h"
 #include "trainmem/model.h"
 #include "trainmem/runtime.h"
@@ -64,6 +65,9 @@ struct SimResult {
   uint32_t micro_batches_simulated = 0;
   std::vector<uint8_t> param_has_grad;  // per inventory row: a .grad after the last step's backward
   std::vector<std::string> warnings;    // what the simulated program would warn about
+  // DDP (dp > 1): the Reducer's buckets in its order: [0] at construction, [1] after the rebuild at the first
+  // forward after a synced backward (absent when it does not rebuild)
+  std::vector<std::vector<DdpBucket>> ddp_buckets;
 };
 
 SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s, const SimOptions& o);

@@ -26,8 +26,9 @@ enum class Category : uint8_t {
   kTemporaries,    // op-internal scratch (casts, workspaces of single kernels, optimizer temporaries)
   kWorkspace,      // persistent cuBLAS / cuBLASLt workspaces
   kKvCache,        // transformers' KV cache (past_key_values) while generating
+  kDdpBuckets,     // DistributedDataParallel's flat gradient buckets and its construction-time broadcast buffers
 };
-inline constexpr size_t kCategoryCount = 11;
+inline constexpr size_t kCategoryCount = 12;
 std::string_view category_name(Category c);
 
 // Where in the training loop an event happens.

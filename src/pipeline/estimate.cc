@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "trainmem/ddp.h"
 #include "trainmem/error.h"
 #include "trainmem/family.h"
 
@@ -26,6 +27,8 @@ const char* category_note(Category c) {
     case Category::kTemporaries: return "op scratch and optimizer temporaries";
     case Category::kWorkspace: return "cuBLAS/cuBLASLt workspaces (one per thread)";
     case Category::kKvCache: return "the KV cache: keys and values of every layer, every token so far";
+    case Category::kDdpBuckets: return "DDP's flat gradient buckets (all-reduced in place; NCCL's own buffers are "
+                                       "outside the caching allocator and not counted)";
   }
   return "";
 }
@@ -152,12 +155,9 @@ Estimate estimate(const ResolvedScenario& r) {
 Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s, const SimOptions& o0,
                   const AllocatorConfig& ac, const GpuSpec* gpu) {
   validate_setup(m, s);
-  if (s.dp > 1) {  // one process, one GPU: what the simulator models so far
-    throw FieldError("dp", fmt::format("{}: the per-rank simulation of data parallelism (DDP, FSDP, ZeRO) is not "
-                                       "implemented yet; `trainmem formulas --dp {}` prints ZeRO's and DeepSpeed's "
-                                       "per-rank closed forms", s.dp, s.dp));
-  }
   SimOptions o = o0;
+  // dp > 1: one rank of DistributedDataParallel (ddp.h); refuses what it does not simulate
+  (void)resolve_ddp(s, resolved(o0, m).loop, o0.torch);
   if (gpu) o.sm = gpu->sm;  // the device decides the kernels: an H100 is simulated as sm_90
   Estimate e;
   e.model = m;
@@ -221,6 +221,21 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
   st.optimizer_state = st.optimizer_moments + st.optimizer_steps;
   e.sim = sim;
   e.warnings = sim->warnings;
+  if (const DdpOptions d = resolve_ddp(s, e.options.loop, e.options.torch); d.on) {
+    DdpFigures f;
+    f.ranks = d.ranks;
+    f.bucket_cap_bytes = d.bucket_bytes;
+    f.first_bucket_cap_bytes = d.first_bucket_bytes;
+    f.gradient_as_bucket_view = d.bucket_view;
+    f.find_unused_parameters = d.find_unused;
+    for (size_t k = 0; k < sim->ddp_buckets.size() && k < 2; ++k) {
+      for (const DdpBucket& b : sim->ddp_buckets[k]) {
+        (k == 0 ? f.initial_buckets : f.rebuilt_buckets).push_back(b.bytes);
+        (k == 0 ? f.initial_params : f.rebuilt_params).push_back(b.indices);
+      }
+    }
+    e.ddp = std::move(f);
+  }
   PeakBreakdown& pk = e.peak;
   pk.saved_activations = sim->saved_activations;
   pk.live_total = sim->peak.live.total;

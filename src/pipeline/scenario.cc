@@ -173,8 +173,17 @@ constexpr Field kFields[] = {
     {"generate", "with --task inference: model.generate(max_new_tokens=N), greedy, with transformers' DynamicCache: "
                  "the --seq prompt prefilled, then N-1 one-token decode steps (default 0: one forward pass)",
      FieldGroup::kTraining},
-    {"dp", "data-parallel ranks (GPUs): trainmem formulas prints ZeRO's and DeepSpeed's per-rank closed forms for "
-           "them (default 1; the per-rank simulation is not implemented yet)", FieldGroup::kTraining},
+    {"dp", "data-parallel ranks (GPUs): estimate simulates one rank of --sharding; trainmem formulas prints ZeRO's "
+           "and DeepSpeed's per-rank closed forms for them (default 1)", FieldGroup::kTraining},
+    {"sharding", "ddp: how the --dp ranks share the model (fsdp1, fsdp2, zero1, zero2, zero3: not simulated yet)",
+     FieldGroup::kTraining},
+    {"bucket_cap_mb", "DDP's bucket_cap_mb, in MiB (default: what the loop passes: none, so DDP's 25 with a 1 MiB "
+                      "first bucket)", FieldGroup::kTraining},
+    {"gradient_as_bucket_view", "true | false: DDP's gradient_as_bucket_view (default false, as DDP, the Trainer "
+                                "and nanoGPT)", FieldGroup::kTraining},
+    {"find_unused_parameters", "true | false: DDP's find_unused_parameters (default: the Trainer's, true unless "
+                               "gradient checkpointing; false for nanoGPT and plain loops, DDP's own)",
+     FieldGroup::kTraining},
     {"gpu",
      "GPU from the catalog (trainmem gpus, any case) or a memory size like 24GiB (a generic sm_80 card); "
      "sets the architecture (default sm_80)",
@@ -376,6 +385,20 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     s.train.generate = v == "0" ? 0 : count(f, v, kMaxGenerate);
   } else if (f == "dp") {
     s.train.dp = count(f, v, kMaxRanks);
+  } else if (f == "sharding") {
+    s.train.sharding = named(f, v, parse_name<Sharding>(v));
+  } else if (f == "bucket_cap_mb") {
+    char* end = nullptr;
+    const std::string t(v);
+    const double mb = t.empty() ? 0 : std::strtod(t.c_str(), &end);
+    if (t.empty() || end != t.c_str() + t.size() || !(mb > 0) || mb > 1048576) bad(f, v, "a size in MiB in (0, 1048576]");
+    s.train.bucket_cap_mb = mb;
+  } else if (f == "gradient_as_bucket_view") {
+    if (v != "true" && v != "false") bad(f, v, "true or false");
+    s.train.gradient_as_bucket_view = v == "true";
+  } else if (f == "find_unused_parameters") {
+    if (v != "true" && v != "false") bad(f, v, "true or false");
+    s.train.find_unused_parameters = v == "true";
   } else if (f == "gpu") {
     s.train.gpu = std::string(v);
   } else if (f == "loop") {
@@ -442,6 +465,14 @@ std::string field_text(const Scenario& s, std::string_view f) {
   if (f == "logits_to_keep") return std::to_string(s.train.logits_to_keep);
   if (f == "generate") return std::to_string(s.train.generate);
   if (f == "dp") return std::to_string(s.train.dp);
+  if (f == "sharding") return std::string(name_of(s.train.sharding));
+  if (f == "bucket_cap_mb") return s.train.bucket_cap_mb ? fmt::format("{}", *s.train.bucket_cap_mb) : "";
+  if (f == "gradient_as_bucket_view") {
+    return s.train.gradient_as_bucket_view ? (*s.train.gradient_as_bucket_view ? "true" : "false") : "";
+  }
+  if (f == "find_unused_parameters") {
+    return s.train.find_unused_parameters ? (*s.train.find_unused_parameters ? "true" : "false") : "";
+  }
   if (f == "loop") return s.loop == LoopKind::kAuto ? "" : std::string(name_of(s.loop));
   if (f == "torch") return torch_version_name(s.torch);
   if (f == "alloc_conf") return s.alloc_conf;

@@ -15,6 +15,7 @@ std::string headline(const Estimate& e) {
   const ModelSpec& m = e.model;
   const TrainSetup& s = e.setup;
   std::string accum = s.grad_accum > 1 ? fmt::format(", {} micro-batches per step", s.grad_accum) : "";
+  if (e.ddp) accum += fmt::format("; per rank, {} ranks (DDP)", e.ddp->ranks);
   const bool inference = s.task == Task::kInference;
   return fmt::format(
       "{} (model_type {}, {} code, {} attention{}): batch {} x seq {}, {}, {}{}\n"
@@ -105,6 +106,31 @@ std::string fragmentation_note(const AllocatorFigures& m) {
       report::percent(m.fragmentation.value, m.peak_reserved.value), format_bytes(m.fragmentation));
 }
 
+// --dp N: the Reducer's buckets (construction and rebuild) and what is not counted.
+std::string render_ddp_note(const DdpFigures& d) {
+  auto sum = [](const std::vector<uint64_t>& v) {
+    uint64_t b = 0;
+    for (uint64_t x : v) b += x;
+    return Bytes(b);
+  };
+  auto largest = [](const std::vector<uint64_t>& v) { return v.empty() ? Bytes{} : Bytes(*std::max_element(v.begin(), v.end())); };
+  std::string out = fmt::format(
+      "DDP, per rank of {}: bucket_cap_mb {} (first bucket {}), gradient_as_bucket_view {}, "
+      "find_unused_parameters {}\n",
+      d.ranks, format_bytes(Bytes(d.bucket_cap_bytes)), format_bytes(Bytes(d.first_bucket_cap_bytes)),
+      d.gradient_as_bucket_view ? "true" : "false", d.find_unused_parameters ? "true" : "false");
+  out += fmt::format("  construction: {} bucket(s), {} in all (largest {})\n", d.initial_buckets.size(),
+                     format_bytes(sum(d.initial_buckets)), format_bytes(largest(d.initial_buckets)));
+  if (!d.rebuilt_buckets.empty()) {
+    out += fmt::format("  rebuilt at the second forward, in gradient-ready order: {} bucket(s) (largest {})\n",
+                       d.rebuilt_buckets.size(), format_bytes(largest(d.rebuilt_buckets)));
+  } else {
+    out += "  no rebuild (find_unused_parameters=True keeps the construction's buckets)\n";
+  }
+  out += "  not counted: NCCL's communicator buffers (allocated by NCCL outside the caching allocator)\n";
+  return out;
+}
+
 std::string render_estimate_table(const Estimate& e, const GpuSpec* gpu) {
   using TT = report::TextTable;
   TT t({{"at the peak", TT::kLeft}, {"bytes", TT::kRight}, {"size", TT::kRight}, {"share", TT::kRight},
@@ -152,6 +178,7 @@ std::string render_estimate_table(const Estimate& e, const GpuSpec* gpu) {
   out += a.str();
   out += fragmentation_note(e.memory);
   if (e.generation) out += '\n' + render_generation_table(*e.generation, e.setup);
+  if (e.ddp) out += '\n' + render_ddp_note(*e.ddp);
   if (e.device) {
     out += '\n';
     out += render_verdict(*e.device, gpu);
@@ -197,6 +224,20 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
       {"peak_components", comps},
   };
   out["setup"]["task"] = name_of(s.task);
+  out["setup"]["dp"] = s.dp;
+  if (const auto& d = e.ddp) {
+    out["ddp"] = {{"ranks", d->ranks},
+                  {"per_rank", true},
+                  {"bucket_cap_bytes", d->bucket_cap_bytes},
+                  {"first_bucket_cap_bytes", d->first_bucket_cap_bytes},
+                  {"gradient_as_bucket_view", d->gradient_as_bucket_view},
+                  {"find_unused_parameters", d->find_unused_parameters},
+                  {"initial_bucket_bytes", d->initial_buckets},
+                  {"rebuilt_bucket_bytes", d->rebuilt_buckets},
+                  {"initial_bucket_params", d->initial_params},
+                  {"rebuilt_bucket_params", d->rebuilt_params},
+                  {"nccl_buffers", "not counted: NCCL allocates its buffers outside the caching allocator"}};
+  }
   out["setup"]["generate"] = s.generate;
   if (const auto& g = e.generation) {
     out["generation"] = {{"new_tokens", g->new_tokens},

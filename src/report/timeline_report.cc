@@ -20,6 +20,7 @@ struct Group {
   const char* name;
   std::initializer_list<Category> categories;
   bool generation_only = false;  // a column only when the step generates (--generate): the KV cache
+  bool ddp_only = false;         // a column only with data parallelism (dp > 1): DDP's buckets
 };
 const Group kGroups[] = {
     {"weights", {Category::kWeights, Category::kBuffers}},
@@ -29,9 +30,12 @@ const Group kGroups[] = {
     {"bwd+tmp", {Category::kBackward, Category::kTemporaries}},
     {"wksp", {Category::kWorkspace}},
     {"kv", {Category::kKvCache}, true},
+    {"ddp", {Category::kDdpBuckets}, false, true},
 };
 
-bool shown(const Group& g, const Estimate& e) { return !g.generation_only || e.setup.generate > 0; }
+bool shown(const Group& g, const Estimate& e) {
+  return (!g.generation_only || e.setup.generate > 0) && (!g.ddp_only || e.setup.dp > 1);
+}
 
 uint64_t group_bytes(const LiveBytes& live, const Group& g) {
   uint64_t b = 0;

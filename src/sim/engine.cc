@@ -731,6 +731,7 @@ std::string_view category_name(Category c) {
     case Category::kTemporaries: return "temporaries";
     case Category::kWorkspace: return "workspaces";
     case Category::kKvCache: return "kv cache";
+    case Category::kDdpBuckets: return "ddp buckets";
   }
   return "?";
 }

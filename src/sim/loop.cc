@@ -4,8 +4,11 @@
 
 #include <algorithm>
 
+#include <deque>
+
 #include "../families/registry.h"
 #include "forward.h"
+#include "trainmem/ddp.h"
 #include "trainmem/error.h"
 #include "trainmem/sim.h"
 
@@ -72,6 +75,16 @@ struct Loop {
   T kept_loss;              // the training script's `loss` variable, rebound each micro-batch
   const Program& program;   // the family's forward for this implementation (src/families/registry.cc)
   const bool features;      // a float feature batch without targets (InputKind::kFeatures)
+
+  // DistributedDataParallel (ddp.h): this rank's Reducer
+  DdpOptions ddp;
+  std::vector<int32_t> ddp_rows;     // DDP's parameter list (_build_params_for_reducer): the trainable rows
+  std::vector<T> ddp_buckets;        // bucket.gradients, in the Reducer's bucket order
+  std::vector<int32_t> ddp_bucket_of;  // per inventory row: its bucket (-1: none)
+  std::vector<int32_t> ddp_arrival;  // rebuilt_params_: rows in gradient-ready order, first synced backward
+  bool ddp_sync = true;              // require_backward_grad_sync of this micro-batch (no_sync otherwise)
+  bool ddp_forward_sync = true;      // require_forward_param_sync: set by the previous forward
+  bool ddp_rebuilt = false;
 
   Loop(const ModelSpec& m_, const Inventory& inv_, const TrainSetup& s_, const SimOptions& o_, Engine& e_)
       : m(m_), inv(inv_), s(s_), o(o_), e(e_), c(e_), program(program_for(m_)), features(input_kind(m_) == InputKind::kFeatures) {}
@@ -313,6 +326,7 @@ struct Loop {
     e.micro = micro;
     e.phase = Phase::kForward;
     if (o.loop == LoopKind::kHf) get_batch();  // Trainer: _prepare_inputs moves this micro-batch's tensors
+    if (ddp.on) ddp_pre_forward(micro == std::min<uint64_t>(s.grad_accum, 2));
     T loss;
     {
       ForwardOut out;
@@ -358,6 +372,146 @@ struct Loop {
                   "reentrant checkpointing without --input-require-grads true cut the graph)");
     }
     e.backward(scaled);
+  }
+
+  // --- DistributedDataParallel -------------------------------------------------------------------------
+
+  Bytes row_bytes(int32_t row) const {
+    const TensorRow& r = inv.parameters[static_cast<size_t>(row)];
+    return bytes_of(r.elems, stored_dtype(r, param_dtype(s.precision)));
+  }
+
+  // c10d broadcast_coalesced (comm.cpp): the tensors grouped by compute_bucket_assignment_by_size(tensors,
+  // {buffer_size}); each group's BroadcastWork flattens it (torch::utils::flatten_dense_tensors: a view for one
+  // tensor, at::cat otherwise) and at most two are in flight ("We maintain a maximum of 2 in flight broadcast
+  // operations"): the oldest finishes (its flat tensor freed) before a third is created.
+  void broadcast_coalesced(const std::vector<BucketInput>& tensors, const char* what) {
+    if (tensors.empty()) return;
+    std::deque<T> in_flight;
+    for (const DdpBucket& b : assign_buckets(tensors, {kDdpBroadcastBucketBytes}, false)) {
+      if (in_flight.size() >= 2) in_flight.pop_front();
+      T flat;
+      if (b.indices.size() > 1) {
+        const uint64_t elems = b.bytes / itemsize(b.dtype);
+        flat = e.empty(Shape{elems}, b.dtype, Category::kDdpBuckets, Label{what});
+      }
+      in_flight.push_back(std::move(flat));
+    }
+  }
+
+  // The module's states as _sync_module_states lists them: named_parameters(), then named_buffers()
+  // (broadcast_buffers=True, DDP's default, which neither the Trainer nor nanoGPT changes).
+  std::vector<BucketInput> module_states(bool params) const {
+    std::vector<BucketInput> v;
+    const DType pd = param_dtype(s.precision);
+    uint32_t k = 0;
+    if (params) {
+      for (const TensorRow& r : inv.parameters) v.push_back({k++, bytes_of(r.elems, stored_dtype(r, pd)).value, stored_dtype(r, pd)});
+    }
+    for (const TensorRow& r : inv.buffers) v.push_back({k++, bytes_of(r.elems, stored_dtype(r, pd)).value, stored_dtype(r, pd)});
+    return v;
+  }
+
+  // Allocates the buckets of `assignment` (DDP parameter indices) in order: Reducer::initialize_buckets,
+  // `bucket.gradients = at::empty({bucketSize}, options)` per bucket.
+  void ddp_allocate(const std::vector<DdpBucket>& assignment, std::vector<std::vector<DdpBucket>>& sizes) {
+    ddp_bucket_of.assign(inv.parameters.size(), -1);
+    for (const DdpBucket& b : assignment) {
+      const auto n = static_cast<int32_t>(ddp_buckets.size());
+      ddp_buckets.push_back(e.empty(Shape{b.bytes / itemsize(b.dtype)}, b.dtype, Category::kDdpBuckets,
+                                    Label{intern_name(fmt::format("DDP bucket {} ({} tensors)", n, b.indices.size()))}));
+      for (uint32_t k : b.indices) ddp_bucket_of[static_cast<size_t>(ddp_rows[k])] = n;
+    }
+    sizes.push_back(assignment);
+  }
+
+  // DistributedDataParallel(model) after the model is on the device (distributed.py __init__):
+  // _sync_module_states, then _ddp_init_helper's Reducer with its first bucket assignment.
+  void ddp_construct(SimResult& r) {
+    e.phase = Phase::kSetup;
+    broadcast_coalesced(module_states(true), "DDP _sync_module_states broadcast (flat)");
+    const DType pd = param_dtype(s.precision);
+    std::vector<BucketInput> params;
+    for (size_t i = 0; i < inv.parameters.size(); ++i) {
+      if (!inv.parameters[i].trainable) continue;  // `if param.requires_grad`
+      const auto k = static_cast<uint32_t>(ddp_rows.size());
+      ddp_rows.push_back(static_cast<int32_t>(i));
+      params.push_back({k, row_bytes(static_cast<int32_t>(i)).value, stored_dtype(inv.parameters[i], pd)});
+    }
+    if (params.empty()) throw Error("DDP: no parameter requires grad (DistributedDataParallel refuses such a module)");
+    // _ddp_init_helper: `if static_graph is True or self.find_unused_parameters is False: bucket_size_limits =
+    // [sys.maxsize]`, else [first bucket cap, bucket_bytes_cap]; the buckets are passed reversed
+    // (`list(reversed(bucket_indices))`) to approximate gradient-ready order
+    const std::vector<uint64_t> limits = ddp.find_unused ? std::vector<uint64_t>{ddp.first_bucket_bytes, ddp.bucket_bytes}
+                                                         : std::vector<uint64_t>{UINT64_MAX};
+    std::vector<DdpBucket> a = assign_buckets(params, limits, false);
+    std::reverse(a.begin(), a.end());
+    ddp_sizes = &r.ddp_buckets;
+    ddp_allocate(a, *ddp_sizes);
+    // Reducer::initialize_local_used_map (find_unused_parameters): local_used_map_dev_ = at::empty(
+    // {variable_count}, int32) on the parameters' device (local_used_map_ itself is on the CPU)
+    if (ddp.find_unused) {
+      ddp_local_used = e.empty(Shape{params.size()}, DType::kI32, Category::kDdpBuckets, Label{"DDP local_used_map_dev_"});
+    }
+  }
+  T ddp_local_used;
+
+  // DDP.forward's _pre_forward: Reducer::rebuild_buckets once, after the first synced backward, then
+  // _sync_buffers when the previous forward asked for it (require_forward_param_sync).
+  void ddp_pre_forward(bool sync) {
+    ddp_sync = sync;
+    if (ddp.rebuild && !ddp_rebuilt && !ddp_arrival.empty()) {
+      // rebuild_buckets: compute_bucket_assignment_by_size(rebuilt_params_, {first_bucket_bytes_cap_,
+      // bucket_bytes_cap_}, ..., rebuilt_param_indices_) in gradient-ready order, then initialize_buckets, which
+      // starts with `buckets_.clear()`: the old buckets are freed before the new ones are allocated (unless a
+      // .grad still views them: gradient_as_bucket_view with gradients kept, which zero_grad(set_to_none=True)
+      // rules out in the modelled loops)
+      ddp_rebuilt = true;
+      std::vector<BucketInput> ready;
+      std::vector<int32_t> index_of(inv.parameters.size(), -1);
+      for (size_t k = 0; k < ddp_rows.size(); ++k) index_of[static_cast<size_t>(ddp_rows[k])] = static_cast<int32_t>(k);
+      const DType pd = param_dtype(s.precision);
+      for (int32_t row : ddp_arrival) {
+        ready.push_back({static_cast<uint32_t>(index_of[static_cast<size_t>(row)]), row_bytes(row).value,
+                         stored_dtype(inv.parameters[static_cast<size_t>(row)], pd)});
+      }
+      if (ready.size() != ddp_rows.size()) {
+        throw Error("DDP: a trainable parameter got no gradient in the first backward; DDP without "
+                    "find_unused_parameters would fail (\"Expected to have finished reduction in the prior iteration\")");
+      }
+      const std::vector<DdpBucket> a = assign_buckets(ready, {ddp.first_bucket_bytes, ddp.bucket_bytes}, true);
+      ddp_buckets.clear();
+      ddp_allocate(a, *ddp_sizes);
+      if (ddp.bucket_view) {  // initialize_bucket_views: a defined .grad is copied in and replaced by the view
+        for (int32_t row : ddp_rows) {
+          if (e.grad(row)) ddp_view_grad(row);
+        }
+      }
+    }
+    if (ddp_forward_sync) broadcast_coalesced(module_states(false), "DDP _sync_buffers broadcast (flat)");
+    // _post_forward: require_forward_param_sync = grad enabled and require_backward_grad_sync
+    ddp_forward_sync = sync;
+  }
+  std::vector<std::vector<DdpBucket>>* ddp_sizes = nullptr;
+
+  // .grad = the bucket view (gradient_as_bucket_view): the tensor autograd produced is released
+  void ddp_view_grad(int32_t row) {
+    T& g = e.grad(row);
+    const T& bucket = ddp_buckets[static_cast<size_t>(ddp_bucket_of[static_cast<size_t>(row)])];
+    if (g && g->storage == bucket->storage) return;  // `grad.is_alias_of(bucket_view)`
+    const Shape shape = w.params[static_cast<size_t>(row)].shape();
+    T v = e.view(bucket, shape, contiguous_strides(shape));
+    g = std::move(v);
+  }
+
+  // The Reducer's autograd hook (a post hook of the parameter's AccumulateGrad): mark_variable_ready_dense
+  // copies the grad into its bucket view (at::mul_out into the view: no allocation) or, with
+  // gradient_as_bucket_view, makes .grad that view. The bucket's all-reduce is in place; finalize_backward copies
+  // the result back into .grad (finalize_bucket_dense: no allocation). Skipped under no_sync.
+  void ddp_hook(int32_t row) {
+    if (!ddp_sync) return;
+    if (ddp.rebuild && !ddp_rebuilt) ddp_arrival.push_back(row);  // push_rebuilt_params
+    if (ddp.bucket_view) ddp_view_grad(row);
   }
 
   void clip_grad_norm() {
@@ -674,6 +828,13 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
     for (size_t i = 0; i < inv.parameters.size(); ++i) {
       if (inv.parameters[i].name == emb) loop.c.input_embedding_row = static_cast<int32_t>(i);
     }
+  }
+  // DistributedDataParallel(model): nanoGPT wraps before its first get_batch, the Trainer in train() before its
+  // loop; the Reducer's hook runs after each AccumulateGrad (a post hook of the grad accumulator)
+  loop.ddp = resolve_ddp(s, o.loop, o.torch);
+  if (loop.ddp.on) {
+    loop.ddp_construct(r);
+    e.post_accumulate_grad = [&loop](int32_t i) { loop.ddp_hook(i); };
   }
   if (o.loop != LoopKind::kHf && s.task == Task::kTrain) loop.get_batch();
   if (s.optimizer_in_backward) {

@@ -45,23 +45,27 @@ T product_2d(Ctx& c, const T& x, const T& w, const T* b, uint64_t out_f, bool lt
   if (gx) saved.push_back(w);   // mat2 (the weight, or its autocast copy)
   const Shape xs = x.shape(), ws = w.shape();
   const Shape g2{m2[0], out_f};
-  auto fn = [gx, gw, xs, ws, g2, has_b](Engine& e, Node&, Grads& g) {
+  // The node's next edges in addmm's argument order, (self = bias, mat1, mat2), or (self, mat2) for mm: the
+  // engine delivers (and queues the bias's AccumulateGrad, which runs first: DDP's gradient-ready order,
+  // validate/cpu/ddp.py) in that order.
+  const size_t ix = has_b ? 1 : 0, iw = ix + 1;
+  auto fn = [gx, gw, xs, ws, g2, has_b, ix, iw](Engine& e, Node&, Grads& g) {
     Grads r(3);
     if (!g[0]) return r;
     T gm = grad_as(e, g[0], g2);
     if (gw) {
-      r[1] = grad_empty(e, ws, g[0].dtype(), g[0]->label);  // mm_mat2_backward: (out, in) like the weight
+      r[iw] = grad_empty(e, ws, g[0].dtype(), g[0]->label);  // mm_mat2_backward: (out, in) like the weight
       e.gemm(false);
     }
     if (gx) {
-      r[0] = grad_empty(e, xs, g[0].dtype(), g[0]->label);  // mm_mat1_backward
+      r[ix] = grad_empty(e, xs, g[0].dtype(), g[0]->label);  // mm_mat1_backward
       e.gemm(false);
     }
-    if (has_b) r[2] = g[0];  // maybe_multiply(grad, beta) is grad itself; validate_outputs reduces it
+    if (has_b) r[0] = g[0];  // maybe_multiply(grad, beta) is grad itself; validate_outputs reduces it
     return r;
   };
   if (has_b) {
-    c.e.record("AddmmBackward0", {&x, &w, b}, {&out}, std::move(saved), fn);
+    c.e.record("AddmmBackward0", {b, &x, &w}, {&out}, std::move(saved), fn);
   } else {
     c.e.record("MmBackward0", {&x, &w}, {&out}, std::move(saved), fn);
   }
@@ -203,9 +207,12 @@ T linear(Ctx& c, const T& x0, const T& w0, const T* b0, const char* what) {
 T conv1d(Ctx& c, const T& x0, const T& w0, const T& b0, const char* what) {
   const uint64_t nx = x0.shape().back(), nf = w0.shape()[1];
   const T xv = view(c, x0, Shape{detail::rows_of(x0.shape()).value, nx});  // x.view(-1, x.size(-1))
-  const T b = autocast_lowp(c, b0);
+  // torch.addmm(bias, x, weight) under autocast: its wrapper casts (self, mat1, mat2) right to left (see the top
+  // of this file): the weight, then the input, then the bias, whose cast node is thus the newest (it runs first
+  // in backward, and the bias's AccumulateGrad before the weight's: validate/cpu/ddp.py)
   const T w = autocast_lowp(c, w0);
   const T x = autocast_lowp(c, xv);
+  const T b = autocast_lowp(c, b0);
   T y = product_2d(c, x, w, &b, nf, /*lt=*/true, what);
   T out = view(c, y, detail::with_last(x0.shape(), nf));  // x.view(size_out)
   y.reset();

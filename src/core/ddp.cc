@@ -1,0 +1,111 @@
+// DistributedDataParallel's bucket rules, per rank (ddp.h). Sources: pytorch/pytorch
+// torch/nn/parallel/distributed.py (DistributedDataParallel.__init__, _ddp_init_helper),
+// torch/csrc/distributed/c10d/reducer.cpp (compute_bucket_assignment_by_size, rebuild_buckets,
+// initialize_buckets, should_rebuild_buckets), and the scripts that construct DDP.
+#include "trainmem/ddp.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "trainmem/error.h"
+#include "trainmem/sim.h"
+
+namespace trainmem {
+
+namespace {
+constexpr NameRow<Sharding> kShardings[] = {
+    {Sharding::kDdp, "ddp", "DistributedDataParallel: a full replica per rank, gradients all-reduced in buckets"},
+    {Sharding::kFsdp1, "fsdp1", "FullyShardedDataParallel (flat parameters): not simulated yet"},
+    {Sharding::kFsdp2, "fsdp2", "fully_shard (per-parameter DTensor shards): not simulated yet"},
+    {Sharding::kZero1, "zero1", "DeepSpeed ZeRO stage 1: not simulated yet"},
+    {Sharding::kZero2, "zero2", "DeepSpeed ZeRO stage 2: not simulated yet"},
+    {Sharding::kZero3, "zero3", "DeepSpeed ZeRO stage 3: not simulated yet"},
+};
+}  // namespace
+
+std::span<const NameRow<Sharding>> name_table(Sharding) { return kShardings; }
+
+DdpOptions resolve_ddp(const TrainSetup& s, LoopKind loop, TorchVersion torch) {
+  DdpOptions d;
+  if (s.dp <= 1 || s.task != Task::kTrain) return d;
+  if (s.sharding != Sharding::kDdp) {
+    throw FieldError("sharding", fmt::format("{}: not simulated yet (only ddp is)", name_of(s.sharding)));
+  }
+  if (loop == LoopKind::kSeed000) {
+    throw FieldError("loop", "seed000: DDP is not simulated for the seed 000 fork (its zero_grad(set_to_none=False) "
+                             "keeps gradients that gradient_as_bucket_view and the bucket rebuild would alias)");
+  }
+  if (s.optimizer_in_backward) {
+    throw FieldError("optimizer_in_backward", "true: with DDP the optimizer runs in DDP's comm hook "
+                                              "(_apply_optim_in_backward_hook), which is not simulated");
+  }
+  d.on = true;
+  d.ranks = s.dp;
+  // distributed.py __init__: bucket_cap_mb=None means 25 and bucket_bytes_cap_default = True;
+  // self.bucket_bytes_cap = int(bucket_cap_mb * 1024 * 1024). The Trainer passes bucket_cap_mb only when
+  // TrainingArguments.ddp_bucket_cap_mb is set (trainer.py _wrap_model); nanoGPT's train.py calls
+  // DDP(model, device_ids=[ddp_local_rank]) with the defaults.
+  const double mb = s.bucket_cap_mb.value_or(kDdpDefaultBucketCapMb);
+  if (!(mb > 0) || mb > 1024 * 1024) {
+    throw FieldError("bucket_cap_mb", fmt::format("{}: expected a positive size in MiB", mb));
+  }
+  d.bucket_bytes = static_cast<uint64_t>(mb * 1024 * 1024);  // Python's int() truncates
+  // the Reducer's first_bucket_bytes_cap (_ddp_init_helper): dist._DEFAULT_FIRST_BUCKET_BYTES when
+  // bucket_cap_mb is left at its default, bucket_bytes_cap when the caller gives one (torch 2.x; torch 1.13's
+  // _ddp_init_helper passes dist._DEFAULT_FIRST_BUCKET_BYTES always)
+  const bool cap_default = !s.bucket_cap_mb.has_value();
+  d.first_bucket_bytes = cap_default || torch < TorchVersion{2, 0} ? kDdpDefaultFirstBucketBytes : d.bucket_bytes;
+  // gradient_as_bucket_view: DDP's default False; neither the Trainer (accelerate's DistributedDataParallelKwargs
+  // default False) nor nanoGPT passes it
+  d.bucket_view = s.gradient_as_bucket_view.value_or(false);
+  // find_unused_parameters: DDP's default False (nanoGPT, plain scripts). The Trainer (_wrap_model):
+  // ddp_find_unused_parameters if set, else `not model.is_gradient_checkpointing` for a PreTrainedModel.
+  d.find_unused = s.find_unused_parameters.value_or(loop == LoopKind::kHf && s.checkpointing == Checkpointing::kNone);
+  // reducer.h should_rebuild_buckets: (static_graph_ || !find_unused_parameters_) && !has_rebuilt_bucket_
+  d.rebuild = !d.find_unused;
+  return d;
+}
+
+std::vector<DdpBucket> assign_buckets(const std::vector<BucketInput>& tensors, const std::vector<uint64_t>& limits,
+                                      bool in_given_order) {
+  if (limits.empty()) throw Error("internal: DDP bucket assignment without a size limit");
+  struct Open {
+    DdpBucket b;
+    size_t limit = 0;  // index into limits (bucket_size_limit_iterators)
+  };
+  std::vector<DdpBucket> closed;
+  std::vector<Open> open;  // per dtype, in order of first appearance
+  for (const BucketInput& t : tensors) {
+    auto it = std::find_if(open.begin(), open.end(), [&](const Open& o) { return o.b.dtype == t.dtype; });
+    if (it == open.end()) {
+      open.push_back(Open{DdpBucket{{}, 0, t.dtype}, 0});
+      it = open.end() - 1;
+    }
+    it->b.indices.push_back(t.index);
+    it->b.bytes = checked_add(it->b.bytes, t.bytes, "DDP bucket bytes");
+    // `if (bucket.size >= bucket_size_limit)`: close it and advance to the next limit (the last repeats)
+    if (it->b.bytes >= limits[it->limit]) {
+      closed.push_back(std::move(it->b));
+      it->b = DdpBucket{{}, 0, t.dtype};
+      if (it->limit + 1 < limits.size()) ++it->limit;
+    }
+  }
+  // "Add remaining buckets" (an unordered_map over dtype and device in c10d: its order across dtypes is the
+  // hash's; here, first appearance)
+  for (Open& o : open) {
+    if (!o.b.indices.empty()) closed.push_back(std::move(o.b));
+  }
+  if (!in_given_order) {
+    // "sort resulting buckets by the minimum tensor index they include"
+    std::stable_sort(closed.begin(), closed.end(), [](const DdpBucket& a, const DdpBucket& b) {
+      return *std::min_element(a.indices.begin(), a.indices.end()) <
+             *std::min_element(b.indices.begin(), b.indices.end());
+    });
+  }
+  return closed;
+}
+
+}  // namespace trainmem

@@ -218,6 +218,8 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
   // optimizer-in-backward frees each .grad right after its update (zero_grad(set_to_none=True) in the hook):
   // no gradient outlives the backward; those in flight are in the timeline's peak
   st.gradients = s.optimizer_in_backward ? Bytes{} : with_grad;
+  // DDP's gradient_as_bucket_view: each .grad is a view of its bucket (counted in the buckets)
+  if (resolve_ddp(s, resolved(o0, m).loop, o0.torch).bucket_view) st.gradients = Bytes{};
   st.optimizer_state = st.optimizer_moments + st.optimizer_steps;
   e.sim = sim;
   e.warnings = sim->warnings;

@@ -1,0 +1,162 @@
+// --dp N with DDP: one rank of DistributedDataParallel (ddp.h, loop.cc). The bucket assignment is checked
+// against real DDP (torch 1.13, gloo, one rank) in validate/cpu/ddp.py (ctest oracle.ddp_buckets); these tests
+// pin the rules: c10d's compute_bucket_assignment_by_size arithmetic, the rebuild's order (old buckets freed
+// first), gradient_as_bucket_view, the defaults of the loops, and what is refused.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+
+#include "test_util.h"
+#include "trainmem/ddp.h"
+#include "trainmem/error.h"
+#include "trainmem/estimate.h"
+#include "trainmem/report.h"
+#include "trainmem/scenario.h"
+
+namespace trainmem {
+namespace {
+
+using testing::run;
+
+std::vector<uint64_t> sizes(const std::vector<DdpBucket>& v) {
+  std::vector<uint64_t> r;
+  for (const DdpBucket& b : v) r.push_back(b.bytes);
+  return r;
+}
+
+TEST(DdpBuckets, FirstBucketCapThenCapEachOvershootingByItsLastTensor) {
+  // limits [100, 250]: 60+60 >= 100 closes the first bucket (overshoot by one tensor); then 250: 60+60+60+60+60
+  // = 300 >= 250 closes at the fifth tensor; the rest stays open
+  std::vector<BucketInput> t;
+  for (uint32_t i = 0; i < 9; ++i) t.push_back({i, 60, DType::kF32});
+  const auto b = assign_buckets(t, {100, 250}, true);
+  EXPECT_EQ(sizes(b), (std::vector<uint64_t>{120, 300, 120}));
+  EXPECT_EQ(b[1].indices, (std::vector<uint32_t>{2, 3, 4, 5, 6}));
+}
+
+TEST(DdpBuckets, ATensorLargerThanTheCapGetsItsOwnBucket) {
+  const std::vector<BucketInput> t{{0, 10, DType::kF32}, {1, 1000, DType::kF32}, {2, 10, DType::kF32}};
+  // 10 < 50, then 10 + 1000 >= 50 closes [0, 1]; the big one cannot share a bucket with what follows
+  const auto b = assign_buckets(t, {50}, true);
+  EXPECT_EQ(sizes(b), (std::vector<uint64_t>{1010, 10}));
+  const std::vector<BucketInput> big_first{{0, 1000, DType::kF32}, {1, 10, DType::kF32}};
+  EXPECT_EQ(sizes(assign_buckets(big_first, {50}, true)), (std::vector<uint64_t>{1000, 10}));
+}
+
+TEST(DdpBuckets, BucketsArePerDtypeEachWithItsOwnLimitSequence) {
+  const std::vector<BucketInput> t{{0, 80, DType::kF32}, {1, 40, DType::kBF16}, {2, 40, DType::kF32},
+                                   {3, 40, DType::kBF16}, {4, 10, DType::kF32}};
+  // float32: 80 < 100, 120 >= 100 closes [0, 2]; bfloat16: 80 < 100 stays open; float32 [4] open
+  const auto b = assign_buckets(t, {100, 1000}, false);
+  ASSERT_EQ(b.size(), 3u);
+  EXPECT_EQ(b[0].indices, (std::vector<uint32_t>{0, 2}));  // sorted by their smallest index
+  EXPECT_EQ(b[0].dtype, DType::kF32);
+  EXPECT_EQ(b[1].indices, (std::vector<uint32_t>{1, 3}));
+  EXPECT_EQ(b[1].dtype, DType::kBF16);
+  EXPECT_EQ(b[2].indices, (std::vector<uint32_t>{4}));
+}
+
+TEST(DdpBuckets, TheFirstIterationHasOneBucketPerDtypeWithoutFindUnusedParameters) {
+  Scenario s = testing::scenario_of("gpt2", {{"overrides", "n_layer=2"}, {"batch", "1"}, {"seq", "32"}, {"dp", "4"},
+                                             {"find_unused_parameters", "false"}});
+  const Estimate e = run(s);
+  ASSERT_TRUE(e.ddp);
+  ASSERT_EQ(e.ddp->initial_buckets.size(), 1u);  // bucket_size_limits = [sys.maxsize]
+  EXPECT_EQ(e.ddp->initial_buckets[0], e.state.weights.value);  // float32 weights under bf16 autocast
+  EXPECT_GT(e.ddp->rebuilt_buckets.size(), 1u);
+  EXPECT_LE(e.ddp->rebuilt_buckets.front(), uint64_t{1024 * 1024} + 50257ull * 768 * 4);
+  uint64_t total = 0;
+  for (uint64_t b : e.ddp->rebuilt_buckets) total += b;
+  EXPECT_EQ(total, e.state.weights.value);
+}
+
+// The rebuild at step 2's forward: initialize_buckets starts with buckets_.clear(), so the old bucket is freed
+// before the new ones are allocated: the buckets' live bytes never exceed one set of gradients.
+TEST(DdpBuckets, TheRebuildFreesTheOldBucketBeforeAllocatingTheNewOnes) {
+  Scenario s = testing::scenario_of("gpt2", {{"overrides", "n_layer=2"}, {"batch", "1"}, {"seq", "32"}, {"dp", "2"},
+                                             {"find_unused_parameters", "false"}});
+  const Estimate e = run(s);
+  const size_t k = static_cast<size_t>(Category::kDdpBuckets);
+  LiveBytes live;
+  uint64_t max_ddp = 0;
+  size_t frees = 0, allocs_after_free = 0;
+  for (const Event& ev : e.sim->timeline.events) {
+    apply(live, ev);
+    if (ev.phase != Phase::kSetup) max_ddp = std::max(max_ddp, live.by_category[k].value);
+    if (ev.category != Category::kDdpBuckets || ev.step != 2 || ev.phase != Phase::kForward) continue;
+    if (ev.kind == Event::kFree) ++frees;
+    if (ev.kind == Event::kAlloc && frees > 0) ++allocs_after_free;
+  }
+  EXPECT_EQ(frees, 1u);
+  EXPECT_EQ(allocs_after_free, e.ddp->rebuilt_buckets.size());
+  EXPECT_EQ(max_ddp, e.state.weights.value);  // never two sets of buckets (the construction aside)
+}
+
+TEST(DdpBuckets, GradientAsBucketViewLeavesNoGradientOfItsOwn) {
+  auto with = [](const char* view) {
+    return run(testing::scenario_of("gpt2", {{"overrides", "n_layer=2"}, {"batch", "1"}, {"seq", "32"},
+                                             {"dp", "2"}, {"gradient_as_bucket_view", view}}));
+  };
+  const Estimate v = with("true"), c = with("false");
+  const size_t g = static_cast<size_t>(Category::kGradients);
+  // after the last backward, before the optimizer: .grad is the bucket's view, or a tensor of its own
+  auto grads_before_step = [&](const Estimate& e) {
+    LiveBytes live;
+    uint64_t at = 0;
+    for (const Event& ev : e.sim->timeline.events) {
+      if (ev.step == 2 && ev.phase == Phase::kOptimizer) break;
+      apply(live, ev);
+      at = live.by_category[g].value;
+    }
+    return at;
+  };
+  EXPECT_EQ(grads_before_step(v), 0u);
+  EXPECT_EQ(grads_before_step(c), c.state.weights.value);
+  EXPECT_EQ(v.state.gradients.value, 0u);
+  EXPECT_LT(v.peak.live_total.value, c.peak.live_total.value);
+}
+
+TEST(DdpDefaults, TheTrainerFindsUnusedParametersUnlessCheckpointingAndNanoGptDoesNot) {
+  auto ddp_of = [](std::initializer_list<std::pair<const char*, const char*>> extra) {
+    std::vector<std::pair<std::string, std::string>> f{{"overrides", "n_layer=2"}, {"batch", "1"}, {"seq", "32"},
+                                                       {"dp", "2"}};
+    for (const auto& [k, v] : extra) f.emplace_back(k, v);
+    Scenario s = testing::scenario_of("gpt2", {});
+    for (const auto& [k, v] : f) set_field(s, k, v);
+    return *run(s).ddp;
+  };
+  const DdpFigures hf = ddp_of({});
+  EXPECT_TRUE(hf.find_unused_parameters);   // Trainer: not model.is_gradient_checkpointing
+  EXPECT_TRUE(hf.rebuilt_buckets.empty());  // should_rebuild_buckets is false with find_unused_parameters
+  EXPECT_GT(hf.initial_buckets.size(), 1u);  // [1 MiB, 25 MiB] from the start
+  EXPECT_FALSE(ddp_of({{"checkpointing", "full"}}).find_unused_parameters);
+  const DdpFigures capped = ddp_of({{"find_unused_parameters", "false"}, {"bucket_cap_mb", "10"}});
+  EXPECT_EQ(capped.bucket_cap_bytes, 10u * 1024 * 1024);
+  EXPECT_EQ(capped.first_bucket_cap_bytes, 10u * 1024 * 1024);  // torch 2.x: an explicit cap for the first too
+  EXPECT_EQ(ddp_of({{"bucket_cap_mb", "10"}, {"torch", "1.13"}}).first_bucket_cap_bytes, 1024u * 1024);
+}
+
+TEST(DdpRefusals, OtherShardingsAndTheSeed000LoopAreNotSimulated) {
+  Scenario s = testing::scenario_of("gpt2", {{"overrides", "n_layer=2"}, {"dp", "2"}, {"sharding", "fsdp2"}});
+  try {
+    run(s);
+    FAIL() << "fsdp2 is not simulated";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("not simulated yet"), std::string::npos) << err.what();
+  }
+  Scenario n = testing::scenario_of("gpt2", {{"overrides", "n_layer=2"}, {"dp", "2"}, {"loop", "seed000"}});
+  EXPECT_THROW(run(n), Error);
+}
+
+TEST(DdpReport, SaysPerRankAndShowsTheBucketsAsTheirOwnCategory) {
+  const Estimate e = run(testing::scenario_of("gpt2", {{"overrides", "n_layer=2"}, {"batch", "1"}, {"seq", "32"},
+                                                       {"dp", "8"}}));
+  const std::string t = render_estimate_table(e, nullptr);
+  EXPECT_NE(t.find("per rank, 8 ranks (DDP)"), std::string::npos) << t;
+  EXPECT_NE(t.find("ddp buckets"), std::string::npos) << t;
+  EXPECT_NE(t.find("NCCL"), std::string::npos) << t;
+}
+
+}  // namespace
+}  // namespace trainmem

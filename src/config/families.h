@@ -15,6 +15,7 @@ void read_phi(const KeyReader& r, ModelSpec& m);       // model_type phi
 // starcoder2. Returns false for other model types.
 bool read_llama_family(const KeyReader& r, const std::string& model_type, ModelSpec& m);
 void read_stack(const KeyReader& r, ModelSpec& m);     // model_type mlp
+void read_bert(const KeyReader& r, std::string_view model_type, ModelSpec& m);  // model_type bert, roberta
 
 // Shared readers.
 // Rotary embeddings rotate an even number of dims per head: rotate_half splits them in two halves and the

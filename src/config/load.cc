@@ -102,23 +102,71 @@ std::string apply_override(nlohmann::json& obj, const std::string& kv, std::stri
   return key.substr(0, key.find('.'));
 }
 
-// transformers builds the class that "architectures" names. trainmem models the causal-LM head (lm_head over
-// the vocabulary); a classification, token or QA head has other weights and outputs, so modelling the causal
-// LM instead would be silently wrong. No "architectures" at all (nanoGPT, hand-written configs) means the
-// causal LM.
-void check_causal_lm(const config::KeyReader& r) {
+// transformers builds the class that "architectures" names (AutoModelFor... reads architectures[0]'s suffix).
+// Each family models the heads its registry row lists: a decoder the causal-LM head (lm_head over the
+// vocabulary), an encoder the masked-LM, sequence- and token-classification heads. Modelling another head than
+// the one named would be silently wrong, so an unknown suffix is refused. No "architectures" at all (nanoGPT,
+// hand-written configs) means the family's own head (the first it lists). --head overrides all of it.
+std::optional<Head> head_of_architectures(const config::KeyReader& r) {
   const nlohmann::json* a = r.find({"architectures"});
-  if (!a) return;
+  if (!a || a->is_null()) return std::nullopt;
   constexpr std::string_view kList = "a list of class names like [\"LlamaForCausalLM\"]";
   if (!a->is_array()) r.fail("architectures", *a, kList);
+  std::optional<Head> head;
   for (const nlohmann::json& c : *a) {
     if (!c.is_string()) r.fail("architectures", *a, kList);
     const std::string& name = c.get_ref<const std::string&>();
-    if (!name.ends_with("ForCausalLM") && !name.ends_with("LMHeadModel")) {
+    Head h;
+    if (name.ends_with("ForCausalLM") || name.ends_with("LMHeadModel")) {
+      h = Head::kCausalLm;
+    } else if (name.ends_with("ForMaskedLM")) {
+      h = Head::kMaskedLm;
+    } else if (name.ends_with("ForSequenceClassification")) {
+      h = Head::kSeqCls;
+    } else if (name.ends_with("ForTokenClassification")) {
+      h = Head::kTokenCls;
+    } else {
       r.fail("architectures", *a,
-             "a causal language model (...ForCausalLM or ...LMHeadModel); sequence-classification and other task "
-             "heads are not modelled yet");
+             "...ForCausalLM, ...LMHeadModel, ...ForMaskedLM, ...ForSequenceClassification or "
+             "...ForTokenClassification; other task heads (question answering, multiple choice, pretraining) are "
+             "not modelled yet (--head picks one that is)");
     }
+    if (!head) head = h;  // architectures[0]
+  }
+  return head;
+}
+
+// m.head and m.num_labels: --head, else architectures[0]'s, else the family's own; the head must be one the
+// family's program builds. num_labels as PreTrainedConfig resolves it: len(id2label) when id2label is given,
+// else num_labels (default 2); --num-labels overrides both.
+void resolve_head(const config::KeyReader& r, const ModelRequest& req, ModelSpec& m) {
+  constexpr uint64_t kMaxLabels = config::kMaxVocab;  // a classifier's rows: bounded like a vocabulary
+  const std::optional<Head> named = head_of_architectures(r);
+  const std::span<const Head> heads = family_descriptor(m.family).heads;
+  m.head = req.head.value_or(named.value_or(heads.empty() ? Head::kCausalLm : heads.front()));
+  const bool built = heads.empty() ? m.head == Head::kCausalLm
+                                   : std::find(heads.begin(), heads.end(), m.head) != heads.end();
+  if (!built) {
+    std::string list;
+    for (Head h : heads) list += (list.empty() ? "" : ", ") + std::string(head_name(h));
+    const std::string what = fmt::format("the {} head is not simulated for model_type \"{}\" (its family builds: {})",
+                                         head_name(m.head), m.model_type, list.empty() ? "causal-lm" : list);
+    if (req.head) throw Error(fmt::format("{}: --head {}: {}", r.origin(), head_name(m.head), what));
+    r.fail("architectures", *r.find({"architectures"}), what + "; --head picks another");
+  }
+  // configuration_utils.py PreTrainedConfig: `if id2label is not None: num_labels = len(id2label)`, else
+  // num_labels (default 2). Both keys are read for every model, so that --set of either is accepted.
+  uint64_t labels = r.integer({"num_labels"}, 2, 1, kMaxLabels);
+  if (const nlohmann::json* ids = r.find({"id2label"}); ids && !ids->is_null()) {
+    if (!ids->is_object() || ids->empty()) r.fail("id2label", *ids, "an object mapping label ids to names");
+    labels = ids->size();
+  }
+  m.num_labels = req.num_labels.value_or(labels);
+  const bool classifier = m.head == Head::kSeqCls || m.head == Head::kTokenCls;
+  if (classifier && m.num_labels < 2) {
+    // BertForSequenceClassification: num_labels == 1 -> problem_type "regression" (MSELoss)
+    throw Error(fmt::format("{}: num_labels {}: with 1 label transformers computes a regression loss (MSELoss), "
+                            "which is not simulated; use 2 or more (--num-labels)", r.origin(), m.num_labels));
   }
 }
 
@@ -217,11 +265,11 @@ ModelSpec read_model(std::string_view text, std::string_view origin, const Model
   m.moe.routing = req.moe_routing;
   m.moe.impl = req.moe_experts;
   const std::string& t = m.model_type;
-  check_causal_lm(r);
   // The family registry says which reader reads this model_type (src/families/registry.cc).
   const ModelType* type = nullptr;
   if (!find_model_type(t, &type)) r.fail("model_type", obj["model_type"], fmt::format("one of {}", supported_model_types()));
   type->read(r, t, m);
+  resolve_head(r, req, m);
   check_overrides_were_read(r, req.overrides, overridden, t);
   resolve_impl(m, *type, req, origin);
   return m;

@@ -23,6 +23,7 @@ void gpt_neox_config(const KeyReader& r, std::string_view, ModelSpec& m) { confi
 void opt_config(const KeyReader& r, std::string_view, ModelSpec& m) { config::read_opt(r, m); }
 void phi_config(const KeyReader& r, std::string_view, ModelSpec& m) { config::read_phi(r, m); }
 void stack_config(const KeyReader& r, std::string_view, ModelSpec& m) { config::read_stack(r, m); }
+void bert_config(const KeyReader& r, std::string_view t, ModelSpec& m) { config::read_bert(r, t, m); }
 void llama_config(const KeyReader& r, std::string_view t, ModelSpec& m) {
   if (!config::read_llama_family(r, std::string(t), m)) throw Error(fmt::format("internal: no llama defaults for {}", t));
 }
@@ -59,6 +60,12 @@ constexpr Program kPhiPrograms[] = {{Impl::kHf, models::phi_tensors, sim::phi_fo
 constexpr ModelType kStackTypes[] = {{"mlp", stack_config, Impl::kStack}};
 constexpr Program kStackPrograms[] = {{Impl::kStack, models::stack_tensors, stack_program, LoopKind::kPlain}};
 
+// The encoders (bert.cc): BertModel / RobertaModel under BertForMaskedLM, ...ForSequenceClassification and
+// ...ForTokenClassification.
+constexpr ModelType kBertTypes[] = {{"bert", bert_config, Impl::kHf}};
+constexpr Program kBertPrograms[] = {{Impl::kHf, models::bert_tensors, sim::bert_forward, LoopKind::kHf}};
+constexpr Head kEncoderHeads[] = {Head::kMaskedLm, Head::kSeqCls, Head::kTokenCls};
+
 // peft: utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING ("gpt2": ["c_attn"], "llama" and
 // the other Llama-shaped types (gemma3_text too) and "opt": ["q_proj", "v_proj"], "gpt_neox": ["query_key_value"]).
 constexpr std::string_view kQV[] = {"q_proj", "v_proj"};
@@ -66,6 +73,8 @@ constexpr std::string_view kCAttn[] = {"c_attn"};
 constexpr std::string_view kQKV[] = {"query_key_value"};
 // peft constants.py: "phi": ["q_proj", "v_proj", "fc1", "fc2"]
 constexpr std::string_view kPhiLora[] = {"q_proj", "v_proj", "fc1", "fc2"};
+// peft constants.py: "bert": ["query", "value"]
+constexpr std::string_view kBertLora[] = {"query", "value"};
 
 const FamilyDescriptor kFamilies[] = {
     {Family::kGpt2, "gpt2", kGpt2Types, kGpt2Programs, InputKind::kTokenIds, "transformer.h", "transformer.wte.weight",
@@ -78,6 +87,8 @@ const FamilyDescriptor kFamilies[] = {
      "model.decoder.embed_tokens.weight", kQV},
     {Family::kPhi, "phi", kPhiTypes, kPhiPrograms, InputKind::kTokenIds, "model.layers", "model.embed_tokens.weight",
      kPhiLora},
+    {Family::kBert, "bert", kBertTypes, kBertPrograms, InputKind::kTokenIds, "bert.encoder.layer",
+     "bert.embeddings.word_embeddings.weight", kBertLora, kEncoderHeads},
     {Family::kStack, "mlp", kStackTypes, kStackPrograms, InputKind::kFeatures, "", "", {}},
 };
 

@@ -67,6 +67,7 @@ struct Loop {
   std::vector<T> state;     // optimizer state tensors, created on the first step
   std::vector<T> adafactor_rms;  // transformers' Adafactor state["RMS"] per parameter, replaced every step
   T X, Y;                   // the current batch
+  T token_type_ids, attention_mask;  // the encoders' other inputs (Loop::bind_model_inputs)
   T kept_logits;            // nanoGPT: `logits` lives until the next forward returns
   T kept_loss;              // the training script's `loss` variable, rebound each micro-batch
   const Program& program;   // the family's forward for this implementation (src/families/registry.cc)
@@ -82,11 +83,42 @@ struct Loop {
     return e.leaf(Shape{s.batch, s.seq}, DType::kI64, Category::kInputs, Label{what});
   }
 
+  // The labels as the head's collator makes them: (B,) for sequence classification (DataCollatorWithPadding's
+  // "labels"), (B, T) otherwise (DataCollatorForLanguageModeling, DataCollatorForTokenClassification, and the
+  // causal LM's copy of the input ids).
+  T labels_tensor() {
+    if (m.head == Head::kSeqCls) return e.leaf(Shape{s.batch}, DType::kI64, Category::kInputs, Label{"labels"});
+    return batch_tensor("targets");
+  }
+
+  // The encoders' batch besides input_ids, in the collator's key order (the tokenizer's model_input_names):
+  // BertTokenizer's token_type_ids, then attention_mask, int64 (B, T) each; all ones, as padding to the batch's
+  // longest sequence (--seq) leaves them. Decoders get neither (their batches are input_ids and labels). The new
+  // tensors are all made before the previous batch's are released (`inputs = ...` rebinds the dict at the end).
+  bool encoder() const { return m.family == Family::kBert; }
+  void bind_model_inputs(T x, T tt, T mask, T y) {
+    X = std::move(x);
+    token_type_ids = std::move(tt);
+    attention_mask = std::move(mask);
+    Y = std::move(y);
+    c.token_type_ids = &token_type_ids;
+    c.attention_mask = &attention_mask;
+  }
+
   void get_batch() {
     // x, y = x.to(device), y.to(device): x first. Rebinding releases the previous batch unless autograd
     // still holds it (embedding saves the ids, nll_loss the targets).
     T x = batch_tensor(features ? "input x" : "input ids");
-    T y = features ? T() : batch_tensor("targets");
+    if (encoder()) {
+      // Trainer._prepare_inputs moves the batch dict key by key: input_ids, token_type_ids, attention_mask,
+      // labels (the collators add "labels" last)
+      T tt = batch_tensor("token_type_ids");
+      T mask = batch_tensor("attention_mask");
+      T y = labels_tensor();
+      bind_model_inputs(std::move(x), std::move(tt), std::move(mask), std::move(y));
+      return;
+    }
+    T y = features ? T() : labels_tensor();
     X = std::move(x);
     Y = std::move(y);
   }
@@ -150,7 +182,14 @@ struct Loop {
       if (step == o.steps) {
         r.steady = Moment{e.event_count() == 0 ? 0 : e.event_count() - 1, Phase::kForward, step, 1, e.live()};
       }
-      X = batch_tensor("input ids");  // input_ids = batch.to(device): rebinding frees the previous batch
+      if (encoder()) {  // the tokenizer's input_ids, token_type_ids and attention_mask, moved to the device
+        T x = batch_tensor("input ids");
+        T tt = batch_tensor("token_type_ids");
+        T mask = batch_tensor("attention_mask");
+        bind_model_inputs(std::move(x), std::move(tt), std::move(mask), T());
+      } else {
+        X = batch_tensor("input ids");  // input_ids = batch.to(device): rebinding frees the previous batch
+      }
       ForwardOut out = run_forward(nullptr);
       c.exit_autocast();
       kept_logits = std::move(out.logits);  // `outputs = model(...)` rebinds the script's variable

@@ -63,6 +63,10 @@ struct Ctx {
   // generate() passes position_ids of (B, q) (GenerationMixin._prepare_position_ids_for_generation): the model
   // then makes none of its own, and the rotary embedding computes B rows. Null: the model's (1, T) ones.
   const T* position_ids = nullptr;
+  // The batch's other inputs, as a tokenizer and the Trainer's collator make them (the encoders: Loop makes
+  // them for Family::kBert): token_type_ids and attention_mask, (B, T) int64 each. Null: not passed.
+  const T* token_type_ids = nullptr;
+  const T* attention_mask = nullptr;
   // The loss over the final hidden states (TrainSetup::loss): 0 chunks is transformers' ForCausalLMLoss over
   // the whole logits, N > 0 torchtune's chunked output head and CEWithChunkedOutputLoss with N chunks.
   uint64_t loss_chunks = 0;

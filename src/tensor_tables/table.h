@@ -29,6 +29,7 @@ void gpt_neox_tensors(const ModelSpec& m, Table& t);  // HF GPTNeoXForCausalLM
 void opt_tensors(const ModelSpec& m, Table& t);       // HF OPTForCausalLM
 void phi_tensors(const ModelSpec& m, Table& t);       // HF PhiForCausalLM
 void stack_tensors(const ModelSpec& m, Table& t);     // nn.Sequential layer stack
+void bert_tensors(const ModelSpec& m, Table& t);      // HF BertFor{MaskedLM,SequenceClassification,TokenClassification}
 
 // GPT-2's buffers (none in transformers 5.x).
 void gpt2_buffers(const ModelSpec& m, Table& t);

@@ -60,6 +60,14 @@ _PHI = {"model_type": "phi", "vocab_size": 96, "hidden_size": 64, "intermediate_
         "attention_dropout": 0.0}
 
 
+def _bert(arch, **kw):
+    cfg = {"model_type": "bert", "architectures": [arch], "vocab_size": 96, "hidden_size": 32, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "intermediate_size": 64, "max_position_embeddings": 64, "type_vocab_size": 2,
+           "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+    cfg.update(kw)
+    return cfg
+
+
 def _phi(**kw):
     c = dict(_PHI)
     c.update(kw)
@@ -205,6 +213,14 @@ GRID = [
                                         "max_position_embeddings": 32, "word_embed_proj_dim": 24,
                                         "enable_bias": False, "tie_word_embeddings": False, "dropout": 0.0,
                                         "attention_dropout": 0.0, "activation_dropout": 0.0}, 1, 8, "fp32"),
+    # --- BERT (architectures[0] picks the head; every dropout key at 0.0, classifier_dropout None follows them)
+    ("bert-mlm", _bert("BertForMaskedLM"), 2, 16, "fp32"),
+    ("bert-mlm-bf16", _bert("BertForMaskedLM", hidden_act="gelu_new"), 2, 32, "bf16"),
+    ("bert-seqcls3", _bert("BertForSequenceClassification", num_labels=3), 3, 8, "fp32"),
+    ("bert-seqcls-id2label-bf16", _bert("BertForSequenceClassification", id2label={"0": "a", "1": "b"},
+                                        type_vocab_size=1), 2, 16, "bf16"),
+    ("bert-tokcls5", _bert("BertForTokenClassification", num_labels=5, num_hidden_layers=1), 2, 16, "fp32"),
+    ("bert-tokcls-bf16", _bert("BertForTokenClassification", num_labels=4), 1, 24, "bf16"),
 
     # --- frozen parameters (trainmem --freeze GLOB)
     ("frozen-llama-emb-L0", _ll("llama"), 2, 16, "fp32",

@@ -69,9 +69,12 @@ def measure_inference(config, batch, seq, precision, seed=0, moe_experts="eager"
         model.to(dtype)
     model.eval()
     g = torch.Generator().manual_seed(seed + 1)
-    ids = torch.randint(0, model.vocab_size, (batch, seq), dtype=torch.int64, generator=g)
+    if hasattr(model, "make_inputs"):  # an encoder: input_ids, token_type_ids, attention_mask (models.BertFor*)
+        inputs = model.make_inputs(batch, seq, g, labels=False)
+    else:
+        inputs = [torch.randint(0, model.vocab_size, (batch, seq), dtype=torch.int64, generator=g)]
     params, buffers = list(model.parameters()), list(model.buffers())
-    base_keys = {models.storage_id(t)[0] for t in params + buffers + [ids]}
+    base_keys = {models.storage_id(t)[0] for t in params + buffers + inputs}
     registry = measure._StorageRegistry()
     # torch.no_grad() stands in for torch.inference_mode(): neither records a graph, and they allocate the same
     # tensors; under inference_mode the Autograd key is excluded, so a composite op (layer_norm, linear) reaches
@@ -80,12 +83,12 @@ def measure_inference(config, batch, seq, precision, seed=0, moe_experts="eager"
         with registry:
             if autocast_dtype is not None:
                 with torch.autocast("cpu", dtype=autocast_dtype):
-                    out = model(ids)
+                    out = model(*inputs)
             else:
-                out = model(ids)
+                out = model(*inputs)
         registry.mark("end of forward")  # `outputs` (the logits) still bound, as the script keeps them
     tl = live.build(registry, base_keys, dict(registry.cuda_sizes), set(), set())
-    base = measure._storage_bytes(params + buffers + [ids])
+    base = measure._storage_bytes(params + buffers + inputs)
     del out
     return tl, base, measure._storage_bytes(params + buffers)
 

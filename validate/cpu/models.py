@@ -18,6 +18,9 @@ reports the tensors that the real models would save.
   opt       transformers 5.x OPTForCausalLM, eager attention.
   phi       transformers 5.x PhiForCausalLM, eager attention (parallel attention + MLP off one LayerNorm, partial
             rotary, optional q/k LayerNorms, biased lm_head).
+  bert      transformers 5.x BertForMaskedLM / BertForSequenceClassification / BertForTokenClassification
+            (architectures[0]), eager attention, the collator's all-ones attention mask (no 4-D mask is made),
+            token_type_ids passed; forward(input_ids, token_type_ids, attention_mask, labels) (make_inputs).
   mlp       an nn.Sequential of Linear / ReLU / GELU / Sigmoid / LayerNorm (trainmem's "stack" impl).
 
 Sources: /work/research/hf_*.md (quotes of the transformers source) and nanoGPT model.py. Every model's
@@ -63,7 +66,7 @@ warnings.filterwarnings("ignore", message="nn.functional.sigmoid is deprecated")
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "mixtral", "qwen2_moe", "qwen3_moe",
                 "gemma3_text", "starcoder2")
-MODEL_TYPES = ("nanogpt", "gpt2", "gpt_neox", "opt", "phi", "mlp") + LLAMA_FAMILY
+MODEL_TYPES = ("nanogpt", "gpt2", "gpt_neox", "opt", "phi", "mlp", "bert") + LLAMA_FAMILY
 
 
 def _is_meta(device):
@@ -1937,6 +1940,369 @@ class OPTForCausalLM(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------------------
+# BERT (transformers 5.x modeling_bert.py): BertModel under BertForMaskedLM, BertForSequenceClassification and
+# BertForTokenClassification, picked by architectures[0] (trainmem: the config's architectures, or --head).
+# The batch is what BertTokenizer and the Trainer's collators make (make_inputs): input_ids, token_type_ids,
+# attention_mask (all ones: padded to the longest sequence), labels ((B,) for sequence classification).
+
+BERT_HEADS = {"ForMaskedLM": "masked-lm", "ForSequenceClassification": "seq-cls", "ForTokenClassification": "token-cls"}
+
+
+def resolve_bert_config(cfg):
+    """transformers BertConfig.__init__ defaults (configuration_bert.py) and PreTrainedConfig's num_labels
+    (len(id2label) when given, else num_labels, default 2) and tie_word_embeddings (True)."""
+    id2label = cfg.get("id2label")
+    return SimpleNamespace(
+        vocab_size=_get(cfg, ("vocab_size",), 30522),
+        hidden_size=_get(cfg, ("hidden_size",), 768),
+        num_hidden_layers=_get(cfg, ("num_hidden_layers",), 12),
+        num_attention_heads=_get(cfg, ("num_attention_heads",), 12),
+        intermediate_size=_get(cfg, ("intermediate_size",), 3072),
+        hidden_act=_get(cfg, ("hidden_act",), "gelu"),
+        hidden_dropout_prob=_get(cfg, ("hidden_dropout_prob",), 0.1),
+        attention_probs_dropout_prob=_get(cfg, ("attention_probs_dropout_prob",), 0.1),
+        max_position_embeddings=_get(cfg, ("max_position_embeddings",), 512),
+        type_vocab_size=_get(cfg, ("type_vocab_size",), 2),
+        layer_norm_eps=_get(cfg, ("layer_norm_eps",), 1e-12),
+        pad_token_id=_get(cfg, ("pad_token_id",), 0),
+        classifier_dropout=cfg.get("classifier_dropout"),
+        num_labels=len(id2label) if id2label else _get(cfg, ("num_labels",), 2),
+        tie_word_embeddings=_get(cfg, ("tie_word_embeddings",), True),
+    )
+
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(c.vocab_size, c.hidden_size, padding_idx=c.pad_token_id, device=device)
+        self.position_embeddings = nn.Embedding(c.max_position_embeddings, c.hidden_size, device=device)
+        self.token_type_embeddings = nn.Embedding(c.type_vocab_size, c.hidden_size, device=device)
+        self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, device=device)
+        self.dropout = nn.Dropout(c.hidden_dropout_prob)
+        self.register_buffer("position_ids", torch.arange(c.max_position_embeddings, device=device).expand((1, -1)),
+                             persistent=False)
+        self.register_buffer("token_type_ids", torch.zeros(self.position_ids.size(), dtype=torch.long, device=device),
+                             persistent=False)
+
+    def forward(self, input_ids, token_type_ids=None, past_key_values_length=0):
+        input_shape = input_ids.size()
+        batch_size, seq_length = input_shape
+        position_ids = self.position_ids[:, past_key_values_length: seq_length + past_key_values_length]
+        if token_type_ids is None:
+            buffered_token_type_ids = self.token_type_ids.expand(position_ids.shape[0], -1)
+            buffered_token_type_ids = torch.gather(buffered_token_type_ids, dim=1, index=position_ids)
+            token_type_ids = buffered_token_type_ids.expand(batch_size, seq_length)
+        inputs_embeds = self.word_embeddings(input_ids)
+        token_type_embeddings = self.token_type_embeddings(token_type_ids)
+        embeddings = inputs_embeds + token_type_embeddings
+        position_embeddings = self.position_embeddings(position_ids)
+        embeddings = embeddings + position_embeddings
+        embeddings = self.LayerNorm(embeddings)
+        embeddings = self.dropout(embeddings)
+        return embeddings
+
+
+def bert_eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0):
+    """modeling_bert.py (5.x) eager_attention_forward: softmax without a dtype (no upcast, no cast back)."""
+    attn_weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        attention_mask = attention_mask[:, :, :, : key.shape[-2]]
+        attn_weights = attn_weights + attention_mask
+    attn_weights = nn.functional.softmax(attn_weights, dim=-1)
+    attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)
+    attn_output = torch.matmul(attn_weights, value)
+    attn_output = attn_output.transpose(1, 2).contiguous()
+    return attn_output, attn_weights
+
+
+class BertSelfAttention(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.num_attention_heads = c.num_attention_heads
+        self.attention_head_size = c.hidden_size // c.num_attention_heads
+        self.all_head_size = self.num_attention_heads * self.attention_head_size
+        self.scaling = self.attention_head_size ** -0.5
+        self.query = nn.Linear(c.hidden_size, self.all_head_size, device=device)
+        self.key = nn.Linear(c.hidden_size, self.all_head_size, device=device)
+        self.value = nn.Linear(c.hidden_size, self.all_head_size, device=device)
+        self.dropout = nn.Dropout(c.attention_probs_dropout_prob)
+        self.is_causal = False
+
+    def forward(self, hidden_states, attention_mask=None):
+        input_shape = hidden_states.shape[:-1]
+        hidden_shape = (*input_shape, -1, self.attention_head_size)
+        query_layer = self.query(hidden_states).view(*hidden_shape).transpose(1, 2)
+        key_layer = self.key(hidden_states).view(*hidden_shape).transpose(1, 2)
+        value_layer = self.value(hidden_states).view(*hidden_shape).transpose(1, 2)
+        attn_output, attn_weights = bert_eager_attention_forward(
+            self, query_layer, key_layer, value_layer, attention_mask,
+            dropout=0.0 if not self.training else self.dropout.p, scaling=self.scaling)
+        attn_output = attn_output.reshape(*input_shape, -1).contiguous()
+        return attn_output, attn_weights
+
+
+class BertSelfOutput(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.dense = nn.Linear(c.hidden_size, c.hidden_size, device=device)
+        self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, device=device)
+        self.dropout = nn.Dropout(c.hidden_dropout_prob)
+
+    def forward(self, hidden_states, input_tensor):
+        hidden_states = self.dense(hidden_states)
+        hidden_states = self.dropout(hidden_states)
+        hidden_states = self.LayerNorm(hidden_states + input_tensor)
+        return hidden_states
+
+
+class BertAttention(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.self = BertSelfAttention(c, device)
+        self.output = BertSelfOutput(c, device)
+
+    def forward(self, hidden_states, attention_mask=None):
+        attention_output, attn_weights = self.self(hidden_states, attention_mask=attention_mask)
+        attention_output = self.output(attention_output, hidden_states)
+        return attention_output, attn_weights
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.dense = nn.Linear(c.hidden_size, c.intermediate_size, device=device)
+        self.intermediate_act_fn = act_fn(c.hidden_act)
+
+    def forward(self, hidden_states):
+        hidden_states = self.dense(hidden_states)
+        hidden_states = self.intermediate_act_fn(hidden_states)
+        return hidden_states
+
+
+class BertOutput(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.dense = nn.Linear(c.intermediate_size, c.hidden_size, device=device)
+        self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, device=device)
+        self.dropout = nn.Dropout(c.hidden_dropout_prob)
+
+    def forward(self, hidden_states, input_tensor):
+        hidden_states = self.dense(hidden_states)
+        hidden_states = self.dropout(hidden_states)
+        hidden_states = self.LayerNorm(hidden_states + input_tensor)
+        return hidden_states
+
+
+class BertLayer(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.attention = BertAttention(c, device)
+        self.intermediate = BertIntermediate(c, device)
+        self.output = BertOutput(c, device)
+
+    def forward(self, hidden_states, attention_mask=None):
+        self_attention_output, _ = self.attention(hidden_states, attention_mask)
+        attention_output = self_attention_output
+        # apply_chunking_to_forward with chunk_size_feed_forward 0: feed_forward_chunk(attention_output)
+        layer_output = self.feed_forward_chunk(attention_output)
+        return layer_output
+
+    def feed_forward_chunk(self, attention_output):
+        intermediate_output = self.intermediate(attention_output)
+        layer_output = self.output(intermediate_output, attention_output)
+        return layer_output
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.layer = nn.ModuleList([BertLayer(c, device) for _ in range(c.num_hidden_layers)])
+
+    def forward(self, hidden_states, attention_mask=None):
+        for layer_module in self.layer:
+            hidden_states = layer_module(hidden_states, attention_mask)
+        return hidden_states
+
+
+class BertPooler(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.dense = nn.Linear(c.hidden_size, c.hidden_size, device=device)
+        self.activation = nn.Tanh()
+
+    def forward(self, hidden_states):
+        first_token_tensor = hidden_states[:, 0]
+        pooled_output = self.dense(first_token_tensor)
+        pooled_output = self.activation(pooled_output)
+        return pooled_output
+
+
+def create_bidirectional_mask(inputs_embeds, attention_mask):
+    """masking_utils.create_bidirectional_mask (5.x) for eager and sdpa: the 2-D mask .to(torch.bool), and
+    sdpa_mask's _ignore_bidirectional_mask_sdpa skips the 4-D mask when padding_mask.all() (no padding)."""
+    if attention_mask is None:
+        return None
+    attention_mask = attention_mask.to(device=inputs_embeds.device, dtype=torch.bool)
+    if attention_mask.all():
+        return None
+    raise NotImplementedError("a padded attention mask is not part of the oracle")
+
+
+class BertModel(nn.Module):
+    def __init__(self, c, add_pooling_layer=True, device=None):
+        super().__init__()
+        self.embeddings = BertEmbeddings(c, device)
+        self.encoder = BertEncoder(c, device)
+        self.pooler = BertPooler(c, device) if add_pooling_layer else None
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+        seq_length = input_ids.shape[1]
+        cache_position = torch.arange(0, seq_length, device=input_ids.device)  # noqa: F841 (bound until return)
+        embedding_output = self.embeddings(input_ids=input_ids, token_type_ids=token_type_ids)
+        attention_mask = create_bidirectional_mask(embedding_output, attention_mask)
+        sequence_output = self.encoder(embedding_output, attention_mask=attention_mask)
+        pooled_output = self.pooler(sequence_output) if self.pooler is not None else None
+        return sequence_output, pooled_output
+
+
+class BertPredictionHeadTransform(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.dense = nn.Linear(c.hidden_size, c.hidden_size, device=device)
+        self.transform_act_fn = act_fn(c.hidden_act)
+        self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, device=device)
+
+    def forward(self, hidden_states):
+        hidden_states = self.dense(hidden_states)
+        hidden_states = self.transform_act_fn(hidden_states)
+        hidden_states = self.LayerNorm(hidden_states)
+        return hidden_states
+
+
+class BertLMPredictionHead(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(c, device)
+        self.decoder = nn.Linear(c.hidden_size, c.vocab_size, bias=True, device=device)
+        self.bias = nn.Parameter(torch.zeros(c.vocab_size, device=device))
+        self.decoder.bias = self.bias  # _tied_weights_keys: cls.predictions.decoder.bias -> cls.predictions.bias
+
+    def forward(self, hidden_states):
+        hidden_states = self.transform(hidden_states)
+        hidden_states = self.decoder(hidden_states)
+        return hidden_states
+
+
+class BertOnlyMLMHead(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(c, device)
+
+    def forward(self, sequence_output):
+        return self.predictions(sequence_output)
+
+
+class _BertTask(nn.Module):
+    """What the Bert*For* classes share here: the batch the tokenizer and collator make."""
+
+    def make_inputs(self, batch, seq, generator, labels=True):
+        ids = torch.randint(0, self.vocab_size, (batch, seq), dtype=torch.int64, generator=generator)
+        token_type_ids = torch.zeros(batch, seq, dtype=torch.int64)
+        attention_mask = torch.ones(batch, seq, dtype=torch.int64)
+        inputs = [ids, token_type_ids, attention_mask]
+        if labels:
+            inputs.append(self.make_labels(batch, seq, generator))
+        return inputs
+
+
+class BertForMaskedLM(_BertTask):
+    def __init__(self, c, device=None):
+        super().__init__()
+        if not c.tie_word_embeddings:
+            raise ValueError("an untied MLM decoder is not part of the oracle")
+        self.vocab_size = c.vocab_size
+        self.bert = BertModel(c, add_pooling_layer=False, device=device)
+        self.cls = BertOnlyMLMHead(c, device)
+        self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+
+    def make_labels(self, batch, seq, g):
+        # DataCollatorForLanguageModeling: (B, T) int64, -100 where a token is not masked
+        labels = torch.randint(0, self.vocab_size, (batch, seq), dtype=torch.int64, generator=g)
+        labels[:, ::2] = -100
+        return labels
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None):
+        outputs = self.bert(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        sequence_output = outputs[0]
+        prediction_scores = self.cls(sequence_output)
+        if labels is None:
+            return prediction_scores
+        loss_fct = nn.CrossEntropyLoss()  # -100 index = padding token
+        return loss_fct(prediction_scores.view(-1, self.vocab_size), labels.view(-1))
+
+
+class BertForSequenceClassification(_BertTask):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.num_labels = c.num_labels
+        self.vocab_size = c.vocab_size
+        self.bert = BertModel(c, device=device)
+        classifier_dropout = c.classifier_dropout if c.classifier_dropout is not None else c.hidden_dropout_prob
+        self.dropout = nn.Dropout(classifier_dropout)
+        self.classifier = nn.Linear(c.hidden_size, c.num_labels, device=device)
+
+    def make_labels(self, batch, seq, g):
+        return torch.randint(0, self.num_labels, (batch,), dtype=torch.int64, generator=g)  # DataCollatorWithPadding
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None):
+        outputs = self.bert(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        pooled_output = outputs[1]
+        pooled_output = self.dropout(pooled_output)
+        logits = self.classifier(pooled_output)
+        if labels is None:
+            return logits
+        # problem_type None, num_labels > 1 and int64 labels: "single_label_classification"
+        loss_fct = nn.CrossEntropyLoss()
+        return loss_fct(logits.view(-1, self.num_labels), labels.view(-1))
+
+
+class BertForTokenClassification(_BertTask):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.num_labels = c.num_labels
+        self.vocab_size = c.vocab_size
+        self.bert = BertModel(c, add_pooling_layer=False, device=device)
+        classifier_dropout = c.classifier_dropout if c.classifier_dropout is not None else c.hidden_dropout_prob
+        self.dropout = nn.Dropout(classifier_dropout)
+        self.classifier = nn.Linear(c.hidden_size, c.num_labels, device=device)
+
+    def make_labels(self, batch, seq, g):
+        # DataCollatorForTokenClassification: (B, T) int64
+        return torch.randint(0, self.num_labels, (batch, seq), dtype=torch.int64, generator=g)
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None):
+        outputs = self.bert(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        sequence_output = outputs[0]
+        sequence_output = self.dropout(sequence_output)
+        logits = self.classifier(sequence_output)
+        if labels is None:
+            return logits
+        loss_fct = nn.CrossEntropyLoss()
+        return loss_fct(logits.view(-1, self.num_labels), labels.view(-1))
+
+
+def build_bert(cfg, device=None):
+    """The Bert*For* class of architectures[0] (trainmem's head); BertForMaskedLM without one."""
+    c = resolve_bert_config(cfg)
+    arch = (cfg.get("architectures") or ["BertForMaskedLM"])[0]
+    for suffix, cls in (("ForMaskedLM", BertForMaskedLM), ("ForSequenceClassification", BertForSequenceClassification),
+                        ("ForTokenClassification", BertForTokenClassification)):
+        if arch.endswith(suffix):
+            return cls(c, device)
+    raise ValueError(f"unsupported BERT head {arch!r}")
+
+
+# ----------------------------------------------------------------------------------------------------------
 # "mlp" layer stack (trainmem impl "stack")
 
 
@@ -1999,6 +2365,8 @@ def build_model(config, device=None, frozen=(), checkpointing="none", checkpoint
         m = PhiForCausalLM(config, device)
     elif t == "mlp":
         m = MLPStack(config, device)
+    elif t == "bert":
+        m = build_bert(config, device)
     else:
         raise ValueError(f"unsupported model_type {t!r}; one of {', '.join(MODEL_TYPES)}")
     settings = None

@@ -1,0 +1,70 @@
+// BERT as transformers 5.x builds it (modeling_bert.py): BertModel (embeddings, encoder, and the pooler only
+// where the head uses it) under BertForMaskedLM, BertForSequenceClassification or BertForTokenClassification.
+// B=micro-batch T=seq C=hidden L=layers V=vocab P=position rows Y=token types F=ffn N=num_labels
+#include <fmt/format.h>
+
+#include "table.h"
+#include "trainmem/error.h"
+
+namespace trainmem::models {
+
+void bert_tensors(const ModelSpec& m, Table& t) {
+  const uint64_t C = m.hidden, V = m.embed.vocab_size, P = m.embed.position_rows, Y = m.type_vocab, F = m.mlp.ffn;
+  const uint64_t N = m.num_labels;
+  auto linear = [&](const std::string& name, uint64_t out, uint64_t in) {
+    t.param(name + ".weight", {out, in});
+    t.param(name + ".bias", {out});
+  };
+  auto layer_norm = [&](const std::string& name) {
+    t.param(name + ".weight", {C});
+    t.param(name + ".bias", {C});
+  };
+  // BertEmbeddings.__init__: word, position and token_type embeddings, LayerNorm, then the buffers
+  // position_ids = arange(max_position_embeddings).expand((1, -1)) and token_type_ids = zeros of that size
+  // (int64, persistent=False)
+  t.param("bert.embeddings.word_embeddings.weight", {V, C});
+  t.param("bert.embeddings.position_embeddings.weight", {P, C});
+  t.param("bert.embeddings.token_type_embeddings.weight", {Y, C});
+  layer_norm("bert.embeddings.LayerNorm");
+  t.buffer("bert.embeddings.position_ids", {1, P}, DType::kI64, false);
+  t.buffer("bert.embeddings.token_type_ids", {1, P}, DType::kI64, false);
+  for (uint64_t l = 0; l < m.layers; ++l) {
+    // BertLayer: attention (BertSelfAttention query/key/value, BertSelfOutput dense + LayerNorm),
+    // intermediate (dense), output (dense + LayerNorm)
+    const std::string p = fmt::format("bert.encoder.layer.{}.", l);
+    linear(p + "attention.self.query", C, C);
+    linear(p + "attention.self.key", C, C);
+    linear(p + "attention.self.value", C, C);
+    linear(p + "attention.output.dense", C, C);
+    layer_norm(p + "attention.output.LayerNorm");
+    linear(p + "intermediate.dense", F, C);
+    linear(p + "output.dense", C, F);
+    layer_norm(p + "output.LayerNorm");
+  }
+  switch (m.head) {
+    case Head::kSeqCls:
+      // BertModel(config) keeps its BertPooler (dense + tanh); BertForSequenceClassification's classifier
+      linear("bert.pooler.dense", C, C);
+      linear("classifier", N, C);
+      break;
+    case Head::kTokenCls:
+      linear("classifier", N, C);  // BertModel(config, add_pooling_layer=False)
+      break;
+    case Head::kMaskedLm:
+      if (!m.embed.tied) {
+        throw Error(fmt::format("{}: tie_word_embeddings false with the masked-LM head (an untied "
+                                "cls.predictions.decoder) is not simulated", m.name));
+      }
+      // BertOnlyMLMHead -> BertLMPredictionHead: its own `bias` (V) is listed before its submodules
+      // (named_parameters yields a module's parameters, then its children's); transform (dense, LayerNorm);
+      // decoder.weight is tied to the word embeddings and decoder.bias to `bias` (_tied_weights_keys)
+      t.param("cls.predictions.bias", {V});
+      linear("cls.predictions.transform.dense", C, C);
+      layer_norm("cls.predictions.transform.LayerNorm");
+      break;
+    case Head::kCausalLm:
+      throw Error("internal: BERT has no causal-LM head here (is_decoder is refused)");
+  }
+}
+
+}  // namespace trainmem::models

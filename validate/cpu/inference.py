@@ -30,6 +30,8 @@ _LL = {"vocab_size": 96, "hidden_size": 64, "intermediate_size": 160, "num_hidde
        "num_attention_heads": 4, "num_key_value_heads": 2}
 _GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 128, "n_positions": 64,
          "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1}
+_BERT = {"model_type": "bert", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "max_position_embeddings": 64}
 GRID = [
     ("infer-llama-fp32", {"model_type": "llama", **_LL}, 2, 16, "fp32"),
     ("infer-llama-bf16", {"model_type": "llama", **_LL}, 3, 32, "bf16"),
@@ -48,6 +50,13 @@ GRID = [
     ("infer-opt-bf16", {"model_type": "opt", "vocab_size": 96, "hidden_size": 64, "ffn_dim": 128,
                         "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 64}, 2, 16,
      "bf16"),
+    # encoders: one forward of each head (BertFor*: architectures[0]), the tokenizer's three inputs
+    ("infer-bert-mlm-fp32", {**_BERT, "architectures": ["BertForMaskedLM"]}, 2, 16, "fp32"),
+    ("infer-bert-seqcls-bf16", {**_BERT, "architectures": ["BertForSequenceClassification"], "num_labels": 3}, 2,
+     16, "bf16"),
+    # (no autocast row: BERT's softmax has no dtype, and CPU autocast in torch 1.13 leaves it in bf16 where CUDA
+    # autocast runs it in float32, as trainmem models)
+    ("infer-bert-tokcls-fp32", {**_BERT, "architectures": ["BertForTokenClassification"]}, 3, 8, "fp32"),
     # mixture of experts: routers forced to trainmem's default assumption, balanced (models.set_moe_routing)
     ("infer-mixtral-bf16", {"model_type": "mixtral", **_LL, "num_local_experts": 4}, 2, 12, "bf16"),
     ("infer-qwen2_moe-fp32", {"model_type": "qwen2_moe", **_LL, "num_experts": 4, "num_experts_per_tok": 2,

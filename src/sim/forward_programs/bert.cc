@@ -105,8 +105,9 @@ T bert_attention(Ctx& c, const ModelSpec& m, const LoadedModel& w, uint64_t l, c
     }
   }
   o = contiguous(c, reshape(c, o, Shape{B, Tn, H * D}), "attn output contiguous");
+  // BertAttention: `attention_output = self.output(attention_output, hidden_states)`: the caller's name keeps the
+  // self-attention output alive until BertSelfOutput returns
   T h = linear(c, o, w.p(n("output.dense.weight")), &w.p(n("output.dense.bias")), "attention.output.dense");
-  o.reset();
   h = dropout(c, h, m.dropout.resid, "attention.output.dropout");
   return layer_norm(c, add(c, h, x, "hidden + input_tensor"), &w.p(n("output.LayerNorm.weight")),
                     &w.p(n("output.LayerNorm.bias")), "attention.output.LayerNorm");
@@ -150,10 +151,11 @@ ForwardOut bert_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const 
   c.layer = -1;
   // BertModel.forward: cache_position = torch.arange(past, past + T) (int64), bound until it returns
   T cache_position = c.e.empty(Shape{Tn}, DType::kI64, Category::kActivations, c.L("cache_position"));
-  T hidden = bert_embeddings(c, m, w, ids);
+  // embedding_output stays bound in BertModel.forward while the encoder runs (BertEncoder rebinds its own name)
+  T embedding_output = bert_embeddings(c, m, w, ids);
   bidirectional_mask(c, B, Tn);
-  hidden = run_layers(c, m.layers, std::move(hidden), LayerArgs{},
-                      [&](uint64_t l, T h, const LayerArgs&) { return bert_layer(c, m, w, l, h); });
+  T hidden = run_layers(c, m.layers, embedding_output, LayerArgs{},
+                        [&](uint64_t l, T h, const LayerArgs&) { return bert_layer(c, m, w, l, h); });
   // `outputs` (last_hidden_state, pooler_output) stays bound in the head's forward until it returns
   const T sequence_output = hidden;
   ForwardOut out;
@@ -164,19 +166,22 @@ ForwardOut bert_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const 
                         &w.p("bert.pooler.dense.bias"), "pooler.dense");
       pooled = tanh(c, pooled, "pooler.activation");
       cache_position.reset();  // BertModel.forward returns
+      embedding_output.reset();
       const T pooler_output = pooled;
       pooled = dropout(c, pooled, m.classifier_dropout, "classifier dropout");
       out.logits = linear(c, pooled, w.p("classifier.weight"), &w.p("classifier.bias"), "classifier");
       break;
     }
     case Head::kTokenCls: {
-      cache_position.reset();
+      cache_position.reset();  // BertModel.forward returns
+      embedding_output.reset();
       T h = dropout(c, sequence_output, m.classifier_dropout, "classifier dropout");
       out.logits = linear(c, h, w.p("classifier.weight"), &w.p("classifier.bias"), "classifier");
       break;
     }
     case Head::kMaskedLm: {
-      cache_position.reset();
+      cache_position.reset();  // BertModel.forward returns
+      embedding_output.reset();
       // BertLMPredictionHead: transform (dense, act, LayerNorm), then decoder: Linear(C, V) whose weight is the
       // word embeddings and whose bias is cls.predictions.bias (tied)
       T h = linear(c, sequence_output, w.p("cls.predictions.transform.dense.weight"),

@@ -131,7 +131,10 @@ std::optional<Head> head_of_architectures(const config::KeyReader& r) {
              "...ForTokenClassification; other task heads (question answering, multiple choice, pretraining) are "
              "not modelled yet (--head picks one that is)");
     }
-    if (!head) head = h;  // architectures[0]
+    if (head && *head != h) {
+      r.fail("architectures", *a, "classes of one head (these name two: --head picks one)");
+    }
+    head = h;
   }
   return head;
 }

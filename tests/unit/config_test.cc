@@ -106,6 +106,65 @@ TEST(Config, Starcoder2TakesStarcoder2ConfigDefaults) {
             L * (C + KV + KV + C + F + C));
 }
 
+TEST(Config, BertTakesBertConfigDefaultsAndItsHead) {
+  // BertConfig() is bert-base-uncased's shape; no architectures: the family's own head, BertForMaskedLM.
+  const ModelSpec m = from_json(R"({"model_type": "bert"})");
+  EXPECT_EQ(m.family, Family::kBert);
+  EXPECT_EQ(m.head, Head::kMaskedLm);
+  EXPECT_EQ(m.embed.vocab_size, 30'522u);
+  EXPECT_EQ(m.max_positions, 512u);
+  EXPECT_EQ(m.type_vocab, 2u);
+  EXPECT_EQ(m.mlp.act, Act::kGeluErf);  // hidden_act="gelu": nn.functional.gelu
+  EXPECT_TRUE(m.embed.tied);
+  EXPECT_FALSE(m.pre_norm);
+  EXPECT_DOUBLE_EQ(m.dropout.resid, 0.1);
+  EXPECT_DOUBLE_EQ(m.classifier_dropout, 0.1);  // classifier_dropout=None -> hidden_dropout_prob
+  // BertModel 108,891,648 (no pooler) + the MLM head (bias V, transform dense C*C + C, LayerNorm 2C)
+  EXPECT_EQ(parameter_count(build_inventory(m)).value, 108'891'648u + 30'522u + 768u * 768u + 768u + 2u * 768u);
+  // The head from architectures[0]; num_labels as PreTrainedConfig resolves it: id2label's length, else
+  // num_labels, else 2
+  const ModelSpec s = from_json(R"({"model_type": "bert", "architectures": ["BertForSequenceClassification"]})");
+  EXPECT_EQ(s.head, Head::kSeqCls);
+  EXPECT_EQ(s.num_labels, 2u);
+  EXPECT_EQ(from_json(R"({"model_type": "bert", "architectures": ["BertForTokenClassification"],
+                          "id2label": {"0": "O", "1": "B-PER", "2": "I-PER"}, "num_labels": 7})").num_labels,
+            3u);
+  EXPECT_EQ(from_json(R"({"model_type": "bert"})", {"num_labels=5"}).num_labels, 5u);
+  // --head and --num-labels override the config
+  ModelRequest req;
+  req.head = Head::kTokenCls;
+  req.num_labels = 9;
+  const ModelSpec t = model_from_json(R"({"model_type": "bert", "architectures": ["BertForMaskedLM"]})", "t.json", req);
+  EXPECT_EQ(t.head, Head::kTokenCls);
+  EXPECT_EQ(t.num_labels, 9u);
+  // BertForSequenceClassification keeps BertModel's pooler (dense C*C + C) and adds classifier (N*C + N);
+  // BertForTokenClassification has no pooler
+  EXPECT_EQ(parameter_count(build_inventory(s)).value, 108'891'648u + 768u * 768u + 768u + 2u * 768u + 2u);
+  EXPECT_EQ(parameter_count(build_inventory(t)).value, 108'891'648u + 9u * 768u + 9u);
+  EXPECT_EQ(from_json(R"({"model_type": "bert", "max_position_embeddings": 128})").max_positions, 128u);
+}
+
+TEST(ConfigErrors, BertHeadsAndLabels) {
+  EXPECT_EQ(error_of([] {
+              from_json(R"({"model_type": "bert", "architectures": ["BertForSequenceClassification"], "num_labels": 1})");
+            }),
+            "test.json: num_labels 1: with 1 label transformers computes a regression loss (MSELoss), which is not "
+            "simulated; use 2 or more (--num-labels)");
+  ModelRequest req;
+  req.head = Head::kCausalLm;
+  EXPECT_EQ(error_of([&] { model_from_json(R"({"model_type": "bert"})", "t.json", req); }),
+            "t.json: --head causal-lm: the causal-lm head is not simulated for model_type \"bert\" (its family "
+            "builds: masked-lm, seq-cls, token-cls)");
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "bert", "is_decoder": true})"); }),
+            "test.json: key \"is_decoder\" = true: expected false: the decoder mode (BertLMHeadModel, a causal mask) "
+            "is not simulated; the encoder is");
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "bert"})", {"tie_word_embeddings=false"}); }).find("untied"),
+            std::string::npos);  // the reader accepts it; the masked-LM table refuses it
+  EXPECT_NE(error_of([] { build_inventory(from_json(R"({"model_type": "bert", "tie_word_embeddings": false})")); })
+                .find("tie_word_embeddings false with the masked-LM head"),
+            std::string::npos);
+}
+
 TEST(ConfigErrors, Gemma3LayerTypesMustNameEachLayer) {
   EXPECT_EQ(error_of([] { from_json(R"({"model_type": "gemma3_text", "num_hidden_layers": 2,
                                          "layer_types": ["full_attention"]})"); }),
@@ -163,9 +222,10 @@ TEST(ConfigErrors, MalformedEmptyAndNonObjectJson) {
 TEST(ConfigErrors, MissingAndUnknownModelType) {
   EXPECT_EQ(error_of([] { from_json(R"({"n_layer": 2})"); }),
             "test.json: missing required key \"model_type\" (expected a string)");
-  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "bert"})"); }),
-            "test.json: key \"model_type\" = \"bert\": expected one of gpt2, nanogpt, llama, mistral, qwen2, qwen3, "
-            "gemma, gemma2, phi3, mixtral, qwen2_moe, qwen3_moe, gemma3_text, starcoder2, gpt_neox, opt, phi, mlp");
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "t5"})"); }),
+            "test.json: key \"model_type\" = \"t5\": expected one of gpt2, nanogpt, llama, mistral, qwen2, qwen3, "
+            "gemma, gemma2, phi3, mixtral, qwen2_moe, qwen3_moe, gemma3_text, starcoder2, gpt_neox, opt, phi, bert, "
+            "mlp");
 }
 
 TEST(ConfigErrors, HeadsThatDoNotDivideTheWidth) {
@@ -306,14 +366,18 @@ TEST(ConfigErrors, SetOfAKeyThatNothingReads) {
                                                         "_remove_final_layer_norm=true"}));
 }
 
-TEST(ConfigErrors, OnlyCausalLanguageModels) {
+TEST(ConfigErrors, OnlyTheHeadsEachFamilyBuilds) {
   const std::string head_error =
-      "test.json: key \"architectures\" = [\"LlamaForSequenceClassification\"]: expected a causal language model "
-      "(...ForCausalLM or ...LMHeadModel); sequence-classification and other task heads are not modelled yet";
+      "test.json: key \"architectures\" = [\"LlamaForTokenClassification\"]: expected the token-cls head is not "
+      "simulated for model_type \"llama\" (its family builds: causal-lm); --head picks another";
   EXPECT_EQ(error_of([] {
-              from_json(R"({"model_type": "llama", "architectures": ["LlamaForSequenceClassification"]})");
+              from_json(R"({"model_type": "llama", "architectures": ["LlamaForTokenClassification"]})");
             }),
             head_error);
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "bert", "architectures": ["BertForQuestionAnswering"]})"); }),
+            "test.json: key \"architectures\" = [\"BertForQuestionAnswering\"]: expected ...ForCausalLM, "
+            "...LMHeadModel, ...ForMaskedLM, ...ForSequenceClassification or ...ForTokenClassification; other task "
+            "heads (question answering, multiple choice, pretraining) are not modelled yet (--head picks one that is)");
   for (const char* head : {"LlamaForTokenClassification", "OPTForQuestionAnswering", "GPT2DoubleHeadsModel",
                            "BertForMaskedLM", "LlamaModel"}) {
     const std::string text = std::string(R"({"model_type": "llama", "architectures": [")") + head + "\"]}";

@@ -32,17 +32,30 @@ PUBLISHED = {
     "gemma-3-1b-it": 999_885_952,  # keras-hub gemma3_presets.py@46f3b4a gemma3_instruct_1b
     # keras-hub qwen3_moe_presets.py@79c5664 qwen3_moe_30b_a3b_en, qwen_moe_presets.py@41e055b qwen1.5_moe_2.7b_en
     "qwen3-30b-a3b": 30_532_122_624, "qwen1.5-moe-a2.7b": 14_315_784_192,
+    # keras-hub bert_presets.py@0e1444f bert_base_en_uncased: BertBackbone, i.e. BertModel with its pooler and no
+    # task head; the preset is BertForMaskedLM, so the count is taken of BertModel (MODULE_SETS)
+    "bert-base-uncased": 109_482_240,
     # nanoGPT GPT-2 small as configured in data/models/nanogpt-gpt2.json (no published figure: nanoGPT's own
     # get_num_params() subtracts wpe; this is sum(numel)).
 }
 
 
-def trainmem_count(binary, path):
-    p = subprocess.run([binary, "estimate", "--model", path, "--batch", "1", "--seq", "8", "--format", "json"],
+# A published count of another module set than the preset's model: (what the reference counts, trainmem flags,
+# prefix of the parameter names trainmem leaves out). bert-base-uncased: BertModel(config) with the pooler =
+# BertForSequenceClassification less its classifier.
+MODULE_SETS = {
+    "bert-base-uncased": (lambda m: m.bert if hasattr(m, "bert") else m,
+                          ["--head", "seq-cls"], "classifier."),
+}
+
+
+def trainmem_count(binary, path, flags=(), minus=None):
+    p = subprocess.run([binary, "params", "--model", path, "--format", "json"] + list(flags),
                        capture_output=True, text=True)
     if p.returncode != 0:
         return None
-    return json.loads(p.stdout)["parameters"]["count"]
+    rows = json.loads(p.stdout)["parameters"]
+    return sum(r["elements"] for r in rows if not (minus and r["name"].startswith(minus)))
 
 
 def main():
@@ -57,13 +70,18 @@ def main():
         name = os.path.basename(f)[:-5]
         with open(f) as fh:
             cfg = json.load(fh)
+        sub, flags, minus = MODULE_SETS.get(name, (None, (), None))
         try:
-            n, _ = models.count_parameters(cfg)
+            if sub is None:
+                n, _ = models.count_parameters(cfg)
+            else:  # BertModel(config) with its pooler: the seq-cls model's backbone
+                m = models.build_model({**cfg, "architectures": ["BertForSequenceClassification"]}, device="meta")
+                n = sum(p.numel() for p in sub(m).parameters())
         except ValueError as e:
             print(f"{name:26s} {'-':>16s}  skipped: {e}")
             continue
         pub = PUBLISHED.get(name)
-        tm = trainmem_count(a.trainmem, f) if a.trainmem else None
+        tm = trainmem_count(a.trainmem, f, flags, minus) if a.trainmem else None
         ok = (pub is None or pub == n) and (tm is None or tm == n)
         bad += not ok
         fmt = lambda v: "-" if v is None else format(v, ",")  # noqa: E731

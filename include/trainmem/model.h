@@ -27,7 +27,8 @@ enum class Family {
   kOpt,      // opt
   kPhi,      // phi (phi-1, phi-1.5, phi-2)
   kStack,    // mlp layer stack
-  kBert,     // bert, roberta (encoders: BertModel / RobertaModel under a task head)
+  kBert,     // bert (an encoder: BertModel under a task head)
+  kRoberta,  // roberta (BertModel's layers under RoBERTa's embeddings and heads)
 };
 
 // The task head on top of the model (the class transformers builds: config.json's architectures[0], or --head).
@@ -170,6 +171,7 @@ struct ModelSpec {
   uint64_t type_vocab = 0;
   // RoBERTa: position ids start at padding_idx + 1 (create_position_ids_from_input_ids); 0 for BERT.
   uint64_t position_offset = 0;
+  uint64_t pad_token_id = 0;  // RoBERTa: create_position_ids_from_input_ids' padding_idx
   double classifier_dropout = 0.0;  // BERT classifier_dropout (None: hidden_dropout_prob)
 
   // model_type "mlp" only

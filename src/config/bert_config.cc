@@ -29,7 +29,7 @@ void read_bert(const KeyReader& r, std::string_view model_type, ModelSpec& m) {
   const bool roberta = model_type == "roberta";
   const EncoderDefaults& d = roberta ? kRoberta : kBert;
   const std::string_view kDefaults = d.defaults_of;
-  m.family = Family::kBert;
+  m.family = roberta ? Family::kRoberta : Family::kBert;
   m.embed.vocab_size = r.shape({"vocab_size"}, d.vocab, 1, kMaxVocab, kDefaults);
   m.hidden = r.shape({"hidden_size"}, 768, 1, kMaxWidth, kDefaults);
   m.layers = r.shape({"num_hidden_layers"}, 12, 1, kMaxLayers, kDefaults);
@@ -46,6 +46,7 @@ void read_bert(const KeyReader& r, std::string_view model_type, ModelSpec& m) {
     // cumsum(mask) * mask + padding_idx), so a sequence of T tokens needs rows padding_idx + 1 .. padding_idx + T
     const uint64_t pad = r.integer({"pad_token_id"}, d.pad_token_id, 0, kMaxVocab - 1);
     m.position_offset = pad + 1;
+    m.pad_token_id = pad;
     if (rows <= m.position_offset) {
       r.fail("max_position_embeddings", nlohmann::json(rows),
              fmt::format("more than pad_token_id + 1 = {} (RoBERTa's positions start after padding_idx)",

@@ -152,10 +152,16 @@ void resolve_head(const config::KeyReader& r, const ModelRequest& req, ModelSpec
   if (!built) {
     std::string list;
     for (Head h : heads) list += (list.empty() ? "" : ", ") + std::string(head_name(h));
-    const std::string what = fmt::format("the {} head is not simulated for model_type \"{}\" (its family builds: {})",
-                                         head_name(m.head), m.model_type, list.empty() ? "causal-lm" : list);
-    if (req.head) throw Error(fmt::format("{}: --head {}: {}", r.origin(), head_name(m.head), what));
-    r.fail("architectures", *r.find({"architectures"}), what + "; --head picks another");
+    // A decoder's ...ForSequenceClassification (score without bias, pooled at the last non-pad token) is not
+    // simulated yet: refused rather than modelled as the causal LM
+    const std::string built_list = list.empty() ? "causal-lm" : list;
+    if (req.head) {
+      throw Error(fmt::format("{}: --head {}: the {} head is not simulated for model_type \"{}\" (its family builds: "
+                              "{})", r.origin(), head_name(m.head), head_name(m.head), m.model_type, built_list));
+    }
+    r.fail("architectures", *r.find({"architectures"}),
+           fmt::format("a class of a head simulated for model_type \"{}\" ({}); its {} head is not simulated yet "
+                       "(--head picks another)", m.model_type, built_list, head_name(m.head)));
   }
   // configuration_utils.py PreTrainedConfig: `if id2label is not None: num_labels = len(id2label)`, else
   // num_labels (default 2). Both keys are read for every model, so that --set of either is accepted.
@@ -270,6 +276,12 @@ ModelSpec read_model(std::string_view text, std::string_view origin, const Model
   const std::string& t = m.model_type;
   // The family registry says which reader reads this model_type (src/families/registry.cc).
   const ModelType* type = nullptr;
+  if (t == "distilbert") {
+    // modeling_distilbert.py: its own module names and layout (transformer.layer.N.attention.q_lin, sa_layer_norm,
+    // vocab_transform/vocab_layer_norm/vocab_projector, pre_classifier) are not simulated
+    r.fail("model_type", obj["model_type"], fmt::format("one of {} (DistilBERT is not simulated yet)",
+                                                        supported_model_types()));
+  }
   if (!find_model_type(t, &type)) r.fail("model_type", obj["model_type"], fmt::format("one of {}", supported_model_types()));
   type->read(r, t, m);
   resolve_head(r, req, m);

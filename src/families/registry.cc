@@ -63,6 +63,7 @@ constexpr Program kStackPrograms[] = {{Impl::kStack, models::stack_tensors, stac
 // The encoders (bert.cc): BertModel / RobertaModel under BertForMaskedLM, ...ForSequenceClassification and
 // ...ForTokenClassification.
 constexpr ModelType kBertTypes[] = {{"bert", bert_config, Impl::kHf}};
+constexpr ModelType kRobertaTypes[] = {{"roberta", bert_config, Impl::kHf}};
 constexpr Program kBertPrograms[] = {{Impl::kHf, models::bert_tensors, sim::bert_forward, LoopKind::kHf}};
 constexpr Head kEncoderHeads[] = {Head::kMaskedLm, Head::kSeqCls, Head::kTokenCls};
 
@@ -74,7 +75,7 @@ constexpr std::string_view kQKV[] = {"query_key_value"};
 // peft constants.py: "phi": ["q_proj", "v_proj", "fc1", "fc2"]
 constexpr std::string_view kPhiLora[] = {"q_proj", "v_proj", "fc1", "fc2"};
 // peft constants.py: "bert": ["query", "value"]
-constexpr std::string_view kBertLora[] = {"query", "value"};
+constexpr std::string_view kBertLora[] = {"query", "value"};  // and "roberta": ["query", "value"]
 
 const FamilyDescriptor kFamilies[] = {
     {Family::kGpt2, "gpt2", kGpt2Types, kGpt2Programs, InputKind::kTokenIds, "transformer.h", "transformer.wte.weight",
@@ -89,6 +90,8 @@ const FamilyDescriptor kFamilies[] = {
      kPhiLora},
     {Family::kBert, "bert", kBertTypes, kBertPrograms, InputKind::kTokenIds, "bert.encoder.layer",
      "bert.embeddings.word_embeddings.weight", kBertLora, kEncoderHeads},
+    {Family::kRoberta, "roberta", kRobertaTypes, kBertPrograms, InputKind::kTokenIds, "roberta.encoder.layer",
+     "roberta.embeddings.word_embeddings.weight", kBertLora, kEncoderHeads},
     {Family::kStack, "mlp", kStackTypes, kStackPrograms, InputKind::kFeatures, "", "", {}},
 };
 

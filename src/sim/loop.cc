@@ -67,7 +67,7 @@ struct Loop {
   std::vector<T> state;     // optimizer state tensors, created on the first step
   std::vector<T> adafactor_rms;  // transformers' Adafactor state["RMS"] per parameter, replaced every step
   T X, Y;                   // the current batch
-  T token_type_ids, attention_mask;  // the encoders' other inputs (Loop::bind_model_inputs)
+  T batch_token_type_ids, batch_attention_mask;  // the encoders' other inputs (Loop::bind_model_inputs)
   T kept_logits;            // nanoGPT: `logits` lives until the next forward returns
   T kept_loss;              // the training script's `loss` variable, rebound each micro-batch
   const Program& program;   // the family's forward for this implementation (src/families/registry.cc)
@@ -95,14 +95,17 @@ struct Loop {
   // BertTokenizer's token_type_ids, then attention_mask, int64 (B, T) each; all ones, as padding to the batch's
   // longest sequence (--seq) leaves them. Decoders get neither (their batches are input_ids and labels). The new
   // tensors are all made before the previous batch's are released (`inputs = ...` rebinds the dict at the end).
-  bool encoder() const { return m.family == Family::kBert; }
+  bool encoder() const { return m.family == Family::kBert || m.family == Family::kRoberta; }
+  // RobertaTokenizer.model_input_names = ["input_ids", "attention_mask"]: no token_type_ids in a RoBERTa batch
+  // (RobertaEmbeddings then gathers its zeros buffer); BertTokenizer's has them.
+  bool token_types() const { return m.family == Family::kBert; }
   void bind_model_inputs(T x, T tt, T mask, T y) {
     X = std::move(x);
-    token_type_ids = std::move(tt);
-    attention_mask = std::move(mask);
+    batch_token_type_ids = std::move(tt);
+    batch_attention_mask = std::move(mask);
     Y = std::move(y);
-    c.token_type_ids = &token_type_ids;
-    c.attention_mask = &attention_mask;
+    c.token_type_ids = batch_token_type_ids ? &batch_token_type_ids : nullptr;
+    c.attention_mask = &batch_attention_mask;
   }
 
   void get_batch() {
@@ -112,7 +115,7 @@ struct Loop {
     if (encoder()) {
       // Trainer._prepare_inputs moves the batch dict key by key: input_ids, token_type_ids, attention_mask,
       // labels (the collators add "labels" last)
-      T tt = batch_tensor("token_type_ids");
+      T tt = token_types() ? batch_tensor("token_type_ids") : T();
       T mask = batch_tensor("attention_mask");
       T y = labels_tensor();
       bind_model_inputs(std::move(x), std::move(tt), std::move(mask), std::move(y));
@@ -184,7 +187,7 @@ struct Loop {
       }
       if (encoder()) {  // the tokenizer's input_ids, token_type_ids and attention_mask, moved to the device
         T x = batch_tensor("input ids");
-        T tt = batch_tensor("token_type_ids");
+        T tt = token_types() ? batch_tensor("token_type_ids") : T();
         T mask = batch_tensor("attention_mask");
         bind_model_inputs(std::move(x), std::move(tt), std::move(mask), T());
       } else {

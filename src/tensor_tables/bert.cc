@@ -1,4 +1,4 @@
-// BERT as transformers 5.x builds it (modeling_bert.py): BertModel (embeddings, encoder, and the pooler only
+// BERT and RoBERTa as transformers 5.x builds them (modeling_bert.py, modular_roberta.py): BertModel (embeddings, encoder, and the pooler only
 // where the head uses it) under BertForMaskedLM, BertForSequenceClassification or BertForTokenClassification.
 // B=micro-batch T=seq C=hidden L=layers V=vocab P=position rows Y=token types F=ffn N=num_labels
 #include <fmt/format.h>
@@ -19,19 +19,24 @@ void bert_tensors(const ModelSpec& m, Table& t) {
     t.param(name + ".weight", {C});
     t.param(name + ".bias", {C});
   };
+  // RoBERTa's modules are BERT's under "roberta." (RobertaPreTrainedModel.base_model_prefix)
+  const bool roberta = m.family == Family::kRoberta;
+  const std::string base = roberta ? "roberta." : "bert.";
   // BertEmbeddings.__init__: word, position and token_type embeddings, LayerNorm, then the buffers
   // position_ids = arange(max_position_embeddings).expand((1, -1)) and token_type_ids = zeros of that size
-  // (int64, persistent=False)
-  t.param("bert.embeddings.word_embeddings.weight", {V, C});
-  t.param("bert.embeddings.position_embeddings.weight", {P, C});
-  t.param("bert.embeddings.token_type_embeddings.weight", {Y, C});
-  layer_norm("bert.embeddings.LayerNorm");
-  t.buffer("bert.embeddings.position_ids", {1, P}, DType::kI64, false);
-  t.buffer("bert.embeddings.token_type_ids", {1, P}, DType::kI64, false);
+  // (int64, persistent=False). RobertaEmbeddings.__init__ (modular_roberta.py) runs it, then
+  // `del self.position_embeddings` and registers a new one (with padding_idx): it is listed last.
+  t.param(base + "embeddings.word_embeddings.weight", {V, C});
+  if (!roberta) t.param(base + "embeddings.position_embeddings.weight", {P, C});
+  t.param(base + "embeddings.token_type_embeddings.weight", {Y, C});
+  layer_norm(base + "embeddings.LayerNorm");
+  if (roberta) t.param(base + "embeddings.position_embeddings.weight", {P, C});
+  t.buffer(base + "embeddings.position_ids", {1, P}, DType::kI64, false);
+  t.buffer(base + "embeddings.token_type_ids", {1, P}, DType::kI64, false);
   for (uint64_t l = 0; l < m.layers; ++l) {
     // BertLayer: attention (BertSelfAttention query/key/value, BertSelfOutput dense + LayerNorm),
     // intermediate (dense), output (dense + LayerNorm)
-    const std::string p = fmt::format("bert.encoder.layer.{}.", l);
+    const std::string p = fmt::format("{}encoder.layer.{}.", base, l);
     linear(p + "attention.self.query", C, C);
     linear(p + "attention.self.key", C, C);
     linear(p + "attention.self.value", C, C);
@@ -40,6 +45,33 @@ void bert_tensors(const ModelSpec& m, Table& t) {
     linear(p + "intermediate.dense", F, C);
     linear(p + "output.dense", C, F);
     layer_norm(p + "output.LayerNorm");
+  }
+  if (m.head == Head::kMaskedLm && !m.embed.tied) {
+    throw Error(fmt::format("{}: tie_word_embeddings false with the masked-LM head (an untied decoder) is not "
+                            "simulated", m.name));
+  }
+  if (roberta) {
+    switch (m.head) {
+      case Head::kSeqCls:
+        // RobertaModel(config, add_pooling_layer=False); RobertaClassificationHead: dense (C, C), out_proj (N, C)
+        linear("classifier.dense", C, C);
+        linear("classifier.out_proj", N, C);
+        return;
+      case Head::kTokenCls:
+        linear("classifier", N, C);  // RobertaModel(config, add_pooling_layer=False)
+        return;
+      case Head::kMaskedLm:
+        // RobertaLMHead: its own `bias` (V) first (a module's parameters before its children's), dense,
+        // layer_norm; decoder.weight/bias are tied to the word embeddings and lm_head.bias (_tied_weights_keys)
+        t.param("lm_head.bias", {V});
+        linear("lm_head.dense", C, C);
+        t.param("lm_head.layer_norm.weight", {C});
+        t.param("lm_head.layer_norm.bias", {C});
+        return;
+      case Head::kCausalLm:
+        break;
+    }
+    throw Error("internal: RoBERTa has no causal-LM head here (is_decoder is refused)");
   }
   switch (m.head) {
     case Head::kSeqCls:
@@ -51,10 +83,6 @@ void bert_tensors(const ModelSpec& m, Table& t) {
       linear("classifier", N, C);  // BertModel(config, add_pooling_layer=False)
       break;
     case Head::kMaskedLm:
-      if (!m.embed.tied) {
-        throw Error(fmt::format("{}: tie_word_embeddings false with the masked-LM head (an untied "
-                                "cls.predictions.decoder) is not simulated", m.name));
-      }
       // BertOnlyMLMHead -> BertLMPredictionHead: its own `bias` (V) is listed before its submodules
       // (named_parameters yields a module's parameters, then its children's); transform (dense, LayerNorm);
       // decoder.weight is tied to the word embeddings and decoder.bias to `bias` (_tied_weights_keys)

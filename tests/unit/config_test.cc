@@ -144,6 +144,45 @@ TEST(Config, BertTakesBertConfigDefaultsAndItsHead) {
   EXPECT_EQ(from_json(R"({"model_type": "bert", "max_position_embeddings": 128})").max_positions, 128u);
 }
 
+TEST(Config, RobertaTakesRobertaConfigDefaultsAndItsHeads) {
+  // RobertaConfig(): BertConfig's shape with vocab_size=50265 and pad_token_id=1; position ids start at
+  // padding_idx + 1 = 2, so the 512 rows hold 510 tokens
+  const ModelSpec m = from_json(R"({"model_type": "roberta"})");
+  EXPECT_EQ(m.family, Family::kRoberta);
+  EXPECT_EQ(m.head, Head::kMaskedLm);
+  EXPECT_EQ(m.embed.vocab_size, 50'265u);
+  EXPECT_EQ(m.embed.position_rows, 512u);
+  EXPECT_EQ(m.position_offset, 2u);
+  EXPECT_EQ(m.max_positions, 510u);
+  // RobertaModel without the pooler: embeddings (V + 512 + 2 rows of C, LayerNorm 2C) + 12 BERT layers
+  constexpr uint64_t C = 768, kModel = (50'265u + 512u + 2u) * C + 2u * C + 12u * 7'087'872u;
+  const Inventory inv = build_inventory(m);
+  // RobertaLMHead: bias V, dense C*C + C, layer_norm 2C (decoder tied to the word embeddings and to bias)
+  EXPECT_EQ(parameter_count(inv).value, kModel + 50'265u + C * C + C + 2u * C);
+  // RobertaEmbeddings deletes BertEmbeddings' position_embeddings and registers a new one: listed last
+  EXPECT_EQ(inv.parameters[4].name, "roberta.embeddings.position_embeddings.weight");
+  EXPECT_EQ(inv.parameters[inv.parameters.size() - 5].name, "lm_head.bias");
+  // RobertaForSequenceClassification: no pooler; RobertaClassificationHead dense (C*C + C) and out_proj (N*C + N)
+  const ModelSpec s = from_json(R"({"model_type": "roberta", "architectures": ["RobertaForSequenceClassification"],
+                                    "id2label": {"0": "neg", "1": "neu", "2": "pos"}})");
+  EXPECT_EQ(s.head, Head::kSeqCls);
+  EXPECT_EQ(parameter_count(build_inventory(s)).value, kModel + C * C + C + 3u * C + 3u);
+  const ModelSpec t = from_json(R"({"model_type": "roberta", "architectures": ["RobertaForTokenClassification"]})");
+  EXPECT_EQ(parameter_count(build_inventory(t)).value, kModel + 2u * C + 2u);
+  EXPECT_NE(error_of([] { from_json(R"({"model_type": "roberta", "max_position_embeddings": 2})"); })
+                .find("more than pad_token_id + 1 = 2"),
+            std::string::npos);
+}
+
+TEST(ConfigErrors, DecoderSequenceClassificationAndDistilbertAreRefused) {
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "llama", "architectures": ["LlamaForSequenceClassification"]})"); }),
+            "test.json: key \"architectures\" = [\"LlamaForSequenceClassification\"]: expected a class of a head "
+            "simulated for model_type \"llama\" (causal-lm); its seq-cls head is not simulated yet (--head picks "
+            "another)");
+  EXPECT_NE(error_of([] { from_json(R"({"model_type": "distilbert"})"); }).find("DistilBERT is not simulated yet"),
+            std::string::npos);
+}
+
 TEST(ConfigErrors, BertHeadsAndLabels) {
   EXPECT_EQ(error_of([] {
               from_json(R"({"model_type": "bert", "architectures": ["BertForSequenceClassification"], "num_labels": 1})");
@@ -225,7 +264,7 @@ TEST(ConfigErrors, MissingAndUnknownModelType) {
   EXPECT_EQ(error_of([] { from_json(R"({"model_type": "t5"})"); }),
             "test.json: key \"model_type\" = \"t5\": expected one of gpt2, nanogpt, llama, mistral, qwen2, qwen3, "
             "gemma, gemma2, phi3, mixtral, qwen2_moe, qwen3_moe, gemma3_text, starcoder2, gpt_neox, opt, phi, bert, "
-            "mlp");
+            "roberta, mlp");
 }
 
 TEST(ConfigErrors, HeadsThatDoNotDivideTheWidth) {
@@ -368,8 +407,8 @@ TEST(ConfigErrors, SetOfAKeyThatNothingReads) {
 
 TEST(ConfigErrors, OnlyTheHeadsEachFamilyBuilds) {
   const std::string head_error =
-      "test.json: key \"architectures\" = [\"LlamaForTokenClassification\"]: expected the token-cls head is not "
-      "simulated for model_type \"llama\" (its family builds: causal-lm); --head picks another";
+      "test.json: key \"architectures\" = [\"LlamaForTokenClassification\"]: expected a class of a head simulated "
+      "for model_type \"llama\" (causal-lm); its token-cls head is not simulated yet (--head picks another)";
   EXPECT_EQ(error_of([] {
               from_json(R"({"model_type": "llama", "architectures": ["LlamaForTokenClassification"]})");
             }),

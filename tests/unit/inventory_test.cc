@@ -25,6 +25,10 @@ struct Published {
   // (--head), less the parameters whose names start with `minus` (a task head the published backbone lacks).
   std::optional<Head> head = std::nullopt;
   const char* minus = nullptr;
+  const char* minus2 = nullptr;
+  // Also leave out RoBERTa's position rows 0..padding_idx, which no position id reaches
+  // (create_position_ids_from_input_ids starts at padding_idx + 1) and a published backbone may not have.
+  bool less_unreached_positions = false;
 };
 
 // Every preset with the exact count published for the real checkpoint. Sources are quoted in the
@@ -55,6 +59,11 @@ constexpr Published kPublished[] = {
     // BertPooler, i.e. BertForSequenceClassification less its classifier
     {"bert-base-uncased", 109'482'240, "keras-hub bert_presets.py@0e1444f bert_base_en_uncased params",
      Head::kSeqCls, "classifier."},
+    // keras-hub's RobertaBackbone (roberta_backbone.py@7eea6c8): token and position embeddings with
+    // max_sequence_length=512 rows, LayerNorm, the layers; no token types, no pooler, no head. transformers'
+    // RobertaModel(add_pooling_layer=False) less token_type_embeddings and the 2 rows below padding_idx + 1.
+    {"roberta-base", 124'052'736, "keras-hub roberta_presets.py@d7a5c31 roberta_base_en params", Head::kTokenCls,
+     "classifier.", "roberta.embeddings.token_type_embeddings.", true},
 };
 
 TEST(Inventory, EveryPresetMatchesItsPublishedParameterCount) {
@@ -63,11 +72,15 @@ TEST(Inventory, EveryPresetMatchesItsPublishedParameterCount) {
     ModelRequest req;
     req.model = p.preset;
     req.head = p.head;
-    const Inventory inv = build_inventory(load_model(req, testing::MapFileReader()));
+    const ModelSpec m = load_model(req, testing::MapFileReader());
+    const Inventory inv = build_inventory(m);
     uint64_t count = parameter_count(inv).value;
     for (const TensorRow& r : inv.parameters) {
-      if (p.minus && r.name.starts_with(p.minus)) count -= r.elems.value;
+      if ((p.minus && r.name.starts_with(p.minus)) || (p.minus2 && r.name.starts_with(p.minus2))) {
+        count -= r.elems.value;
+      }
     }
+    if (p.less_unreached_positions) count -= m.position_offset * m.hidden;
     EXPECT_EQ(count, p.count) << p.preset << " (source: " << p.source << ")";
   }
 }

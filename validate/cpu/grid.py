@@ -68,6 +68,15 @@ def _bert(arch, **kw):
     return cfg
 
 
+def _roberta(arch, **kw):
+    # max_position_embeddings 66: pad_token_id 1 takes rows 0-1, so 64 tokens fit (create_position_ids_from_input_ids)
+    cfg = {"model_type": "roberta", "architectures": [arch], "vocab_size": 96, "hidden_size": 32,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64, "max_position_embeddings": 66,
+           "type_vocab_size": 1, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+    cfg.update(kw)
+    return cfg
+
+
 def _phi(**kw):
     c = dict(_PHI)
     c.update(kw)
@@ -221,6 +230,15 @@ GRID = [
                                         type_vocab_size=1), 2, 16, "bf16"),
     ("bert-tokcls5", _bert("BertForTokenClassification", num_labels=5, num_hidden_layers=1), 2, 16, "fp32"),
     ("bert-tokcls-bf16", _bert("BertForTokenClassification", num_labels=4), 1, 24, "bf16"),
+    # --- RoBERTa (no token_type_ids in the batch; position ids computed from the input ids)
+    ("roberta-mlm", _roberta("RobertaForMaskedLM"), 2, 16, "fp32"),
+    ("roberta-mlm-bf16", _roberta("RobertaForMaskedLM", hidden_act="gelu_new"), 3, 24, "bf16"),
+    ("roberta-seqcls3", _roberta("RobertaForSequenceClassification", num_labels=3), 3, 8, "fp32"),
+    ("roberta-seqcls-bf16", _roberta("RobertaForSequenceClassification", type_vocab_size=2), 2, 16, "bf16"),
+    ("roberta-tokcls5", _roberta("RobertaForTokenClassification", num_labels=5, num_hidden_layers=1), 2, 16,
+     "fp32"),
+    ("roberta-tokcls-bf16", _roberta("RobertaForTokenClassification", id2label={"0": "O", "1": "B", "2": "I"}), 1,
+     24, "bf16"),
 
     # --- frozen parameters (trainmem --freeze GLOB)
     ("frozen-llama-emb-L0", _ll("llama"), 2, 16, "fp32",

@@ -57,6 +57,11 @@ GRID = [
     # (no autocast row: BERT's softmax has no dtype, and CPU autocast in torch 1.13 leaves it in bf16 where CUDA
     # autocast runs it in float32, as trainmem models)
     ("infer-bert-tokcls-fp32", {**_BERT, "architectures": ["BertForTokenClassification"]}, 3, 8, "fp32"),
+    # RoBERTa: input_ids and attention_mask only; position ids from padding_idx + 1 (66 rows: 64 tokens)
+    ("infer-roberta-mlm-fp32", {**_BERT, "model_type": "roberta", "max_position_embeddings": 66,
+                                "architectures": ["RobertaForMaskedLM"]}, 2, 16, "fp32"),
+    ("infer-roberta-seqcls-bf16", {**_BERT, "model_type": "roberta", "max_position_embeddings": 66,
+                                   "architectures": ["RobertaForSequenceClassification"]}, 3, 8, "bf16"),
     # mixture of experts: routers forced to trainmem's default assumption, balanced (models.set_moe_routing)
     ("infer-mixtral-bf16", {"model_type": "mixtral", **_LL, "num_local_experts": 4}, 2, 12, "bf16"),
     ("infer-qwen2_moe-fp32", {"model_type": "qwen2_moe", **_LL, "num_experts": 4, "num_experts_per_tok": 2,

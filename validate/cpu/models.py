@@ -21,6 +21,9 @@ reports the tensors that the real models would save.
   bert      transformers 5.x BertForMaskedLM / BertForSequenceClassification / BertForTokenClassification
             (architectures[0]), eager attention, the collator's all-ones attention mask (no 4-D mask is made),
             token_type_ids passed; forward(input_ids, token_type_ids, attention_mask, labels) (make_inputs).
+  roberta   transformers 5.x RobertaForMaskedLM / ...ForSequenceClassification / ...ForTokenClassification: the
+            BERT layers, RobertaEmbeddings' position ids from padding_idx + 1, no token_type_ids in the batch;
+            forward(input_ids, attention_mask, labels).
   mlp       an nn.Sequential of Linear / ReLU / GELU / Sigmoid / LayerNorm (trainmem's "stack" impl).
 
 Sources: /work/research/hf_*.md (quotes of the transformers source) and nanoGPT model.py. Every model's
@@ -66,7 +69,7 @@ warnings.filterwarnings("ignore", message="nn.functional.sigmoid is deprecated")
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "mixtral", "qwen2_moe", "qwen3_moe",
                 "gemma3_text", "starcoder2")
-MODEL_TYPES = ("nanogpt", "gpt2", "gpt_neox", "opt", "phi", "mlp", "bert") + LLAMA_FAMILY
+MODEL_TYPES = ("nanogpt", "gpt2", "gpt_neox", "opt", "phi", "mlp", "bert", "roberta") + LLAMA_FAMILY
 
 
 def _is_meta(device):
@@ -2303,6 +2306,178 @@ def build_bert(cfg, device=None):
 
 
 # ----------------------------------------------------------------------------------------------------------
+# RoBERTa (transformers 5.x modular_roberta.py -> modeling_roberta.py): BertModel's layers under RobertaEmbeddings
+# (position ids from padding_idx + 1), RobertaLMHead and RobertaClassificationHead, all under "roberta." and
+# add_pooling_layer=False for every head here. RobertaTokenizer.model_input_names = ["input_ids",
+# "attention_mask"]: the batch has no token_type_ids (make_inputs), so the embeddings gather their zeros buffer.
+
+
+def resolve_roberta_config(cfg):
+    """RobertaConfig.__init__: BertConfig's defaults but vocab_size=50265 and pad_token_id=1."""
+    return resolve_bert_config({"vocab_size": 50265, "pad_token_id": 1, **cfg})
+
+
+class RobertaEmbeddings(BertEmbeddings):
+    def __init__(self, c, device=None):
+        super().__init__(c, device)
+        del self.position_embeddings
+        self.padding_idx = c.pad_token_id
+        self.position_embeddings = nn.Embedding(c.max_position_embeddings, c.hidden_size, padding_idx=self.padding_idx,
+                                                device=device)
+
+    def forward(self, input_ids, token_type_ids=None, past_key_values_length=0):
+        position_ids = self.create_position_ids_from_input_ids(input_ids, self.padding_idx, past_key_values_length)
+        input_shape = input_ids.size()
+        batch_size, seq_length = input_shape
+        if token_type_ids is None:
+            buffered_token_type_ids = self.token_type_ids.expand(position_ids.shape[0], -1)
+            buffered_token_type_ids = torch.gather(buffered_token_type_ids, dim=1, index=position_ids)
+            token_type_ids = buffered_token_type_ids.expand(batch_size, seq_length)
+        inputs_embeds = self.word_embeddings(input_ids)
+        token_type_embeddings = self.token_type_embeddings(token_type_ids)
+        embeddings = inputs_embeds + token_type_embeddings
+        position_embeddings = self.position_embeddings(position_ids)
+        embeddings = embeddings + position_embeddings
+        embeddings = self.LayerNorm(embeddings)
+        embeddings = self.dropout(embeddings)
+        return embeddings
+
+    @staticmethod
+    def create_position_ids_from_input_ids(input_ids, padding_idx, past_key_values_length=0):
+        mask = input_ids.ne(padding_idx).int()
+        incremental_indices = (torch.cumsum(mask, dim=1).type_as(mask) + past_key_values_length) * mask
+        return incremental_indices.long() + padding_idx
+
+
+class RobertaModel(BertModel):
+    def __init__(self, c, add_pooling_layer=True, device=None):
+        super().__init__(c, add_pooling_layer=add_pooling_layer, device=device)
+        self.embeddings = RobertaEmbeddings(c, device)  # the same slot in _modules: registration order kept
+
+
+class RobertaLMHead(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.dense = nn.Linear(c.hidden_size, c.hidden_size, device=device)
+        self.layer_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, device=device)
+        self.decoder = nn.Linear(c.hidden_size, c.vocab_size, device=device)
+        self.bias = nn.Parameter(torch.zeros(c.vocab_size, device=device))
+        self.decoder.bias = self.bias  # _tied_weights_keys: lm_head.decoder.bias -> lm_head.bias
+
+    def forward(self, features):
+        x = self.dense(features)
+        x = nn.functional.gelu(x)  # activations.gelu: GELUActivation (erf), whatever hidden_act says
+        x = self.layer_norm(x)
+        x = self.decoder(x)
+        return x
+
+
+class RobertaClassificationHead(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.dense = nn.Linear(c.hidden_size, c.hidden_size, device=device)
+        classifier_dropout = c.classifier_dropout if c.classifier_dropout is not None else c.hidden_dropout_prob
+        self.dropout = nn.Dropout(classifier_dropout)
+        self.out_proj = nn.Linear(c.hidden_size, c.num_labels, device=device)
+
+    def forward(self, features):
+        x = features[:, 0, :]  # take <s> token (equiv. to [CLS])
+        x = self.dropout(x)
+        x = self.dense(x)
+        x = torch.tanh(x)
+        x = self.dropout(x)
+        x = self.out_proj(x)
+        return x
+
+
+class _RobertaTask(_BertTask):
+    def make_inputs(self, batch, seq, generator, labels=True):
+        ids = torch.randint(0, self.vocab_size, (batch, seq), dtype=torch.int64, generator=generator)
+        attention_mask = torch.ones(batch, seq, dtype=torch.int64)
+        inputs = [ids, attention_mask]
+        if labels:
+            inputs.append(self.make_labels(batch, seq, generator))
+        return inputs
+
+
+class RobertaForMaskedLM(_RobertaTask):
+    def __init__(self, c, device=None):
+        super().__init__()
+        if not c.tie_word_embeddings:
+            raise ValueError("an untied MLM decoder is not part of the oracle")
+        self.vocab_size = c.vocab_size
+        self.roberta = RobertaModel(c, add_pooling_layer=False, device=device)
+        self.lm_head = RobertaLMHead(c, device)
+        self.lm_head.decoder.weight = self.roberta.embeddings.word_embeddings.weight
+
+    make_labels = BertForMaskedLM.make_labels
+
+    def forward(self, input_ids, attention_mask=None, labels=None):
+        outputs = self.roberta(input_ids, attention_mask=attention_mask)
+        sequence_output = outputs[0]
+        prediction_scores = self.lm_head(sequence_output)
+        if labels is None:
+            return prediction_scores
+        loss_fct = nn.CrossEntropyLoss()
+        return loss_fct(prediction_scores.view(-1, self.vocab_size), labels.view(-1))
+
+
+class RobertaForSequenceClassification(_RobertaTask):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.num_labels = c.num_labels
+        self.vocab_size = c.vocab_size
+        self.roberta = RobertaModel(c, add_pooling_layer=False, device=device)
+        self.classifier = RobertaClassificationHead(c, device)
+
+    make_labels = BertForSequenceClassification.make_labels
+
+    def forward(self, input_ids, attention_mask=None, labels=None):
+        outputs = self.roberta(input_ids, attention_mask=attention_mask)
+        sequence_output = outputs[0]
+        logits = self.classifier(sequence_output)
+        if labels is None:
+            return logits
+        loss_fct = nn.CrossEntropyLoss()  # single_label_classification
+        return loss_fct(logits.view(-1, self.num_labels), labels.view(-1))
+
+
+class RobertaForTokenClassification(_RobertaTask):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.num_labels = c.num_labels
+        self.vocab_size = c.vocab_size
+        self.roberta = RobertaModel(c, add_pooling_layer=False, device=device)
+        classifier_dropout = c.classifier_dropout if c.classifier_dropout is not None else c.hidden_dropout_prob
+        self.dropout = nn.Dropout(classifier_dropout)
+        self.classifier = nn.Linear(c.hidden_size, c.num_labels, device=device)
+
+    make_labels = BertForTokenClassification.make_labels
+
+    def forward(self, input_ids, attention_mask=None, labels=None):
+        outputs = self.roberta(input_ids, attention_mask=attention_mask)
+        sequence_output = outputs[0]
+        sequence_output = self.dropout(sequence_output)
+        logits = self.classifier(sequence_output)
+        if labels is None:
+            return logits
+        loss_fct = nn.CrossEntropyLoss()
+        return loss_fct(logits.view(-1, self.num_labels), labels.view(-1))
+
+
+def build_roberta(cfg, device=None):
+    """The RobertaFor* class of architectures[0]; RobertaForMaskedLM without one."""
+    c = resolve_roberta_config(cfg)
+    arch = (cfg.get("architectures") or ["RobertaForMaskedLM"])[0]
+    for suffix, cls in (("ForMaskedLM", RobertaForMaskedLM),
+                        ("ForSequenceClassification", RobertaForSequenceClassification),
+                        ("ForTokenClassification", RobertaForTokenClassification)):
+        if arch.endswith(suffix):
+            return cls(c, device)
+    raise ValueError(f"unsupported RoBERTa head {arch!r}")
+
+
+# ----------------------------------------------------------------------------------------------------------
 # "mlp" layer stack (trainmem impl "stack")
 
 
@@ -2367,6 +2542,8 @@ def build_model(config, device=None, frozen=(), checkpointing="none", checkpoint
         m = MLPStack(config, device)
     elif t == "bert":
         m = build_bert(config, device)
+    elif t == "roberta":
+        m = build_roberta(config, device)
     else:
         raise ValueError(f"unsupported model_type {t!r}; one of {', '.join(MODEL_TYPES)}")
     settings = None

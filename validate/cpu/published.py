@@ -35,6 +35,10 @@ PUBLISHED = {
     # keras-hub bert_presets.py@0e1444f bert_base_en_uncased: BertBackbone, i.e. BertModel with its pooler and no
     # task head; the preset is BertForMaskedLM, so the count is taken of BertModel (MODULE_SETS)
     "bert-base-uncased": 109_482_240,
+    # keras-hub roberta_presets.py@d7a5c31 roberta_base_en: RobertaBackbone (roberta_backbone.py@7eea6c8): token
+    # and position embeddings (max_sequence_length=512 rows), LayerNorm, the encoder layers; no token type
+    # embeddings, no pooler, no head (MODULE_SETS)
+    "roberta-base": 124_052_736,
     # nanoGPT GPT-2 small as configured in data/models/nanogpt-gpt2.json (no published figure: nanoGPT's own
     # get_num_params() subtracts wpe; this is sum(numel)).
 }
@@ -46,7 +50,15 @@ PUBLISHED = {
 MODULE_SETS = {
     "bert-base-uncased": (lambda m: m.bert if hasattr(m, "bert") else m,
                           ["--head", "seq-cls"], "classifier."),
+    # RobertaModel(add_pooling_layer=False) less its token_type_embeddings (keras-hub has none) and less the
+    # padding_idx + 1 = 2 position rows no position id reaches (create_position_ids_from_input_ids starts at 2;
+    # keras-hub's PositionEmbedding has the 512 rows that are reached)
+    "roberta-base": (lambda m: m.roberta, ["--head", "token-cls"],
+                     ("classifier.", "roberta.embeddings.token_type_embeddings."), 2 * 768),
 }
+# the architecture each MODULE_SETS reference model is built with (its backbone is the module set's base)
+_MODULE_SET_ARCH = {"bert-base-uncased": "BertForSequenceClassification",
+                    "roberta-base": "RobertaForTokenClassification"}
 
 
 def trainmem_count(binary, path, flags=(), minus=None):
@@ -70,18 +82,21 @@ def main():
         name = os.path.basename(f)[:-5]
         with open(f) as fh:
             cfg = json.load(fh)
-        sub, flags, minus = MODULE_SETS.get(name, (None, (), None))
+        sub, flags, minus, *less = MODULE_SETS.get(name, (None, (), None))
+        less = less[0] if less else 0
         try:
             if sub is None:
                 n, _ = models.count_parameters(cfg)
-            else:  # BertModel(config) with its pooler: the seq-cls model's backbone
-                m = models.build_model({**cfg, "architectures": ["BertForSequenceClassification"]}, device="meta")
-                n = sum(p.numel() for p in sub(m).parameters())
+            else:  # the backbone of a task model (BertModel with its pooler; RobertaModel without)
+                m = models.build_model({**cfg, "architectures": [_MODULE_SET_ARCH[name]]}, device="meta")
+                n = sum(p.numel() for p in sub(m).parameters() if not (
+                    name == "roberta-base" and p is m.roberta.embeddings.token_type_embeddings.weight)) - less
         except ValueError as e:
             print(f"{name:26s} {'-':>16s}  skipped: {e}")
             continue
         pub = PUBLISHED.get(name)
         tm = trainmem_count(a.trainmem, f, flags, minus) if a.trainmem else None
+        tm = tm - less if tm is not None else None
         ok = (pub is None or pub == n) and (tm is None or tm == n)
         bad += not ok
         fmt = lambda v: "-" if v is None else format(v, ",")  # noqa: E731

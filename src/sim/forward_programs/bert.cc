@@ -1,5 +1,7 @@
 // transformers 5.x BertForMaskedLM / BertForSequenceClassification / BertForTokenClassification
-// (modeling_bert.py), labels given, use_cache=False (an encoder: config.is_decoder is False).
+// (modeling_bert.py), labels given, use_cache=False (an encoder: config.is_decoder is False), and the RoBERTa
+// classes (modular_roberta.py): BertModel's layers under RobertaEmbeddings, RobertaLMHead and
+// RobertaClassificationHead, all named under "roberta.".
 // B=micro-batch T=seq C=hidden H=heads D=head-dim F=ffn V=vocab N=num_labels
 #include <fmt/format.h>
 
@@ -12,6 +14,9 @@ namespace trainmem::sim {
 
 namespace {
 
+// RobertaPreTrainedModel.base_model_prefix "roberta", BertPreTrainedModel's "bert"
+std::string_view base(const ModelSpec& m) { return m.family == Family::kRoberta ? "roberta" : "bert"; }
+
 // x[:, i] of a (B, T, C) tensor: a (B, C) view (TensorIndexing: the full slice `:` returns x itself, the int
 // selects). SelectBackward0 saves nothing; its backward is zeros of x's size with the gradient copied in.
 T select_dim1(Ctx& c, const T& x) {
@@ -23,33 +28,63 @@ T select_dim1(Ctx& c, const T& x) {
   return out;
 }
 
+// RobertaEmbeddings.create_position_ids_from_input_ids (modular_roberta.py): mask = input_ids.ne(padding_idx)
+// .int(); incremental_indices = (torch.cumsum(mask, dim=1).type_as(mask) + past_key_values_length) * mask;
+// return incremental_indices.long() + padding_idx. Each temporary is freed once the next op has returned
+// (cumsum of an int32 tensor gives int64). Returns the (B, T) int64 position ids.
+T roberta_position_ids(Ctx& c, const T& ids) {
+  const Shape s = ids.shape();
+  auto make = [&](DType dt, const char* what) { return c.e.empty(s, dt, Category::kTemporaries, c.L(what)); };
+  T mask;
+  {
+    T ne = make(DType::kBool, "input_ids.ne(padding_idx)");
+    mask = make(DType::kI32, "mask .int()");
+  }
+  T inc;
+  {
+    T cs = make(DType::kI64, "torch.cumsum(mask, dim=1)");
+    T typed = make(DType::kI32, "cumsum .type_as(mask)");
+    cs.reset();
+    T plus = make(DType::kI32, "+ past_key_values_length");
+    typed.reset();
+    inc = make(DType::kI32, "* mask");
+  }
+  T as_long = make(DType::kI64, "incremental_indices.long()");
+  return c.e.empty(s, DType::kI64, Category::kActivations, c.L("position_ids (+ padding_idx)"));
+}
+
 // BertEmbeddings.forward (5.x): position_ids = self.position_ids[:, past : past + T] (a view of the buffer);
 // token_type_ids as passed, else the buffer's zeros gathered at position_ids and expanded to (B, T);
 // embeddings = inputs_embeds + token_type_embeddings; embeddings = embeddings + position_embeddings;
 // LayerNorm; dropout. The locals (inputs_embeds, token_type_embeddings, position_embeddings) live until it
-// returns.
+// returns. RobertaEmbeddings.forward: the same, with position_ids from create_position_ids_from_input_ids
+// ((B, T): the gather of the token types is then (B, T) too).
 T bert_embeddings(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
   const uint64_t B = ids.shape()[0], Tn = ids.shape()[1];
-  const T& pbuf = w.buf("bert.embeddings.position_ids");
-  const T position_ids = c.e.view(pbuf, Shape{1, Tn}, pbuf->strides);
+  auto n = [&](const char* s) { return param_name("{}.embeddings.{}", base(m), s); };
+  T position_ids;
+  if (m.family == Family::kRoberta) {
+    position_ids = roberta_position_ids(c, ids);
+  } else {
+    const T& pbuf = w.buf(n("position_ids"));
+    position_ids = c.e.view(pbuf, Shape{1, Tn}, pbuf->strides);
+  }
   T token_type_ids;
   if (c.token_type_ids) {
     token_type_ids = *c.token_type_ids;
   } else {
     // buffered_token_type_ids = self.token_type_ids.expand(position_ids.shape[0], -1) (a view);
-    // torch.gather(buffered, dim=1, index=position_ids) -> a new (1, T) int64; .expand(B, T) (a view)
-    T gathered = c.e.empty(Shape{1, Tn}, DType::kI64, Category::kActivations, c.L("token_type_ids (gather)"));
-    token_type_ids = c.e.view(gathered, Shape{B, Tn}, Strides{0, 1});
+    // torch.gather(buffered, dim=1, index=position_ids) -> a new int64 of position_ids' shape; .expand(B, T)
+    T gathered = c.e.empty(position_ids.shape(), DType::kI64, Category::kActivations, c.L("token_type_ids (gather)"));
+    token_type_ids = c.e.view(gathered, Shape{B, Tn}, Strides{position_ids.shape()[0] == 1 ? 0 : static_cast<int64_t>(Tn), 1});
   }
-  T inputs_embeds = embedding(c, w.p("bert.embeddings.word_embeddings.weight"), ids, "word_embeddings");
+  T inputs_embeds = embedding(c, w.p(n("word_embeddings.weight")), ids, "word_embeddings");
   T token_type_embeddings =
-      embedding(c, w.p("bert.embeddings.token_type_embeddings.weight"), token_type_ids, "token_type_embeddings");
+      embedding(c, w.p(n("token_type_embeddings.weight")), token_type_ids, "token_type_embeddings");
   T embeddings = add(c, inputs_embeds, token_type_embeddings, "inputs_embeds + token_type_embeddings");
-  T position_embeddings =
-      embedding(c, w.p("bert.embeddings.position_embeddings.weight"), position_ids, "position_embeddings");
+  T position_embeddings = embedding(c, w.p(n("position_embeddings.weight")), position_ids, "position_embeddings");
   embeddings = add(c, embeddings, position_embeddings, "embeddings + position_embeddings");
-  embeddings = layer_norm(c, embeddings, &w.p("bert.embeddings.LayerNorm.weight"),
-                          &w.p("bert.embeddings.LayerNorm.bias"), "embeddings.LayerNorm");
+  embeddings = layer_norm(c, embeddings, &w.p(n("LayerNorm.weight")), &w.p(n("LayerNorm.bias")), "embeddings.LayerNorm");
   return dropout(c, embeddings, m.dropout.embd, "embeddings.dropout");
 }
 
@@ -82,7 +117,7 @@ AttnOut bert_eager_attention(Ctx& c, const T& q, const T& k, const T& v, double 
 // LayerNorm(hidden + input_tensor)). `weights` receives attn_weights, which BertLayer binds to `_` until it
 // returns.
 T bert_attention(Ctx& c, const ModelSpec& m, const LoadedModel& w, uint64_t l, const T& x, T& weights) {
-  auto n = [l](const char* s) { return param_name("bert.encoder.layer.{}.attention.{}", l, s); };
+  auto n = [&](const char* s) { return param_name("{}.encoder.layer.{}.attention.{}", base(m), l, s); };
   const uint64_t B = x.shape()[0], Tn = x.shape()[1], H = m.attn.heads, D = m.attn.head_dim;
   auto heads = [&](const char* wn, const char* bn, const char* what) {
     T p = linear(c, x, w.p(n(wn)), &w.p(n(bn)), what);
@@ -117,7 +152,7 @@ T bert_attention(Ctx& c, const ModelSpec& m, const LoadedModel& w, uint64_t l, c
 // chunk_size_feed_forward 0 calls feed_forward_chunk: intermediate (dense, act), output (dense, dropout,
 // LayerNorm(hidden + attention_output)).
 T bert_layer(Ctx& c, const ModelSpec& m, const LoadedModel& w, uint64_t l, const T& hidden) {
-  auto n = [l](const char* s) { return param_name("bert.encoder.layer.{}.{}", l, s); };
+  auto n = [&](const char* s) { return param_name("{}.encoder.layer.{}.{}", base(m), l, s); };
   T weights;  // `_`
   T attention_output = bert_attention(c, m, w, l, hidden, weights);
   T out;
@@ -149,7 +184,7 @@ T flat_cross_entropy(Ctx& c, const T& logits, const T& labels) {
 ForwardOut bert_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids, const T* labels) {
   const uint64_t B = ids.shape()[0], Tn = ids.shape()[1];
   c.layer = -1;
-  // BertModel.forward: cache_position = torch.arange(past, past + T) (int64), bound until it returns
+  // BertModel.forward (RobertaModel's too): cache_position = torch.arange(past, past + T) (int64), bound until it returns
   T cache_position = c.e.empty(Shape{Tn}, DType::kI64, Category::kActivations, c.L("cache_position"));
   // embedding_output stays bound in BertModel.forward while the encoder runs (BertEncoder rebinds its own name)
   T embedding_output = bert_embeddings(c, m, w, ids);
@@ -159,6 +194,32 @@ ForwardOut bert_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const 
   // `outputs` (last_hidden_state, pooler_output) stays bound in the head's forward until it returns
   const T sequence_output = hidden;
   ForwardOut out;
+  if (m.family == Family::kRoberta && m.head != Head::kTokenCls) {
+    cache_position.reset();  // RobertaModel (BertModel) returns; add_pooling_layer=False for every head here
+    embedding_output.reset();
+    if (m.head == Head::kSeqCls) {
+      // RobertaClassificationHead.forward: x = features[:, 0, :] (<s>); dropout; dense; torch.tanh; dropout;
+      // out_proj
+      T x = dropout(c, select_dim1(c, sequence_output), m.classifier_dropout, "classifier.dropout");
+      x = linear(c, x, w.p("classifier.dense.weight"), &w.p("classifier.dense.bias"), "classifier.dense");
+      x = tanh(c, x, "classifier tanh");
+      x = dropout(c, x, m.classifier_dropout, "classifier.dropout");
+      out.logits = linear(c, x, w.p("classifier.out_proj.weight"), &w.p("classifier.out_proj.bias"),
+                          "classifier.out_proj");
+    } else if (m.head == Head::kMaskedLm) {
+      // RobertaLMHead.forward: dense, gelu (activations.gelu: GELUActivation, the erf form, whatever hidden_act
+      // says), layer_norm, decoder (weight: the word embeddings, bias: lm_head.bias, tied)
+      T x = linear(c, sequence_output, w.p("lm_head.dense.weight"), &w.p("lm_head.dense.bias"), "lm_head.dense");
+      x = activation(c, Act::kGeluErf, x);
+      x = layer_norm(c, x, &w.p("lm_head.layer_norm.weight"), &w.p("lm_head.layer_norm.bias"), "lm_head.layer_norm");
+      out.logits = linear(c, x, w.p("roberta.embeddings.word_embeddings.weight"), &w.p("lm_head.bias"),
+                          "lm_head.decoder");
+    } else {
+      throw Error("internal: RoBERTa's causal-LM head is not simulated");
+    }
+    if (labels) out.loss = flat_cross_entropy(c, out.logits, *labels);
+    return out;
+  }
   switch (m.head) {
     case Head::kSeqCls: {
       // BertPooler: dense(hidden_states[:, 0]), tanh; then the classifier's dropout and Linear(C, N)

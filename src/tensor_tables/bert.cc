@@ -37,10 +37,10 @@ void bert_tensors(const ModelSpec& m, Table& t) {
     // BertLayer: attention (BertSelfAttention query/key/value, BertSelfOutput dense + LayerNorm),
     // intermediate (dense), output (dense + LayerNorm)
     const std::string p = fmt::format("{}encoder.layer.{}.", base, l);
-    linear(p + "attention.self.query", C, C);
-    linear(p + "attention.self.key", C, C);
-    linear(p + "attention.self.value", C, C);
-    linear(p + "attention.output.dense", C, C);
+    for (const char* n :
+         {"attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense"}) {
+      linear(p + n, C, C);
+    }
     layer_norm(p + "attention.output.LayerNorm");
     linear(p + "intermediate.dense", F, C);
     linear(p + "output.dense", C, F);
@@ -50,48 +50,32 @@ void bert_tensors(const ModelSpec& m, Table& t) {
     throw Error(fmt::format("{}: tie_word_embeddings false with the masked-LM head (an untied decoder) is not "
                             "simulated", m.name));
   }
-  if (roberta) {
-    switch (m.head) {
-      case Head::kSeqCls:
+  switch (m.head) {
+    case Head::kSeqCls:
+      if (roberta) {
         // RobertaModel(config, add_pooling_layer=False); RobertaClassificationHead: dense (C, C), out_proj (N, C)
         linear("classifier.dense", C, C);
         linear("classifier.out_proj", N, C);
-        return;
-      case Head::kTokenCls:
-        linear("classifier", N, C);  // RobertaModel(config, add_pooling_layer=False)
-        return;
-      case Head::kMaskedLm:
-        // RobertaLMHead: its own `bias` (V) first (a module's parameters before its children's), dense,
-        // layer_norm; decoder.weight/bias are tied to the word embeddings and lm_head.bias (_tied_weights_keys)
-        t.param("lm_head.bias", {V});
-        linear("lm_head.dense", C, C);
-        t.param("lm_head.layer_norm.weight", {C});
-        t.param("lm_head.layer_norm.bias", {C});
-        return;
-      case Head::kCausalLm:
-        break;
-    }
-    throw Error("internal: RoBERTa has no causal-LM head here (is_decoder is refused)");
-  }
-  switch (m.head) {
-    case Head::kSeqCls:
-      // BertModel(config) keeps its BertPooler (dense + tanh); BertForSequenceClassification's classifier
-      linear("bert.pooler.dense", C, C);
-      linear("classifier", N, C);
+      } else {
+        // BertModel(config) keeps its BertPooler (dense + tanh); BertForSequenceClassification's classifier
+        linear("bert.pooler.dense", C, C);
+        linear("classifier", N, C);
+      }
       break;
     case Head::kTokenCls:
-      linear("classifier", N, C);  // BertModel(config, add_pooling_layer=False)
+      linear("classifier", N, C);  // BertModel / RobertaModel(config, add_pooling_layer=False)
       break;
     case Head::kMaskedLm:
       // BertOnlyMLMHead -> BertLMPredictionHead: its own `bias` (V) is listed before its submodules
       // (named_parameters yields a module's parameters, then its children's); transform (dense, LayerNorm);
-      // decoder.weight is tied to the word embeddings and decoder.bias to `bias` (_tied_weights_keys)
-      t.param("cls.predictions.bias", {V});
-      linear("cls.predictions.transform.dense", C, C);
-      layer_norm("cls.predictions.transform.LayerNorm");
+      // decoder.weight is tied to the word embeddings and decoder.bias to `bias` (_tied_weights_keys).
+      // RobertaLMHead: the same under lm_head (bias, dense, layer_norm; decoder tied)
+      t.param(roberta ? "lm_head.bias" : "cls.predictions.bias", {V});
+      linear(roberta ? "lm_head.dense" : "cls.predictions.transform.dense", C, C);
+      layer_norm(roberta ? "lm_head.layer_norm" : "cls.predictions.transform.LayerNorm");
       break;
     case Head::kCausalLm:
-      throw Error("internal: BERT has no causal-LM head here (is_decoder is refused)");
+      throw Error("internal: BERT and RoBERTa have no causal-LM head here (is_decoder is refused)");
   }
 }
 

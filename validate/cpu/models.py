@@ -1988,9 +1988,9 @@ class BertEmbeddings(nn.Module):
                              persistent=False)
 
     def forward(self, input_ids, token_type_ids=None, past_key_values_length=0):
+        position_ids = self.make_position_ids(input_ids, past_key_values_length)
         input_shape = input_ids.size()
         batch_size, seq_length = input_shape
-        position_ids = self.position_ids[:, past_key_values_length: seq_length + past_key_values_length]
         if token_type_ids is None:
             buffered_token_type_ids = self.token_type_ids.expand(position_ids.shape[0], -1)
             buffered_token_type_ids = torch.gather(buffered_token_type_ids, dim=1, index=position_ids)
@@ -2003,6 +2003,11 @@ class BertEmbeddings(nn.Module):
         embeddings = self.LayerNorm(embeddings)
         embeddings = self.dropout(embeddings)
         return embeddings
+
+    def make_position_ids(self, input_ids, past_key_values_length):
+        """BertEmbeddings: a view of the position_ids buffer; RobertaEmbeddings computes them from the ids."""
+        seq_length = input_ids.shape[1]
+        return self.position_ids[:, past_key_values_length: seq_length + past_key_values_length]
 
 
 def bert_eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0):
@@ -2044,10 +2049,14 @@ class BertSelfAttention(nn.Module):
         return attn_output, attn_weights
 
 
-class BertSelfOutput(nn.Module):
+class _BertDenseResidualNorm(nn.Module):
+    """BertSelfOutput and BertOutput, the same code over another input width: dense, dropout,
+    LayerNorm(hidden_states + input_tensor). in_features: the config key of dense's input width."""
+    in_features = "hidden_size"
+
     def __init__(self, c, device=None):
         super().__init__()
-        self.dense = nn.Linear(c.hidden_size, c.hidden_size, device=device)
+        self.dense = nn.Linear(getattr(c, self.in_features), c.hidden_size, device=device)
         self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, device=device)
         self.dropout = nn.Dropout(c.hidden_dropout_prob)
 
@@ -2056,6 +2065,14 @@ class BertSelfOutput(nn.Module):
         hidden_states = self.dropout(hidden_states)
         hidden_states = self.LayerNorm(hidden_states + input_tensor)
         return hidden_states
+
+
+class BertSelfOutput(_BertDenseResidualNorm):
+    in_features = "hidden_size"
+
+
+class BertOutput(_BertDenseResidualNorm):
+    in_features = "intermediate_size"
 
 
 class BertAttention(nn.Module):
@@ -2079,20 +2096,6 @@ class BertIntermediate(nn.Module):
     def forward(self, hidden_states):
         hidden_states = self.dense(hidden_states)
         hidden_states = self.intermediate_act_fn(hidden_states)
-        return hidden_states
-
-
-class BertOutput(nn.Module):
-    def __init__(self, c, device=None):
-        super().__init__()
-        self.dense = nn.Linear(c.intermediate_size, c.hidden_size, device=device)
-        self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, device=device)
-        self.dropout = nn.Dropout(c.hidden_dropout_prob)
-
-    def forward(self, hidden_states, input_tensor):
-        hidden_states = self.dense(hidden_states)
-        hidden_states = self.dropout(hidden_states)
-        hidden_states = self.LayerNorm(hidden_states + input_tensor)
         return hidden_states
 
 
@@ -2205,8 +2208,23 @@ class BertOnlyMLMHead(nn.Module):
         return self.predictions(sequence_output)
 
 
+def classification_output(logits, labels, num_labels):
+    """The logits without labels; with them CrossEntropyLoss()(logits.view(-1, num_labels), labels.view(-1)): the
+    token-classification loss and single_label_classification (problem_type None, num_labels > 1, int64 labels)."""
+    if labels is None:
+        return logits
+    loss_fct = nn.CrossEntropyLoss()
+    return loss_fct(logits.view(-1, num_labels), labels.view(-1))
+
+
 class _BertTask(nn.Module):
-    """What the Bert*For* classes share here: the batch the tokenizer and collator make."""
+    """What the Bert*For* classes share here: the batch the tokenizer and collator make, and the base model
+    (the attribute named base_model_prefix, as PreTrainedModel.base_model)."""
+    base_model_prefix = "bert"
+
+    @property
+    def base_model(self):
+        return getattr(self, self.base_model_prefix)
 
     def make_inputs(self, batch, seq, generator, labels=True):
         ids = torch.randint(0, self.vocab_size, (batch, seq), dtype=torch.int64, generator=generator)
@@ -2224,9 +2242,15 @@ class BertForMaskedLM(_BertTask):
         if not c.tie_word_embeddings:
             raise ValueError("an untied MLM decoder is not part of the oracle")
         self.vocab_size = c.vocab_size
+        self.build(c, device)
+
+    def build(self, c, device):
         self.bert = BertModel(c, add_pooling_layer=False, device=device)
         self.cls = BertOnlyMLMHead(c, device)
         self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+
+    def mlm_head(self, sequence_output):
+        return self.cls(sequence_output)
 
     def make_labels(self, batch, seq, g):
         # DataCollatorForLanguageModeling: (B, T) int64, -100 where a token is not masked
@@ -2235,13 +2259,10 @@ class BertForMaskedLM(_BertTask):
         return labels
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None):
-        outputs = self.bert(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        outputs = self.base_model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
         sequence_output = outputs[0]
-        prediction_scores = self.cls(sequence_output)
-        if labels is None:
-            return prediction_scores
-        loss_fct = nn.CrossEntropyLoss()  # -100 index = padding token
-        return loss_fct(prediction_scores.view(-1, self.vocab_size), labels.view(-1))
+        prediction_scores = self.mlm_head(sequence_output)
+        return classification_output(prediction_scores, labels, self.vocab_size)  # -100 index = padding token
 
 
 class BertForSequenceClassification(_BertTask):
@@ -2262,11 +2283,7 @@ class BertForSequenceClassification(_BertTask):
         pooled_output = outputs[1]
         pooled_output = self.dropout(pooled_output)
         logits = self.classifier(pooled_output)
-        if labels is None:
-            return logits
-        # problem_type None, num_labels > 1 and int64 labels: "single_label_classification"
-        loss_fct = nn.CrossEntropyLoss()
-        return loss_fct(logits.view(-1, self.num_labels), labels.view(-1))
+        return classification_output(logits, labels, self.num_labels)
 
 
 class BertForTokenClassification(_BertTask):
@@ -2274,24 +2291,25 @@ class BertForTokenClassification(_BertTask):
         super().__init__()
         self.num_labels = c.num_labels
         self.vocab_size = c.vocab_size
-        self.bert = BertModel(c, add_pooling_layer=False, device=device)
+        setattr(self, self.base_model_prefix, self.model_class(c, add_pooling_layer=False, device=device))
         classifier_dropout = c.classifier_dropout if c.classifier_dropout is not None else c.hidden_dropout_prob
         self.dropout = nn.Dropout(classifier_dropout)
         self.classifier = nn.Linear(c.hidden_size, c.num_labels, device=device)
+
+    @property
+    def model_class(self):
+        return BertModel
 
     def make_labels(self, batch, seq, g):
         # DataCollatorForTokenClassification: (B, T) int64
         return torch.randint(0, self.num_labels, (batch, seq), dtype=torch.int64, generator=g)
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None):
-        outputs = self.bert(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        outputs = self.base_model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
         sequence_output = outputs[0]
         sequence_output = self.dropout(sequence_output)
         logits = self.classifier(sequence_output)
-        if labels is None:
-            return logits
-        loss_fct = nn.CrossEntropyLoss()
-        return loss_fct(logits.view(-1, self.num_labels), labels.view(-1))
+        return classification_output(logits, labels, self.num_labels)
 
 
 def build_bert(cfg, device=None):
@@ -2325,22 +2343,10 @@ class RobertaEmbeddings(BertEmbeddings):
         self.position_embeddings = nn.Embedding(c.max_position_embeddings, c.hidden_size, padding_idx=self.padding_idx,
                                                 device=device)
 
-    def forward(self, input_ids, token_type_ids=None, past_key_values_length=0):
-        position_ids = self.create_position_ids_from_input_ids(input_ids, self.padding_idx, past_key_values_length)
-        input_shape = input_ids.size()
-        batch_size, seq_length = input_shape
-        if token_type_ids is None:
-            buffered_token_type_ids = self.token_type_ids.expand(position_ids.shape[0], -1)
-            buffered_token_type_ids = torch.gather(buffered_token_type_ids, dim=1, index=position_ids)
-            token_type_ids = buffered_token_type_ids.expand(batch_size, seq_length)
-        inputs_embeds = self.word_embeddings(input_ids)
-        token_type_embeddings = self.token_type_embeddings(token_type_ids)
-        embeddings = inputs_embeds + token_type_embeddings
-        position_embeddings = self.position_embeddings(position_ids)
-        embeddings = embeddings + position_embeddings
-        embeddings = self.LayerNorm(embeddings)
-        embeddings = self.dropout(embeddings)
-        return embeddings
+    def make_position_ids(self, input_ids, past_key_values_length):
+        # RobertaEmbeddings.forward: position_ids = self.create_position_ids_from_input_ids(input_ids,
+        # self.padding_idx, past_key_values_length); the rest of its forward is BertEmbeddings'
+        return self.create_position_ids_from_input_ids(input_ids, self.padding_idx, past_key_values_length)
 
     @staticmethod
     def create_position_ids_from_input_ids(input_ids, padding_idx, past_key_values_length=0):
@@ -2391,6 +2397,14 @@ class RobertaClassificationHead(nn.Module):
 
 
 class _RobertaTask(_BertTask):
+    """The RobertaFor* classes here: the Bert*For* code under "roberta." with RoBERTa's batch (input_ids,
+    attention_mask, labels: RobertaTokenizer has no token_type_ids) and forward(input_ids, attention_mask, labels)."""
+    base_model_prefix = "roberta"
+
+    @property
+    def model_class(self):
+        return RobertaModel
+
     def make_inputs(self, batch, seq, generator, labels=True):
         ids = torch.randint(0, self.vocab_size, (batch, seq), dtype=torch.int64, generator=generator)
         attention_mask = torch.ones(batch, seq, dtype=torch.int64)
@@ -2399,70 +2413,37 @@ class _RobertaTask(_BertTask):
             inputs.append(self.make_labels(batch, seq, generator))
         return inputs
 
+    def forward(self, input_ids, attention_mask=None, labels=None):
+        return super().forward(input_ids, None, attention_mask, labels)
 
-class RobertaForMaskedLM(_RobertaTask):
-    def __init__(self, c, device=None):
-        super().__init__()
-        if not c.tie_word_embeddings:
-            raise ValueError("an untied MLM decoder is not part of the oracle")
-        self.vocab_size = c.vocab_size
+
+class RobertaForMaskedLM(_RobertaTask, BertForMaskedLM):
+    def build(self, c, device):
         self.roberta = RobertaModel(c, add_pooling_layer=False, device=device)
         self.lm_head = RobertaLMHead(c, device)
         self.lm_head.decoder.weight = self.roberta.embeddings.word_embeddings.weight
 
-    make_labels = BertForMaskedLM.make_labels
-
-    def forward(self, input_ids, attention_mask=None, labels=None):
-        outputs = self.roberta(input_ids, attention_mask=attention_mask)
-        sequence_output = outputs[0]
-        prediction_scores = self.lm_head(sequence_output)
-        if labels is None:
-            return prediction_scores
-        loss_fct = nn.CrossEntropyLoss()
-        return loss_fct(prediction_scores.view(-1, self.vocab_size), labels.view(-1))
+    def mlm_head(self, sequence_output):
+        return self.lm_head(sequence_output)
 
 
-class RobertaForSequenceClassification(_RobertaTask):
+class RobertaForSequenceClassification(_RobertaTask, BertForSequenceClassification):
     def __init__(self, c, device=None):
-        super().__init__()
+        _BertTask.__init__(self)
         self.num_labels = c.num_labels
         self.vocab_size = c.vocab_size
         self.roberta = RobertaModel(c, add_pooling_layer=False, device=device)
         self.classifier = RobertaClassificationHead(c, device)
 
-    make_labels = BertForSequenceClassification.make_labels
-
     def forward(self, input_ids, attention_mask=None, labels=None):
         outputs = self.roberta(input_ids, attention_mask=attention_mask)
         sequence_output = outputs[0]
         logits = self.classifier(sequence_output)
-        if labels is None:
-            return logits
-        loss_fct = nn.CrossEntropyLoss()  # single_label_classification
-        return loss_fct(logits.view(-1, self.num_labels), labels.view(-1))
+        return classification_output(logits, labels, self.num_labels)
 
 
-class RobertaForTokenClassification(_RobertaTask):
-    def __init__(self, c, device=None):
-        super().__init__()
-        self.num_labels = c.num_labels
-        self.vocab_size = c.vocab_size
-        self.roberta = RobertaModel(c, add_pooling_layer=False, device=device)
-        classifier_dropout = c.classifier_dropout if c.classifier_dropout is not None else c.hidden_dropout_prob
-        self.dropout = nn.Dropout(classifier_dropout)
-        self.classifier = nn.Linear(c.hidden_size, c.num_labels, device=device)
-
-    make_labels = BertForTokenClassification.make_labels
-
-    def forward(self, input_ids, attention_mask=None, labels=None):
-        outputs = self.roberta(input_ids, attention_mask=attention_mask)
-        sequence_output = outputs[0]
-        sequence_output = self.dropout(sequence_output)
-        logits = self.classifier(sequence_output)
-        if labels is None:
-            return logits
-        loss_fct = nn.CrossEntropyLoss()
-        return loss_fct(logits.view(-1, self.num_labels), labels.view(-1))
+class RobertaForTokenClassification(_RobertaTask, BertForTokenClassification):
+    pass
 
 
 def build_roberta(cfg, device=None):

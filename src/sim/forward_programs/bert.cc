@@ -194,34 +194,22 @@ ForwardOut bert_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const 
   // `outputs` (last_hidden_state, pooler_output) stays bound in the head's forward until it returns
   const T sequence_output = hidden;
   ForwardOut out;
-  if (m.family == Family::kRoberta && m.head != Head::kTokenCls) {
-    cache_position.reset();  // RobertaModel (BertModel) returns; add_pooling_layer=False for every head here
-    embedding_output.reset();
-    if (m.head == Head::kSeqCls) {
-      // RobertaClassificationHead.forward: x = features[:, 0, :] (<s>); dropout; dense; torch.tanh; dropout;
-      // out_proj
-      T x = dropout(c, select_dim1(c, sequence_output), m.classifier_dropout, "classifier.dropout");
-      x = linear(c, x, w.p("classifier.dense.weight"), &w.p("classifier.dense.bias"), "classifier.dense");
-      x = tanh(c, x, "classifier tanh");
-      x = dropout(c, x, m.classifier_dropout, "classifier.dropout");
-      out.logits = linear(c, x, w.p("classifier.out_proj.weight"), &w.p("classifier.out_proj.bias"),
-                          "classifier.out_proj");
-    } else if (m.head == Head::kMaskedLm) {
-      // RobertaLMHead.forward: dense, gelu (activations.gelu: GELUActivation, the erf form, whatever hidden_act
-      // says), layer_norm, decoder (weight: the word embeddings, bias: lm_head.bias, tied)
-      T x = linear(c, sequence_output, w.p("lm_head.dense.weight"), &w.p("lm_head.dense.bias"), "lm_head.dense");
-      x = activation(c, Act::kGeluErf, x);
-      x = layer_norm(c, x, &w.p("lm_head.layer_norm.weight"), &w.p("lm_head.layer_norm.bias"), "lm_head.layer_norm");
-      out.logits = linear(c, x, w.p("roberta.embeddings.word_embeddings.weight"), &w.p("lm_head.bias"),
-                          "lm_head.decoder");
-    } else {
-      throw Error("internal: RoBERTa's causal-LM head is not simulated");
-    }
-    if (labels) out.loss = flat_cross_entropy(c, out.logits, *labels);
-    return out;
-  }
+  const bool roberta = m.family == Family::kRoberta;
   switch (m.head) {
     case Head::kSeqCls: {
+      if (roberta) {
+        cache_position.reset();  // RobertaModel (BertModel, add_pooling_layer=False) returns
+        embedding_output.reset();
+        // RobertaClassificationHead.forward: x = features[:, 0, :] (<s>); dropout; dense; torch.tanh; dropout;
+        // out_proj
+        T x = dropout(c, select_dim1(c, sequence_output), m.classifier_dropout, "classifier.dropout");
+        x = linear(c, x, w.p("classifier.dense.weight"), &w.p("classifier.dense.bias"), "classifier.dense");
+        x = tanh(c, x, "classifier tanh");
+        x = dropout(c, x, m.classifier_dropout, "classifier.dropout");
+        out.logits = linear(c, x, w.p("classifier.out_proj.weight"), &w.p("classifier.out_proj.bias"),
+                            "classifier.out_proj");
+        break;
+      }
       // BertPooler: dense(hidden_states[:, 0]), tanh; then the classifier's dropout and Linear(C, N)
       T pooled = linear(c, select_dim1(c, sequence_output), w.p("bert.pooler.dense.weight"),
                         &w.p("bert.pooler.dense.bias"), "pooler.dense");
@@ -244,18 +232,21 @@ ForwardOut bert_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const 
       cache_position.reset();  // BertModel.forward returns
       embedding_output.reset();
       // BertLMPredictionHead: transform (dense, act, LayerNorm), then decoder: Linear(C, V) whose weight is the
-      // word embeddings and whose bias is cls.predictions.bias (tied)
-      T h = linear(c, sequence_output, w.p("cls.predictions.transform.dense.weight"),
-                   &w.p("cls.predictions.transform.dense.bias"), "cls.predictions.transform.dense");
-      h = activation(c, m.mlp.act, h);
-      h = layer_norm(c, h, &w.p("cls.predictions.transform.LayerNorm.weight"),
-                     &w.p("cls.predictions.transform.LayerNorm.bias"), "cls.predictions.transform.LayerNorm");
-      out.logits = linear(c, h, w.p("bert.embeddings.word_embeddings.weight"), &w.p("cls.predictions.bias"),
-                          "cls.predictions.decoder");
+      // word embeddings and whose bias is cls.predictions.bias (tied). RobertaLMHead.forward: dense, gelu
+      // (activations.gelu: GELUActivation, the erf form, whatever hidden_act says), layer_norm, decoder (tied to
+      // the word embeddings and lm_head.bias)
+      const std::string_view dense = roberta ? "lm_head.dense" : "cls.predictions.transform.dense";
+      const std::string_view norm = roberta ? "lm_head.layer_norm" : "cls.predictions.transform.LayerNorm";
+      T h = linear(c, sequence_output, w.p(param_name("{}.weight", dense)), &w.p(param_name("{}.bias", dense)),
+                   dense.data());
+      h = activation(c, roberta ? Act::kGeluErf : m.mlp.act, h);
+      h = layer_norm(c, h, &w.p(param_name("{}.weight", norm)), &w.p(param_name("{}.bias", norm)), norm.data());
+      out.logits = linear(c, h, w.p(param_name("{}.embeddings.word_embeddings.weight", base(m))),
+                          &w.p(roberta ? "lm_head.bias" : "cls.predictions.bias"), "MLM decoder");
       break;
     }
     case Head::kCausalLm:
-      throw Error("internal: BERT's causal-LM head is not simulated");
+      throw Error("internal: the causal-LM head of BERT and RoBERTa is not simulated");
   }
   if (labels) out.loss = flat_cross_entropy(c, out.logits, *labels);
   return out;

@@ -8,8 +8,9 @@ Every block in README.md written as
     ...output...
     ```
 
-holds the real output of that command (run from the repository root with build/trainmem). With --write the
-blocks are regenerated; with --check (a ctest) the script fails when any block is stale.
+holds the real output of that command (run from the repository root with build/trainmem). A command may end in
+`| tail -N`: the block then holds the output's last N lines. With --write the blocks are regenerated; with --check
+(a ctest) the script fails when any block is stale.
 """
 import re
 import subprocess
@@ -21,13 +22,15 @@ BLOCK = re.compile(r"(<!-- run: (?P<cmd>[^>]*?) -->\n```text\n)(?P<out>.*?)(```)
 
 
 def run(cmd: str, exe: Path) -> str:
+    cmd, _, tail = cmd.partition(" | tail -")
     args = cmd.split()
     assert args[0] == "trainmem", cmd
     proc = subprocess.run([str(exe)] + args[1:], cwd=ROOT, capture_output=True, text=True)
     out = proc.stdout + proc.stderr
     if proc.returncode not in (0, 1, 2):  # 1: with --gpu, the step does not fit
         raise SystemExit(f"readme: `{cmd}` exited {proc.returncode}:\n{out}")
-    return out if out.endswith("\n") else out + "\n"
+    out = out if out.endswith("\n") else out + "\n"
+    return "".join(out.splitlines(keepends=True)[-int(tail):]) if tail else out
 
 
 def main() -> int:

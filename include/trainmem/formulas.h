@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "trainmem/inventory.h"
 #include "trainmem/model.h"
@@ -65,5 +66,45 @@ struct Seed004Calculator {
 inline constexpr uint64_t kSeed004CudaLowBytes = 300ull * 1024 * 1024;    // "between 300 MiB"
 inline constexpr uint64_t kSeed004CudaHighBytes = 2000ull * 1024 * 1024;  // "to 2000 MiB"
 Seed004Calculator seed004_calculator(const ModelSpec& m, const Inventory& inv, const TrainSetup& s);
+
+// ZeRO (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models", arXiv
+// 1910.02054), Table 1 and Figure 1: the model states per device of mixed-precision Adam over N data-parallel
+// devices, with 2Ψ bytes of fp16 parameters, 2Ψ of fp16 gradients and KΨ of optimizer states:
+//   baseline (2 + 2 + K)Ψ, P_os 2Ψ + 2Ψ + KΨ/N, P_os+g 2Ψ + (2 + K)Ψ/N, P_os+g+p (2 + 2 + K)Ψ/N
+// (stages 1, 2 and 3 of DeepSpeed). The paper's quotients are real numbers; here they round down to whole bytes.
+inline constexpr uint64_t kZeroPaperK = 12;  // "K = 12" for mixed-precision Adam: fp32 parameters, momentum, variance
+struct ZeroPaperStates {
+  Elems psi;
+  uint64_t n = 1;
+  Bytes baseline, os, os_g, os_g_p;
+};
+ZeroPaperStates zero_paper_states(Elems psi, uint64_t n);
+
+// DeepSpeed's model-states estimators, transcribed from DeepSpeed edaa722 (0.19.6):
+// deepspeed/runtime/zero/stage_1_and_2.py estimate_zero2_model_states_mem_needs and stage3.py
+// estimate_zero3_model_states_mem_needs, with additional_buffer_factor=1.5 (their default) and total_gpus =
+// gpus_per_node * nodes. ZeRO-2: GPU 2Ψ + int(18Ψ/N), or 2Ψ with offload_optimizer=cpu; CPU 4Ψ·gpus_per_node·1.5,
+// or Ψ·max(4N, 16)·1.5 with offload. ZeRO-3, with largest_layer_memory = 4·largest_layer_params: GPU
+// largest + int(18Ψ/N), + int(2Ψ/N) with the optimizer offloaded, largest alone with parameters offloaded too;
+// CPU per zero_init as the code writes it. DeepSpeed computes in Python floats and truncates with int(); here the
+// exact quotient is rounded down (the same whole bytes unless a float rounds across an integer).
+inline constexpr uint64_t kDeepSpeedBufferFactorNum = 3, kDeepSpeedBufferFactorDen = 2;  // additional_buffer_factor=1.5
+struct DeepSpeedRow {
+  bool offload_param = false, offload_optimizer = false, zero_init = true;
+  Bytes cpu, gpu;
+};
+struct DeepSpeedEstimates {
+  Elems total_params, largest_layer_params;
+  uint64_t gpus_per_node = 1, nodes = 1;
+  Bytes largest_layer_memory;
+  std::vector<DeepSpeedRow> zero2;  // offload_optimizer cpu, then none (the order DeepSpeed prints)
+  std::vector<DeepSpeedRow> zero3;  // (param, optimizer) offloaded: both, optimizer only, neither; zero_init 1 then 0
+};
+DeepSpeedEstimates deepspeed_estimates(Elems total_params, Elems largest_layer_params, uint64_t gpus_per_node,
+                                       uint64_t nodes);
+// DeepSpeed's model_to_params (stage3.py): the most parameters registered on one module itself
+// (`m.parameters(recurse=False)`), over every module. From the inventory: rows grouped by the name up to the last
+// dot. A tied head is not a row of its own; its module holds the embedding's weight, so the maximum is the same.
+Elems largest_module_params(const Inventory& inv);
 
 }  // namespace trainmem

@@ -22,7 +22,7 @@ enum class Impl {
 // The architecture family: which table of tensors and which forward pass.
 enum class Family {
   kGpt2,     // GPT-2 (HF Conv1D layout) and nanoGPT (nn.Linear layout)
-  kLlama,    // llama, mistral, qwen2, qwen3, gemma, gemma2, phi3, mixtral
+  kLlama,    // llama, mistral, qwen2, qwen3, gemma, gemma2, phi3, mixtral, qwen2_moe, qwen3_moe, deepseek_v3
   kGptNeox,  // gpt_neox (Pythia)
   kOpt,      // opt
   kPhi,      // phi (phi-1, phi-1.5, phi-2)
@@ -84,6 +84,16 @@ struct AttentionSpec {
   // Gemma3 (gemma3_text) layer_types: true where layer i is "sliding_attention" (its own mask and its own rotary
   // table), false for "full_attention". Empty for every other family (one mask, one rotary table).
   std::vector<bool> sliding_layers;
+  // DeepSeek-V3 multi-head latent attention (DeepseekV3Attention, model_type deepseek_v3); kv_lora_rank 0: none.
+  // heads stays NH, head_dim is qk_head_dim = qk_nope + qk_rope (queries and keys), rotary_dim is qk_rope.
+  struct Mla {
+    uint64_t q_lora_rank = 0;   // config q_lora_rank; 0: None (one q_proj instead of q_a_proj / q_b_proj)
+    uint64_t kv_lora_rank = 0;  // config kv_lora_rank
+    uint64_t qk_nope = 0;       // config qk_nope_head_dim
+    uint64_t qk_rope = 0;       // config qk_rope_head_dim
+    uint64_t v_head_dim = 0;    // config v_head_dim
+    bool interleave = false;    // config rope_interleave: apply_rotary_pos_emb_interleave
+  } mla;
 };
 
 struct MlpSpec {
@@ -115,6 +125,10 @@ struct MoeSpec {
   bool norm_topk_prob = true;   // the router renormalizes the top-k weights (mixtral always; qwen*_moe: the key)
   uint64_t sparse_step = 1;     // qwen*_moe decoder_sparse_step: layer l is sparse when (l + 1) % step == 0
   std::vector<uint64_t> dense_layers;  // qwen*_moe mlp_only_layers: layers with a dense MLP
+  // deepseek_v3 group-limited routing (DeepseekV3MoE.route_tokens_to_experts): n_group groups of experts, the
+  // top topk_group of them kept per token. 0: no grouped routing (every other family).
+  uint64_t groups = 0;
+  uint64_t topk_groups = 0;
 };
 
 struct NormSpec {

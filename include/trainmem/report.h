@@ -38,6 +38,9 @@ struct FormulaReport {
   Seed002Korthikanti seed002;
   Seed000Peak seed000;
   Seed004Calculator seed004;  // the only one for --task inference: the other seeds' forms are of training
+  // --dp N given (training): ZeRO's Table 1 and DeepSpeed's estimators per rank, for N GPUs on one node
+  std::optional<ZeroPaperStates> zero;
+  std::optional<DeepSpeedEstimates> deepspeed;
 };
 // The seeds' closed forms for a scenario. They assume Adam(W) state and no particular device: an optimizer
 // without that state, or a device or runtime field, is refused rather than silently ignored.

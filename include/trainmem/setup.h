@@ -152,6 +152,9 @@ struct TrainSetup {
   // default DynamicCache: a prefill of the `seq` prompt tokens, then generate - 1 one-token decode steps.
   // 0: one forward pass of `seq` tokens (no cache).
   uint64_t generate = 0;
+  // Data-parallel ranks (GPUs). So far only `trainmem formulas` reads it (ZeRO's and DeepSpeed's per-rank closed
+  // forms); the per-rank simulation (DDP, FSDP, ZeRO) is not implemented yet, and estimate refuses more than one.
+  uint64_t dp = 1;
 };
 
 // The dtype parameters are stored in (and gradients and optimizer state follow).

@@ -82,6 +82,18 @@ const nlohmann::json* KeyReader::find(std::initializer_list<std::string_view> ke
   return nullptr;
 }
 
+bool KeyReader::given_null(std::string_view key) const {
+  asked_.emplace(key);
+  for (auto o = overridden_.rbegin(); o != overridden_.rend(); ++o) {
+    if (*o == key) {
+      auto it = obj_.find(*o);
+      return it != obj_.end() && it->is_null();
+    }
+  }
+  auto it = obj_.find(std::string(key));
+  return it != obj_.end() && it->is_null();
+}
+
 void KeyReader::fail(std::string_view key, const nlohmann::json& value, std::string_view expected) const {
   throw Error(fmt::format("{}: key \"{}\" = {}: expected {}", origin_, key, show(value), expected));
 }

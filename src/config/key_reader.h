@@ -28,6 +28,9 @@ class KeyReader {
   // The first of `keys` present (aliases, e.g. {"n_embd", "hidden_size"}), or nullptr.
   const nlohmann::json* find(std::initializer_list<std::string_view> keys, std::string* found = nullptr) const;
   bool has(std::initializer_list<std::string_view> keys) const { return find(keys) != nullptr; }
+  // Whether `key` is given as null (by the file or by --set), where null means something other than absent
+  // (DeepseekV3Config q_lora_rank: absent is the default 1536, None is "no query compression").
+  bool given_null(std::string_view key) const;
 
   // An integer in [lo, hi]. Absent: `def`, or an error when `def` is empty (the key is required).
   uint64_t integer(std::initializer_list<std::string_view> keys, std::optional<uint64_t> def, uint64_t lo,

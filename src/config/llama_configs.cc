@@ -4,6 +4,7 @@
 
 #include "families.h"
 #include "trainmem/error.h"
+#include "trainmem/units.h"
 
 namespace trainmem::config {
 
@@ -67,6 +68,15 @@ constexpr LlamaFamilyDefaults kFamily[] = {
      false, false, false, false, false, 2, true, false},
     {"qwen3_moe", "Qwen3MoeConfig", 151936, 2048, 6144, 24, 32, 4,  0,   32768,   false, "silu",
      false, true, false, true, false, 2, true, false},
+    // DeepseekV3Config (configuration_deepseek_v3.py, transformers 5.x @001f85b): vocab_size=129280,
+    // hidden_size=7168, intermediate_size=18432, num_hidden_layers=61, num_attention_heads=128,
+    // num_key_value_heads=128, max_position_embeddings=4096, tie_word_embeddings=False, hidden_act="silu",
+    // attention_bias=False. A llama-family row: modular_deepseek_v3.py (@000c33f) builds DeepseekV3DecoderLayer,
+    // DeepseekV3Model and DeepseekV3ForCausalLM from LlamaDecoderLayer, LlamaModel and LlamaForCausalLM (same
+    // forward, same norms, one rotary table); only the attention (MLA) and the MoE block are its own, read in
+    // read_deepseek_v3 and branched on in llama.cc / moe.cc.
+    {"deepseek_v3", "DeepseekV3Config", 129280, 7168, 18432, 61, 128, 128, 0, 4096, false, "silu",
+     false, true, false, false, false, 2, false, false},
 };
 
 const LlamaFamilyDefaults* find_family(const std::string& t) {
@@ -138,6 +148,77 @@ void read_starcoder2(const KeyReader& r, ModelSpec& m) {
   m.dropout.resid = read_probability(r, {"residual_dropout"}, 0.0);
   m.dropout.embd = read_probability(r, {"embedding_dropout"}, 0.0);
   r.optional_integer({"sliding_window"}, 1, kMaxPositions);
+}
+
+// DeepseekV3Config (configuration_deepseek_v3.py @001f85b): moe_intermediate_size=2048, n_shared_experts=1,
+// n_routed_experts=256 (attribute_map num_local_experts -> n_routed_experts), routed_scaling_factor=2.5,
+// kv_lora_rank=512, q_lora_rank=1536 (None: no query compression), qk_rope_head_dim=64, v_head_dim=128,
+// qk_nope_head_dim=128, n_group=8, topk_group=4, num_experts_per_tok=8, first_k_dense_replace=3,
+// norm_topk_prob=True, rope_interleave=True; qk_head_dim = qk_nope_head_dim + qk_rope_head_dim and
+// head_dim = qk_rope_head_dim (LlamaRotaryEmbedding's dim). DeepseekV3ForCausalLM is LlamaForCausalLM: there is
+// no router auxiliary loss, so output_router_logits / router_aux_loss_coef are not read.
+void read_deepseek_v3(const KeyReader& r, ModelSpec& m) {
+  constexpr std::string_view kDefaults = "transformers' DeepseekV3Config";
+  auto& a = m.attn.mla;
+  a.kv_lora_rank = r.shape({"kv_lora_rank"}, 512, 1, kMaxWidth, kDefaults);
+  a.q_lora_rank = r.given_null("q_lora_rank") ? 0 : r.shape({"q_lora_rank"}, 1536, 1, kMaxWidth, kDefaults);
+  a.qk_rope = r.shape({"qk_rope_head_dim"}, 64, 1, kMaxWidth, kDefaults);
+  a.qk_nope = r.shape({"qk_nope_head_dim"}, 128, 1, kMaxWidth, kDefaults);
+  a.v_head_dim = r.shape({"v_head_dim"}, 128, 1, kMaxWidth, kDefaults);
+  a.interleave = r.boolean({"rope_interleave"}, true);
+  if (a.qk_rope % 2 != 0) {
+    r.fail("qk_rope_head_dim", a.qk_rope, "an even number (rotate_half splits the rotated dims in two halves)");
+  }
+  // DeepseekV3Attention: num_key_value_groups = num_attention_heads // num_key_value_heads, but the keys it
+  // builds have num_attention_heads heads (k_rot.expand to k_pass's heads): repeat_kv with a group above 1
+  // would not match the queries. Every DeepSeek-V3 config has them equal.
+  if (m.attn.kv_heads != m.attn.heads) {
+    r.fail("num_key_value_heads", m.attn.kv_heads,
+           fmt::format("num_attention_heads = {} (MLA's keys have one head per query head)", m.attn.heads));
+  }
+  m.attn.head_dim = a.qk_nope + a.qk_rope;
+  m.attn.rotary_dim = a.qk_rope;
+  // The rotary table: LlamaRotaryEmbedding with rope_parameters' rope_type. "default" and "yarn" (DeepSeek-V3's)
+  // give the same inv_freq shape (dim / 2) and the same forward ops (yarn changes values and
+  // attention_scaling, and DeepseekV3Attention's softmax scale by yarn_get_mscale: values only); the dynamic
+  // types re-compute inv_freq inside the forward (dynamic_rope_update): not simulated.
+  for (std::string_view key : {"rope_parameters", "rope_scaling"}) {
+    const nlohmann::json* rope = r.find({key});
+    if (!rope || !rope->is_object()) continue;
+    auto it = rope->find("rope_type");
+    if (it == rope->end()) it = rope->find("type");
+    if (it == rope->end()) continue;
+    if (!it->is_string() || (*it != "default" && *it != "yarn")) {
+      r.fail(key, *rope, "rope_type \"default\" or \"yarn\" (the dynamic RoPE types are not simulated)");
+    }
+  }
+  // DeepseekV3MoE: experts (DeepseekV3NaiveMoe, MixtralExperts' 3-D layout, intermediate_dim =
+  // moe_intermediate_size), gate (DeepseekV3TopkRouter), shared_experts (DeepseekV3MLP with intermediate_size
+  // moe_intermediate_size * n_shared_experts) in every layer from first_k_dense_replace on.
+  auto& e = m.moe;
+  e.experts = r.shape({"n_routed_experts", "num_local_experts"}, 256, 1, kMaxExperts, kDefaults);
+  e.top_k = r.shape({"num_experts_per_tok"}, 8, 1, kMaxExperts, kDefaults);
+  e.ffn = r.shape({"moe_intermediate_size"}, 2048, 1, kMaxWidth, kDefaults);
+  const uint64_t shared = r.shape({"n_shared_experts"}, 1, 1, kMaxExperts, kDefaults);
+  e.shared_ffn = checked_mul(e.ffn, shared, "moe_intermediate_size * n_shared_experts");
+  e.groups = r.shape({"n_group"}, 8, 1, kMaxExperts, kDefaults);
+  e.topk_groups = r.shape({"topk_group"}, 4, 1, kMaxExperts, kDefaults);
+  e.norm_topk_prob = r.boolean({"norm_topk_prob"}, true);
+  (void)r.number({"routed_scaling_factor"}, 2.5, 0.0, 1e9);
+  const uint64_t dense = r.integer({"first_k_dense_replace"}, 3, 0, kMaxLayers);
+  // route_tokens_to_experts: view(-1, n_group, n_routed_experts // n_group).topk(2) within each group, then
+  // torch.topk(group_scores, k=topk_group) and torch.topk(scores_for_choice, k=top_k)
+  if (e.experts % e.groups != 0 || e.experts / e.groups < 2) {
+    r.fail("n_group", e.groups,
+           fmt::format("a divisor of \"n_routed_experts\" = {} leaving at least 2 experts per group (each group "
+                       "scores its top 2)", e.experts));
+  }
+  if (e.topk_groups > e.groups) r.fail("topk_group", e.topk_groups, fmt::format("at most \"n_group\" = {}", e.groups));
+  if (e.top_k > e.experts) {
+    r.fail("num_experts_per_tok", e.top_k, fmt::format("at most \"n_routed_experts\" = {}", e.experts));
+  }
+  m.moe.dense_layers.clear();
+  for (uint64_t l = 0; l < dense && l < m.layers; ++l) m.moe.dense_layers.push_back(l);
 }
 
 }  // namespace
@@ -216,6 +297,7 @@ bool read_llama_family(const KeyReader& r, const std::string& model_type, ModelS
     }
     (void)r.number({"router_aux_loss_coef"}, 0.001, 0.0, 1e9);
   }
+  if (model_type == "deepseek_v3") read_deepseek_v3(r, m);
   if (model_type == "mixtral") {
     // MixtralConfig (configuration_mixtral.py, transformers 5.x @008e574): num_experts_per_tok: int = 2,
     // num_local_experts: int = 8, attribute_map = {"num_experts": "num_local_experts"},

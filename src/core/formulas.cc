@@ -4,6 +4,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <map>
+#include <string_view>
+
 #include "trainmem/error.h"
 #include "trainmem/family.h"
 
@@ -121,6 +125,91 @@ Seed000Peak seed000_peak(const ModelSpec& m, const Inventory& inv, const TrainSe
   // "M_peak_memory = M_steady_state + M_activations + 4N_l"
   p.peak = p.steady_state + p.activations + Bytes(mul("seed 000 4N_l", {4, p.nl.value}));
   return p;
+}
+
+namespace {
+
+// floor(a * b / c), the product checked
+uint64_t mul_div(std::string_view what, uint64_t a, uint64_t b, uint64_t c) { return mul(what, {a, b}) / c; }
+
+}  // namespace
+
+ZeroPaperStates zero_paper_states(Elems psi, uint64_t n) {
+  if (n == 0) throw Error("internal: ZeRO over zero devices");
+  const uint64_t p = psi.value, K = kZeroPaperK;
+  ZeroPaperStates z;
+  z.psi = psi;
+  z.n = n;
+  z.baseline = Bytes(mul("ZeRO baseline (2 + 2 + K)Psi", {2 + 2 + K, p}));
+  z.os = Bytes(checked_add(mul("ZeRO P_os 2Psi + 2Psi", {2 + 2, p}), mul_div("ZeRO P_os K*Psi/N", K, p, n), "ZeRO P_os"));
+  z.os_g = Bytes(checked_add(mul("ZeRO P_os+g 2Psi", {2, p}), mul_div("ZeRO P_os+g (2 + K)Psi/N", 2 + K, p, n),
+                             "ZeRO P_os+g"));
+  z.os_g_p = Bytes(mul_div("ZeRO P_os+g+p (2 + 2 + K)Psi/N", 2 + 2 + K, p, n));
+  return z;
+}
+
+DeepSpeedEstimates deepspeed_estimates(Elems total_params, Elems largest_layer_params, uint64_t gpus_per_node,
+                                       uint64_t nodes) {
+  if (gpus_per_node == 0 || nodes == 0) throw Error("internal: DeepSpeed's estimators over zero GPUs");
+  const uint64_t P = total_params.value, N = mul("total_gpus", {nodes, gpus_per_node});
+  // "cpu_mem * additional_buffer_factor" with the default 1.5, then int(): floor(x * 3 / 2)
+  const auto buffered = [](uint64_t x) {
+    return mul("DeepSpeed cpu_mem * additional_buffer_factor", {x, kDeepSpeedBufferFactorNum}) / kDeepSpeedBufferFactorDen;
+  };
+  DeepSpeedEstimates d;
+  d.total_params = total_params;
+  d.largest_layer_params = largest_layer_params;
+  d.gpus_per_node = gpus_per_node;
+  d.nodes = nodes;
+  // stage_1_and_2.py: for cpu_offload in [True, False]
+  //   True:  gpu_mem = 2 * total_params; cpu_mem = total_params * max(4 * total_gpus, 16) * additional_buffer_factor
+  //   False: gpu_mem = 2 * total_params + int(18 * total_params / total_gpus)
+  //          cpu_mem = total_params * 4 * num_gpus_per_node * additional_buffer_factor
+  const uint64_t two_p = mul("DeepSpeed 2 * total_params", {2, P});
+  d.zero2.push_back({false, true, true, Bytes(buffered(mul("DeepSpeed ZeRO-2 cpu_mem", {P, std::max<uint64_t>(mul("4 * total_gpus", {4, N}), 16)}))),
+                     Bytes(two_p)});
+  d.zero2.push_back({false, false, true, Bytes(buffered(mul("DeepSpeed ZeRO-2 cpu_mem", {P, 4, gpus_per_node}))),
+                     Bytes(checked_add(two_p, mul_div("DeepSpeed int(18 * total_params / total_gpus)", 18, P, N),
+                                       "DeepSpeed ZeRO-2 gpu_mem"))});
+  // stage3.py: largest_layer_memory = (4 * largest_layer_params); gpus_factor = 1 / num_nodes
+  d.largest_layer_memory = Bytes(mul("DeepSpeed largest_layer_memory", {4, largest_layer_params.value}));
+  const uint64_t L = d.largest_layer_memory.value;
+  // total_params * k * gpus_factor * additional_buffer_factor: floor(P * k * 3 / (2 * nodes))
+  const auto per_node = [&](uint64_t k) { return buffered(mul("DeepSpeed ZeRO-3 cpu_mem", {P, k})) / nodes; };
+  // zero_init=0: total_params * max(4 * num_gpus_per_node, k * gpus_factor) * additional_buffer_factor, with
+  // k * gpus_factor a float: the larger of the two products
+  const auto no_init = [&](uint64_t k) {
+    return std::max(buffered(mul("DeepSpeed ZeRO-3 cpu_mem", {P, 4, gpus_per_node})), per_node(k));
+  };
+  const uint64_t two_p_n = mul_div("DeepSpeed int(2 * total_params / total_gpus)", 2, P, N);
+  const uint64_t eighteen_p_n = mul_div("DeepSpeed int(18 * total_params / total_gpus)", 18, P, N);
+  for (bool zero_init : {true, false}) {  // the order estimate_zero3_model_states_mem_needs_all_cold prints
+    d.zero3.push_back({true, true, zero_init, Bytes(zero_init ? per_node(18) : no_init(18)), Bytes(L)});
+  }
+  for (bool zero_init : {true, false}) {
+    d.zero3.push_back({false, true, zero_init, Bytes(zero_init ? per_node(16) : no_init(16)),
+                       Bytes(checked_add(L, two_p_n, "DeepSpeed ZeRO-3 gpu_mem"))});
+  }
+  for (bool zero_init : {true, false}) {
+    // cpu_mem = largest_layer_params * 4 * num_gpus_per_node * 1.5 (zero_init) or total_params * 4 * ... (not)
+    const uint64_t cpu = zero_init ? buffered(mul("DeepSpeed ZeRO-3 cpu_mem", {largest_layer_params.value, 4, gpus_per_node}))
+                                   : buffered(mul("DeepSpeed ZeRO-3 cpu_mem", {P, 4, gpus_per_node}));
+    d.zero3.push_back({false, false, zero_init, Bytes(cpu), Bytes(checked_add(L, eighteen_p_n, "DeepSpeed ZeRO-3 gpu_mem"))});
+  }
+  return d;
+}
+
+Elems largest_module_params(const Inventory& inv) {
+  std::map<std::string_view, uint64_t> per_module;
+  uint64_t best = 0;
+  for (const TensorRow& r : inv.parameters) {
+    const std::string_view name = r.name;
+    const size_t dot = name.rfind('.');
+    uint64_t& n = per_module[dot == std::string_view::npos ? std::string_view() : name.substr(0, dot)];
+    n = checked_add(n, r.elems.value, "a module's parameters");
+    best = std::max(best, n);
+  }
+  return Elems(best);
 }
 
 }  // namespace trainmem

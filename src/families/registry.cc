@@ -45,6 +45,7 @@ constexpr ModelType kLlamaTypes[] = {
     {"qwen3", llama_config, Impl::kHf},  {"gemma", llama_config, Impl::kHf},   {"gemma2", llama_config, Impl::kHf},
     {"phi3", llama_config, Impl::kHf},   {"mixtral", llama_config, Impl::kHf}, {"qwen2_moe", llama_config, Impl::kHf},
     {"qwen3_moe", llama_config, Impl::kHf}, {"gemma3_text", llama_config, Impl::kHf}, {"starcoder2", llama_config, Impl::kHf},
+    {"deepseek_v3", llama_config, Impl::kHf},
 };
 constexpr Program kLlamaPrograms[] = {{Impl::kHf, models::llama_tensors, sim::llama_forward, LoopKind::kHf}};
 

@@ -152,6 +152,11 @@ Estimate estimate(const ResolvedScenario& r) {
 Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s, const SimOptions& o0,
                   const AllocatorConfig& ac, const GpuSpec* gpu) {
   validate_setup(m, s);
+  if (s.dp > 1) {  // one process, one GPU: what the simulator models so far
+    throw FieldError("dp", fmt::format("{}: the per-rank simulation of data parallelism (DDP, FSDP, ZeRO) is not "
+                                       "implemented yet; `trainmem formulas --dp {}` prints ZeRO's and DeepSpeed's "
+                                       "per-rank closed forms", s.dp, s.dp));
+  }
   SimOptions o = o0;
   if (gpu) o.sm = gpu->sm;  // the device decides the kernels: an H100 is simulated as sm_90
   Estimate e;

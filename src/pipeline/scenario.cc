@@ -29,6 +29,8 @@ constexpr uint64_t kMaxSeq = uint64_t{1} << 24;
 // --generate: every decode step is simulated (one forward of every layer per token), so the count is bounded to
 // keep an estimate within seconds; 32,768 new tokens is past what a generate() call is used for.
 constexpr uint64_t kMaxGenerate = uint64_t{1} << 15;
+// Data-parallel ranks: 2^20, an order of magnitude past the largest published training clusters (~100k GPUs)
+constexpr uint64_t kMaxRanks = uint64_t{1} << 20;
 constexpr uint64_t kMaxGradAccum = uint64_t{1} << 20;
 constexpr uint64_t kMaxSteps = 16;  // the steady state is reached at step 2; more steps only repeat it
 constexpr uint64_t kMaxLayersPerCheckpoint = 1024;  // the bound on layers
@@ -175,6 +177,8 @@ constexpr Field kFields[] = {
     {"generate", "with --task inference: model.generate(max_new_tokens=N), greedy, with transformers' DynamicCache: "
                  "the --seq prompt prefilled, then N-1 one-token decode steps (default 0: one forward pass)",
      FieldGroup::kTraining},
+    {"dp", "data-parallel ranks (GPUs): trainmem formulas prints ZeRO's and DeepSpeed's per-rank closed forms for "
+           "them (default 1; the per-rank simulation is not implemented yet)", FieldGroup::kTraining},
     {"gpu",
      "GPU from the catalog (trainmem gpus, any case) or a memory size like 24GiB (a generic sm_80 card); "
      "sets the architecture (default sm_80)",
@@ -385,6 +389,8 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     s.train.logits_to_keep = v == "0" ? 0 : count(f, v, kMaxSeq);
   } else if (f == "generate") {
     s.train.generate = v == "0" ? 0 : count(f, v, kMaxGenerate);
+  } else if (f == "dp") {
+    s.train.dp = count(f, v, kMaxRanks);
   } else if (f == "gpu") {
     s.train.gpu = std::string(v);
   } else if (f == "loop") {
@@ -451,6 +457,7 @@ std::string field_text(const Scenario& s, std::string_view f) {
   if (f == "loss_chunks") return std::to_string(s.train.loss_chunks);
   if (f == "logits_to_keep") return std::to_string(s.train.logits_to_keep);
   if (f == "generate") return std::to_string(s.train.generate);
+  if (f == "dp") return std::to_string(s.train.dp);
   if (f == "loop") return s.loop == LoopKind::kAuto ? "" : std::string(name_of(s.loop));
   if (f == "torch") return torch_version_name(s.torch);
   if (f == "alloc_conf") return s.alloc_conf;
@@ -608,9 +615,10 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
     LoraSetup& l = r.setup.lora;
     const FamilyDescriptor& fam = family_descriptor(r.model.family);
     // peft utils/constants.py@00073fe TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING has the family's
-    // defaults for mixtral but no entry for qwen2_moe, qwen3_moe or starcoder2: PEFT asks for target_modules there.
+    // defaults for mixtral but no entry for qwen2_moe, qwen3_moe, starcoder2 or deepseek_v3: PEFT asks for
+    // target_modules there.
     const bool peft_has_no_default = r.model.model_type == "qwen2_moe" || r.model.model_type == "qwen3_moe" ||
-                                     r.model.model_type == "starcoder2";
+                                     r.model.model_type == "starcoder2" || r.model.model_type == "deepseek_v3";
     if (l.targets.empty() && !peft_has_no_default) {
       for (std::string_view t : fam.lora_targets) l.targets.emplace_back(t);
     }

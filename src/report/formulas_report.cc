@@ -17,6 +17,39 @@ std::vector<std::string> bytes_row(const std::string& name, Bytes b, const std::
   return {name, with_commas(b.value), format_bytes(b), note};
 }
 
+std::string gib2(Bytes b) { return fmt::format("{:.2f} GiB", static_cast<double>(b.value) / 1073741824.0); }
+
+// ZeRO's Table 1 and DeepSpeed's estimators (DeepSpeed prints "GB" meaning 2^30 bytes, two decimals).
+std::string zero_tables(const ZeroPaperStates& z, const DeepSpeedEstimates& d) {
+  using TT = report::TextTable;
+  TT t({{"ZeRO stage", TT::kLeft}, {"bytes per device", TT::kRight}, {"", TT::kRight}, {"formula", TT::kLeft}});
+  const auto row = [&](const char* name, Bytes b, const char* formula) {
+    t.row({name, with_commas(b.value), format_bytes(b), formula});
+  };
+  row("baseline (DDP)", z.baseline, "(2 + 2 + K)Psi");
+  row("P_os (stage 1)", z.os, "2Psi + 2Psi + K*Psi/N");
+  row("P_os+g (stage 2)", z.os_g, "2Psi + (2 + K)Psi/N");
+  row("P_os+g+p (stage 3)", z.os_g_p, "(2 + 2 + K)Psi/N");
+  std::string out = fmt::format("ZeRO (arXiv 1910.02054) Table 1: model states of mixed-precision Adam, Psi = {}, "
+                                "K = {}, N = {}\n", with_commas(z.psi.value), kZeroPaperK, z.n) + t.str();
+  TT ds({{"DeepSpeed", TT::kLeft}, {"per GPU", TT::kRight}, {"per CPU", TT::kRight}, {"options", TT::kLeft}});
+  for (const DeepSpeedRow& r : d.zero2) {
+    ds.row({"ZeRO-2", gib2(r.gpu), gib2(r.cpu), fmt::format("offload_optimizer={}", r.offload_optimizer ? "cpu" : "none")});
+  }
+  for (const DeepSpeedRow& r : d.zero3) {
+    ds.row({"ZeRO-3", gib2(r.gpu), gib2(r.cpu),
+            fmt::format("offload_param={}, offload_optimizer={}, zero_init={}", r.offload_param ? "cpu" : "none",
+                        r.offload_optimizer ? "cpu" : "none", r.zero_init ? 1 : 0)});
+  }
+  out += fmt::format("\nDeepSpeed's estimators (estimate_zero2/zero3_model_states_mem_needs, 0.19.6): {} GPUs on "
+                     "one node, largest layer {} parameters (x4 = {})\n",
+                     d.gpus_per_node * d.nodes, with_commas(d.largest_layer_params.value), gib2(d.largest_layer_memory)) +
+         ds.str();
+  out += "model states only: no activations, buffers, workspaces or communication buffers (trainmem estimate "
+         "does not simulate data parallelism yet)\n";
+  return out;
+}
+
 }  // namespace
 
 FormulaReport formula_report(const ResolvedScenario& r) {
@@ -25,6 +58,10 @@ FormulaReport formula_report(const ResolvedScenario& r) {
   if (q.train.generate > 0) {
     throw FieldError("generate", fmt::format("{}: the seeds' closed forms have no KV cache (seed 004 disables "
                                              "use_cache); `trainmem estimate` simulates generation", q.train.generate));
+  }
+  if (q.was_given("dp") && q.train.task != Task::kTrain) {
+    throw FieldError("dp", fmt::format("{}: ZeRO's and DeepSpeed's closed forms are of training (model states); "
+                                       "leave --dp out for --task inference", q.train.dp));
   }
   if (q.train.task == Task::kTrain && o != Optimizer::kAdamW && o != Optimizer::kAdam) {
     throw FieldError("optimizer", fmt::format("{}: the seeds' closed forms count Adam(W) state (seed 001: 8 bytes, "
@@ -44,6 +81,11 @@ FormulaReport formula_report(const ResolvedScenario& r) {
     f.seed001 = seed001_contract(r.model, r.setup);
     f.seed002 = seed002_korthikanti(r.model, r.setup);
     f.seed000 = seed000_peak(r.model, r.inventory, r.setup);
+    if (q.was_given("dp")) {
+      // Psi: the parameters, tied ones once (DeepSpeed's model_to_params dedupes by data_ptr)
+      f.zero = zero_paper_states(f.inventory_parameters, r.setup.dp);
+      f.deepspeed = deepspeed_estimates(f.inventory_parameters, largest_module_params(r.inventory), r.setup.dp, 1);
+    }
   }
   return f;
 }
@@ -120,6 +162,7 @@ std::string render_formulas_table(const FormulaReport& f) {
   t3.rule();
   t3.row(bytes_row("peak", p.peak, "L(36Ne + 6Na) + 6Ne + 10Nl + 16N + 4Nbuf"));
   out += "seed 000 nanoGPT under autocast\n" + t3.str() + "\n" + seed004;
+  if (f.zero) out += "\n" + zero_tables(*f.zero, *f.deepspeed);
   return out;
 }
 
@@ -160,6 +203,24 @@ std::string render_formulas_json(const FormulaReport& f) {
                    {"steady_state_bytes", p.steady_state.value}, {"peak_bytes", p.peak.value}}},
       {"seed004", seed004},
   };
+  if (f.zero) {
+    const ZeroPaperStates& z = *f.zero;
+    out["zero"] = {{"psi", z.psi.value}, {"k", kZeroPaperK}, {"n", z.n}, {"baseline_bytes", z.baseline.value},
+                   {"os_bytes", z.os.value}, {"os_g_bytes", z.os_g.value}, {"os_g_p_bytes", z.os_g_p.value}};
+    const DeepSpeedEstimates& d = *f.deepspeed;
+    const auto rows = [](const std::vector<DeepSpeedRow>& rs) {
+      nlohmann::json a = nlohmann::json::array();
+      for (const DeepSpeedRow& r : rs) {
+        a.push_back({{"offload_param", r.offload_param}, {"offload_optimizer", r.offload_optimizer},
+                     {"zero_init", r.zero_init}, {"gpu_bytes", r.gpu.value}, {"cpu_bytes", r.cpu.value}});
+      }
+      return a;
+    };
+    out["deepspeed"] = {{"total_params", d.total_params.value}, {"largest_layer_params", d.largest_layer_params.value},
+                        {"gpus_per_node", d.gpus_per_node}, {"nodes", d.nodes},
+                        {"largest_layer_memory_bytes", d.largest_layer_memory.value},
+                        {"zero2", rows(d.zero2)}, {"zero3", rows(d.zero3)}};
+  }
   return report::json_text(out);
 }
 

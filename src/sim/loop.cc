@@ -307,10 +307,12 @@ struct Loop {
         r.saved_activations = e.saved_bytes();
       }
     }
+    // the end: the last token appended and the cache still held, before generate() returns and drops its
+    // locals (validate/cpu/generate.py marks "end of generate" at the same point)
+    r.generation_end = Moment{e.event_count(), e.phase, e.step, 1, e.live()};
     next_logits.reset();  // generate() returns
     model_ids.reset();
     model_pos.reset();
-    r.generation_end = Moment{e.event_count(), e.phase, e.step, 1, e.live()};
     c.kv = nullptr;  // generate() returns: the cache and its kwargs go
     c.exit_autocast();
     r.param_has_grad.assign(inv.parameters.size(), 0);

@@ -174,6 +174,12 @@ struct TopK {
 TopK topk_last(Ctx& c, const T& x, uint64_t k, const char* what);
 // x.sum(dim=-1, keepdim=True): SumBackward1 saves nothing; its backward is grad.expand(x's size), a view.
 T sum_last_keepdim(Ctx& c, const T& x, const char* what);
+// x.sum(dim=-1) (keepdim=False): SumBackward1 saves nothing; its backward unsqueezes and expands grad (views).
+T sum_last(Ctx& c, const T& x, const char* what);
+// x.gather(-1, index) with an int64 index of x's rank (DeepseekV3MoE: router_logits.gather(1, topk_indices) on
+// (N, E)): (..., k) in x's dtype. derivatives.yaml "self: gather_backward(grad, self, dim, index, sparse_grad)":
+// GatherBackward0 saves self and index; gather_backward is zeros_like(self).scatter_add_(dim, index, grad).
+T gather_last(Ctx& c, const T& x, const T& index, const char* what);
 // torch._grouped_mm(x (S, in), w (E, in, out), offs=offs): one (S, out) output in x's dtype. derivatives.yaml:
 // "self: _grouped_mm_mat1_backward(grad, mat2, ...)", "mat2: _grouped_mm_mat2_backward(grad, self, ...)": saves x
 // when w needs a gradient, w when x does, and offs.

@@ -103,6 +103,32 @@ T sum_last_keepdim(Ctx& c, const T& x, const char* what) {
   return out;
 }
 
+T sum_last(Ctx& c, const T& x, const char* what) {
+  Shape s = x.shape();
+  s.n -= 1;
+  s.d[s.n] = 0;
+  T out = c.e.empty(s, x.dtype(), Category::kActivations, c.L(what));
+  const Shape xs = x.shape();
+  // "self: sum_backward(grad, self.sym_sizes(), dim, keepdim)": grad.unsqueeze(dim).expand(sizes), views
+  c.e.record("SumBackward1", {&x}, {&out}, {}, [xs](Engine& e, Node&, Grads& g) {
+    if (!g[0]) return Grads{T()};
+    Strides st{};
+    for (int i = 0; i + 1 < xs.n; ++i) st[i] = g[0]->strides[i];
+    st[xs.n - 1] = 0;
+    return Grads{e.view(g[0], xs, st)};
+  });
+  return out;
+}
+
+T gather_last(Ctx& c, const T& x, const T& index, const char* what) {
+  T out = c.e.empty(index.shape(), x.dtype(), Category::kActivations, c.L(what));
+  const Shape xs = x.shape();
+  c.e.record("GatherBackward0", {&x}, {&out}, {x, index}, [xs](Engine& e, Node&, Grads& g) {
+    return Grads{g[0] ? grad_empty(e, xs, g[0].dtype(), g[0]->label) : T()};
+  });
+  return out;
+}
+
 T grouped_mm(Ctx& c, const T& x, const T& w, const T& offs, const char* what) {
   T out = c.e.empty(Shape{x.shape()[0], w.shape()[2]}, x.dtype(), Category::kActivations, c.L(what));
   const bool gx = x->requires_grad, gw = w->requires_grad;

@@ -157,7 +157,13 @@ T sdpa(Ctx& c, const T& q0, const T& k0, const T& v0, const T* mask, double drop
   const T k = autocast_lowp(c, k0);
   const T q = autocast_lowp(c, q0);
   if (!c.training) dropout_p = 0.0;
-  const SdpaBackend be = sdpa_backend(c, q, mask != nullptr, dropout_p);
+  SdpaBackend be = sdpa_backend(c, q, mask != nullptr, dropout_p);
+  // A value head dim other than the query's (DeepSeek-V3's MLA: qk_head_dim 192, v_head_dim 128): sdp_utils.cpp
+  // check_head_dim_size_flash wants query, key and value of one last dim; check_head_dim_size_mem_efficient
+  // wants query and key equal and both last dims multiples of the alignment (8 here, as above).
+  const uint64_t Dv = v.shape()[3];
+  if (Dv != q.shape()[3] && be == SdpaBackend::kFlash) be = SdpaBackend::kEfficient;
+  if (be == SdpaBackend::kEfficient && Dv % 8 != 0) be = SdpaBackend::kMath;
   if (be == SdpaBackend::kMath) return sdpa_math(c, q, k, v, mask, dropout_p, is_causal);
   const uint64_t B = q.shape()[0], H = q.shape()[1], L = q.shape()[2], D = q.shape()[3];
   const uint64_t Hk = k.shape()[1], S = k.shape()[2];
@@ -168,8 +174,8 @@ T sdpa(Ctx& c, const T& q0, const T& k0, const T& v0, const T* mask, double drop
   T out, lse, seed, offset;
   // the op's outputs (output, logsumexp, philox seed and offset) are what selective checkpointing keeps
   c.e.sac_op(SacOp::kSdpa, {&out, &lse, &seed, &offset}, [&] {
-    T out_blhd = c.e.empty(Shape{B, L, H, D}, q.dtype(), Category::kActivations, c.L("sdpa output"));
-    Shape os{B, H, L, D};
+    T out_blhd = c.e.empty(Shape{B, L, H, Dv}, q.dtype(), Category::kActivations, c.L("sdpa output"));
+    Shape os{B, H, L, Dv};
     Strides ost = out_blhd->strides;
     std::swap(ost[1], ost[2]);
     out = c.e.view(out_blhd, os, ost);

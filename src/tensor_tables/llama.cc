@@ -5,6 +5,8 @@
 //   gemma3_text: q/k norms, 4 norms, a rotary table per layer type
 //   starcoder2: LayerNorms with bias, biased q/k/v/o, c_fc/c_proj MLP with bias
 //   qwen2_moe / qwen3_moe: router + E experts (+ qwen2_moe's gated shared expert) in the sparse layers
+//   deepseek_v3: latent attention (MLA); experts, router (+ e_score_correction_bias) and shared experts from
+//   layer first_k_dense_replace on
 // B=micro-batch T=seq C=hidden L=layers NH=heads KV=kv-heads D=head-dim F=ffn V=vocab E=experts
 #include <fmt/format.h>
 
@@ -14,7 +16,55 @@ namespace trainmem::models {
 
 namespace {
 
+// DeepseekV3Attention.__init__ (modular_deepseek_v3.py @000c33f), in registration order:
+//   q_lora_rank None: q_proj = Linear(C, NH * qk_head_dim, bias=False)
+//   else: q_a_proj = Linear(C, q_lora_rank, bias=attention_bias), q_a_layernorm = RMSNorm(q_lora_rank),
+//         q_b_proj = Linear(q_lora_rank, NH * qk_head_dim, bias=False)
+//   kv_a_proj_with_mqa = Linear(C, kv_lora_rank + qk_rope_head_dim, bias=attention_bias)
+//   kv_a_layernorm = RMSNorm(kv_lora_rank)
+//   kv_b_proj = Linear(kv_lora_rank, NH * (qk_nope_head_dim + v_head_dim), bias=False)
+//   o_proj = Linear(NH * v_head_dim, C, bias=attention_bias)
+void mla_rows(const ModelSpec& m, const std::string& p, Table& t) {
+  const auto& a = m.attn.mla;
+  const uint64_t C = m.hidden, NH = m.attn.heads, QK = m.attn.head_dim;
+  const bool bias = m.attn.qkv_bias;  // attention_bias
+  const std::string s = p + "self_attn.";
+  if (a.q_lora_rank == 0) {
+    t.param(s + "q_proj.weight", {NH * QK, C});
+  } else {
+    t.param(s + "q_a_proj.weight", {a.q_lora_rank, C});
+    if (bias) t.param(s + "q_a_proj.bias", {a.q_lora_rank});
+    t.param(s + "q_a_layernorm.weight", {a.q_lora_rank});
+    t.param(s + "q_b_proj.weight", {NH * QK, a.q_lora_rank});
+  }
+  t.param(s + "kv_a_proj_with_mqa.weight", {a.kv_lora_rank + a.qk_rope, C});
+  if (bias) t.param(s + "kv_a_proj_with_mqa.bias", {a.kv_lora_rank + a.qk_rope});
+  t.param(s + "kv_a_layernorm.weight", {a.kv_lora_rank});
+  t.param(s + "kv_b_proj.weight", {NH * (a.qk_nope + a.v_head_dim), a.kv_lora_rank});
+  t.param(s + "o_proj.weight", {C, NH * a.v_head_dim});
+  if (bias) t.param(s + "o_proj.bias", {C});
+}
+
+// DeepseekV3MoE.__init__: experts (DeepseekV3NaiveMoe: MixtralExperts' gate_up_proj (E, 2F, C), down_proj
+// (E, C, F), F = moe_intermediate_size), gate (DeepseekV3TopkRouter: weight = nn.Parameter((E, C)), then
+// register_buffer("e_score_correction_bias", torch.zeros(E))), shared_experts (DeepseekV3MLP = Qwen2MoeMLP:
+// gate_proj, up_proj, down_proj without bias, intermediate moe_intermediate_size * n_shared_experts).
+void deepseek_moe_rows(const ModelSpec& m, const std::string& p, Table& t) {
+  const uint64_t C = m.hidden, F = m.moe.ffn, E = m.moe.experts, S = m.moe.shared_ffn;
+  t.param(p + "mlp.experts.gate_up_proj", {E, 2 * F, C});
+  t.param(p + "mlp.experts.down_proj", {E, C, F});
+  t.raw_param(p + "mlp.gate.weight", {E, C});
+  t.buffer(p + "mlp.gate.e_score_correction_bias", {E}, DType::kF32, true);
+  t.param(p + "mlp.shared_experts.gate_proj.weight", {S, C});
+  t.param(p + "mlp.shared_experts.up_proj.weight", {S, C});
+  t.param(p + "mlp.shared_experts.down_proj.weight", {C, S});
+}
+
 void attention_rows(const ModelSpec& m, const std::string& p, Table& t) {
+  if (m.attn.mla.kv_lora_rank > 0) {
+    mla_rows(m, p, t);
+    return;
+  }
   const uint64_t C = m.hidden, D = m.attn.head_dim, Q = m.attn.heads * D, KV = m.attn.kv_heads * D;
   const std::string a = p + "self_attn.";
   if (m.attn.fused_qkv) {
@@ -60,7 +110,11 @@ void moe_rows(const ModelSpec& m, const std::string& p, Table& t) {
 void mlp_rows(const ModelSpec& m, uint64_t l, const std::string& p, Table& t) {
   const uint64_t C = m.hidden, F = m.mlp.ffn;
   if (is_moe_layer(m, l)) {
-    moe_rows(m, p, t);
+    if (m.model_type == "deepseek_v3") {
+      deepseek_moe_rows(m, p, t);
+    } else {
+      moe_rows(m, p, t);
+    }
     return;
   }
   if (m.mlp.fused_gate_up) {

@@ -202,6 +202,57 @@ TEST(ConfigErrors, BertHeadsAndLabels) {
   EXPECT_NE(error_of([] { build_inventory(from_json(R"({"model_type": "bert", "tie_word_embeddings": false})")); })
                 .find("tie_word_embeddings false with the masked-LM head"),
             std::string::npos);
+TEST(Config, DeepseekV3TakesDeepseekV3ConfigDefaults) {
+  // DeepseekV3Config() (configuration_deepseek_v3.py @001f85b) is DeepSeek-V3's main model. Its count by hand:
+  // attention per layer q_a_proj 1536x7168 + q_a_layernorm 1536 + q_b_proj (128x192)x1536 + kv_a_proj_with_mqa
+  // (512+64)x7168 + kv_a_layernorm 512 + kv_b_proj (128x256)x512 + o_proj 7168x(128x128) = 187,107,328, norms
+  // 2x7168; 3 dense layers of MLP 3x7168x18432 = 396,361,728; 58 MoE layers of experts 256x3x2048x7168 +
+  // gate 256x7168 + shared experts 3x2048x7168 = 11,320,164,352; embeddings and lm_head 2x129280x7168, final norm
+  // 7168: 671,026,404,352, DeepSeek's "671B" main model (README_WEIGHTS.md), and the oracle's reference model's.
+  const ModelSpec m = from_json(R"({"model_type": "deepseek_v3"})");
+  EXPECT_EQ(m.family, Family::kLlama);
+  EXPECT_EQ(parameter_count(build_inventory(m)).value, 671'026'404'352u);
+  EXPECT_EQ(m.attn.heads, 128u);
+  EXPECT_EQ(m.attn.kv_heads, 128u);
+  EXPECT_EQ(m.attn.head_dim, 192u);  // qk_head_dim = qk_nope_head_dim + qk_rope_head_dim
+  EXPECT_EQ(m.attn.rotary_dim, 64u);
+  EXPECT_EQ(m.attn.mla.q_lora_rank, 1536u);
+  EXPECT_EQ(m.attn.mla.kv_lora_rank, 512u);
+  EXPECT_EQ(m.attn.mla.v_head_dim, 128u);
+  EXPECT_TRUE(m.attn.mla.interleave);
+  EXPECT_FALSE(m.embed.tied);
+  EXPECT_EQ(m.moe.experts, 256u);
+  EXPECT_EQ(m.moe.top_k, 8u);
+  EXPECT_EQ(m.moe.ffn, 2048u);
+  EXPECT_EQ(m.moe.shared_ffn, 2048u);
+  EXPECT_EQ(m.moe.groups, 8u);
+  EXPECT_EQ(m.moe.topk_groups, 4u);
+  EXPECT_TRUE(m.moe.norm_topk_prob);
+  EXPECT_EQ(m.moe.dense_layers, (std::vector<uint64_t>{0, 1, 2}));  // first_k_dense_replace=3
+  EXPECT_FALSE(is_moe_layer(m, 2));
+  EXPECT_TRUE(is_moe_layer(m, 3));
+  // q_lora_rank null: one q_proj (128x192)x7168 in place of q_a_proj, q_a_layernorm and q_b_proj, in 61 layers
+  const ModelSpec q = from_json(R"({"model_type": "deepseek_v3", "q_lora_rank": null})");
+  EXPECT_EQ(q.attn.mla.q_lora_rank, 0u);
+  EXPECT_EQ(parameter_count(build_inventory(q)).value, 671'026'404'352ull + 61ull * (24'576ull * 7168 - 48'760'320));
+  // num_local_experts is DeepseekV3Config's attribute_map alias of n_routed_experts
+  EXPECT_EQ(from_json(R"({"model_type": "deepseek_v3", "num_local_experts": 64})").moe.experts, 64u);
+}
+
+TEST(ConfigErrors, DeepseekV3RefusesWhatItDoesNotModel) {
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "deepseek_v3", "num_key_value_heads": 64})"); }),
+            "test.json: key \"num_key_value_heads\" = 64: expected num_attention_heads = 128 (MLA's keys have one "
+            "head per query head)");
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "deepseek_v3", "n_group": 3})"); }),
+            "test.json: key \"n_group\" = 3: expected a divisor of \"n_routed_experts\" = 256 leaving at least 2 "
+            "experts per group (each group scores its top 2)");
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "deepseek_v3", "topk_group": 9})"); }),
+            "test.json: key \"topk_group\" = 9: expected at most \"n_group\" = 8");
+  EXPECT_EQ(error_of([] {
+              from_json(R"({"model_type": "deepseek_v3", "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}})");
+            }),
+            "test.json: key \"rope_scaling\" = {\"factor\":2.0,\"rope_type\":\"dynamic\"}: expected rope_type "
+            "\"default\" or \"yarn\" (the dynamic RoPE types are not simulated)");
 }
 
 TEST(ConfigErrors, Gemma3LayerTypesMustNameEachLayer) {
@@ -263,8 +314,8 @@ TEST(ConfigErrors, MissingAndUnknownModelType) {
             "test.json: missing required key \"model_type\" (expected a string)");
   EXPECT_EQ(error_of([] { from_json(R"({"model_type": "t5"})"); }),
             "test.json: key \"model_type\" = \"t5\": expected one of gpt2, nanogpt, llama, mistral, qwen2, qwen3, "
-            "gemma, gemma2, phi3, mixtral, qwen2_moe, qwen3_moe, gemma3_text, starcoder2, gpt_neox, opt, phi, bert, "
-            "roberta, mlp");
+            "gemma, gemma2, phi3, mixtral, qwen2_moe, qwen3_moe, gemma3_text, starcoder2, deepseek_v3, gpt_neox, opt, "
+            "phi, bert, roberta, mlp");
 }
 
 TEST(ConfigErrors, HeadsThatDoNotDivideTheWidth) {

@@ -2,7 +2,10 @@
 // falsification test FALSIFY-MEM-001 against the exact inventory.
 #include "trainmem/formulas.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include <iterator>
 
 #include "test_util.h"
 
@@ -126,6 +129,68 @@ TEST(Seed004, TrainingCountsSixBytesUnderMixedPrecisionFourForGradientsAndEightF
   TrainSetup sgd = train_setup(8, 1024);
   sgd.optimizer = Optimizer::kSgdMomentum;
   EXPECT_EQ(seed004_calculator(m, inv, sgd).optimizer.value, 4 * p);
+}
+
+// ZeRO (arXiv 1910.02054) Figure 1: "Psi = 7.5B, Nd = 64, K = 12": baseline 120GB, P_os 31.4GB, P_os+g 16.6GB,
+// P_os+g+p 1.9GB (decimal GB, rounded to one decimal in the figure).
+TEST(ZeroPaper, Figure1ModelStatesPerDeviceAsPublished) {
+  const ZeroPaperStates z = zero_paper_states(Elems(7'500'000'000), 64);
+  EXPECT_EQ(z.baseline.value, 120'000'000'000u);
+  EXPECT_EQ(z.os.value, 31'406'250'000u);    // 30e9 + 12 * 7.5e9 / 64
+  EXPECT_EQ(z.os_g.value, 16'640'625'000u);  // 15e9 + 14 * 7.5e9 / 64
+  EXPECT_EQ(z.os_g_p.value, 1'875'000'000u);  // 16 * 7.5e9 / 64
+  const auto gb1 = [](Bytes b) { return fmt::format("{:.1f}", static_cast<double>(b.value) / 1e9); };
+  EXPECT_EQ(gb1(z.baseline), "120.0");
+  EXPECT_EQ(gb1(z.os), "31.4");
+  EXPECT_EQ(gb1(z.os_g), "16.6");
+  EXPECT_EQ(gb1(z.os_g_p), "1.9");
+}
+
+// DeepSpeed docs/code-docs/source/memory.rst (at edaa722): the printed tables of
+// estimate_zero2_model_states_mem_needs_all_cold(total_params=2851e6, num_gpus_per_node=8, num_nodes=1) and
+// estimate_zero3_model_states_mem_needs_all_cold(total_params=2851e6, largest_layer_params=32e6, ...), "GB" = 2^30.
+TEST(DeepSpeedEstimators, ReproduceTheTablesTheirDocsPrintForT5_3bCold) {
+  const DeepSpeedEstimates d = deepspeed_estimates(Elems(2'851'000'000), Elems(32'000'000), 8, 1);
+  const auto gb = [](Bytes b) { return fmt::format("{:.2f}", static_cast<double>(b.value) / 1073741824.0); };
+  ASSERT_EQ(d.zero2.size(), 2u);
+  //   127.45GB |   5.31GB | offload_optimizer=cpu
+  //   127.45GB |  15.93GB | offload_optimizer=none
+  EXPECT_TRUE(d.zero2[0].offload_optimizer);
+  EXPECT_EQ(gb(d.zero2[0].cpu), "127.45");
+  EXPECT_EQ(gb(d.zero2[0].gpu), "5.31");
+  EXPECT_FALSE(d.zero2[1].offload_optimizer);
+  EXPECT_EQ(gb(d.zero2[1].cpu), "127.45");
+  // The docs' 15.93GB predates DeepSpeed #5099 (f4cb866, June 2024), which changed ZeRO-2's GPU figure without
+  // offload from `4 * total_params + int(16 * total_params / total_gpus)` to the `2 * total_params +
+  // int(18 * total_params / total_gpus)` transcribed here; the docs were not regenerated.
+  EXPECT_EQ(gb(d.zero2[1].gpu), "11.28");
+  EXPECT_EQ(gb(Bytes(4 * 2'851'000'000ull + 16 * 2'851'000'000ull / 8)), "15.93");
+  struct Row {
+    bool param, optimizer, init;
+    const char* cpu;
+    const char* gpu;
+  };
+  const Row printed[] = {{true, true, true, "71.69", "0.12"},    {true, true, false, "127.45", "0.12"},
+                         {false, true, true, "63.72", "0.78"},   {false, true, false, "127.45", "0.78"},
+                         {false, false, true, "1.43", "6.09"},   {false, false, false, "127.45", "6.09"}};
+  ASSERT_EQ(d.zero3.size(), std::size(printed));
+  for (size_t i = 0; i < std::size(printed); ++i) {
+    EXPECT_EQ(d.zero3[i].offload_param, printed[i].param) << i;
+    EXPECT_EQ(d.zero3[i].offload_optimizer, printed[i].optimizer) << i;
+    EXPECT_EQ(d.zero3[i].zero_init, printed[i].init) << i;
+    EXPECT_EQ(gb(d.zero3[i].cpu), printed[i].cpu) << i;
+    EXPECT_EQ(gb(d.zero3[i].gpu), printed[i].gpu) << i;
+  }
+  EXPECT_EQ(d.largest_layer_memory.value, 128'000'000u);  // 4 * largest_layer_params
+}
+
+TEST(DeepSpeedEstimators, LargestLayerIsTheMostParametersOnOneModuleItself) {
+  // GPT-2 small: wte (50257 x 768) is the largest module; a block's c_fc (768 x 3072 + 3072) is smaller.
+  const Inventory inv = build_inventory(preset("gpt2"));
+  EXPECT_EQ(largest_module_params(inv).value, 50257u * 768);
+  // Llama-2-7B, untied: lm_head (32000 x 4096) and embed_tokens tie for the largest; an MLP projection
+  // (11008 x 4096 = 45,088,768) is smaller than 131,072,000.
+  EXPECT_EQ(largest_module_params(build_inventory(preset("llama-2-7b"))).value, 32000u * 4096);
 }
 
 }  // namespace

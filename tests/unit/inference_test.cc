@@ -18,17 +18,11 @@ namespace {
 using testing::MapFileReader;
 
 Scenario gpt2(const std::string& task) {
-  Scenario s;
-  s.model.model = "gpt2";
-  set_field(s, "overrides", "n_layer=2");
-  set_field(s, "precision", "fp16");
-  set_field(s, "batch", "2");
-  set_field(s, "seq", "64");
-  set_field(s, "task", task);
-  return s;
+  return testing::scenario_of(
+      "gpt2", {{"overrides", "n_layer=2"}, {"precision", "fp16"}, {"batch", "2"}, {"seq", "64"}, {"task", task}});
 }
 
-Estimate run(const Scenario& s) { return estimate(resolve(s, MapFileReader())); }
+using testing::run;
 
 TEST(Inference, RecordsNoGraphSoNothingIsSavedAndNoGradientOrOptimizerStateExists) {
   const Estimate e = run(gpt2("inference"));
@@ -85,15 +79,12 @@ TEST(Inference, RefusesTrainingOptionsInsteadOfIgnoringThem) {
 
 // --generate: model.generate() with transformers' DynamicCache, one forward per new token.
 Scenario generating(const std::string& model, const std::string& layers_key, uint64_t new_tokens) {
-  Scenario s;
-  s.model.model = model;
-  set_field(s, "overrides", layers_key + "=2");
-  set_field(s, "precision", "fp16");
-  set_field(s, "batch", "3");
-  set_field(s, "seq", "40");
-  set_field(s, "task", "inference");
-  set_field(s, "generate", std::to_string(new_tokens));
-  return s;
+  return testing::scenario_of(model, {{"overrides", layers_key + "=2"},
+                                      {"precision", "fp16"},
+                                      {"batch", "3"},
+                                      {"seq", "40"},
+                                      {"task", "inference"},
+                                      {"generate", std::to_string(new_tokens)}});
 }
 
 uint64_t kv_bytes(const LiveBytes& l) { return l.by_category[static_cast<size_t>(Category::kKvCache)].value; }
@@ -119,6 +110,23 @@ TEST(Generation, CachesKeysAndValuesOfEveryLayerForThePromptAndEveryNewTokenButT
     // after the prefill: the prompt's tokens only
     EXPECT_EQ(kv_bytes(e.sim->after_forward.live), per_token * 40) << c.model;
   }
+}
+
+TEST(Generation, EndsWithTheLastTokenAppendedBeforeGenerateDropsItsLocals) {
+  // "at the end" is the moment validate/cpu/generate.py marks "end of generate": the loop is over and
+  // generate() has not yet returned, so the float32 next_token_logits (B, V) and the last decode step's
+  // model_inputs clones, (B, 1) int64 each, are still bound. The three frees that follow are theirs.
+  const Estimate e = run(generating("gpt2", "n_layer", 4));
+  const std::vector<Event>& ev = e.sim->timeline.events;
+  const size_t end = e.sim->generation_end.event;
+  ASSERT_GE(ev.size(), end + 3);
+  const uint64_t B = 3, V = 50257;
+  EXPECT_EQ(ev[end].kind, Event::kFree);
+  EXPECT_STREQ(ev[end].label.what, "next_token_logits (float32 copy)");
+  EXPECT_EQ(ev[end].bytes.value, B * V * 4);
+  EXPECT_STREQ(ev[end + 1].label.what, "model_inputs input_ids (clone)");
+  EXPECT_STREQ(ev[end + 2].label.what, "model_inputs position_ids (clone)");
+  EXPECT_EQ(ev[end + 1].bytes.value + ev[end + 2].bytes.value, 2 * B * 1 * 8);
 }
 
 TEST(Generation, GrowsTheCacheByTorchCatSoEachUpdateHoldsTheOldAndTheNewCopyOfOneLayer) {

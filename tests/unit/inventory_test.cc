@@ -173,6 +173,44 @@ TEST(Inventory, LlamaFamilyArchitectureDifferencesAreRows) {
   EXPECT_EQ(g2.parameters[11].name, "model.layers.0.post_feedforward_layernorm.weight");
 }
 
+TEST(Inventory, DeepseekV3LatentAttentionShapes) {
+  // DeepseekV3Attention.__init__ (modular_deepseek_v3.py @000c33f) on DeepseekV3Config's defaults: C 7168,
+  // 128 heads, q_lora_rank 1536, kv_lora_rank 512, qk 128 + 64, v 128.
+  const Inventory inv = build_inventory(from_json(R"({"model_type": "deepseek_v3", "num_hidden_layers": 4})"));
+  using S = std::vector<uint64_t>;
+  const std::vector<std::pair<std::string, S>> want = {
+      {"model.embed_tokens.weight", S{129'280, 7168}},
+      {"model.layers.0.self_attn.q_a_proj.weight", S{1536, 7168}},
+      {"model.layers.0.self_attn.q_a_layernorm.weight", S{1536}},
+      {"model.layers.0.self_attn.q_b_proj.weight", S{128 * 192, 1536}},
+      {"model.layers.0.self_attn.kv_a_proj_with_mqa.weight", S{512 + 64, 7168}},
+      {"model.layers.0.self_attn.kv_a_layernorm.weight", S{512}},
+      {"model.layers.0.self_attn.kv_b_proj.weight", S{128 * (128 + 128), 512}},
+      {"model.layers.0.self_attn.o_proj.weight", S{7168, 128 * 128}},
+      {"model.layers.0.mlp.gate_proj.weight", S{18'432, 7168}},  // first_k_dense_replace: a dense MLP
+  };
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(inv.parameters[i].name, want[i].first);
+    EXPECT_EQ(inv.parameters[i].shape, want[i].second) << want[i].first;
+  }
+  // layer 3 (the first MoE layer): experts, gate (+ its buffer), shared experts, then the layer norms
+  auto row = [&](const std::string& name) {
+    for (const TensorRow& r : inv.parameters) {
+      if (r.name == name) return r.shape;
+    }
+    return S{};
+  };
+  EXPECT_EQ(row("model.layers.3.mlp.experts.gate_up_proj"), (S{256, 2 * 2048, 7168}));
+  EXPECT_EQ(row("model.layers.3.mlp.experts.down_proj"), (S{256, 7168, 2048}));
+  EXPECT_EQ(row("model.layers.3.mlp.gate.weight"), (S{256, 7168}));
+  EXPECT_EQ(row("model.layers.3.mlp.shared_experts.up_proj.weight"), (S{2048, 7168}));
+  ASSERT_EQ(inv.buffers.size(), 3u);
+  EXPECT_EQ(inv.buffers[0].name, "model.layers.3.mlp.gate.e_score_correction_bias");
+  EXPECT_EQ(inv.buffers[0].shape, (S{256}));
+  EXPECT_EQ(inv.buffers[1].name, "model.rotary_emb.inv_freq");
+  EXPECT_EQ(inv.buffers[1].shape, (S{32}));  // qk_rope_head_dim 64 / 2
+}
+
 TEST(Inventory, RotaryModelsRegisterInverseFrequencyBuffers) {
   const Inventory inv = build_inventory(preset("llama-2-7b"));
   ASSERT_EQ(inv.buffers.size(), 2u);

@@ -22,18 +22,16 @@ using testing::MapFileReader;
 constexpr uint64_t kB = 2, kT = 128, kV = 32000;
 
 Scenario llama(const std::string& loss, const std::string& chunks = "") {
-  Scenario s;
-  s.model.model = "llama-2-7b";
-  set_field(s, "overrides", "num_hidden_layers=1");
-  set_field(s, "precision", "bf16");
-  set_field(s, "batch", std::to_string(kB));
-  set_field(s, "seq", std::to_string(kT));
-  set_field(s, "loss", loss);
+  Scenario s = testing::scenario_of("llama-2-7b", {{"overrides", "num_hidden_layers=1"},
+                                                   {"precision", "bf16"},
+                                                   {"batch", std::to_string(kB)},
+                                                   {"seq", std::to_string(kT)},
+                                                   {"loss", loss}});
   if (!chunks.empty()) set_field(s, "loss_chunks", chunks);
   return s;
 }
 
-Estimate run(const Scenario& s) { return estimate(resolve(s, MapFileReader())); }
+using testing::run;
 
 // The float32 copies of the logits made in the first step's forward and loss (backward's gradients of the
 // copies carry the same label): their count and size.

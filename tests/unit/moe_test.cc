@@ -40,15 +40,12 @@ TEST(Moe, WorstRoutingSendsEveryTokenToTheSameKExperts) {
 constexpr uint64_t kE = 8, kF = 14336, kC = 4096;
 
 Estimate mixtral(const std::string& routing, const std::string& experts = "eager") {
-  Scenario s;
-  s.model.model = "mixtral-8x7b";
-  set_field(s, "overrides", "num_hidden_layers=1");
-  set_field(s, "precision", "bf16");
-  set_field(s, "batch", "1");
-  set_field(s, "seq", "64");
-  set_field(s, "moe_routing", routing);
-  set_field(s, "moe_experts", experts);
-  return estimate(resolve(s, MapFileReader()));
+  return testing::run(testing::scenario_of("mixtral-8x7b", {{"overrides", "num_hidden_layers=1"},
+                                                            {"precision", "bf16"},
+                                                            {"batch", "1"},
+                                                            {"seq", "64"},
+                                                            {"moe_routing", routing},
+                                                            {"moe_experts", experts}}));
 }
 
 // Allocations of `bytes` in the first step's backward.

@@ -11,12 +11,7 @@
 namespace trainmem {
 namespace {
 
-Scenario scenario_of(const char* model, std::initializer_list<std::pair<const char*, const char*>> fields) {
-  Scenario s;
-  s.model.model = model;
-  for (auto [f, v] : fields) set_field(s, f, v);
-  return s;
-}
+using testing::scenario_of;
 
 // The optimizer phase's live temporaries: at(event, live bytes after it) for each of their allocations.
 template <class F>
@@ -189,7 +184,7 @@ TEST(Optimizers, TransformersAdafactorKeepsItsLocalsAcrossParametersAndNegatesTh
 Estimate in_backward_run(bool in_backward) {
   Scenario s = scenario_of("qwen3-0.6b", {{"batch", "1"}, {"seq", "32"}, {"precision", "bf16"}, {"loop", "plain"}});
   set_field(s, "optimizer_in_backward", in_backward ? "true" : "false");
-  return estimate(resolve(s, testing::MapFileReader()));
+  return testing::run(s);
 }
 
 TEST(Optimizers, OptimizerInBackwardStepsEachParameterInItsHookAndFreesItsGradient) {
@@ -223,9 +218,9 @@ TEST(Optimizers, OptimizerInBackwardGivesEachEightBitParameterItsOwnQuantization
   // (qwen3-0.6b: 28 layers x 7 projections + the tied embedding; the norms keep float32 states).
   Scenario s = scenario_of("qwen3-0.6b", {{"batch", "1"}, {"seq", "32"}, {"precision", "bf16"}, {"loop", "plain"},
                                           {"optimizer", "adamw8bit"}});
-  const Estimate one = estimate(resolve(s, testing::MapFileReader()));
+  const Estimate one = testing::run(s);
   set_field(s, "optimizer_in_backward", "true");
-  const Estimate each = estimate(resolve(s, testing::MapFileReader()));
+  const Estimate each = testing::run(s);
   const uint64_t maps = 2 * 256 * 4;
   EXPECT_EQ(each.state.optimizer_state.value, one.state.optimizer_state.value + (28 * 7 + 1) * maps - maps);
   uint64_t qmaps = 0;
@@ -257,9 +252,9 @@ TEST(Optimizers, OptimizerInBackwardIsRefusedWhereTorchtuneRefusesIt) {
 TEST(Optimizers, PagedStateIsOutsideTheAllocatorButInTheDeviceTotal) {
   Scenario s = scenario_of("qwen3-0.6b", {{"batch", "1"}, {"seq", "64"}, {"precision", "bf16"},
                                           {"optimizer", "paged-adamw8bit"}, {"gpu", "a100-80gb"}});
-  const Estimate paged = estimate(resolve(s, testing::MapFileReader()));
+  const Estimate paged = testing::run(s);
   set_field(s, "optimizer", "adamw8bit");
-  const Estimate plain = estimate(resolve(s, testing::MapFileReader()));
+  const Estimate plain = testing::run(s);
   EXPECT_GT(paged.state.paged_optimizer_state.value, 0u);
   EXPECT_EQ(paged.state.optimizer_state + paged.state.paged_optimizer_state, plain.state.optimizer_state);
   EXPECT_LT(paged.memory.peak_allocated, plain.memory.peak_allocated);  // not in memory_allocated

@@ -3,11 +3,14 @@
 
 #include <gtest/gtest.h>
 
+#include <initializer_list>
 #include <map>
 #include <string>
 
 #include "trainmem/config.h"
 #include "trainmem/error.h"
+#include "trainmem/estimate.h"
+#include "trainmem/scenario.h"
 #include "trainmem/setup.h"
 #include "trainmem/sim.h"
 
@@ -62,6 +65,19 @@ struct Seed000Run {
     o.steps = steps;
   }
 };
+
+// A Scenario of `model` (a preset) with `fields` set in order, as a front end sets them
+// ({"overrides", "n_layer=2"} may repeat).
+inline Scenario scenario_of(const std::string& model,
+                            std::initializer_list<std::pair<const char*, std::string>> fields) {
+  Scenario s;
+  s.model.model = model;
+  for (const auto& [f, v] : fields) set_field(s, f, v);
+  return s;
+}
+
+// The pipeline of every front end: resolve, then estimate (presets from memory).
+inline Estimate run(const Scenario& s) { return estimate(resolve(s, MapFileReader())); }
 
 // The message of the trainmem::Error that `f` throws ("" when it throws none).
 template <typename F>

@@ -57,6 +57,13 @@ GRID = [
                       "eos_token_id": 2, "bos_token_id": 2}, 2, 12, 5, "fp32"),
     ("gen-gpt2-fp32", _GPT2, 2, 12, 5, "fp32"),
     ("gen-gpt2-bf16", _GPT2, 1, 20, 4, "bf16"),
+    # MoE: every router forced to trainmem's default --moe-routing balanced for each forward's token count
+    ("gen-mixtral-fp32", {"model_type": "mixtral", **_LL, "num_local_experts": 4, "num_experts_per_tok": 2}, 2, 10, 4,
+     "fp32"),
+    ("gen-deepseek_v3-bf16", {"model_type": "deepseek_v3", **_LL, "num_key_value_heads": 4, "q_lora_rank": 24,
+                              "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 12,
+                              "n_routed_experts": 4, "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1,
+                              "moe_intermediate_size": 24, "first_k_dense_replace": 1}, 2, 9, 4, "bf16"),
 ]
 
 
@@ -111,6 +118,10 @@ def greedy_generate(model, input_ids, max_new_tokens, flag):
         model_inputs = {"input_ids": ids, "position_ids": pos}
         del ids, pos
         models.GENERATION.position_ids = model_inputs["position_ids"]
+        if getattr(model, "moe_forced", None):  # the routing of this forward's tokens (made before the measurement)
+            routers, forced = model.moe_forced
+            for r, idx in zip(routers, forced[model_inputs["input_ids"].numel()]):
+                r.forced_indices = idx
         with flag:
             outputs = model(model_inputs["input_ids"])
         models.GENERATION.position_ids = None
@@ -145,6 +156,11 @@ def measure_generate(config, batch, seq, new_tokens, precision, seed=0):
     if dtype != torch.float32:
         model.to(dtype)
     model.eval()
+    # MoE routers: trainmem's --moe-routing balanced (its default) for the prefill's B*T and each decode step's B
+    # tokens, the index tensors made here, outside the measured generate()
+    routers = [r for r in model.modules() if isinstance(r, models.MOE_ROUTERS)]
+    model.moe_forced = (routers, {n: [models.moe_routing_indices(n, r.top_k, r.num_experts, "balanced")
+                                      for r in routers] for n in (batch * seq, batch)}) if routers else None
     g = torch.Generator().manual_seed(seed + 1)
     ids = torch.randint(3, model.vocab_size - 1, (batch, seq), dtype=torch.int64, generator=g)
     params, buffers = list(model.parameters()), list(model.buffers())

@@ -54,6 +54,20 @@ def _ll(model_type, **kw):
     return c
 
 
+# DeepSeek-V3 (small: C=64, 4 heads, qk 16+8, v 12, q/kv ranks 24/16, 4 experts of 24 in 2 groups, top-2).
+_DS = {"model_type": "deepseek_v3", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 160,
+       "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4, "q_lora_rank": 24,
+       "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 12, "n_routed_experts": 4,
+       "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1, "moe_intermediate_size": 24, "n_shared_experts": 1,
+       "first_k_dense_replace": 1, "attention_dropout": 0.0}
+
+
+def _ds(**kw):
+    c = dict(_DS)
+    c.update(kw)
+    return c
+
+
 # Phi (small: C=64, F=256, V=96, 4 heads); every dropout key at 0.0.
 _PHI = {"model_type": "phi", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2,
         "num_attention_heads": 4, "partial_rotary_factor": 0.5, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
@@ -188,6 +202,22 @@ GRID = [
                                  moe_intermediate_size=40), 2, 8, "fp32", {"moe_routing": "worst"}),
     ("qwen3_moe-normtopk-bf16", _ll("qwen3_moe", num_experts=6, num_experts_per_tok=2, moe_intermediate_size=40,
                                     norm_topk_prob=True), 1, 20, "bf16", {"moe_routing": "balanced"}),
+    # --- DeepSeek-V3 (latent attention; DeepseekV3MoE: sigmoid group-limited router, the 3-D experts' eager loop,
+    # ungated shared experts, dense layers before first_k_dense_replace); routing forced as for Mixtral
+    ("deepseek_v3-qlora-dense1-balanced", _ds(), 2, 9, "fp32", {"moe_routing": "balanced"}),
+    ("deepseek_v3-qproj-worst-bf16", _ds(q_lora_rank=None, rope_interleave=False, n_shared_experts=2), 2, 8, "bf16",
+     {"moe_routing": "worst"}),
+    ("deepseek_v3-bias-worst", _ds(attention_bias=True, norm_topk_prob=False, first_k_dense_replace=0,
+                                   num_experts_per_tok=3, n_routed_experts=6, n_group=3, topk_group=2), 1, 12, "fp32",
+     {"moe_routing": "worst"}),
+    ("deepseek_v3-balanced-bf16", _ds(num_hidden_layers=3), 2, 10, "bf16", {"moe_routing": "balanced"}),
+    ("deepseek_v3-bf16-amp", _ds(), 2, 8, "bf16-amp", {"moe_routing": "balanced"}),
+    ("deepseek_v3-grouped_mm", _ds(q_lora_rank=None), 2, 8, "fp32",
+     {"moe_routing": "balanced", "moe_experts": "grouped_mm"}),
+    ("ckpt-deepseek_v3-reentrant-bf16", _ds(), 2, 8, "bf16",
+     {"moe_routing": "balanced", "checkpointing": "full", "reentrant": True}),
+    ("lora-deepseek_v3-all-linear-ckpt", _ds(), 2, 8, "bf16",
+     {"moe_routing": "worst", "lora": "r=4,alpha=8,targets=all-linear", "checkpointing": "full", "reentrant": True}),
     # --- GPT-NeoX
     ("neox-parallel-rot0.25", {"model_type": "gpt_neox", "vocab_size": 96, "hidden_size": 64,
                                "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,

@@ -69,6 +69,12 @@ GRID = [
     # experts_implementation="grouped_mm" (trainmem --moe-experts grouped_mm; models._GroupedMM for torch 1.13)
     ("infer-qwen3_moe-grouped_mm", {"model_type": "qwen3_moe", **_LL, "num_experts": 4, "num_experts_per_tok": 2,
                                     "moe_intermediate_size": 40, "head_dim": 16}, 2, 12, "bf16", "grouped_mm"),
+    # DeepSeek-V3: latent attention, a dense first layer, then DeepseekV3MoE (sigmoid group-limited router)
+    ("infer-deepseek_v3-bf16-amp", {"model_type": "deepseek_v3", **_LL, "num_key_value_heads": 4, "q_lora_rank": 24,
+                                    "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+                                    "v_head_dim": 12, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_group": 2,
+                                    "topk_group": 1, "moe_intermediate_size": 24, "first_k_dense_replace": 1}, 2, 12,
+     "bf16-amp"),
 ]
 
 

@@ -14,6 +14,10 @@ reports the tensors that the real models would save.
             full layers with their own masks and rotary tables, q/k norms after the transpose; starcoder2:
             LayerNorms, biased projections, c_fc/c_proj MLP) (mixtral: 5.x fused 3-D experts with the eager
             experts loop, no router aux loss; its saved tensors depend on the routing, i.e. on the data).
+  deepseek_v3
+            transformers 5.x DeepseekV3ForCausalLM (LlamaForCausalLM with DeepseekV3Attention's latent attention
+            and, from layer first_k_dense_replace on, DeepseekV3MoE: sigmoid group-limited router, the 3-D experts'
+            eager loop, ungated shared experts), eager attention.
   gpt_neox  transformers 5.x GPTNeoXForCausalLM, eager attention.
   opt       transformers 5.x OPTForCausalLM, eager attention.
   phi       transformers 5.x PhiForCausalLM, eager attention (parallel attention + MLP off one LayerNorm, partial
@@ -68,7 +72,7 @@ import nanogpt  # noqa: E402
 warnings.filterwarnings("ignore", message="nn.functional.sigmoid is deprecated")
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "mixtral", "qwen2_moe", "qwen3_moe",
-                "gemma3_text", "starcoder2")
+                "gemma3_text", "starcoder2", "deepseek_v3")
 MODEL_TYPES = ("nanogpt", "gpt2", "gpt_neox", "opt", "phi", "mlp", "bert", "roberta") + LLAMA_FAMILY
 
 
@@ -735,6 +739,9 @@ _LLAMA_DEFAULTS = {
     # configuration_qwen2_moe.py / configuration_qwen3_moe.py (5.x dataclass fields)
     "qwen2_moe": (151936, 2048, 5632, 24, 16, 16, None, False, "silu", 1e-6),
     "qwen3_moe": (151936, 2048, 6144, 24, 32, 4, None, False, "silu", 1e-6),
+    # configuration_deepseek_v3.py (5.x @001f85b): vocab_size=129280, hidden_size=7168, intermediate_size=18432,
+    # num_hidden_layers=61, num_attention_heads=128, num_key_value_heads=128, hidden_act="silu", rms_norm_eps=1e-6
+    "deepseek_v3": (129280, 7168, 18432, 61, 128, 128, None, False, "silu", 1e-6),
 }
 
 
@@ -767,7 +774,7 @@ def resolve_llama_config(cfg):
         c.q_bias = c.k_bias = c.v_bias = True
     if t == "qwen2_moe":  # Qwen2MoeAttention: q/k/v bias=config.qkv_bias (default True), o_proj bias=False
         c.q_bias = c.k_bias = c.v_bias = bool(_get(cfg, "qkv_bias", True))
-    if t in ("llama", "qwen3", "gemma", "gemma2", "gemma3_text", "qwen3_moe"):
+    if t in ("llama", "qwen3", "gemma", "gemma2", "gemma3_text", "qwen3_moe", "deepseek_v3"):
         ab = bool(_get(cfg, "attention_bias", False))
         c.q_bias = c.k_bias = c.v_bias = c.o_bias = ab
     if t == "llama":
@@ -800,6 +807,22 @@ def resolve_llama_config(cfg):
         c.norm_topk_prob = bool(_get(cfg, "norm_topk_prob", False))
         c.decoder_sparse_step = int(_get(cfg, "decoder_sparse_step", 1))
         c.mlp_only_layers = list(cfg.get("mlp_only_layers") or [])
+    c.mla = t == "deepseek_v3"
+    if c.mla:
+        # DeepseekV3Config: kv_lora_rank=512, q_lora_rank=1536 (None: q_proj), qk_rope_head_dim=64, v_head_dim=128,
+        # qk_nope_head_dim=128, rope_interleave=True, n_routed_experts=256 (alias num_local_experts),
+        # num_experts_per_tok=8, moe_intermediate_size=2048, n_shared_experts=1, n_group=8, topk_group=4,
+        # norm_topk_prob=True, routed_scaling_factor=2.5, first_k_dense_replace=3
+        for key, default in (("kv_lora_rank", 512), ("qk_rope_head_dim", 64), ("qk_nope_head_dim", 128),
+                             ("v_head_dim", 128), ("num_experts_per_tok", 8), ("moe_intermediate_size", 2048),
+                             ("n_shared_experts", 1), ("n_group", 8), ("topk_group", 4), ("first_k_dense_replace", 3)):
+            setattr(c, key, int(_get(cfg, key, default)))
+        c.q_lora_rank = cfg["q_lora_rank"] if "q_lora_rank" in cfg else 1536
+        c.qk_head_dim = c.qk_nope_head_dim + c.qk_rope_head_dim
+        c.rope_interleave = bool(_get(cfg, "rope_interleave", True))
+        c.num_local_experts = int(_get(cfg, ("n_routed_experts", "num_local_experts"), 256))
+        c.norm_topk_prob = bool(_get(cfg, "norm_topk_prob", True))
+        c.routed_scaling_factor = float(_get(cfg, "routed_scaling_factor", 2.5))
     c.qk_norm = t in ("qwen3", "gemma3_text", "qwen3_moe")
     c.qk_norm_after_transpose = t == "gemma3_text"  # Gemma3Attention: q_norm(q.view(...).transpose(1, 2))
     c.fused = t == "phi3"
@@ -815,8 +838,12 @@ def resolve_llama_config(cfg):
         if f is None:
             f = _rope_dict(cfg).get("partial_rotary_factor", 1.0)
         c.rotary_dim = int(c.head_dim * float(f))
+    if c.mla:  # LlamaRotaryEmbedding's dim: config.head_dim = qk_rope_head_dim
+        c.rotary_dim = c.qk_rope_head_dim
     # scaling / softcapping
     c.scaling = c.head_dim ** -0.5
+    if c.mla:  # DeepseekV3Attention: qk_head_dim ** -0.5 (yarn's mscale changes the value only)
+        c.scaling = c.qk_head_dim ** -0.5
     c.attn_softcap = None
     c.final_softcap = None
     if t == "gemma2":
@@ -1027,7 +1054,7 @@ def set_moe_routing(model, tokens, mode):
     """Makes every router of `model` route `tokens` tokens as trainmem's --moe-routing `mode` assumes. Call it
     before the measured step: the index tensors are made here, outside it."""
     for mod in model.modules():
-        if isinstance(mod, (MixtralTopKRouter, Qwen2MoeTopKRouter)):
+        if isinstance(mod, MOE_ROUTERS):
             mod.forced_indices = None if mode is None else moe_routing_indices(tokens, mod.top_k, mod.num_experts, mode)
 
 
@@ -1164,6 +1191,153 @@ class MixtralSparseMoeBlock(nn.Module):
         return hidden_states
 
 
+class DeepseekV3TopkRouter(nn.Module):
+    """modular_deepseek_v3.py (5.x @000c33f): weight (E, C) then the e_score_correction_bias buffer (E,);
+    forward is the float32 linear only (the routing is DeepseekV3MoE.route_tokens_to_experts)."""
+
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.hidden_size = c.hidden_size
+        self.n_routed_experts = c.num_local_experts
+        self.weight = nn.Parameter(_normal_(torch.empty((self.n_routed_experts, c.hidden_size), device=device)))
+        self.register_buffer("e_score_correction_bias", torch.zeros(self.n_routed_experts, device=device))
+
+    def forward(self, hidden_states):
+        hidden_states = hidden_states.view(-1, self.hidden_size)
+        router_logits = F.linear(hidden_states.type(torch.float32), self.weight.type(torch.float32))
+        return router_logits
+
+
+class DeepseekV3MoE(nn.Module):
+    """modular_deepseek_v3.py (5.x @000c33f): experts (DeepseekV3NaiveMoe = MixtralExperts with
+    moe_intermediate_size), gate, shared_experts (DeepseekV3MLP = Qwen2MoeMLP, LlamaMLP's layout and forward)."""
+
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.experts = MixtralExperts(c, device)
+        self.gate = DeepseekV3TopkRouter(c, device)
+        self.shared_experts = LlamaMLP(c, device, intermediate_size=c.moe_intermediate_size * c.n_shared_experts)
+        self.n_routed_experts = c.num_local_experts
+        self.n_group = c.n_group
+        self.topk_group = c.topk_group
+        self.norm_topk_prob = c.norm_topk_prob
+        self.routed_scaling_factor = c.routed_scaling_factor
+        self.top_k = c.num_experts_per_tok
+        self.num_experts = c.num_local_experts  # set_moe_routing
+        self.forced_indices = None
+
+    def route_tokens_to_experts(self, router_logits):
+        router_logits = router_logits.sigmoid()
+        router_logits_for_choice = router_logits + self.gate.e_score_correction_bias
+        group_scores = (
+            router_logits_for_choice.view(-1, self.n_group, self.n_routed_experts // self.n_group)
+            .topk(2, dim=-1)[0]
+            .sum(dim=-1)
+        )
+        group_idx = torch.topk(group_scores, k=self.topk_group, dim=-1, sorted=False)[1]
+        group_mask = torch.zeros_like(group_scores)
+        group_mask.scatter_(1, group_idx, 1)
+        score_mask = (
+            group_mask.unsqueeze(-1)
+            .expand(-1, self.n_group, self.n_routed_experts // self.n_group)
+            .reshape(-1, self.n_routed_experts)
+        )
+        scores_for_choice = router_logits_for_choice.masked_fill(~score_mask.bool(), 0.0)
+        topk_indices = torch.topk(scores_for_choice, k=self.top_k, dim=-1, sorted=False)[1]
+        if self.forced_indices is not None:
+            # the test's routing (set_moe_routing), as in MixtralTopKRouter: overwritten through .data
+            topk_indices.data.copy_(self.forced_indices)
+        topk_weights = router_logits.gather(1, topk_indices)
+        if self.norm_topk_prob:
+            denominator = topk_weights.sum(dim=-1, keepdim=True) + 1e-20
+            topk_weights /= denominator
+        topk_weights = topk_weights * self.routed_scaling_factor
+        return topk_indices, topk_weights
+
+    def forward(self, hidden_states):
+        residuals = hidden_states
+        orig_shape = hidden_states.shape
+        router_logits = self.gate(hidden_states)
+        topk_indices, topk_weights = self.route_tokens_to_experts(router_logits)
+        hidden_states = hidden_states.view(-1, hidden_states.shape[-1])
+        hidden_states = self.experts(hidden_states, topk_indices, topk_weights).view(*orig_shape)
+        hidden_states = hidden_states + self.shared_experts(residuals)
+        return hidden_states
+
+
+def apply_rotary_pos_emb_interleave(q, k, cos, sin, unsqueeze_dim=1):
+    """modular_deepseek_v3.py: de-interleave q and k (view, transpose, reshape: copies), then the Llama rotation."""
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    b, h, s, d = q.shape
+    q = q.view(b, h, s, d // 2, 2).transpose(4, 3).reshape(b, h, s, d)
+    b, h, s, d = k.shape
+    k = k.view(b, h, s, d // 2, 2).transpose(4, 3).reshape(b, h, s, d)
+    q_embed = (q * cos) + (rotate_half(q) * sin)
+    k_embed = (k * cos) + (rotate_half(k) * sin)
+    return q_embed, k_embed
+
+
+class DeepseekV3Attention(nn.Module):
+    """modular_deepseek_v3.py (5.x @000c33f) multi-head latent attention, eager."""
+
+    def __init__(self, c, layer_idx, device=None):
+        super().__init__()
+        self.config = c
+        self.layer_idx = layer_idx
+        self.num_key_value_groups = c.num_attention_heads // c.num_key_value_heads
+        self.attention_dropout = c.attention_dropout
+        self.sliding_window = None  # LlamaModel's mask lookup
+        C, H, ab = c.hidden_size, c.num_attention_heads, c.o_bias  # attention_bias
+        if c.q_lora_rank is None:
+            self.q_proj = nn.Linear(C, H * c.qk_head_dim, bias=False, device=device)
+        else:
+            self.q_a_proj = nn.Linear(C, c.q_lora_rank, bias=ab, device=device)
+            self.q_a_layernorm = LlamaRMSNorm(c.q_lora_rank, device=device)
+            self.q_b_proj = nn.Linear(c.q_lora_rank, H * c.qk_head_dim, bias=False, device=device)
+        self.kv_a_proj_with_mqa = nn.Linear(C, c.kv_lora_rank + c.qk_rope_head_dim, bias=ab, device=device)
+        self.kv_a_layernorm = LlamaRMSNorm(c.kv_lora_rank, device=device)
+        self.kv_b_proj = nn.Linear(c.kv_lora_rank, H * (c.qk_nope_head_dim + c.v_head_dim), bias=False, device=device)
+        self.o_proj = nn.Linear(H * c.v_head_dim, C, bias=ab, device=device)
+        self.scaling = c.scaling
+
+    def forward(self, hidden_states, position_embeddings, attention_mask):
+        c = self.config
+        batch_size, seq_length = hidden_states.shape[:-1]
+        query_shape = (batch_size, seq_length, -1, c.qk_head_dim)
+        key_shape = (batch_size, seq_length, -1, c.qk_nope_head_dim + c.v_head_dim)
+        if c.q_lora_rank is None:
+            q_states = self.q_proj(hidden_states)
+        else:
+            q_states = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden_states)))
+        q_states = q_states.view(query_shape).transpose(1, 2)
+        q_pass, q_rot = torch.split(q_states, [c.qk_nope_head_dim, c.qk_rope_head_dim], dim=-1)
+        compressed_kv = self.kv_a_proj_with_mqa(hidden_states)
+        k_pass, k_rot = torch.split(compressed_kv, [c.kv_lora_rank, c.qk_rope_head_dim], dim=-1)
+        k_pass = self.kv_b_proj(self.kv_a_layernorm(k_pass)).view(key_shape).transpose(1, 2)
+        k_pass, value_states = torch.split(k_pass, [c.qk_nope_head_dim, c.v_head_dim], dim=-1)
+        k_rot = k_rot.view(batch_size, 1, seq_length, c.qk_rope_head_dim)
+        cos, sin = position_embeddings
+        if c.rope_interleave:
+            q_rot, k_rot = apply_rotary_pos_emb_interleave(q_rot, k_rot, cos, sin)
+        else:
+            q_rot, k_rot = apply_rotary_pos_emb(q_rot, k_rot, cos, sin)
+        k_rot = k_rot.expand(*k_pass.shape[:-1], -1)
+        query_states = torch.cat((q_pass, q_rot), dim=-1)
+        key_states = torch.cat((k_pass, k_rot), dim=-1)
+        key_states, value_states = update_cache(key_states, value_states, self.layer_idx)
+        attn_output, attn_weights = eager_attention_forward(
+            self, query_states, key_states, value_states, attention_mask,
+            scaling=self.scaling, dropout=0.0 if not self.training else self.attention_dropout)
+        attn_output = attn_output.reshape(batch_size, seq_length, -1).contiguous()
+        attn_output = self.o_proj(attn_output)
+        return attn_output, attn_weights
+
+
+# The modules whose forced_indices set_moe_routing sets (each has top_k and num_experts).
+MOE_ROUTERS = (MixtralTopKRouter, Qwen2MoeTopKRouter, DeepseekV3MoE)
+
+
 class Starcoder2MLP(nn.Module):
     def __init__(self, c, device=None):
         super().__init__()
@@ -1262,10 +1436,13 @@ class LlamaDecoderLayer(nn.Module):
     def __init__(self, c, layer_idx, device=None):
         super().__init__()
         self.config = c
-        self.self_attn = LlamaAttention(c, layer_idx, device)
+        self.self_attn = DeepseekV3Attention(c, layer_idx, device) if c.mla else LlamaAttention(c, layer_idx, device)
+        # DeepseekV3DecoderLayer: DeepseekV3MoE if layer_idx >= config.first_k_dense_replace else DeepseekV3MLP
         # Qwen2MoeDecoderLayer: sparse when layer_idx not in mlp_only_layers and (layer_idx + 1) % decoder_sparse_step == 0
         sparse = c.moe and layer_idx not in c.mlp_only_layers and (layer_idx + 1) % c.decoder_sparse_step == 0
-        if sparse and c.model_type == "mixtral":
+        if c.mla and layer_idx >= c.first_k_dense_replace:
+            self.mlp = DeepseekV3MoE(c, device)
+        elif sparse and c.model_type == "mixtral":
             self.mlp = MixtralSparseMoeBlock(c, device)
         elif sparse:
             self.mlp = Qwen2MoeSparseMoeBlock(c, device)

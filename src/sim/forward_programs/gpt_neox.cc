@@ -76,20 +76,19 @@ T neox_layer(Ctx& c, const ModelSpec& m, const LoadedModel& w, uint64_t l, const
 }
 
 T neox_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
-  const uint64_t B = ids.shape()[0], Tn = ids.shape()[1];
   c.layer = -1;
+  // inputs_embeds = self.embed_in(input_ids): a local of GPTNeoXModel.forward, alive to its end
   T inputs_embeds = embedding(c, w.p("gpt_neox.embed_in.weight"), ids, "embed_in");
-  T position_ids = model_position_ids(c, Tn);
-  T mask;
-  if (m.attn_impl == AttnImpl::kEager) mask = eager_mask(c, B, Tn, inputs_embeds.dtype());
-  T hidden = dropout(c, inputs_embeds, m.dropout.resid, "emb_dropout");
-  const Rotary rot = rotary_embedding(c, w.buf("gpt_neox.rotary_emb.inv_freq"), Tn, hidden.dtype());
-  hidden = run_layers(c, m.layers, std::move(hidden), LayerArgs{mask, rot.cos, rot.sin, position_ids},
-                      [&](uint64_t l, T h, const LayerArgs& a) {
-                        return neox_layer(c, m, w, l, h, Rotary{a.cos, a.sin}, a.mask ? &a.mask : nullptr);
-                      });
-  return layer_norm(c, hidden, &w.p("gpt_neox.final_layer_norm.weight"), &w.p("gpt_neox.final_layer_norm.bias"),
-                    "final_layer_norm");
+  return rotary_decoder_body(
+      c, m, ids, inputs_embeds.dtype(),
+      // hidden_states = self.emb_dropout(inputs_embeds)
+      [&] { return dropout(c, inputs_embeds, m.dropout.resid, "emb_dropout"); },
+      w.buf("gpt_neox.rotary_emb.inv_freq"),
+      [&](uint64_t l, T h, const Rotary& rot, const T* mask) { return neox_layer(c, m, w, l, h, rot, mask); },
+      [&](const T& h) {
+        return layer_norm(c, h, &w.p("gpt_neox.final_layer_norm.weight"), &w.p("gpt_neox.final_layer_norm.bias"),
+                          "final_layer_norm");
+      });
 }
 
 }  // namespace

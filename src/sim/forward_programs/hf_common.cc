@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "../layers.h"
 #include "trainmem/error.h"
 
 namespace trainmem::sim {
@@ -269,6 +270,25 @@ void kv_update(Ctx& c, uint64_t layer, T& k, T& v) {
 T model_position_ids(Ctx& c, uint64_t Tn) {
   if (c.position_ids) return *c.position_ids;
   return c.e.empty(Shape{1, Tn}, DType::kI64, Category::kActivations, c.L("position_ids"));
+}
+
+T rotary_decoder_body(Ctx& c, const ModelSpec& m, const T& ids, DType embeds_dtype,
+                      const std::function<T()>& embed_dropout, const T& inv_freq, const RotaryLayer& layer,
+                      const std::function<T(const T&)>& final_norm) {
+  const uint64_t B = ids.shape()[0], Tn = ids.shape()[1];
+  // position_ids = cache_position.unsqueeze(0) (or generate()'s)
+  T position_ids = model_position_ids(c, Tn);
+  // causal_mask = create_causal_mask(...): materialized for eager only (sdpa runs is_causal without one)
+  T mask;
+  if (m.attn_impl == AttnImpl::kEager) mask = eager_mask(c, B, Tn, embeds_dtype);
+  T hidden = embed_dropout();
+  // position_embeddings = self.rotary_emb(hidden_states, position_ids)
+  const Rotary rot = rotary_embedding(c, inv_freq, Tn, hidden.dtype());
+  hidden = run_layers(c, m.layers, std::move(hidden), LayerArgs{mask, rot.cos, rot.sin, position_ids},
+                      [&](uint64_t l, T h, const LayerArgs& a) {
+                        return layer(l, std::move(h), Rotary{a.cos, a.sin}, a.mask ? &a.mask : nullptr);
+                      });
+  return final_norm(hidden);
 }
 
 Rotary rotary_embedding(Ctx& c, const T& inv_freq, uint64_t Tn, DType x_dtype) {

@@ -1,6 +1,7 @@
 // Internal: pieces shared by the transformers model programs.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "../forward.h"
@@ -27,6 +28,14 @@ T model_position_ids(Ctx& c, uint64_t Tn);
 // else 1).
 Rotary rotary_embedding(Ctx& c, const T& inv_freq, uint64_t Tn, DType x_dtype);
 T apply_rotary(Ctx& c, const T& x, const Rotary& r);
+// The body of a rotary decoder's model after its embedding (GPTNeoXModel.forward, PhiModel.forward):
+// position_ids, the eager causal mask (in the embeddings' dtype), `embed_dropout` (which returns the hidden states
+// and rebinds what the caller's Python rebinds), cos/sin from `inv_freq`, the layers through run_layers(), then
+// `final_norm`. The position ids, mask and cos/sin are the Python's locals: they live until the final norm is made.
+using RotaryLayer = std::function<T(uint64_t layer, T hidden, const Rotary& rot, const T* mask)>;
+T rotary_decoder_body(Ctx& c, const ModelSpec& m, const T& ids, DType embeds_dtype,
+                      const std::function<T()>& embed_dropout, const T& inv_freq, const RotaryLayer& layer,
+                      const std::function<T(const T&)>& final_norm);
 T repeat_kv(Ctx& c, const T& x, uint64_t n_rep);
 AttnOut eager_attention(Ctx& c, const T& q, const T& k, const T& v, const T* mask, uint64_t n_rep,
                         double dropout_p, const char* scale_op, double softcap);
@@ -61,6 +70,19 @@ struct MoeParams {
 std::vector<uint64_t> routed_tokens(const MoeSpec& moe, uint64_t tokens);
 // hidden (B, T, C) -> (B, T, C)
 T sparse_moe_block(Ctx& c, const ModelSpec& m, const MoeParams& p, const T& hidden);
+
+// DeepseekV3MoE (moe.cc): gate (DeepseekV3TopkRouter), experts (MixtralExperts' layout), shared_experts.
+struct DeepseekMoeParams {
+  const T& router;       // gate.weight (E, C)
+  const T& router_bias;  // gate.e_score_correction_bias (E,), a buffer
+  const T& gate_up;      // experts.gate_up_proj (E, 2F, C)
+  const T& down;         // experts.down_proj (E, C, F)
+  const T& shared_gate;  // shared_experts.gate_proj.weight (S, C)
+  const T& shared_up;    // shared_experts.up_proj.weight (S, C)
+  const T& shared_down;  // shared_experts.down_proj.weight (C, S)
+};
+// hidden (B, T, C) -> (B, T, C)
+T deepseek_moe_block(Ctx& c, const ModelSpec& m, const DeepseekMoeParams& p, const T& hidden);
 
 // Liger-Kernel's chunking in fused_linear_cross_entropy_forward: rows of logits per chunk and chunks.
 struct LigerChunking {

@@ -1,6 +1,7 @@
 // transformers' LlamaForCausalLM and relatives (modeling_llama.py and the files generated from it, 5.x):
 // llama, mistral, qwen2, qwen3, gemma, gemma2, phi3, mixtral (its sparse MoE block: moe.cc). Labels given,
-// use_cache=False.
+// use_cache=False. deepseek_v3 (modular_deepseek_v3.py @000c33f: LlamaDecoderLayer / LlamaModel /
+// LlamaForCausalLM with its own attention, mla_attention here, and MoE block, moe.cc).
 // B=micro-batch T=seq C=hidden H=heads KV=kv-heads D=head-dim F=ffn V=vocab E=experts
 #include <fmt/format.h>
 
@@ -57,9 +58,105 @@ struct Layer {
   ParamName n(const char* s) const { return param_name("model.layers.{}.{}", l, s); }
   const T& p(const char* s) const { return w.p(n(s)); }
   const T* o(const char* s) const { return w.opt(n(s)); }
+  const T& buf(const char* s) const { return w.buf(n(s)); }
 };
 
+// DeepseekV3Attention.forward (modular_deepseek_v3.py @000c33f), multi-head latent attention:
+//   query_shape = (batch_size, seq_length, -1, self.qk_head_dim)
+//   key_shape = (batch_size, seq_length, -1, self.qk_nope_head_dim + self.v_head_dim)
+//   if self.q_lora_rank is None: q_states = self.q_proj(hidden_states)
+//   else: q_states = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden_states)))
+//   q_states = q_states.view(query_shape).transpose(1, 2)
+//   q_pass, q_rot = torch.split(q_states, [self.qk_nope_head_dim, self.qk_rope_head_dim], dim=-1)
+//   compressed_kv = self.kv_a_proj_with_mqa(hidden_states)
+//   k_pass, k_rot = torch.split(compressed_kv, [self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
+//   k_pass = self.kv_b_proj(self.kv_a_layernorm(k_pass)).view(key_shape).transpose(1, 2)
+//   k_pass, value_states = torch.split(k_pass, [self.qk_nope_head_dim, self.v_head_dim], dim=-1)
+//   k_rot = k_rot.view(batch_size, 1, seq_length, self.qk_rope_head_dim)
+//   cos, sin = position_embeddings
+//   if self.config.rope_interleave: q_rot, k_rot = apply_rotary_pos_emb_interleave(q_rot, k_rot, cos, sin)
+//   else: q_rot, k_rot = apply_rotary_pos_emb(q_rot, k_rot, cos, sin)
+//   k_rot = k_rot.expand(*k_pass.shape[:-1], -1)
+//   query_states = torch.cat((q_pass, q_rot), dim=-1)
+//   key_states = torch.cat((k_pass, k_rot), dim=-1)
+//   if past_key_values is not None: key_states, value_states = past_key_values.update(...)
+//   (flash_attention_2 only: value_states padded to qk_head_dim, and the output sliced back: not modelled, no
+//   --attention flash)
+//   attn_output, attn_weights = attention_interface(self, query_states, key_states, value_states, ...)
+//   attn_output = attn_output.reshape(batch_size, seq_length, -1).contiguous(); self.o_proj(attn_output)
+// Every local (q_pass keeps q_states alive, compressed_kv, k_pass and value_states the kv_b_proj output) lives
+// until the method returns. The softmax scale (qk_head_dim ** -0.5, times yarn's mscale**2) is a value.
+AttnOut mla_attention(Ctx& c, const ModelSpec& m, const Layer& L, const T& x, const Rotary& rot, const T* mask) {
+  const auto& a = m.attn.mla;
+  const uint64_t B = x.shape()[0], Tn = x.shape()[1], H = m.attn.heads, QK = m.attn.head_dim;
+  const uint64_t R = a.qk_rope, NOPE = a.qk_nope, V = a.v_head_dim;
+  T q_states;
+  if (a.q_lora_rank == 0) {
+    q_states = linear(c, x, L.p("self_attn.q_proj.weight"), nullptr, "attn.q_proj");
+  } else {
+    T qa = linear(c, x, L.p("self_attn.q_a_proj.weight"), L.o("self_attn.q_a_proj.bias"), "attn.q_a_proj");
+    qa = rms_norm(c, m, qa, L.p("self_attn.q_a_layernorm.weight"), "attn.q_a_layernorm");
+    q_states = linear(c, qa, L.p("self_attn.q_b_proj.weight"), nullptr, "attn.q_b_proj");
+  }
+  q_states = transpose(c, view(c, q_states, Shape{B, Tn, H, QK}), 1, 2);
+  T q_pass, q_rot;
+  {
+    std::vector<T> parts = split_last(c, q_states, {NOPE, R});
+    q_pass = std::move(parts[0]);
+    q_rot = std::move(parts[1]);
+  }
+  const T compressed_kv = linear(c, x, L.p("self_attn.kv_a_proj_with_mqa.weight"),
+                                 L.o("self_attn.kv_a_proj_with_mqa.bias"), "attn.kv_a_proj_with_mqa");
+  T k_pass, k_rot;
+  {
+    std::vector<T> parts = split_last(c, compressed_kv, {a.kv_lora_rank, R});
+    k_pass = std::move(parts[0]);
+    k_rot = std::move(parts[1]);
+  }
+  k_pass = rms_norm(c, m, k_pass, L.p("self_attn.kv_a_layernorm.weight"), "attn.kv_a_layernorm");
+  k_pass = linear(c, k_pass, L.p("self_attn.kv_b_proj.weight"), nullptr, "attn.kv_b_proj");
+  k_pass = transpose(c, view(c, k_pass, Shape{B, Tn, H, NOPE + V}), 1, 2);
+  T value_states;
+  {
+    std::vector<T> parts = split_last(c, k_pass, {NOPE, V});
+    k_pass = std::move(parts[0]);
+    value_states = std::move(parts[1]);
+  }
+  k_rot = view(c, k_rot, Shape{B, 1, Tn, R});
+  if (a.interleave) {
+    // apply_rotary_pos_emb_interleave: q = q.view(b, h, s, d // 2, 2).transpose(4, 3).reshape(b, h, s, d) (a
+    // copy), k the same, then LlamaRotaryEmbedding's q_embed / k_embed; the copies are the function's locals
+    auto deinterleave = [&](const T& t) {
+      const Shape& s = t.shape();
+      return reshape(c, transpose(c, view(c, t, Shape{s[0], s[1], s[2], R / 2, 2}), 4, 3), s);
+    };
+    T qi = deinterleave(q_rot);
+    T ki = deinterleave(k_rot);
+    q_rot = apply_rotary(c, qi, rot);
+    k_rot = apply_rotary(c, ki, rot);
+  } else {
+    T q_embed = apply_rotary(c, q_rot, rot);
+    T k_embed = apply_rotary(c, k_rot, rot);
+    q_rot = std::move(q_embed);
+    k_rot = std::move(k_embed);
+  }
+  k_rot = expand(c, k_rot, Shape{B, H, Tn, R});
+  T query_states = cat_last(c, {q_pass, q_rot}, "torch.cat((q_pass, q_rot))");
+  T key_states = cat_last(c, {k_pass, k_rot}, "torch.cat((k_pass, k_rot))");
+  kv_update(c, L.l, key_states, value_states);  // past_key_values.update(key_states, value_states, ...)
+  AttnOut out;
+  if (m.attn_impl == AttnImpl::kEager) {
+    out = eager_attention(c, query_states, key_states, value_states, mask, 1, m.dropout.attn, "attn * scaling", 0.0);
+  } else {
+    out.output = sdpa_attention(c, query_states, key_states, value_states, 1, m.dropout.attn);
+  }
+  out.output = contiguous(c, reshape(c, out.output, Shape{B, Tn, H * V}), "attn output contiguous");
+  out.output = linear(c, out.output, L.p("self_attn.o_proj.weight"), L.o("self_attn.o_proj.bias"), "attn.o_proj");
+  return out;
+}
+
 AttnOut attention(Ctx& c, const ModelSpec& m, const Layer& L, const T& x, const Rotary& rot, const T* mask) {
+  if (m.attn.mla.kv_lora_rank > 0) return mla_attention(c, m, L, x, rot, mask);
   const uint64_t B = x.shape()[0], Tn = x.shape()[1], H = m.attn.heads, KV = m.attn.kv_heads, D = m.attn.head_dim;
   const Shape qs{B, Tn, H, D}, kvs{B, Tn, KV, D};
   T q, k, v;
@@ -146,7 +243,15 @@ T decoder_layer(Ctx& c, const ModelSpec& m, const Layer& L, T hidden, const Rota
   hidden = block_norm(c, m, hidden, L.p(sandwich ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight"),
                       sandwich ? nullptr : L.o("post_attention_layernorm.bias"),
                       sandwich ? "pre_feedforward_layernorm" : "post_attention_layernorm");
-  if (is_moe_layer(m, L.l)) {
+  if (is_moe_layer(m, L.l) && m.model_type == "deepseek_v3") {
+    // DeepseekV3DecoderLayer (LlamaDecoderLayer's forward): hidden_states = self.mlp(hidden_states), a
+    // DeepseekV3MoE from layer first_k_dense_replace on (moe.cc)
+    const DeepseekMoeParams p{L.p("mlp.gate.weight"), L.buf("mlp.gate.e_score_correction_bias"),
+                              L.p("mlp.experts.gate_up_proj"), L.p("mlp.experts.down_proj"),
+                              L.p("mlp.shared_experts.gate_proj.weight"), L.p("mlp.shared_experts.up_proj.weight"),
+                              L.p("mlp.shared_experts.down_proj.weight")};
+    hidden = deepseek_moe_block(c, m, p, hidden);
+  } else if (is_moe_layer(m, L.l)) {
     // MixtralDecoderLayer / Qwen2MoeDecoderLayer: hidden_states = self.mlp(hidden_states), a sparse MoE block
     // (moe.cc); qwen2_moe's shared expert is a LlamaMLP-shaped module
     const SharedExpert shared{L.o("mlp.shared_expert.gate_proj.weight"), L.o("mlp.shared_expert.up_proj.weight"),

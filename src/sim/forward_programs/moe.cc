@@ -4,7 +4,8 @@
 // models/qwen3_moe/modular_qwen3_moe.py @00eb116, and integrations/moe.py @0261a46 (use_experts_implementation:
 // config._experts_implementation "eager" runs the class's own forward, "grouped_mm" grouped_mm_experts_forward,
 // both modelled here (MoeSpec::impl); "batched_mm" is not). The experts are one module with 3-D parameters
-// gate_up_proj (E, 2F, C) and down_proj (E, C, F).
+// gate_up_proj (E, 2F, C) and down_proj (E, C, F). DeepseekV3MoE (models/deepseek_v3/modular_deepseek_v3.py
+// @000c33f): its own router and shared experts around the same experts (DeepseekV3NaiveMoe(MixtralExperts)).
 // Routing is data-dependent: the tokens each expert gets come from MoeSpec::routing (routed_tokens()).
 // B=micro-batch T=seq N=B*T tokens C=hidden F=expert ffn E=experts k=experts per token n=tokens of one expert
 #include <vector>
@@ -222,6 +223,108 @@ T shared_expert(Ctx& c, const ModelSpec& m, const SharedExpert& s, const T& x) {
 }
 
 }  // namespace
+
+// DeepseekV3MoE.forward (modular_deepseek_v3.py @000c33f):
+//   residuals = hidden_states
+//   orig_shape = hidden_states.shape
+//   router_logits = self.gate(hidden_states)
+//   topk_indices, topk_weights = self.route_tokens_to_experts(router_logits)
+//   hidden_states = hidden_states.view(-1, hidden_states.shape[-1])
+//   hidden_states = self.experts(hidden_states, topk_indices, topk_weights).view(*orig_shape)
+//   hidden_states = hidden_states + self.shared_experts(residuals)
+//   return hidden_states
+// DeepseekV3TopkRouter.forward:
+//   hidden_states = hidden_states.view(-1, self.config.hidden_size)
+//   router_logits = F.linear(hidden_states.type(torch.float32), self.weight.type(torch.float32))
+// route_tokens_to_experts (no torch.no_grad: its ops build graph; what no loss reaches is freed with its tensors):
+//   router_logits = router_logits.sigmoid()
+//   router_logits_for_choice = router_logits + self.gate.e_score_correction_bias
+//   group_scores = (router_logits_for_choice.view(-1, self.n_group, self.n_routed_experts // self.n_group)
+//                   .topk(2, dim=-1)[0].sum(dim=-1))
+//   group_idx = torch.topk(group_scores, k=self.topk_group, dim=-1, sorted=False)[1]
+//   group_mask = torch.zeros_like(group_scores)
+//   group_mask.scatter_(1, group_idx, 1)
+//   score_mask = (group_mask.unsqueeze(-1).expand(-1, self.n_group, self.n_routed_experts // self.n_group)
+//                 .reshape(-1, self.n_routed_experts))
+//   scores_for_choice = router_logits_for_choice.masked_fill(~score_mask.bool(), 0.0)
+//   topk_indices = torch.topk(scores_for_choice, k=self.top_k, dim=-1, sorted=False)[1]
+//   topk_weights = router_logits.gather(1, topk_indices)
+//   if self.norm_topk_prob:
+//       denominator = topk_weights.sum(dim=-1, keepdim=True) + 1e-20
+//       topk_weights /= denominator
+//   topk_weights = topk_weights * self.routed_scaling_factor
+//   return topk_indices, topk_weights
+// The forward's router_logits (the linear's output) lives until the block returns. The experts each get the
+// tokens of the routing assumption (routed_tokens()), which does not follow the group limit: the sizes do
+// not depend on which groups the experts are in.
+T deepseek_moe_block(Ctx& c, const ModelSpec& m, const DeepseekMoeParams& p, const T& x) {
+  if (m.moe.top_k > m.moe.experts) throw Error("internal: top_k above the number of experts");
+  const uint64_t B = x.shape()[0], Tn = x.shape()[1], C = x.shape()[2];
+  const uint64_t N = checked_mul(B, Tn, "tokens"), E = m.moe.experts, K = m.moe.top_k;
+  const uint64_t G = m.moe.groups, TG = m.moe.topk_groups;
+  T router_logits;
+  {
+    const T h = view(c, x, Shape{N, C});
+    router_logits = linear(c, to(c, h, DType::kF32, "hidden_states.type(torch.float32)"),
+                           to(c, p.router, DType::kF32, "gate.weight.type(torch.float32)"), nullptr, "gate F.linear");
+  }
+  T topk_indices, topk_weights;
+  {
+    const T scores = sigmoid(c, router_logits, "router_logits.sigmoid()");
+    // From router_logits_for_choice to the last topk the graph leads to no loss (topk_indices are integers):
+    // torch frees such a branch's nodes, and what they saved, with the last tensor that holds them. The
+    // simulator keeps every recorded node until backward, so the branch runs without grad here and the two
+    // tensors its nodes would keep are held for as long as those nodes live: group .topk(2)'s indices
+    // (TopkBackward0, reached through group_scores' SumBackward1) and the masked_fill mask
+    // (MaskedFillBackward0, held by scores_for_choice), both until the method returns.
+    const bool grad = c.e.grad_mode;
+    c.e.grad_mode = false;
+    const T for_choice = add(c, scores, p.router_bias, "router_logits + e_score_correction_bias");
+    T group_scores, top2_indices;
+    {
+      TopK top2 = topk_last(c, view(c, for_choice, Shape{N, G, E / G}), 2, "group .topk(2, dim=-1)");
+      top2_indices = std::move(top2.indices);  // the tuple's [0]: the indices stay only as TopkBackward0's
+      group_scores = sum_last(c, top2.values, "group_scores .sum(dim=-1)");
+    }
+    T group_idx;
+    {
+      TopK t = topk_last(c, group_scores, TG, "torch.topk(group_scores, k=topk_group)");
+      group_idx = std::move(t.indices);
+    }
+    // torch.zeros_like(group_scores), then scatter_(1, group_idx, 1) in place (no new storage, no graph)
+    const T group_mask = zeros_like(c, group_scores, "group_mask = zeros_like(group_scores)");
+    const T score_mask = reshape(c, expand(c, unsqueeze(c, group_mask, -1), Shape{N, G, E / G}), Shape{N, E});
+    T scores_for_choice, inverted;
+    {
+      T as_bool = c.e.empty(Shape{N, E}, DType::kBool, Category::kActivations, c.L("score_mask.bool()"));
+      inverted = c.e.empty(Shape{N, E}, DType::kBool, Category::kActivations, c.L("~score_mask.bool()"));
+      as_bool.reset();
+      scores_for_choice = masked_fill(c, for_choice, inverted, "scores_for_choice masked_fill");
+    }
+    {
+      TopK t = topk_last(c, scores_for_choice, K, "torch.topk(scores_for_choice, k=top_k)");
+      topk_indices = std::move(t.indices);
+    }
+    c.e.grad_mode = grad;
+    topk_weights = gather_last(c, scores, topk_indices, "router_logits.gather(1, topk_indices)");
+    T denominator;
+    if (m.moe.norm_topk_prob) {
+      denominator = add_scalar(c, sum_last_keepdim(c, topk_weights, "topk_weights.sum(dim=-1, keepdim=True)"),
+                               "denominator + 1e-20");
+      div_(c, topk_weights, denominator, "topk_weights /= denominator");
+    }
+    topk_weights = mul_scalar(c, topk_weights, "topk_weights * routed_scaling_factor");
+  }  // route_tokens_to_experts returns: its locals go
+  const T hidden = view(c, x, Shape{N, C});
+  const SharedExpert none{};
+  const MoeParams e{p.router, p.gate_up, p.down, none};
+  T out = m.moe.impl == MoeExperts::kGroupedMm ? experts_grouped_mm(c, m, e, hidden, topk_indices, topk_weights)
+                                               : experts(c, m, e, hidden, topk_indices, topk_weights);
+  out = view(c, out, Shape{B, Tn, C});
+  // DeepseekV3MLP (Qwen2MoeMLP): down_proj(act_fn(gate_proj(x)) * up_proj(x)) on the block's input
+  const T shared = shared_expert(c, m, SharedExpert{&p.shared_gate, &p.shared_up, &p.shared_down, nullptr}, x);
+  return add(c, out, shared, "hidden_states + shared_experts(residuals)");
+}
 
 T sparse_moe_block(Ctx& c, const ModelSpec& m, const MoeParams& p, const T& x) {
   if (m.moe.top_k > m.moe.experts) throw Error("internal: top_k above the number of experts");

@@ -91,27 +91,23 @@ T phi_layer(Ctx& c, const ModelSpec& m, const Layer& L, const T& residual, const
 
 // PhiModel.forward: returns the final hidden states; its locals (embeddings, mask, cos/sin) die with it.
 T phi_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
-  const uint64_t B = ids.shape()[0], Tn = ids.shape()[1];
   c.layer = -1;
   // inputs_embeds = self.embed_tokens(input_ids)
   T inputs_embeds = embedding(c, w.p("model.embed_tokens.weight"), ids, "embed_tokens");
-  // cache_position = torch.arange(...); position_ids = cache_position.unsqueeze(0)
-  T position_ids = model_position_ids(c, Tn);
-  // causal_mask = create_causal_mask(...): materialized for eager only (sdpa runs is_causal without one)
-  T mask;
-  if (m.attn_impl == AttnImpl::kEager) mask = eager_mask(c, B, Tn, inputs_embeds.dtype());
-  // inputs_embeds = self.embed_dropout(inputs_embeds); hidden_states = inputs_embeds
-  inputs_embeds = dropout(c, inputs_embeds, m.dropout.embd, "embed_dropout");
-  T hidden = inputs_embeds;
-  // position_embeddings = self.rotary_emb(hidden_states, position_ids)
-  const Rotary rot = rotary_embedding(c, w.buf("model.rotary_emb.inv_freq"), Tn, hidden.dtype());
-  hidden = run_layers(c, m.layers, std::move(hidden), LayerArgs{mask, rot.cos, rot.sin, position_ids},
-                      [&](uint64_t l, T h, const LayerArgs& a) {
-                        return phi_layer(c, m, Layer{w, l}, h, Rotary{a.cos, a.sin}, a.mask ? &a.mask : nullptr);
-                      });
-  // hidden_states = self.final_layernorm(hidden_states)
-  return layer_norm(c, hidden, &w.p("model.final_layernorm.weight"), &w.p("model.final_layernorm.bias"),
-                    "final_layernorm");
+  return rotary_decoder_body(
+      c, m, ids, inputs_embeds.dtype(),
+      [&] {
+        // inputs_embeds = self.embed_dropout(inputs_embeds); hidden_states = inputs_embeds
+        inputs_embeds = dropout(c, inputs_embeds, m.dropout.embd, "embed_dropout");
+        return inputs_embeds;
+      },
+      w.buf("model.rotary_emb.inv_freq"),
+      [&](uint64_t l, T h, const Rotary& rot, const T* mask) { return phi_layer(c, m, Layer{w, l}, h, rot, mask); },
+      [&](const T& h) {
+        // hidden_states = self.final_layernorm(hidden_states)
+        return layer_norm(c, h, &w.p("model.final_layernorm.weight"), &w.p("model.final_layernorm.bias"),
+                          "final_layernorm");
+      });
 }
 
 }  // namespace

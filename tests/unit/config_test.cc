@@ -202,6 +202,8 @@ TEST(ConfigErrors, BertHeadsAndLabels) {
   EXPECT_NE(error_of([] { build_inventory(from_json(R"({"model_type": "bert", "tie_word_embeddings": false})")); })
                 .find("tie_word_embeddings false with the masked-LM head"),
             std::string::npos);
+}
+
 TEST(Config, DeepseekV3TakesDeepseekV3ConfigDefaults) {
   // DeepseekV3Config() (configuration_deepseek_v3.py @001f85b) is DeepSeek-V3's main model. Its count by hand:
   // attention per layer q_a_proj 1536x7168 + q_a_layernorm 1536 + q_b_proj (128x192)x1536 + kv_a_proj_with_mqa

@@ -171,6 +171,18 @@ void resolve_head(const config::KeyReader& r, const ModelRequest& req, ModelSpec
     labels = ids->size();
   }
   m.num_labels = req.num_labels.value_or(labels);
+  if (m.head == Head::kSeqCls && m.family != Family::kBert && m.family != Family::kRoberta) {
+    // GenericForSequenceClassification.forward pools at the last token that is not config.pad_token_id
+    // ((input_ids != pad_token_id) ... .argmax(-1)); with pad_token_id None it raises for batch sizes above 1 and
+    // takes the last position otherwise. trainmem simulates the first case only: a pad token id must be given.
+    const nlohmann::json* pad = r.find({"pad_token_id"});
+    if (!pad || pad->is_null()) {
+      throw Error(fmt::format("{}: the seq-cls head of model_type \"{}\" needs pad_token_id (transformers pools at the "
+                              "last non-pad token and refuses batches above 1 without one): --set pad_token_id=N",
+                              r.origin(), m.model_type));
+    }
+    m.pad_token_id = r.integer({"pad_token_id"}, 0, 0, config::kMaxVocab - 1);
+  }
   const bool classifier = m.head == Head::kSeqCls || m.head == Head::kTokenCls;
   if (classifier && m.num_labels < 2) {
     // BertForSequenceClassification: num_labels == 1 -> problem_type "regression" (MSELoss)

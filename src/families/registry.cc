@@ -67,6 +67,9 @@ constexpr ModelType kBertTypes[] = {{"bert", bert_config, Impl::kHf}};
 constexpr ModelType kRobertaTypes[] = {{"roberta", bert_config, Impl::kHf}};
 constexpr Program kBertPrograms[] = {{Impl::kHf, models::bert_tensors, sim::bert_forward, LoopKind::kHf}};
 constexpr Head kEncoderHeads[] = {Head::kMaskedLm, Head::kSeqCls, Head::kTokenCls};
+// The Llama-shaped decoders: ...ForCausalLM, and ...ForSequenceClassification (GenericForSequenceClassification,
+// modeling_layers.py: score over the final hidden states, pooled at the last non-pad token)
+constexpr Head kDecoderHeads[] = {Head::kCausalLm, Head::kSeqCls};
 
 // peft: utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING ("gpt2": ["c_attn"], "llama" and
 // the other Llama-shaped types (gemma3_text too) and "opt": ["q_proj", "v_proj"], "gpt_neox": ["query_key_value"]).
@@ -82,7 +85,7 @@ const FamilyDescriptor kFamilies[] = {
     {Family::kGpt2, "gpt2", kGpt2Types, kGpt2Programs, InputKind::kTokenIds, "transformer.h", "transformer.wte.weight",
      kCAttn},
     {Family::kLlama, "llama", kLlamaTypes, kLlamaPrograms, InputKind::kTokenIds, "model.layers",
-     "model.embed_tokens.weight", kQV},
+     "model.embed_tokens.weight", kQV, kDecoderHeads},
     {Family::kGptNeox, "gpt_neox", kNeoxTypes, kNeoxPrograms, InputKind::kTokenIds, "gpt_neox.layers",
      "gpt_neox.embed_in.weight", kQKV},
     {Family::kOpt, "opt", kOptTypes, kOptPrograms, InputKind::kTokenIds, "model.decoder.layers",

@@ -165,6 +165,9 @@ T index_rows(Ctx& c, const T& x, const T& index, const char* what);
 // x[i0, i1, None] on a 2-D x with two 1-D int64 indices of n entries: the None unsqueezes x first
 // (applySlicing), then aten::index gives (n, 1). IndexBackward0 saves both indices.
 T index_pair_unsqueeze(Ctx& c, const T& x, const T& i0, const T& i1, const char* what);
+// x[i0, i1] on a 3-D x (B, T, N) with two 1-D int64 indices of n entries (aten::index): a new (n, N).
+// IndexBackward0 saves both indices, x only by its sizes.
+T index_pair(Ctx& c, const T& x, const T& i0, const T& i1, const char* what);
 // self.index_add_(0, index, source), in place: `self` is rebound to the result (the same storage).
 void index_add_(Ctx& c, T& self, const T& index, const T& source);
 // torch.topk(x, k, dim=-1): values in x's dtype and int64 indices, (..., k) each.

@@ -174,11 +174,32 @@ TEST(Config, RobertaTakesRobertaConfigDefaultsAndItsHeads) {
             std::string::npos);
 }
 
-TEST(ConfigErrors, DecoderSequenceClassificationAndDistilbertAreRefused) {
-  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "llama", "architectures": ["LlamaForSequenceClassification"]})"); }),
-            "test.json: key \"architectures\" = [\"LlamaForSequenceClassification\"]: expected a class of a head "
-            "simulated for model_type \"llama\" (causal-lm); its seq-cls head is not simulated yet (--head picks "
-            "another)");
+TEST(Config, DecoderSequenceClassificationReplacesTheLmHeadWithScore) {
+  // GenericForSequenceClassification: the base model, then score = nn.Linear(hidden, num_labels, bias=False); no
+  // lm_head (tied or not). pad_token_id is read: the pooling needs it.
+  const char* kLlama = R"({"model_type": "llama", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 160,
+                           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                           "tie_word_embeddings": false, "pad_token_id": 3)";
+  const ModelSpec lm = from_json(std::string(kLlama) + "}");
+  EXPECT_EQ(lm.head, Head::kCausalLm);
+  const ModelSpec s = from_json(std::string(kLlama) + R"(, "architectures": ["LlamaForSequenceClassification"],
+                                                          "num_labels": 5})");
+  EXPECT_EQ(s.head, Head::kSeqCls);
+  EXPECT_EQ(s.num_labels, 5u);
+  EXPECT_EQ(s.pad_token_id, 3u);
+  const Inventory inv = build_inventory(s);
+  EXPECT_EQ(inv.parameters.back().name, "score.weight");
+  EXPECT_EQ(parameter_count(inv).value, parameter_count(build_inventory(lm)).value - 96u * 64u + 5u * 64u);
+  EXPECT_NE(error_of([] { from_json(R"({"model_type": "qwen2", "architectures": ["Qwen2ForSequenceClassification"]})"); })
+                .find("needs pad_token_id"),
+            std::string::npos);
+}
+
+TEST(ConfigErrors, DecoderTokenClassificationAndDistilbertAreRefused) {
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "llama", "architectures": ["LlamaForTokenClassification"]})"); }),
+            "test.json: key \"architectures\" = [\"LlamaForTokenClassification\"]: expected a class of a head "
+            "simulated for model_type \"llama\" (causal-lm, seq-cls); its token-cls head is not simulated yet "
+            "(--head picks another)");
   EXPECT_NE(error_of([] { from_json(R"({"model_type": "distilbert"})"); }).find("DistilBERT is not simulated yet"),
             std::string::npos);
 }
@@ -461,7 +482,8 @@ TEST(ConfigErrors, SetOfAKeyThatNothingReads) {
 TEST(ConfigErrors, OnlyTheHeadsEachFamilyBuilds) {
   const std::string head_error =
       "test.json: key \"architectures\" = [\"LlamaForTokenClassification\"]: expected a class of a head simulated "
-      "for model_type \"llama\" (causal-lm); its token-cls head is not simulated yet (--head picks another)";
+      "for model_type \"llama\" (causal-lm, seq-cls); its token-cls head is not simulated yet (--head picks "
+      "another)";
   EXPECT_EQ(error_of([] {
               from_json(R"({"model_type": "llama", "architectures": ["LlamaForTokenClassification"]})");
             }),

@@ -260,6 +260,14 @@ GRID = [
                                         type_vocab_size=1), 2, 16, "bf16"),
     ("bert-tokcls5", _bert("BertForTokenClassification", num_labels=5, num_hidden_layers=1), 2, 16, "fp32"),
     ("bert-tokcls-bf16", _bert("BertForTokenClassification", num_labels=4), 1, 24, "bf16"),
+    # --- decoders with GenericForSequenceClassification (score, last non-pad token; pad_token_id given)
+    ("llama-seqcls", _ll("llama", architectures=["LlamaForSequenceClassification"], pad_token_id=0), 2, 16, "fp32"),
+    ("llama-seqcls3-bf16", _ll("llama", architectures=["LlamaForSequenceClassification"], pad_token_id=0,
+                               num_labels=3), 3, 24, "bf16"),
+    ("qwen2-seqcls5", _ll("qwen2", architectures=["Qwen2ForSequenceClassification"], pad_token_id=1, num_labels=5),
+     2, 16, "fp32"),
+    ("mistral-seqcls-bf16", _ll("mistral", architectures=["MistralForSequenceClassification"], pad_token_id=2,
+                                id2label={"0": "a", "1": "b", "2": "c", "3": "d"}), 2, 32, "bf16"),
     # --- RoBERTa (no token_type_ids in the batch; position ids computed from the input ids)
     ("roberta-mlm", _roberta("RobertaForMaskedLM"), 2, 16, "fp32"),
     ("roberta-mlm-bf16", _roberta("RobertaForMaskedLM", hidden_act="gelu_new"), 3, 24, "bf16"),

@@ -57,6 +57,8 @@ GRID = [
     # (no autocast row: BERT's softmax has no dtype, and CPU autocast in torch 1.13 leaves it in bf16 where CUDA
     # autocast runs it in float32, as trainmem models)
     ("infer-bert-tokcls-fp32", {**_BERT, "architectures": ["BertForTokenClassification"]}, 3, 8, "fp32"),
+    ("infer-llama-seqcls-fp32", {"model_type": "llama", **_LL, "architectures": ["LlamaForSequenceClassification"],
+                                 "pad_token_id": 0, "num_labels": 3}, 2, 16, "fp32"),
     # RoBERTa: input_ids and attention_mask only; position ids from padding_idx + 1 (66 rows: 64 tokens)
     ("infer-roberta-mlm-fp32", {**_BERT, "model_type": "roberta", "max_position_embeddings": 66,
                                 "architectures": ["RobertaForMaskedLM"]}, 2, 16, "fp32"),

@@ -1620,6 +1620,42 @@ class LlamaForCausalLM(nn.Module):
         return for_causal_lm_loss(logits, labels, vocab_size=self.vocab_size)
 
 
+class LlamaForSequenceClassification(nn.Module):
+    """GenericForSequenceClassification (modeling_layers.py, 5.x) over the Llama-shaped model: score without bias
+    over every position, pooled at the last non-pad token (config.pad_token_id given), and
+    ForSequenceClassificationLoss's single_label_classification (loss_utils.py fixed_cross_entropy). The batch:
+    input_ids and labels (B,) (make_inputs)."""
+
+    def __init__(self, cfg, device=None):
+        super().__init__()
+        c = resolve_llama_config(cfg)
+        self.config = c
+        self.vocab_size = c.vocab_size
+        self.pad_token_id = int(cfg["pad_token_id"])
+        id2label = cfg.get("id2label")
+        self.num_labels = len(id2label) if id2label else int(cfg.get("num_labels", 2))
+        self.model = LlamaModel(c, device)
+        self.score = nn.Linear(c.hidden_size, self.num_labels, bias=False, device=device)
+
+    def make_inputs(self, batch, seq, generator, labels=True):
+        ids = torch.randint(0, self.vocab_size, (batch, seq), dtype=torch.int64, generator=generator)
+        if not labels:
+            return [ids]
+        return [ids, torch.randint(0, self.num_labels, (batch,), dtype=torch.int64, generator=generator)]
+
+    def forward(self, input_ids, labels=None):
+        hidden_states = self.model(input_ids)
+        logits = self.score(hidden_states)
+        batch_size = input_ids.shape[0]
+        non_pad_mask = (input_ids != self.pad_token_id).to(logits.device, torch.int32)
+        token_indices = torch.arange(input_ids.shape[-1], device=logits.device, dtype=torch.int32)
+        last_non_pad_token = (token_indices * non_pad_mask).argmax(-1)
+        pooled_logits = logits[torch.arange(batch_size, device=logits.device), last_non_pad_token]
+        if labels is None:
+            return pooled_logits
+        return nn.functional.cross_entropy(pooled_logits.view(-1, self.num_labels), labels.view(-1), ignore_index=-100)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # GPT-NeoX (transformers 5.x modeling_gpt_neox.py, eager)
 
@@ -2688,6 +2724,8 @@ def build_model(config, device=None, frozen=(), checkpointing="none", checkpoint
         m = NanoGPT(config, device)
     elif t == "gpt2":
         m = GPT2LMHeadModel(config, device)
+    elif t in LLAMA_FAMILY and (config.get("architectures") or [""])[0].endswith("ForSequenceClassification"):
+        m = LlamaForSequenceClassification(config, device)
     elif t in LLAMA_FAMILY:
         m = LlamaForCausalLM(config, device)
     elif t == "gpt_neox":

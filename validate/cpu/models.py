@@ -2307,9 +2307,7 @@ class BertIntermediate(nn.Module):
         self.intermediate_act_fn = act_fn(c.hidden_act)
 
     def forward(self, hidden_states):
-        hidden_states = self.dense(hidden_states)
-        hidden_states = self.intermediate_act_fn(hidden_states)
-        return hidden_states
+        return self.intermediate_act_fn(self.dense(hidden_states))  # dense's output dies once the act returns
 
 
 class BertLayer(nn.Module):
@@ -2387,8 +2385,8 @@ class BertModel(nn.Module):
 class BertPredictionHeadTransform(nn.Module):
     def __init__(self, c, device=None):
         super().__init__()
+        self.transform_act_fn = act_fn(c.hidden_act)  # no parameters: its place among the modules changes nothing
         self.dense = nn.Linear(c.hidden_size, c.hidden_size, device=device)
-        self.transform_act_fn = act_fn(c.hidden_act)
         self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, device=device)
 
     def forward(self, hidden_states):
@@ -2478,33 +2476,16 @@ class BertForMaskedLM(_BertTask):
         return classification_output(prediction_scores, labels, self.vocab_size)  # -100 index = padding token
 
 
-class BertForSequenceClassification(_BertTask):
-    def __init__(self, c, device=None):
-        super().__init__()
-        self.num_labels = c.num_labels
-        self.vocab_size = c.vocab_size
-        self.bert = BertModel(c, device=device)
-        classifier_dropout = c.classifier_dropout if c.classifier_dropout is not None else c.hidden_dropout_prob
-        self.dropout = nn.Dropout(classifier_dropout)
-        self.classifier = nn.Linear(c.hidden_size, c.num_labels, device=device)
-
-    def make_labels(self, batch, seq, g):
-        return torch.randint(0, self.num_labels, (batch,), dtype=torch.int64, generator=g)  # DataCollatorWithPadding
-
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None):
-        outputs = self.bert(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
-        pooled_output = outputs[1]
-        pooled_output = self.dropout(pooled_output)
-        logits = self.classifier(pooled_output)
-        return classification_output(logits, labels, self.num_labels)
-
-
 class BertForTokenClassification(_BertTask):
+    """BertForTokenClassification: dropout and classifier over last_hidden_state (outputs[0]), BertModel without
+    the pooler. BertForSequenceClassification is the same code over pooler_output (outputs[1])."""
+    pooled = False
+
     def __init__(self, c, device=None):
         super().__init__()
         self.num_labels = c.num_labels
         self.vocab_size = c.vocab_size
-        setattr(self, self.base_model_prefix, self.model_class(c, add_pooling_layer=False, device=device))
+        setattr(self, self.base_model_prefix, self.model_class(c, add_pooling_layer=self.pooled, device=device))
         classifier_dropout = c.classifier_dropout if c.classifier_dropout is not None else c.hidden_dropout_prob
         self.dropout = nn.Dropout(classifier_dropout)
         self.classifier = nn.Linear(c.hidden_size, c.num_labels, device=device)
@@ -2519,10 +2500,17 @@ class BertForTokenClassification(_BertTask):
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None):
         outputs = self.base_model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
-        sequence_output = outputs[0]
-        sequence_output = self.dropout(sequence_output)
-        logits = self.classifier(sequence_output)
+        features = outputs[1 if self.pooled else 0]  # pooled_output / sequence_output
+        features = self.dropout(features)
+        logits = self.classifier(features)
         return classification_output(logits, labels, self.num_labels)
+
+
+class BertForSequenceClassification(BertForTokenClassification):
+    pooled = True  # BertModel(config) keeps its pooler
+
+    def make_labels(self, batch, seq, g):
+        return torch.randint(0, self.num_labels, (batch,), dtype=torch.int64, generator=g)  # DataCollatorWithPadding
 
 
 def build_bert(cfg, device=None):
@@ -2584,11 +2572,11 @@ class RobertaLMHead(nn.Module):
         self.decoder.bias = self.bias  # _tied_weights_keys: lm_head.decoder.bias -> lm_head.bias
 
     def forward(self, features):
-        x = self.dense(features)
-        x = nn.functional.gelu(x)  # activations.gelu: GELUActivation (erf), whatever hidden_act says
+        # x = self.dense(features); x = gelu(x) (activations.gelu: GELUActivation, erf, whatever hidden_act
+        # says); x = self.layer_norm(x); x = self.decoder(x): each rebinding frees the previous x, as here
+        x = nn.functional.gelu(self.dense(features))
         x = self.layer_norm(x)
-        x = self.decoder(x)
-        return x
+        return self.decoder(x)
 
 
 class RobertaClassificationHead(nn.Module):

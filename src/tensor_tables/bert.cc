@@ -1,5 +1,6 @@
-// BERT and RoBERTa as transformers 5.x builds them (modeling_bert.py, modular_roberta.py): BertModel (embeddings, encoder, and the pooler only
-// where the head uses it) under BertForMaskedLM, BertForSequenceClassification or BertForTokenClassification.
+// BERT and RoBERTa as transformers 5.x builds them (modeling_bert.py, modular_roberta.py): BertModel (embeddings,
+// encoder, and the pooler only where the head uses it) under BertForMaskedLM, BertForSequenceClassification or
+// BertForTokenClassification, and the RobertaFor* classes (RobertaLMHead, RobertaClassificationHead).
 // B=micro-batch T=seq C=hidden L=layers V=vocab P=position rows Y=token types F=ffn N=num_labels
 #include <fmt/format.h>
 

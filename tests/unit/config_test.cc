@@ -190,8 +190,9 @@ TEST(Config, DecoderSequenceClassificationReplacesTheLmHeadWithScore) {
   const Inventory inv = build_inventory(s);
   EXPECT_EQ(inv.parameters.back().name, "score.weight");
   EXPECT_EQ(parameter_count(inv).value, parameter_count(build_inventory(lm)).value - 96u * 64u + 5u * 64u);
-  EXPECT_NE(error_of([] { from_json(R"({"model_type": "qwen2", "architectures": ["Qwen2ForSequenceClassification"]})"); })
-                .find("needs pad_token_id"),
+  EXPECT_NE(error_of([] {
+              from_json(R"({"model_type": "qwen2", "architectures": ["Qwen2ForSequenceClassification"]})");
+            }).find("needs pad_token_id"),
             std::string::npos);
 }
 

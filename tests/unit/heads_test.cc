@@ -33,7 +33,8 @@ TEST(Heads, TheBatchIsWhatTheHeadsCollatorMakes) {
   // BertTokenizer's input_ids, token_type_ids and attention_mask, (B, T) int64 each; the labels of
   // DataCollatorWithPadding (B,) for sequence classification, of DataCollatorForTokenClassification and
   // DataCollatorForLanguageModeling (B, T)
-  EXPECT_EQ(inputs_after_forward(run(two_layers("bert-base-uncased", "seq-cls", "train"))), 3 * B * T * kI64 + B * kI64);
+  EXPECT_EQ(inputs_after_forward(run(two_layers("bert-base-uncased", "seq-cls", "train"))),
+            3 * B * T * kI64 + B * kI64);
   EXPECT_EQ(inputs_after_forward(run(two_layers("bert-base-uncased", "token-cls", "train"))), 4 * B * T * kI64);
   EXPECT_EQ(inputs_after_forward(run(two_layers("bert-base-uncased", "masked-lm", "train"))), 4 * B * T * kI64);
   // RobertaTokenizer.model_input_names has no token_type_ids

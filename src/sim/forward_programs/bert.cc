@@ -76,7 +76,8 @@ T bert_embeddings(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids
     // buffered_token_type_ids = self.token_type_ids.expand(position_ids.shape[0], -1) (a view);
     // torch.gather(buffered, dim=1, index=position_ids) -> a new int64 of position_ids' shape; .expand(B, T)
     T gathered = c.e.empty(position_ids.shape(), DType::kI64, Category::kActivations, c.L("token_type_ids (gather)"));
-    token_type_ids = c.e.view(gathered, Shape{B, Tn}, Strides{position_ids.shape()[0] == 1 ? 0 : static_cast<int64_t>(Tn), 1});
+    const int64_t row_stride = position_ids.shape()[0] == 1 ? 0 : static_cast<int64_t>(Tn);
+    token_type_ids = c.e.view(gathered, Shape{B, Tn}, Strides{row_stride, 1});
   }
   T inputs_embeds = embedding(c, w.p(n("word_embeddings.weight")), ids, "word_embeddings");
   T token_type_embeddings =
@@ -84,7 +85,8 @@ T bert_embeddings(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids
   T embeddings = add(c, inputs_embeds, token_type_embeddings, "inputs_embeds + token_type_embeddings");
   T position_embeddings = embedding(c, w.p(n("position_embeddings.weight")), position_ids, "position_embeddings");
   embeddings = add(c, embeddings, position_embeddings, "embeddings + position_embeddings");
-  embeddings = layer_norm(c, embeddings, &w.p(n("LayerNorm.weight")), &w.p(n("LayerNorm.bias")), "embeddings.LayerNorm");
+  embeddings =
+      layer_norm(c, embeddings, &w.p(n("LayerNorm.weight")), &w.p(n("LayerNorm.bias")), "embeddings.LayerNorm");
   return dropout(c, embeddings, m.dropout.embd, "embeddings.dropout");
 }
 
@@ -184,7 +186,8 @@ T flat_cross_entropy(Ctx& c, const T& logits, const T& labels) {
 ForwardOut bert_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids, const T* labels) {
   const uint64_t B = ids.shape()[0], Tn = ids.shape()[1];
   c.layer = -1;
-  // BertModel.forward (RobertaModel's too): cache_position = torch.arange(past, past + T) (int64), bound until it returns
+  // BertModel.forward (RobertaModel's too): cache_position = torch.arange(past, past + T) (int64), bound until it
+  // returns
   T cache_position = c.e.empty(Shape{Tn}, DType::kI64, Category::kActivations, c.L("cache_position"));
   // embedding_output stays bound in BertModel.forward while the encoder runs (BertEncoder rebinds its own name)
   T embedding_output = bert_embeddings(c, m, w, ids);

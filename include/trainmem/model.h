@@ -26,6 +26,7 @@ enum class Family {
   kGptNeox,  // gpt_neox (Pythia)
   kOpt,      // opt
   kPhi,      // phi (phi-1, phi-1.5, phi-2)
+  kFalcon,   // falcon (falcon-rw, falcon-7b, falcon-40b/180b layouts)
   kStack,    // mlp layer stack
   kBert,     // bert (an encoder: BertModel under a task head)
   kRoberta,  // roberta (BertModel's layers under RoBERTa's embeddings and heads)
@@ -68,6 +69,12 @@ struct EmbeddingSpec {
   bool head_bias = false;
 };
 
+// How FalconAttention._split_heads (modeling_falcon.py) cuts the fused query_key_value output: by kv group,
+// `view(B, T, -1, NH // KV + 2, D)` (new_decoder_architecture); per head q|k|v, `view(B, T, NH, 3, D)`
+// (multi_query=False); or NH query heads then one key and one value head, `view(B, T, NH + 2, D)` (multi_query).
+// kNone: every other family.
+enum class FalconQkv { kNone, kGroups, kPerHead, kMultiQuery };
+
 struct AttentionSpec {
   uint64_t heads = 0;       // NH
   uint64_t kv_heads = 0;    // KV (== NH without grouped-query attention)
@@ -84,6 +91,10 @@ struct AttentionSpec {
   // Gemma3 (gemma3_text) layer_types: true where layer i is "sliding_attention" (its own mask and its own rotary
   // table), false for "full_attention". Empty for every other family (one mask, one rotary table).
   std::vector<bool> sliding_layers;
+  // Falcon's config alibi (falcon-rw-1b/7b): ALiBi biases added to the attention scores (build_alibi_tensor) in
+  // place of rotary positions, which FalconModel still computes. false for every other family.
+  bool alibi = false;
+  FalconQkv falcon_qkv = FalconQkv::kNone;  // Falcon's query_key_value layout (above)
   // DeepSeek-V3 multi-head latent attention (DeepseekV3Attention, model_type deepseek_v3); kv_lora_rank 0: none.
   // heads stays NH, head_dim is qk_head_dim = qk_nope + qk_rope (queries and keys), rotary_dim is qk_rope.
   struct Mla {

@@ -11,6 +11,7 @@ void read_nanogpt(const KeyReader& r, ModelSpec& m);   // model_type nanogpt (GP
 void read_gpt_neox(const KeyReader& r, ModelSpec& m);  // model_type gpt_neox
 void read_opt(const KeyReader& r, ModelSpec& m);       // model_type opt
 void read_phi(const KeyReader& r, ModelSpec& m);       // model_type phi
+void read_falcon(const KeyReader& r, ModelSpec& m);    // model_type falcon
 // llama, mistral, qwen2, qwen3, gemma, gemma2, phi3, mixtral, gemma3_text,
 // starcoder2. Returns false for other model types.
 bool read_llama_family(const KeyReader& r, const std::string& model_type, ModelSpec& m);

@@ -22,6 +22,7 @@ void nanogpt_config(const KeyReader& r, std::string_view, ModelSpec& m) { config
 void gpt_neox_config(const KeyReader& r, std::string_view, ModelSpec& m) { config::read_gpt_neox(r, m); }
 void opt_config(const KeyReader& r, std::string_view, ModelSpec& m) { config::read_opt(r, m); }
 void phi_config(const KeyReader& r, std::string_view, ModelSpec& m) { config::read_phi(r, m); }
+void falcon_config(const KeyReader& r, std::string_view, ModelSpec& m) { config::read_falcon(r, m); }
 void stack_config(const KeyReader& r, std::string_view, ModelSpec& m) { config::read_stack(r, m); }
 void bert_config(const KeyReader& r, std::string_view t, ModelSpec& m) { config::read_bert(r, t, m); }
 void llama_config(const KeyReader& r, std::string_view t, ModelSpec& m) {
@@ -58,6 +59,9 @@ constexpr Program kOptPrograms[] = {{Impl::kHf, models::opt_tensors, sim::opt_fo
 constexpr ModelType kPhiTypes[] = {{"phi", phi_config, Impl::kHf}};
 constexpr Program kPhiPrograms[] = {{Impl::kHf, models::phi_tensors, sim::phi_forward, LoopKind::kHf}};
 
+constexpr ModelType kFalconTypes[] = {{"falcon", falcon_config, Impl::kHf}};
+constexpr Program kFalconPrograms[] = {{Impl::kHf, models::falcon_tensors, sim::falcon_forward, LoopKind::kHf}};
+
 constexpr ModelType kStackTypes[] = {{"mlp", stack_config, Impl::kStack}};
 constexpr Program kStackPrograms[] = {{Impl::kStack, models::stack_tensors, stack_program, LoopKind::kPlain}};
 
@@ -80,6 +84,7 @@ constexpr std::string_view kQKV[] = {"query_key_value"};
 constexpr std::string_view kPhiLora[] = {"q_proj", "v_proj", "fc1", "fc2"};
 // peft constants.py: "bert": ["query", "value"]
 constexpr std::string_view kBertLora[] = {"query", "value"};  // and "roberta": ["query", "value"]
+// peft constants.py: "falcon": ["query_key_value"]
 
 const FamilyDescriptor kFamilies[] = {
     {Family::kGpt2, "gpt2", kGpt2Types, kGpt2Programs, InputKind::kTokenIds, "transformer.h", "transformer.wte.weight",
@@ -96,6 +101,8 @@ const FamilyDescriptor kFamilies[] = {
      "bert.embeddings.word_embeddings.weight", kBertLora, kEncoderHeads},
     {Family::kRoberta, "roberta", kRobertaTypes, kBertPrograms, InputKind::kTokenIds, "roberta.encoder.layer",
      "roberta.embeddings.word_embeddings.weight", kBertLora, kEncoderHeads},
+    {Family::kFalcon, "falcon", kFalconTypes, kFalconPrograms, InputKind::kTokenIds, "transformer.h",
+     "transformer.word_embeddings.weight", kQKV},
     {Family::kStack, "mlp", kStackTypes, kStackPrograms, InputKind::kFeatures, "", "", {}},
 };
 

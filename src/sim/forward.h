@@ -63,6 +63,7 @@ ForwardOut gpt_neox_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, co
 ForwardOut opt_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids, const T* labels);
 ForwardOut phi_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids, const T* labels);
 ForwardOut bert_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids, const T* labels);
+ForwardOut falcon_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids, const T* labels);
 ForwardOut stack_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& x);
 T sum_loss(Ctx& c, const T& y);  // y.sum()
 

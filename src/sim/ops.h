@@ -129,6 +129,8 @@ T slice_last(Ctx& c, const T& x, uint64_t begin, uint64_t end);             // x
 T slice_dim1(Ctx& c, const T& x, uint64_t begin, uint64_t end);             // x[:, begin:end]
 std::vector<T> chunk_dim1(Ctx& c, const T& x, uint64_t n);  // x.chunk(n, dim=1), n dividing x.size(1)
 T cat_last(Ctx& c, std::vector<T> xs, const char* what);                    // torch.cat(xs, dim=-1)
+T slice_dim(Ctx& c, const T& x, int dim, uint64_t begin, uint64_t end);     // x[..., begin:end, ...] on `dim`
+T select_dim(Ctx& c, const T& x, int dim);  // x[..., i, ...] with a Python int on `dim`: a view without that dim
 
 // ---- products ------------------------------------------------------------------------------------------
 // F.linear / nn.Linear: weight (out, in), optional bias.
@@ -151,7 +153,11 @@ T log_softmax(Ctx& c, const T& x, std::optional<DType> dtype, const char* what);
 enum class SdpaBackend { kFlash, kEfficient, kMath };
 SdpaBackend sdpa_backend(const Ctx& c, const T& q, bool has_mask, double dropout_p);
 // F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p, is_causal) with q, k, v (B, H, T, D).
-T sdpa(Ctx& c, const T& q, const T& k, const T& v, const T* mask, double dropout_p, bool is_causal);
+// enable_gqa=false with fewer key/value heads than query heads (Falcon's multi-query SDPA call): no fused kernel
+// takes it (sdp_utils.h check_batch_size_and_num_heads_dense: "the same num_heads"), so the math kernel runs and
+// its matmuls broadcast k and v.
+T sdpa(Ctx& c, const T& q, const T& k, const T& v, const T* mask, double dropout_p, bool is_causal,
+       bool enable_gqa = true);
 
 // ---- indexing, top-k and in-place updates (the mixture-of-experts block) -------------------------------
 // torch.zeros_like(x): a new tensor outside the graph.
@@ -162,6 +168,10 @@ T select0(Ctx& c, const T& x);
 // x[index] with a 1-D int64 index on dim 0 (advanced indexing, aten::index): a new (n, ...) tensor.
 // IndexBackward0 saves the index, not x; its backward is new_zeros(x's size).index_put_(indices, grad, True).
 T index_rows(Ctx& c, const T& x, const T& index, const char* what);
+// x[..., [i], ...] with a Python list of one int on `dim` (Falcon's `qkv[..., [-2], :]`): python_variable_indexing.cpp
+// makes the list an int64 tensor on x's device (sequenceToVariable -> indexing_tensor_from_data with x's options),
+// then aten::index gives a new tensor with that dim of size 1. IndexBackward0 saves the index, not x.
+T index_list1(Ctx& c, const T& x, int dim, const char* what);
 // x[i0, i1, None] on a 2-D x with two 1-D int64 indices of n entries: the None unsqueezes x first
 // (applySlicing), then aten::index gives (n, 1). IndexBackward0 saves both indices.
 T index_pair_unsqueeze(Ctx& c, const T& x, const T& i0, const T& i1, const char* what);
@@ -192,6 +202,9 @@ void add_(Ctx& c, T& self, const T& other);
 // self /= other, in place (div_): `self` is rebound to the result. When other needs a gradient the autograd
 // kernel first saves original_self = self.clone() (div's other formula reads self).
 void div_(Ctx& c, T& self, const T& other, const char* what);
+// self *= number or self /= number, in place (mul_ / div_ with a Python number): `self` is rebound to the result.
+// MulBackward1 / DivBackward1 keep only the number; the backward is one new tensor (grad * or / the number).
+void scale_(Ctx& c, T& self, const char* node);
 
 // ---- loss ----------------------------------------------------------------------------------------------
 // F.cross_entropy(logits (N, V), target (N,)) with class indices: log_softmax + nll_loss, as the composite

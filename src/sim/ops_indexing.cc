@@ -200,4 +200,28 @@ void div_(Ctx& c, T& self, const T& other, const char* what) {
   self = std::move(out);
 }
 
+T index_list1(Ctx& c, const T& x, int dim, const char* what) {
+  if (dim < 0) dim += x.shape().n;
+  // the list [i] as a (1,) int64 tensor on x's device; the IndexBackward0 node keeps it
+  T index = c.e.empty(Shape{1}, DType::kI64, Category::kActivations, c.L("index list"));
+  Shape s = x.shape();
+  s.d[dim] = 1;
+  T out = c.e.empty(s, x.dtype(), Category::kActivations, c.L(what));
+  const Shape xs = x.shape();
+  // "self: index_backward(grad.new_zeros_symint(self.sym_sizes(), grad.options()), indices, grad)"
+  c.e.record("IndexBackward0", {&x}, {&out}, {index}, [xs](Engine& e, Node&, Grads& g) {
+    return Grads{g[0] ? grad_empty(e, xs, g[0].dtype(), g[0]->label) : T()};
+  });
+  return out;
+}
+
+void scale_(Ctx& c, T& self, const char* node) {
+  T out = c.e.view(self, self.shape(), self->strides);  // in place: the same storage
+  // "self: grad * other" / "self: grad / other" with a Scalar other: a new tensor; nothing saved
+  c.e.record(node, {&self}, {&out}, {}, [](Engine& e, Node&, Grads& g) {
+    return Grads{g[0] ? grad_like(e, g[0], g[0].dtype()) : T()};
+  });
+  self = std::move(out);
+}
+
 }  // namespace trainmem::sim

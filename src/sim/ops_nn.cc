@@ -139,6 +139,11 @@ T sdpa_math(Ctx& c, const T& q, const T& k, const T& v, const T* mask, double dr
   T qs = mul_scalar(c, qa, "sdpa math scaled q");
   T kt = transpose(c, ka, -2, -1);
   T ks = mul_scalar(c, kt, "sdpa math scaled k");
+  if (ks.shape()[1] != qs.shape()[1]) {  // at::matmul expands a broadcast batch dim (one key head)
+    Shape s = ks.shape();
+    s.d[1] = qs.shape()[1];
+    ks = expand(c, ks, s);
+  }
   T attn = matmul(c, qs, ks, "sdpa math scores");
   if (mask || is_causal) {
     // the mask is added in place (attn.add_(mask)); a causal mask is built as a bool (L, S) then made float
@@ -146,18 +151,25 @@ T sdpa_math(Ctx& c, const T& q, const T& k, const T& v, const T* mask, double dr
   }
   attn = softmax(c, attn, std::nullopt, "sdpa math softmax");
   attn = dropout(c, attn, dropout_p, "sdpa math dropout");
+  if (va.shape()[1] != attn.shape()[1]) {
+    Shape s = va.shape();
+    s.d[1] = attn.shape()[1];
+    va = expand(c, va, s);
+  }
   T out = matmul(c, attn, va, "sdpa math output");
   return to(c, out, origin, "sdpa math output cast");
 }
 
 }  // namespace
 
-T sdpa(Ctx& c, const T& q0, const T& k0, const T& v0, const T* mask, double dropout_p, bool is_causal) {
+T sdpa(Ctx& c, const T& q0, const T& k0, const T& v0, const T* mask, double dropout_p, bool is_causal,
+       bool enable_gqa) {
   const T v = autocast_lowp(c, v0);
   const T k = autocast_lowp(c, k0);
   const T q = autocast_lowp(c, q0);
   if (!c.training) dropout_p = 0.0;
-  SdpaBackend be = sdpa_backend(c, q, mask != nullptr, dropout_p);
+  const bool broadcast_kv = !enable_gqa && k.shape()[1] != q.shape()[1];
+  SdpaBackend be = broadcast_kv ? SdpaBackend::kMath : sdpa_backend(c, q, mask != nullptr, dropout_p);
   // A value head dim other than the query's (DeepSeek-V3's MLA: qk_head_dim 192, v_head_dim 128): sdp_utils.cpp
   // check_head_dim_size_flash wants query, key and value of one last dim; check_head_dim_size_mem_efficient
   // wants query and key equal and both last dims multiples of the alignment (8 here, as above).

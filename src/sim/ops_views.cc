@@ -213,4 +213,36 @@ T cat_last(Ctx& c, std::vector<T> xs, const char* what) {
   return out;
 }
 
+T slice_dim(Ctx& c, const T& x, int dim, uint64_t begin, uint64_t end) {
+  if (dim < 0) dim += x.shape().n;
+  Shape s = x.shape();
+  s.d[dim] = end - begin;
+  T out = c.e.view(x, s, x->strides);
+  const Shape in = x.shape();
+  // SliceBackward0: slice_backward allocates zeros of the input's size and copies the gradient in.
+  c.e.record("SliceBackward0", {&x}, {&out}, {}, [in](Engine& e, Node&, Grads& g) {
+    return Grads{g[0] ? detail::grad_empty(e, in, g[0].dtype(), g[0]->label) : T()};
+  });
+  return out;
+}
+
+T select_dim(Ctx& c, const T& x, int dim) {
+  const Shape& xs = x.shape();
+  if (dim < 0) dim += xs.n;
+  Shape s;
+  Strides st{};
+  for (int i = 0; i < xs.n; ++i) {
+    if (i == dim) continue;
+    s.d[s.n] = xs.d[i];
+    st[s.n] = x->strides[i];
+    ++s.n;
+  }
+  T out = c.e.view(x, s, st);
+  // SelectBackward0: select_backward allocates zeros of the input's size and copies the gradient in.
+  c.e.record("SelectBackward0", {&x}, {&out}, {}, [xs](Engine& e, Node&, Grads& g) {
+    return Grads{g[0] ? detail::grad_empty(e, xs, g[0].dtype(), g[0]->label) : T()};
+  });
+  return out;
+}
+
 }  // namespace trainmem::sim

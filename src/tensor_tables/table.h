@@ -28,6 +28,7 @@ void llama_tensors(const ModelSpec& m, Table& t);     // HF LlamaForCausalLM and
 void gpt_neox_tensors(const ModelSpec& m, Table& t);  // HF GPTNeoXForCausalLM
 void opt_tensors(const ModelSpec& m, Table& t);       // HF OPTForCausalLM
 void phi_tensors(const ModelSpec& m, Table& t);       // HF PhiForCausalLM
+void falcon_tensors(const ModelSpec& m, Table& t);    // HF FalconForCausalLM
 void stack_tensors(const ModelSpec& m, Table& t);     // nn.Sequential layer stack
 void bert_tensors(const ModelSpec& m, Table& t);      // HF BertFor{MaskedLM,SequenceClassification,TokenClassification}
 

@@ -54,6 +54,90 @@ TEST(Config, PhiTakesPhiConfigDefaults) {
   EXPECT_EQ(parameter_count(build_inventory(t)).value, 1'418'270'720u - 51'200u * 2'048u);
 }
 
+TEST(Config, FalconTakesFalconConfigDefaults) {
+  // FalconConfig() (configuration_falcon.py, 5.x) is falcon-7b's shape: vocab 65024, hidden 4544, 32 layers, 71
+  // heads, multi_query and parallel_attn, no bias, ffn_hidden_size None -> 4 * hidden, activation "gelu", tied.
+  const ModelSpec m = from_json(R"({"model_type": "falcon"})");
+  EXPECT_EQ(m.family, Family::kFalcon);
+  EXPECT_EQ(m.embed.vocab_size, 65'024u);
+  EXPECT_EQ(m.hidden, 4'544u);
+  EXPECT_EQ(m.layers, 32u);
+  EXPECT_EQ(m.attn.heads, 71u);
+  EXPECT_EQ(m.attn.head_dim, 64u);
+  EXPECT_EQ(m.attn.kv_heads, 1u);  // multi_query: self.num_kv_heads = 1
+  EXPECT_EQ(m.attn.falcon_qkv, FalconQkv::kMultiQuery);
+  EXPECT_EQ(m.mlp.ffn, 18'176u);
+  EXPECT_EQ(m.mlp.act, Act::kGeluErf);
+  EXPECT_FALSE(m.attn.qkv_bias);
+  EXPECT_FALSE(m.mlp.bias);
+  EXPECT_FALSE(m.attn.alibi);
+  EXPECT_EQ(m.attn.rotary_dim, 64u);
+  EXPECT_TRUE(m.parallel_residual);
+  EXPECT_EQ(m.norms_per_layer, 1u);  // one input_layernorm
+  EXPECT_TRUE(m.embed.tied);
+  EXPECT_EQ(m.max_positions, 0u);
+  EXPECT_DOUBLE_EQ(m.dropout.attn, 0.0);
+  EXPECT_DOUBLE_EQ(m.dropout.resid, 0.0);
+  // query_key_value is hidden_size + 2 * head_dim wide for multi_query
+  const Inventory inv = build_inventory(m);
+  EXPECT_EQ(inv.parameters[1].name, "transformer.h.0.self_attention.query_key_value.weight");
+  EXPECT_EQ(inv.parameters[1].shape, (std::vector<uint64_t>{4'672, 4'544}));
+
+  // new_decoder_architecture: num_kv_heads None -> num_attention_heads, num_ln_in_parallel_attn None -> 2
+  const ModelSpec n = from_json(R"({"model_type": "falcon", "new_decoder_architecture": true})");
+  EXPECT_EQ(n.attn.kv_heads, 71u);
+  EXPECT_EQ(n.attn.falcon_qkv, FalconQkv::kGroups);
+  EXPECT_EQ(n.norms_per_layer, 2u);  // ln_attn and ln_mlp
+  EXPECT_TRUE(n.parallel_residual);
+  // multi_query false, parallel_attn false (falcon-rw): per-head q|k|v and two layer norms, in sequence
+  const ModelSpec rw = from_json(R"({"model_type": "falcon", "multi_query": false, "parallel_attn": false,
+                                     "alibi": true, "bias": true})");
+  EXPECT_EQ(rw.attn.kv_heads, 71u);
+  EXPECT_EQ(rw.attn.falcon_qkv, FalconQkv::kPerHead);
+  EXPECT_FALSE(rw.parallel_residual);
+  EXPECT_EQ(rw.norms_per_layer, 2u);
+  EXPECT_TRUE(rw.attn.alibi);
+  EXPECT_TRUE(rw.attn.qkv_bias && rw.attn.out_bias && rw.mlp.bias);
+}
+
+TEST(Config, FalconAliasesFollowTheDataclass) {
+  // __post_init__: n_embed (the old spelling) replaces hidden_size when both are given
+  EXPECT_EQ(from_json(R"({"model_type": "falcon", "n_embed": 256, "hidden_size": 128, "num_attention_heads": 4})")
+                .hidden,
+            256u);
+  EXPECT_EQ(from_json(R"({"model_type": "falcon", "hidden_size": 128, "num_attention_heads": 4})").hidden, 128u);
+  // explicit values: num_kv_heads under new_decoder_architecture, ffn_hidden_size
+  const ModelSpec m = from_json(R"({"model_type": "falcon", "hidden_size": 128, "num_attention_heads": 8,
+                                    "num_kv_heads": 2, "new_decoder_architecture": true, "ffn_hidden_size": 96,
+                                    "num_ln_in_parallel_attn": 1})");
+  EXPECT_EQ(m.attn.kv_heads, 2u);
+  EXPECT_EQ(m.mlp.ffn, 96u);
+  EXPECT_EQ(m.norms_per_layer, 1u);
+  // 5.x FalconConfig has no attribute_map: n_layer and n_head are keys nothing reads
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "falcon"})", {"n_layer=2"}); }),
+            "test.json: --set \"n_layer=2\": no supported architecture reads key \"n_layer\" for model_type "
+            "\"falcon\" (did you mean \"num_hidden_layers\"?)");
+}
+
+TEST(ConfigErrors, FalconLayoutsTransformersCannotRun) {
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "falcon", "new_decoder_architecture": true,
+                                         "parallel_attn": false})"); }),
+            "test.json: key \"parallel_attn\" = false: expected true with \"new_decoder_architecture\": true "
+            "(FalconDecoderLayer.forward has no layer norm to run otherwise: it registers input_layernorm and "
+            "post_attention_layernorm but reads ln_attn/ln_mlp)");
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "falcon", "num_ln_in_parallel_attn": 2})"); }),
+            "test.json: key \"num_ln_in_parallel_attn\" = 2: expected not 2 without \"new_decoder_architecture\" "
+            "(FalconDecoderLayer.forward runs input_layernorm, which __init__ does not register then)");
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "falcon", "new_decoder_architecture": true,
+                                         "num_kv_heads": 5})"); }),
+            "test.json: key \"num_kv_heads\" = 5: expected a divisor of \"num_attention_heads\" = 71 (each "
+            "key/value group serves NH / KV query heads)");
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "falcon", "multi_query": false, "num_kv_heads": 1})"); }),
+            "test.json: key \"num_kv_heads\" = 1: expected \"num_attention_heads\" = 71 (or no value) with "
+            "\"multi_query\": false and no \"new_decoder_architecture\" (FalconAttention.forward reshapes the 71 "
+            "key heads of _split_heads to num_kv_heads)");
+}
+
 TEST(Config, Gemma3TextTakesGemma3TextConfigDefaults) {
   const ModelSpec m = from_json(R"({"model_type": "gemma3_text"})");
   EXPECT_EQ(m.family, Family::kLlama);
@@ -339,7 +423,7 @@ TEST(ConfigErrors, MissingAndUnknownModelType) {
   EXPECT_EQ(error_of([] { from_json(R"({"model_type": "t5"})"); }),
             "test.json: key \"model_type\" = \"t5\": expected one of gpt2, nanogpt, llama, mistral, qwen2, qwen3, "
             "gemma, gemma2, phi3, mixtral, qwen2_moe, qwen3_moe, gemma3_text, starcoder2, deepseek_v3, gpt_neox, opt, "
-            "phi, bert, roberta, mlp");
+            "phi, bert, roberta, falcon, mlp");
 }
 
 TEST(ConfigErrors, HeadsThatDoNotDivideTheWidth) {

@@ -64,6 +64,7 @@ constexpr Published kPublished[] = {
     // RobertaModel(add_pooling_layer=False) less token_type_embeddings and the 2 rows below padding_idx + 1.
     {"roberta-base", 124'052'736, "keras-hub roberta_presets.py@d7a5c31 roberta_base_en params", Head::kTokenCls,
      "classifier.", "roberta.embeddings.token_type_embeddings.", true},
+    {"falcon-rw-1b", 1'311'625'216, "keras-hub falcon_presets.py@aa42194 falcon_refinedweb_1b_en (tied head)"},
 };
 
 TEST(Inventory, EveryPresetMatchesItsPublishedParameterCount) {
@@ -223,6 +224,34 @@ TEST(Inventory, RotaryModelsRegisterInverseFrequencyBuffers) {
   EXPECT_EQ(neox.buffers[0].shape, (std::vector<uint64_t>{8}));
   // Gemma's scaled embedding keeps its scale as a 0-dim buffer.
   EXPECT_EQ(build_inventory(preset("gemma-2b")).buffers[0].name, "model.embed_tokens.embed_scale");
+}
+
+TEST(Inventory, FalconLayoutsFollowTheConfig) {
+  // falcon-rw-1b (sequential, per-head q|k|v, biases, ALiBi): FalconDecoderLayer assigns self_attention and mlp
+  // first, then post_attention_layernorm before input_layernorm; the rotary buffers exist for ALiBi models too.
+  const Inventory rw = build_inventory(preset("falcon-rw-1b"));
+  const std::vector<std::string> layer0 = {
+      "transformer.h.0.self_attention.query_key_value.weight", "transformer.h.0.self_attention.query_key_value.bias",
+      "transformer.h.0.self_attention.dense.weight",           "transformer.h.0.self_attention.dense.bias",
+      "transformer.h.0.mlp.dense_h_to_4h.weight",              "transformer.h.0.mlp.dense_h_to_4h.bias",
+      "transformer.h.0.mlp.dense_4h_to_h.weight",              "transformer.h.0.mlp.dense_4h_to_h.bias",
+      "transformer.h.0.post_attention_layernorm.weight",       "transformer.h.0.post_attention_layernorm.bias",
+      "transformer.h.0.input_layernorm.weight",                "transformer.h.0.input_layernorm.bias"};
+  for (size_t i = 0; i < layer0.size(); ++i) EXPECT_EQ(rw.parameters[1 + i].name, layer0[i]);
+  EXPECT_EQ(rw.parameters[1].shape, (std::vector<uint64_t>{6'144, 2'048}));  // 3 * hidden_size
+  EXPECT_EQ(rw.parameters.back().name, "transformer.ln_f.bias");            // tied: no lm_head.weight
+  ASSERT_EQ(rw.buffers.size(), 2u);
+  EXPECT_EQ(rw.buffers[0].name, "transformer.rotary_emb.inv_freq");
+  EXPECT_EQ(rw.buffers[0].shape, (std::vector<uint64_t>{32}));  // head_dim 64 / 2
+  // new_decoder_architecture (falcon-40b's layout at a small size): (NH + 2 * KV) * D wide, ln_attn and ln_mlp;
+  // untied: lm_head.weight last
+  const Inventory na = build_inventory(from_json(
+      R"({"model_type": "falcon", "hidden_size": 256, "num_hidden_layers": 1, "num_attention_heads": 8,
+          "num_kv_heads": 2, "new_decoder_architecture": true, "tie_word_embeddings": false, "vocab_size": 100})"));
+  EXPECT_EQ(na.parameters[1].shape, (std::vector<uint64_t>{(8 + 2 * 2) * 32, 256}));
+  EXPECT_EQ(na.parameters[5].name, "transformer.h.0.ln_attn.weight");
+  EXPECT_EQ(na.parameters[7].name, "transformer.h.0.ln_mlp.weight");
+  EXPECT_EQ(na.parameters.back().name, "lm_head.weight");
 }
 
 TEST(Inventory, CastingTheModelCastsFloatingBuffersOnly) {

@@ -55,6 +55,15 @@ GRID = [
     ("gen-opt-fp32", {"model_type": "opt", "vocab_size": 96, "hidden_size": 64, "ffn_dim": 128,
                       "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 64,
                       "eos_token_id": 2, "bos_token_id": 2}, 2, 12, 5, "fp32"),
+    ("gen-falcon-mq-fp32", {"model_type": "falcon", "vocab_size": 96, "hidden_size": 64, "num_hidden_layers": 2,
+                            "num_attention_heads": 4, "eos_token_id": 2, "bos_token_id": 1}, 2, 12, 5, "fp32"),
+    ("gen-falcon-rw-alibi-bf16", {"model_type": "falcon", "vocab_size": 96, "hidden_size": 64, "num_hidden_layers": 2,
+                                  "num_attention_heads": 4, "alibi": True, "bias": True, "multi_query": False,
+                                  "parallel_attn": False, "eos_token_id": 2, "bos_token_id": 1}, 2, 10, 4, "bf16"),
+    ("gen-falcon-newarch-fp32", {"model_type": "falcon", "vocab_size": 96, "hidden_size": 64,
+                                 "num_hidden_layers": 2, "num_attention_heads": 8, "num_kv_heads": 2,
+                                 "new_decoder_architecture": True, "eos_token_id": 2, "bos_token_id": 1}, 1, 8, 5,
+     "fp32"),
     ("gen-gpt2-fp32", _GPT2, 2, 12, 5, "fp32"),
     ("gen-gpt2-bf16", _GPT2, 1, 20, 4, "bf16"),
     # MoE: every router forced to trainmem's default --moe-routing balanced for each forward's token count
@@ -118,6 +127,7 @@ def greedy_generate(model, input_ids, max_new_tokens, flag):
         model_inputs = {"input_ids": ids, "position_ids": pos}
         del ids, pos
         models.GENERATION.position_ids = model_inputs["position_ids"]
+        models.GENERATION.attention_mask = attention_mask  # model_inputs["attention_mask"]: falcon builds from it
         if getattr(model, "moe_forced", None):  # the routing of this forward's tokens (made before the measurement)
             routers, forced = model.moe_forced
             for r, idx in zip(routers, forced[model_inputs["input_ids"].numel()]):
@@ -125,6 +135,7 @@ def greedy_generate(model, input_ids, max_new_tokens, flag):
         with flag:
             outputs = model(model_inputs["input_ids"])
         models.GENERATION.position_ids = None
+        models.GENERATION.attention_mask = None
         if i == 0:
             model_inputs = None  # _prefill's model_inputs die when it returns
         # _update_model_kwargs_for_generation

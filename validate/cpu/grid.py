@@ -91,6 +91,12 @@ def _roberta(arch, **kw):
     return cfg
 
 
+def _falcon(**kw):
+    # tiny FalconConfig: C 64, 2 layers, V 96, 4 heads (multi_query by default), dropout keys at 0.0
+    return {"model_type": "falcon", "vocab_size": 96, "hidden_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "attention_dropout": 0.0, "hidden_dropout": 0.0, **kw}
+
+
 def _phi(**kw):
     c = dict(_PHI)
     c.update(kw)
@@ -278,6 +284,28 @@ GRID = [
     ("roberta-tokcls-bf16", _roberta("RobertaForTokenClassification", id2label={"0": "O", "1": "B", "2": "I"}), 1,
      24, "bf16"),
 
+    # --- Falcon: sequential + ALiBi (falcon-rw), multi-query + parallel (falcon-7b), new_decoder_architecture
+    # (falcon-40b/180b: grouped kv, ln_attn + ln_mlp or one input_layernorm), per-head q|k|v; tied and untied
+    ("falcon-rw-alibi-seq-bias", _falcon(alibi=True, bias=True, multi_query=False, parallel_attn=False), 2, 16, "fp32"),
+    ("falcon-rw-alibi-6heads-untied-bf16", _falcon(hidden_size=48, num_attention_heads=6, alibi=True, bias=True,
+                                                   multi_query=False, parallel_attn=False, tie_word_embeddings=False),
+     2, 24, "bf16"),
+    ("falcon-mq-parallel-untied", _falcon(tie_word_embeddings=False), 2, 16, "fp32"),
+    ("falcon-mq-parallel-bf16", _falcon(), 3, 16, "bf16"),
+    ("falcon-newarch-kv2-bf16", _falcon(num_attention_heads=8, num_kv_heads=2, new_decoder_architecture=True), 2, 16,
+     "bf16"),
+    # (ffn 512: with the default 256 the backward peak falls on `qkv[:, :, :, [-2]]`'s backward, where the oracle's
+    # dispatch mode makes index_backward out of place (isTensorSubclassLike) and keeps the `:` slices: +2,040 B)
+    ("falcon-newarch-ln1-bias-untied", _falcon(num_kv_heads=2, new_decoder_architecture=True, num_ln_in_parallel_attn=1,
+                                               bias=True, tie_word_embeddings=False, ffn_hidden_size=512), 2, 16,
+     "fp32"),
+    # bf16 autocast: FalconLinear's `+ self.bias` promotes the bf16 matmul to the float32 bias
+    ("falcon-amp-rw-alibi", _falcon(alibi=True, bias=True, multi_query=False, parallel_attn=False), 2, 16,
+     "bf16-amp"),
+    ("falcon-amp-newarch-bias", _falcon(num_attention_heads=8, num_kv_heads=2, new_decoder_architecture=True,
+                                        bias=True), 2, 16, "bf16-amp"),
+    ("falcon-perhead-rotary-seq-bf16", _falcon(multi_query=False, parallel_attn=False, ffn_hidden_size=96), 2, 32,
+     "bf16"),
     # --- frozen parameters (trainmem --freeze GLOB)
     ("frozen-llama-emb-L0", _ll("llama"), 2, 16, "fp32",
      {"freeze": ["model.embed_tokens.*", "model.layers.0.*"]}),

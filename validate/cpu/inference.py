@@ -64,6 +64,13 @@ GRID = [
                                 "architectures": ["RobertaForMaskedLM"]}, 2, 16, "fp32"),
     ("infer-roberta-seqcls-bf16", {**_BERT, "model_type": "roberta", "max_position_embeddings": 66,
                                    "architectures": ["RobertaForSequenceClassification"]}, 3, 8, "bf16"),
+    # falcon: the layer returns its eager attention weights, held by FalconModel's `outputs` until the next block
+    # returns; ALiBi's tensor and mask live for the whole forward
+    ("infer-falcon-rw-alibi-fp32", {"model_type": "falcon", "vocab_size": 96, "hidden_size": 64,
+                                    "num_hidden_layers": 2, "num_attention_heads": 4, "alibi": True, "bias": True,
+                                    "multi_query": False, "parallel_attn": False}, 2, 16, "fp32"),
+    ("infer-falcon-mq-bf16", {"model_type": "falcon", "vocab_size": 96, "hidden_size": 64, "num_hidden_layers": 2,
+                              "num_attention_heads": 4, "tie_word_embeddings": False}, 2, 16, "bf16"),
     # mixture of experts: routers forced to trainmem's default assumption, balanced (models.set_moe_routing)
     ("infer-mixtral-bf16", {"model_type": "mixtral", **_LL, "num_local_experts": 4}, 2, 12, "bf16"),
     ("infer-qwen2_moe-fp32", {"model_type": "qwen2_moe", **_LL, "num_experts": 4, "num_experts_per_tok": 2,

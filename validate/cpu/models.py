@@ -28,6 +28,9 @@ reports the tensors that the real models would save.
   roberta   transformers 5.x RobertaForMaskedLM / ...ForSequenceClassification / ...ForTokenClassification: the
             BERT layers, RobertaEmbeddings' position ids from padding_idx + 1, no token_type_ids in the batch;
             forward(input_ids, attention_mask, labels).
+  falcon    transformers 5.x FalconForCausalLM, eager attention (FalconLinear's matmul then + bias; the
+            new_decoder_architecture, multi_query and per-head query_key_value layouts; rotary or ALiBi, whose
+            tensor and mask FalconModel builds by hand; the layer returns its attention weights).
   mlp       an nn.Sequential of Linear / ReLU / GELU / Sigmoid / LayerNorm (trainmem's "stack" impl).
 
 Sources: /work/research/hf_*.md (quotes of the transformers source) and nanoGPT model.py. Every model's
@@ -73,7 +76,7 @@ warnings.filterwarnings("ignore", message="nn.functional.sigmoid is deprecated")
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "mixtral", "qwen2_moe", "qwen3_moe",
                 "gemma3_text", "starcoder2", "deepseek_v3")
-MODEL_TYPES = ("nanogpt", "gpt2", "gpt_neox", "opt", "phi", "mlp", "bert", "roberta") + LLAMA_FAMILY
+MODEL_TYPES = ("nanogpt", "gpt2", "gpt_neox", "opt", "phi", "falcon", "mlp", "bert", "roberta") + LLAMA_FAMILY
 
 
 def _is_meta(device):
@@ -218,7 +221,7 @@ class DynamicCache:
 
 # While generate.py runs a model: the cache its attention layers update (past_key_values) and the (B, q)
 # position_ids generate() passes. Both None otherwise: the forward is the training and inference one.
-GENERATION = SimpleNamespace(cache=None, position_ids=None)
+GENERATION = SimpleNamespace(cache=None, position_ids=None, attention_mask=None)
 
 
 def update_cache(key_states, value_states, layer_idx):
@@ -2657,6 +2660,343 @@ def build_roberta(cfg, device=None):
         if arch.endswith(suffix):
             return cls(c, device)
     raise ValueError(f"unsupported RoBERTa head {arch!r}")
+# Falcon (transformers 5.x modeling_falcon.py, read at zucchini-nlp/transformers@e241202, a fork of main; eager
+# and the layouts new_decoder_architecture / multi_query / per-head, rotary or ALiBi). use_cache=False.
+
+
+def resolve_falcon_config(cfg):
+    """FalconConfig (configuration_falcon.py, 5.x @strict dataclass) defaults and __post_init__."""
+    c = SimpleNamespace()
+    c.vocab_size = int(_get(cfg, "vocab_size", 65024))
+    # __post_init__: n_embed = kwargs.pop("n_embed", None); hidden_size = hidden_size if n_embed is None else n_embed
+    c.hidden_size = int(_get(cfg, ("n_embed", "hidden_size"), 4544))
+    c.num_hidden_layers = int(_get(cfg, "num_hidden_layers", 32))
+    c.num_attention_heads = int(_get(cfg, "num_attention_heads", 71))
+    c.num_ln_in_parallel_attn = _get(cfg, "num_ln_in_parallel_attn", None)
+    c.layer_norm_epsilon = float(_get(cfg, "layer_norm_epsilon", 1e-5))
+    c.hidden_dropout = float(_get(cfg, "hidden_dropout", 0.0))
+    c.attention_dropout = float(_get(cfg, "attention_dropout", 0.0))
+    c.num_kv_heads = _get(cfg, "num_kv_heads", None)
+    c.alibi = bool(_get(cfg, "alibi", False))
+    c.new_decoder_architecture = bool(_get(cfg, "new_decoder_architecture", False))
+    c.multi_query = bool(_get(cfg, "multi_query", True))
+    c.parallel_attn = bool(_get(cfg, "parallel_attn", True))
+    c.bias = bool(_get(cfg, "bias", False))
+    c.ffn_hidden_size = _get(cfg, "ffn_hidden_size", None)
+    c.activation = _get(cfg, "activation", "gelu")
+    c.tie_word_embeddings = bool(_get(cfg, "tie_word_embeddings", True))
+    c.rope_theta = _rope_theta(cfg)
+    # __post_init__: num_kv_heads None -> num_attention_heads; ffn_hidden_size None -> hidden_size * 4
+    if c.num_kv_heads is None:
+        c.num_kv_heads = c.num_attention_heads
+    c.num_kv_heads = int(c.num_kv_heads)
+    if c.ffn_hidden_size is None:
+        c.ffn_hidden_size = c.hidden_size * 4
+    c.ffn_hidden_size = int(c.ffn_hidden_size)
+    c.head_dim = c.hidden_size // c.num_attention_heads
+    return c
+
+
+class FalconLinear(nn.Linear):
+    def forward(self, input):
+        hidden_states = input @ self.weight.T
+        if self.bias is None:
+            return hidden_states
+        return hidden_states + self.bias
+
+
+def build_alibi_tensor(attention_mask, num_heads, dtype):
+    batch_size, seq_length = attention_mask.shape
+    closest_power_of_2 = 2 ** math.floor(math.log2(num_heads))
+    base = torch.tensor(
+        2 ** (-(2 ** -(math.log2(closest_power_of_2) - 3))), device=attention_mask.device, dtype=torch.float32
+    )
+    powers = torch.arange(1, 1 + closest_power_of_2, device=attention_mask.device, dtype=torch.int32)
+    slopes = torch.pow(base, powers)
+    if closest_power_of_2 != num_heads:
+        extra_base = torch.tensor(
+            2 ** (-(2 ** -(math.log2(2 * closest_power_of_2) - 3))), device=attention_mask.device, dtype=torch.float32
+        )
+        num_remaining_heads = min(closest_power_of_2, num_heads - closest_power_of_2)
+        extra_powers = torch.arange(1, 1 + 2 * num_remaining_heads, 2, device=attention_mask.device, dtype=torch.int32)
+        slopes = torch.cat([slopes, torch.pow(extra_base, extra_powers)], dim=0)
+    arange_tensor = ((attention_mask.cumsum(dim=-1) - 1) * attention_mask)[:, None, :]
+    alibi = slopes[..., None].bfloat16() * arange_tensor
+    return alibi.reshape(batch_size * num_heads, 1, seq_length).to(dtype)
+
+
+def dropout_add(x, residual, prob, training):
+    out = F.dropout(x, p=prob, training=training)
+    out = residual + out
+    return out
+
+
+class FalconAttention(nn.Module):
+    """FalconAttention, its eager paths: rotary (scores /= sqrt(head_dim), no dropout) and ALiBi (scores upcast to
+    float32, + alibi, *= inv_norm_factor, dropout). The layer_past update sits where update_cache is called."""
+
+    def __init__(self, c, layer_idx, device=None):
+        super().__init__()
+        self.config = c
+        self.hidden_size = c.hidden_size
+        self.num_heads = c.num_attention_heads
+        self.head_dim = self.hidden_size // self.num_heads
+        self.layer_idx = layer_idx
+        self.inv_norm_factor = 1.0 / math.sqrt(self.head_dim)
+        if c.new_decoder_architecture:
+            qkv_out_dim = (c.num_kv_heads * 2 + c.num_attention_heads) * self.head_dim
+        elif c.multi_query:
+            qkv_out_dim = self.hidden_size + 2 * self.head_dim
+        else:
+            qkv_out_dim = 3 * self.hidden_size
+        self.query_key_value = FalconLinear(self.hidden_size, qkv_out_dim, bias=c.bias, device=device)
+        self.new_decoder_architecture = c.new_decoder_architecture
+        self.multi_query = c.multi_query
+        self.dense = FalconLinear(self.hidden_size, self.hidden_size, bias=c.bias, device=device)
+        self.attention_dropout = nn.Dropout(c.attention_dropout)
+        self.num_kv_heads = c.num_kv_heads if (self.new_decoder_architecture or not self.multi_query) else 1
+
+    def _split_heads(self, fused_qkv):
+        if self.new_decoder_architecture:
+            batch, seq_len, _ = fused_qkv.shape
+            qkv = fused_qkv.view(batch, seq_len, -1, self.num_heads // self.num_kv_heads + 2, self.head_dim)
+            query = qkv[:, :, :, :-2]
+            key = qkv[:, :, :, [-2]]
+            value = qkv[:, :, :, [-1]]
+            key = torch.broadcast_to(key, query.shape)
+            value = torch.broadcast_to(value, query.shape)
+            query, key, value = [x.flatten(2, 3) for x in (query, key, value)]
+            return query, key, value
+        elif not self.multi_query:
+            batch_size, seq_length, three_times_hidden_size = fused_qkv.shape
+            fused_qkv = fused_qkv.view(batch_size, seq_length, self.num_heads, 3, self.head_dim)
+            return fused_qkv[..., 0, :], fused_qkv[..., 1, :], fused_qkv[..., 2, :]
+        else:
+            batch_size, seq_length, three_times_hidden_size = fused_qkv.shape
+            fused_qkv = fused_qkv.view(batch_size, seq_length, self.num_heads + 2, self.head_dim)
+            return fused_qkv[..., :-2, :], fused_qkv[..., [-2], :], fused_qkv[..., [-1], :]
+
+    def _merge_heads(self, x):
+        batch_size_and_num_heads, seq_length, _ = x.shape
+        batch_size = batch_size_and_num_heads // self.num_heads
+        x = x.view(batch_size, self.num_heads, seq_length, self.head_dim)
+        x = x.permute(0, 2, 1, 3)
+        return x.reshape(batch_size, seq_length, self.num_heads * self.head_dim)
+
+    def forward(self, hidden_states, alibi, attention_mask, position_embeddings=None):
+        fused_qkv = self.query_key_value(hidden_states)  # [batch_size, seq_length, 3 x hidden_size]
+        num_kv_heads = self.num_heads if self.new_decoder_architecture else self.num_kv_heads
+        (query_layer, key_layer, value_layer) = self._split_heads(fused_qkv)
+        batch_size, query_length, _, _ = query_layer.shape
+        query_layer = query_layer.transpose(1, 2).reshape(batch_size, self.num_heads, query_length, self.head_dim)
+        key_layer = key_layer.transpose(1, 2).reshape(batch_size, num_kv_heads, query_length, self.head_dim)
+        value_layer = value_layer.transpose(1, 2).reshape(batch_size, num_kv_heads, query_length, self.head_dim)
+        if alibi is None:
+            cos, sin = position_embeddings
+            query_layer, key_layer = apply_rotary_pos_emb(query_layer, key_layer, cos, sin)
+        key_layer, value_layer = update_cache(key_layer, value_layer, self.layer_idx)
+        kv_length = key_layer.shape[-2]
+        if attention_mask is not None:
+            attention_mask = attention_mask[:, :, :, : key_layer.shape[-2]]
+        if alibi is None:
+            # (eager; torch 1.13 has no SDPA)
+            attention_scores = query_layer @ key_layer.transpose(-1, -2)
+            attention_scores /= math.sqrt(self.head_dim)
+            attention_scores = F.softmax(attention_scores + attention_mask, dim=-1, dtype=hidden_states.dtype)
+            # It is unclear why dropout is not applied here (while it is with alibi).
+            attn_output = attention_scores @ value_layer
+            attn_output = attn_output.view(batch_size, self.num_heads, query_length, self.head_dim)
+            attn_output = attn_output.permute(0, 2, 1, 3)
+            attn_output = attn_output.reshape(batch_size, query_length, self.num_heads * self.head_dim)
+            attn_output = self.dense(attn_output)
+            return attn_output, attention_scores
+        matmul_result = query_layer @ key_layer.transpose(-1, -2)
+        attention_scores = matmul_result.view(batch_size, self.num_heads, query_length, kv_length)
+        input_dtype = attention_scores.dtype
+        if input_dtype == torch.float16 or input_dtype == torch.bfloat16:
+            attention_scores = attention_scores.to(torch.float32)
+        attention_logits = attention_scores + alibi.view(batch_size, self.num_heads, 1, -1)
+        attention_logits *= self.inv_norm_factor
+        attention_probs = F.softmax(attention_logits + attention_mask, dim=-1, dtype=hidden_states.dtype)
+        attention_probs = self.attention_dropout(attention_probs)
+        attention_probs_reshaped = attention_probs.view(batch_size, self.num_heads, query_length, kv_length)
+        attn_output = (attention_probs_reshaped @ value_layer).flatten(0, 1)
+        attn_output = self._merge_heads(attn_output)
+        attn_output = self.dense(attn_output)
+        return attn_output, attention_probs
+
+
+class FalconMLP(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        hidden_size = c.hidden_size
+        self.dense_h_to_4h = FalconLinear(hidden_size, c.ffn_hidden_size, bias=c.bias, device=device)
+        self.act = act_fn(c.activation)
+        self.dense_4h_to_h = FalconLinear(c.ffn_hidden_size, hidden_size, bias=c.bias, device=device)
+        self.hidden_dropout = c.hidden_dropout
+
+    def forward(self, x):
+        x = self.act(self.dense_h_to_4h(x))
+        x = self.dense_4h_to_h(x)
+        return x
+
+
+class FalconDecoderLayer(nn.Module):
+    """self_attention and mlp first, then the layout's layer norms: post_attention_layernorm + input_layernorm
+    (sequential), ln_attn + ln_mlp (num_ln_in_parallel_attn 2) or one input_layernorm. Returns (output, weights)."""
+
+    def __init__(self, c, layer_idx, device=None):
+        super().__init__()
+        hidden_size = c.hidden_size
+        self.num_heads = c.num_attention_heads
+        self.self_attention = FalconAttention(c, layer_idx, device)
+        self.mlp = FalconMLP(c, device)
+        self.hidden_dropout = c.hidden_dropout
+        self.config = c
+        if c.num_ln_in_parallel_attn is None and c.new_decoder_architecture:
+            c.num_ln_in_parallel_attn = 2
+        if not c.parallel_attn:
+            self.post_attention_layernorm = nn.LayerNorm(hidden_size, eps=c.layer_norm_epsilon, device=device)
+            self.input_layernorm = nn.LayerNorm(hidden_size, eps=c.layer_norm_epsilon, device=device)
+        else:
+            if c.num_ln_in_parallel_attn == 2:
+                self.ln_attn = nn.LayerNorm(hidden_size, eps=c.layer_norm_epsilon, device=device)
+                self.ln_mlp = nn.LayerNorm(hidden_size, eps=c.layer_norm_epsilon, device=device)
+            else:
+                self.input_layernorm = nn.LayerNorm(hidden_size, eps=c.layer_norm_epsilon, device=device)
+
+    def forward(self, hidden_states, alibi, attention_mask, position_embeddings=None):
+        residual = hidden_states
+        if self.config.new_decoder_architecture and self.config.num_ln_in_parallel_attn == 2:
+            attention_layernorm_out = self.ln_attn(hidden_states)
+            mlp_layernorm_out = self.ln_mlp(hidden_states)
+        else:
+            attention_layernorm_out = self.input_layernorm(hidden_states)
+        attention_output, attn_weights = self.self_attention(
+            attention_layernorm_out, alibi=alibi, attention_mask=attention_mask,
+            position_embeddings=position_embeddings)
+        if not self.config.new_decoder_architecture:
+            if self.config.parallel_attn:
+                mlp_layernorm_out = attention_layernorm_out
+            else:
+                residual = dropout_add(attention_output, residual, self.config.attention_dropout,
+                                       training=self.training)
+                mlp_layernorm_out = self.post_attention_layernorm(residual)
+        if (self.config.new_decoder_architecture and self.config.parallel_attn
+                and self.config.num_ln_in_parallel_attn == 1):
+            mlp_layernorm_out = attention_layernorm_out
+        mlp_output = self.mlp(mlp_layernorm_out)
+        if self.config.new_decoder_architecture or self.config.parallel_attn:
+            mlp_output += attention_output
+        output = dropout_add(mlp_output, residual, self.config.hidden_dropout, training=self.training)
+        return output, attn_weights
+
+
+class FalconModel(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.config = c
+        self.embed_dim = c.hidden_size
+        self.num_heads = c.num_attention_heads
+        self.use_alibi = c.alibi
+        self.word_embeddings = nn.Embedding(c.vocab_size, self.embed_dim, device=device)
+        self.h = nn.ModuleList([FalconDecoderLayer(c, i, device) for i in range(c.num_hidden_layers)])
+        self.ln_f = nn.LayerNorm(self.embed_dim, eps=c.layer_norm_epsilon, device=device)
+        self.rotary_emb = RotaryEmbedding(c.head_dim, c.rope_theta, device=device)
+
+    def _update_causal_mask(self, attention_mask, input_tensor, cache_position, past_seen_tokens, alibi):
+        """Eager (torch 1.13 has no SDPA), no static cache; attention_mask: generate()'s 2-D one, or None."""
+        dtype, device = input_tensor.dtype, input_tensor.device
+        min_dtype = torch.finfo(dtype).min
+        batch_size, sequence_length, _ = input_tensor.shape
+        target_length = (
+            attention_mask.shape[-1] if isinstance(attention_mask, torch.Tensor) else past_seen_tokens + sequence_length
+        )
+        causal_mask = self._prepare_4d_causal_attention_mask_with_cache_position(
+            attention_mask, sequence_length=sequence_length, target_length=target_length, dtype=dtype,
+            cache_position=cache_position, batch_size=input_tensor.shape[0])
+        if alibi is not None:
+            alibi = alibi.reshape(batch_size, -1, *alibi.shape[1:])
+            causal_mask = torch.masked_fill(
+                alibi / math.sqrt(self.config.hidden_size // self.num_heads),
+                causal_mask < -1,
+                min_dtype,
+            )
+        return causal_mask
+
+    @staticmethod
+    def _prepare_4d_causal_attention_mask_with_cache_position(attention_mask, sequence_length, target_length, dtype,
+                                                              cache_position, batch_size, **kwargs):
+        min_dtype = torch.finfo(dtype).min
+        causal_mask = torch.full(
+            (sequence_length, target_length), fill_value=min_dtype, dtype=dtype, device=cache_position.device
+        )
+        if sequence_length != 1:
+            causal_mask = torch.triu(causal_mask, diagonal=1)
+        causal_mask *= torch.arange(target_length, device=cache_position.device) > cache_position.reshape(-1, 1)
+        causal_mask = causal_mask[None, None, :, :].expand(batch_size, 1, -1, -1)
+        if attention_mask is not None:
+            causal_mask = causal_mask.clone()  # copy to contiguous memory for in-place edit
+            mask_length = attention_mask.shape[-1]
+            padding_mask = causal_mask[:, :, :, :mask_length] + attention_mask[:, None, None, :].to(
+                causal_mask.device
+            )
+            padding_mask = padding_mask == 0
+            causal_mask[:, :, :, :mask_length] = causal_mask[:, :, :, :mask_length].masked_fill(
+                padding_mask, min_dtype
+            )
+        return causal_mask
+
+    def forward(self, input_ids):
+        inputs_embeds = self.word_embeddings(input_ids)
+        # generate() passes its attention_mask and position_ids (models.GENERATION); training passes neither
+        attention_mask, position_ids = GENERATION.attention_mask, GENERATION.position_ids
+        alibi = None
+        past_key_values = GENERATION.cache
+        past_key_values_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        batch_size, seq_length, _ = inputs_embeds.shape
+        if self.use_alibi:
+            mask = (
+                torch.ones(
+                    (batch_size, seq_length + past_key_values_length), device=inputs_embeds.device, dtype=torch.long
+                )
+                if attention_mask is None
+                else attention_mask
+            )
+            alibi = build_alibi_tensor(mask, self.num_heads, dtype=inputs_embeds.dtype)
+        cache_position = torch.arange(
+            past_key_values_length, past_key_values_length + seq_length, device=inputs_embeds.device
+        )
+        if position_ids is None:
+            position_ids = cache_position.unsqueeze(0)
+        causal_mask = self._update_causal_mask(attention_mask, inputs_embeds, cache_position, past_key_values_length,
+                                               alibi)
+        hidden_states = inputs_embeds
+        position_embeddings = self.rotary_emb(hidden_states, position_ids=position_ids)
+        for i, block in enumerate(self.h):
+            outputs = block(hidden_states, alibi=alibi, attention_mask=causal_mask,
+                            position_embeddings=position_embeddings)
+            hidden_states = outputs[0]
+        hidden_states = self.ln_f(hidden_states)
+        return hidden_states
+
+
+class FalconForCausalLM(nn.Module):
+    """lm_head = nn.Linear(hidden_size, vocab_size, bias=False); _tied_weights_keys = {"lm_head.weight":
+    "transformer.word_embeddings.weight"}, applied when tie_word_embeddings (the default)."""
+
+    def __init__(self, cfg, device=None):
+        super().__init__()
+        self.config = resolve_falcon_config(cfg)
+        self.vocab_size = self.config.vocab_size
+        self.transformer = FalconModel(self.config, device)
+        self.lm_head = nn.Linear(self.config.hidden_size, self.vocab_size, bias=False, device=device)
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.transformer.word_embeddings.weight
+
+    def forward(self, input_ids, labels=None):
+        hidden_states = self.transformer(input_ids)
+        return causal_lm_head(self, self.lm_head, hidden_states, labels)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -2722,6 +3062,8 @@ def build_model(config, device=None, frozen=(), checkpointing="none", checkpoint
         m = OPTForCausalLM(config, device)
     elif t == "phi":
         m = PhiForCausalLM(config, device)
+    elif t == "falcon":
+        m = FalconForCausalLM(config, device)
     elif t == "mlp":
         m = MLPStack(config, device)
     elif t == "bert":

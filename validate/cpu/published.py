@@ -39,6 +39,7 @@ PUBLISHED = {
     # and position embeddings (max_sequence_length=512 rows), LayerNorm, the encoder layers; no token type
     # embeddings, no pooler, no head (MODULE_SETS)
     "roberta-base": 124_052_736,
+    "falcon-rw-1b": 1_311_625_216,  # keras-hub falcon_presets.py@aa42194 falcon_refinedweb_1b_en
     # nanoGPT GPT-2 small as configured in data/models/nanogpt-gpt2.json (no published figure: nanoGPT's own
     # get_num_params() subtracts wpe; this is sum(numel)).
 }

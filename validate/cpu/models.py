@@ -2408,9 +2408,7 @@ class BertLMPredictionHead(nn.Module):
         self.decoder.bias = self.bias  # _tied_weights_keys: cls.predictions.decoder.bias -> cls.predictions.bias
 
     def forward(self, hidden_states):
-        hidden_states = self.transform(hidden_states)
-        hidden_states = self.decoder(hidden_states)
-        return hidden_states
+        return self.decoder(self.transform(hidden_states))  # the transform's output dies once decoder returns
 
 
 class BertOnlyMLMHead(nn.Module):

@@ -30,6 +30,7 @@ enum class Family {
   kStack,    // mlp layer stack
   kBert,     // bert (an encoder: BertModel under a task head)
   kRoberta,  // roberta (BertModel's layers under RoBERTa's embeddings and heads)
+  kT5,       // t5 (T5ForConditionalGeneration: an encoder stack and a decoder stack)
 };
 
 // The task head on top of the model (the class transformers builds: config.json's architectures[0], or --head).
@@ -156,6 +157,14 @@ struct DropoutSpec {
   double act = 0.0;     // after the MLP activation (OPT activation_dropout)
 };
 
+// An encoder-decoder model (T5): the decoder's stack and the relative position buckets (T5Config). Zero
+// for every decoder-only family.
+struct EncDecSpec {
+  uint64_t decoder_layers = 0;    // num_decoder_layers (T5's default: num_layers)
+  uint64_t rel_buckets = 0;       // relative_attention_num_buckets: rows of relative_attention_bias
+  uint64_t rel_max_distance = 0;  // relative_attention_max_distance (the buckets' range; no tensor shape)
+};
+
 // One layer of the "mlp" layer stack (seed 003's nn.Sequential experiments).
 enum class StackOp { kLinear, kRelu, kGelu, kSigmoid, kLayerNorm };
 struct StackLayer {
@@ -186,6 +195,7 @@ struct ModelSpec {
   bool parallel_residual = false;  // NeoX use_parallel_residual
   double final_softcap = 0.0;    // gemma3_text final_logit_softcapping (None: 0 = off); gemma2's is in llama.cc
   DropoutSpec dropout;           // probabilities used in model.train()
+  EncDecSpec encdec;             // t5 only: m.layers is the encoder's num_layers
 
   // The task head and its size. Every decoder family defaults to kCausalLm; an encoder to its config's
   // architectures[0] (BertForMaskedLM -> kMaskedLm). num_labels: PreTrainedConfig's (len(id2label), else

@@ -155,6 +155,9 @@ struct TrainSetup {
   // Data-parallel ranks (GPUs). So far only `trainmem formulas` reads it (ZeRO's and DeepSpeed's per-rank closed
   // forms); the per-rank simulation (DDP, FSDP, ZeRO) is not implemented yet, and estimate refuses more than one.
   uint64_t dp = 1;
+  // N: an encoder-decoder's (T5's) decoder tokens per sequence, the labels' (B, N) (seq is the encoder's);
+  // 0: the same as seq. Only encoder-decoder models take it.
+  uint64_t target_seq = 0;
 };
 
 // The dtype parameters are stored in (and gradients and optimizer state follow).

@@ -117,7 +117,8 @@ std::optional<Head> head_of_architectures(const config::KeyReader& r) {
     if (!c.is_string()) r.fail("architectures", *a, kList);
     const std::string& name = c.get_ref<const std::string&>();
     Head h;
-    if (name.ends_with("ForCausalLM") || name.ends_with("LMHeadModel")) {
+    if (name.ends_with("ForCausalLM") || name.ends_with("LMHeadModel") || name == "T5ForConditionalGeneration") {
+      // T5ForConditionalGeneration: T5's language-model head (an encoder-decoder's lm_head over the vocabulary)
       h = Head::kCausalLm;
     } else if (name.ends_with("ForMaskedLM")) {
       h = Head::kMaskedLm;

@@ -310,6 +310,12 @@ void validate_setup(const ModelSpec& m, const TrainSetup& s) {
                                                       "layout, and the optimizer is {}", s.optimizer_version->major,
                                                       s.optimizer_version->minor, optimizer_name(s.optimizer)));
   }
+  // --target-seq: the decoder's length of an encoder-decoder model; a decoder-only model has one sequence
+  if (s.target_seq != 0 && m.family != Family::kT5) {
+    throw FieldError("target_seq", fmt::format("{}: only encoder-decoder models (t5) have a decoder sequence apart "
+                                               "from --seq; {} ({}) has one sequence: use --seq", s.target_seq, m.name,
+                                               m.model_type));
+  }
   if (input_kind(m) == InputKind::kFeatures) return;  // no sequence axis: T multiplies the rows
   if (m.max_positions != 0 && s.seq > m.max_positions) {
     throw FieldError("seq", fmt::format("{}: {} has a learned position table of {} positions; a longer sequence "

@@ -25,6 +25,7 @@ void phi_config(const KeyReader& r, std::string_view, ModelSpec& m) { config::re
 void falcon_config(const KeyReader& r, std::string_view, ModelSpec& m) { config::read_falcon(r, m); }
 void stack_config(const KeyReader& r, std::string_view, ModelSpec& m) { config::read_stack(r, m); }
 void bert_config(const KeyReader& r, std::string_view t, ModelSpec& m) { config::read_bert(r, t, m); }
+void t5_config(const KeyReader& r, std::string_view, ModelSpec& m) { config::read_t5(r, m); }
 void llama_config(const KeyReader& r, std::string_view t, ModelSpec& m) {
   if (!config::read_llama_family(r, std::string(t), m)) throw Error(fmt::format("internal: no llama defaults for {}", t));
 }
@@ -61,6 +62,8 @@ constexpr Program kPhiPrograms[] = {{Impl::kHf, models::phi_tensors, sim::phi_fo
 
 constexpr ModelType kFalconTypes[] = {{"falcon", falcon_config, Impl::kHf}};
 constexpr Program kFalconPrograms[] = {{Impl::kHf, models::falcon_tensors, sim::falcon_forward, LoopKind::kHf}};
+constexpr ModelType kT5Types[] = {{"t5", t5_config, Impl::kHf}};
+constexpr Program kT5Programs[] = {{Impl::kHf, models::t5_tensors, sim::t5_forward, LoopKind::kHf}};
 
 constexpr ModelType kStackTypes[] = {{"mlp", stack_config, Impl::kStack}};
 constexpr Program kStackPrograms[] = {{Impl::kStack, models::stack_tensors, stack_program, LoopKind::kPlain}};
@@ -85,6 +88,8 @@ constexpr std::string_view kPhiLora[] = {"q_proj", "v_proj", "fc1", "fc2"};
 // peft constants.py: "bert": ["query", "value"]
 constexpr std::string_view kBertLora[] = {"query", "value"};  // and "roberta": ["query", "value"]
 // peft constants.py: "falcon": ["query_key_value"]
+// peft constants.py: "t5": ["q", "v"]
+constexpr std::string_view kT5Lora[] = {"q", "v"};
 
 const FamilyDescriptor kFamilies[] = {
     {Family::kGpt2, "gpt2", kGpt2Types, kGpt2Programs, InputKind::kTokenIds, "transformer.h", "transformer.wte.weight",
@@ -103,6 +108,8 @@ const FamilyDescriptor kFamilies[] = {
      "roberta.embeddings.word_embeddings.weight", kBertLora, kEncoderHeads},
     {Family::kFalcon, "falcon", kFalconTypes, kFalconPrograms, InputKind::kTokenIds, "transformer.h",
      "transformer.word_embeddings.weight", kQKV},
+    // T5ForConditionalGeneration: timeline layers 0..L-1 are encoder.block.*, L.. decoder.block.* (layer_name)
+    {Family::kT5, "t5", kT5Types, kT5Programs, InputKind::kTokenIds, "encoder.block", "shared.weight", kT5Lora},
     {Family::kStack, "mlp", kStackTypes, kStackPrograms, InputKind::kFeatures, "", "", {}},
 };
 
@@ -149,6 +156,9 @@ std::string supported_model_types() {
 InputKind input_kind(const ModelSpec& m) { return family_descriptor(m.family).input; }
 
 std::string layer_name(const ModelSpec& m, int64_t layer) {
+  if (m.family == Family::kT5 && layer >= 0 && static_cast<uint64_t>(layer) >= m.layers) {
+    return fmt::format("decoder.block.{}", static_cast<uint64_t>(layer) - m.layers);  // t5_forward's numbering
+  }
   const std::string_view prefix = family_descriptor(m.family).layer_prefix;
   return prefix.empty() ? std::to_string(layer) : fmt::format("{}.{}", prefix, layer);
 }

@@ -249,7 +249,8 @@ void suggest(const Candidate& base, const FitProbe& original, std::optional<uint
     c.setup.precision = Precision::kBf16Amp;
     add({{"precision", "bf16-amp"}}, "bfloat16 autocast: 16-bit activations, float32 weights and optimizer state", c);
   }
-  if (base.model.attn_impl == AttnImpl::kEager) {
+  // T5Attention has one (eager) code path: no SDPA to switch to
+  if (base.model.attn_impl == AttnImpl::kEager && base.model.family != Family::kT5) {
     Candidate c = base;
     c.model.attn_impl = AttnImpl::kSdpa;
     c.inv = same_rows_as(base.inv, build_inventory(c.model));
@@ -276,7 +277,9 @@ void suggest(const Candidate& base, const FitProbe& original, std::optional<uint
     all_changes.push_back({"alloc_conf", "expandable_segments:True"});
   }
   // (inference records no graph: checkpointing has nothing to save there)
-  if (base.setup.checkpointing == Checkpointing::kNone && base.setup.task == Task::kTrain) {
+  // (T5: checkpointing its blocks is not simulated yet, t5_forward refuses it)
+  if (base.setup.checkpointing == Checkpointing::kNone && base.setup.task == Task::kTrain &&
+      base.model.family != Family::kT5) {
     Candidate c = base;
     c.setup.checkpointing = Checkpointing::kFull;
     add({{"checkpointing", "full"}},

@@ -139,6 +139,8 @@ constexpr Field kFields[] = {
              "torch.inference_mode() (no saved tensors, gradients or optimizer)", FieldGroup::kTraining},
     {"batch", "micro-batch size", FieldGroup::kTraining},
     {"seq", "sequence length in tokens", FieldGroup::kTraining},
+    {"target_seq", "encoder-decoder models (t5): decoder tokens per sequence, the labels' length (default 0: the "
+                   "same as --seq, which is the encoder's)", FieldGroup::kTraining},
     {"precision", "fp32 | fp16-amp | bf16-amp | fp16 | bf16", FieldGroup::kTraining},
     {"optimizer", "adamw | adam | sgd | sgd-momentum | none | adamw8bit | paged-adamw8bit | paged-adamw | lion | "
                   "lion8bit | adafactor | adafactor-torch", FieldGroup::kTraining},
@@ -334,6 +336,8 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     s.train.batch = count(f, v, kMaxBatch);
   } else if (f == "seq") {
     s.train.seq = count(f, v, kMaxSeq);
+  } else if (f == "target_seq") {
+    s.train.target_seq = v == "0" ? 0 : count(f, v, kMaxSeq);  // 0: the same as --seq
   } else if (f == "grad_accum") {
     s.train.grad_accum = count(f, v, kMaxGradAccum);
   } else if (f == "precision") {
@@ -420,6 +424,7 @@ std::string field_text(const Scenario& s, std::string_view f) {
   if (f == "num_labels") return s.model.num_labels ? std::to_string(*s.model.num_labels) : "";
   if (f == "batch") return std::to_string(s.train.batch);
   if (f == "seq") return std::to_string(s.train.seq);
+  if (f == "target_seq") return std::to_string(s.train.target_seq);
   if (f == "grad_accum") return std::to_string(s.train.grad_accum);
   if (f == "precision") return std::string(name_of(s.train.precision));
   if (f == "optimizer") return std::string(name_of(s.train.optimizer));
@@ -561,6 +566,11 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   ResolvedScenario r;
   r.request = s;
   r.model = load_model(s.model, files, &r.warnings);  // a shape key missing from the config is said, not silent
+  if (r.model.family == Family::kT5 && s.was_given("attention") && s.model.attention == AttnImpl::kSdpa) {
+    throw FieldError("attention", fmt::format("sdpa: {} is simulated on T5Attention's own eager path (matmul, "
+                                              "position bias, softmax); T5's SDPA path (transformers PR #47014, "
+                                              "the attention interface) is not simulated yet", r.model.name));
+  }
   if (r.model.moe.experts > 0 && !s.was_given("moe_experts")) {
     // transformers 5.x PreTrainedModel.get_correct_experts_implementation: `"grouped_mm" if requested_experts is
     // None` (falling back to eager only when _grouped_mm_can_dispatch fails); trainmem's default is the eager loop

@@ -64,6 +64,9 @@ ForwardOut opt_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T
 ForwardOut phi_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids, const T* labels);
 ForwardOut bert_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids, const T* labels);
 ForwardOut falcon_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids, const T* labels);
+// T5ForConditionalGeneration: `ids` are the encoder's input ids, `labels` (B, target_seq) the decoder's targets;
+// the batch's attention_mask comes in Ctx::attention_mask.
+ForwardOut t5_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids, const T* labels);
 ForwardOut stack_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& x);
 T sum_loss(Ctx& c, const T& y);  // y.sum()
 

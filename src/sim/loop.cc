@@ -68,6 +68,7 @@ struct Loop {
   std::vector<T> adafactor_rms;  // transformers' Adafactor state["RMS"] per parameter, replaced every step
   T X, Y;                   // the current batch
   T batch_token_type_ids, batch_attention_mask;  // the encoders' other inputs (Loop::bind_model_inputs)
+  T A;                      // an encoder-decoder's batch: the collator's attention_mask (B, T) (see get_batch)
   T kept_logits;            // nanoGPT: `logits` lives until the next forward returns
   T kept_loss;              // the training script's `loss` variable, rebound each micro-batch
   const Program& program;   // the family's forward for this implementation (src/families/registry.cc)
@@ -119,6 +120,18 @@ struct Loop {
       T mask = batch_tensor("attention_mask");
       T y = labels_tensor();
       bind_model_inputs(std::move(x), std::move(tt), std::move(mask), std::move(y));
+      return;
+    }
+    if (m.family == Family::kT5) {
+      // T5 (Seq2SeqTrainer / Trainer with DataCollatorForSeq2Seq): the batch is input_ids, attention_mask (int64
+      // ones: tokenizer.pad of unpadded rows) and labels (B, target_seq), moved to the device in that order.
+      T a = e.leaf(Shape{s.batch, s.seq}, DType::kI64, Category::kInputs, Label{"attention_mask"});
+      T y = e.leaf(Shape{s.batch, s.target_seq ? s.target_seq : s.seq}, DType::kI64, Category::kInputs,
+                   Label{"labels"});
+      X = std::move(x);
+      A = std::move(a);
+      Y = std::move(y);
+      c.attention_mask = &A;
       return;
     }
     T y = features ? T() : labels_tensor();

@@ -63,8 +63,8 @@ struct Ctx {
   // generate() passes position_ids of (B, q) (GenerationMixin._prepare_position_ids_for_generation): the model
   // then makes none of its own, and the rotary embedding computes B rows. Null: the model's (1, T) ones.
   const T* position_ids = nullptr;
-  // The batch's other inputs, as a tokenizer and the Trainer's collator make them (the encoders: Loop makes
-  // them for Family::kBert): token_type_ids and attention_mask, (B, T) int64 each. Null: not passed.
+  // The batch's other inputs, as a tokenizer and the Trainer's collator make them: token_type_ids (BERT's
+  // encoders) and attention_mask (the encoders and T5), (B, T) int64 each, made with the batch. Null: not passed.
   const T* token_type_ids = nullptr;
   const T* attention_mask = nullptr;
   // The loss over the final hidden states (TrainSetup::loss): 0 chunks is transformers' ForCausalLMLoss over

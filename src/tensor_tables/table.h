@@ -31,6 +31,7 @@ void phi_tensors(const ModelSpec& m, Table& t);       // HF PhiForCausalLM
 void falcon_tensors(const ModelSpec& m, Table& t);    // HF FalconForCausalLM
 void stack_tensors(const ModelSpec& m, Table& t);     // nn.Sequential layer stack
 void bert_tensors(const ModelSpec& m, Table& t);      // HF BertFor{MaskedLM,SequenceClassification,TokenClassification}
+void t5_tensors(const ModelSpec& m, Table& t);        // HF T5ForConditionalGeneration
 
 // GPT-2's buffers (none in transformers 5.x).
 void gpt2_buffers(const ModelSpec& m, Table& t);

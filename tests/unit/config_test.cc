@@ -138,6 +138,77 @@ TEST(ConfigErrors, FalconLayoutsTransformersCannotRun) {
             "key heads of _split_heads to num_kv_heads)");
 }
 
+TEST(Config, T5TakesT5ConfigDefaults) {
+  // T5Config() defaults are t5-small's shapes: 60,506,624 parameters (keras-nlp t5_presets.py t5_small "params").
+  const ModelSpec m = from_json(R"({"model_type": "t5"})");
+  EXPECT_EQ(m.family, Family::kT5);
+  EXPECT_EQ(parameter_count(build_inventory(m)).value, 60'506'624u);
+  EXPECT_EQ(m.embed.vocab_size, 32128u);
+  EXPECT_EQ(m.hidden, 512u);                 // d_model
+  EXPECT_EQ(m.attn.heads, 8u);               // num_heads
+  EXPECT_EQ(m.attn.head_dim, 64u);           // d_kv
+  EXPECT_EQ(m.mlp.ffn, 2048u);               // d_ff
+  EXPECT_EQ(m.layers, 6u);                   // num_layers
+  EXPECT_EQ(m.encdec.decoder_layers, 6u);    // num_decoder_layers=None -> num_layers
+  EXPECT_EQ(m.encdec.rel_buckets, 32u);      // relative_attention_num_buckets
+  EXPECT_EQ(m.encdec.rel_max_distance, 128u);
+  EXPECT_EQ(m.mlp.act, Act::kRelu);          // feed_forward_proj="relu"
+  EXPECT_FALSE(m.mlp.gated);
+  EXPECT_TRUE(m.embed.tied);                 // PretrainedConfig's tie_word_embeddings=True
+  EXPECT_EQ(m.attn_impl, AttnImpl::kEager);  // T5Attention has no SDPA path
+  EXPECT_DOUBLE_EQ(m.dropout.resid, 0.1);    // dropout_rate
+  EXPECT_DOUBLE_EQ(m.dropout.attn, 0.1);
+}
+
+TEST(Config, T5AliasesAndDecoderLayers) {
+  // attribute_map: hidden_size->d_model, num_attention_heads->num_heads, num_hidden_layers->num_layers
+  const ModelSpec a = from_json(
+      R"({"model_type": "t5", "hidden_size": 256, "num_attention_heads": 4, "num_hidden_layers": 3})");
+  EXPECT_EQ(a.hidden, 256u);
+  EXPECT_EQ(a.attn.heads, 4u);
+  EXPECT_EQ(a.layers, 3u);
+  EXPECT_EQ(a.encdec.decoder_layers, 3u);
+  const ModelSpec d = from_json(R"({"model_type": "t5", "num_layers": 8, "num_decoder_layers": 2})");
+  EXPECT_EQ(d.layers, 8u);
+  EXPECT_EQ(d.encdec.decoder_layers, 2u);
+  // inner_dim = num_heads * d_kv need not be d_model (flan-t5-small: 6 heads of 64 over d_model 512)
+  const ModelSpec w = from_json(R"({"model_type": "t5", "d_model": 512, "num_heads": 6, "d_kv": 64})");
+  EXPECT_EQ(w.attn.heads * w.attn.head_dim, 384u);
+}
+
+TEST(Config, T5FeedForwardProj) {
+  // "gated-gelu" -> dense_act_fn "gelu_new" ("for backwards compatibility"), is_gated_act
+  const ModelSpec g = from_json(R"({"model_type": "t5", "feed_forward_proj": "gated-gelu"})");
+  EXPECT_TRUE(g.mlp.gated);
+  EXPECT_EQ(g.mlp.act, Act::kGeluNew);
+  const ModelSpec s = from_json(R"({"model_type": "t5", "feed_forward_proj": "gated-silu"})");
+  EXPECT_TRUE(s.mlp.gated);
+  EXPECT_EQ(s.mlp.act, Act::kSilu);
+  const ModelSpec e = from_json(R"({"model_type": "t5", "feed_forward_proj": "gelu"})");
+  EXPECT_FALSE(e.mlp.gated);
+  EXPECT_EQ(e.mlp.act, Act::kGeluErf);
+  // a saved dense_act_fn / is_gated_act is set after T5Config derives them (PretrainedConfig's kwargs)
+  const ModelSpec o = from_json(R"({"model_type": "t5", "feed_forward_proj": "gated-gelu", "dense_act_fn": "gelu"})");
+  EXPECT_EQ(o.mlp.act, Act::kGeluErf);
+  // gated-gelu, untied: 2 x 32128 x 512 embeddings more than a relu T5 of the same widths, plus a wi_1 per block
+  const ModelSpec u = from_json(R"({"model_type": "t5", "feed_forward_proj": "gated-gelu",
+                                    "tie_word_embeddings": false})");
+  EXPECT_EQ(parameter_count(build_inventory(u)).value, 60'506'624u + 32'128u * 512u + 12u * 512u * 2'048u);
+}
+
+TEST(ConfigErrors, T5FeedForwardProjFormat) {
+  const std::string expected =
+      "`gated-{ACT_FN}` or `{ACT_FN}`, e.g. 'gated-gelu' or 'relu' (T5Config: not a valid activation function of "
+      "the dense layer)";
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "t5", "feed_forward_proj": "relu-gated"})"); }),
+            "test.json: key \"feed_forward_proj\" = \"relu-gated\": expected " + expected);
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "t5", "feed_forward_proj": "gated-gelu-new"})"); }),
+            "test.json: key \"feed_forward_proj\" = \"gated-gelu-new\": expected " + expected);
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "t5", "feed_forward_proj": "gated-mish"})"); }),
+            "test.json: key \"feed_forward_proj\" = \"gated-mish\": expected an activation of transformers' "
+            "ACT2FN: one of gelu_new, gelu_fast, gelu_pytorch_tanh, gelu, quick_gelu, silu, relu, sigmoid");
+}
+
 TEST(Config, Gemma3TextTakesGemma3TextConfigDefaults) {
   const ModelSpec m = from_json(R"({"model_type": "gemma3_text"})");
   EXPECT_EQ(m.family, Family::kLlama);
@@ -420,10 +491,10 @@ TEST(ConfigErrors, MalformedEmptyAndNonObjectJson) {
 TEST(ConfigErrors, MissingAndUnknownModelType) {
   EXPECT_EQ(error_of([] { from_json(R"({"n_layer": 2})"); }),
             "test.json: missing required key \"model_type\" (expected a string)");
-  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "t5"})"); }),
-            "test.json: key \"model_type\" = \"t5\": expected one of gpt2, nanogpt, llama, mistral, qwen2, qwen3, "
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "bart"})"); }),
+            "test.json: key \"model_type\" = \"bart\": expected one of gpt2, nanogpt, llama, mistral, qwen2, qwen3, "
             "gemma, gemma2, phi3, mixtral, qwen2_moe, qwen3_moe, gemma3_text, starcoder2, deepseek_v3, gpt_neox, opt, "
-            "phi, bert, roberta, falcon, mlp");
+            "phi, bert, roberta, falcon, t5, mlp");
 }
 
 TEST(ConfigErrors, HeadsThatDoNotDivideTheWidth) {

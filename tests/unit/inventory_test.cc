@@ -65,6 +65,8 @@ constexpr Published kPublished[] = {
     {"roberta-base", 124'052'736, "keras-hub roberta_presets.py@d7a5c31 roberta_base_en params", Head::kTokenCls,
      "classifier.", "roberta.embeddings.token_type_embeddings.", true},
     {"falcon-rw-1b", 1'311'625'216, "keras-hub falcon_presets.py@aa42194 falcon_refinedweb_1b_en (tied head)"},
+    {"t5-small", 60'506'624, "keras-nlp t5_presets.py t5_small params (mattdangerw/keras-hub@0df99da)"},
+    {"flan-t5-base", 247'577'856, "sdpetrides/t5x-train-and-test README.md@7742ecb t5x T5.1.1 base 247577856"},
 };
 
 TEST(Inventory, EveryPresetMatchesItsPublishedParameterCount) {

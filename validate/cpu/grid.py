@@ -108,6 +108,15 @@ def _phi(**kw):
 # "lora": "r=..,alpha=..,dropout=..,targets=a+b" (trainmem's --lora spelling, passed to both sides),
 # "lora_dtype": "fp32"|"base", "input_require_grads": bool}. precision "bf16-amp": float32 weights under bf16
 # autocast (CPU autocast; CUDA-faithful for the Llama family, GPT-NeoX and OPT, see README).
+def _t5(**kw):
+    """A tiny T5 (T5Config keys): d_kv * num_heads need not be d_model."""
+    cfg = {"model_type": "t5", "vocab_size": 96, "d_model": 64, "d_kv": 16, "d_ff": 128, "num_layers": 2,
+           "num_heads": 4, "relative_attention_num_buckets": 8, "relative_attention_max_distance": 16,
+           "feed_forward_proj": "relu", "dropout_rate": 0.0}
+    cfg.update(kw)
+    return cfg
+
+
 GRID = [
     # --- mlp stacks (trainmem --impl stack)
     ("mlp-linear256x250", {"model_type": "mlp", "input": 256, "layers": [{"linear": 250, "bias": True}]},
@@ -306,6 +315,18 @@ GRID = [
                                         bias=True), 2, 16, "bf16-amp"),
     ("falcon-perhead-rotary-seq-bf16", _falcon(multi_query=False, parallel_attn=False, ffn_hidden_size=96), 2, 32,
      "bf16"),
+    # --- T5 (encoder-decoder; --target-seq is the decoder's length, labels (B, N)): v1.0 relu with a tied head
+    # (sequence_output * d_model**-0.5), v1.1 / flan gated-gelu with an untied head and fewer decoder blocks
+    ("t5-relu-tied", _t5(), 2, 16, "fp32", {"target_seq": 8}),
+    ("t5-relu-tied-bf16", _t5(), 2, 24, "bf16", {"target_seq": 12}),
+    ("t5-gated-untied", _t5(d_kv=8, feed_forward_proj="gated-gelu", tie_word_embeddings=False,
+                            num_decoder_layers=1), 3, 12, "fp32", {"target_seq": 10}),
+    ("t5-gated-untied-bf16", _t5(d_kv=8, feed_forward_proj="gated-gelu", tie_word_embeddings=False,
+                                 num_decoder_layers=1), 2, 32, "bf16", {"target_seq": 16}),
+    # (no bf16-autocast row: T5's CrossEntropyLoss takes the 16-bit logits as they are, and torch 1.13's CPU autocast
+    # casts them to float32 before log_softmax where CUDA 2.x's cross_entropy_loss keeps log_softmax in their dtype
+    # (ops_nn.cc cross_entropy); in a relu row under autocast the forward matched allocation for allocation up to
+    # the loss)
     # --- frozen parameters (trainmem --freeze GLOB)
     ("frozen-llama-emb-L0", _ll("llama"), 2, 16, "fp32",
      {"freeze": ["model.embed_tokens.*", "model.layers.0.*"]}),
@@ -458,7 +479,8 @@ def _measure_kwargs(opts):
             "loss": opts.get("loss", "ce"), "loss_chunks": int(opts.get("loss_chunks", 8)),
             "logits_to_keep": int(opts.get("logits_to_keep", 0)),
             "moe_routing": opts.get("moe_routing", "balanced"),
-            "moe_experts": opts.get("moe_experts", "eager")}
+            "moe_experts": opts.get("moe_experts", "eager"),
+            "target_seq": int(opts.get("target_seq", 0))}
 
 
 def _option_flags(opts):
@@ -481,6 +503,8 @@ def _option_flags(opts):
         flags += ["--moe-routing", opts["moe_routing"]]
     if opts.get("moe_experts"):  # experts_implementation (models.set_moe_experts)
         flags += ["--moe-experts", opts["moe_experts"]]
+    if opts.get("target_seq"):  # an encoder-decoder's decoder length (T5's labels)
+        flags += ["--target-seq", str(int(opts["target_seq"]))]
     if opts.get("input_require_grads") is not None:
         flags += ["--input-require-grads", "true" if opts["input_require_grads"] else "false"]
     if opts.get("optimizer"):
@@ -500,6 +524,8 @@ def _describe(opts):
                                                                 if opts.get("lora_dtype") else ""))
     if opts.get("logits_to_keep"):
         parts.append(f"logits_to_keep {int(opts['logits_to_keep'])}")
+    if opts.get("target_seq"):
+        parts.append(f"target_seq {int(opts['target_seq'])}")
     if opts.get("loss", "ce") != "ce":
         parts.append(f"loss {opts['loss']} x{int(opts.get('loss_chunks', 8))}")
     if opts.get("input_require_grads") is not None:

@@ -195,7 +195,7 @@ class _StorageRegistry(TorchDispatchMode):
 def measure(config, batch, seq, precision="fp32", optimizer="adamw", dropout_off=True, with_tensors=True,
             seed=0, freeze=(), checkpointing="none", checkpoint_reentrant=True, checkpoint_every=1, lora=None,
             lora_dtype="fp32", enable_input_require_grads=None, autocast=False, loss="ce", loss_chunks=8,
-            logits_to_keep=0, moe_routing="balanced", moe_experts="eager"):
+            logits_to_keep=0, moe_routing="balanced", moe_experts="eager", target_seq=0):
     """Run one training step of `config` and return the measured quantities as a dict.
 
     freeze: parameter-name globs to freeze (requires_grad=False). checkpointing: "none" | "full" (every
@@ -231,7 +231,7 @@ def measure(config, batch, seq, precision="fp32", optimizer="adamw", dropout_off
         return _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors, seed, freeze,
                         checkpointing, checkpoint_reentrant, checkpoint_every, lora, lora_dtype,
                         enable_input_require_grads, autocast, loss, loss_chunks, logits_to_keep, moe_routing,
-                        moe_experts)
+                        moe_experts, target_seq)
     finally:
         gc.enable()
         gc.unfreeze()
@@ -239,7 +239,7 @@ def measure(config, batch, seq, precision="fp32", optimizer="adamw", dropout_off
 
 def _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors, seed, freeze, checkpointing,
              checkpoint_reentrant, checkpoint_every, lora, lora_dtype, enable_input_require_grads, autocast,
-             loss="ce", loss_chunks=8, logits_to_keep=0, moe_routing="balanced", moe_experts="eager"):
+             loss="ce", loss_chunks=8, logits_to_keep=0, moe_routing="balanced", moe_experts="eager", target_seq=0):
     dtype, autocast_dtype = PRECISIONS[precision]
     if autocast and autocast_dtype is None:
         autocast_dtype = torch.bfloat16
@@ -286,8 +286,15 @@ def _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors
     else:
         V = model.vocab_size
         ids = torch.randint(0, V, (batch, seq), dtype=torch.int64, generator=g)
-        labels = torch.randint(0, V, (batch, seq), dtype=torch.int64, generator=g)
-        inputs = [ids, labels]
+        if cfg.get("model_type") == "t5":
+            # DataCollatorForSeq2Seq's batch (no model passed, so no decoder_input_ids): input_ids, attention_mask
+            # (int64 ones: nothing padded), labels of target_seq tokens (trainmem --target-seq; 0: seq)
+            mask = torch.ones(batch, seq, dtype=torch.int64)
+            labels = torch.randint(0, V, (batch, target_seq or seq), dtype=torch.int64, generator=g)
+            inputs = [ids, mask, labels]
+        else:
+            labels = torch.randint(0, V, (batch, seq), dtype=torch.int64, generator=g)
+            inputs = [ids, labels]
     input_storages = {models.storage_id(t)[0] for t in inputs}
 
     packed = []       # metadata of every packed tensor, by pack index (no tensor: nothing kept alive here)

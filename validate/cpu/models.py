@@ -31,6 +31,9 @@ reports the tensors that the real models would save.
   falcon    transformers 5.x FalconForCausalLM, eager attention (FalconLinear's matmul then + bias; the
             new_decoder_architecture, multi_query and per-head query_key_value layouts; rotary or ALiBi, whose
             tensor and mask FalconModel builds by hand; the layer returns its attention weights).
+  t5        transformers T5ForConditionalGeneration, eager (T5Attention's own path): encoder and decoder stacks,
+            relative position bias from block 0, T5LayerNorm, relu or gated-gelu feed-forward, _shift_right(labels);
+            forward(input_ids, attention_mask, labels).
   mlp       an nn.Sequential of Linear / ReLU / GELU / Sigmoid / LayerNorm (trainmem's "stack" impl).
 
 Sources: /work/research/hf_*.md (quotes of the transformers source) and nanoGPT model.py. Every model's
@@ -76,7 +79,7 @@ warnings.filterwarnings("ignore", message="nn.functional.sigmoid is deprecated")
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "mixtral", "qwen2_moe", "qwen3_moe",
                 "gemma3_text", "starcoder2", "deepseek_v3")
-MODEL_TYPES = ("nanogpt", "gpt2", "gpt_neox", "opt", "phi", "falcon", "mlp", "bert", "roberta") + LLAMA_FAMILY
+MODEL_TYPES = ("nanogpt", "gpt2", "gpt_neox", "opt", "phi", "falcon", "mlp", "t5", "bert", "roberta") + LLAMA_FAMILY
 
 
 def _is_meta(device):
@@ -3036,6 +3039,386 @@ class MLPStack(nn.Module):
 # ----------------------------------------------------------------------------------------------------------
 
 
+# ----------------------------------------------------------------------------------------------------------
+# T5 (transformers modeling_t5.py: T5ForConditionalGeneration, labels given, use_cache=False, eager: T5Attention
+# has one code path). The stacks' masks and _shift_right as written at huggingface/transformers@6b8b757; the
+# attention ops are the same in 5.x.
+
+
+def resolve_t5_config(cfg):
+    """T5Config (configuration_t5.py) defaults; attribute_map hidden_size->d_model, num_attention_heads->num_heads,
+    num_hidden_layers->num_layers."""
+    c = SimpleNamespace()
+    c.vocab_size = int(_get(cfg, "vocab_size", 32128))
+    c.d_model = int(_get(cfg, ("d_model", "hidden_size"), 512))
+    c.d_kv = int(_get(cfg, "d_kv", 64))
+    c.d_ff = int(_get(cfg, "d_ff", 2048))
+    c.num_layers = int(_get(cfg, ("num_layers", "num_hidden_layers"), 6))
+    ndl = cfg.get("num_decoder_layers")
+    c.num_decoder_layers = int(ndl) if ndl is not None else c.num_layers  # "default = symmetry"
+    c.num_heads = int(_get(cfg, ("num_heads", "num_attention_heads"), 8))
+    c.relative_attention_num_buckets = int(_get(cfg, "relative_attention_num_buckets", 32))
+    c.relative_attention_max_distance = int(_get(cfg, "relative_attention_max_distance", 128))
+    c.dropout_rate = float(_get(cfg, "dropout_rate", 0.1))
+    c.layer_norm_epsilon = float(_get(cfg, "layer_norm_epsilon", 1e-6))
+    c.feed_forward_proj = _get(cfg, "feed_forward_proj", "relu")
+    act_info = c.feed_forward_proj.split("-")
+    c.dense_act_fn = act_info[-1]
+    c.is_gated_act = act_info[0] == "gated"
+    if len(act_info) > 1 and act_info[0] != "gated" or len(act_info) > 2:
+        raise ValueError(f"`feed_forward_proj`: {c.feed_forward_proj} is not a valid activation function of the "
+                         "dense layer")
+    if c.feed_forward_proj == "gated-gelu":  # "for backwards compatibility"
+        c.dense_act_fn = "gelu_new"
+    # PretrainedConfig.__init__ sets the remaining kwargs last: a saved dense_act_fn / is_gated_act wins
+    c.dense_act_fn = cfg.get("dense_act_fn", c.dense_act_fn)
+    c.is_gated_act = bool(cfg.get("is_gated_act", c.is_gated_act))
+    c.tie_word_embeddings = bool(_get(cfg, "tie_word_embeddings", True))
+    c.decoder_start_token_id = int(_get(cfg, "decoder_start_token_id", 0))
+    c.pad_token_id = int(_get(cfg, "pad_token_id", 0))
+    return c
+
+
+class T5LayerNorm(LlamaRMSNorm):
+    """The same parameter (a weight of ones) and epsilon as LlamaRMSNorm; its own forward: the rsqrt multiplies the
+    input itself, and the cast to 16 bits depends on the weight's dtype."""
+
+    def forward(self, hidden_states):
+        variance = hidden_states.to(torch.float32).pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        if self.weight.dtype in [torch.float16, torch.bfloat16]:
+            hidden_states = hidden_states.to(self.weight.dtype)
+        return self.weight * hidden_states
+
+
+def _t5_wo(wo, hidden_states):
+    """T5DenseActDense / T5DenseGatedActDense after the dropout: `if isinstance(self.wo.weight, torch.Tensor) and
+    hidden_states.dtype != self.wo.weight.dtype and self.wo.weight.dtype != torch.int8: hidden_states =
+    hidden_states.to(self.wo.weight.dtype)`; then self.wo(hidden_states)."""
+    if isinstance(wo.weight, torch.Tensor) and hidden_states.dtype != wo.weight.dtype and wo.weight.dtype != torch.int8:
+        hidden_states = hidden_states.to(wo.weight.dtype)
+    return wo(hidden_states)
+
+
+class T5DenseActDense(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.wi = nn.Linear(c.d_model, c.d_ff, bias=False, device=device)
+        self.wo = nn.Linear(c.d_ff, c.d_model, bias=False, device=device)
+        self.dropout = nn.Dropout(c.dropout_rate)
+        self.act = act_fn(c.dense_act_fn)
+
+    def forward(self, hidden_states):
+        hidden_states = self.wi(hidden_states)
+        hidden_states = self.act(hidden_states)
+        hidden_states = self.dropout(hidden_states)
+        return _t5_wo(self.wo, hidden_states)
+
+
+class T5DenseGatedActDense(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.wi_0 = nn.Linear(c.d_model, c.d_ff, bias=False, device=device)
+        self.wi_1 = nn.Linear(c.d_model, c.d_ff, bias=False, device=device)
+        self.wo = nn.Linear(c.d_ff, c.d_model, bias=False, device=device)
+        self.dropout = nn.Dropout(c.dropout_rate)
+        self.act = act_fn(c.dense_act_fn)
+
+    def forward(self, hidden_states):
+        hidden_gelu = self.act(self.wi_0(hidden_states))
+        hidden_linear = self.wi_1(hidden_states)
+        hidden_states = hidden_gelu * hidden_linear
+        hidden_states = self.dropout(hidden_states)
+        return _t5_wo(self.wo, hidden_states)
+
+
+class T5LayerFF(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.DenseReluDense = T5DenseGatedActDense(c, device) if c.is_gated_act else T5DenseActDense(c, device)
+        self.layer_norm = T5LayerNorm(c.d_model, eps=c.layer_norm_epsilon, device=device)
+        self.dropout = nn.Dropout(c.dropout_rate)
+
+    def forward(self, hidden_states):
+        forwarded_states = self.layer_norm(hidden_states)
+        forwarded_states = self.DenseReluDense(forwarded_states)
+        hidden_states = hidden_states + self.dropout(forwarded_states)
+        return hidden_states
+
+
+class T5Attention(nn.Module):
+    def __init__(self, c, is_decoder, has_relative_attention_bias=False, device=None):
+        super().__init__()
+        self.is_decoder = is_decoder
+        self.has_relative_attention_bias = has_relative_attention_bias
+        self.relative_attention_num_buckets = c.relative_attention_num_buckets
+        self.relative_attention_max_distance = c.relative_attention_max_distance
+        self.d_model = c.d_model
+        self.key_value_proj_dim = c.d_kv
+        self.n_heads = c.num_heads
+        self.dropout = c.dropout_rate
+        self.inner_dim = self.n_heads * self.key_value_proj_dim
+        self.q = nn.Linear(self.d_model, self.inner_dim, bias=False, device=device)
+        self.k = nn.Linear(self.d_model, self.inner_dim, bias=False, device=device)
+        self.v = nn.Linear(self.d_model, self.inner_dim, bias=False, device=device)
+        self.o = nn.Linear(self.inner_dim, self.d_model, bias=False, device=device)
+        if self.has_relative_attention_bias:
+            self.relative_attention_bias = nn.Embedding(self.relative_attention_num_buckets, self.n_heads,
+                                                        device=device)
+
+    @staticmethod
+    def _relative_position_bucket(relative_position, bidirectional=True, num_buckets=32, max_distance=128):
+        relative_buckets = 0
+        if bidirectional:
+            num_buckets //= 2
+            relative_buckets += (relative_position > 0).to(torch.long) * num_buckets
+            relative_position = torch.abs(relative_position)
+        else:
+            relative_position = -torch.min(relative_position, torch.zeros_like(relative_position))
+        max_exact = num_buckets // 2
+        is_small = relative_position < max_exact
+        relative_position_if_large = max_exact + (
+            torch.log(relative_position.float() / max_exact)
+            / math.log(max_distance / max_exact)
+            * (num_buckets - max_exact)
+        ).to(torch.long)
+        relative_position_if_large = torch.min(
+            relative_position_if_large, torch.full_like(relative_position_if_large, num_buckets - 1)
+        )
+        relative_buckets += torch.where(is_small, relative_position, relative_position_if_large)
+        return relative_buckets
+
+    def compute_bias(self, query_length, key_length, device=None, cache_position=None):
+        if device is None:
+            device = self.relative_attention_bias.weight.device
+        if cache_position is None:
+            context_position = torch.arange(query_length, dtype=torch.long, device=device)[:, None]
+        else:
+            context_position = cache_position[:, None].to(device)
+        memory_position = torch.arange(key_length, dtype=torch.long, device=device)[None, :]
+        relative_position = memory_position - context_position
+        relative_position_bucket = self._relative_position_bucket(
+            relative_position, bidirectional=(not self.is_decoder), num_buckets=self.relative_attention_num_buckets,
+            max_distance=self.relative_attention_max_distance)
+        values = self.relative_attention_bias(relative_position_bucket)
+        values = values.permute([2, 0, 1]).unsqueeze(0)
+        return values
+
+    def forward(self, hidden_states, mask=None, key_value_states=None, position_bias=None, query_length=None,
+                cache_position=None):
+        batch_size, seq_length = hidden_states.shape[:2]
+        is_cross_attention = key_value_states is not None
+        query_states = self.q(hidden_states)
+        query_states = query_states.view(batch_size, -1, self.n_heads, self.key_value_proj_dim).transpose(1, 2)
+        current_states = key_value_states if is_cross_attention else hidden_states
+        key_states = self.k(current_states)
+        value_states = self.v(current_states)
+        key_states = key_states.view(batch_size, -1, self.n_heads, self.key_value_proj_dim).transpose(1, 2)
+        value_states = value_states.view(batch_size, -1, self.n_heads, self.key_value_proj_dim).transpose(1, 2)
+        scores = torch.matmul(query_states, key_states.transpose(3, 2))
+        if position_bias is None:
+            key_length = key_states.shape[-2]
+            real_seq_length = query_length if query_length is not None else cache_position[-1] + 1
+            if not self.has_relative_attention_bias:
+                position_bias = torch.zeros((1, self.n_heads, seq_length, key_length), device=scores.device,
+                                            dtype=scores.dtype)
+            else:
+                position_bias = self.compute_bias(real_seq_length, key_length, device=scores.device,
+                                                  cache_position=cache_position)
+                position_bias = position_bias[:, :, -seq_length:, :]
+            if mask is not None:
+                causal_mask = mask[:, :, :, : key_states.shape[-2]]
+                position_bias = position_bias + causal_mask
+        position_bias_masked = position_bias
+        scores += position_bias_masked
+        attn_weights = F.softmax(scores.float(), dim=-1).type_as(scores)
+        attn_weights = F.dropout(attn_weights, p=self.dropout, training=self.training)
+        attn_output = torch.matmul(attn_weights, value_states)
+        attn_output = attn_output.transpose(1, 2).contiguous()
+        attn_output = attn_output.view(batch_size, -1, self.inner_dim)
+        attn_output = self.o(attn_output)
+        return attn_output, position_bias
+
+
+class T5LayerSelfAttention(nn.Module):
+    def __init__(self, c, is_decoder, has_relative_attention_bias=False, device=None):
+        super().__init__()
+        self.SelfAttention = T5Attention(c, is_decoder, has_relative_attention_bias, device)
+        self.layer_norm = T5LayerNorm(c.d_model, eps=c.layer_norm_epsilon, device=device)
+        self.dropout = nn.Dropout(c.dropout_rate)
+
+    def forward(self, hidden_states, attention_mask=None, position_bias=None, cache_position=None):
+        normed_hidden_states = self.layer_norm(hidden_states)
+        attention_output = self.SelfAttention(normed_hidden_states, mask=attention_mask, position_bias=position_bias,
+                                              cache_position=cache_position)
+        hidden_states = hidden_states + self.dropout(attention_output[0])
+        return (hidden_states,) + attention_output[1:]
+
+
+class T5LayerCrossAttention(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.EncDecAttention = T5Attention(c, True, has_relative_attention_bias=False, device=device)
+        self.layer_norm = T5LayerNorm(c.d_model, eps=c.layer_norm_epsilon, device=device)
+        self.dropout = nn.Dropout(c.dropout_rate)
+
+    def forward(self, hidden_states, key_value_states, attention_mask=None, position_bias=None, query_length=None):
+        normed_hidden_states = self.layer_norm(hidden_states)
+        attention_output = self.EncDecAttention(normed_hidden_states, mask=attention_mask,
+                                                key_value_states=key_value_states, position_bias=position_bias,
+                                                query_length=query_length)
+        layer_output = hidden_states + self.dropout(attention_output[0])
+        return (layer_output,) + attention_output[1:]
+
+
+class T5Block(nn.Module):
+    def __init__(self, c, is_decoder, has_relative_attention_bias=False, device=None):
+        super().__init__()
+        self.is_decoder = is_decoder
+        self.layer = nn.ModuleList()
+        self.layer.append(T5LayerSelfAttention(c, is_decoder, has_relative_attention_bias, device))
+        if self.is_decoder:
+            self.layer.append(T5LayerCrossAttention(c, device))
+        self.layer.append(T5LayerFF(c, device))
+
+    def forward(self, hidden_states, attention_mask=None, position_bias=None, encoder_hidden_states=None,
+                encoder_attention_mask=None, encoder_decoder_position_bias=None, cache_position=None):
+        self_attention_outputs = self.layer[0](hidden_states, attention_mask=attention_mask,
+                                               position_bias=position_bias, cache_position=cache_position)
+        hidden_states = self_attention_outputs[0]
+        attention_outputs = self_attention_outputs[1:]
+        do_cross_attention = self.is_decoder and encoder_hidden_states is not None
+        if do_cross_attention:
+            cross_attention_outputs = self.layer[1](hidden_states, key_value_states=encoder_hidden_states,
+                                                    attention_mask=encoder_attention_mask,
+                                                    position_bias=encoder_decoder_position_bias,
+                                                    query_length=cache_position[-1] + 1)
+            hidden_states = cross_attention_outputs[0]
+            attention_outputs = attention_outputs + cross_attention_outputs[1:]
+        hidden_states = self.layer[-1](hidden_states)
+        return (hidden_states,) + attention_outputs
+
+
+class T5Stack(nn.Module):
+    def __init__(self, c, embed_tokens, is_decoder, device=None):
+        super().__init__()
+        self.embed_tokens = embed_tokens
+        self.is_decoder = is_decoder
+        n = c.num_decoder_layers if is_decoder else c.num_layers
+        self.block = nn.ModuleList([T5Block(c, is_decoder, has_relative_attention_bias=bool(i == 0), device=device)
+                                    for i in range(n)])
+        self.final_layer_norm = T5LayerNorm(c.d_model, eps=c.layer_norm_epsilon, device=device)
+        self.dropout = nn.Dropout(c.dropout_rate)
+
+    def invert_attention_mask(self, encoder_attention_mask):
+        """modeling_utils.ModuleUtilsMixin.invert_attention_mask, in self.dtype (the parameters')."""
+        dtype = next(self.parameters()).dtype
+        if encoder_attention_mask.dim() == 3:
+            encoder_extended_attention_mask = encoder_attention_mask[:, None, :, :]
+        if encoder_attention_mask.dim() == 2:
+            encoder_extended_attention_mask = encoder_attention_mask[:, None, None, :]
+        encoder_extended_attention_mask = encoder_extended_attention_mask.to(dtype=dtype)
+        encoder_extended_attention_mask = (1.0 - encoder_extended_attention_mask) * torch.finfo(dtype).min
+        return encoder_extended_attention_mask
+
+    @staticmethod
+    def _prepare_4d_causal_attention_mask_with_cache_position(attention_mask, sequence_length, target_length, dtype,
+                                                              device, cache_position, batch_size):
+        min_dtype = torch.finfo(dtype).min
+        causal_mask = torch.full((sequence_length, target_length), fill_value=min_dtype, dtype=dtype, device=device)
+        if sequence_length != 1:
+            causal_mask = torch.triu(causal_mask, diagonal=1)
+        causal_mask *= torch.arange(target_length, device=device) > cache_position.reshape(-1, 1)
+        causal_mask = causal_mask[None, None, :, :].expand(batch_size, 1, -1, -1)
+        if attention_mask is not None:
+            causal_mask = causal_mask.clone()
+            mask_length = attention_mask.shape[-1]
+            padding_mask = causal_mask[:, :, :, :mask_length] + attention_mask[:, None, None, :].to(causal_mask.device)
+            padding_mask = padding_mask == 0
+            causal_mask[:, :, :, :mask_length] = causal_mask[:, :, :, :mask_length].masked_fill(padding_mask, min_dtype)
+        return causal_mask
+
+    def forward(self, input_ids, attention_mask=None, encoder_hidden_states=None, encoder_attention_mask=None):
+        input_shape = input_ids.size()
+        input_ids = input_ids.view(-1, input_shape[-1])
+        inputs_embeds = self.embed_tokens(input_ids)
+        batch_size, seq_length = input_shape
+        cache_position = torch.arange(0, seq_length, device=inputs_embeds.device)
+        if attention_mask is None:
+            attention_mask = torch.ones(batch_size, seq_length, device=inputs_embeds.device)
+        if self.is_decoder:
+            # _update_causal_mask (eager, no cache): target_length = attention_mask.shape[-1]
+            causal_mask = self._prepare_4d_causal_attention_mask_with_cache_position(
+                attention_mask, sequence_length=seq_length, target_length=attention_mask.shape[-1],
+                dtype=inputs_embeds.dtype, device=inputs_embeds.device, cache_position=cache_position,
+                batch_size=batch_size)
+        else:
+            causal_mask = attention_mask[:, None, None, :]
+            causal_mask = causal_mask.to(dtype=inputs_embeds.dtype)
+            causal_mask = (1.0 - causal_mask) * torch.finfo(inputs_embeds.dtype).min
+        if self.is_decoder and encoder_hidden_states is not None:
+            encoder_extended_attention_mask = self.invert_attention_mask(encoder_attention_mask)
+        else:
+            encoder_extended_attention_mask = None
+        position_bias = None
+        encoder_decoder_position_bias = None
+        hidden_states = self.dropout(inputs_embeds)
+        for layer_module in self.block:
+            layer_outputs = layer_module(hidden_states, attention_mask=causal_mask, position_bias=position_bias,
+                                         encoder_hidden_states=encoder_hidden_states,
+                                         encoder_attention_mask=encoder_extended_attention_mask,
+                                         encoder_decoder_position_bias=encoder_decoder_position_bias,
+                                         cache_position=cache_position)
+            hidden_states = layer_outputs[0]
+            position_bias = layer_outputs[1]
+            if self.is_decoder and encoder_hidden_states is not None:
+                encoder_decoder_position_bias = layer_outputs[2]
+        hidden_states = self.final_layer_norm(hidden_states)
+        hidden_states = self.dropout(hidden_states)
+        return (hidden_states,)
+
+
+class T5ForConditionalGeneration(nn.Module):
+    """forward(input_ids, attention_mask, labels): the collator's batch (DataCollatorForSeq2Seq without a model:
+    no decoder_input_ids, so the model shifts the labels itself)."""
+
+    def __init__(self, cfg, device=None):
+        super().__init__()
+        c = resolve_t5_config(cfg)
+        self.config = c
+        self.vocab_size = c.vocab_size
+        self.model_dim = c.d_model
+        self.shared = nn.Embedding(c.vocab_size, c.d_model, device=device)
+        self.encoder = T5Stack(c, self.shared, False, device)
+        self.decoder = T5Stack(c, self.shared, True, device)
+        if c.tie_word_embeddings:
+            self.lm_head = None  # transformers' lm_head is a Linear whose weight is shared.weight
+        else:
+            self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False, device=device)
+
+    def _shift_right(self, input_ids):
+        shifted_input_ids = input_ids.new_zeros(input_ids.shape)
+        shifted_input_ids[..., 1:] = input_ids[..., :-1].clone()
+        shifted_input_ids[..., 0] = self.config.decoder_start_token_id
+        shifted_input_ids.masked_fill_(shifted_input_ids == -100, self.config.pad_token_id)
+        return shifted_input_ids
+
+    def forward(self, input_ids, attention_mask, labels):
+        encoder_outputs = self.encoder(input_ids=input_ids, attention_mask=attention_mask)
+        hidden_states = encoder_outputs[0]
+        decoder_input_ids = self._shift_right(labels)
+        decoder_outputs = self.decoder(input_ids=decoder_input_ids, encoder_hidden_states=hidden_states,
+                                       encoder_attention_mask=attention_mask)
+        sequence_output = decoder_outputs[0]
+        if self.config.tie_word_embeddings:
+            sequence_output = sequence_output * (self.model_dim ** -0.5)
+        lm_logits = F.linear(sequence_output, self.shared.weight if self.lm_head is None else self.lm_head.weight)
+        loss_fct = nn.CrossEntropyLoss(ignore_index=-100)
+        loss = loss_fct(lm_logits.view(-1, lm_logits.size(-1)), labels.view(-1))
+        return loss
+
+
+
 def build_model(config, device=None, frozen=(), checkpointing="none", checkpoint_every=1):
     """A random-weight model for a config dict (a transformers config.json, nanoGPT GPTConfig keys, or an
     "mlp" layer stack). The model is in train mode and float32. `frozen`: parameter-name globs to freeze
@@ -3068,6 +3451,8 @@ def build_model(config, device=None, frozen=(), checkpointing="none", checkpoint
         m = build_bert(config, device)
     elif t == "roberta":
         m = build_roberta(config, device)
+    elif t == "t5":
+        m = T5ForConditionalGeneration(config, device)
     else:
         raise ValueError(f"unsupported model_type {t!r}; one of {', '.join(MODEL_TYPES)}")
     settings = None

@@ -40,6 +40,9 @@ PUBLISHED = {
     # embeddings, no pooler, no head (MODULE_SETS)
     "roberta-base": 124_052_736,
     "falcon-rw-1b": 1_311_625_216,  # keras-hub falcon_presets.py@aa42194 falcon_refinedweb_1b_en
+    # keras-nlp t5_presets.py t5_small "params" (mattdangerw/keras-hub@0df99da keras_nlp/models/t5/t5_presets.py);
+    # T5.1.1 / flan base: sdpetrides/t5x-train-and-test README.md@7742ecb t5x "base" 247577856
+    "t5-small": 60_506_624, "flan-t5-base": 247_577_856,
     # nanoGPT GPT-2 small as configured in data/models/nanogpt-gpt2.json (no published figure: nanoGPT's own
     # get_num_params() subtracts wpe; this is sum(numel)).
 }

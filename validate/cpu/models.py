@@ -2396,10 +2396,8 @@ class BertPredictionHeadTransform(nn.Module):
         self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, device=device)
 
     def forward(self, hidden_states):
-        hidden_states = self.dense(hidden_states)
-        hidden_states = self.transform_act_fn(hidden_states)
-        hidden_states = self.LayerNorm(hidden_states)
-        return hidden_states
+        # dense, act, LayerNorm: each rebinding of hidden_states frees the previous one once the next op returns
+        return self.LayerNorm(self.transform_act_fn(self.dense(hidden_states)))
 
 
 class BertLMPredictionHead(nn.Module):
@@ -2415,12 +2413,11 @@ class BertLMPredictionHead(nn.Module):
 
 
 class BertOnlyMLMHead(nn.Module):
+    """Its forward returns self.predictions(sequence_output): BertForMaskedLM.mlm_head calls that directly."""
+
     def __init__(self, c, device=None):
         super().__init__()
         self.predictions = BertLMPredictionHead(c, device)
-
-    def forward(self, sequence_output):
-        return self.predictions(sequence_output)
 
 
 def classification_output(logits, labels, num_labels):
@@ -2465,7 +2462,7 @@ class BertForMaskedLM(_BertTask):
         self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
 
     def mlm_head(self, sequence_output):
-        return self.cls(sequence_output)
+        return self.cls.predictions(sequence_output)  # BertOnlyMLMHead.forward
 
     def make_labels(self, batch, seq, g):
         # DataCollatorForLanguageModeling: (B, T) int64, -100 where a token is not masked

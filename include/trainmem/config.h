@@ -22,6 +22,8 @@ struct ModelRequest {
   AttnImpl attention = AttnImpl::kSdpa;
   MoeRouting moe_routing = MoeRouting::kBalanced;  // mixture-of-experts models: per-expert token counts
   MoeExperts moe_experts = MoeExperts::kEager;     // mixture-of-experts models: experts_implementation
+  std::optional<Head> head;            // the task head; default: architectures[0]'s, else the family's own
+  std::optional<uint64_t> num_labels;  // a classification head's labels; default: the config's
   // "key=value" (--set), applied to the config before it is read; a key the model type does not read is an
   // error naming the nearest one it does.
   std::vector<std::string> overrides;

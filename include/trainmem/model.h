@@ -28,7 +28,17 @@ enum class Family {
   kPhi,      // phi (phi-1, phi-1.5, phi-2)
   kFalcon,   // falcon (falcon-rw, falcon-7b, falcon-40b/180b layouts)
   kStack,    // mlp layer stack
+  kBert,     // bert (an encoder: BertModel under a task head)
+  kRoberta,  // roberta (BertModel's layers under RoBERTa's embeddings and heads)
   kT5,       // t5 (T5ForConditionalGeneration: an encoder stack and a decoder stack)
+};
+
+// The task head on top of the model (the class transformers builds: config.json's architectures[0], or --head).
+enum class Head {
+  kCausalLm,  // ...ForCausalLM / ...LMHeadModel: lm_head over the vocabulary, shifted labels
+  kMaskedLm,  // ...ForMaskedLM: the MLM prediction head over the vocabulary, labels (B, T) with -100 where unmasked
+  kSeqCls,    // ...ForSequenceClassification: num_labels logits per sequence, labels (B,)
+  kTokenCls,  // ...ForTokenClassification: num_labels logits per token, labels (B, T)
 };
 
 // attn_implementation: "eager" (explicit softmax(QK^T)V) or "sdpa" (F.scaled_dot_product_attention).
@@ -187,6 +197,18 @@ struct ModelSpec {
   DropoutSpec dropout;           // probabilities used in model.train()
   EncDecSpec encdec;             // t5 only: m.layers is the encoder's num_layers
 
+  // The task head and its size. Every decoder family defaults to kCausalLm; an encoder to its config's
+  // architectures[0] (BertForMaskedLM -> kMaskedLm). num_labels: PreTrainedConfig's (len(id2label), else
+  // num_labels, default 2), read for the classification heads only.
+  Head head = Head::kCausalLm;
+  uint64_t num_labels = 2;
+  // BERT-style embeddings: token_type_embeddings rows (type_vocab_size); 0 for every other family.
+  uint64_t type_vocab = 0;
+  // RoBERTa: position ids start at padding_idx + 1 (create_position_ids_from_input_ids); 0 for BERT.
+  uint64_t position_offset = 0;
+  uint64_t pad_token_id = 0;  // RoBERTa: create_position_ids_from_input_ids' padding_idx
+  double classifier_dropout = 0.0;  // BERT classifier_dropout (None: hidden_dropout_prob)
+
   // model_type "mlp" only
   uint64_t stack_input = 0;
   std::vector<StackLayer> stack;
@@ -207,12 +229,14 @@ std::span<const NameRow<AttnImpl>> name_table(AttnImpl);
 std::span<const NameRow<Act>> name_table(Act);
 std::span<const NameRow<MoeRouting>> name_table(MoeRouting);
 std::span<const NameRow<MoeExperts>> name_table(MoeExperts);
+std::span<const NameRow<Head>> name_table(Head);
 
 std::string_view family_name(Family f);
 std::string_view impl_name(Impl i);
 std::string_view attn_impl_name(AttnImpl a);
 std::string_view act_name(Act a);
 std::string_view moe_routing_name(MoeRouting r);
+std::string_view head_name(Head h);
 // ", balanced MoE routing" for a mixture-of-experts model (the assumption its numbers rest on), "" otherwise.
 std::string moe_routing_note(const ModelSpec& m);
 

@@ -16,6 +16,7 @@ void read_falcon(const KeyReader& r, ModelSpec& m);    // model_type falcon
 // starcoder2. Returns false for other model types.
 bool read_llama_family(const KeyReader& r, const std::string& model_type, ModelSpec& m);
 void read_stack(const KeyReader& r, ModelSpec& m);     // model_type mlp
+void read_bert(const KeyReader& r, std::string_view model_type, ModelSpec& m);  // model_type bert, roberta
 void read_t5(const KeyReader& r, ModelSpec& m);        // model_type t5
 
 // Shared readers.

@@ -102,25 +102,93 @@ std::string apply_override(nlohmann::json& obj, const std::string& kv, std::stri
   return key.substr(0, key.find('.'));
 }
 
-// transformers builds the class that "architectures" names. trainmem models the causal-LM head (lm_head over
-// the vocabulary); a classification, token or QA head has other weights and outputs, so modelling the causal
-// LM instead would be silently wrong. No "architectures" at all (nanoGPT, hand-written configs) means the
-// causal LM.
-void check_causal_lm(const config::KeyReader& r) {
+// transformers builds the class that "architectures" names (AutoModelFor... reads architectures[0]'s suffix).
+// Each family models the heads its registry row lists: a decoder the causal-LM head (lm_head over the
+// vocabulary), an encoder the masked-LM, sequence- and token-classification heads. Modelling another head than
+// the one named would be silently wrong, so an unknown suffix is refused. No "architectures" at all (nanoGPT,
+// hand-written configs) means the family's own head (the first it lists). --head overrides all of it.
+std::optional<Head> head_of_architectures(const config::KeyReader& r) {
   const nlohmann::json* a = r.find({"architectures"});
-  if (!a) return;
+  if (!a || a->is_null()) return std::nullopt;
   constexpr std::string_view kList = "a list of class names like [\"LlamaForCausalLM\"]";
   if (!a->is_array()) r.fail("architectures", *a, kList);
+  std::optional<Head> head;
   for (const nlohmann::json& c : *a) {
     if (!c.is_string()) r.fail("architectures", *a, kList);
     const std::string& name = c.get_ref<const std::string&>();
-    // T5ForConditionalGeneration: T5's language-model head (an encoder-decoder's lm_head over the vocabulary)
-    if (name == "T5ForConditionalGeneration") continue;
-    if (!name.ends_with("ForCausalLM") && !name.ends_with("LMHeadModel")) {
+    Head h;
+    if (name.ends_with("ForCausalLM") || name.ends_with("LMHeadModel") || name == "T5ForConditionalGeneration") {
+      // T5ForConditionalGeneration: T5's language-model head (an encoder-decoder's lm_head over the vocabulary)
+      h = Head::kCausalLm;
+    } else if (name.ends_with("ForMaskedLM")) {
+      h = Head::kMaskedLm;
+    } else if (name.ends_with("ForSequenceClassification")) {
+      h = Head::kSeqCls;
+    } else if (name.ends_with("ForTokenClassification")) {
+      h = Head::kTokenCls;
+    } else {
       r.fail("architectures", *a,
-             "a causal language model (...ForCausalLM or ...LMHeadModel); sequence-classification and other task "
-             "heads are not modelled yet");
+             "...ForCausalLM, ...LMHeadModel, ...ForMaskedLM, ...ForSequenceClassification or "
+             "...ForTokenClassification; other task heads (question answering, multiple choice, pretraining) are "
+             "not modelled yet (--head picks one that is)");
     }
+    if (head && *head != h) {
+      r.fail("architectures", *a, "classes of one head (these name two: --head picks one)");
+    }
+    head = h;
+  }
+  return head;
+}
+
+// m.head and m.num_labels: --head, else architectures[0]'s, else the family's own; the head must be one the
+// family's program builds. num_labels as PreTrainedConfig resolves it: len(id2label) when id2label is given,
+// else num_labels (default 2); --num-labels overrides both.
+void resolve_head(const config::KeyReader& r, const ModelRequest& req, ModelSpec& m) {
+  constexpr uint64_t kMaxLabels = config::kMaxVocab;  // a classifier's rows: bounded like a vocabulary
+  const std::optional<Head> named = head_of_architectures(r);
+  const std::span<const Head> heads = family_descriptor(m.family).heads;
+  m.head = req.head.value_or(named.value_or(heads.empty() ? Head::kCausalLm : heads.front()));
+  const bool built = heads.empty() ? m.head == Head::kCausalLm
+                                   : std::find(heads.begin(), heads.end(), m.head) != heads.end();
+  if (!built) {
+    std::string list;
+    for (Head h : heads) list += (list.empty() ? "" : ", ") + std::string(head_name(h));
+    // A decoder's ...ForSequenceClassification (score without bias, pooled at the last non-pad token) is not
+    // simulated yet: refused rather than modelled as the causal LM
+    const std::string built_list = list.empty() ? "causal-lm" : list;
+    if (req.head) {
+      throw Error(fmt::format("{}: --head {}: the {} head is not simulated for model_type \"{}\" (its family builds: "
+                              "{})", r.origin(), head_name(m.head), head_name(m.head), m.model_type, built_list));
+    }
+    r.fail("architectures", *r.find({"architectures"}),
+           fmt::format("a class of a head simulated for model_type \"{}\" ({}); its {} head is not simulated yet "
+                       "(--head picks another)", m.model_type, built_list, head_name(m.head)));
+  }
+  // configuration_utils.py PreTrainedConfig: `if id2label is not None: num_labels = len(id2label)`, else
+  // num_labels (default 2). Both keys are read for every model, so that --set of either is accepted.
+  uint64_t labels = r.integer({"num_labels"}, 2, 1, kMaxLabels);
+  if (const nlohmann::json* ids = r.find({"id2label"}); ids && !ids->is_null()) {
+    if (!ids->is_object() || ids->empty()) r.fail("id2label", *ids, "an object mapping label ids to names");
+    labels = ids->size();
+  }
+  m.num_labels = req.num_labels.value_or(labels);
+  if (m.head == Head::kSeqCls && m.family != Family::kBert && m.family != Family::kRoberta) {
+    // GenericForSequenceClassification.forward pools at the last token that is not config.pad_token_id
+    // ((input_ids != pad_token_id) ... .argmax(-1)); with pad_token_id None it raises for batch sizes above 1 and
+    // takes the last position otherwise. trainmem simulates the first case only: a pad token id must be given.
+    const nlohmann::json* pad = r.find({"pad_token_id"});
+    if (!pad || pad->is_null()) {
+      throw Error(fmt::format("{}: the seq-cls head of model_type \"{}\" needs pad_token_id (transformers pools at the "
+                              "last non-pad token and refuses batches above 1 without one): --set pad_token_id=N",
+                              r.origin(), m.model_type));
+    }
+    m.pad_token_id = r.integer({"pad_token_id"}, 0, 0, config::kMaxVocab - 1);
+  }
+  const bool classifier = m.head == Head::kSeqCls || m.head == Head::kTokenCls;
+  if (classifier && m.num_labels < 2) {
+    // BertForSequenceClassification: num_labels == 1 -> problem_type "regression" (MSELoss)
+    throw Error(fmt::format("{}: num_labels {}: with 1 label transformers computes a regression loss (MSELoss), "
+                            "which is not simulated; use 2 or more (--num-labels)", r.origin(), m.num_labels));
   }
 }
 
@@ -219,11 +287,17 @@ ModelSpec read_model(std::string_view text, std::string_view origin, const Model
   m.moe.routing = req.moe_routing;
   m.moe.impl = req.moe_experts;
   const std::string& t = m.model_type;
-  check_causal_lm(r);
   // The family registry says which reader reads this model_type (src/families/registry.cc).
   const ModelType* type = nullptr;
+  if (t == "distilbert") {
+    // modeling_distilbert.py: its own module names and layout (transformer.layer.N.attention.q_lin, sa_layer_norm,
+    // vocab_transform/vocab_layer_norm/vocab_projector, pre_classifier) are not simulated
+    r.fail("model_type", obj["model_type"], fmt::format("one of {} (DistilBERT is not simulated yet)",
+                                                        supported_model_types()));
+  }
   if (!find_model_type(t, &type)) r.fail("model_type", obj["model_type"], fmt::format("one of {}", supported_model_types()));
   type->read(r, t, m);
+  resolve_head(r, req, m);
   check_overrides_were_read(r, req.overrides, overridden, t);
   resolve_impl(m, *type, req, origin);
   return m;

@@ -27,8 +27,16 @@ constexpr NameRow<MoeExperts> kMoeExperts[] = {
     {MoeExperts::kEager, "eager", "MixtralExperts.forward: a loop over the experts that got tokens"},
     {MoeExperts::kGroupedMm, "grouped_mm", "grouped_mm_experts_forward: sorted pairs, two torch._grouped_mm"},
 };
+constexpr NameRow<Head> kHeads[] = {
+    {Head::kCausalLm, "causal-lm", "...ForCausalLM: next-token logits over the vocabulary"},
+    {Head::kMaskedLm, "masked-lm", "...ForMaskedLM: masked-token logits over the vocabulary"},
+    {Head::kSeqCls, "seq-cls", "...ForSequenceClassification: num_labels logits per sequence"},
+    {Head::kTokenCls, "token-cls", "...ForTokenClassification: num_labels logits per token"},
+};
 }  // namespace
 
+std::span<const NameRow<Head>> name_table(Head) { return kHeads; }
+std::string_view head_name(Head h) { return name_of(h); }
 std::span<const NameRow<Impl>> name_table(Impl) { return kImpls; }
 std::span<const NameRow<AttnImpl>> name_table(AttnImpl) { return kAttnImpls; }
 std::span<const NameRow<Act>> name_table(Act) { return kActs; }

@@ -24,6 +24,7 @@ void opt_config(const KeyReader& r, std::string_view, ModelSpec& m) { config::re
 void phi_config(const KeyReader& r, std::string_view, ModelSpec& m) { config::read_phi(r, m); }
 void falcon_config(const KeyReader& r, std::string_view, ModelSpec& m) { config::read_falcon(r, m); }
 void stack_config(const KeyReader& r, std::string_view, ModelSpec& m) { config::read_stack(r, m); }
+void bert_config(const KeyReader& r, std::string_view t, ModelSpec& m) { config::read_bert(r, t, m); }
 void t5_config(const KeyReader& r, std::string_view, ModelSpec& m) { config::read_t5(r, m); }
 void llama_config(const KeyReader& r, std::string_view t, ModelSpec& m) {
   if (!config::read_llama_family(r, std::string(t), m)) throw Error(fmt::format("internal: no llama defaults for {}", t));
@@ -67,6 +68,16 @@ constexpr Program kT5Programs[] = {{Impl::kHf, models::t5_tensors, sim::t5_forwa
 constexpr ModelType kStackTypes[] = {{"mlp", stack_config, Impl::kStack}};
 constexpr Program kStackPrograms[] = {{Impl::kStack, models::stack_tensors, stack_program, LoopKind::kPlain}};
 
+// The encoders (bert.cc): BertModel / RobertaModel under BertForMaskedLM, ...ForSequenceClassification and
+// ...ForTokenClassification.
+constexpr ModelType kBertTypes[] = {{"bert", bert_config, Impl::kHf}};
+constexpr ModelType kRobertaTypes[] = {{"roberta", bert_config, Impl::kHf}};
+constexpr Program kBertPrograms[] = {{Impl::kHf, models::bert_tensors, sim::bert_forward, LoopKind::kHf}};
+constexpr Head kEncoderHeads[] = {Head::kMaskedLm, Head::kSeqCls, Head::kTokenCls};
+// The Llama-shaped decoders: ...ForCausalLM, and ...ForSequenceClassification (GenericForSequenceClassification,
+// modeling_layers.py: score over the final hidden states, pooled at the last non-pad token)
+constexpr Head kDecoderHeads[] = {Head::kCausalLm, Head::kSeqCls};
+
 // peft: utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING ("gpt2": ["c_attn"], "llama" and
 // the other Llama-shaped types (gemma3_text too) and "opt": ["q_proj", "v_proj"], "gpt_neox": ["query_key_value"]).
 constexpr std::string_view kQV[] = {"q_proj", "v_proj"};
@@ -74,6 +85,8 @@ constexpr std::string_view kCAttn[] = {"c_attn"};
 constexpr std::string_view kQKV[] = {"query_key_value"};
 // peft constants.py: "phi": ["q_proj", "v_proj", "fc1", "fc2"]
 constexpr std::string_view kPhiLora[] = {"q_proj", "v_proj", "fc1", "fc2"};
+// peft constants.py: "bert": ["query", "value"]
+constexpr std::string_view kBertLora[] = {"query", "value"};  // and "roberta": ["query", "value"]
 // peft constants.py: "falcon": ["query_key_value"]
 // peft constants.py: "t5": ["q", "v"]
 constexpr std::string_view kT5Lora[] = {"q", "v"};
@@ -82,13 +95,17 @@ const FamilyDescriptor kFamilies[] = {
     {Family::kGpt2, "gpt2", kGpt2Types, kGpt2Programs, InputKind::kTokenIds, "transformer.h", "transformer.wte.weight",
      kCAttn},
     {Family::kLlama, "llama", kLlamaTypes, kLlamaPrograms, InputKind::kTokenIds, "model.layers",
-     "model.embed_tokens.weight", kQV},
+     "model.embed_tokens.weight", kQV, kDecoderHeads},
     {Family::kGptNeox, "gpt_neox", kNeoxTypes, kNeoxPrograms, InputKind::kTokenIds, "gpt_neox.layers",
      "gpt_neox.embed_in.weight", kQKV},
     {Family::kOpt, "opt", kOptTypes, kOptPrograms, InputKind::kTokenIds, "model.decoder.layers",
      "model.decoder.embed_tokens.weight", kQV},
     {Family::kPhi, "phi", kPhiTypes, kPhiPrograms, InputKind::kTokenIds, "model.layers", "model.embed_tokens.weight",
      kPhiLora},
+    {Family::kBert, "bert", kBertTypes, kBertPrograms, InputKind::kTokenIds, "bert.encoder.layer",
+     "bert.embeddings.word_embeddings.weight", kBertLora, kEncoderHeads},
+    {Family::kRoberta, "roberta", kRobertaTypes, kBertPrograms, InputKind::kTokenIds, "roberta.encoder.layer",
+     "roberta.embeddings.word_embeddings.weight", kBertLora, kEncoderHeads},
     {Family::kFalcon, "falcon", kFalconTypes, kFalconPrograms, InputKind::kTokenIds, "transformer.h",
      "transformer.word_embeddings.weight", kQKV},
     // T5ForConditionalGeneration: timeline layers 0..L-1 are encoder.block.*, L.. decoder.block.* (layer_name)

@@ -58,6 +58,9 @@ struct FamilyDescriptor {
   std::string_view input_embedding;
   // PEFT's default target_modules for the family (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING)
   std::span<const std::string_view> lora_targets;
+  // The task heads the family's program builds (--head, config.json's architectures), its own head first;
+  // empty: the causal-LM head only (every decoder family).
+  std::span<const Head> heads = {};
 };
 
 std::span<const FamilyDescriptor> families();

@@ -24,6 +24,7 @@ namespace {
 // Bounds of the sizes a request may ask for. Far above any real run; they keep every derived count within
 // 64 bits long before the checked arithmetic would have to say so.
 constexpr uint64_t kMaxBatch = uint64_t{1} << 20;
+constexpr uint64_t kMaxNumLabels = uint64_t{1} << 24;  // a classifier's rows: far above any label set
 constexpr uint64_t kMaxSeq = uint64_t{1} << 24;
 // --generate: every decode step is simulated (one forward of every layer per token), so the count is bounded to
 // keep an estimate within seconds; 32,768 new tokens is past what a generate() call is used for.
@@ -128,6 +129,11 @@ constexpr Field kFields[] = {
     {"moe_experts", "eager | grouped_mm: transformers' experts_implementation for mixture-of-experts models "
                     "(transformers 5.x picks grouped_mm when none is given; grouped_mm is not simulated under "
                     "autocast)", FieldGroup::kModel},
+    {"head", "causal-lm | masked-lm | seq-cls | token-cls: the task head on the model (default: the config's "
+             "architectures[0], else the family's own: causal-lm for decoders, masked-lm for encoders)",
+     FieldGroup::kModel},
+    {"num_labels", "labels of a seq-cls or token-cls head (default: the config's len(id2label), else num_labels, "
+                   "else 2)", FieldGroup::kModel},
     {"overrides", "override a config key: --set key=value (repeatable)", FieldGroup::kModel, true},
     {"task", "train | inference: one training step, or a forward pass in model.eval() under "
              "torch.inference_mode() (no saved tensors, gradients or optimizer)", FieldGroup::kTraining},
@@ -258,6 +264,15 @@ void check_liger_fused(const ModelSpec& m, const TrainSetup& t, bool hf) {
 // has no head, nanoGPT computes its own loss), and each must fit the sequence.
 void check_loss(const ModelSpec& m, const TrainSetup& t) {
   const bool hf = m.impl == Impl::kHf && input_kind(m) == InputKind::kTokenIds;
+  // The chunked and fused losses and logits_to_keep replace or slice a causal LM's head; the masked-LM and
+  // classification heads compute their own CrossEntropyLoss over every row (bert.cc)
+  if (m.head != Head::kCausalLm && (t.loss != LossKind::kCe || t.logits_to_keep != 0)) {
+    const bool loss = t.loss != LossKind::kCe;
+    throw FieldError(loss ? "loss" : "logits_to_keep",
+                     fmt::format("{}: a causal-LM option; {} has the {} head, whose loss is its own CrossEntropyLoss",
+                                 loss ? std::string(name_of(t.loss)) : std::to_string(t.logits_to_keep), m.name,
+                                 head_name(m.head)));
+  }
   if (t.loss == LossKind::kLigerFused) {
     check_liger_fused(m, t, hf);
   } else if (t.loss == LossKind::kChunked) {
@@ -320,6 +335,10 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     s.model.moe_routing = named(f, v, parse_name<MoeRouting>(v));
   } else if (f == "moe_experts") {
     s.model.moe_experts = named(f, v, parse_name<MoeExperts>(v));
+  } else if (f == "head") {
+    s.model.head = named(f, v, parse_name<Head>(v));
+  } else if (f == "num_labels") {
+    s.model.num_labels = count(f, v, kMaxNumLabels);
   } else if (f == "overrides") {
     s.model.overrides.emplace_back(v);
   } else if (f == "batch") {
@@ -424,6 +443,8 @@ std::string field_text(const Scenario& s, std::string_view f) {
   if (f == "attention") return std::string(name_of(s.model.attention));
   if (f == "moe_routing") return std::string(name_of(s.model.moe_routing));
   if (f == "moe_experts") return std::string(name_of(s.model.moe_experts));
+  if (f == "head") return s.model.head ? std::string(name_of(*s.model.head)) : "";
+  if (f == "num_labels") return s.model.num_labels ? std::to_string(*s.model.num_labels) : "";
   if (f == "batch") return std::to_string(s.train.batch);
   if (f == "seq") return std::to_string(s.train.seq);
   if (f == "target_seq") return std::to_string(s.train.target_seq);
@@ -536,6 +557,14 @@ void resolve_inference(const Scenario& s, ResolvedScenario& r) {
   if (s.train.quant.type != Quantize::kNone) {
     throw FieldError("quantize", fmt::format("{}: a 4-bit base is not simulated for inference yet",
                                              name_of(s.train.quant.type)));
+  }
+  if (s.train.generate > 0 && r.model.head != Head::kCausalLm) {
+    // BertForMaskedLM.can_generate() is False, and a classifier has no next-token logits: an encoder or a
+    // classification head runs one forward pass (--task inference without --generate)
+    throw FieldError("generate", fmt::format("{}: {} with the {} head cannot generate (generate() needs a causal-LM "
+                                             "head; transformers' masked-LM and classification models refuse it); "
+                                             "leave --generate out for one forward pass", s.train.generate,
+                                             r.model.name, head_name(r.model.head)));
   }
   if (s.train.generate > 0) {
     // GenerationMixin.generate with its default DynamicCache: what the transformers programs model.

@@ -62,6 +62,7 @@ ForwardOut llama_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const
 ForwardOut gpt_neox_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids, const T* labels);
 ForwardOut opt_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids, const T* labels);
 ForwardOut phi_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids, const T* labels);
+ForwardOut bert_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids, const T* labels);
 ForwardOut falcon_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids, const T* labels);
 // T5ForConditionalGeneration: `ids` are the encoder's input ids, `labels` (B, target_seq) the decoder's targets;
 // the batch's attention_mask comes in Ctx::attention_mask.

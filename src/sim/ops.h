@@ -63,7 +63,9 @@ struct Ctx {
   // generate() passes position_ids of (B, q) (GenerationMixin._prepare_position_ids_for_generation): the model
   // then makes none of its own, and the rotary embedding computes B rows. Null: the model's (1, T) ones.
   const T* position_ids = nullptr;
-  // An encoder-decoder's batch (T5): the collator's attention_mask (B, T) int64, made with the batch. Null otherwise.
+  // The batch's other inputs, as a tokenizer and the Trainer's collator make them: token_type_ids (BERT's
+  // encoders) and attention_mask (the encoders and T5), (B, T) int64 each, made with the batch. Null: not passed.
+  const T* token_type_ids = nullptr;
   const T* attention_mask = nullptr;
   // The loss over the final hidden states (TrainSetup::loss): 0 chunks is transformers' ForCausalLMLoss over
   // the whole logits, N > 0 torchtune's chunked output head and CEWithChunkedOutputLoss with N chunks.
@@ -173,6 +175,9 @@ T index_list1(Ctx& c, const T& x, int dim, const char* what);
 // x[i0, i1, None] on a 2-D x with two 1-D int64 indices of n entries: the None unsqueezes x first
 // (applySlicing), then aten::index gives (n, 1). IndexBackward0 saves both indices.
 T index_pair_unsqueeze(Ctx& c, const T& x, const T& i0, const T& i1, const char* what);
+// x[i0, i1] on a 3-D x (B, T, N) with two 1-D int64 indices of n entries (aten::index): a new (n, N).
+// IndexBackward0 saves both indices, x only by its sizes.
+T index_pair(Ctx& c, const T& x, const T& i0, const T& i1, const char* what);
 // self.index_add_(0, index, source), in place: `self` is rebound to the result (the same storage).
 void index_add_(Ctx& c, T& self, const T& index, const T& source);
 // torch.topk(x, k, dim=-1): values in x's dtype and int64 indices, (..., k) each.

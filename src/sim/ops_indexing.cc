@@ -59,6 +59,16 @@ T index_pair_unsqueeze(Ctx& c, const T& x, const T& i0, const T& i1, const char*
   return out;
 }
 
+T index_pair(Ctx& c, const T& x, const T& i0, const T& i1, const char* what) {
+  if (x.shape().n != 3) throw Error("internal: index_pair of a tensor that is not 3-D");
+  T out = c.e.empty(Shape{i0.shape()[0], x.shape()[2]}, x.dtype(), Category::kActivations, c.L(what));
+  const Shape xs = x.shape();
+  c.e.record("IndexBackward0", {&x}, {&out}, {i0, i1}, [xs](Engine& e, Node&, Grads& g) {
+    return Grads{g[0] ? grad_empty(e, xs, g[0].dtype(), g[0]->label) : T()};
+  });
+  return out;
+}
+
 void index_add_(Ctx& c, T& self, const T& index, const T& source) {
   T out = c.e.view(self, self.shape(), self->strides);  // in place: the same storage
   const bool gs = source->requires_grad;

@@ -194,6 +194,11 @@ void llama_tensors(const ModelSpec& m, Table& t) {
   } else {
     rotary_buffers("model.rotary_emb.", m.attn.rotary_dim, t);
   }
+  if (m.head == Head::kSeqCls) {
+    // GenericForSequenceClassification: self.score = nn.Linear(hidden_size, num_labels, bias=False), no lm_head
+    t.param("score.weight", {m.num_labels, C});
+    return;
+  }
   if (!m.embed.tied) t.param("lm_head.weight", {V, C});
 }
 

@@ -30,6 +30,7 @@ void opt_tensors(const ModelSpec& m, Table& t);       // HF OPTForCausalLM
 void phi_tensors(const ModelSpec& m, Table& t);       // HF PhiForCausalLM
 void falcon_tensors(const ModelSpec& m, Table& t);    // HF FalconForCausalLM
 void stack_tensors(const ModelSpec& m, Table& t);     // nn.Sequential layer stack
+void bert_tensors(const ModelSpec& m, Table& t);      // HF BertFor{MaskedLM,SequenceClassification,TokenClassification}
 void t5_tensors(const ModelSpec& m, Table& t);        // HF T5ForConditionalGeneration
 
 // GPT-2's buffers (none in transformers 5.x).

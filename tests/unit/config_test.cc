@@ -261,6 +261,126 @@ TEST(Config, Starcoder2TakesStarcoder2ConfigDefaults) {
             L * (C + KV + KV + C + F + C));
 }
 
+TEST(Config, BertTakesBertConfigDefaultsAndItsHead) {
+  // BertConfig() is bert-base-uncased's shape; no architectures: the family's own head, BertForMaskedLM.
+  const ModelSpec m = from_json(R"({"model_type": "bert"})");
+  EXPECT_EQ(m.family, Family::kBert);
+  EXPECT_EQ(m.head, Head::kMaskedLm);
+  EXPECT_EQ(m.embed.vocab_size, 30'522u);
+  EXPECT_EQ(m.max_positions, 512u);
+  EXPECT_EQ(m.type_vocab, 2u);
+  EXPECT_EQ(m.mlp.act, Act::kGeluErf);  // hidden_act="gelu": nn.functional.gelu
+  EXPECT_TRUE(m.embed.tied);
+  EXPECT_FALSE(m.pre_norm);
+  EXPECT_DOUBLE_EQ(m.dropout.resid, 0.1);
+  EXPECT_DOUBLE_EQ(m.classifier_dropout, 0.1);  // classifier_dropout=None -> hidden_dropout_prob
+  // BertModel 108,891,648 (no pooler) + the MLM head (bias V, transform dense C*C + C, LayerNorm 2C)
+  EXPECT_EQ(parameter_count(build_inventory(m)).value, 108'891'648u + 30'522u + 768u * 768u + 768u + 2u * 768u);
+  // The head from architectures[0]; num_labels as PreTrainedConfig resolves it: id2label's length, else
+  // num_labels, else 2
+  const ModelSpec s = from_json(R"({"model_type": "bert", "architectures": ["BertForSequenceClassification"]})");
+  EXPECT_EQ(s.head, Head::kSeqCls);
+  EXPECT_EQ(s.num_labels, 2u);
+  EXPECT_EQ(from_json(R"({"model_type": "bert", "architectures": ["BertForTokenClassification"],
+                          "id2label": {"0": "O", "1": "B-PER", "2": "I-PER"}, "num_labels": 7})").num_labels,
+            3u);
+  EXPECT_EQ(from_json(R"({"model_type": "bert"})", {"num_labels=5"}).num_labels, 5u);
+  // --head and --num-labels override the config
+  ModelRequest req;
+  req.head = Head::kTokenCls;
+  req.num_labels = 9;
+  const ModelSpec t = model_from_json(R"({"model_type": "bert", "architectures": ["BertForMaskedLM"]})", "t.json", req);
+  EXPECT_EQ(t.head, Head::kTokenCls);
+  EXPECT_EQ(t.num_labels, 9u);
+  // BertForSequenceClassification keeps BertModel's pooler (dense C*C + C) and adds classifier (N*C + N);
+  // BertForTokenClassification has no pooler
+  EXPECT_EQ(parameter_count(build_inventory(s)).value, 108'891'648u + 768u * 768u + 768u + 2u * 768u + 2u);
+  EXPECT_EQ(parameter_count(build_inventory(t)).value, 108'891'648u + 9u * 768u + 9u);
+  EXPECT_EQ(from_json(R"({"model_type": "bert", "max_position_embeddings": 128})").max_positions, 128u);
+}
+
+TEST(Config, RobertaTakesRobertaConfigDefaultsAndItsHeads) {
+  // RobertaConfig(): BertConfig's shape with vocab_size=50265 and pad_token_id=1; position ids start at
+  // padding_idx + 1 = 2, so the 512 rows hold 510 tokens
+  const ModelSpec m = from_json(R"({"model_type": "roberta"})");
+  EXPECT_EQ(m.family, Family::kRoberta);
+  EXPECT_EQ(m.head, Head::kMaskedLm);
+  EXPECT_EQ(m.embed.vocab_size, 50'265u);
+  EXPECT_EQ(m.embed.position_rows, 512u);
+  EXPECT_EQ(m.position_offset, 2u);
+  EXPECT_EQ(m.max_positions, 510u);
+  // RobertaModel without the pooler: embeddings (V + 512 + 2 rows of C, LayerNorm 2C) + 12 BERT layers
+  constexpr uint64_t C = 768, kModel = (50'265u + 512u + 2u) * C + 2u * C + 12u * 7'087'872u;
+  const Inventory inv = build_inventory(m);
+  // RobertaLMHead: bias V, dense C*C + C, layer_norm 2C (decoder tied to the word embeddings and to bias)
+  EXPECT_EQ(parameter_count(inv).value, kModel + 50'265u + C * C + C + 2u * C);
+  // RobertaEmbeddings deletes BertEmbeddings' position_embeddings and registers a new one: listed last
+  EXPECT_EQ(inv.parameters[4].name, "roberta.embeddings.position_embeddings.weight");
+  EXPECT_EQ(inv.parameters[inv.parameters.size() - 5].name, "lm_head.bias");
+  // RobertaForSequenceClassification: no pooler; RobertaClassificationHead dense (C*C + C) and out_proj (N*C + N)
+  const ModelSpec s = from_json(R"({"model_type": "roberta", "architectures": ["RobertaForSequenceClassification"],
+                                    "id2label": {"0": "neg", "1": "neu", "2": "pos"}})");
+  EXPECT_EQ(s.head, Head::kSeqCls);
+  EXPECT_EQ(parameter_count(build_inventory(s)).value, kModel + C * C + C + 3u * C + 3u);
+  const ModelSpec t = from_json(R"({"model_type": "roberta", "architectures": ["RobertaForTokenClassification"]})");
+  EXPECT_EQ(parameter_count(build_inventory(t)).value, kModel + 2u * C + 2u);
+  EXPECT_NE(error_of([] { from_json(R"({"model_type": "roberta", "max_position_embeddings": 2})"); })
+                .find("more than pad_token_id + 1 = 2"),
+            std::string::npos);
+}
+
+TEST(Config, DecoderSequenceClassificationReplacesTheLmHeadWithScore) {
+  // GenericForSequenceClassification: the base model, then score = nn.Linear(hidden, num_labels, bias=False); no
+  // lm_head (tied or not). pad_token_id is read: the pooling needs it.
+  const char* kLlama = R"({"model_type": "llama", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 160,
+                           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                           "tie_word_embeddings": false, "pad_token_id": 3)";
+  const ModelSpec lm = from_json(std::string(kLlama) + "}");
+  EXPECT_EQ(lm.head, Head::kCausalLm);
+  const ModelSpec s = from_json(std::string(kLlama) + R"(, "architectures": ["LlamaForSequenceClassification"],
+                                                          "num_labels": 5})");
+  EXPECT_EQ(s.head, Head::kSeqCls);
+  EXPECT_EQ(s.num_labels, 5u);
+  EXPECT_EQ(s.pad_token_id, 3u);
+  const Inventory inv = build_inventory(s);
+  EXPECT_EQ(inv.parameters.back().name, "score.weight");
+  EXPECT_EQ(parameter_count(inv).value, parameter_count(build_inventory(lm)).value - 96u * 64u + 5u * 64u);
+  EXPECT_NE(error_of([] {
+              from_json(R"({"model_type": "qwen2", "architectures": ["Qwen2ForSequenceClassification"]})");
+            }).find("needs pad_token_id"),
+            std::string::npos);
+}
+
+TEST(ConfigErrors, DecoderTokenClassificationAndDistilbertAreRefused) {
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "llama", "architectures": ["LlamaForTokenClassification"]})"); }),
+            "test.json: key \"architectures\" = [\"LlamaForTokenClassification\"]: expected a class of a head "
+            "simulated for model_type \"llama\" (causal-lm, seq-cls); its token-cls head is not simulated yet "
+            "(--head picks another)");
+  EXPECT_NE(error_of([] { from_json(R"({"model_type": "distilbert"})"); }).find("DistilBERT is not simulated yet"),
+            std::string::npos);
+}
+
+TEST(ConfigErrors, BertHeadsAndLabels) {
+  EXPECT_EQ(error_of([] {
+              from_json(R"({"model_type": "bert", "architectures": ["BertForSequenceClassification"], "num_labels": 1})");
+            }),
+            "test.json: num_labels 1: with 1 label transformers computes a regression loss (MSELoss), which is not "
+            "simulated; use 2 or more (--num-labels)");
+  ModelRequest req;
+  req.head = Head::kCausalLm;
+  EXPECT_EQ(error_of([&] { model_from_json(R"({"model_type": "bert"})", "t.json", req); }),
+            "t.json: --head causal-lm: the causal-lm head is not simulated for model_type \"bert\" (its family "
+            "builds: masked-lm, seq-cls, token-cls)");
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "bert", "is_decoder": true})"); }),
+            "test.json: key \"is_decoder\" = true: expected false: the decoder mode (BertLMHeadModel, a causal mask) "
+            "is not simulated; the encoder is");
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "bert"})", {"tie_word_embeddings=false"}); }).find("untied"),
+            std::string::npos);  // the reader accepts it; the masked-LM table refuses it
+  EXPECT_NE(error_of([] { build_inventory(from_json(R"({"model_type": "bert", "tie_word_embeddings": false})")); })
+                .find("tie_word_embeddings false with the masked-LM head"),
+            std::string::npos);
+}
+
 TEST(Config, DeepseekV3TakesDeepseekV3ConfigDefaults) {
   // DeepseekV3Config() (configuration_deepseek_v3.py @001f85b) is DeepSeek-V3's main model. Its count by hand:
   // attention per layer q_a_proj 1536x7168 + q_a_layernorm 1536 + q_b_proj (128x192)x1536 + kv_a_proj_with_mqa
@@ -371,10 +491,10 @@ TEST(ConfigErrors, MalformedEmptyAndNonObjectJson) {
 TEST(ConfigErrors, MissingAndUnknownModelType) {
   EXPECT_EQ(error_of([] { from_json(R"({"n_layer": 2})"); }),
             "test.json: missing required key \"model_type\" (expected a string)");
-  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "bert"})"); }),
-            "test.json: key \"model_type\" = \"bert\": expected one of gpt2, nanogpt, llama, mistral, qwen2, qwen3, "
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "bart"})"); }),
+            "test.json: key \"model_type\" = \"bart\": expected one of gpt2, nanogpt, llama, mistral, qwen2, qwen3, "
             "gemma, gemma2, phi3, mixtral, qwen2_moe, qwen3_moe, gemma3_text, starcoder2, deepseek_v3, gpt_neox, opt, "
-            "phi, falcon, t5, mlp");
+            "phi, bert, roberta, falcon, t5, mlp");
 }
 
 TEST(ConfigErrors, HeadsThatDoNotDivideTheWidth) {
@@ -515,14 +635,19 @@ TEST(ConfigErrors, SetOfAKeyThatNothingReads) {
                                                         "_remove_final_layer_norm=true"}));
 }
 
-TEST(ConfigErrors, OnlyCausalLanguageModels) {
+TEST(ConfigErrors, OnlyTheHeadsEachFamilyBuilds) {
   const std::string head_error =
-      "test.json: key \"architectures\" = [\"LlamaForSequenceClassification\"]: expected a causal language model "
-      "(...ForCausalLM or ...LMHeadModel); sequence-classification and other task heads are not modelled yet";
+      "test.json: key \"architectures\" = [\"LlamaForTokenClassification\"]: expected a class of a head simulated "
+      "for model_type \"llama\" (causal-lm, seq-cls); its token-cls head is not simulated yet (--head picks "
+      "another)";
   EXPECT_EQ(error_of([] {
-              from_json(R"({"model_type": "llama", "architectures": ["LlamaForSequenceClassification"]})");
+              from_json(R"({"model_type": "llama", "architectures": ["LlamaForTokenClassification"]})");
             }),
             head_error);
+  EXPECT_EQ(error_of([] { from_json(R"({"model_type": "bert", "architectures": ["BertForQuestionAnswering"]})"); }),
+            "test.json: key \"architectures\" = [\"BertForQuestionAnswering\"]: expected ...ForCausalLM, "
+            "...LMHeadModel, ...ForMaskedLM, ...ForSequenceClassification or ...ForTokenClassification; other task "
+            "heads (question answering, multiple choice, pretraining) are not modelled yet (--head picks one that is)");
   for (const char* head : {"LlamaForTokenClassification", "OPTForQuestionAnswering", "GPT2DoubleHeadsModel",
                            "BertForMaskedLM", "LlamaModel"}) {
     const std::string text = std::string(R"({"model_type": "llama", "architectures": [")") + head + "\"]}";

@@ -87,6 +87,7 @@ int run_models(const Flags& f) {
   for (const Preset& p : presets()) {
     Scenario s;
     s.model.model = std::string(p.name);
+    s.train.seq = 1;  // the model alone (run_params): no training default may refuse a short position table
     const ResolvedScenario r = resolve(s);
     rows.push_back({r.model.name, r.model.model_type, parameter_count(r.inventory), r.model.source});
   }
@@ -100,7 +101,11 @@ int run_gpus(const Flags& f) {
 }
 
 int run_params(const Flags& f) {
-  const ResolvedScenario r = resolved_from(f);
+  // The tensors depend on the model fields only: the training defaults (a 1,024-token sequence) must not refuse
+  // a model with a shorter learned position table (bert-base-uncased's 512)
+  Scenario s = scenario_from(f);
+  s.train.seq = 1;
+  const ResolvedScenario r = resolve(s);
   const auto d = parse_dtype(f.dtype);
   if (!d || !is_floating(*d)) throw FieldError("dtype", fmt::format("\"{}\": expected float32, float16 or bfloat16", f.dtype));
   const bool json = json_format(f);

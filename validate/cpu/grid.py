@@ -74,6 +74,23 @@ _PHI = {"model_type": "phi", "vocab_size": 96, "hidden_size": 64, "intermediate_
         "attention_dropout": 0.0}
 
 
+def _bert(arch, **kw):
+    cfg = {"model_type": "bert", "architectures": [arch], "vocab_size": 96, "hidden_size": 32, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "intermediate_size": 64, "max_position_embeddings": 64, "type_vocab_size": 2,
+           "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+    cfg.update(kw)
+    return cfg
+
+
+def _roberta(arch, **kw):
+    # max_position_embeddings 66: pad_token_id 1 takes rows 0-1, so 64 tokens fit (create_position_ids_from_input_ids)
+    cfg = {"model_type": "roberta", "architectures": [arch], "vocab_size": 96, "hidden_size": 32,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64, "max_position_embeddings": 66,
+           "type_vocab_size": 1, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+    cfg.update(kw)
+    return cfg
+
+
 def _falcon(**kw):
     # tiny FalconConfig: C 64, 2 layers, V 96, 4 heads (multi_query by default), dropout keys at 0.0
     return {"model_type": "falcon", "vocab_size": 96, "hidden_size": 64, "num_hidden_layers": 2,
@@ -250,6 +267,31 @@ GRID = [
                                         "max_position_embeddings": 32, "word_embed_proj_dim": 24,
                                         "enable_bias": False, "tie_word_embeddings": False, "dropout": 0.0,
                                         "attention_dropout": 0.0, "activation_dropout": 0.0}, 1, 8, "fp32"),
+    # --- BERT (architectures[0] picks the head; every dropout key at 0.0, classifier_dropout None follows them)
+    ("bert-mlm", _bert("BertForMaskedLM"), 2, 16, "fp32"),
+    ("bert-mlm-bf16", _bert("BertForMaskedLM", hidden_act="gelu_new"), 2, 32, "bf16"),
+    ("bert-seqcls3", _bert("BertForSequenceClassification", num_labels=3), 3, 8, "fp32"),
+    ("bert-seqcls-id2label-bf16", _bert("BertForSequenceClassification", id2label={"0": "a", "1": "b"},
+                                        type_vocab_size=1), 2, 16, "bf16"),
+    ("bert-tokcls5", _bert("BertForTokenClassification", num_labels=5, num_hidden_layers=1), 2, 16, "fp32"),
+    ("bert-tokcls-bf16", _bert("BertForTokenClassification", num_labels=4), 1, 24, "bf16"),
+    # --- decoders with GenericForSequenceClassification (score, last non-pad token; pad_token_id given)
+    ("llama-seqcls", _ll("llama", architectures=["LlamaForSequenceClassification"], pad_token_id=0), 2, 16, "fp32"),
+    ("llama-seqcls3-bf16", _ll("llama", architectures=["LlamaForSequenceClassification"], pad_token_id=0,
+                               num_labels=3), 3, 24, "bf16"),
+    ("qwen2-seqcls5", _ll("qwen2", architectures=["Qwen2ForSequenceClassification"], pad_token_id=1, num_labels=5),
+     2, 16, "fp32"),
+    ("mistral-seqcls-bf16", _ll("mistral", architectures=["MistralForSequenceClassification"], pad_token_id=2,
+                                id2label={"0": "a", "1": "b", "2": "c", "3": "d"}), 2, 32, "bf16"),
+    # --- RoBERTa (no token_type_ids in the batch; position ids computed from the input ids)
+    ("roberta-mlm", _roberta("RobertaForMaskedLM"), 2, 16, "fp32"),
+    ("roberta-mlm-bf16", _roberta("RobertaForMaskedLM", hidden_act="gelu_new"), 3, 24, "bf16"),
+    ("roberta-seqcls3", _roberta("RobertaForSequenceClassification", num_labels=3), 3, 8, "fp32"),
+    ("roberta-seqcls-bf16", _roberta("RobertaForSequenceClassification", type_vocab_size=2), 2, 16, "bf16"),
+    ("roberta-tokcls5", _roberta("RobertaForTokenClassification", num_labels=5, num_hidden_layers=1), 2, 16,
+     "fp32"),
+    ("roberta-tokcls-bf16", _roberta("RobertaForTokenClassification", id2label={"0": "O", "1": "B", "2": "I"}), 1,
+     24, "bf16"),
 
     # --- Falcon: sequential + ALiBi (falcon-rw), multi-query + parallel (falcon-7b), new_decoder_architecture
     # (falcon-40b/180b: grouped kv, ln_attn + ln_mlp or one input_layernorm), per-head q|k|v; tied and untied

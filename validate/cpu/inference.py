@@ -30,6 +30,8 @@ _LL = {"vocab_size": 96, "hidden_size": 64, "intermediate_size": 160, "num_hidde
        "num_attention_heads": 4, "num_key_value_heads": 2}
 _GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 128, "n_positions": 64,
          "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1}
+_BERT = {"model_type": "bert", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "max_position_embeddings": 64}
 GRID = [
     ("infer-llama-fp32", {"model_type": "llama", **_LL}, 2, 16, "fp32"),
     ("infer-llama-bf16", {"model_type": "llama", **_LL}, 3, 32, "bf16"),
@@ -48,6 +50,20 @@ GRID = [
     ("infer-opt-bf16", {"model_type": "opt", "vocab_size": 96, "hidden_size": 64, "ffn_dim": 128,
                         "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 64}, 2, 16,
      "bf16"),
+    # encoders: one forward of each head (BertFor*: architectures[0]), the tokenizer's three inputs
+    ("infer-bert-mlm-fp32", {**_BERT, "architectures": ["BertForMaskedLM"]}, 2, 16, "fp32"),
+    ("infer-bert-seqcls-bf16", {**_BERT, "architectures": ["BertForSequenceClassification"], "num_labels": 3}, 2,
+     16, "bf16"),
+    # (no autocast row: BERT's softmax has no dtype, and CPU autocast in torch 1.13 leaves it in bf16 where CUDA
+    # autocast runs it in float32, as trainmem models)
+    ("infer-bert-tokcls-fp32", {**_BERT, "architectures": ["BertForTokenClassification"]}, 3, 8, "fp32"),
+    ("infer-llama-seqcls-fp32", {"model_type": "llama", **_LL, "architectures": ["LlamaForSequenceClassification"],
+                                 "pad_token_id": 0, "num_labels": 3}, 2, 16, "fp32"),
+    # RoBERTa: input_ids and attention_mask only; position ids from padding_idx + 1 (66 rows: 64 tokens)
+    ("infer-roberta-mlm-fp32", {**_BERT, "model_type": "roberta", "max_position_embeddings": 66,
+                                "architectures": ["RobertaForMaskedLM"]}, 2, 16, "fp32"),
+    ("infer-roberta-seqcls-bf16", {**_BERT, "model_type": "roberta", "max_position_embeddings": 66,
+                                   "architectures": ["RobertaForSequenceClassification"]}, 3, 8, "bf16"),
     # falcon: the layer returns its eager attention weights, held by FalconModel's `outputs` until the next block
     # returns; ALiBi's tensor and mask live for the whole forward
     ("infer-falcon-rw-alibi-fp32", {"model_type": "falcon", "vocab_size": 96, "hidden_size": 64,
@@ -82,9 +98,12 @@ def measure_inference(config, batch, seq, precision, seed=0, moe_experts="eager"
         model.to(dtype)
     model.eval()
     g = torch.Generator().manual_seed(seed + 1)
-    ids = torch.randint(0, model.vocab_size, (batch, seq), dtype=torch.int64, generator=g)
+    if hasattr(model, "make_inputs"):  # an encoder: input_ids, token_type_ids, attention_mask (models.BertFor*)
+        inputs = model.make_inputs(batch, seq, g, labels=False)
+    else:
+        inputs = [torch.randint(0, model.vocab_size, (batch, seq), dtype=torch.int64, generator=g)]
     params, buffers = list(model.parameters()), list(model.buffers())
-    base_keys = {models.storage_id(t)[0] for t in params + buffers + [ids]}
+    base_keys = {models.storage_id(t)[0] for t in params + buffers + inputs}
     registry = measure._StorageRegistry()
     # torch.no_grad() stands in for torch.inference_mode(): neither records a graph, and they allocate the same
     # tensors; under inference_mode the Autograd key is excluded, so a composite op (layer_norm, linear) reaches
@@ -93,12 +112,12 @@ def measure_inference(config, batch, seq, precision, seed=0, moe_experts="eager"
         with registry:
             if autocast_dtype is not None:
                 with torch.autocast("cpu", dtype=autocast_dtype):
-                    out = model(ids)
+                    out = model(*inputs)
             else:
-                out = model(ids)
+                out = model(*inputs)
         registry.mark("end of forward")  # `outputs` (the logits) still bound, as the script keeps them
     tl = live.build(registry, base_keys, dict(registry.cuda_sizes), set(), set())
-    base = measure._storage_bytes(params + buffers + [ids])
+    base = measure._storage_bytes(params + buffers + inputs)
     del out
     return tl, base, measure._storage_bytes(params + buffers)
 

@@ -281,6 +281,8 @@ def _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors
     if is_stack:
         x = torch.randn(batch, model.input_features, generator=g).to(dtype)
         inputs = [x]
+    elif hasattr(model, "make_inputs"):  # an encoder: the tokenizer's and collator's batch (models.BertFor*)
+        inputs = model.make_inputs(batch, seq, g)
     else:
         V = model.vocab_size
         ids = torch.randint(0, V, (batch, seq), dtype=torch.int64, generator=g)

@@ -22,6 +22,12 @@ reports the tensors that the real models would save.
   opt       transformers 5.x OPTForCausalLM, eager attention.
   phi       transformers 5.x PhiForCausalLM, eager attention (parallel attention + MLP off one LayerNorm, partial
             rotary, optional q/k LayerNorms, biased lm_head).
+  bert      transformers 5.x BertForMaskedLM / BertForSequenceClassification / BertForTokenClassification
+            (architectures[0]), eager attention, the collator's all-ones attention mask (no 4-D mask is made),
+            token_type_ids passed; forward(input_ids, token_type_ids, attention_mask, labels) (make_inputs).
+  roberta   transformers 5.x RobertaForMaskedLM / ...ForSequenceClassification / ...ForTokenClassification: the
+            BERT layers, RobertaEmbeddings' position ids from padding_idx + 1, no token_type_ids in the batch;
+            forward(input_ids, attention_mask, labels).
   falcon    transformers 5.x FalconForCausalLM, eager attention (FalconLinear's matmul then + bias; the
             new_decoder_architecture, multi_query and per-head query_key_value layouts; rotary or ALiBi, whose
             tensor and mask FalconModel builds by hand; the layer returns its attention weights).
@@ -73,7 +79,7 @@ warnings.filterwarnings("ignore", message="nn.functional.sigmoid is deprecated")
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "mixtral", "qwen2_moe", "qwen3_moe",
                 "gemma3_text", "starcoder2", "deepseek_v3")
-MODEL_TYPES = ("nanogpt", "gpt2", "gpt_neox", "opt", "phi", "falcon", "mlp", "t5") + LLAMA_FAMILY
+MODEL_TYPES = ("nanogpt", "gpt2", "gpt_neox", "opt", "phi", "falcon", "mlp", "t5", "bert", "roberta") + LLAMA_FAMILY
 
 
 def _is_meta(device):
@@ -1620,6 +1626,42 @@ class LlamaForCausalLM(nn.Module):
         return for_causal_lm_loss(logits, labels, vocab_size=self.vocab_size)
 
 
+class LlamaForSequenceClassification(nn.Module):
+    """GenericForSequenceClassification (modeling_layers.py, 5.x) over the Llama-shaped model: score without bias
+    over every position, pooled at the last non-pad token (config.pad_token_id given), and
+    ForSequenceClassificationLoss's single_label_classification (loss_utils.py fixed_cross_entropy). The batch:
+    input_ids and labels (B,) (make_inputs)."""
+
+    def __init__(self, cfg, device=None):
+        super().__init__()
+        c = resolve_llama_config(cfg)
+        self.config = c
+        self.vocab_size = c.vocab_size
+        self.pad_token_id = int(cfg["pad_token_id"])
+        id2label = cfg.get("id2label")
+        self.num_labels = len(id2label) if id2label else int(cfg.get("num_labels", 2))
+        self.model = LlamaModel(c, device)
+        self.score = nn.Linear(c.hidden_size, self.num_labels, bias=False, device=device)
+
+    def make_inputs(self, batch, seq, generator, labels=True):
+        ids = torch.randint(0, self.vocab_size, (batch, seq), dtype=torch.int64, generator=generator)
+        if not labels:
+            return [ids]
+        return [ids, torch.randint(0, self.num_labels, (batch,), dtype=torch.int64, generator=generator)]
+
+    def forward(self, input_ids, labels=None):
+        hidden_states = self.model(input_ids)
+        logits = self.score(hidden_states)
+        batch_size = input_ids.shape[0]
+        non_pad_mask = (input_ids != self.pad_token_id).to(logits.device, torch.int32)
+        token_indices = torch.arange(input_ids.shape[-1], device=logits.device, dtype=torch.int32)
+        last_non_pad_token = (token_indices * non_pad_mask).argmax(-1)
+        pooled_logits = logits[torch.arange(batch_size, device=logits.device), last_non_pad_token]
+        if labels is None:
+            return pooled_logits
+        return nn.functional.cross_entropy(pooled_logits.view(-1, self.num_labels), labels.view(-1), ignore_index=-100)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # GPT-NeoX (transformers 5.x modeling_gpt_neox.py, eager)
 
@@ -2120,6 +2162,502 @@ class OPTForCausalLM(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------------------
+# BERT (transformers 5.x modeling_bert.py): BertModel under BertForMaskedLM, BertForSequenceClassification and
+# BertForTokenClassification, picked by architectures[0] (trainmem: the config's architectures, or --head).
+# The batch is what BertTokenizer and the Trainer's collators make (make_inputs): input_ids, token_type_ids,
+# attention_mask (all ones: padded to the longest sequence), labels ((B,) for sequence classification).
+
+BERT_HEADS = {"ForMaskedLM": "masked-lm", "ForSequenceClassification": "seq-cls", "ForTokenClassification": "token-cls"}
+
+
+def resolve_bert_config(cfg):
+    """transformers BertConfig.__init__ defaults (configuration_bert.py) and PreTrainedConfig's num_labels
+    (len(id2label) when given, else num_labels, default 2) and tie_word_embeddings (True)."""
+    id2label = cfg.get("id2label")
+    return SimpleNamespace(
+        vocab_size=_get(cfg, ("vocab_size",), 30522),
+        hidden_size=_get(cfg, ("hidden_size",), 768),
+        num_hidden_layers=_get(cfg, ("num_hidden_layers",), 12),
+        num_attention_heads=_get(cfg, ("num_attention_heads",), 12),
+        intermediate_size=_get(cfg, ("intermediate_size",), 3072),
+        hidden_act=_get(cfg, ("hidden_act",), "gelu"),
+        hidden_dropout_prob=_get(cfg, ("hidden_dropout_prob",), 0.1),
+        attention_probs_dropout_prob=_get(cfg, ("attention_probs_dropout_prob",), 0.1),
+        max_position_embeddings=_get(cfg, ("max_position_embeddings",), 512),
+        type_vocab_size=_get(cfg, ("type_vocab_size",), 2),
+        layer_norm_eps=_get(cfg, ("layer_norm_eps",), 1e-12),
+        pad_token_id=_get(cfg, ("pad_token_id",), 0),
+        classifier_dropout=cfg.get("classifier_dropout"),
+        num_labels=len(id2label) if id2label else _get(cfg, ("num_labels",), 2),
+        tie_word_embeddings=_get(cfg, ("tie_word_embeddings",), True),
+    )
+
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(c.vocab_size, c.hidden_size, padding_idx=c.pad_token_id, device=device)
+        self.position_embeddings = nn.Embedding(c.max_position_embeddings, c.hidden_size, device=device)
+        self.token_type_embeddings = nn.Embedding(c.type_vocab_size, c.hidden_size, device=device)
+        self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, device=device)
+        self.dropout = nn.Dropout(c.hidden_dropout_prob)
+        self.register_buffer("position_ids", torch.arange(c.max_position_embeddings, device=device).expand((1, -1)),
+                             persistent=False)
+        self.register_buffer("token_type_ids", torch.zeros(self.position_ids.size(), dtype=torch.long, device=device),
+                             persistent=False)
+
+    def forward(self, input_ids, token_type_ids=None, past_key_values_length=0):
+        position_ids = self.make_position_ids(input_ids, past_key_values_length)
+        input_shape = input_ids.size()
+        batch_size, seq_length = input_shape
+        if token_type_ids is None:
+            buffered_token_type_ids = self.token_type_ids.expand(position_ids.shape[0], -1)
+            buffered_token_type_ids = torch.gather(buffered_token_type_ids, dim=1, index=position_ids)
+            token_type_ids = buffered_token_type_ids.expand(batch_size, seq_length)
+        inputs_embeds = self.word_embeddings(input_ids)
+        token_type_embeddings = self.token_type_embeddings(token_type_ids)
+        embeddings = inputs_embeds + token_type_embeddings
+        position_embeddings = self.position_embeddings(position_ids)
+        embeddings = embeddings + position_embeddings
+        embeddings = self.LayerNorm(embeddings)
+        embeddings = self.dropout(embeddings)
+        return embeddings
+
+    def make_position_ids(self, input_ids, past_key_values_length):
+        """BertEmbeddings: a view of the position_ids buffer; RobertaEmbeddings computes them from the ids."""
+        seq_length = input_ids.shape[1]
+        return self.position_ids[:, past_key_values_length: seq_length + past_key_values_length]
+
+
+def bert_eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0):
+    """modeling_bert.py (5.x) eager_attention_forward: softmax without a dtype (no upcast, no cast back)."""
+    attn_weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        attention_mask = attention_mask[:, :, :, : key.shape[-2]]
+        attn_weights = attn_weights + attention_mask
+    attn_weights = nn.functional.softmax(attn_weights, dim=-1)
+    attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)
+    attn_output = torch.matmul(attn_weights, value)
+    attn_output = attn_output.transpose(1, 2).contiguous()
+    return attn_output, attn_weights
+
+
+class BertSelfAttention(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.num_attention_heads = c.num_attention_heads
+        self.attention_head_size = c.hidden_size // c.num_attention_heads
+        self.all_head_size = self.num_attention_heads * self.attention_head_size
+        self.scaling = self.attention_head_size ** -0.5
+        self.query = nn.Linear(c.hidden_size, self.all_head_size, device=device)
+        self.key = nn.Linear(c.hidden_size, self.all_head_size, device=device)
+        self.value = nn.Linear(c.hidden_size, self.all_head_size, device=device)
+        self.dropout = nn.Dropout(c.attention_probs_dropout_prob)
+        self.is_causal = False
+
+    def forward(self, hidden_states, attention_mask=None):
+        input_shape = hidden_states.shape[:-1]
+        hidden_shape = (*input_shape, -1, self.attention_head_size)
+        query_layer = self.query(hidden_states).view(*hidden_shape).transpose(1, 2)
+        key_layer = self.key(hidden_states).view(*hidden_shape).transpose(1, 2)
+        value_layer = self.value(hidden_states).view(*hidden_shape).transpose(1, 2)
+        attn_output, attn_weights = bert_eager_attention_forward(
+            self, query_layer, key_layer, value_layer, attention_mask,
+            dropout=0.0 if not self.training else self.dropout.p, scaling=self.scaling)
+        attn_output = attn_output.reshape(*input_shape, -1).contiguous()
+        return attn_output, attn_weights
+
+
+class _BertDenseResidualNorm(nn.Module):
+    """BertSelfOutput and BertOutput, the same code over another input width: dense, dropout,
+    LayerNorm(hidden_states + input_tensor). in_features: the config key of dense's input width."""
+    in_features = "hidden_size"
+
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.dense = nn.Linear(getattr(c, self.in_features), c.hidden_size, device=device)
+        self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, device=device)
+        self.dropout = nn.Dropout(c.hidden_dropout_prob)
+
+    def forward(self, hidden_states, input_tensor):
+        hidden_states = self.dense(hidden_states)
+        hidden_states = self.dropout(hidden_states)
+        hidden_states = self.LayerNorm(hidden_states + input_tensor)
+        return hidden_states
+
+
+class BertSelfOutput(_BertDenseResidualNorm):
+    in_features = "hidden_size"
+
+
+class BertOutput(_BertDenseResidualNorm):
+    in_features = "intermediate_size"
+
+
+class BertAttention(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.self = BertSelfAttention(c, device)
+        self.output = BertSelfOutput(c, device)
+
+    def forward(self, hidden_states, attention_mask=None):
+        attention_output, attn_weights = self.self(hidden_states, attention_mask=attention_mask)
+        attention_output = self.output(attention_output, hidden_states)
+        return attention_output, attn_weights
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.dense = nn.Linear(c.hidden_size, c.intermediate_size, device=device)
+        self.intermediate_act_fn = act_fn(c.hidden_act)
+
+    def forward(self, hidden_states):
+        return self.intermediate_act_fn(self.dense(hidden_states))  # dense's output dies once the act returns
+
+
+class BertLayer(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.attention = BertAttention(c, device)
+        self.intermediate = BertIntermediate(c, device)
+        self.output = BertOutput(c, device)
+
+    def forward(self, hidden_states, attention_mask=None):
+        self_attention_output, _ = self.attention(hidden_states, attention_mask)
+        attention_output = self_attention_output
+        # apply_chunking_to_forward with chunk_size_feed_forward 0: feed_forward_chunk(attention_output)
+        layer_output = self.feed_forward_chunk(attention_output)
+        return layer_output
+
+    def feed_forward_chunk(self, attention_output):
+        intermediate_output = self.intermediate(attention_output)
+        layer_output = self.output(intermediate_output, attention_output)
+        return layer_output
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.layer = nn.ModuleList([BertLayer(c, device) for _ in range(c.num_hidden_layers)])
+
+    def forward(self, hidden_states, attention_mask=None):
+        for layer_module in self.layer:
+            hidden_states = layer_module(hidden_states, attention_mask)
+        return hidden_states
+
+
+class BertPooler(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.dense = nn.Linear(c.hidden_size, c.hidden_size, device=device)
+        self.activation = nn.Tanh()
+
+    def forward(self, hidden_states):
+        first_token_tensor = hidden_states[:, 0]
+        pooled_output = self.dense(first_token_tensor)
+        pooled_output = self.activation(pooled_output)
+        return pooled_output
+
+
+def create_bidirectional_mask(inputs_embeds, attention_mask):
+    """masking_utils.create_bidirectional_mask (5.x) for eager and sdpa: the 2-D mask .to(torch.bool), and
+    sdpa_mask's _ignore_bidirectional_mask_sdpa skips the 4-D mask when padding_mask.all() (no padding)."""
+    if attention_mask is None:
+        return None
+    attention_mask = attention_mask.to(device=inputs_embeds.device, dtype=torch.bool)
+    if attention_mask.all():
+        return None
+    raise NotImplementedError("a padded attention mask is not part of the oracle")
+
+
+class BertModel(nn.Module):
+    def __init__(self, c, add_pooling_layer=True, device=None):
+        super().__init__()
+        self.embeddings = BertEmbeddings(c, device)
+        self.encoder = BertEncoder(c, device)
+        self.pooler = BertPooler(c, device) if add_pooling_layer else None
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+        seq_length = input_ids.shape[1]
+        cache_position = torch.arange(0, seq_length, device=input_ids.device)  # noqa: F841 (bound until return)
+        embedding_output = self.embeddings(input_ids=input_ids, token_type_ids=token_type_ids)
+        attention_mask = create_bidirectional_mask(embedding_output, attention_mask)
+        sequence_output = self.encoder(embedding_output, attention_mask=attention_mask)
+        pooled_output = self.pooler(sequence_output) if self.pooler is not None else None
+        return sequence_output, pooled_output
+
+
+class BertPredictionHeadTransform(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.transform_act_fn = act_fn(c.hidden_act)  # no parameters: its place among the modules changes nothing
+        self.dense = nn.Linear(c.hidden_size, c.hidden_size, device=device)
+        self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, device=device)
+
+    def forward(self, hidden_states):
+        # dense, act, LayerNorm: each rebinding of hidden_states frees the previous one once the next op returns
+        return self.LayerNorm(self.transform_act_fn(self.dense(hidden_states)))
+
+
+class BertLMPredictionHead(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(c, device)
+        self.decoder = nn.Linear(c.hidden_size, c.vocab_size, bias=True, device=device)
+        self.bias = nn.Parameter(torch.zeros(c.vocab_size, device=device))
+        self.decoder.bias = self.bias  # _tied_weights_keys: cls.predictions.decoder.bias -> cls.predictions.bias
+
+    def forward(self, hidden_states):
+        return self.decoder(self.transform(hidden_states))  # the transform's output dies once decoder returns
+
+
+class BertOnlyMLMHead(nn.Module):
+    """Its forward returns self.predictions(sequence_output): BertForMaskedLM.mlm_head calls that directly."""
+
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(c, device)
+
+
+def classification_output(logits, labels, num_labels):
+    """The logits without labels; with them CrossEntropyLoss()(logits.view(-1, num_labels), labels.view(-1)): the
+    token-classification loss and single_label_classification (problem_type None, num_labels > 1, int64 labels)."""
+    if labels is None:
+        return logits
+    loss_fct = nn.CrossEntropyLoss()
+    return loss_fct(logits.view(-1, num_labels), labels.view(-1))
+
+
+class _BertTask(nn.Module):
+    """What the Bert*For* classes share here: the batch the tokenizer and collator make, and the base model
+    (the attribute named base_model_prefix, as PreTrainedModel.base_model)."""
+    base_model_prefix = "bert"
+
+    @property
+    def base_model(self):
+        return getattr(self, self.base_model_prefix)
+
+    def make_inputs(self, batch, seq, generator, labels=True):
+        ids = torch.randint(0, self.vocab_size, (batch, seq), dtype=torch.int64, generator=generator)
+        token_type_ids = torch.zeros(batch, seq, dtype=torch.int64)
+        attention_mask = torch.ones(batch, seq, dtype=torch.int64)
+        inputs = [ids, token_type_ids, attention_mask]
+        if labels:
+            inputs.append(self.make_labels(batch, seq, generator))
+        return inputs
+
+
+class BertForMaskedLM(_BertTask):
+    def __init__(self, c, device=None):
+        super().__init__()
+        if not c.tie_word_embeddings:
+            raise ValueError("an untied MLM decoder is not part of the oracle")
+        self.vocab_size = c.vocab_size
+        self.build(c, device)
+
+    def build(self, c, device):
+        self.bert = BertModel(c, add_pooling_layer=False, device=device)
+        self.cls = BertOnlyMLMHead(c, device)
+        self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+
+    def mlm_head(self, sequence_output):
+        return self.cls.predictions(sequence_output)  # BertOnlyMLMHead.forward
+
+    def make_labels(self, batch, seq, g):
+        # DataCollatorForLanguageModeling: (B, T) int64, -100 where a token is not masked
+        labels = torch.randint(0, self.vocab_size, (batch, seq), dtype=torch.int64, generator=g)
+        labels[:, ::2] = -100
+        return labels
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None):
+        outputs = self.base_model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        sequence_output = outputs[0]
+        prediction_scores = self.mlm_head(sequence_output)
+        return classification_output(prediction_scores, labels, self.vocab_size)  # -100 index = padding token
+
+
+class BertForTokenClassification(_BertTask):
+    """BertForTokenClassification: dropout and classifier over last_hidden_state (outputs[0]), BertModel without
+    the pooler. BertForSequenceClassification is the same code over pooler_output (outputs[1])."""
+    pooled = False
+
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.num_labels = c.num_labels
+        self.vocab_size = c.vocab_size
+        setattr(self, self.base_model_prefix, self.model_class(c, add_pooling_layer=self.pooled, device=device))
+        classifier_dropout = c.classifier_dropout if c.classifier_dropout is not None else c.hidden_dropout_prob
+        self.dropout = nn.Dropout(classifier_dropout)
+        self.classifier = nn.Linear(c.hidden_size, c.num_labels, device=device)
+
+    @property
+    def model_class(self):
+        return BertModel
+
+    def make_labels(self, batch, seq, g):
+        # DataCollatorForTokenClassification: (B, T) int64
+        return torch.randint(0, self.num_labels, (batch, seq), dtype=torch.int64, generator=g)
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None):
+        outputs = self.base_model(input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        features = outputs[1 if self.pooled else 0]  # pooled_output / sequence_output
+        features = self.dropout(features)
+        logits = self.classifier(features)
+        return classification_output(logits, labels, self.num_labels)
+
+
+class BertForSequenceClassification(BertForTokenClassification):
+    pooled = True  # BertModel(config) keeps its pooler
+
+    def make_labels(self, batch, seq, g):
+        return torch.randint(0, self.num_labels, (batch,), dtype=torch.int64, generator=g)  # DataCollatorWithPadding
+
+
+def build_bert(cfg, device=None):
+    """The Bert*For* class of architectures[0] (trainmem's head); BertForMaskedLM without one."""
+    c = resolve_bert_config(cfg)
+    arch = (cfg.get("architectures") or ["BertForMaskedLM"])[0]
+    for suffix, cls in (("ForMaskedLM", BertForMaskedLM), ("ForSequenceClassification", BertForSequenceClassification),
+                        ("ForTokenClassification", BertForTokenClassification)):
+        if arch.endswith(suffix):
+            return cls(c, device)
+    raise ValueError(f"unsupported BERT head {arch!r}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# RoBERTa (transformers 5.x modular_roberta.py -> modeling_roberta.py): BertModel's layers under RobertaEmbeddings
+# (position ids from padding_idx + 1), RobertaLMHead and RobertaClassificationHead, all under "roberta." and
+# add_pooling_layer=False for every head here. RobertaTokenizer.model_input_names = ["input_ids",
+# "attention_mask"]: the batch has no token_type_ids (make_inputs), so the embeddings gather their zeros buffer.
+
+
+def resolve_roberta_config(cfg):
+    """RobertaConfig.__init__: BertConfig's defaults but vocab_size=50265 and pad_token_id=1."""
+    return resolve_bert_config({"vocab_size": 50265, "pad_token_id": 1, **cfg})
+
+
+class RobertaEmbeddings(BertEmbeddings):
+    def __init__(self, c, device=None):
+        super().__init__(c, device)
+        del self.position_embeddings
+        self.padding_idx = c.pad_token_id
+        self.position_embeddings = nn.Embedding(c.max_position_embeddings, c.hidden_size, padding_idx=self.padding_idx,
+                                                device=device)
+
+    def make_position_ids(self, input_ids, past_key_values_length):
+        # RobertaEmbeddings.forward: position_ids = self.create_position_ids_from_input_ids(input_ids,
+        # self.padding_idx, past_key_values_length); the rest of its forward is BertEmbeddings'
+        return self.create_position_ids_from_input_ids(input_ids, self.padding_idx, past_key_values_length)
+
+    @staticmethod
+    def create_position_ids_from_input_ids(input_ids, padding_idx, past_key_values_length=0):
+        mask = input_ids.ne(padding_idx).int()
+        incremental_indices = (torch.cumsum(mask, dim=1).type_as(mask) + past_key_values_length) * mask
+        return incremental_indices.long() + padding_idx
+
+
+class RobertaModel(BertModel):
+    def __init__(self, c, add_pooling_layer=True, device=None):
+        super().__init__(c, add_pooling_layer=add_pooling_layer, device=device)
+        self.embeddings = RobertaEmbeddings(c, device)  # the same slot in _modules: registration order kept
+
+
+class RobertaLMHead(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.dense = nn.Linear(c.hidden_size, c.hidden_size, device=device)
+        self.layer_norm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps, device=device)
+        self.decoder = nn.Linear(c.hidden_size, c.vocab_size, device=device)
+        self.bias = nn.Parameter(torch.zeros(c.vocab_size, device=device))
+        self.decoder.bias = self.bias  # _tied_weights_keys: lm_head.decoder.bias -> lm_head.bias
+
+    def forward(self, features):
+        # x = self.dense(features); x = gelu(x) (activations.gelu: GELUActivation, erf, whatever hidden_act
+        # says); x = self.layer_norm(x); x = self.decoder(x): each rebinding frees the previous x, as here
+        x = nn.functional.gelu(self.dense(features))
+        x = self.layer_norm(x)
+        return self.decoder(x)
+
+
+class RobertaClassificationHead(nn.Module):
+    def __init__(self, c, device=None):
+        super().__init__()
+        self.dense = nn.Linear(c.hidden_size, c.hidden_size, device=device)
+        classifier_dropout = c.classifier_dropout if c.classifier_dropout is not None else c.hidden_dropout_prob
+        self.dropout = nn.Dropout(classifier_dropout)
+        self.out_proj = nn.Linear(c.hidden_size, c.num_labels, device=device)
+
+    def forward(self, features):
+        x = features[:, 0, :]  # take <s> token (equiv. to [CLS])
+        x = self.dropout(x)
+        x = self.dense(x)
+        x = torch.tanh(x)
+        x = self.dropout(x)
+        x = self.out_proj(x)
+        return x
+
+
+class _RobertaTask(_BertTask):
+    """The RobertaFor* classes here: the Bert*For* code under "roberta." with RoBERTa's batch (input_ids,
+    attention_mask, labels: RobertaTokenizer has no token_type_ids) and forward(input_ids, attention_mask, labels)."""
+    base_model_prefix = "roberta"
+
+    @property
+    def model_class(self):
+        return RobertaModel
+
+    def make_inputs(self, batch, seq, generator, labels=True):
+        ids = torch.randint(0, self.vocab_size, (batch, seq), dtype=torch.int64, generator=generator)
+        attention_mask = torch.ones(batch, seq, dtype=torch.int64)
+        inputs = [ids, attention_mask]
+        if labels:
+            inputs.append(self.make_labels(batch, seq, generator))
+        return inputs
+
+    def forward(self, input_ids, attention_mask=None, labels=None):
+        return super().forward(input_ids, None, attention_mask, labels)
+
+
+class RobertaForMaskedLM(_RobertaTask, BertForMaskedLM):
+    def build(self, c, device):
+        self.roberta = RobertaModel(c, add_pooling_layer=False, device=device)
+        self.lm_head = RobertaLMHead(c, device)
+        self.lm_head.decoder.weight = self.roberta.embeddings.word_embeddings.weight
+
+    def mlm_head(self, sequence_output):
+        return self.lm_head(sequence_output)
+
+
+class RobertaForSequenceClassification(_RobertaTask, BertForSequenceClassification):
+    def __init__(self, c, device=None):
+        _BertTask.__init__(self)
+        self.num_labels = c.num_labels
+        self.vocab_size = c.vocab_size
+        self.roberta = RobertaModel(c, add_pooling_layer=False, device=device)
+        self.classifier = RobertaClassificationHead(c, device)
+
+    def forward(self, input_ids, attention_mask=None, labels=None):
+        outputs = self.roberta(input_ids, attention_mask=attention_mask)
+        sequence_output = outputs[0]
+        logits = self.classifier(sequence_output)
+        return classification_output(logits, labels, self.num_labels)
+
+
+class RobertaForTokenClassification(_RobertaTask, BertForTokenClassification):
+    pass
+
+
+def build_roberta(cfg, device=None):
+    """The RobertaFor* class of architectures[0]; RobertaForMaskedLM without one."""
+    c = resolve_roberta_config(cfg)
+    arch = (cfg.get("architectures") or ["RobertaForMaskedLM"])[0]
+    for suffix, cls in (("ForMaskedLM", RobertaForMaskedLM),
+                        ("ForSequenceClassification", RobertaForSequenceClassification),
+                        ("ForTokenClassification", RobertaForTokenClassification)):
+        if arch.endswith(suffix):
+            return cls(c, device)
+    raise ValueError(f"unsupported RoBERTa head {arch!r}")
 # Falcon (transformers 5.x modeling_falcon.py, read at zucchini-nlp/transformers@e241202, a fork of main; eager
 # and the layouts new_decoder_architecture / multi_query / per-head, rotary or ALiBi). use_cache=False.
 
@@ -2892,6 +3430,8 @@ def build_model(config, device=None, frozen=(), checkpointing="none", checkpoint
         m = NanoGPT(config, device)
     elif t == "gpt2":
         m = GPT2LMHeadModel(config, device)
+    elif t in LLAMA_FAMILY and (config.get("architectures") or [""])[0].endswith("ForSequenceClassification"):
+        m = LlamaForSequenceClassification(config, device)
     elif t in LLAMA_FAMILY:
         m = LlamaForCausalLM(config, device)
     elif t == "gpt_neox":
@@ -2904,6 +3444,10 @@ def build_model(config, device=None, frozen=(), checkpointing="none", checkpoint
         m = FalconForCausalLM(config, device)
     elif t == "mlp":
         m = MLPStack(config, device)
+    elif t == "bert":
+        m = build_bert(config, device)
+    elif t == "roberta":
+        m = build_roberta(config, device)
     elif t == "t5":
         m = T5ForConditionalGeneration(config, device)
     else:

@@ -32,6 +32,13 @@ PUBLISHED = {
     "gemma-3-1b-it": 999_885_952,  # keras-hub gemma3_presets.py@46f3b4a gemma3_instruct_1b
     # keras-hub qwen3_moe_presets.py@79c5664 qwen3_moe_30b_a3b_en, qwen_moe_presets.py@41e055b qwen1.5_moe_2.7b_en
     "qwen3-30b-a3b": 30_532_122_624, "qwen1.5-moe-a2.7b": 14_315_784_192,
+    # keras-hub bert_presets.py@0e1444f bert_base_en_uncased: BertBackbone, i.e. BertModel with its pooler and no
+    # task head; the preset is BertForMaskedLM, so the count is taken of BertModel (MODULE_SETS)
+    "bert-base-uncased": 109_482_240,
+    # keras-hub roberta_presets.py@d7a5c31 roberta_base_en: RobertaBackbone (roberta_backbone.py@7eea6c8): token
+    # and position embeddings (max_sequence_length=512 rows), LayerNorm, the encoder layers; no token type
+    # embeddings, no pooler, no head (MODULE_SETS)
+    "roberta-base": 124_052_736,
     "falcon-rw-1b": 1_311_625_216,  # keras-hub falcon_presets.py@aa42194 falcon_refinedweb_1b_en
     # keras-nlp t5_presets.py t5_small "params" (mattdangerw/keras-hub@0df99da keras_nlp/models/t5/t5_presets.py);
     # T5.1.1 / flan base: sdpetrides/t5x-train-and-test README.md@7742ecb t5x "base" 247577856
@@ -41,12 +48,30 @@ PUBLISHED = {
 }
 
 
-def trainmem_count(binary, path):
-    p = subprocess.run([binary, "estimate", "--model", path, "--batch", "1", "--seq", "8", "--format", "json"],
+# A published count of another module set than the preset's model: (what the reference counts, trainmem flags,
+# prefix of the parameter names trainmem leaves out). bert-base-uncased: BertModel(config) with the pooler =
+# BertForSequenceClassification less its classifier.
+MODULE_SETS = {
+    "bert-base-uncased": (lambda m: m.bert if hasattr(m, "bert") else m,
+                          ["--head", "seq-cls"], "classifier."),
+    # RobertaModel(add_pooling_layer=False) less its token_type_embeddings (keras-hub has none) and less the
+    # padding_idx + 1 = 2 position rows no position id reaches (create_position_ids_from_input_ids starts at 2;
+    # keras-hub's PositionEmbedding has the 512 rows that are reached)
+    "roberta-base": (lambda m: m.roberta, ["--head", "token-cls"],
+                     ("classifier.", "roberta.embeddings.token_type_embeddings."), 2 * 768),
+}
+# the architecture each MODULE_SETS reference model is built with (its backbone is the module set's base)
+_MODULE_SET_ARCH = {"bert-base-uncased": "BertForSequenceClassification",
+                    "roberta-base": "RobertaForTokenClassification"}
+
+
+def trainmem_count(binary, path, flags=(), minus=None):
+    p = subprocess.run([binary, "params", "--model", path, "--format", "json"] + list(flags),
                        capture_output=True, text=True)
     if p.returncode != 0:
         return None
-    return json.loads(p.stdout)["parameters"]["count"]
+    rows = json.loads(p.stdout)["parameters"]
+    return sum(r["elements"] for r in rows if not (minus and r["name"].startswith(minus)))
 
 
 def main():
@@ -61,13 +86,21 @@ def main():
         name = os.path.basename(f)[:-5]
         with open(f) as fh:
             cfg = json.load(fh)
+        sub, flags, minus, *less = MODULE_SETS.get(name, (None, (), None))
+        less = less[0] if less else 0
         try:
-            n, _ = models.count_parameters(cfg)
+            if sub is None:
+                n, _ = models.count_parameters(cfg)
+            else:  # the backbone of a task model (BertModel with its pooler; RobertaModel without)
+                m = models.build_model({**cfg, "architectures": [_MODULE_SET_ARCH[name]]}, device="meta")
+                n = sum(p.numel() for p in sub(m).parameters() if not (
+                    name == "roberta-base" and p is m.roberta.embeddings.token_type_embeddings.weight)) - less
         except ValueError as e:
             print(f"{name:26s} {'-':>16s}  skipped: {e}")
             continue
         pub = PUBLISHED.get(name)
-        tm = trainmem_count(a.trainmem, f) if a.trainmem else None
+        tm = trainmem_count(a.trainmem, f, flags, minus) if a.trainmem else None
+        tm = tm - less if tm is not None else None
         ok = (pub is None or pub == n) and (tm is None or tm == n)
         bad += not ok
         fmt = lambda v: "-" if v is None else format(v, ",")  # noqa: E731

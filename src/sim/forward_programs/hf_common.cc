@@ -39,6 +39,43 @@ ForwardOut causal_lm_output(Ctx& c, T logits, const T* labels) {
   return out;
 }
 
+// GenericForSequenceClassification.forward (modeling_layers.py, 5.x), once the base model has returned
+// hidden_states (last_hidden_state, bound in the caller):
+//   logits = self.score(hidden_states)                                              (B, T, N)
+//   non_pad_mask = (input_ids != self.config.pad_token_id).to(logits.device, torch.int32)
+//   token_indices = torch.arange(input_ids.shape[-1], device=logits.device, dtype=torch.int32)
+//   last_non_pad_token = (token_indices * non_pad_mask).argmax(-1)                  int64 (B,)
+//   pooled_logits = logits[torch.arange(batch_size, device=logits.device), last_non_pad_token]   (B, N)
+//   loss = self.loss_function(...): ForSequenceClassificationLoss (loss_utils.py), problem_type None,
+//     num_labels > 1 and int64 labels: single_label_classification, fixed_cross_entropy(pooled_logits.view(-1,
+//     num_labels), labels.view(-1)): F.cross_entropy(ignore_index=-100, reduction="mean")
+// The locals (logits, non_pad_mask, token_indices, last_non_pad_token) live until forward returns; the model
+// returns pooled_logits.
+ForwardOut sequence_classification_output(Ctx& c, const ModelSpec& m, const T& score, const T& hidden, const T& ids,
+                                          const T* labels) {
+  const uint64_t B = ids.shape()[0], Tn = ids.shape()[1];
+  const T logits = linear(c, hidden, score, nullptr, "score");
+  T non_pad_mask;
+  {
+    T ne = c.e.empty(Shape{B, Tn}, DType::kBool, Category::kTemporaries, c.L("input_ids != pad_token_id"));
+    non_pad_mask = c.e.empty(Shape{B, Tn}, DType::kI32, Category::kActivations, c.L("non_pad_mask .to(int32)"));
+  }
+  const T token_indices = c.e.empty(Shape{Tn}, DType::kI32, Category::kActivations, c.L("token_indices"));
+  T last_non_pad_token;
+  {
+    T product = c.e.empty(Shape{B, Tn}, DType::kI32, Category::kTemporaries, c.L("token_indices * non_pad_mask"));
+    last_non_pad_token = c.e.empty(Shape{B}, DType::kI64, Category::kActivations, c.L("argmax(-1)"));
+  }
+  ForwardOut out;
+  {
+    // saved by IndexBackward0 (an activation, not a temporary)
+    const T rows = c.e.empty(Shape{B}, DType::kI64, Category::kActivations, c.L("torch.arange(batch_size)"));
+    out.logits = index_pair(c, logits, rows, last_non_pad_token, "pooled_logits");
+  }
+  if (labels) out.loss = cross_entropy(c, view(c, out.logits, Shape{B, m.num_labels}), view(c, *labels, Shape{B}));
+  return out;
+}
+
 namespace {
 
 // `self += other` on a tensor that requires grad: no new storage; AddBackward0 becomes self's grad_fn and

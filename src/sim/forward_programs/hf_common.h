@@ -47,6 +47,10 @@ T lm_head_logits(Ctx& c, const LoadedModel& w, const T& hidden, const char* head
                  const char* bias = nullptr);
 // The forward's result: the logits, and the loss when labels are given.
 ForwardOut causal_lm_output(Ctx& c, T logits, const T* labels);
+// GenericForSequenceClassification (modeling_layers.py): `score` (N, C) without bias over every position, pooled
+// at the last non-pad token (pad_token_id given), and single_label_classification's CrossEntropyLoss.
+ForwardOut sequence_classification_output(Ctx& c, const ModelSpec& m, const T& score, const T& hidden, const T& ids,
+                                          const T* labels);
 // torchtune's chunked output head and CEWithChunkedOutputLoss in place of the head and the loss above (the
 // loss is c.loss_chunks > 0): no whole logits are returned.
 ForwardOut chunked_causal_lm(Ctx& c, const LoadedModel& w, T hidden, const char* head, const char* tied,

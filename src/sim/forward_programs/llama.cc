@@ -29,10 +29,10 @@ T rms_norm(Ctx& c, const ModelSpec& m, const T& x, const T& weight, const char* 
   const DType in = x.dtype();
   T h = to(c, x, DType::kF32, "rms_norm h.to(float32)");
   T r;
-  {
-    T var = mean_last(c, pow_scalar(c, h, "rms_norm h.pow(2)"), "rms_norm variance");
-    r = rsqrt(c, add_scalar(c, var, "rms_norm variance + eps"), "rms_norm rsqrt");
-  }
+  // LlamaRMSNorm binds `variance`, which lives until forward returns; Gemma's _norm computes it inline
+  T var = mean_last(c, pow_scalar(c, h, "rms_norm h.pow(2)"), "rms_norm variance");
+  r = rsqrt(c, add_scalar(c, var, "rms_norm variance + eps"), "rms_norm rsqrt");
+  if (is_gemma(m)) var.reset();
   h = mul(c, h, r, "rms_norm h * rsqrt");
   r.reset();
   if (is_gemma(m)) {
@@ -329,6 +329,7 @@ T llama_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
 
 ForwardOut llama_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids, const T* labels) {
   T hidden = llama_model(c, m, w, ids);
+  if (m.head == Head::kSeqCls) return sequence_classification_output(c, m, w.p("score.weight"), hidden, ids, labels);
   if (c.liger_fused) {  // resolve() refuses gemma2 (softcapping) and autocast with it
     return liger_fused_causal_lm(c, w, std::move(hidden), "lm_head.weight", "model.embed_tokens.weight", labels);
   }

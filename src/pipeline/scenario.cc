@@ -406,6 +406,11 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     s.train.dp = count(f, v, kMaxRanks);
   } else if (f == "sharding") {
     s.train.sharding = named(f, v, parse_name<Sharding>(v));
+  } else if ((f == "bucket_cap_mb" || f == "gradient_as_bucket_view" || f == "find_unused_parameters") && v.empty()) {
+    // field_text's "not given": what the modelled loop passes (resolve_ddp)
+    if (f == "bucket_cap_mb") s.train.bucket_cap_mb.reset();
+    if (f == "gradient_as_bucket_view") s.train.gradient_as_bucket_view.reset();
+    if (f == "find_unused_parameters") s.train.find_unused_parameters.reset();
   } else if (f == "bucket_cap_mb") {
     char* end = nullptr;
     const std::string t(v);

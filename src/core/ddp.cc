@@ -7,8 +7,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
-#include <map>
 
 #include "trainmem/error.h"
 #include "trainmem/sim.h"
@@ -30,7 +28,12 @@ std::span<const NameRow<Sharding>> name_table(Sharding) { return kShardings; }
 
 DdpOptions resolve_ddp(const TrainSetup& s, LoopKind loop, TorchVersion torch) {
   DdpOptions d;
-  if (s.dp <= 1 || s.task != Task::kTrain) return d;
+  if (s.dp <= 1) return d;
+  if (s.task != Task::kTrain) {
+    throw FieldError("dp", fmt::format("{}: data parallelism is simulated for training (DDP's gradient buckets); "
+                                       "for --task inference each rank holds an independent replica: use --dp 1",
+                                       s.dp));
+  }
   if (s.sharding != Sharding::kDdp) {
     throw FieldError("sharding", fmt::format("{}: not simulated yet (only ddp is)", name_of(s.sharding)));
   }
@@ -56,10 +59,14 @@ DdpOptions resolve_ddp(const TrainSetup& s, LoopKind loop, TorchVersion torch) {
   // the Reducer's first_bucket_bytes_cap (_ddp_init_helper): dist._DEFAULT_FIRST_BUCKET_BYTES when
   // bucket_cap_mb is left at its default, bucket_bytes_cap when the caller gives one (torch 2.x; torch 1.13's
   // _ddp_init_helper passes dist._DEFAULT_FIRST_BUCKET_BYTES always)
-  const bool cap_default = !s.bucket_cap_mb.has_value();
+  // The Trainer hands its kwargs to accelerate's DistributedDataParallelKwargs, whose to_kwargs() passes only the
+  // values that differ from the dataclass's defaults (bucket_cap_mb: int = 25): a Trainer's 25 reaches DDP as
+  // "not given" (accelerate utils/dataclasses.py KwargsHandler.to_kwargs)
+  const bool cap_default = !s.bucket_cap_mb.has_value() || (loop == LoopKind::kHf && mb == kDdpDefaultBucketCapMb);
   d.first_bucket_bytes = cap_default || torch < TorchVersion{2, 0} ? kDdpDefaultFirstBucketBytes : d.bucket_bytes;
-  // gradient_as_bucket_view: DDP's default False; neither the Trainer (accelerate's DistributedDataParallelKwargs
-  // default False) nor nanoGPT passes it
+  // gradient_as_bucket_view: DDP's default False; neither nanoGPT nor the Trainer passes it (_wrap_model sets
+  // accelerator.ddp_handler = DistributedDataParallelKwargs(**kwargs) with find_unused_parameters, bucket_cap_mb
+  // and broadcast_buffers only; the dataclass's default is False): true simulates a script that passes it
   d.bucket_view = s.gradient_as_bucket_view.value_or(false);
   // find_unused_parameters: DDP's default False (nanoGPT, plain scripts). The Trainer (_wrap_model):
   // ddp_find_unused_parameters if set, else `not model.is_gradient_checkpointing` for a PreTrainedModel.

@@ -122,7 +122,8 @@ std::string render_ddp_note(const DdpFigures& d) {
   out += fmt::format("  construction: {} bucket(s), {} in all (largest {})\n", d.initial_buckets.size(),
                      format_bytes(sum(d.initial_buckets)), format_bytes(largest(d.initial_buckets)));
   if (!d.rebuilt_buckets.empty()) {
-    out += fmt::format("  rebuilt at the second forward, in gradient-ready order: {} bucket(s) (largest {})\n",
+    out += fmt::format("  rebuilt at the first forward after a synchronized backward (step 2), in gradient-ready order: {} "
+                       "bucket(s) (largest {})\n",
                        d.rebuilt_buckets.size(), format_bytes(largest(d.rebuilt_buckets)));
   } else {
     out += "  no rebuild (find_unused_parameters=True keeps the construction's buckets)\n";

@@ -135,6 +135,9 @@ TEST(DdpDefaults, TheTrainerFindsUnusedParametersUnlessCheckpointingAndNanoGptDo
   EXPECT_EQ(capped.bucket_cap_bytes, 10u * 1024 * 1024);
   EXPECT_EQ(capped.first_bucket_cap_bytes, 10u * 1024 * 1024);  // torch 2.x: an explicit cap for the first too
   EXPECT_EQ(ddp_of({{"bucket_cap_mb", "10"}, {"torch", "1.13"}}).first_bucket_cap_bytes, 1024u * 1024);
+  // accelerate's to_kwargs drops a Trainer's 25 (the dataclass default): DDP sees bucket_cap_mb=None
+  EXPECT_EQ(ddp_of({{"bucket_cap_mb", "25"}}).first_bucket_cap_bytes, 1024u * 1024);
+  EXPECT_EQ(ddp_of({{"bucket_cap_mb", "25"}, {"loop", "plain"}}).first_bucket_cap_bytes, 25u * 1024 * 1024);
 }
 
 TEST(DdpRefusals, OtherShardingsAndTheSeed000LoopAreNotSimulated) {

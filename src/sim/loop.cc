@@ -505,9 +505,12 @@ struct Loop {
     if (ddp.rebuild && !ddp_rebuilt && !ddp_arrival.empty()) {
       // rebuild_buckets: compute_bucket_assignment_by_size(rebuilt_params_, {first_bucket_bytes_cap_,
       // bucket_bytes_cap_}, ..., rebuilt_param_indices_) in gradient-ready order, then initialize_buckets, which
-      // starts with `buckets_.clear()`: the old buckets are freed before the new ones are allocated (unless a
-      // .grad still views them: gradient_as_bucket_view with gradients kept, which zero_grad(set_to_none=True)
-      // rules out in the modelled loops)
+      // starts with `buckets_.clear()`: the Reducer drops the old buckets before it allocates the new ones (a
+      // .grad that still views them would keep them: gradient_as_bucket_view with gradients kept, which
+      // zero_grad(set_to_none=True) rules out in the modelled loops). Not modelled: a reference the last
+      // all-reduce's Work may still hold (ProcessGroupNCCL's watchdog keeps completed works until its next
+      // pass; on torch 1.13 gloo the old bucket is seen alive past the rebuild), which would make the
+      // rebuild a transient 2x of the buckets.
       ddp_rebuilt = true;
       std::vector<BucketInput> ready;
       std::vector<int32_t> index_of(inv.parameters.size(), -1);

@@ -507,10 +507,12 @@ struct Loop {
       // bucket_bytes_cap_}, ..., rebuilt_param_indices_) in gradient-ready order, then initialize_buckets, which
       // starts with `buckets_.clear()`: the Reducer drops the old buckets before it allocates the new ones (a
       // .grad that still views them would keep them: gradient_as_bucket_view with gradients kept, which
-      // zero_grad(set_to_none=True) rules out in the modelled loops). Not modelled: a reference the last
-      // all-reduce's Work may still hold (ProcessGroupNCCL's watchdog keeps completed works until its next
-      // pass; on torch 1.13 gloo the old bucket is seen alive past the rebuild), which would make the
-      // rebuild a transient 2x of the buckets.
+      // zero_grad(set_to_none=True) rules out in the modelled loops). Not modelled: the reference the last
+      // all-reduce may still hold. ProcessGroupNCCL stashes a collective's tensors (stashed_for_allocator_safety_,
+      // shared with the watchdog's copy of the work) until work.wait() or until the watchdog sees the work
+      // complete; the Reducer waits on the future, not the work, so the old bucket lives on until the
+      // watchdog's next pass if the rebuild comes sooner (a transient 2x of the buckets). On torch 1.13 gloo
+      // the old bucket is seen alive past the rebuild (validate/cpu/ddp.py's notes).
       ddp_rebuilt = true;
       std::vector<BucketInput> ready;
       std::vector<int32_t> index_of(inv.parameters.size(), -1);

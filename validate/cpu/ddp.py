@@ -23,7 +23,13 @@ Differences between torch 1.13 CPU/gloo (what runs here) and the CUDA 2.x/NCCL t
   caching allocator and not modelled.
 - Only bucket assignment is compared here (exact): this oracle does not replay DDP's allocations through the
   live-byte registry (live.py), so the buckets' live bytes in `trainmem timeline` are checked by the unit tests
-  only.
+  only. Spot checks made by hand with torch 1.13 (a TorchDispatchMode and torch.profiler(profile_memory=True)
+  around DDP(nn.Sequential(Linear(100, 200), Linear(200, 300)))): at construction _sync_module_states's
+  aten.cat of the four tensors (80,500 elements) comes first, then the Reducer's aten.empty of the 80,500-element
+  bucket, as trainmem orders them; at the rebuild the profiler sees the three new buckets allocated and, without
+  a comm hook, no free of the old 322,000-byte bucket in that forward or the next step (something of gloo's
+  last all-reduce keeps it; with a Python comm hook it dies when its future is collected). trainmem frees it
+  first, as reducer.cpp's initialize_buckets does with `buckets_.clear()` (see loop.cc for NCCL's stash).
 
 Usage:
     /usr/bin/python3 validate/cpu/ddp.py --trainmem build/trainmem

@@ -70,8 +70,7 @@ struct Loop {
   std::vector<T> state;     // optimizer state tensors, created on the first step
   std::vector<T> adafactor_rms;  // transformers' Adafactor state["RMS"] per parameter, replaced every step
   T X, Y;                   // the current batch
-  T batch_token_type_ids, batch_attention_mask;  // the encoders' other inputs (Loop::bind_model_inputs)
-  T A;                      // an encoder-decoder's batch: the collator's attention_mask (B, T) (see get_batch)
+  T batch_token_type_ids, batch_attention_mask;  // encoders' and T5's other inputs (Loop::bind_model_inputs)
   T kept_logits;            // nanoGPT: `logits` lives until the next forward returns
   T kept_loss;              // the training script's `loss` variable, rebound each micro-batch
   const Program& program;   // the family's forward for this implementation (src/families/registry.cc)
@@ -102,6 +101,10 @@ struct Loop {
   // causal LM's copy of the input ids).
   T labels_tensor() {
     if (m.head == Head::kSeqCls) return e.leaf(Shape{s.batch}, DType::kI64, Category::kInputs, Label{"labels"});
+    // T5: DataCollatorForSeq2Seq's labels, the decoder's (B, target_seq) tokens
+    if (m.family == Family::kT5) {
+      return e.leaf(Shape{s.batch, s.target_seq ? s.target_seq : s.seq}, DType::kI64, Category::kInputs, Label{"labels"});
+    }
     return batch_tensor("targets");
   }
 
@@ -109,7 +112,11 @@ struct Loop {
   // BertTokenizer's token_type_ids, then attention_mask, int64 (B, T) each; all ones, as padding to the batch's
   // longest sequence (--seq) leaves them. Decoders get neither (their batches are input_ids and labels). The new
   // tensors are all made before the previous batch's are released (`inputs = ...` rebinds the dict at the end).
-  bool encoder() const { return m.family == Family::kBert || m.family == Family::kRoberta; }
+  // T5's batch (Seq2SeqTrainer / Trainer with DataCollatorForSeq2Seq) is input_ids, attention_mask (int64 ones:
+  // tokenizer.pad of unpadded rows) and labels, moved to the device in that order.
+  bool has_attention_mask() const {
+    return m.family == Family::kBert || m.family == Family::kRoberta || m.family == Family::kT5;
+  }
   // RobertaTokenizer.model_input_names = ["input_ids", "attention_mask"]: no token_type_ids in a RoBERTa batch
   // (RobertaEmbeddings then gathers its zeros buffer); BertTokenizer's has them.
   bool token_types() const { return m.family == Family::kBert; }
@@ -126,25 +133,13 @@ struct Loop {
     // x, y = x.to(device), y.to(device): x first. Rebinding releases the previous batch unless autograd
     // still holds it (embedding saves the ids, nll_loss the targets).
     T x = batch_tensor(features ? "input x" : "input ids");
-    if (encoder()) {
+    if (has_attention_mask()) {
       // Trainer._prepare_inputs moves the batch dict key by key: input_ids, token_type_ids, attention_mask,
       // labels (the collators add "labels" last)
       T tt = token_types() ? batch_tensor("token_type_ids") : T();
       T mask = batch_tensor("attention_mask");
       T y = labels_tensor();
       bind_model_inputs(std::move(x), std::move(tt), std::move(mask), std::move(y));
-      return;
-    }
-    if (m.family == Family::kT5) {
-      // T5 (Seq2SeqTrainer / Trainer with DataCollatorForSeq2Seq): the batch is input_ids, attention_mask (int64
-      // ones: tokenizer.pad of unpadded rows) and labels (B, target_seq), moved to the device in that order.
-      T a = e.leaf(Shape{s.batch, s.seq}, DType::kI64, Category::kInputs, Label{"attention_mask"});
-      T y = e.leaf(Shape{s.batch, s.target_seq ? s.target_seq : s.seq}, DType::kI64, Category::kInputs,
-                   Label{"labels"});
-      X = std::move(x);
-      A = std::move(a);
-      Y = std::move(y);
-      c.attention_mask = &A;
       return;
     }
     T y = features ? T() : labels_tensor();
@@ -211,7 +206,7 @@ struct Loop {
       if (step == o.steps) {
         r.steady = Moment{e.event_count() == 0 ? 0 : e.event_count() - 1, Phase::kForward, step, 1, e.live()};
       }
-      if (encoder()) {  // the tokenizer's input_ids, token_type_ids and attention_mask, moved to the device
+      if (has_attention_mask()) {  // the tokenizer's input_ids, token_type_ids and attention_mask, moved to the device
         T x = batch_tensor("input ids");
         T tt = token_types() ? batch_tensor("token_type_ids") : T();
         T mask = batch_tensor("attention_mask");

@@ -27,8 +27,8 @@ const char* category_note(Category c) {
     case Category::kTemporaries: return "op scratch and optimizer temporaries";
     case Category::kWorkspace: return "cuBLAS/cuBLASLt workspaces (one per thread)";
     case Category::kKvCache: return "the KV cache: keys and values of every layer, every token so far";
-    case Category::kDdpBuckets: return "DDP's flat gradient buckets (all-reduced in place; NCCL's own buffers are "
-                                       "outside the caching allocator and not counted)";
+    // (NCCL's own buffers are outside the caching allocator: the DDP section under the table says so)
+    case Category::kDdpBuckets: return "DDP's flat gradient buckets, all-reduced in place";
   }
   return "";
 }

@@ -46,7 +46,7 @@ std::string zero_tables(const ZeroPaperStates& z, const DeepSpeedEstimates& d) {
                      d.gpus_per_node * d.nodes, with_commas(d.largest_layer_params.value), gib2(d.largest_layer_memory)) +
          ds.str();
   out += "model states only: no activations, buffers, workspaces or communication buffers (trainmem estimate "
-         "does not simulate data parallelism yet)\n";
+         "--dp N simulates DDP per rank; ZeRO and FSDP are not simulated yet)\n";
   return out;
 }
 

@@ -128,6 +128,24 @@ struct DdpFigures {
   std::vector<std::vector<uint32_t>> initial_params, rebuilt_params;
 };
 
+// --dp N --sharding zero2: one rank of DeepSpeed ZeRO stage 2 under the Trainer, as simulated (zero.h).
+struct ZeroFigures {
+  uint32_t stage = 2;
+  uint64_t ranks = 1, rank = 0;
+  uint64_t reduce_bucket_elems = 0, allgather_bucket_elems = 0;
+  bool overlap_comm = false, contiguous_gradients = true;
+  // per parameter group (the Trainer's decay / no-decay groups): elements, the aligned flat buffer, the
+  // partition, and this rank's params_in_partition (boundary parameters in full)
+  std::vector<uint64_t> group_numel, group_aligned, group_partition, group_in_partition;
+  Bytes bit16_flat;          // bit16_groups_flat: every rank's full bf16 copy
+  Bytes fp32_master;         // single_partition_of_fp32_groups
+  Bytes optimizer_state;     // the optimizer's state over the fp32 partitions
+  Bytes grads_in_partition;  // the bf16 partition gradients held from the backward to the step
+  Bytes ipg_buffers;         // buf_0 (+ buf_1), allocated per backward
+  Bytes fp32_grad;           // single_grad_partition at the step (transient, the largest group)
+  Bytes deepspeed_estimate;  // estimate_zero2_model_states_mem_needs (no offload): 2P + int(18P / N)
+};
+
 // The estimate of one step, in its natural parts; the timeline and the allocator's per-event figures are
 // shared (an Estimate copies cheaply, and a binding can hand them out without copying them).
 struct Estimate {
@@ -140,6 +158,7 @@ struct Estimate {
   std::optional<DeviceVerdict> device;  // with a GPU: whether it fits there, and what nvidia-smi would show
   std::optional<GenerationFigures> generation;  // --generate only
   std::optional<DdpFigures> ddp;                // --dp > 1: per rank
+  std::optional<ZeroFigures> zero;              // --sharding zero2: per rank
   std::shared_ptr<const SimResult> sim;
   std::shared_ptr<const AllocatorReplay> alloc;
   std::vector<std::string> warnings;  // the simulated program's (SimResult::warnings)

@@ -119,8 +119,9 @@ std::span<const NameRow<LossKind>> name_table(LossKind);
 enum class Task { kTrain, kInference };
 std::span<const NameRow<Task>> name_table(Task);
 
-// How data-parallel ranks share the model (--sharding): DDP (full replicas, gradient buckets all-reduced) is
-// simulated; FSDP and ZeRO are named so that they can be refused with a reason.
+// How data-parallel ranks share the model (--sharding): DDP (full replicas, gradient buckets all-reduced) and
+// DeepSpeed ZeRO stage 2 are simulated; FSDP, ZeRO-1 and ZeRO-3 are named so that they can be refused with a
+// reason.
 enum class Sharding { kDdp, kFsdp1, kFsdp2, kZero1, kZero2, kZero3 };
 std::span<const NameRow<Sharding>> name_table(Sharding);
 
@@ -165,6 +166,9 @@ struct TrainSetup {
   std::optional<double> bucket_cap_mb;          // bucket_cap_mb (MiB despite the name)
   std::optional<bool> gradient_as_bucket_view;  // gradient_as_bucket_view
   std::optional<bool> find_unused_parameters;   // find_unused_parameters
+  // DeepSpeed ZeRO's zero_optimization settings (zero.h); empty: DeepSpeedZeroConfig's defaults (resolve_zero)
+  std::optional<uint64_t> reduce_bucket_size;  // reduce_bucket_size, in elements
+  std::optional<bool> overlap_comm;            // overlap_comm
   // N: an encoder-decoder's (T5's) decoder tokens per sequence, the labels' (B, N) (seq is the encoder's);
   // 0: the same as seq. Only encoder-decoder models take it.
   uint64_t target_seq = 0;

@@ -27,8 +27,9 @@ enum class Category : uint8_t {
   kWorkspace,      // persistent cuBLAS / cuBLASLt workspaces
   kKvCache,        // transformers' KV cache (past_key_values) while generating
   kDdpBuckets,     // DistributedDataParallel's flat gradient buckets and its construction-time broadcast buffers
+  kZeroBuckets,    // DeepSpeed ZeRO's IPG gradient buckets and the reduction's flattened copies
 };
-inline constexpr size_t kCategoryCount = 12;
+inline constexpr size_t kCategoryCount = 13;
 std::string_view category_name(Category c);
 
 // Where in the training loop an event happens.

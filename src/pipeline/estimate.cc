@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "trainmem/ddp.h"
+#include "trainmem/zero.h"
 #include "trainmem/error.h"
 #include "trainmem/family.h"
 
@@ -29,6 +30,8 @@ const char* category_note(Category c) {
     case Category::kKvCache: return "the KV cache: keys and values of every layer, every token so far";
     // (NCCL's own buffers are outside the caching allocator: the DDP section under the table says so)
     case Category::kDdpBuckets: return "DDP's flat gradient buckets, all-reduced in place";
+    case Category::kZeroBuckets: return "DeepSpeed ZeRO's IPG gradient buckets (reduce_bucket_size elements each) and the "
+                                        "reduction's flattened copies (NCCL's own buffers are not counted)";
   }
   return "";
 }
@@ -158,6 +161,7 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
   SimOptions o = o0;
   // dp > 1: one rank of DistributedDataParallel (ddp.h); refuses what it does not simulate
   (void)resolve_ddp(s, resolved(o0, m).loop, o0.torch);
+  (void)resolve_zero(s, resolved(o0, m).loop);  // --sharding zero2 (zero.h)
   if (gpu) o.sm = gpu->sm;  // the device decides the kernels: an H100 is simulated as sm_90
   Estimate e;
   e.model = m;
@@ -223,6 +227,54 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
   st.optimizer_state = st.optimizer_moments + st.optimizer_steps;
   e.sim = sim;
   e.warnings = sim->warnings;
+  if (const ZeroOptions z = resolve_zero(s, e.options.loop); z.on) {
+    // one rank's model states, from the same layout the simulator allocates (zero_group_layout)
+    ZeroFigures f;
+    f.stage = z.stage;
+    f.ranks = z.ranks;
+    f.rank = z.rank;
+    f.reduce_bucket_elems = z.reduce_bucket_elems;
+    f.allgather_bucket_elems = z.allgather_bucket_elems;
+    f.overlap_comm = z.overlap_comm;
+    f.contiguous_gradients = z.contiguous_gradients;
+    std::vector<uint64_t> decay, rest;
+    for (const TensorRow& r : inv.parameters) {
+      if (r.trainable) (r.shape.size() >= 2 ? decay : rest).push_back(r.elems.value);
+    }
+    Bytes in_partition, largest_partition;
+    for (const std::vector<uint64_t>* g : {&decay, &rest}) {
+      if (g->empty()) continue;
+      const ZeroGroupLayout l = zero_group_layout(*g, z.ranks, z.rank);
+      f.group_numel.push_back(l.numel);
+      f.group_aligned.push_back(l.aligned_numel);
+      f.group_partition.push_back(l.partition_size);
+      f.group_in_partition.push_back(l.in_partition_numel);
+      f.bit16_flat += bytes_of(Elems(l.aligned_numel), pd);
+      f.fp32_master += bytes_of(Elems(l.partition_size), DType::kF32);
+      largest_partition = std::max(largest_partition, bytes_of(Elems(l.partition_size), DType::kF32));
+      in_partition += bytes_of(Elems(l.in_partition_numel), pd);
+      for (const StateTensor& t : optimizer_state_tensors(s.optimizer, e.setup.optimizer_impl, {l.partition_size},
+                                                          DType::kF32, bnb_block_size(s.optimizer_version))) {
+        f.optimizer_state += bytes_of(numel(t.shape), t.dtype);
+      }
+    }
+    f.grads_in_partition = in_partition;
+    f.ipg_buffers = bytes_of(Elems(checked_mul(z.reduce_bucket_elems, z.overlap_comm ? 2 : 1, "ZeRO IPG")), pd);
+    f.fp32_grad = largest_partition;
+    // stage_1_and_2.py estimate_zero2_model_states_mem_needs(cpu_offload=False):
+    // gpu_mem = 2 * total_params + int(18 * total_params / total_gpus)
+    const uint64_t P = st.trainable.value;
+    f.deepspeed_estimate = Bytes(checked_add(checked_mul(2, P, "DeepSpeed estimate"),
+                                             checked_mul(18, P, "DeepSpeed estimate") / z.ranks, "DeepSpeed estimate"));
+    // the per-rank model states in the state summary: the flat bf16 buffer, the partition gradients, the
+    // optimizer's state over the partitions (the fp32 master partition is reported beside them, in the ZeRO note)
+    st.weights = f.bit16_flat;
+    st.gradients = f.grads_in_partition;
+    st.optimizer_moments = f.optimizer_state;
+    st.optimizer_steps = Bytes{};
+    st.optimizer_state = f.optimizer_state;
+    e.zero = std::move(f);
+  }
   if (const DdpOptions d = resolve_ddp(s, e.options.loop, e.options.torch); d.on) {
     DdpFigures f;
     f.ranks = d.ranks;

@@ -181,7 +181,8 @@ constexpr Field kFields[] = {
      FieldGroup::kTraining},
     {"dp", "data-parallel ranks (GPUs): estimate simulates one rank of --sharding; trainmem formulas prints ZeRO's "
            "and DeepSpeed's per-rank closed forms for them (default 1)", FieldGroup::kTraining},
-    {"sharding", "ddp: how the --dp ranks share the model (fsdp1, fsdp2, zero1, zero2, zero3: not simulated yet)",
+    {"sharding", "ddp | zero2: how the --dp ranks share the model (DDP, DeepSpeed ZeRO-2 under the Trainer; fsdp1, "
+                 "fsdp2, zero1, zero3: not simulated yet)",
      FieldGroup::kTraining},
     {"bucket_cap_mb", "DDP's bucket_cap_mb, in MiB (default: what the loop passes: none, so DDP's 25 with a 1 MiB "
                       "first bucket)", FieldGroup::kTraining},
@@ -189,6 +190,10 @@ constexpr Field kFields[] = {
                                 "and nanoGPT)", FieldGroup::kTraining},
     {"find_unused_parameters", "true | false: DDP's find_unused_parameters (default: the Trainer's, true unless "
                                "gradient checkpointing; false for nanoGPT and plain loops, DDP's own)",
+     FieldGroup::kTraining},
+    {"reduce_bucket_size", "DeepSpeed ZeRO's reduce_bucket_size, in elements (default 5e8, DeepSpeedZeroConfig's; "
+                           "the Trainer's \"auto\" is hidden_size^2)", FieldGroup::kTraining},
+    {"overlap_comm", "true | false: DeepSpeed ZeRO's overlap_comm, a second IPG bucket (default false below stage 3)",
      FieldGroup::kTraining},
     {"gpu",
      "GPU from the catalog (trainmem gpus, any case) or a memory size like 24GiB (a generic sm_80 card); "
@@ -423,6 +428,14 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
   } else if (f == "find_unused_parameters") {
     if (v != "true" && v != "false") bad(f, v, "true or false");
     s.train.find_unused_parameters = v == "true";
+  } else if ((f == "reduce_bucket_size" || f == "overlap_comm") && v.empty()) {
+    if (f == "reduce_bucket_size") s.train.reduce_bucket_size.reset();  // DeepSpeedZeroConfig's default (resolve_zero)
+    if (f == "overlap_comm") s.train.overlap_comm.reset();
+  } else if (f == "reduce_bucket_size") {
+    s.train.reduce_bucket_size = count(f, v, uint64_t{1} << 40);
+  } else if (f == "overlap_comm") {
+    if (v != "true" && v != "false") bad(f, v, "true or false");
+    s.train.overlap_comm = v == "true";
   } else if (f == "gpu") {
     s.train.gpu = std::string(v);
   } else if (f == "loop") {
@@ -496,6 +509,8 @@ std::string field_text(const Scenario& s, std::string_view f) {
   if (f == "gradient_as_bucket_view") {
     return s.train.gradient_as_bucket_view ? (*s.train.gradient_as_bucket_view ? "true" : "false") : "";
   }
+  if (f == "reduce_bucket_size") return s.train.reduce_bucket_size ? std::to_string(*s.train.reduce_bucket_size) : "";
+  if (f == "overlap_comm") return s.train.overlap_comm ? (*s.train.overlap_comm ? "true" : "false") : "";
   if (f == "find_unused_parameters") {
     return s.train.find_unused_parameters ? (*s.train.find_unused_parameters ? "true" : "false") : "";
   }

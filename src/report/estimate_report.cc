@@ -16,6 +16,7 @@ std::string headline(const Estimate& e) {
   const TrainSetup& s = e.setup;
   std::string accum = s.grad_accum > 1 ? fmt::format(", {} micro-batches per step", s.grad_accum) : "";
   if (e.ddp) accum += fmt::format("; per rank, {} ranks (DDP)", e.ddp->ranks);
+  if (e.zero) accum += fmt::format("; per rank, {} ranks (DeepSpeed ZeRO-{})", e.zero->ranks, e.zero->stage);
   const bool inference = s.task == Task::kInference;
   return fmt::format(
       "{} (model_type {}, {} code, {} attention{}): batch {} x seq {}, {}, {}{}\n"
@@ -132,6 +133,29 @@ std::string render_ddp_note(const DdpFigures& d) {
   return out;
 }
 
+// --sharding zero2: the partitions, the per-rank model states beside DeepSpeed's estimator, what is not counted.
+std::string render_zero_note(const Estimate& e) {
+  const ZeroFigures& z = *e.zero;
+  std::string out = fmt::format(
+      "DeepSpeed ZeRO-{}, rank {} of {}: reduce_bucket_size {} elements, overlap_comm {}, contiguous_gradients {}\n",
+      z.stage, z.rank, z.ranks, z.reduce_bucket_elems, z.overlap_comm ? "true" : "false",
+      z.contiguous_gradients ? "true" : "false");
+  for (size_t g = 0; g < z.group_numel.size(); ++g) {
+    out += fmt::format("  group {}: {} elements, flat {} (aligned to 2 x {}), partition {}, params_in_partition {}\n", g,
+                       z.group_numel[g], z.group_aligned[g], z.ranks, z.group_partition[g], z.group_in_partition[g]);
+  }
+  const Bytes states = z.bit16_flat + z.grads_in_partition + z.fp32_master + z.optimizer_state;
+  out += fmt::format("  model states per rank: bf16 flat {} + partition grads {} + fp32 master {} + optimizer {} = {}\n",
+                     format_bytes(z.bit16_flat), format_bytes(z.grads_in_partition), format_bytes(z.fp32_master),
+                     format_bytes(z.optimizer_state), format_bytes(states));
+  out += fmt::format("  with the step's fp32 gradient partition ({}): {}; DeepSpeed's estimate_zero2_model_states_mem_needs "
+                     "(2P + 18P/N): {}\n",
+                     format_bytes(z.fp32_grad), format_bytes(states + z.fp32_grad), format_bytes(z.deepspeed_estimate));
+  out += fmt::format("  IPG buffers per backward: {}; not counted: NCCL's buffers (outside the caching allocator)\n",
+                     format_bytes(z.ipg_buffers));
+  return out;
+}
+
 std::string render_estimate_table(const Estimate& e, const GpuSpec* gpu) {
   using TT = report::TextTable;
   TT t({{"at the peak", TT::kLeft}, {"bytes", TT::kRight}, {"size", TT::kRight}, {"share", TT::kRight},
@@ -180,6 +204,7 @@ std::string render_estimate_table(const Estimate& e, const GpuSpec* gpu) {
   out += fragmentation_note(e.memory);
   if (e.generation) out += '\n' + render_generation_table(*e.generation, e.setup);
   if (e.ddp) out += '\n' + render_ddp_note(*e.ddp);
+  if (e.zero) out += '\n' + render_zero_note(e);
   if (e.device) {
     out += '\n';
     out += render_verdict(*e.device, gpu);
@@ -238,6 +263,28 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
                   {"initial_bucket_params", d->initial_params},
                   {"rebuilt_bucket_params", d->rebuilt_params},
                   {"nccl_buffers", "not counted: NCCL allocates its buffers outside the caching allocator"}};
+  }
+  if (const auto& z = e.zero) {
+    out["zero"] = {{"stage", z->stage},
+                   {"ranks", z->ranks},
+                   {"rank", z->rank},
+                   {"per_rank", true},
+                   {"reduce_bucket_size", z->reduce_bucket_elems},
+                   {"allgather_bucket_size", z->allgather_bucket_elems},
+                   {"overlap_comm", z->overlap_comm},
+                   {"contiguous_gradients", z->contiguous_gradients},
+                   {"group_numel", z->group_numel},
+                   {"group_aligned_numel", z->group_aligned},
+                   {"group_partition_size", z->group_partition},
+                   {"group_params_in_partition_numel", z->group_in_partition},
+                   {"bit16_flat_bytes", z->bit16_flat.value},
+                   {"grads_in_partition_bytes", z->grads_in_partition.value},
+                   {"fp32_master_bytes", z->fp32_master.value},
+                   {"optimizer_state_bytes", z->optimizer_state.value},
+                   {"ipg_buffer_bytes", z->ipg_buffers.value},
+                   {"fp32_grad_partition_bytes", z->fp32_grad.value},
+                   {"deepspeed_estimate_bytes", z->deepspeed_estimate.value},
+                   {"nccl_buffers", "not counted: NCCL allocates its buffers outside the caching allocator"}};
   }
   out["setup"]["generate"] = s.generate;
   if (const auto& g = e.generation) {

@@ -30,7 +30,7 @@ const Group kGroups[] = {
     {"bwd+tmp", {Category::kBackward, Category::kTemporaries}},
     {"wksp", {Category::kWorkspace}},
     {"kv", {Category::kKvCache}, true},
-    {"ddp", {Category::kDdpBuckets}, false, true},
+    {"ddp", {Category::kDdpBuckets, Category::kZeroBuckets}, false, true},
 };
 
 bool shown(const Group& g, const Estimate& e) {

@@ -732,6 +732,7 @@ std::string_view category_name(Category c) {
     case Category::kWorkspace: return "workspaces";
     case Category::kKvCache: return "kv cache";
     case Category::kDdpBuckets: return "ddp buckets";
+    case Category::kZeroBuckets: return "zero buckets";
   }
   return "?";
 }

@@ -11,6 +11,7 @@
 #include "trainmem/ddp.h"
 #include "trainmem/error.h"
 #include "trainmem/sim.h"
+#include "trainmem/zero.h"
 
 namespace trainmem {
 
@@ -178,15 +179,26 @@ struct Loop {
           r.steady = Moment{e.event_count() == 0 ? 0 : e.event_count() - 1, Phase::kForward, step, micro, e.live()};
         }
         micro_batch(step, micro, r, step == o.steps && micro == micros);
+        if (zopt.on) zero_epilogue(micro == micros);  // the last gradient hook of the backward runs it
       }
       if (step == o.steps) {  // which parameters the backward reached: they have gradients and optimizer state
         r.param_has_grad.assign(inv.parameters.size(), 0);
         for (size_t i = 0; i < inv.parameters.size(); ++i) {
           const bool stepped = i < stepped_in_backward.size() && stepped_in_backward[i];
-          r.param_has_grad[i] = e.grad(static_cast<int32_t>(i)) || stepped ? 1 : 0;
+          // ZeRO: the epilogue clears every .grad; the hooks recorded which parameters got one
+          const bool reduced = i < zero_reached.size() && zero_reached[i];
+          r.param_has_grad[i] = e.grad(static_cast<int32_t>(i)) || stepped || reduced ? 1 : 0;
         }
       }
       if (s.optimizer_in_backward) continue;  // stepped and zeroed in backward (Loop::step_in_backward)
+      if (zopt.on) {
+        // The Trainer's accelerator.clip_grad_norm_ returns without clipping under DeepSpeed (the engine clips
+        // with gradient_clipping = max_grad_norm in unscale_and_clip_grads); engine.step -> the ZeRO step, then
+        // zero_grad (set_to_none: the .grads are None already)
+        zero_step(step == 1);
+        zero_grad();
+        continue;
+      }
       if (o.loop != LoopKind::kPlain) clip_grad_norm();  // grad_clip / max_grad_norm = 1.0
       optimizer_step(step == 1);
       zero_grad();
@@ -556,6 +568,304 @@ struct Loop {
     if (ddp.bucket_view) ddp_view_grad(row);
   }
 
+  // --- DeepSpeed ZeRO stage 2 (zero.h): DeepSpeedZeroOptimizer, deepspeed/runtime/zero/stage_1_and_2.py -------
+
+  struct ZeroGroup {
+    std::vector<int32_t> rows;  // the group's trainable rows, in order (bit16_groups[i])
+    ZeroGroupLayout layout;     // for the simulated rank
+    T flat;                     // bit16_groups_flat[i]: the parameters are views of it
+    T master;                   // single_partition_of_fp32_groups[i]
+    std::vector<T> pads;        // get_flat_partition's zeros padding averaged_gradients[i] (boundary only)
+  };
+  ZeroOptions zopt;
+  std::vector<ZeroGroup> zgroups;
+  std::vector<int32_t> zero_group_of, zero_pos_of;  // per inventory row: its group and position (-1: none)
+  std::vector<char> zero_mine;                      // is_param_in_current_partition
+  T zero_buf[2];                // ipg_buckets[dtype].buffer: buf_0 (+ buf_1 with overlap_comm)
+  int zero_index = 0;           // bucket.index
+  uint64_t zero_elems = 0;      // bucket.elements
+  std::vector<int32_t> zero_bucket_rows;  // bucket.params
+  bool zero_ready = false;      // ready_for_gradients
+  T zero_gip;                   // grads_in_partition (allocated lazily in copy_grads_in_partition)
+  T zero_held;                  // all_grad_tensors: the first backward's partition gradients until the step
+  bool zero_boundary_done = false;  // averaged_gradients built (the boundary's epilogue ran)
+  std::vector<char> zero_reached;   // per inventory row: its gradient hook ran
+
+  Shape row_shape(int32_t row) const { return w.params[static_cast<size_t>(row)].shape(); }
+  uint64_t row_numel(int32_t row) const { return inv.parameters[static_cast<size_t>(row)].elems.value; }
+  const ZeroParamPlace& zero_place(int32_t row) const {
+    const auto r = static_cast<size_t>(row);
+    return zgroups[static_cast<size_t>(zero_group_of[r])].layout.places[static_cast<size_t>(zero_pos_of[r])];
+  }
+
+  // `param.data = <view>`: the tensor keeps its identity (autograd, the optimizer's references) and takes the
+  // view's storage; its old storage goes with its last reference.
+  void set_data(const T& t, const T& src) {
+    e.retain(src->storage);
+    const uint64_t old = t->storage;
+    t->storage = src->storage;
+    e.release(old);
+  }
+
+  // deepspeed.initialize -> DeepSpeedEngine._configure_zero_optimizer -> DeepSpeedZeroOptimizer.__init__, once
+  // the Trainer's model is on the device in bf16 (see resolve_zero for the precision).
+  void zero_construct() {
+    e.phase = Phase::kSetup;
+    const DType bit16 = param_dtype(s.precision);
+    // The Trainer's optimizer groups (Trainer.create_optimizer): the weight-decayed tensors, then the rest,
+    // requires_grad only, in named_parameters() order (the same split as Loop::param_groups). __init__ keeps
+    // `if param.requires_grad` of each group (bit16_groups[i]); an empty group is left out here (DeepSpeed reads
+    // bit16_groups[i][0].dtype).
+    std::vector<int32_t> decay, rest;
+    for (size_t i = 0; i < inv.parameters.size(); ++i) {
+      if (!inv.parameters[i].trainable) continue;
+      (inv.parameters[i].shape.size() >= 2 ? decay : rest).push_back(static_cast<int32_t>(i));
+    }
+    zero_group_of.assign(inv.parameters.size(), -1);
+    zero_pos_of.assign(inv.parameters.size(), -1);
+    zero_mine.assign(inv.parameters.size(), 0);
+    zero_reached.assign(inv.parameters.size(), 0);
+    for (std::vector<int32_t>* rows : {&decay, &rest}) {
+      if (rows->empty()) continue;
+      const auto gi = static_cast<int32_t>(zgroups.size());
+      ZeroGroup& g = zgroups.emplace_back();
+      g.rows = *rows;
+      std::vector<uint64_t> numels;
+      for (size_t k = 0; k < g.rows.size(); ++k) {
+        numels.push_back(row_numel(g.rows[k]));
+        zero_group_of[static_cast<size_t>(g.rows[k])] = gi;
+        zero_pos_of[static_cast<size_t>(g.rows[k])] = static_cast<int32_t>(k);
+      }
+      g.layout = zero_group_layout(numels, zopt.ranks, zopt.rank);
+      for (uint32_t k : g.layout.in_partition) zero_mine[static_cast<size_t>(g.rows[k])] = 1;
+      const Label gl{intern_name(fmt::format("ZeRO group {}", gi))};
+      // flatten_dense_tensors_aligned: align_dense_tensors appends torch.zeros(alignment - remaining) on the
+      // parameters' device, then _flatten_dense_tensors (at::cat) makes the flat buffer; the padded list dies
+      // when the function returns. ("need 2x model size on accelerator to flatten in place": the empty_cache()
+      // before it, and the CPU fallback when the device lacks room, are not modelled.)
+      {
+        const uint64_t pad = g.layout.aligned_numel - g.layout.numel;
+        T zeros = pad ? e.empty(Shape{pad}, bit16, Category::kTemporaries, Label{"ZeRO align_dense_tensors pad"}) : T();
+        g.flat = e.empty(Shape{g.layout.aligned_numel}, bit16, Category::kWeights,
+                         Label{intern_name(fmt::format("ZeRO bit16_groups_flat[{}]", gi))});
+      }
+      // _update_model_bit16_weights: each parameter's .data becomes its slice of the flat buffer (the
+      // separately allocated weights are freed)
+      for (int32_t row : g.rows) {
+        const T& p = w.params[static_cast<size_t>(row)];
+        set_data(p, e.view(g.flat, p.shape(), contiguous_strides(p.shape())));
+      }
+      // weights_partition = parallel_partitioned_bit16_groups[i][partition_id].detach().clone().to(device,
+      // dtype=master_weights_and_grads_dtype): a bit16 clone, its fp32 copy, then the clone goes
+      {
+        T clone = e.empty(Shape{g.layout.partition_size}, bit16, Category::kTemporaries, Label{"ZeRO partition .clone()"});
+        g.master = e.empty(Shape{g.layout.partition_size}, DType::kF32, Category::kOptimizer,
+                           Label{intern_name(fmt::format("ZeRO fp32 master partition [{}]", gi))});
+      }
+      (void)gl;
+    }
+    if (zgroups.empty()) throw Error("DeepSpeed ZeRO: no parameter requires grad");
+    // initialize_optimizer_states: every group's fp32 partition gets .grad = torch.zeros(partition_size), then
+    // (not offloaded) `group.grad = None` for all; the optimizer's state is created lazily at the first step
+    // (the Adagrad special case aside)
+    {
+      std::vector<T> zeros;
+      for (const ZeroGroup& g : zgroups) {
+        zeros.push_back(e.empty(Shape{g.layout.partition_size}, DType::kF32, Category::kTemporaries,
+                                Label{"ZeRO initialize_optimizer_states zero grad"}));
+      }
+    }
+  }
+
+  // The gradient hook of each parameter (create_gradient_handling_hooks -> grad_handling_hook ->
+  // process_gradients -> reduce_ready_partitions_and_remove_grads -> reduce_independent_p_g_buckets_and_remove_grads),
+  // after AccumulateGrad.
+  void zero_hook(int32_t row) {
+    if (!inv.parameters[static_cast<size_t>(row)].trainable || zero_group_of[static_cast<size_t>(row)] < 0) return;
+    const DType bit16 = param_dtype(s.precision);
+    // setup_buckets (once per backward: ready_for_gradients): buf_0 = torch.empty(int(reduce_bucket_size),
+    // dtype=self.dtype), and buf_1 with overlap_comm
+    if (!zero_ready) {
+      zero_ready = true;
+      zero_buf[0] = e.empty(Shape{zopt.reduce_bucket_elems}, bit16, Category::kZeroBuckets, Label{"ZeRO IPG buffer buf_0"});
+      if (zopt.overlap_comm) {
+        zero_buf[1] = e.empty(Shape{zopt.reduce_bucket_elems}, bit16, Category::kZeroBuckets, Label{"ZeRO IPG buffer buf_1"});
+      }
+      zero_index = 0;
+    }
+    zero_reached[static_cast<size_t>(row)] = 1;
+    const uint64_t n = row_numel(row);
+    if (n == 0) return;
+    // `if bucket.elements + param.numel() > self.reduce_bucket_size`: reduce, then swap buffers with overlap_comm
+    if (zero_elems + n > zopt.reduce_bucket_elems) {
+      zero_reduce_ipg();
+      if (zopt.overlap_comm) zero_index = 1 - zero_index;
+    }
+    // a parameter larger than the bucket is reduced from its own .grad (extra_large_param_to_reduce); the others
+    // are copied into the bucket and `grad_reduc.data = new_grad_tensor.data.view_as(grad_reduc)`: the grad
+    // autograd made is freed
+    if (n <= zopt.reduce_bucket_elems) {
+      const Shape sh = row_shape(row);
+      e.grad(row) = e.view(zero_buf[zero_index], sh, contiguous_strides(sh));
+    }
+    zero_elems += n;
+    zero_bucket_rows.push_back(row);
+  }
+
+  // reduce_ipg_grads: average_tensor on the bucket's filled part (reduce_scatter: allreduce_and_scatter, which
+  // flattens each small bucket of slices before its all-reduce), then per parameter: this rank's partition ->
+  // copy_grads_in_partition, the others' -> clear_grad_attribute (.grad = None); bucket.clear().
+  void zero_reduce_ipg() {
+    if (zero_bucket_rows.empty()) return;
+    const DType bit16 = param_dtype(s.precision);
+    std::vector<const ZeroParamPlace*> places;
+    for (int32_t row : zero_bucket_rows) places.push_back(&zero_place(row));
+    for (uint64_t a : zero_reduce_flat_allocs(zero_bucket_slices(places), zopt.reduce_bucket_elems)) {
+      // allreduce_bucket: tensor = self.flatten(bucket) (at::cat of the slices), all-reduced in place, copied back
+      // into this rank's slices; the copy dies when allreduce_and_copy_with_multiple_ranks returns
+      if (a) {
+        T flat = e.empty(Shape{a}, bit16, Category::kZeroBuckets, Label{"ZeRO allreduce_bucket flatten (cat)"});
+      }
+    }
+    for (int32_t row : zero_bucket_rows) {
+      if (zero_mine[static_cast<size_t>(row)]) {
+        // copy_grads_in_partition: grads_in_partition = torch.empty(sum of numel of params_in_partition over the
+        // groups), once per backward; the grad is copied in and re-pointed
+        if (!zero_gip) {
+          uint64_t total = 0;
+          for (const ZeroGroup& g : zgroups) total = checked_add(total, g.layout.in_partition_numel, "ZeRO partition");
+          zero_gip = e.empty(Shape{total}, bit16, Category::kGradients, Label{"ZeRO grads_in_partition"});
+        }
+        const Shape sh = row_shape(row);
+        e.grad(row) = e.view(zero_gip, sh, contiguous_strides(sh));
+      } else {
+        e.grad(row).reset();
+      }
+    }
+    zero_bucket_rows.clear();
+    zero_elems = 0;
+  }
+
+  // independent_gradient_partition_epilogue, when the backward's last gradient hook has run.
+  void zero_epilogue(bool boundary) {
+    if (!zero_ready) return;
+    zero_reduce_ipg();
+    // all_grad_tensors[i] = get_all_grad_tensors(params_in_partition[i]): references to their .grad (views of
+    // grads_in_partition; zeros_like for one without a .grad); a later micro-batch's are added in place
+    if (!zero_held) {
+      zero_held = zero_gip;
+      for (const ZeroGroup& g : zgroups) {
+        for (uint32_t k : g.layout.in_partition) {
+          const int32_t row = g.rows[k];
+          if (e.grad(row)) continue;
+          throw Error(fmt::format("DeepSpeed ZeRO: parameter {} got no gradient in the backward (get_all_grad_tensors' "
+                                  "zeros_like is not simulated)", inv.parameters[static_cast<size_t>(row)].name));
+        }
+      }
+    }
+    if (boundary) {
+      // averaged_gradients[i] = get_flat_partition(..., return_tensor_list=True): narrowed views, plus torch.zeros
+      // for a partition that runs past the group's elements (or holds no parameter)
+      for (ZeroGroup& g : zgroups) {
+        std::vector<uint64_t> pad;
+        (void)zero_partition_slices(g.layout, &pad);
+        for (uint64_t n : pad) {
+          g.pads.push_back(e.empty(Shape{n}, param_dtype(s.precision), Category::kGradients, Label{"ZeRO partition zeros"}));
+        }
+      }
+      zero_boundary_done = true;
+    }
+    // _release_ipg_buffers: bucket.buffer.clear(), grads_in_partition = None; _clear_param_grad_only: every
+    // p.grad = None (the partition's gradients live on in all_grad_tensors / averaged_gradients)
+    zero_buf[0].reset();
+    zero_buf[1].reset();
+    zero_gip.reset();
+    for (T& g : e.grads()) g.reset();
+    zero_ready = false;
+  }
+
+  // DeepSpeedZeroOptimizer.step (not offloaded), from the engine's step at the accumulation boundary.
+  void zero_step(bool first) {
+    e.phase = Phase::kOptimizer;
+    const DType bit16 = param_dtype(s.precision);
+    // check_overflow (bf16: bfloat16_config.check_grad_overflow, default True, precision_config.py) ->
+    // has_overflow_partitioned_grads_serial: invalid_grad_count = torch.zeros([1]); per averaged gradient
+    // _has_inf_or_nan: x.float(), isnan, isinf, logical_or, .float(), .max() (the locals die when it returns)
+    {
+      T count = e.empty(Shape{1}, DType::kF32, Category::kTemporaries, Label{"ZeRO invalid_grad_count"});
+      for (const ZeroGroup& g : zgroups) {
+        for (uint64_t n : zero_partition_slices(g.layout)) {
+          T f = e.empty(Shape{n}, DType::kF32, Category::kTemporaries, Label{"ZeRO _has_inf_or_nan x.float()"});
+          T nan = e.empty(Shape{n}, DType::kBool, Category::kTemporaries, Label{"ZeRO _has_inf_or_nan isnan"});
+          T inf = e.empty(Shape{n}, DType::kBool, Category::kTemporaries, Label{"ZeRO _has_inf_or_nan isinf"});
+          T either = e.empty(Shape{n}, DType::kBool, Category::kTemporaries, Label{"ZeRO _has_inf_or_nan logical_or"});
+          T ef = e.empty(Shape{n}, DType::kF32, Category::kTemporaries, Label{"ZeRO _has_inf_or_nan .float()"});
+          T mx = e.empty(Shape{}, DType::kF32, Category::kTemporaries, Label{"ZeRO _has_inf_or_nan .max()"});
+        }
+      }
+    }
+    // scaled_global_norm -> get_grad_norm_direct per group: torch.linalg.vector_norm(g.data.double()) per
+    // gradient of params_in_partition (zip with the params: the zeros pad is not normed); the 0-d norms are kept
+    // until torch.stack(all_norms). float64 is 8 bytes an element; the simulator's DType has no float64, so the
+    // int64 rows stand for it (the bytes are what count).
+    {
+      std::vector<T> groups_norm;
+      for (const ZeroGroup& g : zgroups) {
+        std::vector<T> norms;
+        const std::vector<uint64_t> sl = zero_partition_slices(g.layout);
+        for (size_t k = 0; k < sl.size() && k < g.layout.in_partition.size(); ++k) {
+          T d = e.empty(Shape{sl[k]}, DType::kI64, Category::kTemporaries, Label{"ZeRO grad norm g.double()"});
+          norms.push_back(e.empty(Shape{}, DType::kI64, Category::kTemporaries, Label{"ZeRO grad norm"}));
+        }
+        T stacked = e.empty(Shape{norms.size()}, DType::kI64, Category::kTemporaries, Label{"ZeRO grad norm stack"});
+        norms.clear();
+        groups_norm.push_back(e.empty(Shape{}, DType::kF32, Category::kTemporaries, Label{"ZeRO group grad norm"}));
+      }
+    }
+    for (size_t gi = 0; gi < zgroups.size(); ++gi) {
+      ZeroGroup& g = zgroups[gi];
+      const uint64_t ps = g.layout.partition_size;
+      // flat_grad_partition = self.flatten(averaged_gradients[i]) (a view for a single tensor, at::cat
+      // otherwise); single_grad_partition = flat_grad_partition.to(fp32); del flat_grad_partition
+      T single;
+      {
+        const size_t pieces = zero_partition_slices(g.layout).size();
+        T flat = pieces > 1 ? e.empty(Shape{ps}, bit16, Category::kTemporaries, Label{"ZeRO flat_grad_partition (cat)"}) : T();
+        single = e.empty(Shape{ps}, DType::kF32, Category::kGradients, Label{"ZeRO single_grad_partition (fp32)"});
+      }
+      // averaged_gradients[i] = None; all_grad_tensors[i] = None: the partition's gradients go once no group
+      // holds them
+      g.pads.clear();
+      if (gi + 1 == zgroups.size()) zero_held.reset();
+      // unscale_and_clip_grads: in place. _optimizer_step(i): optimizer.step() over this group's fp32 partition
+      zero_adam(g, first, gi);
+      // single_partition_of_fp32_groups[i].grad = None; the bit16 partition copy_ is in place
+      single.reset();
+    }
+    // all_gather_dp_groups -> all_gather_into_tensor_dp_groups (dist.has_all_gather_into_tensor()): into the flat
+    // buffers, in place
+    zero_boundary_done = false;
+  }
+
+  // torch AdamW/Adam over one fp32 partition (the Trainer's optimizer, param_group['params'] = [partition]):
+  // its state at the first step, and the update's temporaries as Loop::step_group models them.
+  void zero_adam(const ZeroGroup& g, bool first, size_t gi) {
+    const Shape sh{g.layout.partition_size};
+    if (first) {
+      const Label l{intern_name(fmt::format("ZeRO fp32 partition [{}] state", gi))};
+      for (const StateTensor& t : optimizer_state_tensors(s.optimizer, opt_impl, {g.layout.partition_size}, DType::kF32,
+                                                          bnb_block_size(s.optimizer_version))) {
+        state.push_back(e.empty(Shape::of(t.shape), t.dtype, Category::kOptimizer, l));
+      }
+    }
+    if (opt_impl == OptimizerImpl::kForeach) {
+      T sqrt = e.empty(sh, DType::kF32, Category::kTemporaries, Label{"adam exp_avg_sq_sqrt"});
+    } else if (opt_impl == OptimizerImpl::kForLoop) {
+      T sq = e.empty(sh, DType::kF32, Category::kTemporaries, Label{"adam sqrt"});
+      T denom = e.empty(sh, DType::kF32, Category::kTemporaries, Label{"adam denom"});
+    }
+  }
+
   void clip_grad_norm() {
     // torch.nn.utils.clip_grad_norm_(params, 1.0), foreach path: _foreach_norm (one partial per 64Ki-element
     // chunk of every tensor, then one float per tensor), torch.stack of the norms, the total norm, the
@@ -877,6 +1187,13 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
   if (loop.ddp.on) {
     loop.ddp_construct(r);
     e.post_accumulate_grad = [&loop](int32_t i) { loop.ddp_hook(i); };
+  }
+  // DeepSpeed ZeRO-2 (zero.h): the Trainer's deepspeed.initialize in train(), before its loop; the ZeRO
+  // optimizer's gradient hooks run after each AccumulateGrad (register_grad_hook)
+  loop.zopt = resolve_zero(s, o.loop);
+  if (loop.zopt.on) {
+    loop.zero_construct();
+    e.post_accumulate_grad = [&loop](int32_t i) { loop.zero_hook(i); };
   }
   if (o.loop != LoopKind::kHf && s.task == Task::kTrain) loop.get_batch();
   if (s.optimizer_in_backward) {

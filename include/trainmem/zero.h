@@ -1,0 +1,79 @@
+// DeepSpeed ZeRO stages 1 and 2, per rank: DeepSpeedZeroOptimizer (deepspeedai/DeepSpeed edaa722, 0.19.6,
+// deepspeed/runtime/zero/stage_1_and_2.py) as the HF Trainer's DeepSpeed integration builds it. The partition
+// arithmetic is here (pure functions, unit-tested against the source's formulas); the simulator (loop.cc)
+// allocates what it says.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "trainmem/setup.h"
+
+namespace trainmem {
+
+enum class LoopKind;
+
+// The ZeRO optimizer's settings as the modelled run passes them, resolved.
+struct ZeroOptions {
+  bool on = false;
+  uint32_t stage = 0;              // 2 (stage 1 is refused, zero.cc resolve_zero)
+  uint64_t ranks = 1;              // dp: the data-parallel world size
+  uint64_t rank = 0;               // the simulated rank (0)
+  uint64_t reduce_bucket_elems = 0;     // reduce_bucket_size, in elements
+  uint64_t allgather_bucket_elems = 0;  // allgather_bucket_size, in elements
+  bool overlap_comm = false;       // a second IPG buffer (buf_1)
+  bool contiguous_gradients = true;
+  bool reduce_scatter = true;
+};
+
+// DeepSpeedZeroConfig's defaults (runtime/zero/config.py, 0.19.6): reduce_bucket_size and allgather_bucket_size
+// Field(pp_int(5e8)); overlap_comm None, resolved by overlap_comm_valid to `stage == ZeroStageEnum.weights`
+// (False for stages 1 and 2); contiguous_gradients True; reduce_scatter True.
+inline constexpr uint64_t kZeroDefaultBucketElems = 500000000;
+// stage_1_and_2.py __init__: `self.nccl_start_alignment_factor = 2  # 4-byte alignment/sizeof(fp16) = 2`
+inline constexpr uint64_t kZeroNcclStartAlignment = 2;
+
+// The defaults of the code that runs (cited in zero.cc); throws trainmem::Error for what is not simulated.
+// Off (on == false) unless dp > 1 and sharding is zero1/zero2.
+ZeroOptions resolve_zero(const TrainSetup& s, LoopKind loop);
+
+// One parameter's place in its group's flat buffer, and the partitions its gradient goes to
+// (initialize_gradient_partition: param_to_partition_ids and grad_start_offset).
+struct ZeroParamPlace {
+  uint64_t start = 0;                 // offset of its first element in the flat buffer
+  uint64_t numel = 0;
+  std::vector<uint32_t> partitions;   // partition ids it overlaps, ascending
+  std::vector<uint64_t> offsets;      // per partition: the offset within the parameter where that part starts
+};
+
+// One parameter group's flat buffer, as DeepSpeedZeroOptimizer.__init__ builds it for `rank` of `dp`.
+struct ZeroGroupLayout {
+  uint64_t numel = 0;           // orig_group_numel: sum of the group's trainable parameters
+  uint64_t aligned_numel = 0;   // the flat buffer: ceil(numel / (2 * dp)) * (2 * dp) elements
+  uint64_t partition_size = 0;  // aligned_numel / dp: every rank's fp32 master partition
+  uint64_t padding = 0;         // groups_padding of `rank`: how much of its partition lies past numel
+  uint64_t first_offset = 0;    // offset into the first parameter of params_in_partition
+  std::vector<uint32_t> in_partition;  // positions (in the group) of params_in_partition, in order
+  uint64_t in_partition_numel = 0;     // sum of their numel: boundary parameters counted in full
+  std::vector<ZeroParamPlace> places;  // per parameter of the group
+};
+ZeroGroupLayout zero_group_layout(const std::vector<uint64_t>& numels, uint64_t dp, uint64_t rank);
+
+// averaged_gradients[i] of `layout`'s rank at the boundary (get_flat_partition, return_tensor_list=True): the
+// element counts of the narrowed gradients of params_in_partition (the first from first_offset, the last cut at
+// partition_size), then the zeros that pad a short partition (or one zeros(partition_size) when the partition
+// holds no parameter).
+std::vector<uint64_t> zero_partition_slices(const ZeroGroupLayout& layout, std::vector<uint64_t>* pad = nullptr);
+
+// One gradient's slices as average_tensor lists them for the IPG bucket: per parameter in bucket order, its
+// partitions' slices sorted by offset, consecutive slices of the same partition merged (rank_and_offsets).
+// Returns the merged slices' element counts, in order.
+std::vector<uint64_t> zero_bucket_slices(const std::vector<const ZeroParamPlace*>& bucket);
+
+// allreduce_and_scatter over those slices with numel_per_bucket = reduce_bucket_size: a small bucket closes
+// when its running numel exceeds the limit; each is flattened (torch's flatten_dense_tensors: a view for one
+// tensor, at::cat otherwise) before the all-reduce. Returns, per small bucket, the elements the flatten
+// allocates (0 for a single slice: a view).
+std::vector<uint64_t> zero_reduce_flat_allocs(const std::vector<uint64_t>& slices, uint64_t reduce_bucket_elems);
+
+}  // namespace trainmem

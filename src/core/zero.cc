@@ -1,0 +1,196 @@
+// DeepSpeed ZeRO stage 1/2's partition arithmetic, per rank (zero.h). Source: deepspeedai/DeepSpeed edaa722
+// (0.19.6): deepspeed/runtime/zero/stage_1_and_2.py (DeepSpeedZeroOptimizer.__init__,
+// get_data_parallel_partitions, get_partition_info, initialize_gradient_partition, average_tensor,
+// allreduce_and_scatter), runtime/zero/config.py (DeepSpeedZeroConfig), runtime/engine.py
+// (_do_optimizer_sanity_check, get_data_types, _configure_zero_optimizer), runtime/utils.py
+// (align_dense_tensors).
+#include "trainmem/zero.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "trainmem/error.h"
+#include "trainmem/sim.h"
+
+namespace trainmem {
+
+ZeroOptions resolve_zero(const TrainSetup& s, LoopKind loop) {
+  ZeroOptions z;
+  if (s.dp <= 1 || (s.sharding != Sharding::kZero1 && s.sharding != Sharding::kZero2)) {
+    if (s.reduce_bucket_size || s.overlap_comm) {
+      throw FieldError(s.reduce_bucket_size ? "reduce_bucket_size" : "overlap_comm",
+                       "DeepSpeed ZeRO's setting: it takes --dp N (N > 1) with --sharding zero2");
+    }
+    return z;
+  }
+  if (s.sharding == Sharding::kZero1) {
+    // engine._do_optimizer_sanity_check: bf16 with fp32 gradient accumulation at stage 1 goes to BF16_Optimizer
+    // (runtime/bf16_optimizer.py, not read); with the default grad_accum_dtype (= the model dtype,
+    // engine.get_data_types) stage 1 runs DeepSpeedZeroOptimizer(partition_grads=False), whose reduction (the
+    // hooks' epilogue vs. the engine's reduce_gradients at the boundary) is not traced here.
+    throw FieldError("sharding", "zero1: DeepSpeed ZeRO stage 1 is not simulated yet (its boundary reduction "
+                                 "path is not traced; BF16_Optimizer, where bf16 with fp32 grad accumulation goes, "
+                                 "neither); --sharding zero2 is");
+  }
+  if (loop != LoopKind::kHf) {
+    throw FieldError("loop", fmt::format("{}: DeepSpeed ZeRO is simulated as the transformers Trainer runs it "
+                                         "(--loop hf, a DeepSpeed config with zero_optimization.stage 2)",
+                                         name_of(loop)));
+  }
+  // The Trainer's "auto" bf16 follows --bf16; DeepSpeed's engine then casts the parameters (not the buffers)
+  // to bfloat16 (engine._configure_distributed_model -> _cast_module_mixed_precision) and runs no autocast:
+  // the forward and backward are pure bf16, the fp32 master partition lives in the ZeRO optimizer. That is
+  // this simulator's --precision bf16 (model.to(bfloat16)), less the buffers (left fp32 by DeepSpeed: small).
+  if (s.precision != Precision::kBf16) {
+    throw FieldError("precision", fmt::format(
+        "{}: under DeepSpeed (bf16: {{enabled: true}}) the engine casts the model's parameters to bfloat16 and keeps "
+        "fp32 master partitions in the ZeRO optimizer: use --precision bf16 (fp16 with its loss scaler and fp32 "
+        "ZeRO are not simulated)", name_of(s.precision)));
+  }
+  if (s.optimizer != Optimizer::kAdamW && s.optimizer != Optimizer::kAdam) {
+    throw FieldError("optimizer", fmt::format("{}: ZeRO is simulated with the Trainer's torch AdamW/Adam over the "
+                                              "fp32 partitions (ZERO_SUPPORTED_OPTIMIZERS)", name_of(s.optimizer)));
+  }
+  if (s.optimizer_in_backward) {
+    throw FieldError("optimizer_in_backward", "true: DeepSpeed's ZeRO optimizer steps its fp32 partitions itself");
+  }
+  if (s.quant.type != Quantize::kNone) {
+    throw FieldError("quant", "quantized base weights are not simulated under DeepSpeed ZeRO");
+  }
+  z.on = true;
+  z.stage = 2;
+  z.ranks = s.dp;
+  z.rank = 0;
+  // reduce_bucket_size: DeepSpeedZeroConfig's Field(pp_int(5e8)) when the config leaves it out. The Trainer's
+  // "auto" (transformers integrations/deepspeed.py HfTrainerDeepSpeedConfig.trainer_config_finalize:
+  // hidden_size * hidden_size) applies only to configs that say "auto": pass --reduce-bucket-size for those.
+  z.reduce_bucket_elems = s.reduce_bucket_size.value_or(kZeroDefaultBucketElems);
+  if (z.reduce_bucket_elems == 0) throw FieldError("reduce_bucket_size", "0: expected a positive element count");
+  z.allgather_bucket_elems = kZeroDefaultBucketElems;
+  // overlap_comm: None resolves to False below stage 3 (config.py overlap_comm_valid)
+  z.overlap_comm = s.overlap_comm.value_or(false);
+  return z;
+}
+
+ZeroGroupLayout zero_group_layout(const std::vector<uint64_t>& numels, uint64_t dp, uint64_t rank) {
+  if (dp == 0 || rank >= dp) throw Error("internal: ZeRO layout for a rank outside the world");
+  ZeroGroupLayout g;
+  for (uint64_t n : numels) g.numel = checked_add(g.numel, n, "ZeRO group elements");
+  // __init__: alignment = nccl_start_alignment_factor * world_size; flatten_dense_tensors_aligned pads the list
+  // with zeros(alignment - numel % alignment) (utils.align_dense_tensors) before flattening
+  const uint64_t alignment = checked_mul(kZeroNcclStartAlignment, dp, "ZeRO alignment");
+  g.aligned_numel = checked_mul(ceil_div(g.numel, alignment), alignment, "ZeRO flat buffer elements");
+  // get_data_parallel_partitions: base_size = numel // dp, the first numel % dp partitions one larger; the
+  // alignment makes them equal. partition_size = len(bit16_groups_flat[i]) / dp.
+  g.partition_size = g.aligned_numel / dp;
+  const uint64_t start_index = g.partition_size * rank, end_index = start_index + g.partition_size;
+  // groups_padding: the part of this rank's partition past the group's real elements
+  if (g.numel <= start_index) {
+    g.padding = g.partition_size;
+  } else if (g.numel < end_index) {
+    g.padding = end_index - g.numel;
+  }
+  uint64_t current = 0;
+  for (size_t k = 0; k < numels.size(); ++k) {
+    ZeroParamPlace p;
+    p.start = current;
+    p.numel = numels[k];
+    // get_partition_info: in this rank's partition if it starts inside it, or if it straddles its start
+    // (then first_offset = start_index - current_index); boundary parameters count in full
+    if (start_index <= current && current < end_index) {
+      g.in_partition.push_back(static_cast<uint32_t>(k));
+      g.in_partition_numel += p.numel;
+    } else if (current < start_index && start_index < current + p.numel) {
+      g.in_partition.push_back(static_cast<uint32_t>(k));
+      g.in_partition_numel += p.numel;
+      g.first_offset = start_index - current;
+    }
+    // initialize_gradient_partition, for every partition id: the same two tests, with grad_start_offset 0 or
+    // (partition start - current_index)
+    for (uint64_t pid = 0; pid < dp; ++pid) {
+      const uint64_t ps = g.partition_size * pid, pe = ps + g.partition_size;
+      if (ps <= current && current < pe) {
+        p.partitions.push_back(static_cast<uint32_t>(pid));
+        p.offsets.push_back(0);
+      } else if (current < ps && ps < current + p.numel) {
+        p.partitions.push_back(static_cast<uint32_t>(pid));
+        p.offsets.push_back(ps - current);
+      }
+    }
+    current += p.numel;
+    g.places.push_back(std::move(p));
+  }
+  return g;
+}
+
+std::vector<uint64_t> zero_partition_slices(const ZeroGroupLayout& g, std::vector<uint64_t>* pad) {
+  std::vector<uint64_t> out;
+  if (pad) pad->clear();
+  // `if len(tensor_list) == 0: zero_buffer = torch.zeros(int(partition_size), ...)`
+  if (g.in_partition.empty()) {
+    out.push_back(g.partition_size);
+    if (pad) pad->push_back(g.partition_size);
+    return out;
+  }
+  uint64_t current = 0;
+  for (size_t k = 0; k < g.in_partition.size(); ++k) {
+    uint64_t n = g.places[g.in_partition[k]].numel;
+    if (k == 0 && g.first_offset > 0) n -= g.first_offset;  // `if i == 0 and first_offset > 0`
+    n = std::min(n, g.partition_size - current);              // `if num_elements > (partition_size - current_size)`
+    out.push_back(n);
+    current += n;
+  }
+  // "this means its the last partition and does not align with the dp boundary. We need to pad"
+  if (current < g.partition_size) {
+    out.push_back(g.partition_size - current);
+    if (pad) pad->push_back(g.partition_size - current);
+  }
+  return out;
+}
+
+std::vector<uint64_t> zero_bucket_slices(const std::vector<const ZeroParamPlace*>& bucket) {
+  // average_tensor: for each (param) of bucket.params, partition_ids_w_offsets sorted by offset; the slice of
+  // partition idx runs to the next one's offset (the last to param.numel()); a slice merges into the previous
+  // one when `partition_id == prev_id` (same process group and copy ranks without MoE or Muon)
+  std::vector<uint64_t> out;
+  int64_t prev = -1;
+  for (const ZeroParamPlace* p : bucket) {
+    std::vector<std::pair<uint64_t, uint32_t>> by_offset;
+    for (size_t k = 0; k < p->partitions.size(); ++k) by_offset.push_back({p->offsets[k], p->partitions[k]});
+    std::sort(by_offset.begin(), by_offset.end());
+    for (size_t k = 0; k < by_offset.size(); ++k) {
+      const uint64_t end = k + 1 == by_offset.size() ? p->numel : by_offset[k + 1].first;
+      const uint64_t numel = end - by_offset[k].first;
+      if (static_cast<int64_t>(by_offset[k].second) == prev && !out.empty()) {
+        out.back() += numel;
+      } else {
+        out.push_back(numel);
+      }
+      prev = by_offset[k].second;
+    }
+  }
+  return out;
+}
+
+std::vector<uint64_t> zero_reduce_flat_allocs(const std::vector<uint64_t>& slices, uint64_t reduce_bucket_elems) {
+  // allreduce_and_scatter: small_bucket.append(tensor); numel += tensor.numel(); `if numel > numel_per_bucket`:
+  // allreduce_and_copy_with_multiple_ranks (allreduce_bucket: tensor = self.flatten(bucket)) and restart; the
+  // rest after the loop
+  std::vector<uint64_t> out;
+  uint64_t numel = 0, count = 0;
+  auto flush = [&] {
+    out.push_back(count > 1 ? numel : 0);
+    numel = 0;
+    count = 0;
+  };
+  for (uint64_t n : slices) {
+    numel += n;
+    ++count;
+    if (numel > reduce_bucket_elems) flush();
+  }
+  if (count > 0) flush();
+  return out;
+}
+
+}  // namespace trainmem

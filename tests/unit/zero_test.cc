@@ -1,0 +1,227 @@
+// --dp N --sharding zero2: one rank of DeepSpeed ZeRO stage 2 (zero.h, loop.cc). No measured GPU figure exists
+// here; these tests pin the partition arithmetic against hand computation from the source's formulas
+// (deepspeedai/DeepSpeed edaa722 runtime/zero/stage_1_and_2.py), the ZeRO paper's Table 1 (P_os+g), DeepSpeed's
+// ZeRO tutorial (docs/_tutorials/zero.md) and what the simulated rank allocates.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "test_util.h"
+#include "trainmem/error.h"
+#include "trainmem/estimate.h"
+#include "trainmem/report.h"
+#include "trainmem/scenario.h"
+#include "trainmem/zero.h"
+
+namespace trainmem {
+namespace {
+
+using testing::run;
+
+// Three parameters of 10, 7 and 5 elements on 4 ranks: alignment 2 * 4 = 8, so the flat buffer is
+// ceil(22 / 8) * 8 = 24 elements and each partition 6: [0,6) [6,12) [12,18) [18,24); params at 0, 10, 17.
+TEST(ZeroLayout, AlignmentPartitionsAndBoundaryParametersCountedInFull) {
+  const std::vector<uint64_t> n{10, 7, 5};
+  const ZeroGroupLayout r0 = zero_group_layout(n, 4, 0);
+  EXPECT_EQ(r0.numel, 22u);
+  EXPECT_EQ(r0.aligned_numel, 24u);
+  EXPECT_EQ(r0.partition_size, 6u);
+  EXPECT_EQ(r0.in_partition, (std::vector<uint32_t>{0}));  // param 0 starts in [0,6)
+  EXPECT_EQ(r0.in_partition_numel, 10u);                    // counted in full, though only 6 are rank 0's
+  EXPECT_EQ(r0.padding, 0u);
+  const ZeroGroupLayout r1 = zero_group_layout(n, 4, 1);
+  EXPECT_EQ(r1.in_partition, (std::vector<uint32_t>{0, 1}));  // param 0 straddles 6; param 1 starts at 10
+  EXPECT_EQ(r1.first_offset, 6u);
+  EXPECT_EQ(r1.in_partition_numel, 17u);
+  const ZeroGroupLayout r3 = zero_group_layout(n, 4, 3);
+  EXPECT_EQ(r3.in_partition, (std::vector<uint32_t>{2}));  // param 2 (17..22) straddles 18
+  EXPECT_EQ(r3.first_offset, 1u);
+  EXPECT_EQ(r3.padding, 2u);  // groups_padding: 24 - 22
+  // param_to_partition_ids and grad_start_offset
+  EXPECT_EQ(r0.places[0].partitions, (std::vector<uint32_t>{0, 1}));
+  EXPECT_EQ(r0.places[0].offsets, (std::vector<uint64_t>{0, 6}));
+  EXPECT_EQ(r0.places[1].partitions, (std::vector<uint32_t>{1, 2}));
+  EXPECT_EQ(r0.places[1].offsets, (std::vector<uint64_t>{0, 2}));
+  EXPECT_EQ(r0.places[2].partitions, (std::vector<uint32_t>{2, 3}));
+  EXPECT_EQ(r0.places[2].offsets, (std::vector<uint64_t>{0, 1}));
+  // averaged_gradients (get_flat_partition): rank 1 takes 10 - 6 = 4 of param 0 and 2 of param 1; rank 3 takes
+  // 4 of param 2 and pads 2 zeros
+  EXPECT_EQ(zero_partition_slices(r1), (std::vector<uint64_t>{4, 2}));
+  std::vector<uint64_t> pad;
+  EXPECT_EQ(zero_partition_slices(r3, &pad), (std::vector<uint64_t>{4, 2}));
+  EXPECT_EQ(pad, (std::vector<uint64_t>{2}));
+  EXPECT_THROW(zero_group_layout(n, 4, 4), Error);
+}
+
+TEST(ZeroLayout, AverageTensorSlicesMergeOnlyConsecutiveSlicesOfOnePartition) {
+  const ZeroGroupLayout g = zero_group_layout({10, 7, 5}, 4, 0);
+  // backward order [param 2, param 1]: (p2, 1) (p3, 4) (p1, 2) (p2, 5): nothing merges
+  EXPECT_EQ(zero_bucket_slices({&g.places[2], &g.places[1]}), (std::vector<uint64_t>{1, 4, 2, 5}));
+  // [param 1, param 2]: (p1, 2) (p2, 5) (p2, 1) (p3, 4): the two p2 slices merge
+  EXPECT_EQ(zero_bucket_slices({&g.places[1], &g.places[2]}), (std::vector<uint64_t>{2, 6, 4}));
+  // allreduce_and_scatter with numel_per_bucket 5: 2 + 6 = 8 > 5 closes a small bucket of two slices (a cat of
+  // 8); the last, alone, is flattened as a view
+  EXPECT_EQ(zero_reduce_flat_allocs({2, 6, 4}, 5), (std::vector<uint64_t>{8, 0}));
+  EXPECT_EQ(zero_reduce_flat_allocs({7}, 100), (std::vector<uint64_t>{0}));
+}
+
+// ZeRO paper (Rajbhandari et al., arXiv:1910.02054, Table 1): Psi = 7.5B, N_d = 64, K = 12: P_os+g = 16.6 GB per
+// device, i.e. 2Psi + (2 + K)Psi/N_d. With 64 equal parameters the partitions fall on parameter boundaries, so
+// the simulated per-rank states (bf16 flat + partition gradients + fp32 master + Adam's two moments) are exact.
+TEST(ZeroPaper, Table1PosgFromThePerRankStates) {
+  const uint64_t psi = 7500000000, nd = 64;
+  const std::vector<uint64_t> n(64, psi / 64);
+  const ZeroGroupLayout g = zero_group_layout(n, nd, 0);
+  ASSERT_EQ(g.aligned_numel, psi);  // 7.5e9 is a multiple of 2 * 64
+  const uint64_t flat = 2 * g.aligned_numel, grads = 2 * g.in_partition_numel, master = 4 * g.partition_size;
+  uint64_t adam = 0;
+  for (const StateTensor& t : optimizer_state_tensors(Optimizer::kAdamW, OptimizerImpl::kForeach, {g.partition_size},
+                                                      DType::kF32, 0)) {
+    adam += numel(t.shape).value * itemsize(t.dtype);
+  }
+  EXPECT_EQ(adam, 8 * g.partition_size);
+  const double gb = static_cast<double>(flat + grads + master + adam) / 1e9;
+  EXPECT_NEAR(gb, 16.6, 0.05);  // 16.640625: the paper prints one decimal
+  // the ratio to the baseline 16 Psi (120 GB in the table)
+  EXPECT_NEAR(gb / (16.0 * psi / 1e9), 16.6 / 120.0, 0.001);
+}
+
+// docs/_tutorials/zero.md: GPT-2 1.5B on eight GPUs, "the Adam optimizer states for the model consume 18GB ...
+// By using ZeRO stage 1 to partition the optimizer state among eight data parallel ranks, the per-device memory
+// consumption can be reduced to 2.25GB". Adam's states with the fp32 master are 12 bytes a parameter.
+TEST(ZeroTutorial, AdamStatesOf1_5BOnEightRanks) {
+  const ZeroGroupLayout g = zero_group_layout({1500000000}, 8, 0);
+  EXPECT_EQ(12 * g.aligned_numel, 18000000000u);
+  EXPECT_EQ(12 * g.partition_size, 2250000000u);
+}
+
+Scenario zero_scenario(std::initializer_list<std::pair<const char*, std::string>> more = {}) {
+  Scenario s = testing::scenario_of("gpt2", {{"overrides", "n_layer=2"}, {"batch", "1"}, {"seq", "32"}, {"dp", "8"},
+                                             {"sharding", "zero2"}, {"precision", "bf16"}});
+  for (const auto& [f, v] : more) set_field(s, f, v);
+  return s;
+}
+
+// GPT-2 with 2 layers (n_embd 768, vocab 50257, n_positions 1024, lm_head tied to wte): the Trainer's decay group
+// is wte 38,597,376 + wpe 786,432 + 2 x (c_attn 1,769,472 + c_proj 589,824 + c_fc 2,359,296 + mlp c_proj
+// 2,359,296) = 53,539,584 elements; the rest (layer norms and biases) 2 x 9,984 + ln_f 1,536 = 21,504. Both are
+// multiples of 16 (2 x 8 ranks). Rank 0's partition of the decay group ([0, 6,692,448)) starts inside wte, so
+// wte's whole gradient is held (38,597,376); of the rest ([0, 2,688)): ln_1 weight and bias and c_attn's bias
+// (768 + 768 + 2,304 = 3,840).
+TEST(ZeroSim, Gpt2TwoLayersModelStatesByHand) {
+  const Estimate e = run(zero_scenario());
+  ASSERT_TRUE(e.zero.has_value());
+  const ZeroFigures& z = *e.zero;
+  EXPECT_EQ(z.group_numel, (std::vector<uint64_t>{53539584, 21504}));
+  EXPECT_EQ(z.group_aligned, (std::vector<uint64_t>{53539584, 21504}));
+  EXPECT_EQ(z.group_partition, (std::vector<uint64_t>{6692448, 2688}));
+  EXPECT_EQ(z.group_in_partition, (std::vector<uint64_t>{38597376, 3840}));
+  EXPECT_EQ(z.bit16_flat.value, 2u * (53539584 + 21504));
+  EXPECT_EQ(z.grads_in_partition.value, 2u * (38597376 + 3840));
+  EXPECT_EQ(z.fp32_master.value, 4u * (6692448 + 2688));
+  EXPECT_EQ(z.optimizer_state.value, 8u * (6692448 + 2688));  // foreach AdamW: the step stays on the CPU
+  // DeepSpeed's estimator: 2P + int(18P / 8)
+  const uint64_t P = 53539584 + 21504;
+  EXPECT_EQ(z.deepspeed_estimate.value, 2 * P + 18 * P / 8);
+
+  // The timeline: one flat buffer per group (weights), one fp32 master per group, and the model's own weights
+  // freed as they become views of the flat buffers: after setup, the weights are the flat buffers (plus the
+  // buffers category) and the optimizer category the masters.
+  LiveBytes live;
+  const size_t wk = static_cast<size_t>(Category::kWeights), ok = static_cast<size_t>(Category::kOptimizer);
+  bool checked = false;
+  for (const Event& ev : e.sim->timeline.events) {
+    if (!checked && ev.phase != Phase::kSetup) {
+      EXPECT_EQ(live.by_category[wk].value, z.bit16_flat.value);
+      EXPECT_EQ(live.by_category[ok].value, z.fp32_master.value);
+      checked = true;
+    }
+    apply(live, ev);
+  }
+  EXPECT_TRUE(checked);
+}
+
+// setup_buckets: buf_0 (and buf_1 with overlap_comm) of reduce_bucket_size bf16 elements at the first gradient
+// hook of each backward, released in the epilogue.
+TEST(ZeroSim, IpgBuffersPerBackward) {
+  auto count = [](const Estimate& e, std::string_view what) {
+    size_t n = 0;
+    for (const Event& ev : e.sim->timeline.events) {
+      if (ev.kind == Event::kAlloc && ev.category == Category::kZeroBuckets && std::string_view(ev.label.what) == what) {
+        EXPECT_EQ(ev.bytes.value, 2u * 500000000);
+        ++n;
+      }
+    }
+    return n;
+  };
+  const Estimate e = run(zero_scenario());
+  EXPECT_EQ(count(e, "ZeRO IPG buffer buf_0"), static_cast<size_t>(e.options.steps));
+  EXPECT_EQ(count(e, "ZeRO IPG buffer buf_1"), 0u);
+  const Estimate o = run(zero_scenario({{"overlap_comm", "true"}}));
+  EXPECT_EQ(count(o, "ZeRO IPG buffer buf_1"), static_cast<size_t>(o.options.steps));
+  EXPECT_EQ(o.zero->ipg_buffers.value, 2u * 2 * 500000000);
+}
+
+// A small reduce_bucket_size: buckets are reduced as they fill, each flattened (torch.cat) before its
+// all-reduce; wte (38.6M elements) exceeds the bucket and is reduced from its own gradient.
+TEST(ZeroSim, SmallBucketsFlattenEachReduction) {
+  const Estimate e = run(zero_scenario({{"reduce_bucket_size", "3000000"}}));
+  size_t flattens = 0;
+  for (const Event& ev : e.sim->timeline.events) {
+    if (ev.kind != Event::kAlloc || ev.category != Category::kZeroBuckets) continue;
+    if (std::string_view(ev.label.what) == "ZeRO allreduce_bucket flatten (cat)") {
+      ++flattens;
+      EXPECT_LE(ev.bytes.value, 2u * 38597376);
+    } else {
+      EXPECT_EQ(ev.bytes.value, 2u * 3000000);
+    }
+  }
+  EXPECT_GT(flattens, 1u);
+}
+
+// Gradient accumulation: all_grad_tensors holds the first backward's partition gradients while the second
+// backward fills a new grads_in_partition, which is added in place and released in the epilogue.
+TEST(ZeroSim, GradientAccumulationHoldsTwoPartitionGradientsInTheSecondBackward) {
+  const Estimate e = run(zero_scenario({{"grad_accum", "2"}}));
+  const uint64_t gip = e.zero->grads_in_partition.value;
+  LiveBytes live;
+  const size_t gk = static_cast<size_t>(Category::kGradients);
+  uint64_t max_first = 0, max_second = 0;
+  for (const Event& ev : e.sim->timeline.events) {
+    apply(live, ev);
+    if (ev.step != 1 || ev.phase != Phase::kBackward) continue;
+    (ev.micro == 1 ? max_first : max_second) = std::max(ev.micro == 1 ? max_first : max_second, live.by_category[gk].value);
+  }
+  EXPECT_EQ(max_first, gip);
+  EXPECT_EQ(max_second, 2 * gip);
+}
+
+TEST(ZeroRefusals, StageOneOtherPrecisionsAndLoops) {
+  auto refused = [](const Scenario& s, const char* what) {
+    try {
+      run(s);
+      ADD_FAILURE() << "expected a refusal mentioning " << what;
+    } catch (const Error& err) {
+      EXPECT_NE(std::string(err.what()).find(what), std::string::npos) << err.what();
+    }
+  };
+  refused(zero_scenario({{"sharding", "zero1"}}), "stage 1");
+  refused(zero_scenario({{"sharding", "zero3"}}), "not simulated yet");
+  refused(zero_scenario({{"precision", "bf16-amp"}}), "--precision bf16");
+  refused(zero_scenario({{"loop", "nanogpt"}}), "--loop hf");
+  refused(zero_scenario({{"optimizer", "sgd"}}), "AdamW");
+  refused(testing::scenario_of("gpt2", {{"overrides", "n_layer=2"}, {"reduce_bucket_size", "1000"}}), "zero2");
+}
+
+TEST(ZeroReport, SaysPerRankAndShowsDeepSpeedsEstimator) {
+  const Estimate e = run(zero_scenario());
+  const std::string t = render_estimate_table(e, nullptr);
+  EXPECT_NE(t.find("per rank, 8 ranks (DeepSpeed ZeRO-2)"), std::string::npos) << t;
+  EXPECT_NE(t.find("estimate_zero2_model_states_mem_needs"), std::string::npos) << t;
+  EXPECT_NE(t.find("NCCL"), std::string::npos) << t;
+  const std::string j = render_estimate_json(e, nullptr);
+  EXPECT_NE(j.find("\"grads_in_partition_bytes\""), std::string::npos);
+}
+
+}  // namespace
+}  // namespace trainmem

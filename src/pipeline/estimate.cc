@@ -230,6 +230,8 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
     f.first_bucket_cap_bytes = d.first_bucket_bytes;
     f.gradient_as_bucket_view = d.bucket_view;
     f.find_unused_parameters = d.find_unused;
+    f.rebuilds = d.rebuild;
+    f.rebuild_step = sim->ddp_rebuild_step;
     for (size_t k = 0; k < sim->ddp_buckets.size() && k < 2; ++k) {
       for (const DdpBucket& b : sim->ddp_buckets[k]) {
         (k == 0 ? f.initial_buckets : f.rebuilt_buckets).push_back(b.bytes);

@@ -157,7 +157,7 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
   validate_setup(m, s);
   SimOptions o = o0;
   // dp > 1: one rank of DistributedDataParallel (ddp.h); refuses what it does not simulate
-  (void)resolve_ddp(s, resolved(o0, m).loop, o0.torch);
+  const DdpOptions ddp = resolve_ddp(s, resolved(o0, m).loop, o0.torch);
   if (gpu) o.sm = gpu->sm;  // the device decides the kernels: an H100 is simulated as sm_90
   Estimate e;
   e.model = m;
@@ -219,11 +219,11 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
   // no gradient outlives the backward; those in flight are in the timeline's peak
   st.gradients = s.optimizer_in_backward ? Bytes{} : with_grad;
   // DDP's gradient_as_bucket_view: each .grad is a view of its bucket (counted in the buckets)
-  if (resolve_ddp(s, resolved(o0, m).loop, o0.torch).bucket_view) st.gradients = Bytes{};
+  if (ddp.bucket_view) st.gradients = Bytes{};
   st.optimizer_state = st.optimizer_moments + st.optimizer_steps;
   e.sim = sim;
   e.warnings = sim->warnings;
-  if (const DdpOptions d = resolve_ddp(s, e.options.loop, e.options.torch); d.on) {
+  if (const DdpOptions& d = ddp; d.on) {
     DdpFigures f;
     f.ranks = d.ranks;
     f.bucket_cap_bytes = d.bucket_bytes;

@@ -126,6 +126,8 @@ struct DdpFigures {
   std::vector<uint64_t> rebuilt_buckets;  // after the rebuild (empty when the Reducer does not rebuild)
   // the DDP parameter indices (positions among the trainable parameters) of each bucket, as above
   std::vector<std::vector<uint32_t>> initial_params, rebuilt_params;
+  bool rebuilds = false;     // Reducer::should_rebuild_buckets: (static_graph || !find_unused_parameters)
+  uint32_t rebuild_step = 0;  // the step whose forward rebuilt them; 0: none simulated (--steps 1)
 };
 
 // --dp N --sharding zero2: one rank of DeepSpeed ZeRO stage 2 under the Trainer, as simulated (zero.h).

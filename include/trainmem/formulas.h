@@ -104,7 +104,9 @@ DeepSpeedEstimates deepspeed_estimates(Elems total_params, Elems largest_layer_p
                                        uint64_t nodes);
 // DeepSpeed's model_to_params (stage3.py): the most parameters registered on one module itself
 // (`m.parameters(recurse=False)`), over every module. From the inventory: rows grouped by the name up to the last
-// dot. A tied head is not a row of its own; its module holds the embedding's weight, so the maximum is the same.
+// dot. A tied head is not a row of its own; its module holds the embedding's weight, so the maximum is the same,
+// except where the tied module also holds a tied bias: BERT/RoBERTa's masked-LM decoder (`self.decoder.bias =
+// self.bias`), V x C + V in DeepSpeed's count, V x C here (the README says so).
 Elems largest_module_params(const Inventory& inv);
 
 }  // namespace trainmem

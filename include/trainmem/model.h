@@ -237,6 +237,9 @@ std::string_view attn_impl_name(AttnImpl a);
 std::string_view act_name(Act a);
 std::string_view moe_routing_name(MoeRouting r);
 std::string_view head_name(Head h);
+// A classifier's labels (--num-labels, a config's num_labels or id2label): far above any label set, and small
+// enough that every product with a batch and a sequence stays checked, not slow.
+inline constexpr uint64_t kMaxNumLabels = uint64_t{1} << 24;
 // ", balanced MoE routing" for a mixture-of-experts model (the assumption its numbers rest on), "" otherwise.
 std::string moe_routing_note(const ModelSpec& m);
 

@@ -68,6 +68,7 @@ struct SimResult {
   // DDP (dp > 1): the Reducer's buckets in its order: [0] at construction, [1] after the rebuild at the first
   // forward after a synced backward (absent when it does not rebuild)
   std::vector<std::vector<DdpBucket>> ddp_buckets;
+  uint32_t ddp_rebuild_step = 0;  // the optimizer step whose forward rebuilt them (0: no rebuild simulated)
 };
 
 SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s, const SimOptions& o);

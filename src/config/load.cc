@@ -144,7 +144,7 @@ std::optional<Head> head_of_architectures(const config::KeyReader& r) {
 // family's program builds. num_labels as PreTrainedConfig resolves it: len(id2label) when id2label is given,
 // else num_labels (default 2); --num-labels overrides both.
 void resolve_head(const config::KeyReader& r, const ModelRequest& req, ModelSpec& m) {
-  constexpr uint64_t kMaxLabels = config::kMaxVocab;  // a classifier's rows: bounded like a vocabulary
+  constexpr uint64_t kMaxLabels = kMaxNumLabels;  // a classifier's rows (model.h), the bound --num-labels has too
   const std::optional<Head> named = head_of_architectures(r);
   const std::span<const Head> heads = family_descriptor(m.family).heads;
   m.head = req.head.value_or(named.value_or(heads.empty() ? Head::kCausalLm : heads.front()));
@@ -172,6 +172,23 @@ void resolve_head(const config::KeyReader& r, const ModelRequest& req, ModelSpec
     labels = ids->size();
   }
   m.num_labels = req.num_labels.value_or(labels);
+  const bool classifier = m.head == Head::kSeqCls || m.head == Head::kTokenCls;
+  if (req.num_labels && !classifier) {
+    throw Error(fmt::format("{}: --num-labels {}: the {} head has no labels of its own (only seq-cls and token-cls "
+                            "heads do)", r.origin(), *req.num_labels, head_name(m.head)));
+  }
+  // problem_type (PreTrainedConfig, default None): the sequence classifiers' loss reads it first
+  // (ForSequenceClassificationLoss / BertForSequenceClassification.forward: "regression" -> MSELoss,
+  // "multi_label_classification" -> BCEWithLogitsLoss over float labels); None with num_labels > 1 and int64
+  // labels is "single_label_classification", the CrossEntropyLoss simulated here. Read for every model, so that
+  // a config that names another loss is refused rather than simulated as the wrong one.
+  const nlohmann::json* problem_key = r.find({"problem_type"});
+  const std::string problem = problem_key && !problem_key->is_null() ? r.text({"problem_type"}, "") : "";
+  if (!problem.empty() && problem != "single_label_classification") {
+    r.fail("problem_type", problem,
+           "\"single_label_classification\" or none: the regression (MSELoss) and multi-label (BCEWithLogitsLoss) "
+           "losses are not simulated");
+  }
   if (m.head == Head::kSeqCls && m.family != Family::kBert && m.family != Family::kRoberta) {
     // GenericForSequenceClassification.forward pools at the last token that is not config.pad_token_id
     // ((input_ids != pad_token_id) ... .argmax(-1)); with pad_token_id None it raises for batch sizes above 1 and
@@ -184,9 +201,9 @@ void resolve_head(const config::KeyReader& r, const ModelRequest& req, ModelSpec
     }
     m.pad_token_id = r.integer({"pad_token_id"}, 0, 0, config::kMaxVocab - 1);
   }
-  const bool classifier = m.head == Head::kSeqCls || m.head == Head::kTokenCls;
-  if (classifier && m.num_labels < 2) {
-    // BertForSequenceClassification: num_labels == 1 -> problem_type "regression" (MSELoss)
+  if (m.head == Head::kSeqCls && m.num_labels < 2) {
+    // BertForSequenceClassification / ForSequenceClassificationLoss: num_labels == 1 -> problem_type "regression"
+    // (MSELoss); a token classifier's loss is CrossEntropyLoss whatever num_labels is
     throw Error(fmt::format("{}: num_labels {}: with 1 label transformers computes a regression loss (MSELoss), "
                             "which is not simulated; use 2 or more (--num-labels)", r.origin(), m.num_labels));
   }

@@ -54,8 +54,9 @@ DdpOptions resolve_ddp(const TrainSetup& s, LoopKind loop, TorchVersion torch) {
   // TrainingArguments.ddp_bucket_cap_mb is set (trainer.py _wrap_model); nanoGPT's train.py calls
   // DDP(model, device_ids=[ddp_local_rank]) with the defaults.
   const double mb = s.bucket_cap_mb.value_or(kDdpDefaultBucketCapMb);
-  if (!(mb > 0) || mb > 1024 * 1024) {
-    throw FieldError("bucket_cap_mb", fmt::format("{}: expected a positive size in MiB", mb));
+  if (!(mb * 1024 * 1024 >= 1) || mb > 1024 * 1024) {  // set_field refuses these too; a front end may not use it
+    throw FieldError("bucket_cap_mb", fmt::format("{}: expected a decimal size in MiB from 1/1048576 (one byte) to "
+                                                  "1048576, like 25 or 0.5", mb));
   }
   d.bucket_bytes = static_cast<uint64_t>(mb * 1024 * 1024);  // Python's int() truncates
   // the Reducer's first_bucket_bytes_cap (_ddp_init_helper): dist._DEFAULT_FIRST_BUCKET_BYTES when
@@ -71,8 +72,21 @@ DdpOptions resolve_ddp(const TrainSetup& s, LoopKind loop, TorchVersion torch) {
   // and broadcast_buffers only; the dataclass's default is False): true simulates a script that passes it
   d.bucket_view = s.gradient_as_bucket_view.value_or(false);
   // find_unused_parameters: DDP's default False (nanoGPT, plain scripts). The Trainer (_wrap_model):
-  // ddp_find_unused_parameters if set, else `not model.is_gradient_checkpointing` for a PreTrainedModel.
-  d.find_unused = s.find_unused_parameters.value_or(loop == LoopKind::kHf && s.checkpointing == Checkpointing::kNone);
+  //   if self.args.ddp_find_unused_parameters is not None: ... = self.args.ddp_find_unused_parameters
+  //   elif isinstance(model, PreTrainedModel): ... = not model.is_gradient_checkpointing
+  //   else: kwargs["find_unused_parameters"] = True
+  // A LoRA model is peft's PeftModel, not a PreTrainedModel: True.
+  const bool trainer_default = s.lora.on || s.checkpointing == Checkpointing::kNone;
+  d.find_unused = s.find_unused_parameters.value_or(loop == LoopKind::kHf && trainer_default);
+  if (d.find_unused && s.checkpointing != Checkpointing::kNone && s.checkpoint_reentrant.value_or(false)) {
+    // reentrant checkpointing runs each layer's forward again inside backward: DDP's autograd hooks then mark
+    // its parameters ready twice, and the Reducer raises "Expected to mark a variable ready only once"
+    throw FieldError(s.find_unused_parameters ? "find_unused_parameters" : "checkpoint_reentrant",
+                     fmt::format("true: DDP with find_unused_parameters=True{} and reentrant checkpointing fails "
+                                 "in backward (\"Expected to mark a variable ready only once\"); use "
+                                 "--checkpoint-reentrant false or --find-unused-parameters false",
+                                 s.find_unused_parameters ? "" : " (the Trainer's default for a LoRA model)"));
+  }
   // reducer.h should_rebuild_buckets: (static_graph_ || !find_unused_parameters_) && !has_rebuilt_bucket_
   d.rebuild = !d.find_unused;
   return d;

@@ -160,8 +160,8 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
   validate_setup(m, s);
   SimOptions o = o0;
   // dp > 1: one rank of DistributedDataParallel (ddp.h); refuses what it does not simulate
-  (void)resolve_ddp(s, resolved(o0, m).loop, o0.torch);
-  (void)resolve_zero(s, resolved(o0, m).loop);  // --sharding zero2 (zero.h)
+  const DdpOptions ddp = resolve_ddp(s, resolved(o0, m).loop, o0.torch);
+  const ZeroOptions zopt = resolve_zero(s, resolved(o0, m).loop);  // --sharding zero2 (zero.h)
   if (gpu) o.sm = gpu->sm;  // the device decides the kernels: an H100 is simulated as sm_90
   Estimate e;
   e.model = m;
@@ -223,11 +223,11 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
   // no gradient outlives the backward; those in flight are in the timeline's peak
   st.gradients = s.optimizer_in_backward ? Bytes{} : with_grad;
   // DDP's gradient_as_bucket_view: each .grad is a view of its bucket (counted in the buckets)
-  if (resolve_ddp(s, resolved(o0, m).loop, o0.torch).bucket_view) st.gradients = Bytes{};
+  if (ddp.bucket_view) st.gradients = Bytes{};
   st.optimizer_state = st.optimizer_moments + st.optimizer_steps;
   e.sim = sim;
   e.warnings = sim->warnings;
-  if (const ZeroOptions z = resolve_zero(s, e.options.loop); z.on) {
+  if (const ZeroOptions& z = zopt; z.on) {
     // one rank's model states, from the same layout the simulator allocates (zero_group_layout)
     ZeroFigures f;
     f.stage = z.stage;
@@ -275,13 +275,15 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
     st.optimizer_state = f.optimizer_state;
     e.zero = std::move(f);
   }
-  if (const DdpOptions d = resolve_ddp(s, e.options.loop, e.options.torch); d.on) {
+  if (const DdpOptions& d = ddp; d.on) {
     DdpFigures f;
     f.ranks = d.ranks;
     f.bucket_cap_bytes = d.bucket_bytes;
     f.first_bucket_cap_bytes = d.first_bucket_bytes;
     f.gradient_as_bucket_view = d.bucket_view;
     f.find_unused_parameters = d.find_unused;
+    f.rebuilds = d.rebuild;
+    f.rebuild_step = sim->ddp_rebuild_step;
     for (size_t k = 0; k < sim->ddp_buckets.size() && k < 2; ++k) {
       for (const DdpBucket& b : sim->ddp_buckets[k]) {
         (k == 0 ? f.initial_buckets : f.rebuilt_buckets).push_back(b.bytes);

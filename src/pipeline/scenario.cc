@@ -24,7 +24,6 @@ namespace {
 // Bounds of the sizes a request may ask for. Far above any real run; they keep every derived count within
 // 64 bits long before the checked arithmetic would have to say so.
 constexpr uint64_t kMaxBatch = uint64_t{1} << 20;
-constexpr uint64_t kMaxNumLabels = uint64_t{1} << 24;  // a classifier's rows: far above any label set
 constexpr uint64_t kMaxSeq = uint64_t{1} << 24;
 // --generate: every decode step is simulated (one forward of every layer per token), so the count is bounded to
 // keep an estimate within seconds; 32,768 new tokens is past what a generate() call is used for.
@@ -417,10 +416,14 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     if (f == "gradient_as_bucket_view") s.train.gradient_as_bucket_view.reset();
     if (f == "find_unused_parameters") s.train.find_unused_parameters.reset();
   } else if (f == "bucket_cap_mb") {
-    char* end = nullptr;
-    const std::string t(v);
-    const double mb = t.empty() ? 0 : std::strtod(t.c_str(), &end);
-    if (t.empty() || end != t.c_str() + t.size() || !(mb > 0) || mb > 1048576) bad(f, v, "a size in MiB in (0, 1048576]");
+    // a decimal number of MiB, digits and at most one point ("0x10", "1e3", " 5" are refused), of at least one
+    // byte once DDP computes int(bucket_cap_mb * 1024 * 1024)
+    const std::string expected = "a decimal size in MiB from 1/1048576 (one byte) to 1048576, like 25 or 0.5";
+    const size_t digits = static_cast<size_t>(std::count_if(v.begin(), v.end(), [](char ch) { return ch >= '0' && ch <= '9'; }));
+    const size_t points = static_cast<size_t>(std::count(v.begin(), v.end(), '.'));
+    if (v.size() > 24 || digits == 0 || points > 1 || digits + points != v.size()) bad(f, v, expected);
+    const double mb = std::strtod(std::string(v).c_str(), nullptr);
+    if (!(mb * 1024 * 1024 >= 1) || mb > 1048576) bad(f, v, expected);
     s.train.bucket_cap_mb = mb;
   } else if (f == "gradient_as_bucket_view") {
     if (v != "true" && v != "false") bad(f, v, "true or false");
@@ -645,6 +648,22 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
                                                 name_of(r.setup.precision)));
   }
   if (s.train.task == Task::kInference) resolve_inference(s, r);
+  // The data-parallel settings shape a rank's buckets: with one process there are none, so a setting given
+  // without --dp above 1 would change nothing (refused, not ignored)
+  if (s.train.dp <= 1) {
+    const TrainSetup& t = s.train;
+    for (std::string_view f : {"sharding", "bucket_cap_mb", "gradient_as_bucket_view", "find_unused_parameters"}) {
+      // (an empty value given to an optional setting means "not given": what the loop passes)
+      const bool set = f == "sharding"                  ? s.was_given(f)
+                       : f == "bucket_cap_mb"           ? t.bucket_cap_mb.has_value()
+                       : f == "gradient_as_bucket_view" ? t.gradient_as_bucket_view.has_value()
+                                                        : t.find_unused_parameters.has_value();
+      if (set) {
+        throw FieldError(std::string(f), fmt::format("{}: a data-parallel setting; it applies with --dp above 1",
+                                                     field_text(s, f)));
+      }
+    }
+  }
   // A bitsandbytes 4-bit base: the Linear weights packed, their quantization state as extra rows.
   if (s.train.quant.type == Quantize::kInt8) {
     throw FieldError("quantize", "int8: LLM.int8 (Linear8bitLt) bases are not simulated yet; nf4 or fp4 are");

@@ -111,7 +111,7 @@ std::string fragmentation_note(const AllocatorFigures& m) {
 std::string render_ddp_note(const DdpFigures& d) {
   auto sum = [](const std::vector<uint64_t>& v) {
     uint64_t b = 0;
-    for (uint64_t x : v) b += x;
+    for (uint64_t x : v) b = checked_add(b, x, "DDP bucket bytes");
     return Bytes(b);
   };
   auto largest = [](const std::vector<uint64_t>& v) { return v.empty() ? Bytes{} : Bytes(*std::max_element(v.begin(), v.end())); };
@@ -123,11 +123,14 @@ std::string render_ddp_note(const DdpFigures& d) {
   out += fmt::format("  construction: {} bucket(s), {} in all (largest {})\n", d.initial_buckets.size(),
                      format_bytes(sum(d.initial_buckets)), format_bytes(largest(d.initial_buckets)));
   if (!d.rebuilt_buckets.empty()) {
-    out += fmt::format("  rebuilt at the first forward after a synchronized backward (step 2), in gradient-ready order: {} "
-                       "bucket(s) (largest {})\n",
-                       d.rebuilt_buckets.size(), format_bytes(largest(d.rebuilt_buckets)));
-  } else {
+    out += fmt::format("  rebuilt at the first forward after a synchronized backward (step {}), in gradient-ready "
+                       "order: {} bucket(s) (largest {})\n",
+                       d.rebuild_step, d.rebuilt_buckets.size(), format_bytes(largest(d.rebuilt_buckets)));
+  } else if (!d.rebuilds) {
     out += "  no rebuild (find_unused_parameters=True keeps the construction's buckets)\n";
+  } else {
+    out += "  the rebuild comes at the first forward after a synchronized backward, past the simulated steps "
+           "(--steps)\n";
   }
   out += "  not counted: NCCL's communicator buffers (allocated by NCCL outside the caching allocator)\n";
   return out;
@@ -260,6 +263,8 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
                   {"find_unused_parameters", d->find_unused_parameters},
                   {"initial_bucket_bytes", d->initial_buckets},
                   {"rebuilt_bucket_bytes", d->rebuilt_buckets},
+                  {"rebuilds", d->rebuilds},
+                  {"rebuild_step", d->rebuild_step},
                   {"initial_bucket_params", d->initial_params},
                   {"rebuilt_bucket_params", d->rebuilt_params},
                   {"nccl_buffers", "not counted: NCCL allocates its buffers outside the caching allocator"}};

@@ -70,7 +70,8 @@ FormulaReport formula_report(const ResolvedScenario& r) {
   }
   for (std::string_view f : {"optimizer_impl", "gpu", "loop", "torch", "alloc_conf", "steps", "lora", "lora_dtype",
                              "freeze", "checkpointing", "checkpoint_reentrant", "checkpoint_every",
-                             "input_require_grads", "optimizer_in_backward"}) {
+                             "input_require_grads", "optimizer_in_backward", "sharding", "bucket_cap_mb",
+                             "gradient_as_bucket_view", "find_unused_parameters"}) {
     if (q.was_given(f)) {
       throw FieldError(std::string(f), fmt::format("{}: the seeds' closed forms do not depend on it; `trainmem "
                                                    "estimate` simulates it", field_text(q, f)));

@@ -496,6 +496,7 @@ struct Loop {
     std::vector<DdpBucket> a = assign_buckets(params, limits, false);
     std::reverse(a.begin(), a.end());
     ddp_sizes = &r.ddp_buckets;
+    ddp_rebuild_step = &r.ddp_rebuild_step;
     ddp_allocate(a, *ddp_sizes);
     // Reducer::initialize_local_used_map (find_unused_parameters): local_used_map_dev_ = at::empty(
     // {variable_count}, int32) on the parameters' device (local_used_map_ itself is on the CPU)
@@ -521,6 +522,7 @@ struct Loop {
       // watchdog's next pass if the rebuild comes sooner (a transient 2x of the buckets). On torch 1.13 gloo
       // the old bucket is seen alive past the rebuild (validate/cpu/ddp.py's notes).
       ddp_rebuilt = true;
+      *ddp_rebuild_step = e.step;
       std::vector<BucketInput> ready;
       std::vector<int32_t> index_of(inv.parameters.size(), -1);
       for (size_t k = 0; k < ddp_rows.size(); ++k) index_of[static_cast<size_t>(ddp_rows[k])] = static_cast<int32_t>(k);
@@ -547,6 +549,7 @@ struct Loop {
     ddp_forward_sync = sync;
   }
   std::vector<std::vector<DdpBucket>>* ddp_sizes = nullptr;
+  uint32_t* ddp_rebuild_step = nullptr;  // SimResult::ddp_rebuild_step
 
   // .grad = the bucket view (gradient_as_bucket_view): the tensor autograd produced is released
   void ddp_view_grad(int32_t row) {

@@ -140,6 +140,65 @@ TEST(DdpDefaults, TheTrainerFindsUnusedParametersUnlessCheckpointingAndNanoGptDo
   EXPECT_EQ(ddp_of({{"bucket_cap_mb", "25"}, {"loop", "plain"}}).first_bucket_cap_bytes, 25u * 1024 * 1024);
 }
 
+TEST(DdpDefaults, TheTrainerFindsUnusedParametersForALoraModelWhichIsNoPreTrainedModel) {
+  // trainer.py _wrap_model: `elif isinstance(model, PreTrainedModel): not model.is_gradient_checkpointing` /
+  // `else: kwargs["find_unused_parameters"] = True`; get_peft_model returns a PeftModel
+  const auto figures = [](std::initializer_list<std::pair<const char*, std::string>> extra) {
+    Scenario s = testing::scenario_of("tinyllama-1.1b", {{"overrides", "num_hidden_layers=2"}, {"batch", "1"},
+                                                         {"seq", "32"}, {"dp", "2"}, {"lora", "r=8"}});
+    for (const auto& [k, v] : extra) set_field(s, k, v);
+    return *run(s).ddp;
+  };
+  EXPECT_TRUE(figures({}).find_unused_parameters);
+  EXPECT_TRUE(figures({{"checkpointing", "full"}}).find_unused_parameters);  // non-reentrant (5.x default): runs
+  // reentrant checkpointing under find_unused_parameters=True: the Reducer's "Expected to mark a variable ready
+  // only once"
+  const std::string why = testing::error_of([&] { figures({{"checkpointing", "full"}, {"checkpoint_reentrant", "true"}}); });
+  EXPECT_NE(why.find("Expected to mark a variable ready only once"), std::string::npos) << why;
+}
+
+TEST(DdpRefusals, DataParallelSettingsWithoutDataParallelismAreRefusedNotIgnored) {
+  for (const auto& [field, value] : {std::pair<const char*, const char*>{"sharding", "zero3"},
+                                     {"bucket_cap_mb", "5"},
+                                     {"gradient_as_bucket_view", "true"},
+                                     {"find_unused_parameters", "false"}}) {
+    Scenario s = testing::scenario_of("gpt2", {{"overrides", "n_layer=2"}});
+    set_field(s, field, value);
+    try {
+      run(s);
+      ADD_FAILURE() << field << " was accepted with --dp 1";
+    } catch (const FieldError& e) {
+      EXPECT_EQ(e.field(), field);
+    }
+  }
+}
+
+TEST(DdpRefusals, BucketCapIsADecimalNumberOfMibOfAtLeastOneByte) {
+  for (const char* bad : {"0x10", "1e3", " 5", "5 ", ".", "1.2.3", "-1", "0", "0.0000001", "1048577"}) {
+    Scenario s;
+    EXPECT_THROW(set_field(s, "bucket_cap_mb", bad), FieldError) << bad;
+  }
+  Scenario s;
+  set_field(s, "bucket_cap_mb", "0.5");
+  EXPECT_EQ(*s.train.bucket_cap_mb, 0.5);
+  set_field(s, "bucket_cap_mb", "");  // an empty value: not given (what the loop passes)
+  EXPECT_FALSE(s.train.bucket_cap_mb.has_value());
+}
+
+TEST(DdpReport, SaysWhenTheRebuildFallsPastTheSimulatedSteps) {
+  const Estimate e = run(testing::scenario_of("gpt2", {{"overrides", "n_layer=2"}, {"batch", "1"}, {"seq", "32"},
+                                                       {"dp", "2"}, {"find_unused_parameters", "false"},
+                                                       {"steps", "1"}}));
+  EXPECT_TRUE(e.ddp->rebuilds);
+  EXPECT_TRUE(e.ddp->rebuilt_buckets.empty());
+  const std::string t = render_estimate_table(e, nullptr);
+  EXPECT_NE(t.find("past the simulated steps"), std::string::npos) << t;
+  EXPECT_EQ(t.find("find_unused_parameters=True keeps"), std::string::npos) << t;
+  const Estimate two = run(testing::scenario_of("gpt2", {{"overrides", "n_layer=2"}, {"batch", "1"}, {"seq", "32"},
+                                                         {"dp", "2"}, {"find_unused_parameters", "false"}}));
+  EXPECT_EQ(two.ddp->rebuild_step, 2u);
+}
+
 TEST(DdpRefusals, OtherShardingsAndTheSeed000LoopAreNotSimulated) {
   Scenario s = testing::scenario_of("gpt2", {{"overrides", "n_layer=2"}, {"dp", "2"}, {"sharding", "fsdp2"}});
   try {

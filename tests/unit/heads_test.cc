@@ -18,7 +18,8 @@ constexpr uint64_t B = 2, T = 64, kI64 = 8;
 Scenario two_layers(const std::string& model, const std::string& head, const std::string& task,
                     const std::string& layers_key = "num_hidden_layers=2") {
   Scenario s = testing::scenario_of(model, {{"overrides", layers_key}, {"precision", "fp16"}, {"batch", "2"},
-                                            {"seq", "64"}, {"task", task}, {"head", head}, {"num_labels", "3"}});
+                                            {"seq", "64"}, {"task", task}, {"head", head}});
+  if (head == "seq-cls" || head == "token-cls") set_field(s, "num_labels", "3");  // the classifiers' labels
   return s;
 }
 
@@ -43,6 +44,42 @@ TEST(Heads, TheBatchIsWhatTheHeadsCollatorMakes) {
   Scenario llama = two_layers("tinyllama-1.1b", "seq-cls", "train");
   set_field(llama, "overrides", "pad_token_id=2");
   EXPECT_EQ(inputs_after_forward(run(llama)), B * T * kI64 + B * kI64);
+}
+
+TEST(Heads, TheLossIsTheConfigsProblemTypeOrRefused) {
+  // ForSequenceClassificationLoss / BertForSequenceClassification.forward read config.problem_type first:
+  // "regression" -> MSELoss, "multi_label_classification" -> BCEWithLogitsLoss; only the single-label
+  // cross-entropy is simulated, so a config naming another loss is refused, not simulated as the wrong one
+  const auto head = [](const std::string& extra) {
+    return testing::from_json(R"({"model_type": "bert", "architectures": ["BertForSequenceClassification"],
+                                  "num_hidden_layers": 1)" + extra + "}");
+  };
+  EXPECT_EQ(head("").head, Head::kSeqCls);
+  EXPECT_EQ(head(R"(, "problem_type": null)").head, Head::kSeqCls);
+  EXPECT_EQ(head(R"(, "problem_type": "single_label_classification")").head, Head::kSeqCls);
+  const std::string why = testing::error_of([&] { head(R"(, "problem_type": "multi_label_classification")"); });
+  EXPECT_NE(why.find("key \"problem_type\" = \"multi_label_classification\""), std::string::npos) << why;
+  EXPECT_NE(why.find("BCEWithLogitsLoss"), std::string::npos) << why;
+}
+
+TEST(Heads, OneLabelIsARegressionForSequencesButNotForTokens) {
+  // BertForSequenceClassification: num_labels == 1 -> "regression" (MSELoss); BertForTokenClassification's loss is
+  // CrossEntropyLoss()(logits.view(-1, self.num_labels), labels.view(-1)) whatever num_labels is
+  const auto bert = [](const char* arch) {
+    return testing::from_json(std::string(R"({"model_type": "bert", "num_hidden_layers": 1, "num_labels": 1,
+                                               "architectures": [")") + arch + R"("]})");
+  };
+  EXPECT_EQ(bert("BertForTokenClassification").num_labels, 1u);
+  EXPECT_NE(testing::error_of([&] { bert("BertForSequenceClassification"); }).find("regression"), std::string::npos);
+}
+
+TEST(Heads, NumLabelsIsRefusedForAHeadWithoutLabels) {
+  Scenario s = testing::scenario_of("gpt2", {{"overrides", "n_layer=1"}, {"num_labels", "5"}});
+  EXPECT_NE(testing::error_of([&] { run(s); }).find("--num-labels 5: the causal-lm head has no labels"),
+            std::string::npos);
+  Scenario mlm = testing::scenario_of("bert-base-uncased", {{"overrides", "num_hidden_layers=1"}, {"head", "masked-lm"},
+                                                            {"num_labels", "5"}});
+  EXPECT_THROW(run(mlm), Error);
 }
 
 TEST(Heads, InferenceKeepsWhatTheHeadReturns) {

@@ -192,8 +192,9 @@ struct Loop {
       }
       if (s.optimizer_in_backward) continue;  // stepped and zeroed in backward (Loop::step_in_backward)
       if (zopt.on) {
-        // The Trainer's accelerator.clip_grad_norm_ returns without clipping under DeepSpeed (the engine clips
-        // with gradient_clipping = max_grad_norm in unscale_and_clip_grads); engine.step -> the ZeRO step, then
+        // The Trainer's accelerator.clip_grad_norm_ returns None under DeepSpeed (accelerate accelerator.py:
+        // "`accelerator.backward(loss)` is doing that automatically"; the engine clips with gradient_clipping =
+        // max_grad_norm in unscale_and_clip_grads); engine.step -> the ZeRO step, then
         // zero_grad (set_to_none: the .grads are None already)
         zero_step(step == 1);
         zero_grad();
@@ -850,7 +851,9 @@ struct Loop {
     zero_boundary_done = false;
   }
 
-  // torch AdamW/Adam over one fp32 partition (the Trainer's optimizer, param_group['params'] = [partition]):
+  // torch AdamW/Adam over one fp32 partition: a DeepSpeed config without an "optimizer" section gets the
+  // Trainer's own (transformers integrations/deepspeed.py deepspeed_optim_sched: trainer.create_optimizer(),
+  // zero_allow_untested_optimizer); __init__ sets param_group['params'] = [the fp32 partition].
   // its state at the first step, and the update's temporaries as Loop::step_group models them.
   void zero_adam(const ZeroGroup& g, bool first, size_t gi) {
     const Shape sh{g.layout.partition_size};

@@ -14,6 +14,7 @@
 #include "trainmem/setup.h"
 #include "trainmem/sim.h"
 #include "trainmem/units.h"
+#include "trainmem/zero.h"
 
 namespace trainmem {
 
@@ -132,10 +133,7 @@ struct DdpFigures {
 
 // --dp N --sharding zero2: one rank of DeepSpeed ZeRO stage 2 under the Trainer, as simulated (zero.h).
 struct ZeroFigures {
-  uint32_t stage = 2;
-  uint64_t ranks = 1, rank = 0;
-  uint64_t reduce_bucket_elems = 0, allgather_bucket_elems = 0;
-  bool overlap_comm = false, contiguous_gradients = true;
+  ZeroOptions options;  // the resolved settings (resolve_zero)
   // per parameter group (the Trainer's decay / no-decay groups): elements, the aligned flat buffer, the
   // partition, and this rank's params_in_partition (boundary parameters in full)
   std::vector<uint64_t> group_numel, group_aligned, group_partition, group_in_partition;

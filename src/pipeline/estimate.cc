@@ -230,13 +230,7 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
   if (const ZeroOptions& z = zopt; z.on) {
     // one rank's model states, from the same layout the simulator allocates (zero_group_layout)
     ZeroFigures f;
-    f.stage = z.stage;
-    f.ranks = z.ranks;
-    f.rank = z.rank;
-    f.reduce_bucket_elems = z.reduce_bucket_elems;
-    f.allgather_bucket_elems = z.allgather_bucket_elems;
-    f.overlap_comm = z.overlap_comm;
-    f.contiguous_gradients = z.contiguous_gradients;
+    f.options = z;
     std::vector<uint64_t> decay, rest;
     for (const TensorRow& r : inv.parameters) {
       if (r.trainable) (r.shape.size() >= 2 ? decay : rest).push_back(r.elems.value);

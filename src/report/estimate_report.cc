@@ -16,7 +16,7 @@ std::string headline(const Estimate& e) {
   const TrainSetup& s = e.setup;
   std::string accum = s.grad_accum > 1 ? fmt::format(", {} micro-batches per step", s.grad_accum) : "";
   if (e.ddp) accum += fmt::format("; per rank, {} ranks (DDP)", e.ddp->ranks);
-  if (e.zero) accum += fmt::format("; per rank, {} ranks (DeepSpeed ZeRO-{})", e.zero->ranks, e.zero->stage);
+  if (e.zero) accum += fmt::format("; per rank, {} ranks (DeepSpeed ZeRO-{})", e.zero->options.ranks, e.zero->options.stage);
   const bool inference = s.task == Task::kInference;
   return fmt::format(
       "{} (model_type {}, {} code, {} attention{}): batch {} x seq {}, {}, {}{}\n"
@@ -139,13 +139,14 @@ std::string render_ddp_note(const DdpFigures& d) {
 // --sharding zero2: the partitions, the per-rank model states beside DeepSpeed's estimator, what is not counted.
 std::string render_zero_note(const Estimate& e) {
   const ZeroFigures& z = *e.zero;
+  const ZeroOptions& o = z.options;
   std::string out = fmt::format(
       "DeepSpeed ZeRO-{}, rank {} of {}: reduce_bucket_size {} elements, overlap_comm {}, contiguous_gradients {}\n",
-      z.stage, z.rank, z.ranks, z.reduce_bucket_elems, z.overlap_comm ? "true" : "false",
-      z.contiguous_gradients ? "true" : "false");
+      o.stage, o.rank, o.ranks, o.reduce_bucket_elems, o.overlap_comm ? "true" : "false",
+      o.contiguous_gradients ? "true" : "false");
   for (size_t g = 0; g < z.group_numel.size(); ++g) {
     out += fmt::format("  group {}: {} elements, flat {} (aligned to 2 x {}), partition {}, params_in_partition {}\n", g,
-                       z.group_numel[g], z.group_aligned[g], z.ranks, z.group_partition[g], z.group_in_partition[g]);
+                       z.group_numel[g], z.group_aligned[g], o.ranks, z.group_partition[g], z.group_in_partition[g]);
   }
   const Bytes states = z.bit16_flat + z.grads_in_partition + z.fp32_master + z.optimizer_state;
   out += fmt::format("  model states per rank: bf16 flat {} + partition grads {} + fp32 master {} + optimizer {} = {}\n",
@@ -270,26 +271,25 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
                   {"nccl_buffers", "not counted: NCCL allocates its buffers outside the caching allocator"}};
   }
   if (const auto& z = e.zero) {
-    out["zero"] = {{"stage", z->stage},
-                   {"ranks", z->ranks},
-                   {"rank", z->rank},
-                   {"per_rank", true},
-                   {"reduce_bucket_size", z->reduce_bucket_elems},
-                   {"allgather_bucket_size", z->allgather_bucket_elems},
-                   {"overlap_comm", z->overlap_comm},
-                   {"contiguous_gradients", z->contiguous_gradients},
-                   {"group_numel", z->group_numel},
-                   {"group_aligned_numel", z->group_aligned},
-                   {"group_partition_size", z->group_partition},
-                   {"group_params_in_partition_numel", z->group_in_partition},
-                   {"bit16_flat_bytes", z->bit16_flat.value},
-                   {"grads_in_partition_bytes", z->grads_in_partition.value},
-                   {"fp32_master_bytes", z->fp32_master.value},
-                   {"optimizer_state_bytes", z->optimizer_state.value},
-                   {"ipg_buffer_bytes", z->ipg_buffers.value},
-                   {"fp32_grad_partition_bytes", z->fp32_grad.value},
-                   {"deepspeed_estimate_bytes", z->deepspeed_estimate.value},
-                   {"nccl_buffers", "not counted: NCCL allocates its buffers outside the caching allocator"}};
+    const ZeroOptions& o = z->options;
+    nlohmann::json& j = out["zero"];
+    j = {{"stage", o.stage}, {"ranks", o.ranks}, {"rank", o.rank}, {"per_rank", true}};
+    j["reduce_bucket_size"] = o.reduce_bucket_elems;
+    j["allgather_bucket_size"] = o.allgather_bucket_elems;
+    j["overlap_comm"] = o.overlap_comm;
+    j["contiguous_gradients"] = o.contiguous_gradients;
+    // per parameter group, then this rank's model states and buffers in bytes
+    const std::pair<const char*, const std::vector<uint64_t>*> groups[] = {
+        {"group_numel", &z->group_numel}, {"group_aligned_numel", &z->group_aligned},
+        {"group_partition_size", &z->group_partition}, {"group_params_in_partition_numel", &z->group_in_partition}};
+    for (const auto& [key, v] : groups) j[key] = *v;
+    const std::pair<const char*, Bytes> bytes[] = {
+        {"bit16_flat_bytes", z->bit16_flat}, {"grads_in_partition_bytes", z->grads_in_partition},
+        {"fp32_master_bytes", z->fp32_master}, {"optimizer_state_bytes", z->optimizer_state},
+        {"ipg_buffer_bytes", z->ipg_buffers}, {"fp32_grad_partition_bytes", z->fp32_grad},
+        {"deepspeed_estimate_bytes", z->deepspeed_estimate}};
+    for (const auto& [key, b] : bytes) j[key] = b.value;
+    j["nccl_buffers"] = "not counted: NCCL allocates its buffers outside the caching allocator";
   }
   out["setup"]["generate"] = s.generate;
   if (const auto& g = e.generation) {

@@ -57,7 +57,7 @@ inline constexpr int32_t kRowBackwardOf = -2;
 inline constexpr int32_t kRowNamedInBackward = -3;
 
 struct Event {
-  enum Kind : uint8_t { kAlloc, kFree, kRecategorize } kind;
+  enum Kind : uint8_t { kAlloc, kFree, kRecategorize, kEmptyCache } kind;  // kEmptyCache: torch.cuda.empty_cache()
   Category category;    // for kRecategorize: the new category
   Category from;        // for kRecategorize: the old category
   Phase phase;
@@ -93,6 +93,8 @@ inline void apply(LiveBytes& live, const Event& ev) {
     case Event::kRecategorize:
       live.by_category[static_cast<size_t>(ev.from)] -= ev.bytes;
       cat += ev.bytes;
+      break;
+    case Event::kEmptyCache:  // returns cached segments to the driver: no tensor changes
       break;
   }
 }

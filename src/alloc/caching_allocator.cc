@@ -292,6 +292,11 @@ class Allocator {
     }
   }
 
+  // torch.cuda.empty_cache() (CUDACachingAllocator emptyCache -> release_cached_blocks)
+ public:
+  void empty_cache() { release_cached_blocks(); }
+
+ private:
   // release_cached_blocks (also torch.cuda.empty_cache()): cudaFree every cached segment that is entirely
   // free; with expandable segments, unmap the free pages at the end of each pool's segment.
   void release_cached_blocks() {
@@ -376,6 +381,8 @@ AllocatorReplay replay_allocator(const Timeline& tl, const AllocatorConfig& c, T
         a.free(blocks[ev.storage]);
         blocks[ev.storage] = nullptr;
       }
+    } else if (ev.kind == Event::kEmptyCache) {
+      a.empty_cache();
     }
     r.allocated.push_back(a.allocated());
     r.reserved.push_back(a.reserved());
@@ -407,6 +414,8 @@ std::vector<LiveBlock> live_blocks_after(const Timeline& tl, const AllocatorConf
         a.free(it->second.second);
         blocks.erase(it);
       }
+    } else if (ev.kind == Event::kEmptyCache) {
+      a.empty_cache();
     }
   }
   std::vector<LiveBlock> out;

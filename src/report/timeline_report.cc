@@ -46,7 +46,7 @@ uint64_t group_bytes(const LiveBytes& live, const Group& g) {
 uint64_t block_of(const Estimate& e, size_t i) {
   const Event& ev = e.sim->timeline.events[i];
   const auto& a = e.alloc->allocated;
-  if (ev.kind == Event::kRecategorize || i >= a.size()) return 0;
+  if (ev.kind == Event::kRecategorize || ev.kind == Event::kEmptyCache || i >= a.size()) return 0;
   const uint64_t before = i == 0 ? 0 : a[i - 1];
   return ev.kind == Event::kAlloc ? a[i] - std::min(a[i], before) : before - std::min(before, a[i]);
 }
@@ -56,6 +56,7 @@ std::string kind_name(Event::Kind k) {
     case Event::kAlloc: return "alloc";
     case Event::kFree: return "free";
     case Event::kRecategorize: return "becomes";
+    case Event::kEmptyCache: return "empty_cache";
   }
   return "?";
 }

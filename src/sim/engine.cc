@@ -210,6 +210,11 @@ void Engine::emit(const Event& ev) {
   apply(live_, ev);
 }
 
+void Engine::empty_cache() {
+  emit(Event{Event::kEmptyCache, Category::kTemporaries, Category::kTemporaries, phase, step, micro, 0, Bytes{},
+             Label{"torch.cuda.empty_cache()"}});
+}
+
 void Engine::retain(uint64_t id) { ++storages_[id].refs; }
 
 void Engine::release(uint64_t id) {

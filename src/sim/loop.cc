@@ -643,10 +643,13 @@ struct Loop {
       g.layout = zero_group_layout(numels, zopt.ranks, zopt.rank);
       for (uint32_t k : g.layout.in_partition) zero_mine[static_cast<size_t>(g.rows[k])] = 1;
       const Label gl{intern_name(fmt::format("ZeRO group {}", gi))};
+      // `empty_cache()` before each group's flatten (runtime/utils.py empty_cache: the accelerator's
+      // empty_cache and reset_peak_memory_stats): the previous group's freed weights go back to the driver
+      e.empty_cache();
       // flatten_dense_tensors_aligned: align_dense_tensors appends torch.zeros(alignment - remaining) on the
       // parameters' device, then _flatten_dense_tensors (at::cat) makes the flat buffer; the padded list dies
-      // when the function returns. ("need 2x model size on accelerator to flatten in place": the empty_cache()
-      // before it, and the CPU fallback when the device lacks room, are not modelled.)
+      // when the function returns. ("need 2x model size on accelerator to flatten in place": the CPU fallback
+      // when the device lacks room is not modelled.)
       {
         const uint64_t pad = g.layout.aligned_numel - g.layout.numel;
         T zeros = pad ? e.empty(Shape{pad}, bit16, Category::kTemporaries, Label{"ZeRO align_dense_tensors pad"}) : T();

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "test_util.h"
+#include "trainmem/allocator.h"
 #include "trainmem/error.h"
 #include "trainmem/estimate.h"
 #include "trainmem/report.h"
@@ -194,6 +195,33 @@ TEST(ZeroSim, GradientAccumulationHoldsTwoPartitionGradientsInTheSecondBackward)
   }
   EXPECT_EQ(max_first, gip);
   EXPECT_EQ(max_second, 2 * gip);
+}
+
+// __init__ calls runtime/utils.py empty_cache() before flattening each group: the replay returns the cached,
+// entirely free segments then (here: the first group's original weights, freed as they became views).
+TEST(ZeroSim, EmptyCacheBeforeEachGroupsFlattenReleasesFreedSegments) {
+  const Estimate e = run(zero_scenario());
+  size_t n = 0;
+  for (size_t i = 0; i < e.sim->timeline.events.size(); ++i) {
+    const Event& ev = e.sim->timeline.events[i];
+    if (ev.kind != Event::kEmptyCache) continue;
+    EXPECT_EQ(ev.phase, Phase::kSetup);
+    ++n;
+    if (n == 2) {  // before the second group: the weights left cached by the first group's views are released
+      EXPECT_LT(e.alloc->reserved[i], e.alloc->reserved[i - 1]);
+    }
+  }
+  EXPECT_EQ(n, e.zero->group_numel.size());
+  Timeline tl;
+  tl.events.push_back(Event{Event::kAlloc, Category::kWeights, Category::kWeights, Phase::kSetup, 1, 1, 1,
+                            Bytes(64u << 20), Label{}});
+  tl.events.push_back(Event{Event::kFree, Category::kWeights, Category::kWeights, Phase::kSetup, 1, 1, 1,
+                            Bytes(64u << 20), Label{}});
+  tl.events.push_back(Event{Event::kEmptyCache, Category::kTemporaries, Category::kTemporaries, Phase::kSetup, 1, 1, 0,
+                            Bytes{}, Label{}});
+  const AllocatorReplay r = replay_allocator(tl, AllocatorConfig{}, TorchVersion{2, 9}, std::nullopt);
+  EXPECT_EQ(r.reserved[1], 64u << 20);  // cached after the free
+  EXPECT_EQ(r.reserved[2], 0u);         // returned by empty_cache
 }
 
 TEST(ZeroRefusals, StageOneOtherPrecisionsAndLoops) {

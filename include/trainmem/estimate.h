@@ -141,6 +141,7 @@ struct ZeroFigures {
   Bytes fp32_master;         // single_partition_of_fp32_groups
   Bytes optimizer_state;     // the optimizer's state over the fp32 partitions
   Bytes grads_in_partition;  // the bf16 partition gradients held from the backward to the step
+  Bytes full_grads;          // stage 1: the full bf16 .grad of every parameter, until the boundary's reduction
   Bytes ipg_buffers;         // buf_0 (+ buf_1), allocated per backward
   Bytes fp32_grad;           // single_grad_partition at the step (transient, the largest group)
   Bytes deepspeed_estimate;  // estimate_zero2_model_states_mem_needs (no offload): 2P + int(18P / N)

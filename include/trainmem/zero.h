@@ -16,7 +16,7 @@ enum class LoopKind;
 // The ZeRO optimizer's settings as the modelled run passes them, resolved.
 struct ZeroOptions {
   bool on = false;
-  uint32_t stage = 0;              // 2 (stage 1 is refused, zero.cc resolve_zero)
+  uint32_t stage = 0;              // 1 or 2
   uint64_t ranks = 1;              // dp: the data-parallel world size
   uint64_t rank = 0;               // the simulated rank (0)
   uint64_t reduce_bucket_elems = 0;     // reduce_bucket_size, in elements

@@ -20,19 +20,13 @@ ZeroOptions resolve_zero(const TrainSetup& s, LoopKind loop) {
   if (s.dp <= 1 || (s.sharding != Sharding::kZero1 && s.sharding != Sharding::kZero2)) {
     if (s.reduce_bucket_size || s.overlap_comm) {
       throw FieldError(s.reduce_bucket_size ? "reduce_bucket_size" : "overlap_comm",
-                       "DeepSpeed ZeRO's setting: it takes --dp N (N > 1) with --sharding zero2");
+                       "DeepSpeed ZeRO's setting: it takes --dp N (N > 1) with --sharding zero1 or zero2");
     }
     return z;
   }
-  if (s.sharding == Sharding::kZero1) {
-    // engine._do_optimizer_sanity_check: bf16 with fp32 gradient accumulation at stage 1 goes to BF16_Optimizer
-    // (runtime/bf16_optimizer.py, not read); with the default grad_accum_dtype (= the model dtype,
-    // engine.get_data_types) stage 1 runs DeepSpeedZeroOptimizer(partition_grads=False), whose reduction (the
-    // hooks' epilogue vs. the engine's reduce_gradients at the boundary) is not traced here.
-    throw FieldError("sharding", "zero1: DeepSpeed ZeRO stage 1 is not simulated yet (its boundary reduction "
-                                 "path is not traced; BF16_Optimizer, where bf16 with fp32 grad accumulation goes, "
-                                 "neither); --sharding zero2 is");
-  }
+  // engine._do_optimizer_sanity_check: bf16 with fp32 gradient accumulation at stage 1 (no offload) goes to
+  // BF16_Optimizer (runtime/bf16_optimizer.py, not simulated); with the default grad_accum_dtype (None: the
+  // model dtype, engine.get_data_types) stages 1 and 2 run DeepSpeedZeroOptimizer (partition_grads = stage 2).
   if (loop != LoopKind::kHf) {
     throw FieldError("loop", fmt::format("{}: DeepSpeed ZeRO is simulated as the transformers Trainer runs it "
                                          "(--loop hf, a DeepSpeed config with zero_optimization.stage 2)",
@@ -59,7 +53,7 @@ ZeroOptions resolve_zero(const TrainSetup& s, LoopKind loop) {
     throw FieldError("quant", "quantized base weights are not simulated under DeepSpeed ZeRO");
   }
   z.on = true;
-  z.stage = 2;
+  z.stage = s.sharding == Sharding::kZero1 ? 1 : 2;
   z.ranks = s.dp;
   z.rank = 0;
   // reduce_bucket_size: DeepSpeedZeroConfig's Field(pp_int(5e8)) when the config leaves it out. The Trainer's

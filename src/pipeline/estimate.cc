@@ -30,8 +30,7 @@ const char* category_note(Category c) {
     case Category::kKvCache: return "the KV cache: keys and values of every layer, every token so far";
     // (NCCL's own buffers are outside the caching allocator: the DDP section under the table says so)
     case Category::kDdpBuckets: return "DDP's flat gradient buckets, all-reduced in place";
-    case Category::kZeroBuckets: return "DeepSpeed ZeRO's IPG gradient buckets (reduce_bucket_size elements each) and the "
-                                        "reduction's flattened copies (NCCL's own buffers are not counted)";
+    case Category::kZeroBuckets: return "DeepSpeed ZeRO's IPG gradient buckets and reduction copies";
   }
   return "";
 }
@@ -263,7 +262,9 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
     // the per-rank model states in the state summary: the flat bf16 buffer, the partition gradients, the
     // optimizer's state over the partitions (the fp32 master partition is reported beside them, in the ZeRO note)
     st.weights = f.bit16_flat;
-    st.gradients = f.grads_in_partition;
+    // stage 2: the partition gradients; stage 1: every parameter's full bit16 .grad until the boundary's reduction
+    if (z.stage == 1) f.full_grads = bytes_of(st.trainable, pd);
+    st.gradients = z.stage == 1 ? f.full_grads : f.grads_in_partition;
     st.optimizer_moments = f.optimizer_state;
     st.optimizer_steps = Bytes{};
     st.optimizer_state = f.optimizer_state;

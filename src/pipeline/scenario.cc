@@ -180,8 +180,8 @@ constexpr Field kFields[] = {
      FieldGroup::kTraining},
     {"dp", "data-parallel ranks (GPUs): estimate simulates one rank of --sharding; trainmem formulas prints ZeRO's "
            "and DeepSpeed's per-rank closed forms for them (default 1)", FieldGroup::kTraining},
-    {"sharding", "ddp | zero2: how the --dp ranks share the model (DDP, DeepSpeed ZeRO-2 under the Trainer; fsdp1, "
-                 "fsdp2, zero1, zero3: not simulated yet)",
+    {"sharding", "ddp | zero1 | zero2: how the --dp ranks share the model (DDP, DeepSpeed ZeRO-1/2 under the Trainer; "
+                 "fsdp1, fsdp2, zero3: not simulated yet)",
      FieldGroup::kTraining},
     {"bucket_cap_mb", "DDP's bucket_cap_mb, in MiB (default: what the loop passes: none, so DDP's 25 with a 1 MiB "
                       "first bucket)", FieldGroup::kTraining},

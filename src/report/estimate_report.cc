@@ -148,13 +148,16 @@ std::string render_zero_note(const Estimate& e) {
     out += fmt::format("  group {}: {} elements, flat {} (aligned to 2 x {}), partition {}, params_in_partition {}\n", g,
                        z.group_numel[g], z.group_aligned[g], o.ranks, z.group_partition[g], z.group_in_partition[g]);
   }
-  const Bytes states = z.bit16_flat + z.grads_in_partition + z.fp32_master + z.optimizer_state;
-  out += fmt::format("  model states per rank: bf16 flat {} + partition grads {} + fp32 master {} + optimizer {} = {}\n",
-                     format_bytes(z.bit16_flat), format_bytes(z.grads_in_partition), format_bytes(z.fp32_master),
-                     format_bytes(z.optimizer_state), format_bytes(states));
-  out += fmt::format("  with the step's fp32 gradient partition ({}): {}; DeepSpeed's estimate_zero2_model_states_mem_needs "
-                     "(2P + 18P/N): {}\n",
-                     format_bytes(z.fp32_grad), format_bytes(states + z.fp32_grad), format_bytes(z.deepspeed_estimate));
+  const Bytes grads = o.stage == 1 ? z.full_grads : z.grads_in_partition;
+  const Bytes states = z.bit16_flat + grads + z.fp32_master + z.optimizer_state;
+  out += fmt::format("  model states per rank: bf16 flat {} + {} {} + fp32 master {} + optimizer {} = {}\n",
+                     format_bytes(z.bit16_flat), o.stage == 1 ? "full bf16 grads" : "partition grads", format_bytes(grads),
+                     format_bytes(z.fp32_master), format_bytes(z.optimizer_state), format_bytes(states));
+  out += fmt::format("  with the step's fp32 gradient partition ({}): {}", format_bytes(z.fp32_grad),
+                     format_bytes(states + z.fp32_grad));
+  out += o.stage == 2 ? fmt::format("; DeepSpeed's estimate_zero2_model_states_mem_needs (2P + 18P/N): {}\n",
+                                    format_bytes(z.deepspeed_estimate))
+                      : std::string("\n");
   out += fmt::format("  IPG buffers per backward: {}; not counted: NCCL's buffers (outside the caching allocator)\n",
                      format_bytes(z.ipg_buffers));
   return out;
@@ -286,7 +289,7 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
     const std::pair<const char*, Bytes> bytes[] = {
         {"bit16_flat_bytes", z->bit16_flat}, {"grads_in_partition_bytes", z->grads_in_partition},
         {"fp32_master_bytes", z->fp32_master}, {"optimizer_state_bytes", z->optimizer_state},
-        {"ipg_buffer_bytes", z->ipg_buffers}, {"fp32_grad_partition_bytes", z->fp32_grad},
+        {"ipg_buffer_bytes", z->ipg_buffers}, {"full_grads_bytes", z->full_grads}, {"fp32_grad_partition_bytes", z->fp32_grad},
         {"deepspeed_estimate_bytes", z->deepspeed_estimate}};
     for (const auto& [key, b] : bytes) j[key] = b.value;
     j["nccl_buffers"] = "not counted: NCCL allocates its buffers outside the caching allocator";

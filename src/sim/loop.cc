@@ -701,6 +701,16 @@ struct Loop {
       zero_index = 0;
     }
     zero_reached[static_cast<size_t>(row)] = 1;
+    // process_gradients: `if self.partition_gradients or self.overlap_comm:` reduce_ready_partitions_and_remove_grads,
+    // which reduces `if self.partition_gradients or self.is_gradient_accumulation_boundary()`. Stage 1 without
+    // overlap_comm leaves the full bit16 .grad to the engine's reduce_gradients at the boundary.
+    const bool boundary = e.micro == std::min<uint64_t>(s.grad_accum, 2);
+    if (zopt.stage == 1 && !(zopt.overlap_comm && boundary)) return;
+    zero_bucket_add(row);
+  }
+
+  // reduce_independent_p_g_buckets_and_remove_grads (contiguous_gradients)
+  void zero_bucket_add(int32_t row) {
     const uint64_t n = row_numel(row);
     if (n == 0) return;
     // `if bucket.elements + param.numel() > self.reduce_bucket_size`: reduce, then swap buffers with overlap_comm
@@ -745,8 +755,8 @@ struct Loop {
         }
         const Shape sh = row_shape(row);
         e.grad(row) = e.view(zero_gip, sh, contiguous_strides(sh));
-      } else {
-        e.grad(row).reset();
+      } else if (zopt.stage == 2) {
+        e.grad(row).reset();  // clear_grad_attribute; stage 1 keeps it (a view of the IPG buffer) until the epilogue
       }
     }
     zero_bucket_rows.clear();
@@ -754,8 +764,22 @@ struct Loop {
   }
 
   // independent_gradient_partition_epilogue, when the backward's last gradient hook has run.
+  // The engine's _backward_epilogue after loss.backward() -> allreduce_gradients: stage 2 every micro-batch
+  // (overlapping_partition_gradients_reduce_epilogue); stage 1 at the accumulation boundary only
+  // (reduce_gradients: without overlap_comm, every parameter with a .grad, in group order, through the bucket,
+  // then the same epilogue).
   void zero_epilogue(bool boundary) {
     if (!zero_ready) return;
+    if (zopt.stage == 1) {
+      if (!boundary) return;  // the full bit16 gradients accumulate in .grad; the IPG buffers stay
+      if (!zopt.overlap_comm) {
+        for (const ZeroGroup& g : zgroups) {
+          for (int32_t row : g.rows) {
+            if (e.grad(row)) zero_bucket_add(row);
+          }
+        }
+      }
+    }
     zero_reduce_ipg();
     // all_grad_tensors[i] = get_all_grad_tensors(params_in_partition[i]): references to their .grad (views of
     // grads_in_partition; zeros_like for one without a .grad); a later micro-batch's are added in place

@@ -87,6 +87,15 @@ TEST(ZeroPaper, Table1PosgFromThePerRankStates) {
   EXPECT_NEAR(gb / (16.0 * psi / 1e9), 16.6 / 120.0, 0.001);
 }
 
+// Table 1's P_os row (ZeRO-1): 2Psi + 2Psi + K Psi / N_d = 31.4 GB for the same model: the full bf16
+// gradients live until the boundary's reduction.
+TEST(ZeroPaper, Table1PosFromTheStageOneStates) {
+  const uint64_t psi = 7500000000, nd = 64;
+  const ZeroGroupLayout g = zero_group_layout(std::vector<uint64_t>(64, psi / 64), nd, 0);
+  const double gb = static_cast<double>(2 * g.aligned_numel + 2 * psi + 12 * g.partition_size) / 1e9;
+  EXPECT_NEAR(gb, 31.4, 0.05);  // 31.40625
+}
+
 // docs/_tutorials/zero.md: GPT-2 1.5B on eight GPUs, "the Adam optimizer states for the model consume 18GB ...
 // By using ZeRO stage 1 to partition the optimizer state among eight data parallel ranks, the per-device memory
 // consumption can be reduced to 2.25GB". Adam's states with the fp32 master are 12 bytes a parameter.
@@ -224,6 +233,35 @@ TEST(ZeroSim, EmptyCacheBeforeEachGroupsFlattenReleasesFreedSegments) {
   EXPECT_EQ(r.reserved[2], 0u);         // returned by empty_cache
 }
 
+// Stage 1: the hooks only allocate the IPG buffer (setup_buckets); the full bf16 gradients accumulate over the
+// micro-batches and are reduced at the boundary (engine.allreduce_gradients -> reduce_gradients), then freed by
+// the epilogue. One buffer per optimizer step, not per backward.
+TEST(ZeroSim, StageOneKeepsFullGradientsUntilTheBoundary) {
+  const Estimate e = run(zero_scenario({{"sharding", "zero1"}, {"grad_accum", "2"}}));
+  ASSERT_TRUE(e.zero.has_value());
+  EXPECT_EQ(e.zero->options.stage, 1u);
+  const uint64_t full = 2u * (53539584 + 21504);
+  EXPECT_EQ(e.zero->full_grads.value, full);
+  EXPECT_EQ(e.state.gradients.value, full);
+  size_t buffers = 0;
+  LiveBytes live;
+  const size_t gk = static_cast<size_t>(Category::kGradients);
+  uint64_t at_first_end = 0, max_second = 0, at_step = 0;
+  for (const Event& ev : e.sim->timeline.events) {
+    if (ev.step == 1 && ev.phase == Phase::kOptimizer && at_step == 0) at_step = live.by_category[gk].value;
+    apply(live, ev);
+    if (ev.kind == Event::kAlloc && std::string_view(ev.label.what) == "ZeRO IPG buffer buf_0") ++buffers;
+    if (ev.step == 1 && ev.micro == 1 && ev.phase == Phase::kBackward) at_first_end = live.by_category[gk].value;
+    if (ev.step == 1 && ev.micro == 2) max_second = std::max(max_second, live.by_category[gk].value);
+  }
+  EXPECT_EQ(buffers, static_cast<size_t>(e.options.steps));
+  EXPECT_EQ(at_first_end, full);  // every gradient, unreduced, after the first micro-batch
+  // the boundary's reduction copies every gradient into the IPG buffer (one bucket: 5e8 elements hold them
+  // all), freeing them, before grads_in_partition is allocated: never both
+  EXPECT_EQ(max_second, full);
+  EXPECT_EQ(at_step, e.zero->grads_in_partition.value);  // what averaged_gradients holds at the step
+}
+
 TEST(ZeroRefusals, StageOneOtherPrecisionsAndLoops) {
   auto refused = [](const Scenario& s, const char* what) {
     try {
@@ -233,7 +271,6 @@ TEST(ZeroRefusals, StageOneOtherPrecisionsAndLoops) {
       EXPECT_NE(std::string(err.what()).find(what), std::string::npos) << err.what();
     }
   };
-  refused(zero_scenario({{"sharding", "zero1"}}), "stage 1");
   refused(zero_scenario({{"sharding", "zero3"}}), "not simulated yet");
   refused(zero_scenario({{"precision", "bf16-amp"}}), "--precision bf16");
   refused(zero_scenario({{"loop", "nanogpt"}}), "--loop hf");

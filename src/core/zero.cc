@@ -168,7 +168,8 @@ std::vector<uint64_t> zero_bucket_slices(const std::vector<const ZeroParamPlace*
 }
 
 std::vector<uint64_t> zero_reduce_flat_allocs(const std::vector<uint64_t>& slices, uint64_t reduce_bucket_elems) {
-  // allreduce_and_scatter: small_bucket.append(tensor); numel += tensor.numel(); `if numel > numel_per_bucket`:
+  // average_tensor with use_multi_rank_bucket_allreduce (DeepSpeedZeroConfig default True) puts every slice in
+  // one ("allreduce", group) bucket -> allreduce_and_scatter: small_bucket.append(tensor); numel += tensor.numel(); `if numel > numel_per_bucket`:
   // allreduce_and_copy_with_multiple_ranks (allreduce_bucket: tensor = self.flatten(bucket)) and restart; the
   // rest after the loop
   std::vector<uint64_t> out;

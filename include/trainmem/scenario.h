@@ -28,6 +28,9 @@ struct Scenario {
                                // train.gpu: a catalog name or a memory size ("24GiB"), empty for none
   TorchVersion torch{2, 9};    // the PyTorch whose runtime behaviour is modelled
   std::string alloc_conf;      // PYTORCH_CUDA_ALLOC_CONF, read for that PyTorch version
+  // --gpus "8xh100-80gb": N GPUs of one kind, a shorthand resolve() turns into the ranks (train.dp: data
+  // parallelism is the only parallelism simulated so far) and the device (train.gpu); empty when not given
+  std::string gpus;
   LoopKind loop = LoopKind::kAuto;  // the training script; kAuto: the model implementation's own
   uint32_t steps = 2;          // optimizer steps simulated (the first creates the optimizer state)
   std::vector<std::string> given;  // the fields set by set_field(), in order: a rule may depend on whether a

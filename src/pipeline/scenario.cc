@@ -198,6 +198,8 @@ constexpr Field kFields[] = {
      "GPU from the catalog (trainmem gpus, any case) or a memory size like 24GiB (a generic sm_80 card); "
      "sets the architecture (default sm_80)",
      FieldGroup::kRuntime},
+    {"gpus", "N x a GPU, like 8xh100-80gb: N ranks (--dp N) on that GPU (--gpu); the per-rank step is simulated",
+     FieldGroup::kRuntime},
     {"loop", "training script: nanogpt | hf | seed000 | plain (default: by --impl)", FieldGroup::kRuntime},
     {"torch", "PyTorch version whose runtime behaviour to model (1.13 .. 2.11)", FieldGroup::kRuntime},
     {"alloc_conf", "PYTORCH_CUDA_ALLOC_CONF, e.g. expandable_segments:True", FieldGroup::kRuntime},
@@ -441,6 +443,14 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     s.train.overlap_comm = v == "true";
   } else if (f == "gpu") {
     s.train.gpu = std::string(v);
+  } else if (f == "gpus" && v.empty()) {
+    s.gpus.clear();  // not given (field_text's empty default)
+  } else if (f == "gpus") {
+    const size_t x = v.find_first_of("xX");
+    const std::string expected = "N x a GPU, like 8xh100-80gb or 4x24GiB";
+    if (x == std::string_view::npos || x == 0 || x + 1 == v.size()) bad(f, v, expected);
+    (void)count(f, v.substr(0, x), kMaxRanks);  // the count is checked here, the GPU by resolve()
+    s.gpus = std::string(v);
   } else if (f == "loop") {
     const auto k = parse_name<LoopKind>(v);
     if (!k || *k == LoopKind::kAuto) bad(f, v, "nanogpt, hf, seed000 or plain");
@@ -479,6 +489,7 @@ std::string field_text(const Scenario& s, std::string_view f) {
     return b ? fmt::format("{}.{}", b->major, b->minor) : std::string();
   }
   if (f == "gpu") return s.train.gpu;
+  if (f == "gpus") return s.gpus;
   if (f == "checkpointing") return std::string(name_of(s.train.checkpointing));
   if (f == "checkpoint_reentrant") {
     return s.train.checkpoint_reentrant ? (*s.train.checkpoint_reentrant ? "true" : "false") : "";
@@ -635,6 +646,22 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   }
   r.inventory = build_inventory(r.model);
   r.setup = s.train;
+  std::string gpu_text = s.train.gpu;  // --gpu, or the GPU of --gpus
+  if (!s.gpus.empty()) {
+    // "8xh100-80gb": set_field checked the form and the count
+    const size_t x = s.gpus.find_first_of("xX");
+    const uint64_t n = std::stoull(s.gpus.substr(0, x));
+    const std::string name = s.gpus.substr(x + 1);
+    if (s.was_given("dp") && s.train.dp != n) {
+      throw FieldError("gpus", fmt::format("{}: {} GPUs, but --dp {}: the GPUs are the data-parallel ranks (the only "
+                                           "parallelism simulated so far); give one of the two", s.gpus, n, s.train.dp));
+    }
+    if (!s.train.gpu.empty() && lower(s.train.gpu) != lower(name)) {
+      throw FieldError("gpus", fmt::format("{}: --gpu {} names another GPU; give one of the two", s.gpus, s.train.gpu));
+    }
+    r.setup.dp = n;
+    gpu_text = name;
+  }
   if (s.train.generate > 0 && s.train.task != Task::kInference) {
     throw FieldError("generate", fmt::format("{}: generation runs the model for inference; add --task inference",
                                              s.train.generate));
@@ -650,7 +677,7 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   if (s.train.task == Task::kInference) resolve_inference(s, r);
   // The data-parallel settings shape a rank's buckets: with one process there are none, so a setting given
   // without --dp above 1 would change nothing (refused, not ignored)
-  if (s.train.dp <= 1) {
+  if (r.setup.dp <= 1) {
     const TrainSetup& t = s.train;
     for (std::string_view f : {"sharding", "bucket_cap_mb", "gradient_as_bucket_view", "find_unused_parameters"}) {
       // (an empty value given to an optional setting means "not given": what the loop passes)
@@ -792,8 +819,13 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
     }
   }
   r.options.steps = s.steps;
-  if (!s.train.gpu.empty()) {
-    r.gpu = resolve_gpu(s.train.gpu);
+  if (!gpu_text.empty()) {
+    try {
+      r.gpu = resolve_gpu(gpu_text);
+    } catch (const FieldError& e) {
+      if (s.gpus.empty()) throw;
+      throw FieldError("gpus", fmt::format("{}: {}", s.gpus, e.detail()));
+    }
     r.setup.gpu = r.gpu->name;
     r.options.sm = r.gpu->sm;  // the device decides the kernels (SDPA backends, cuBLAS workspace size)
     if (r.gpu->sm < 80 && compute_dtype(r.setup.precision) == DType::kBF16 && r.model.attn_impl == AttnImpl::kSdpa) {

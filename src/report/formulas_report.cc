@@ -68,7 +68,7 @@ FormulaReport formula_report(const ResolvedScenario& r) {
                                               "seed 002: 12 bytes per parameter); `trainmem estimate` simulates {}",
                                               optimizer_name(o), optimizer_name(o)));
   }
-  for (std::string_view f : {"optimizer_impl", "gpu", "loop", "torch", "alloc_conf", "steps", "lora", "lora_dtype",
+  for (std::string_view f : {"optimizer_impl", "gpu", "gpus", "loop", "torch", "alloc_conf", "steps", "lora", "lora_dtype",
                              "freeze", "checkpointing", "checkpoint_reentrant", "checkpoint_every",
                              "input_require_grads", "optimizer_in_backward", "sharding", "bucket_cap_mb",
                              "gradient_as_bucket_view", "find_unused_parameters"}) {

@@ -185,6 +185,32 @@ TEST(DdpRefusals, BucketCapIsADecimalNumberOfMibOfAtLeastOneByte) {
   EXPECT_FALSE(s.train.bucket_cap_mb.has_value());
 }
 
+TEST(Gpus, NxAGpuIsTheRanksOnThatGpu) {
+  // --gpus 8xh100-80gb: --dp 8 on the H100 (data parallelism is the only parallelism simulated so far)
+  const ResolvedScenario r = resolve(testing::scenario_of("gpt2", {{"gpus", "8xH100-80GB"}}), testing::MapFileReader());
+  EXPECT_EQ(r.setup.dp, 8u);
+  ASSERT_TRUE(r.gpu.has_value());
+  EXPECT_EQ(r.gpu->name, "h100-80gb");
+  EXPECT_EQ(resolve(testing::scenario_of("gpt2", {{"gpus", "4x24GiB"}}), testing::MapFileReader()).setup.dp, 4u);
+  // the same facts given twice must agree
+  const auto field_of = [](std::initializer_list<std::pair<const char*, std::string>> f) {
+    try {
+      resolve(testing::scenario_of("gpt2", f), testing::MapFileReader());
+    } catch (const FieldError& e) {
+      return e.field();
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(field_of({{"gpus", "8xh100-80gb"}, {"dp", "4"}}), "gpus");
+  EXPECT_EQ(field_of({{"gpus", "8xh100-80gb"}, {"gpu", "a100-80gb"}}), "gpus");
+  EXPECT_EQ(field_of({{"gpus", "8xh100-80gb"}, {"dp", "8"}, {"gpu", "h100-80gb"}}), "accepted");
+  EXPECT_EQ(field_of({{"gpus", "8xnot-a-gpu"}}), "gpus");
+  for (const char* bad : {"8", "x8", "8x", "0xh100-80gb", "-1xh100-80gb", "8.5xh100-80gb"}) {
+    Scenario s;
+    EXPECT_THROW(set_field(s, "gpus", bad), FieldError) << bad;
+  }
+}
+
 TEST(DdpReport, SaysWhenTheRebuildFallsPastTheSimulatedSteps) {
   const Estimate e = run(testing::scenario_of("gpt2", {{"overrides", "n_layer=2"}, {"batch", "1"}, {"seq", "32"},
                                                        {"dp", "2"}, {"find_unused_parameters", "false"},

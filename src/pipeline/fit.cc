@@ -10,6 +10,7 @@
 #include <map>
 
 #include "trainmem/error.h"
+#include "trainmem/zero.h"
 #include "trainmem/family.h"
 
 namespace trainmem {
@@ -299,6 +300,31 @@ void suggest(const Candidate& base, const FitProbe& original, std::optional<uint
     }
   }
   if (all_changes.size() > 1) add(all_changes, "all of the above together", all);
+  // Several ranks of DDP: DeepSpeed ZeRO partitions the optimizer state (stage 1) and the gradients (stage 2)
+  // over them. Offered where the ZeRO rank is simulated (resolve_zero: the Trainer's loop, torch Adam(W), bf16
+  // weights, no 4-bit base); its own bf16 precision goes with it.
+  if (base.setup.dp > 1 && base.setup.sharding == Sharding::kDdp) {
+    for (const auto& [stage, name] : {std::pair{Sharding::kZero2, "zero2"}, std::pair{Sharding::kZero1, "zero1"}}) {
+      Candidate c = base;
+      c.setup.sharding = stage;
+      c.setup.precision = Precision::kBf16;
+      // the DDP settings do not apply to ZeRO's rank
+      c.setup.bucket_cap_mb.reset();
+      c.setup.gradient_as_bucket_view.reset();
+      c.setup.find_unused_parameters.reset();
+      try {
+        (void)resolve_zero(c.setup, c.options.loop);
+      } catch (const Error&) {
+        continue;  // not simulated for this setup
+      }
+      std::vector<FieldChange> changes{{"sharding", name}};
+      if (base.setup.precision != Precision::kBf16) changes.push_back({"precision", "bf16"});
+      add(std::move(changes),
+          stage == Sharding::kZero2 ? "DeepSpeed ZeRO-2: optimizer state and gradients partitioned over the ranks"
+                                    : "DeepSpeed ZeRO-1: optimizer state partitioned over the ranks",
+          c);
+    }
+  }
   if (!answer && out.solve == FitDimension::kBatch && base.setup.seq > 1 && budget.events < kFitEventBudget) {
     // The other dimension: the longest sequence that fits one sequence per micro-batch.
     Candidate c = base;
@@ -376,8 +402,9 @@ FitResult fit(const Scenario& s0, const FitRequest& r, const FileReader& files) 
   }
   if (r.solve == FitDimension::kSeq && !s.was_given("batch")) s.train.batch = 1;
   (r.solve == FitDimension::kBatch ? s.train.batch : s.train.seq) = 1;  // checked at the smallest size
-  if (s.train.gpu.empty()) {
-    throw FieldError("gpu", "\"\": expected a GPU from the catalog (trainmem gpus): fit needs a device");
+  if (s.train.gpu.empty() && s.gpus.empty()) {
+    throw FieldError("gpu", "\"\": expected a GPU from the catalog (trainmem gpus), or --gpus NxGPU: fit needs a "
+                            "device");
   }
   const ResolvedScenario rs = resolve(s, files);
   FitResult out = fit(rs.model, rs.inventory, rs.setup, rs.options, rs.alloc, *rs.gpu, r);

@@ -225,5 +225,30 @@ TEST(Fit, DimensionNamesParse) {
   EXPECT_EQ(parse_fit_dimension("tokens"), std::nullopt);
 }
 
+TEST(Fit, SeveralDdpRanksAreOfferedDeepSpeedZeroWhereItIsSimulated) {
+  // Llama-3-8B on 8 H100s under DDP: each rank holds every state in float32 (bf16 autocast) and does not fit;
+  // ZeRO-2 partitions the optimizer state and the gradients over the 8 ranks (with its bf16 weights), ZeRO-1 the
+  // optimizer state: each is simulated, and each fits here.
+  Scenario s = testing::scenario_of("llama-3-8b", {{"gpus", "8xh100-80gb"}, {"seq", "2048"}});
+  FitRequest req;
+  const FitResult r = fit(s, req, testing::MapFileReader());
+  EXPECT_FALSE(r.largest.has_value());
+  std::vector<std::string> zero;
+  for (const FitSuggestion& sug : r.suggestions) {
+    if (sug.changes.front().field != "sharding") continue;
+    zero.push_back(sug.changes.front().value);
+    ASSERT_EQ(sug.changes.size(), 2u);
+    EXPECT_EQ(sug.changes[1].field, "precision");
+    EXPECT_EQ(sug.changes[1].value, "bf16");
+    EXPECT_TRUE(sug.at_one->fits) << sug.changes.front().value;
+  }
+  EXPECT_EQ(zero, (std::vector<std::string>{"zero2", "zero1"}));
+  // nanoGPT's loop is not the Trainer's: DeepSpeed's rank is not simulated there, so it is not offered
+  Scenario n = testing::scenario_of("nanogpt-gpt2", {{"gpus", "8xa100-40gb"}, {"seq", "1024"}});
+  for (const FitSuggestion& sug : fit(n, req, testing::MapFileReader()).suggestions) {
+    EXPECT_NE(sug.changes.front().field, "sharding");
+  }
+}
+
 }  // namespace
 }  // namespace trainmem

@@ -131,7 +131,7 @@ struct DdpFigures {
   uint32_t rebuild_step = 0;  // the step whose forward rebuilt them; 0: none simulated (--steps 1)
 };
 
-// --dp N --sharding zero2: one rank of DeepSpeed ZeRO stage 2 under the Trainer, as simulated (zero.h).
+// --dp N --sharding zero1|zero2: one rank of DeepSpeed ZeRO stage 1 or 2 under the Trainer, as simulated (zero.h).
 struct ZeroFigures {
   ZeroOptions options;  // the resolved settings (resolve_zero)
   // per parameter group (the Trainer's decay / no-decay groups): elements, the aligned flat buffer, the
@@ -159,7 +159,7 @@ struct Estimate {
   std::optional<DeviceVerdict> device;  // with a GPU: whether it fits there, and what nvidia-smi would show
   std::optional<GenerationFigures> generation;  // --generate only
   std::optional<DdpFigures> ddp;                // --dp > 1: per rank
-  std::optional<ZeroFigures> zero;              // --sharding zero2: per rank
+  std::optional<ZeroFigures> zero;              // --sharding zero1|zero2: per rank
   std::shared_ptr<const SimResult> sim;
   std::shared_ptr<const AllocatorReplay> alloc;
   std::vector<std::string> warnings;  // the simulated program's (SimResult::warnings)

@@ -120,7 +120,7 @@ enum class Task { kTrain, kInference };
 std::span<const NameRow<Task>> name_table(Task);
 
 // How data-parallel ranks share the model (--sharding): DDP (full replicas, gradient buckets all-reduced) and
-// DeepSpeed ZeRO stage 2 are simulated; FSDP, ZeRO-1 and ZeRO-3 are named so that they can be refused with a
+// DeepSpeed ZeRO stages 1 and 2 are simulated; FSDP and ZeRO-3 are named so that they can be refused with a
 // reason.
 enum class Sharding { kDdp, kFsdp1, kFsdp2, kZero1, kZero2, kZero3 };
 std::span<const NameRow<Sharding>> name_table(Sharding);
@@ -158,10 +158,10 @@ struct TrainSetup {
   // default DynamicCache: a prefill of the `seq` prompt tokens, then generate - 1 one-token decode steps.
   // 0: one forward pass of `seq` tokens (no cache).
   uint64_t generate = 0;
-  // Data-parallel ranks (GPUs). With more than one, estimate simulates one rank of `sharding` (DDP so far);
+  // Data-parallel ranks (GPUs). With more than one, estimate simulates one rank of `sharding` (DDP, ZeRO-1/2);
   // `trainmem formulas` prints ZeRO's and DeepSpeed's per-rank closed forms for them.
   uint64_t dp = 1;
-  Sharding sharding = Sharding::kDdp;  // how the dp ranks share the model (only DDP is simulated)
+  Sharding sharding = Sharding::kDdp;  // how the dp ranks share the model (DDP, DeepSpeed ZeRO-1/2)
   // DistributedDataParallel's arguments (ddp.h); empty: what the modelled loop passes (resolve_ddp)
   std::optional<double> bucket_cap_mb;          // bucket_cap_mb (MiB despite the name)
   std::optional<bool> gradient_as_bucket_view;  // gradient_as_bucket_view

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "trainmem/runtime.h"
 #include "trainmem/setup.h"
 
 namespace trainmem {
@@ -35,7 +36,7 @@ inline constexpr uint64_t kZeroNcclStartAlignment = 2;
 
 // The defaults of the code that runs (cited in zero.cc); throws trainmem::Error for what is not simulated.
 // Off (on == false) unless dp > 1 and sharding is zero1/zero2.
-ZeroOptions resolve_zero(const TrainSetup& s, LoopKind loop);
+ZeroOptions resolve_zero(const TrainSetup& s, LoopKind loop, TorchVersion torch);
 
 // One parameter's place in its group's flat buffer, and the partitions its gradient goes to
 // (initialize_gradient_partition: param_to_partition_ids and grad_start_offset).

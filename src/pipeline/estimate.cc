@@ -160,7 +160,7 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
   SimOptions o = o0;
   // dp > 1: one rank of DistributedDataParallel (ddp.h); refuses what it does not simulate
   const DdpOptions ddp = resolve_ddp(s, resolved(o0, m).loop, o0.torch);
-  const ZeroOptions zopt = resolve_zero(s, resolved(o0, m).loop);  // --sharding zero2 (zero.h)
+  const ZeroOptions zopt = resolve_zero(s, resolved(o0, m).loop, o0.torch);  // --sharding zero2 (zero.h)
   if (gpu) o.sm = gpu->sm;  // the device decides the kernels: an H100 is simulated as sm_90
   Estimate e;
   e.model = m;
@@ -261,7 +261,11 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
                                              checked_mul(18, P, "DeepSpeed estimate") / z.ranks, "DeepSpeed estimate"));
     // the per-rank model states in the state summary: the flat bf16 buffer, the partition gradients, the
     // optimizer's state over the partitions (the fp32 master partition is reported beside them, in the ZeRO note)
-    st.weights = f.bit16_flat;
+    // Frozen rows are in no optimizer group, so never flattened: they stay the bf16 tensors they were (every
+    // row is in the model dtype here: resolve_zero refuses LoRA's float32 adapters and 4-bit bases).
+    const Bytes all_weights = st.weights, trainable_weights = bytes_of(st.trainable, pd);
+    if (trainable_weights.value > all_weights.value) throw Error("internal: trainable weights above all weights");
+    st.weights = f.bit16_flat + Bytes(all_weights.value - trainable_weights.value);
     // stage 2: the partition gradients; stage 1: every parameter's full bit16 .grad until the boundary's reduction
     if (z.stage == 1) f.full_grads = bytes_of(st.trainable, pd);
     st.gradients = z.stage == 1 ? f.full_grads : f.grads_in_partition;

@@ -313,7 +313,7 @@ void suggest(const Candidate& base, const FitProbe& original, std::optional<uint
       c.setup.gradient_as_bucket_view.reset();
       c.setup.find_unused_parameters.reset();
       try {
-        (void)resolve_zero(c.setup, c.options.loop);
+        (void)resolve_zero(c.setup, c.options.loop, c.options.torch);
       } catch (const Error&) {
         continue;  // not simulated for this setup
       }

@@ -1223,7 +1223,7 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
   }
   // DeepSpeed ZeRO-2 (zero.h): the Trainer's deepspeed.initialize in train(), before its loop; the ZeRO
   // optimizer's gradient hooks run after each AccumulateGrad (register_grad_hook)
-  loop.zopt = resolve_zero(s, o.loop);
+  loop.zopt = resolve_zero(s, o.loop, o.torch);
   if (loop.zopt.on) {
     loop.zero_construct();
     e.post_accumulate_grad = [&loop](int32_t i) { loop.zero_hook(i); };

@@ -54,6 +54,33 @@ TEST(ZeroLayout, AlignmentPartitionsAndBoundaryParametersCountedInFull) {
   EXPECT_THROW(zero_group_layout(n, 4, 4), Error);
 }
 
+TEST(ZeroLayout, EachParametersPartitionsAreInitializeGradientPartitionsOverEveryPartitionId) {
+  // initialize_gradient_partition tests every partition id for every parameter; the layout walks only the
+  // partitions a parameter spans. Both give the same ids and offsets, here against the source's loop itself.
+  const std::vector<uint64_t> n{1, 17, 3, 64, 2, 255, 9, 1, 40};
+  for (uint64_t dp : {1u, 2u, 3u, 7u, 16u, 37u, 300u}) {
+    const ZeroGroupLayout g = zero_group_layout(n, dp, 0);
+    uint64_t current = 0;
+    for (size_t k = 0; k < n.size(); ++k) {
+      std::vector<uint32_t> ids;
+      std::vector<uint64_t> offsets;
+      for (uint64_t pid = 0; pid < dp; ++pid) {  // `for partition_id in range(total_partitions)`
+        const uint64_t ps = g.partition_size * pid, pe = ps + g.partition_size;
+        if (ps <= current && current < pe) {
+          ids.push_back(static_cast<uint32_t>(pid));
+          offsets.push_back(0);
+        } else if (current < ps && ps < current + n[k]) {
+          ids.push_back(static_cast<uint32_t>(pid));
+          offsets.push_back(ps - current);
+        }
+      }
+      EXPECT_EQ(g.places[k].partitions, ids) << "dp " << dp << " param " << k;
+      EXPECT_EQ(g.places[k].offsets, offsets) << "dp " << dp << " param " << k;
+      current += n[k];
+    }
+  }
+}
+
 TEST(ZeroLayout, AverageTensorSlicesMergeOnlyConsecutiveSlicesOfOnePartition) {
   const ZeroGroupLayout g = zero_group_layout({10, 7, 5}, 4, 0);
   // backward order [param 2, param 1]: (p2, 1) (p3, 4) (p1, 2) (p2, 5): nothing merges
@@ -276,6 +303,36 @@ TEST(ZeroRefusals, StageOneOtherPrecisionsAndLoops) {
   refused(zero_scenario({{"loop", "nanogpt"}}), "--loop hf");
   refused(zero_scenario({{"optimizer", "sgd"}}), "AdamW");
   refused(testing::scenario_of("gpt2", {{"overrides", "n_layer=2"}, {"reduce_bucket_size", "1000"}}), "zero2");
+}
+
+TEST(ZeroRefusals, LoraDdpSettingsAndTorchBeforeTwo) {
+  const auto field_of = [](std::initializer_list<std::pair<const char*, std::string>> more) {
+    try {
+      run(zero_scenario(more));
+    } catch (const FieldError& e) {
+      return e.field();
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(field_of({}), "accepted");
+  EXPECT_EQ(field_of({{"lora", "r=8"}}), "lora");  // the engine casts PEFT's float32 adapters to bf16
+  EXPECT_EQ(field_of({{"bucket_cap_mb", "100"}}), "bucket_cap_mb");  // no DDP Reducer under DeepSpeed
+  EXPECT_EQ(field_of({{"gradient_as_bucket_view", "true"}}), "gradient_as_bucket_view");
+  EXPECT_EQ(field_of({{"find_unused_parameters", "true"}}), "find_unused_parameters");
+  EXPECT_EQ(field_of({{"torch", "1.13"}}), "torch");  // DeepSpeed 0.19.6: torch>=2.0.0
+}
+
+TEST(ZeroSim, FrozenParametersStayOutsideTheFlatBufferAndCountAsWeights) {
+  // the optimizer groups hold the trainable parameters only: frozen rows keep their own bf16 storage
+  const Estimate all = run(zero_scenario());
+  const Estimate frozen = run(zero_scenario({{"freeze", "transformer.h.*"}}));
+  ASSERT_TRUE(frozen.zero.has_value());
+  uint64_t frozen_bytes = 0;
+  for (const TensorRow& r : build_inventory(frozen.model).parameters) {
+    if (r.name.rfind("transformer.h.", 0) == 0) frozen_bytes += r.elems.value * 2;
+  }
+  EXPECT_EQ(frozen.state.weights.value, frozen.zero->bit16_flat.value + frozen_bytes);
+  EXPECT_EQ(all.state.weights.value, all.zero->bit16_flat.value);
 }
 
 TEST(ZeroReport, SaysPerRankAndShowsDeepSpeedsEstimator) {

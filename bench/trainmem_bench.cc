@@ -82,6 +82,25 @@ void BM_Estimate70B_T8192(benchmark::State& state) {
 }
 BENCHMARK(BM_Estimate70B_T8192)->Unit(benchmark::kMillisecond);
 
+// One rank of a 70B model over 64 data-parallel ranks at T=8192: DDP's buckets (construction and the rebuild at
+// step 2) and DeepSpeed ZeRO-2's partitions (the layout of every parameter over 64 partitions, the IPG buckets).
+void BM_EstimatePerRank70B_T8192(benchmark::State& state) {
+  const ModelSpec m = llama70b();
+  const Inventory inv = build_inventory(m);
+  TrainSetup s = setup(1, 8192);
+  s.dp = 64;
+  s.sharding = state.range(0) == 0 ? Sharding::kDdp : Sharding::kZero2;
+  SimOptions o = one_step();
+  o.steps = 2;
+  o.loop = LoopKind::kHf;
+  for (auto _ : state) {
+    Estimate e = estimate(m, inv, s, o);
+    benchmark::DoNotOptimize(e.memory.peak_reserved.value);
+  }
+  state.SetLabel(state.range(0) == 0 ? "ddp" : "zero2");
+}
+BENCHMARK(BM_EstimatePerRank70B_T8192)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+
 // Building the parameter inventory of a 70B model (723 named tensors).
 void BM_Inventory70B(benchmark::State& state) {
   const ModelSpec m = llama70b();

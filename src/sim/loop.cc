@@ -652,9 +652,16 @@ struct Loop {
       // when the device lacks room is not modelled.)
       {
         const uint64_t pad = g.layout.aligned_numel - g.layout.numel;
-        T zeros = pad ? e.empty(Shape{pad}, bit16, Category::kTemporaries, Label{"ZeRO align_dense_tensors pad"}) : T();
-        g.flat = e.empty(Shape{g.layout.aligned_numel}, bit16, Category::kWeights,
-                         Label{intern_name(fmt::format("ZeRO bit16_groups_flat[{}]", gi))});
+        if (pad == 0 && g.rows.size() == 1) {
+          // flatten_dense_tensors (torch/csrc/utils/tensor_flatten.h) of one tensor: `if (tensors.size() == 1)
+          // return tensors[0].contiguous().view({-1});`: a view of the parameter itself, nothing allocated
+          const T& p = w.params[static_cast<size_t>(g.rows.front())];
+          g.flat = e.view(p, Shape{g.layout.aligned_numel}, contiguous_strides(Shape{g.layout.aligned_numel}));
+        } else {
+          T zeros = pad ? e.empty(Shape{pad}, bit16, Category::kTemporaries, Label{"ZeRO align_dense_tensors pad"}) : T();
+          g.flat = e.empty(Shape{g.layout.aligned_numel}, bit16, Category::kWeights,
+                           Label{intern_name(fmt::format("ZeRO bit16_groups_flat[{}]", gi))});
+        }
       }
       // _update_model_bit16_weights: each parameter's .data becomes its slice of the flat buffer (the
       // separately allocated weights are freed)

@@ -335,6 +335,22 @@ TEST(ZeroSim, FrozenParametersStayOutsideTheFlatBufferAndCountAsWeights) {
   EXPECT_EQ(all.state.weights.value, all.zero->bit16_flat.value);
 }
 
+TEST(ZeroSim, AGroupOfOneTensorWithoutPaddingIsAViewOfIt) {
+  // flatten_dense_tensors of one tensor returns `tensors[0].contiguous().view({-1})`: with only wte trainable
+  // (50257 x 768 = 38,597,376, a multiple of 2 x 4 ranks) the group needs no padding and no flat buffer of its own
+  const Estimate e = run(testing::scenario_of(
+      "gpt2", {{"overrides", "n_layer=2"}, {"batch", "1"}, {"seq", "32"}, {"dp", "4"}, {"sharding", "zero2"},
+               {"precision", "bf16"}, {"freeze", "transformer.h.*"}, {"freeze", "transformer.wpe.*"},
+               {"freeze", "transformer.ln_f.*"}}));
+  int flat_allocs = 0;
+  for (const Event& ev : e.sim->timeline.events) {
+    if (ev.kind == Event::kAlloc && std::string(ev.label.what).rfind("ZeRO bit16_groups_flat", 0) == 0) ++flat_allocs;
+  }
+  EXPECT_EQ(flat_allocs, 0);
+  ASSERT_TRUE(e.zero.has_value());
+  EXPECT_EQ(e.zero->bit16_flat.value, 38'597'376u * 2);
+}
+
 TEST(ZeroReport, SaysPerRankAndShowsDeepSpeedsEstimator) {
   const Estimate e = run(zero_scenario());
   const std::string t = render_estimate_table(e, nullptr);

@@ -53,6 +53,10 @@ struct Inventory {
 Inventory build_inventory(const ModelSpec& spec);
 
 Elems parameter_count(const Inventory& inv);
+// The optimizer group a parameter joins: nanoGPT's configure_optimizers and transformers' Trainer both put the
+// weight-decayed tensors (nanoGPT: dim >= 2; Trainer: all but biases and norm weights, which for the supported
+// models are exactly the 1-D tensors) in a first group and the rest in a second.
+inline bool in_decay_group(const TensorRow& r) { return r.shape.size() >= 2; }
 // Elements and bytes of the trainable parameters only (TensorRow::trainable).
 Elems trainable_count(const Inventory& inv);
 

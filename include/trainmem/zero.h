@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "trainmem/inventory.h"
 #include "trainmem/runtime.h"
 #include "trainmem/setup.h"
 
@@ -59,6 +60,10 @@ struct ZeroGroupLayout {
   std::vector<ZeroParamPlace> places;  // per parameter of the group
 };
 ZeroGroupLayout zero_group_layout(const std::vector<uint64_t>& numels, uint64_t dp, uint64_t rank);
+// DeepSpeedZeroOptimizer's param groups as the Trainer hands them over (Trainer.create_optimizer): the trainable
+// rows of the weight-decayed group, then the rest (in_decay_group), in named_parameters() order; an empty group
+// is left out (__init__ reads bit16_groups[i][0].dtype).
+std::vector<std::vector<int32_t>> zero_param_groups(const Inventory& inv);
 
 // averaged_gradients[i] of `layout`'s rank at the boundary (get_flat_partition, return_tensor_list=True): the
 // element counts of the narrowed gradients of params_in_partition (the first from first_offset, the last cut at

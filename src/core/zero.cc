@@ -212,4 +212,17 @@ std::vector<uint64_t> zero_reduce_flat_allocs(const std::vector<uint64_t>& slice
   return out;
 }
 
+std::vector<std::vector<int32_t>> zero_param_groups(const Inventory& inv) {
+  std::vector<int32_t> decay, rest;
+  for (size_t i = 0; i < inv.parameters.size(); ++i) {
+    if (!inv.parameters[i].trainable) continue;  // `if param.requires_grad`
+    (in_decay_group(inv.parameters[i]) ? decay : rest).push_back(static_cast<int32_t>(i));
+  }
+  std::vector<std::vector<int32_t>> groups;
+  for (std::vector<int32_t>* g : {&decay, &rest}) {
+    if (!g->empty()) groups.push_back(std::move(*g));
+  }
+  return groups;
+}
+
 }  // namespace trainmem

@@ -230,14 +230,11 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
     // one rank's model states, from the same layout the simulator allocates (zero_group_layout)
     ZeroFigures f;
     f.options = z;
-    std::vector<uint64_t> decay, rest;
-    for (const TensorRow& r : inv.parameters) {
-      if (r.trainable) (r.shape.size() >= 2 ? decay : rest).push_back(r.elems.value);
-    }
     Bytes in_partition, largest_partition;
-    for (const std::vector<uint64_t>* g : {&decay, &rest}) {
-      if (g->empty()) continue;
-      const ZeroGroupLayout l = zero_group_layout(*g, z.ranks, z.rank);
+    for (const std::vector<int32_t>& rows : zero_param_groups(inv)) {
+      std::vector<uint64_t> numels;
+      for (int32_t row : rows) numels.push_back(inv.parameters[static_cast<size_t>(row)].elems.value);
+      const ZeroGroupLayout l = zero_group_layout(numels, z.ranks, z.rank);
       f.group_numel.push_back(l.numel);
       f.group_aligned.push_back(l.aligned_numel);
       f.group_partition.push_back(l.partition_size);

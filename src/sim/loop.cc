@@ -121,7 +121,12 @@ struct Loop {
   // RobertaTokenizer.model_input_names = ["input_ids", "attention_mask"]: no token_type_ids in a RoBERTa batch
   // (RobertaEmbeddings then gathers its zeros buffer); BertTokenizer's has them.
   bool token_types() const { return m.family == Family::kBert; }
-  void bind_model_inputs(T x, T tt, T mask, T y) {
+  // Trainer._prepare_inputs moves the batch dict key by key: input_ids (`x`), token_type_ids, attention_mask,
+  // labels (the collators add "labels" last; none for inference)
+  void bind_model_inputs(T x, bool with_labels) {
+    T tt = token_types() ? batch_tensor("token_type_ids") : T();
+    T mask = batch_tensor("attention_mask");
+    T y = with_labels ? labels_tensor() : T();
     X = std::move(x);
     batch_token_type_ids = std::move(tt);
     batch_attention_mask = std::move(mask);
@@ -135,12 +140,7 @@ struct Loop {
     // still holds it (embedding saves the ids, nll_loss the targets).
     T x = batch_tensor(features ? "input x" : "input ids");
     if (has_attention_mask()) {
-      // Trainer._prepare_inputs moves the batch dict key by key: input_ids, token_type_ids, attention_mask,
-      // labels (the collators add "labels" last)
-      T tt = token_types() ? batch_tensor("token_type_ids") : T();
-      T mask = batch_tensor("attention_mask");
-      T y = labels_tensor();
-      bind_model_inputs(std::move(x), std::move(tt), std::move(mask), std::move(y));
+      bind_model_inputs(std::move(x), true);
       return;
     }
     T y = features ? T() : labels_tensor();
@@ -220,10 +220,7 @@ struct Loop {
         r.steady = Moment{e.event_count() == 0 ? 0 : e.event_count() - 1, Phase::kForward, step, 1, e.live()};
       }
       if (has_attention_mask()) {  // the tokenizer's input_ids, token_type_ids and attention_mask, moved to the device
-        T x = batch_tensor("input ids");
-        T tt = token_types() ? batch_tensor("token_type_ids") : T();
-        T mask = batch_tensor("attention_mask");
-        bind_model_inputs(std::move(x), std::move(tt), std::move(mask), T());
+        bind_model_inputs(batch_tensor("input ids"), false);
       } else {
         X = batch_tensor("input ids");  // input_ids = batch.to(device): rebinding frees the previous batch
       }
@@ -426,9 +423,10 @@ struct Loop {
 
   // --- DistributedDataParallel -------------------------------------------------------------------------
 
-  Bytes row_bytes(int32_t row) const {
-    const TensorRow& r = inv.parameters[static_cast<size_t>(row)];
-    return bytes_of(r.elems, stored_dtype(r, param_dtype(s.precision)));
+  // A tensor as c10d's bucket assignment sees it: DDP's index `k`, its bytes and dtype as stored on the device
+  BucketInput bucket_input(uint32_t k, const TensorRow& r) const {
+    const DType dt = stored_dtype(r, param_dtype(s.precision));
+    return {k, bytes_of(r.elems, dt).value, dt};
   }
 
   // c10d broadcast_coalesced (comm.cpp): the tensors grouped by compute_bucket_assignment_by_size(tensors,
@@ -453,12 +451,11 @@ struct Loop {
   // (broadcast_buffers=True, DDP's default, which neither the Trainer nor nanoGPT changes).
   std::vector<BucketInput> module_states(bool params) const {
     std::vector<BucketInput> v;
-    const DType pd = param_dtype(s.precision);
     uint32_t k = 0;
     if (params) {
-      for (const TensorRow& r : inv.parameters) v.push_back({k++, bytes_of(r.elems, stored_dtype(r, pd)).value, stored_dtype(r, pd)});
+      for (const TensorRow& r : inv.parameters) v.push_back(bucket_input(k++, r));
     }
-    for (const TensorRow& r : inv.buffers) v.push_back({k++, bytes_of(r.elems, stored_dtype(r, pd)).value, stored_dtype(r, pd)});
+    for (const TensorRow& r : inv.buffers) v.push_back(bucket_input(k++, r));
     return v;
   }
 
@@ -480,13 +477,11 @@ struct Loop {
   void ddp_construct(SimResult& r) {
     e.phase = Phase::kSetup;
     broadcast_coalesced(module_states(true), "DDP _sync_module_states broadcast (flat)");
-    const DType pd = param_dtype(s.precision);
     std::vector<BucketInput> params;
     for (size_t i = 0; i < inv.parameters.size(); ++i) {
       if (!inv.parameters[i].trainable) continue;  // `if param.requires_grad`
-      const auto k = static_cast<uint32_t>(ddp_rows.size());
+      params.push_back(bucket_input(static_cast<uint32_t>(ddp_rows.size()), inv.parameters[i]));
       ddp_rows.push_back(static_cast<int32_t>(i));
-      params.push_back({k, row_bytes(static_cast<int32_t>(i)).value, stored_dtype(inv.parameters[i], pd)});
     }
     if (params.empty()) throw Error("DDP: no parameter requires grad (DistributedDataParallel refuses such a module)");
     // _ddp_init_helper: `if static_graph is True or self.find_unused_parameters is False: bucket_size_limits =
@@ -527,10 +522,9 @@ struct Loop {
       std::vector<BucketInput> ready;
       std::vector<int32_t> index_of(inv.parameters.size(), -1);
       for (size_t k = 0; k < ddp_rows.size(); ++k) index_of[static_cast<size_t>(ddp_rows[k])] = static_cast<int32_t>(k);
-      const DType pd = param_dtype(s.precision);
       for (int32_t row : ddp_arrival) {
-        ready.push_back({static_cast<uint32_t>(index_of[static_cast<size_t>(row)]), row_bytes(row).value,
-                         stored_dtype(inv.parameters[static_cast<size_t>(row)], pd)});
+        ready.push_back(bucket_input(static_cast<uint32_t>(index_of[static_cast<size_t>(row)]),
+                                     inv.parameters[static_cast<size_t>(row)]));
       }
       if (ready.size() != ddp_rows.size()) {
         throw Error("DDP: a trainable parameter got no gradient in the first backward; DDP without "
@@ -616,24 +610,15 @@ struct Loop {
   void zero_construct() {
     e.phase = Phase::kSetup;
     const DType bit16 = param_dtype(s.precision);
-    // The Trainer's optimizer groups (Trainer.create_optimizer): the weight-decayed tensors, then the rest,
-    // requires_grad only, in named_parameters() order (the same split as Loop::param_groups). __init__ keeps
-    // `if param.requires_grad` of each group (bit16_groups[i]); an empty group is left out here (DeepSpeed reads
-    // bit16_groups[i][0].dtype).
-    std::vector<int32_t> decay, rest;
-    for (size_t i = 0; i < inv.parameters.size(); ++i) {
-      if (!inv.parameters[i].trainable) continue;
-      (inv.parameters[i].shape.size() >= 2 ? decay : rest).push_back(static_cast<int32_t>(i));
-    }
+    // The Trainer's optimizer groups (zero_param_groups), each one bit16_groups[i]
     zero_group_of.assign(inv.parameters.size(), -1);
     zero_pos_of.assign(inv.parameters.size(), -1);
     zero_mine.assign(inv.parameters.size(), 0);
     zero_reached.assign(inv.parameters.size(), 0);
-    for (std::vector<int32_t>* rows : {&decay, &rest}) {
-      if (rows->empty()) continue;
+    for (std::vector<int32_t>& rows : zero_param_groups(inv)) {
       const auto gi = static_cast<int32_t>(zgroups.size());
       ZeroGroup& g = zgroups.emplace_back();
-      g.rows = *rows;
+      g.rows = std::move(rows);
       std::vector<uint64_t> numels;
       for (size_t k = 0; k < g.rows.size(); ++k) {
         numels.push_back(row_numel(g.rows[k]));
@@ -642,7 +627,6 @@ struct Loop {
       }
       g.layout = zero_group_layout(numels, zopt.ranks, zopt.rank);
       for (uint32_t k : g.layout.in_partition) zero_mine[static_cast<size_t>(g.rows[k])] = 1;
-      const Label gl{intern_name(fmt::format("ZeRO group {}", gi))};
       // `empty_cache()` before each group's flatten (runtime/utils.py empty_cache: the accelerator's
       // empty_cache and reset_peak_memory_stats): the previous group's freed weights go back to the driver
       e.empty_cache();
@@ -676,7 +660,6 @@ struct Loop {
         g.master = e.empty(Shape{g.layout.partition_size}, DType::kF32, Category::kOptimizer,
                            Label{intern_name(fmt::format("ZeRO fp32 master partition [{}]", gi))});
       }
-      (void)gl;
     }
     if (zgroups.empty()) throw Error("DeepSpeed ZeRO: no parameter requires grad");
     // initialize_optimizer_states: every group's fp32 partition gets .grad = torch.zeros(partition_size), then
@@ -1131,9 +1114,7 @@ struct Loop {
     }
   }
 
-  // The optimizer's parameter groups, in order. nanoGPT's configure_optimizers and transformers' Trainer
-  // both put the weight-decayed tensors (nanoGPT: dim >= 2; Trainer: all but biases and norm weights, which
-  // for the supported models are exactly the 1-D tensors) in a first group and the rest in a second.
+  // The optimizer's parameter groups, in order: the weight-decayed tensors, then the rest (in_decay_group).
   std::vector<std::vector<size_t>> param_groups() const {
     std::vector<size_t> decay, rest;
     // The trainable rows (frozen parameters are not given to the optimizer) that have a .grad: torch.optim
@@ -1143,7 +1124,7 @@ struct Loop {
     for (size_t i = 0; i < inv.parameters.size(); ++i) {
       if (!inv.parameters[i].trainable || !e.grad(static_cast<int32_t>(i))) continue;
       all.push_back(i);
-      (inv.parameters[i].shape.size() >= 2 ? decay : rest).push_back(i);
+      (in_decay_group(inv.parameters[i]) ? decay : rest).push_back(i);
     }
     if (o.loop == LoopKind::kPlain) return {all};
     return {decay, rest};

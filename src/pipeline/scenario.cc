@@ -220,6 +220,12 @@ uint64_t count(std::string_view field, std::string_view s, uint64_t max) {
   return v;
 }
 
+// "true" or "false", nothing else
+bool boolean(std::string_view field, std::string_view s) {
+  if (s != "true" && s != "false") bad(field, s, "true or false");
+  return s == "true";
+}
+
 template <typename E>
 E named(std::string_view field, std::string_view s, std::optional<E> v) {
   if (!v) bad(field, s, names_list<E>());
@@ -362,8 +368,7 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
   } else if (f == "optimizer_impl") {
     s.train.optimizer_impl = named(f, v, parse_name<OptimizerImpl>(v));
   } else if (f == "optimizer_in_backward") {
-    if (v != "true" && v != "false") throw FieldError(std::string(f), fmt::format("\"{}\": expected true or false", v));
-    s.train.optimizer_in_backward = v == "true";
+    s.train.optimizer_in_backward = boolean(f, v);
   } else if (f == "optimizer_version" && v.empty()) {
     s.train.optimizer_version.reset();  // the newest layout (get_field's text for "not given")
   } else if (f == "optimizer_version") {
@@ -373,8 +378,7 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
   } else if (f == "checkpointing") {
     s.train.checkpointing = named(f, v, parse_name<Checkpointing>(v));
   } else if (f == "checkpoint_reentrant") {
-    if (v != "true" && v != "false") bad(f, v, "true or false");
-    s.train.checkpoint_reentrant = v == "true";
+    s.train.checkpoint_reentrant = boolean(f, v);
   } else if (f == "checkpoint_every") {
     s.train.checkpoint_every = count(f, v, kMaxLayersPerCheckpoint);
   } else if (f == "lora") {
@@ -383,13 +387,11 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     if (v != "fp32" && v != "base") bad(f, v, "fp32 or base");
     s.train.lora.fp32 = v == "fp32";
   } else if (f == "input_require_grads") {
-    if (v != "true" && v != "false") bad(f, v, "true or false");
-    s.train.input_require_grads = v == "true";
+    s.train.input_require_grads = boolean(f, v);
   } else if (f == "quantize") {
     s.train.quant.type = named(f, v, parse_name<Quantize>(v));
   } else if (f == "double_quant" || f == "kbit_prepare") {
-    if (v != "true" && v != "false") bad(f, v, "true or false");
-    (f == "double_quant" ? s.train.quant.double_quant : s.train.quant.prepare) = v == "true";
+    (f == "double_quant" ? s.train.quant.double_quant : s.train.quant.prepare) = boolean(f, v);
   } else if (f == "compute_dtype") {
     if (v == "fp32") s.train.quant.compute = DType::kF32;
     else if (v == "bf16") s.train.quant.compute = DType::kBF16;
@@ -428,19 +430,16 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     if (!(mb * 1024 * 1024 >= 1) || mb > 1048576) bad(f, v, expected);
     s.train.bucket_cap_mb = mb;
   } else if (f == "gradient_as_bucket_view") {
-    if (v != "true" && v != "false") bad(f, v, "true or false");
-    s.train.gradient_as_bucket_view = v == "true";
+    s.train.gradient_as_bucket_view = boolean(f, v);
   } else if (f == "find_unused_parameters") {
-    if (v != "true" && v != "false") bad(f, v, "true or false");
-    s.train.find_unused_parameters = v == "true";
+    s.train.find_unused_parameters = boolean(f, v);
   } else if ((f == "reduce_bucket_size" || f == "overlap_comm") && v.empty()) {
     if (f == "reduce_bucket_size") s.train.reduce_bucket_size.reset();  // DeepSpeedZeroConfig's default (resolve_zero)
     if (f == "overlap_comm") s.train.overlap_comm.reset();
   } else if (f == "reduce_bucket_size") {
     s.train.reduce_bucket_size = count(f, v, uint64_t{1} << 40);
   } else if (f == "overlap_comm") {
-    if (v != "true" && v != "false") bad(f, v, "true or false");
-    s.train.overlap_comm = v == "true";
+    s.train.overlap_comm = boolean(f, v);
   } else if (f == "gpu") {
     s.train.gpu = std::string(v);
   } else if (f == "gpus" && v.empty()) {

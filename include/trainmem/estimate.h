@@ -145,6 +145,25 @@ struct ZeroFigures {
   Bytes ipg_buffers;         // buf_0 (+ buf_1), allocated per backward
   Bytes fp32_grad;           // single_grad_partition at the step (transient, the largest group)
   Bytes deepspeed_estimate;  // estimate_zero2_model_states_mem_needs (no offload): 2P + int(18P / N)
+  // --- ZeRO-3 (stage 3) and offload: this rank's model states where DeepSpeed puts them ---
+  uint64_t persistent_params = 0, persistent_numel = 0;  // mark_persistent_parameters
+  uint64_t partition_padding = 0;    // elements of padding in this rank's ds_tensors (the last rank's, summed)
+  uint64_t largest_param = 0;        // the largest parameter's elements (its gathered buffer: padded to the world)
+  Bytes lp_partitions;               // lp_param_buffer + frozen ds_tensors (device, or host with offload params)
+  Bytes persistent_full;             // the persistent parameters' full data, kept on the device from step 2
+  Bytes grad_partitions;             // grad_partitions_flat_buffer (device, or host with offload optimizer)
+  Bytes fp32_partitions;             // fp32_partitioned_groups_flat (device, or host with offload optimizer)
+  Bytes fp32_grad_buffers;           // offload: each sub-group's pinned fp32 .grad buffer (host)
+  Bytes device_states;               // what of the above is on the device, plus the IPG buffer
+  Bytes deepspeed_zero3_estimate;    // estimate_zero3_model_states_mem_needs' gpu_mem for these offload settings
+  // Host memory (CPU RAM) of this rank, offload only: pinned (page-locked) and pageable, with what holds it
+  struct HostRow {
+    std::string what;
+    Bytes bytes;
+    bool pinned = false;
+  };
+  std::vector<HostRow> host;
+  Bytes host_pinned, host_pageable;
 };
 
 // The estimate of one step, in its natural parts; the timeline and the allocator's per-event figures are

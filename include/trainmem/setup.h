@@ -169,6 +169,11 @@ struct TrainSetup {
   // DeepSpeed ZeRO's zero_optimization settings (zero.h); empty: DeepSpeedZeroConfig's defaults (resolve_zero)
   std::optional<uint64_t> reduce_bucket_size;  // reduce_bucket_size, in elements
   std::optional<bool> overlap_comm;            // overlap_comm
+  // DeepSpeed ZeRO offload (--offload optimizer|params|optimizer,params): offload_optimizer / offload_param
+  // device cpu (stage 3 for params); and stage3_param_persistence_threshold (elements; empty: DeepSpeed's 1e5)
+  bool offload_optimizer = false;
+  bool offload_params = false;
+  std::optional<uint64_t> param_persistence_threshold;
   // N: an encoder-decoder's (T5's) decoder tokens per sequence, the labels' (B, N) (seq is the encoder's);
   // 0: the same as seq. Only encoder-decoder models take it.
   uint64_t target_seq = 0;

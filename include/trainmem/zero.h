@@ -26,6 +26,16 @@ struct ZeroOptions {
   bool overlap_comm = false;       // a second IPG buffer (buf_1)
   bool contiguous_gradients = true;
   bool reduce_scatter = true;
+  // --- stage 3 and offload (appended for ZeRO-3; zero3 below) ---
+  bool offload_optimizer = false;  // offload_optimizer.device cpu (stages 1, 2, 3)
+  bool offload_params = false;     // offload_param.device cpu (stage 3)
+  bool pin_memory = true;          // offload_*.pin_memory: DeepSpeedZeroOffload*Config's default True
+  uint64_t param_persistence_threshold = 0;  // stage3_param_persistence_threshold, elements
+  uint64_t model_persistence_threshold = 0;  // stage3_model_persistence_threshold, elements
+  uint64_t prefetch_bucket_elems = 0;        // stage3_prefetch_bucket_size (reported; not simulated)
+  uint64_t max_live_parameters = 0;          // stage3_max_live_parameters (reported; not simulated)
+  uint64_t max_reuse_distance = 0;           // stage3_max_reuse_distance (reported; not simulated)
+  uint64_t sub_group_size = 0;               // sub_group_size, elements
 };
 
 // DeepSpeedZeroConfig's defaults (runtime/zero/config.py, 0.19.6): reduce_bucket_size and allgather_bucket_size
@@ -34,6 +44,15 @@ struct ZeroOptions {
 inline constexpr uint64_t kZeroDefaultBucketElems = 500000000;
 // stage_1_and_2.py __init__: `self.nccl_start_alignment_factor = 2  # 4-byte alignment/sizeof(fp16) = 2`
 inline constexpr uint64_t kZeroNcclStartAlignment = 2;
+// DeepSpeedZeroConfig (runtime/zero/config.py, 0.19.6) stage-3 defaults: prefetch_bucket_size Field(pp_int(5e7)),
+// param_persistence_threshold Field(pp_int(1e5)), model_persistence_threshold Field(pp_int(sys.maxsize)),
+// max_live_parameters Field(pp_int(1e9)), max_reuse_distance Field(pp_int(1e9)), sub_group_size Field(pp_int(1e9))
+inline constexpr uint64_t kZero3DefaultPrefetchElems = 50000000;
+inline constexpr uint64_t kZero3DefaultPersistenceThreshold = 100000;
+inline constexpr uint64_t kZero3DefaultModelPersistence = 9223372036854775807ULL;  // sys.maxsize
+inline constexpr uint64_t kZero3DefaultMaxLive = 1000000000;
+inline constexpr uint64_t kZero3DefaultMaxReuse = 1000000000;
+inline constexpr uint64_t kZero3DefaultSubGroupSize = 1000000000;
 
 // The defaults of the code that runs (cited in zero.cc); throws trainmem::Error for what is not simulated.
 // Off (on == false) unless dp > 1 and sharding is zero1/zero2.
@@ -81,5 +100,41 @@ std::vector<uint64_t> zero_bucket_slices(const std::vector<const ZeroParamPlace*
 // tensor, at::cat otherwise) before the all-reduce. Returns, per small bucket, the elements the flatten
 // allocates (0 for a single slice: a view).
 std::vector<uint64_t> zero_reduce_flat_allocs(const std::vector<uint64_t>& slices, uint64_t reduce_bucket_elems);
+
+// --- ZeRO-3 (DeepSpeedZeroOptimizer_Stage3, runtime/zero/stage3.py; zero.Init, partition_parameters.py) -----
+
+// _partition_param: ds_tensor of tensor_size // world elements, tensor_size = _aligned_size = ds_numel +
+// _padding_size (world - numel % world, or 0): ceil(numel / world) elements on every rank.
+uint64_t zero3_partition_numel(uint64_t numel, uint64_t world);
+// _padding_size: what the last rank's partition holds past the parameter's elements.
+uint64_t zero3_padding(uint64_t numel, uint64_t world);
+
+// parameter_offload.py mark_persistent_parameters over named_parameters() in order: skipped once the running
+// total would pass model_threshold; persistent when numel <= param_threshold. Returns one flag per parameter.
+std::vector<char> zero3_persistent(const std::vector<uint64_t>& numels, uint64_t param_threshold,
+                                   uint64_t model_threshold);
+
+// _create_fp16_sub_groups: a group's parameters cut into sub-groups once the running sum of partition_numel
+// reaches sub_group_size (the whole group when it is not larger). Returns each sub-group's partition elements.
+std::vector<uint64_t> zero3_sub_groups(const std::vector<uint64_t>& partition_numels, uint64_t sub_group_size);
+
+// reduce_scatter_coalesced (runtime/comm/coalesced_collectives.py) over one IPG bucket's gradients: the
+// interleaved flat buffer torch.cat builds, world * sum(ceil(numel / world)) elements; 0 when it is a view (one
+// tensor whose numel divides by the world).
+uint64_t zero3_reduce_scatter_flat(const std::vector<uint64_t>& numels, uint64_t world);
+
+// One rank's ZeRO-3 model states, in elements (what DeepSpeedZeroOptimizer_Stage3 allocates), device or host by
+// the offload settings. The parameters here are the trainable ones in the Trainer's groups' order; `frozen` the
+// partitions of the others (never in the optimizer).
+struct Zero3States {
+  uint64_t lp_partitions = 0;     // lp_param_buffer: sum of ds_tensor numel over the trainable parameters
+  uint64_t frozen_partitions = 0; // ds_tensors of the parameters outside the optimizer
+  uint64_t persistent_full = 0;   // the persistent parameters' full data, kept on the device once gathered
+  uint64_t fp32_partitions = 0;   // fp32_partitioned_groups_flat
+  uint64_t grad_partitions = 0;   // grad_partitions_flat_buffer (gradient_accumulation_dtype: the model's)
+  uint64_t fp32_grad = 0;         // offload: every sub-group's fp32 .grad buffer (pinned); else the step's largest
+  std::vector<uint64_t> sub_groups;  // partition elements per sub-group
+  uint64_t largest_param = 0;     // the largest parameter, gathered (padded to the world)
+};
 
 }  // namespace trainmem

@@ -17,12 +17,22 @@ namespace trainmem {
 
 ZeroOptions resolve_zero(const TrainSetup& s, LoopKind loop, TorchVersion torch) {
   ZeroOptions z;
-  if (s.dp <= 1 || (s.sharding != Sharding::kZero1 && s.sharding != Sharding::kZero2)) {
-    if (s.reduce_bucket_size || s.overlap_comm) {
-      throw FieldError(s.reduce_bucket_size ? "reduce_bucket_size" : "overlap_comm",
-                       "DeepSpeed ZeRO's setting: it takes --dp N (N > 1) with --sharding zero1 or zero2");
+  const bool zero = s.sharding == Sharding::kZero1 || s.sharding == Sharding::kZero2 || s.sharding == Sharding::kZero3;
+  if (s.dp <= 1 || !zero) {
+    if (s.reduce_bucket_size || s.overlap_comm || s.offload_optimizer || s.offload_params ||
+        s.param_persistence_threshold) {
+      const char* f = s.reduce_bucket_size ? "reduce_bucket_size" : s.overlap_comm ? "overlap_comm"
+                      : s.param_persistence_threshold ? "param_persistence_threshold" : "offload";
+      throw FieldError(f, "DeepSpeed ZeRO's setting: it takes --dp N (N > 1) with --sharding zero1, zero2 or zero3");
     }
     return z;
+  }
+  if (s.offload_params && s.sharding != Sharding::kZero3) {
+    // offload_config.py DeepSpeedZeroOffloadParamConfig: "Valid only with stage 3."
+    throw FieldError("offload", "params: parameter offload (offload_param) is valid only with --sharding zero3");
+  }
+  if (s.param_persistence_threshold && s.sharding != Sharding::kZero3) {
+    throw FieldError("param_persistence_threshold", "a ZeRO-3 setting: it takes --sharding zero3");
   }
   // engine._do_optimizer_sanity_check: bf16 with fp32 gradient accumulation at stage 1 (no offload) goes to
   // BF16_Optimizer (runtime/bf16_optimizer.py, not simulated); with the default grad_accum_dtype (None: the
@@ -72,7 +82,39 @@ ZeroOptions resolve_zero(const TrainSetup& s, LoopKind loop, TorchVersion torch)
     throw FieldError("torch", fmt::format("{}: DeepSpeed 0.19.6 requires torch >= 2.0.0", torch_version_name(torch)));
   }
   z.on = true;
-  z.stage = s.sharding == Sharding::kZero1 ? 1 : 2;
+  z.stage = s.sharding == Sharding::kZero1 ? 1 : s.sharding == Sharding::kZero2 ? 2 : 3;
+  z.offload_optimizer = s.offload_optimizer;
+  z.offload_params = s.offload_params;
+  // ZeRO-3 (stage3.py DeepSpeedZeroOptimizer_Stage3) and offload: settings as DeepSpeedZeroConfig's defaults
+  // (zero.h), the persistence threshold as given. The Trainer's "auto" values (transformers integrations/
+  // deepspeed.py and accelerate: reduce_bucket_size = h*h, stage3_prefetch_bucket_size = 0.9*h*h,
+  // stage3_param_persistence_threshold = 10*h) apply to configs that say "auto": pass them with
+  // --reduce-bucket-size and --param-persistence-threshold.
+  z.param_persistence_threshold = s.param_persistence_threshold.value_or(kZero3DefaultPersistenceThreshold);
+  z.model_persistence_threshold = kZero3DefaultModelPersistence;
+  z.prefetch_bucket_elems = kZero3DefaultPrefetchElems;
+  z.max_live_parameters = kZero3DefaultMaxLive;
+  z.max_reuse_distance = kZero3DefaultMaxReuse;
+  z.sub_group_size = kZero3DefaultSubGroupSize;
+  if (z.offload_optimizer && z.stage < 3) {
+    // stage_1_and_2.py's cpu_offload path (async_accumulate_grad_in_cpu_via_gpu, the pinned
+    // accumulated_grads_in_cpu and the CPU fp32 partitions) is not simulated yet
+    throw FieldError("offload", fmt::format("optimizer: ZeRO-{} optimizer offload is not simulated yet (zero3 is)", z.stage));
+  }
+  if (z.stage == 3 && s.task != Task::kTrain) {
+    throw FieldError("sharding", "zero3: DeepSpeed ZeRO-3 is simulated for training (--task train)");
+  }
+  if (z.offload_optimizer && s.optimizer != Optimizer::kAdamW && s.optimizer != Optimizer::kAdam) {
+    throw FieldError("optimizer", "offload_optimizer runs DeepSpeedCPUAdam: use adamw or adam");
+  }
+  if (z.stage == 3 && s.grad_accum > 1) {
+    // partition_grads accumulates micro-batches into grad_partitions_flat_buffer in place (add_); the offload
+    // path's round trip through a device copy (cuda_grad_buffer) is not simulated: refused rather than guessed
+    if (z.offload_optimizer) {
+      throw FieldError("grad_accum", fmt::format("{}: gradient accumulation with ZeRO-3 optimizer offload is not "
+                                                 "simulated yet", s.grad_accum));
+    }
+  }
   z.ranks = s.dp;
   z.rank = 0;
   // reduce_bucket_size: DeepSpeedZeroConfig's Field(pp_int(5e8)) when the config leaves it out. The Trainer's
@@ -81,8 +123,10 @@ ZeroOptions resolve_zero(const TrainSetup& s, LoopKind loop, TorchVersion torch)
   z.reduce_bucket_elems = s.reduce_bucket_size.value_or(kZeroDefaultBucketElems);
   if (z.reduce_bucket_elems == 0) throw FieldError("reduce_bucket_size", "0: expected a positive element count");
   z.allgather_bucket_elems = kZeroDefaultBucketElems;
-  // overlap_comm: None resolves to False below stage 3 (config.py overlap_comm_valid)
-  z.overlap_comm = s.overlap_comm.value_or(false);
+  // overlap_comm: None resolves to False below stage 3 (config.py overlap_comm_valid), True at stage 3. Stage 3
+  // has one IPG buffer per communication dtype whatever overlap_comm says (stage3.py _setup_for_real_optimizer);
+  // overlap_comm there only picks the reduce stream.
+  z.overlap_comm = s.overlap_comm.value_or(z.stage == 3);
   return z;
 }
 
@@ -223,6 +267,64 @@ std::vector<std::vector<int32_t>> zero_param_groups(const Inventory& inv) {
     if (!g->empty()) groups.push_back(std::move(*g));
   }
   return groups;
+}
+
+// --- ZeRO-3 -----------------------------------------------------------------------------------------------
+
+uint64_t zero3_padding(uint64_t numel, uint64_t world) {
+  if (world == 0) throw Error("internal: ZeRO-3 partition over an empty world");
+  // partition_parameters.py _padding_size: remainder = ds_numel % world; (world - remainder) if remainder else 0
+  const uint64_t remainder = numel % world;
+  return remainder ? world - remainder : 0;
+}
+
+uint64_t zero3_partition_numel(uint64_t numel, uint64_t world) {
+  // _partition_param: tensor_size = self._aligned_size(param) (ds_numel + _padding_size);
+  // partition_size = tensor_size // self._partition_world_size(param)
+  return checked_add(numel, zero3_padding(numel, world), "ZeRO-3 aligned size") / world;
+}
+
+std::vector<char> zero3_persistent(const std::vector<uint64_t>& numels, uint64_t param_threshold,
+                                   uint64_t model_threshold) {
+  std::vector<char> out(numels.size(), 0);
+  uint64_t total = 0;
+  for (size_t i = 0; i < numels.size(); ++i) {
+    // `if param.ds_numel + total_persistent_parameters > model_threshold: continue`
+    if (numels[i] > model_threshold || total > model_threshold - numels[i]) continue;
+    // `if param.ds_numel <= param_threshold: param.ds_persist = True; total += param.ds_numel`
+    if (numels[i] <= param_threshold) {
+      out[i] = 1;
+      total += numels[i];
+    }
+  }
+  return out;
+}
+
+std::vector<uint64_t> zero3_sub_groups(const std::vector<uint64_t>& partition_numels, uint64_t sub_group_size) {
+  uint64_t total = 0;
+  for (uint64_t n : partition_numels) total = checked_add(total, n, "ZeRO-3 group elements");
+  // `if sub_group_size is None or sub_group_size >= params_group_numel: return [params_group]`
+  if (sub_group_size >= total) return {total};
+  std::vector<uint64_t> out;
+  uint64_t local = 0;
+  for (size_t i = 0; i < partition_numels.size(); ++i) {
+    local += partition_numels[i];
+    // `if local_sub_group_size >= sub_group_size or id(param) == id(params_group[-1])`
+    if (local >= sub_group_size || i + 1 == partition_numels.size()) {
+      out.push_back(local);
+      local = 0;
+    }
+  }
+  return out;
+}
+
+uint64_t zero3_reduce_scatter_flat(const std::vector<uint64_t>& numels, uint64_t world) {
+  // `if len(tensors) == 1 and tensors[0].numel() % world_sz == 0: tensor_partition_flat_buffer = tensors[0].view(-1)`
+  if (numels.size() == 1 && numels[0] % world == 0) return 0;
+  // else torch.cat of every rank's chunk of every tensor, each padded to ceil(numel / world)
+  uint64_t per_rank = 0;
+  for (uint64_t n : numels) per_rank = checked_add(per_rank, ceil_div(n, world), "ZeRO-3 reduce-scatter");
+  return checked_mul(per_rank, world, "ZeRO-3 reduce-scatter buffer");
 }
 
 }  // namespace trainmem

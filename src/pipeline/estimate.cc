@@ -154,6 +154,112 @@ Estimate estimate(const ResolvedScenario& r) {
   return estimate(r.model, r.inventory, r.setup, r.options, r.alloc, r.gpu ? &*r.gpu : nullptr);
 }
 
+// --sharding zero3: one rank's model states where DeepSpeedZeroOptimizer_Stage3 puts them (the same arithmetic
+// the simulator allocates: zero3_partition_numel, zero3_persistent, zero3_sub_groups), and DeepSpeed's estimator
+// for the same offload settings (stage3.py estimate_zero3_model_states_mem_needs, zero_init=True, one node).
+ZeroFigures zero3_figures(const Inventory& inv, const ZeroOptions& z, const TrainSetup& s, DType pd, StateBytes& st) {
+  ZeroFigures f;
+  f.options = z;
+  std::vector<uint64_t> numels;
+  for (const TensorRow& r : inv.parameters) numels.push_back(r.elems.value);
+  const std::vector<char> persist = zero3_persistent(numels, z.param_persistence_threshold, z.model_persistence_threshold);
+  uint64_t lp = 0, frozen = 0, pers_full = 0, pers_ds = 0, pad = 0;
+  for (size_t i = 0; i < numels.size(); ++i) {
+    const uint64_t part = zero3_partition_numel(numels[i], z.ranks);
+    f.largest_param = std::max(f.largest_param, numels[i]);
+    // rank 0's partition holds min(part, numel) real elements; the padding is on the last rank
+    pad += zero3_padding(numels[i], z.ranks);
+    if (persist[i]) {
+      ++f.persistent_params;
+      f.persistent_numel += numels[i];
+      pers_full += numels[i];
+      pers_ds += part;
+    }
+    (inv.parameters[i].trainable ? lp : frozen) += part;
+  }
+  f.partition_padding = pad;
+  std::vector<uint64_t> subs;
+  uint64_t trainable_parts = 0;
+  for (const std::vector<int32_t>& g : zero_param_groups(inv)) {
+    std::vector<uint64_t> parts;
+    for (int32_t r : g) parts.push_back(zero3_partition_numel(numels[static_cast<size_t>(r)], z.ranks));
+    for (uint64_t x : zero3_sub_groups(parts, z.sub_group_size)) {
+      subs.push_back(x);
+      trainable_parts += x;
+    }
+    f.group_numel.push_back(0);
+    for (int32_t r : g) f.group_numel.back() += numels[static_cast<size_t>(r)];
+    f.group_partition.push_back(0);
+    for (uint64_t x : parts) f.group_partition.back() += x;
+  }
+  f.lp_partitions = bytes_of(Elems(lp + frozen), pd);
+  f.persistent_full = bytes_of(Elems(pers_full), pd);
+  f.grad_partitions = bytes_of(Elems(trainable_parts), pd);  // gradient_accumulation_dtype: the model's
+  f.fp32_partitions = bytes_of(Elems(trainable_parts), DType::kF32);
+  for (uint64_t x : subs) {
+    for (const StateTensor& t : optimizer_state_tensors(s.optimizer, s.optimizer_impl, {x}, DType::kF32,
+                                                        bnb_block_size(s.optimizer_version))) {
+      f.optimizer_state += bytes_of(numel(t.shape), t.dtype);
+    }
+  }
+  f.ipg_buffers = z.contiguous_gradients ? bytes_of(Elems(z.reduce_bucket_elems), pd) : Bytes{};
+  uint64_t largest_sub = 0;
+  for (uint64_t x : subs) largest_sub = std::max(largest_sub, x);
+  f.fp32_grad = bytes_of(Elems(largest_sub), DType::kF32);
+  // where each lives (stage3.py _create_fp16_partitions_with_defragmentation, _create_fp32_partitions,
+  // initialize_optimizer_states, _setup_for_real_optimizer; partition_parameters.py _partition_param)
+  auto host = [&](const char* what, Bytes b, bool pinned) {
+    if (b.value == 0) return;
+    f.host.push_back({what, b, pinned});
+    (pinned ? f.host_pinned : f.host_pageable) += b;
+  };
+  Bytes dev = f.persistent_full + f.ipg_buffers;
+  if (z.offload_params) {
+    // non-persistent ds_tensors on the CPU; the trainable ones moved into param_groups_fp16_flat_cpu_memory
+    // (get_accelerator().pin_memory(torch.empty(flat_buffer_size)): pinned whatever pin_memory says); the frozen
+    // ones stay where _partition_param put them (pinned with pin_memory). Persistent ones stay on the device.
+    uint64_t pers_tr = 0, pers_fr = 0;
+    for (size_t i = 0; i < numels.size(); ++i) {
+      if (!persist[i]) continue;
+      (inv.parameters[i].trainable ? pers_tr : pers_fr) += zero3_partition_numel(numels[i], z.ranks);
+    }
+    host("bf16 parameter partitions (param_groups_fp16_flat_cpu_memory)", bytes_of(Elems(lp), pd), true);
+    host("frozen parameter partitions (ds_tensor)", bytes_of(Elems(frozen - pers_fr), pd), z.pin_memory);
+    dev += bytes_of(Elems(pers_fr), pd);
+    (void)pers_tr;
+  } else {
+    dev += f.lp_partitions;
+  }
+  if (z.offload_optimizer) {
+    // fp32: fp16 flat .to('cpu', fp32).clone() (pageable); DeepSpeedCPUAdam's state zeros_like on the CPU
+    // (pageable); each sub-group's fp32 .grad: torch.zeros then pin_memory with pin_memory; the bf16 grad
+    // partitions' flat buffer on self.device = cpu, pinned with pin_memory
+    host("fp32 master partitions (fp32_partitioned_groups_flat)", f.fp32_partitions, false);
+    host("DeepSpeedCPUAdam state (exp_avg, exp_avg_sq)", f.optimizer_state, false);
+    f.fp32_grad_buffers = bytes_of(Elems(trainable_parts), DType::kF32);
+    host("fp32 gradient buffers (subgroup_gradient_buffer)", f.fp32_grad_buffers, z.pin_memory);
+    host("bf16 gradient partitions (grad_partitions_flat_buffer)", f.grad_partitions, z.pin_memory);
+  } else {
+    dev += f.grad_partitions + f.fp32_partitions + f.optimizer_state;
+  }
+  f.device_states = dev;
+  // estimate_zero3_model_states_mem_needs: largest_layer_memory = 4 * largest_layer_params; gpu_mem =
+  // largest_layer_memory + int(18 * total_params / total_gpus) without offload, + int(2 * total_params /
+  // total_gpus) with the optimizer offloaded, largest_layer_memory alone with both
+  const uint64_t P = st.parameters.value, L = 4 * f.largest_param;
+  // (the estimator has no row for parameters offloaded without the optimizer: cpu_offload_params only counts
+  // under cpu_offload; 0 here, "no row" in the report)
+  f.deepspeed_zero3_estimate = Bytes(z.offload_params ? (z.offload_optimizer ? L : 0)
+                                     : z.offload_optimizer ? L + 2 * P / z.ranks : L + 18 * P / z.ranks);
+  // the state summary: this rank's device-side parts
+  st.weights = (z.offload_params ? Bytes{} : f.lp_partitions) + f.persistent_full;
+  st.gradients = z.offload_optimizer ? Bytes{} : f.grad_partitions;
+  st.optimizer_moments = z.offload_optimizer ? Bytes{} : f.optimizer_state;
+  st.optimizer_steps = Bytes{};
+  st.optimizer_state = st.optimizer_moments;
+  return f;
+}
+
 Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s, const SimOptions& o0,
                   const AllocatorConfig& ac, const GpuSpec* gpu) {
   validate_setup(m, s);
@@ -226,7 +332,9 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
   st.optimizer_state = st.optimizer_moments + st.optimizer_steps;
   e.sim = sim;
   e.warnings = sim->warnings;
-  if (const ZeroOptions& z = zopt; z.on) {
+  if (const ZeroOptions& z = zopt; z.on && z.stage == 3) {
+    e.zero = zero3_figures(inv, z, e.setup, pd, st);
+  } else if (const ZeroOptions& z = zopt; z.on) {
     // one rank's model states, from the same layout the simulator allocates (zero_group_layout)
     ZeroFigures f;
     f.options = z;

@@ -180,8 +180,8 @@ constexpr Field kFields[] = {
      FieldGroup::kTraining},
     {"dp", "data-parallel ranks (GPUs): estimate simulates one rank of --sharding; trainmem formulas prints ZeRO's "
            "and DeepSpeed's per-rank closed forms for them (default 1)", FieldGroup::kTraining},
-    {"sharding", "ddp | zero1 | zero2: how the --dp ranks share the model (DDP, DeepSpeed ZeRO-1/2 under the Trainer; "
-                 "fsdp1, fsdp2, zero3: not simulated yet)",
+    {"sharding", "ddp | zero1 | zero2 | zero3: how the --dp ranks share the model (DDP, DeepSpeed ZeRO-1/2/3 under the "
+                 "Trainer; fsdp1, fsdp2: not simulated yet)",
      FieldGroup::kTraining},
     {"bucket_cap_mb", "DDP's bucket_cap_mb, in MiB (default: what the loop passes: none, so DDP's 25 with a 1 MiB "
                       "first bucket)", FieldGroup::kTraining},
@@ -193,6 +193,11 @@ constexpr Field kFields[] = {
     {"reduce_bucket_size", "DeepSpeed ZeRO's reduce_bucket_size, in elements (default 5e8, DeepSpeedZeroConfig's; "
                            "the Trainer's \"auto\" is hidden_size^2)", FieldGroup::kTraining},
     {"overlap_comm", "true | false: DeepSpeed ZeRO's overlap_comm, a second IPG bucket (default false below stage 3)",
+     FieldGroup::kTraining},
+    {"offload", "none | optimizer | params | optimizer,params: DeepSpeed ZeRO's offload to CPU memory (optimizer: "
+                "stages 1-3; params: stage 3), reported as host memory (default none)", FieldGroup::kTraining},
+    {"param_persistence_threshold", "DeepSpeed ZeRO-3's stage3_param_persistence_threshold, in elements (default "
+                                    "1e5, DeepSpeedZeroConfig's; the Trainer's \"auto\" is 10 * hidden_size)",
      FieldGroup::kTraining},
     {"gpu",
      "GPU from the catalog (trainmem gpus, any case) or a memory size like 24GiB (a generic sm_80 card); "
@@ -436,6 +441,20 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
   } else if ((f == "reduce_bucket_size" || f == "overlap_comm") && v.empty()) {
     if (f == "reduce_bucket_size") s.train.reduce_bucket_size.reset();  // DeepSpeedZeroConfig's default (resolve_zero)
     if (f == "overlap_comm") s.train.overlap_comm.reset();
+  } else if (f == "offload") {
+    // DeepSpeed ZeRO offload (zero.h resolve_zero checks the stage)
+    if (v == "none" || v.empty()) {
+      s.train.offload_optimizer = s.train.offload_params = false;
+    } else if (v == "optimizer" || v == "params" || v == "optimizer,params" || v == "params,optimizer") {
+      s.train.offload_optimizer = v.find("optimizer") != std::string_view::npos;
+      s.train.offload_params = v.find("params") != std::string_view::npos;
+    } else {
+      throw FieldError(std::string(f), fmt::format("{}: expected none, optimizer, params or optimizer,params", v));
+    }
+  } else if (f == "param_persistence_threshold" && v.empty()) {
+    s.train.param_persistence_threshold.reset();
+  } else if (f == "param_persistence_threshold") {
+    s.train.param_persistence_threshold = count(f, v, uint64_t{1} << 40);
   } else if (f == "reduce_bucket_size") {
     s.train.reduce_bucket_size = count(f, v, uint64_t{1} << 40);
   } else if (f == "overlap_comm") {
@@ -524,6 +543,14 @@ std::string field_text(const Scenario& s, std::string_view f) {
   }
   if (f == "reduce_bucket_size") return s.train.reduce_bucket_size ? std::to_string(*s.train.reduce_bucket_size) : "";
   if (f == "overlap_comm") return s.train.overlap_comm ? (*s.train.overlap_comm ? "true" : "false") : "";
+  if (f == "offload") {
+    const TrainSetup& t = s.train;
+    return t.offload_optimizer && t.offload_params ? "optimizer,params" : t.offload_optimizer ? "optimizer"
+           : t.offload_params ? "params" : "";
+  }
+  if (f == "param_persistence_threshold") {
+    return s.train.param_persistence_threshold ? std::to_string(*s.train.param_persistence_threshold) : "";
+  }
   if (f == "find_unused_parameters") {
     return s.train.find_unused_parameters ? (*s.train.find_unused_parameters ? "true" : "false") : "";
   }

@@ -137,9 +137,46 @@ std::string render_ddp_note(const DdpFigures& d) {
 }
 
 // --sharding zero2: the partitions, the per-rank model states beside DeepSpeed's estimator, what is not counted.
+// --sharding zero3: the partitions, where the model states live (device / host), DeepSpeed's estimator.
+std::string render_zero3_note(const Estimate& e) {
+  const ZeroFigures& z = *e.zero;
+  const ZeroOptions& o = z.options;
+  std::string out = fmt::format(
+      "DeepSpeed ZeRO-3, rank {} of {}: reduce_bucket_size {} elements, param_persistence_threshold {}, offload {}\n",
+      o.rank, o.ranks, o.reduce_bucket_elems, o.param_persistence_threshold,
+      o.offload_optimizer && o.offload_params ? "optimizer,params" : o.offload_optimizer ? "optimizer"
+      : o.offload_params ? "params" : "none");
+  out += fmt::format("  partitions: ceil(numel / {}) elements per parameter ({} elements of padding on the last rank); "
+                     "{} persistent parameters ({} elements) kept whole\n",
+                     o.ranks, z.partition_padding, z.persistent_params, z.persistent_numel);
+  out += fmt::format("  model states per rank: bf16 partitions {}{} + persistent {} + grad partitions {}{} + fp32 {}{} + "
+                     "optimizer {}{}; IPG buffer {}\n",
+                     format_bytes(z.lp_partitions), o.offload_params ? " (host)" : "", format_bytes(z.persistent_full),
+                     format_bytes(z.grad_partitions), o.offload_optimizer ? " (host)" : "", format_bytes(z.fp32_partitions),
+                     o.offload_optimizer ? " (host)" : "", format_bytes(z.optimizer_state),
+                     o.offload_optimizer ? " (host)" : "", format_bytes(z.ipg_buffers));
+  out += fmt::format("  on the device: {}; DeepSpeed's estimate_zero3_model_states_mem_needs: {} (4 x largest layer "
+                     "{} + per-rank states)\n",
+                     format_bytes(z.device_states),
+                     z.deepspeed_zero3_estimate.value ? format_bytes(z.deepspeed_zero3_estimate)
+                                                      : std::string("no row for params offload alone"),
+                     z.largest_param);
+  if (!z.host.empty()) {
+    out += fmt::format("  host memory (CPU RAM) of this rank: {} pinned + {} pageable\n", format_bytes(z.host_pinned),
+                       format_bytes(z.host_pageable));
+    for (const ZeroFigures::HostRow& h : z.host) {
+      out += fmt::format("    {:>12}  {}  {}\n", format_bytes(h.bytes), h.pinned ? "pinned  " : "pageable", h.what);
+    }
+  }
+  out += "  simulated: gather on use per module, release at the next module (steps >= 2 keep persistent ones); "
+         "not simulated: prefetch, max_reuse_distance retention; not counted: NCCL's buffers\n";
+  return out;
+}
+
 std::string render_zero_note(const Estimate& e) {
   const ZeroFigures& z = *e.zero;
   const ZeroOptions& o = z.options;
+  if (o.stage == 3) return render_zero3_note(e);
   std::string out = fmt::format(
       "DeepSpeed ZeRO-{}, rank {} of {}: reduce_bucket_size {} elements, overlap_comm {}, contiguous_gradients {}\n",
       o.stage, o.rank, o.ranks, o.reduce_bucket_elems, o.overlap_comm ? "true" : "false",
@@ -293,6 +330,33 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
         {"deepspeed_estimate_bytes", z->deepspeed_estimate}};
     for (const auto& [key, b] : bytes) j[key] = b.value;
     j["nccl_buffers"] = "not counted: NCCL allocates its buffers outside the caching allocator";
+    if (o.stage == 3) {
+      // ZeRO-3 and offload: added keys only
+      j["offload_optimizer"] = o.offload_optimizer;
+      j["offload_params"] = o.offload_params;
+      j["pin_memory"] = o.pin_memory;
+      j["param_persistence_threshold"] = o.param_persistence_threshold;
+      j["prefetch_bucket_size"] = o.prefetch_bucket_elems;
+      j["max_live_parameters"] = o.max_live_parameters;
+      j["max_reuse_distance"] = o.max_reuse_distance;
+      j["persistent_params"] = z->persistent_params;
+      j["persistent_numel"] = z->persistent_numel;
+      j["partition_padding_numel"] = z->partition_padding;
+      j["largest_param_numel"] = z->largest_param;
+      const std::pair<const char*, Bytes> b3[] = {
+          {"lp_partitions_bytes", z->lp_partitions}, {"persistent_full_bytes", z->persistent_full},
+          {"grad_partitions_bytes", z->grad_partitions}, {"fp32_partitions_bytes", z->fp32_partitions},
+          {"fp32_grad_buffers_bytes", z->fp32_grad_buffers}, {"device_states_bytes", z->device_states},
+          {"deepspeed_zero3_estimate_bytes", z->deepspeed_zero3_estimate}};
+      for (const auto& [key, b] : b3) j[key] = b.value;
+      nlohmann::json& h = out["host"];
+      h = {{"pinned_bytes", z->host_pinned.value}, {"pageable_bytes", z->host_pageable.value},
+           {"total_bytes", (z->host_pinned + z->host_pageable).value}};
+      h["rows"] = nlohmann::json::array();
+      for (const ZeroFigures::HostRow& r : z->host) {
+        h["rows"].push_back({{"what", r.what}, {"bytes", r.bytes.value}, {"pinned", r.pinned}});
+      }
+    }
   }
   out["setup"]["generate"] = s.generate;
   if (const auto& g = e.generation) {

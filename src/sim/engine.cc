@@ -653,6 +653,7 @@ void Engine::backward(const T& loss, T seed) {
       continue;
     }
     if (n->frame) unpack(*n);
+    if (pre_node) pre_node(*n);
     running_ = n;
     Grads out = n->fn(*this, *n, in);
     validate_outputs(*n, out);

@@ -407,6 +407,9 @@ class Engine {
   // AccumulateGrad has accumulated into that parameter's .grad (torch/csrc/autograd/functions/
   // accumulate_grad.h AccumulateGrad::apply runs the tensor's post-accumulate-grad hooks after accumulateGrad).
   std::function<void(int32_t)> post_accumulate_grad;
+  // Called before a node's backward runs (after a checkpoint frame's unpack): DeepSpeed ZeRO-3's pre-backward
+  // module hook gathers the parameters the node saved (Loop::z3_pre_node).
+  std::function<void(Node&)> pre_node;
   // torch.cuda.empty_cache(): an event that has the allocator replay return its cached, entirely free segments
   // (alloc/caching_allocator.cc); no tensor changes.
   void empty_cache();

@@ -1,6 +1,8 @@
 // Internal: the loaded model and the forward programs of each family.
 #pragma once
 
+#include <functional>
+
 #include <fmt/format.h>
 
 #include <array>
@@ -39,6 +41,9 @@ struct LoadedModel {
   std::vector<T> buffers;
   std::unordered_map<std::string_view, int> param_row, buffer_row;
   const Inventory* inv = nullptr;
+  // Called with a parameter's row each time the forward code takes it (p(), opt()): DeepSpeed ZeRO-3's
+  // pre-forward module hook gathers the module's parameters (Loop::z3_use).
+  std::function<void(int)> on_use;
 
   // The parameter named `name`, or an empty handle when the model has none (an optional bias).
   const T& p(std::string_view name) const;
@@ -47,7 +52,9 @@ struct LoadedModel {
 };
 
 // model.to(device): parameters and buffers allocated in nn.Module._apply order.
-LoadedModel load_model(Engine& e, const Inventory& inv, DType model_dtype);
+// `after_param`, when set, runs on each parameter as it is created (DeepSpeed's zero.Init partitions it there).
+LoadedModel load_model(Engine& e, const Inventory& inv, DType model_dtype,
+                       const std::function<void(size_t, T&)>& after_param = {});
 
 // What the model's forward returns.
 struct ForwardOut {

@@ -14,12 +14,15 @@ void throw_name_too_long(std::string_view prefix) {
 const T& LoadedModel::p(std::string_view name) const {
   auto it = param_row.find(name);
   if (it == param_row.end()) throw Error(fmt::format("internal: the model has no parameter {}", name));
+  if (on_use) on_use(it->second);
   return params[it->second];
 }
 
 const T* LoadedModel::opt(std::string_view name) const {
   auto it = param_row.find(name);
-  return it == param_row.end() ? nullptr : &params[it->second];
+  if (it == param_row.end()) return nullptr;
+  if (on_use) on_use(it->second);
+  return &params[it->second];
 }
 
 const T& LoadedModel::buf(std::string_view name) const {
@@ -34,7 +37,8 @@ Shape shape_of(const TensorRow& r) { return Shape::of(stored_shape(r)); }
 
 }  // namespace
 
-LoadedModel load_model(Engine& e, const Inventory& inv, DType model_dtype) {
+LoadedModel load_model(Engine& e, const Inventory& inv, DType model_dtype,
+                       const std::function<void(size_t, T&)>& after_param) {
   LoadedModel w;
   w.inv = &inv;
   w.params.resize(inv.parameters.size());
@@ -53,6 +57,7 @@ LoadedModel load_model(Engine& e, const Inventory& inv, DType model_dtype) {
     w.params[i] = e.parameter(shape_of(r), stored_dtype(r, model_dtype), static_cast<int32_t>(i),
                               Label{intern_name(r.name), -1, static_cast<int32_t>(i)}, r.trainable);
     w.param_row.emplace(r.name, static_cast<int>(i));
+    if (after_param) after_param(i, w.params[i]);
   };
   // The base model (buffers interleaved where nn.Module._apply moves them; load_after counts base rows)...
   size_t base = 0;

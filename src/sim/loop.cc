@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include <deque>
+#include <unordered_map>
 
 #include "../families/registry.h"
 #include "forward.h"
@@ -179,7 +180,11 @@ struct Loop {
           r.steady = Moment{e.event_count() == 0 ? 0 : e.event_count() - 1, Phase::kForward, step, micro, e.live()};
         }
         micro_batch(step, micro, r, step == o.steps && micro == micros);
-        if (zopt.on) zero_epilogue(micro == micros);  // the last gradient hook of the backward runs it
+        if (zopt.on && z3) {
+          z3_epilogue();  // ZeRO-3: the bucket's remainder reduced, the last modules released
+        } else if (zopt.on) {
+          zero_epilogue(micro == micros);  // the last gradient hook of the backward runs it
+        }
       }
       if (step == o.steps) {  // which parameters the backward reached: they have gradients and optimizer state
         r.param_has_grad.assign(inv.parameters.size(), 0);
@@ -196,7 +201,11 @@ struct Loop {
         // "`accelerator.backward(loss)` is doing that automatically"; the engine clips with gradient_clipping =
         // max_grad_norm in unscale_and_clip_grads); engine.step -> the ZeRO step, then
         // zero_grad (set_to_none: the .grads are None already)
-        zero_step(step == 1);
+        if (z3) {
+          z3_step(step == 1);
+        } else {
+          zero_step(step == 1);
+        }
         zero_grad();
         continue;
       }
@@ -889,6 +898,280 @@ struct Loop {
     }
   }
 
+  // --- DeepSpeed ZeRO-3 (zero.h): zero.Init (runtime/zero/partition_parameters.py), the parameter coordinator
+  // (partitioned_param_coordinator.py) and DeepSpeedZeroOptimizer_Stage3 (stage3.py), 0.19.6 ---------------
+  // Policy (not per-tensor timing): a module's parameters are all-gathered when the forward code first takes one
+  // of them (the pre-forward hook's fetch_sub_module) or when a backward node that saved one runs (the
+  // pre-backward hook), and released when the next module is gathered, when the head's forward returns, and at
+  // the end of the backward (the post-forward / post-backward hooks' release_sub_module). The first step has no
+  // trace: DeepSpeed releases every parameter of the module, persistent ones included (release_sub_module's
+  // untraced branch), and prefetches nothing. From the second step the trace is complete: persistent parameters
+  // stay gathered (__params_to_release skips ds_persist); prefetching (prefetch_bucket_size) and keeping
+  // parameters reused within max_reuse_distance are NOT simulated (see the report's note).
+  bool z3 = false;
+  std::vector<uint64_t> z3_part;                  // per row: ds_tensor elements, ceil(numel / world)
+  std::vector<char> z3_persist;                   // per row: ds_persist
+  std::vector<int32_t> z3_module_of;              // per row: its module (the name before the last '.')
+  std::vector<std::vector<int32_t>> z3_modules;   // per module: its rows
+  std::vector<T> z3_ds;                           // per row: ds_tensor on the device (empty when on the host)
+  std::vector<T> z3_flat_of;                      // per row: the all-gathered buffer its .data views
+  std::vector<int32_t> z3_live;                   // modules gathered and not yet released
+  std::vector<T> z3_fp32;                         // fp32_partitioned_groups_flat per sub-group (device)
+  std::vector<uint64_t> z3_sub;                   // sub-group partition elements
+  T z3_nothing;                                   // torch.empty(0): what free_param points .data at
+  T z3_lp, z3_grad_flat, z3_ipg;                  // lp_param_buffer, grad_partitions_flat_buffer, IPG buffer
+  uint64_t z3_ipg_elems = 0;
+  std::vector<int32_t> z3_ipg_rows;
+  bool z3_traced = false;                         // the coordinator's trace is complete
+
+  void z3_init() {
+    z3 = true;
+    const size_t n = inv.parameters.size();
+    std::vector<uint64_t> numels;
+    for (size_t i = 0; i < n; ++i) numels.push_back(inv.parameters[i].elems.value);
+    for (uint64_t x : numels) z3_part.push_back(zero3_partition_numel(x, zopt.ranks));
+    // mark_persistent_parameters over module.named_parameters() (the inventory's order)
+    z3_persist = zero3_persistent(numels, zopt.param_persistence_threshold, zopt.model_persistence_threshold);
+    z3_module_of.assign(n, -1);
+    std::unordered_map<std::string_view, int32_t> ids;
+    for (size_t i = 0; i < n; ++i) {
+      const std::string_view name = inv.parameters[i].name;
+      const size_t dot = name.rfind('.');
+      const std::string_view mod = dot == std::string_view::npos ? std::string_view() : name.substr(0, dot);
+      auto [it, added] = ids.emplace(mod, static_cast<int32_t>(z3_modules.size()));
+      if (added) z3_modules.emplace_back();
+      z3_modules[static_cast<size_t>(it->second)].push_back(static_cast<int32_t>(i));
+      z3_module_of[i] = it->second;
+    }
+    z3_ds.resize(n);
+    z3_flat_of.resize(n);
+    zero_reached.assign(n, 0);
+  }
+
+  // zero.Init as from_pretrained runs it under the Trainer's HfDeepSpeedConfig: each parameter is partitioned
+  // as its module is built (_partition_param: ds_tensor = torch.empty(partition_size) on the device, or the CPU
+  // for offload_param unless ds_persist; free_param: param.data = torch.empty(0)). The full parameter is made
+  // first (the module's own __init__), then freed.
+  void z3_partition_at_load(size_t i, T& p) {
+    const DType bit16 = param_dtype(s.precision);
+    if (!z3_nothing) z3_nothing = e.empty(Shape{0}, bit16, Category::kWeights, Label{"ZeRO-3 torch.empty(0)"});
+    if (!zopt.offload_params || z3_persist[i]) {
+      z3_ds[i] = e.empty(Shape{z3_part[i]}, bit16, Category::kWeights, Label{"ZeRO-3 ds_tensor"});
+    }
+    set_data(p, z3_nothing);
+  }
+
+  // DeepSpeedZeroOptimizer_Stage3.__init__ (deepspeed.initialize -> _configure_zero_optimizer).
+  void z3_construct() {
+    e.phase = Phase::kSetup;
+    const DType bit16 = param_dtype(s.precision);
+    std::vector<int32_t> rows;  // the optimizer's groups in order (fp16_groups)
+    for (const std::vector<int32_t>& g : zero_param_groups(inv)) {
+      std::vector<uint64_t> parts;
+      for (int32_t r : g) {
+        rows.push_back(r);
+        parts.push_back(z3_part[static_cast<size_t>(r)]);
+      }
+      for (uint64_t x : zero3_sub_groups(parts, zopt.sub_group_size)) z3_sub.push_back(x);
+    }
+    if (rows.empty()) throw Error("DeepSpeed ZeRO-3: no parameter requires grad");
+    uint64_t total = 0;
+    for (int32_t r : rows) total = checked_add(total, z3_part[static_cast<size_t>(r)], "ZeRO-3 partitions");
+    // _create_fp16_partitions_with_defragmentation: `if not self.offload_param: self.lp_param_buffer =
+    // defragment(parameter_partitions)`: one flat buffer, each ds_tensor re-pointed into it (the old ones freed)
+    if (!zopt.offload_params) {
+      z3_lp = e.empty(Shape{total}, bit16, Category::kWeights, Label{"ZeRO-3 lp_param_buffer"});
+      for (int32_t r : rows) {
+        const auto i = static_cast<size_t>(r);
+        z3_ds[i] = e.view(z3_lp, Shape{z3_part[i]}, contiguous_strides(Shape{z3_part[i]}));
+      }
+    }
+    // _create_fp32_partitions: `converted = fp16_partitioned_groups_flat[i].to(device, dtype=fp32)`;
+    // `.clone().detach()` kept; with offload_optimizer both on the CPU (host memory, see the estimate)
+    if (!zopt.offload_optimizer) {
+      for (uint64_t x : z3_sub) {
+        T converted = e.empty(Shape{x}, DType::kF32, Category::kTemporaries, Label{"ZeRO-3 fp16 partition .to(fp32)"});
+        z3_fp32.push_back(e.empty(Shape{x}, DType::kF32, Category::kOptimizer, Label{"ZeRO-3 fp32 partition"}));
+      }
+      // initialize_optimizer_states: gradient_buffer = torch.zeros(largest sub-group, fp32) on the device, each
+      // group's .grad a narrow of it, all set to None at the end (not offloaded)
+      T gradient_buffer = e.empty(Shape{*std::max_element(z3_sub.begin(), z3_sub.end())}, DType::kF32,
+                                  Category::kTemporaries, Label{"ZeRO-3 initialize_optimizer_states gradient_buffer"});
+    }
+    // _setup_for_real_optimizer: `if self.contiguous_gradients:` bucket.buffer = torch.empty(reduce_bucket_size,
+    // dtype) on the device, kept; grad_partitions_flat_buffer = torch.zeros(sum partition_numel) on self.device
+    // (the CPU with offload_optimizer, pinned with pin_memory)
+    if (zopt.contiguous_gradients) {
+      z3_ipg = e.empty(Shape{zopt.reduce_bucket_elems}, bit16, Category::kZeroBuckets, Label{"ZeRO-3 IPG buffer"});
+    }
+    if (!zopt.offload_optimizer) {
+      z3_grad_flat = e.empty(Shape{total}, bit16, Category::kGradients, Label{"ZeRO-3 grad_partitions_flat_buffer"});
+    }
+  }
+
+  // release_sub_module for every module gathered (__release_param -> param.partition(): .data = torch.empty(0))
+  void z3_release_live() {
+    for (int32_t m : z3_live) {
+      for (int32_t r : z3_modules[static_cast<size_t>(m)]) {
+        const auto i = static_cast<size_t>(r);
+        if (!z3_flat_of[i]) continue;
+        if (z3_traced && z3_persist[i]) continue;  // __params_to_release: `if not p.ds_persist`
+        set_data(w.params[i], z3_nothing);
+        z3_flat_of[i].reset();
+      }
+    }
+    z3_live.clear();
+  }
+
+  // fetch_sub_module -> __all_gather_params -> all_gather_coalesced over the module's NOT_AVAILABLE parameters
+  // (partition_parameters.py): one parameter goes through _all_gather_sequential, param_buffer = torch.empty(
+  // ceil(ds_numel / world) * world) and param.data = param_buffer.narrow(0, 0, ds_numel).view(ds_shape) (the
+  // padded buffer stays); several through _all_gather_dtype, flat_tensor = torch.empty(partition_sz * world)
+  // and, in AllGatherCoalescedHandle.wait, each param.data = torch.cat(its parts) (numel elements); the flat
+  // tensor goes with the handle once every parameter has been popped from the in-flight registry.
+  void z3_gather(int32_t m) {
+    const DType bit16 = param_dtype(s.precision);
+    uint64_t per_rank = 0;
+    std::vector<int32_t> todo;
+    for (int32_t r : z3_modules[static_cast<size_t>(m)]) {
+      if (z3_flat_of[static_cast<size_t>(r)]) continue;
+      todo.push_back(r);
+      per_rank = checked_add(per_rank, z3_part[static_cast<size_t>(r)], "ZeRO-3 gather");
+    }
+    z3_live.push_back(m);
+    if (todo.empty()) return;
+    const uint64_t gathered = checked_mul(per_rank, zopt.ranks, "ZeRO-3 gather");
+    if (todo.size() == 1) {
+      const auto i = static_cast<size_t>(todo[0]);
+      T buf = e.empty(Shape{gathered}, bit16, Category::kWeights, Label{"ZeRO-3 all-gathered param_buffer"});
+      const Shape sh = row_shape(todo[0]);
+      set_data(w.params[i], e.view(buf, sh, contiguous_strides(sh)));
+      z3_flat_of[i] = std::move(buf);
+      return;
+    }
+    T flat = e.empty(Shape{gathered}, bit16, Category::kZeroBuckets, Label{"ZeRO-3 all_gather_coalesced flat_tensor"});
+    for (int32_t r : todo) {
+      const auto i = static_cast<size_t>(r);
+      const Shape sh = row_shape(r);
+      T data = e.empty(sh, bit16, Category::kWeights, Label{"ZeRO-3 all-gathered param (torch.cat)"});
+      set_data(w.params[i], data);
+      z3_flat_of[i] = std::move(data);
+    }
+  }
+
+  // the forward code takes parameter `row` (LoadedModel::on_use)
+  void z3_use(int row) {
+    if (z3_flat_of[static_cast<size_t>(row)]) return;
+    z3_release_live();
+    z3_gather(z3_module_of[static_cast<size_t>(row)]);
+  }
+
+  // a backward node is about to run (Engine::pre_node): the modules of the parameters it saved, and of those it
+  // sends a gradient to (the module's backward: DeepSpeed's pre-backward hook gathers every parameter of the
+  // module whose output gradient arrives, the embedding's weight too, whose backward does not read it)
+  void z3_pre_node(Node& n) {
+    std::vector<int32_t> need;
+    auto want = [&](int32_t row) {
+      if (row < 0 || static_cast<size_t>(row) >= z3_flat_of.size() || z3_flat_of[static_cast<size_t>(row)]) return;
+      need.push_back(z3_module_of[static_cast<size_t>(row)]);
+    };
+    for (const T& t : n.saved) {
+      if (t && t->is_param) want(t->label.row);
+    }
+    for (uint8_t k = 0; k < n.n_next; ++k) {
+      if (n.next[k].node && n.next[k].node->is_accumulate && n.next[k].node->leaf < 0) want(n.next[k].node->param);
+    }
+    if (need.empty()) return;
+    z3_release_live();
+    for (int32_t m : need) {
+      if (std::find(z3_live.begin(), z3_live.end(), m) == z3_live.end()) z3_gather(m);
+    }
+  }
+
+  // the parameter's gradient hook (create_reduce_and_remove_grad_hooks -> reduce_ready_partitions_and_remove_grads
+  // -> reduce_independent_p_g_buckets_and_remove_grads)
+  void z3_grad_hook(int32_t row) {
+    const auto i = static_cast<size_t>(row);
+    if (!inv.parameters[i].trainable || !e.grad(row)) return;
+    zero_reached[i] = 1;
+    const uint64_t n = inv.parameters[i].elems.value;
+    // `if bucket.elements + param.ds_numel > self.reduce_bucket_size and bucket.elements > 0`
+    if (z3_ipg_elems + n > zopt.reduce_bucket_elems && z3_ipg_elems > 0) z3_reduce_ipg();
+    // __add_grad_to_ipg_bucket: `if self.contiguous_gradients and bucket.elements + param.grad.numel() <=
+    // self.reduce_bucket_size`: copied into the buffer and param.grad.data = the buffer's view (the grad
+    // autograd made is freed); otherwise the grad itself is kept for the reduction
+    if (zopt.contiguous_gradients && z3_ipg_elems + n <= zopt.reduce_bucket_elems) {
+      const Shape sh = row_shape(row);
+      e.grad(row) = e.view(z3_ipg, sh, contiguous_strides(sh));
+    }
+    z3_ipg_elems += n;
+    z3_ipg_rows.push_back(row);
+  }
+
+  // __reduce_and_partition_ipg_grads: reduce_scatter True -> __avg_scatter_grads -> reduce_scatter_coalesced (the
+  // interleaved flat buffer, zero3_reduce_scatter_flat), then partition_grads copies each partition into
+  // grad_partitions_flat_buffer (offload: the host buffer, through a device copy `grad_buffer.to(device)` of each
+  // partition) and sets param.grad = None
+  void z3_reduce_ipg() {
+    if (z3_ipg_rows.empty()) return;
+    const DType bit16 = param_dtype(s.precision);
+    std::vector<uint64_t> numels;
+    for (int32_t r : z3_ipg_rows) numels.push_back(inv.parameters[static_cast<size_t>(r)].elems.value);
+    {
+      const uint64_t flat = zero3_reduce_scatter_flat(numels, zopt.ranks);
+      T buf = flat ? e.empty(Shape{flat}, bit16, Category::kZeroBuckets, Label{"ZeRO-3 reduce_scatter_coalesced cat"}) : T();
+      for (int32_t r : z3_ipg_rows) {
+        const auto i = static_cast<size_t>(r);
+        // contains_real_data: partition_numel * rank < ds_numel (rank 0: any parameter with elements)
+        if (zopt.offload_optimizer && inv.parameters[i].elems.value > 0) {
+          T dev = e.empty(Shape{z3_part[i]}, bit16, Category::kTemporaries, Label{"ZeRO-3 grad_buffer.to(device)"});
+        }
+        e.grad(r).reset();
+      }
+    }
+    z3_ipg_rows.clear();
+    z3_ipg_elems = 0;
+  }
+
+  // the engine's backward epilogue: independent_gradient_partition_epilogue reduces what is left in the bucket;
+  // the last modules' post-backward hooks release them
+  void z3_epilogue() {
+    z3_reduce_ipg();
+    z3_release_live();
+    z3_traced = true;  // the first forward and backward recorded the trace
+  }
+
+  // DeepSpeedZeroOptimizer_Stage3.step (not offloaded): per sub-group, _prepare_fp32_grad_for_sub_group
+  // (the partition's gradients .to(fp32) as the fp32 partition's .grad), the optimizer step over the fp32
+  // partition (state created at the first step), the grad dropped, the bf16 partition copied back in place.
+  // With offload_optimizer everything here runs on the CPU (DeepSpeedCPUAdam): nothing on the device.
+  void z3_step(bool first) {
+    e.phase = Phase::kOptimizer;
+    if (zopt.offload_optimizer) return;
+    for (size_t gi = 0; gi < z3_sub.size(); ++gi) {
+      const Shape sh{z3_sub[gi]};
+      // _prepare_fp32_grad_for_sub_group: self.flatten(averaged_gradients[i]) (at::cat of the partitions' views
+      // of grad_partitions_flat_buffer) .to(fp32); the bf16 cat dies with the expression
+      T g32;
+      {
+        T cat = e.empty(sh, param_dtype(s.precision), Category::kTemporaries, Label{"ZeRO-3 flatten(averaged_gradients)"});
+        g32 = e.empty(sh, DType::kF32, Category::kGradients, Label{"ZeRO-3 fp32 grad partition"});
+      }
+      if (first) {
+        for (const StateTensor& t : optimizer_state_tensors(s.optimizer, opt_impl, {z3_sub[gi]}, DType::kF32,
+                                                            bnb_block_size(s.optimizer_version))) {
+          state.push_back(e.empty(Shape::of(t.shape), t.dtype, Category::kOptimizer, Label{"ZeRO-3 fp32 partition state"}));
+        }
+      }
+      if (opt_impl == OptimizerImpl::kForeach) {
+        T sqrt = e.empty(sh, DType::kF32, Category::kTemporaries, Label{"adam exp_avg_sq_sqrt"});
+      } else if (opt_impl == OptimizerImpl::kForLoop) {
+        T sq = e.empty(sh, DType::kF32, Category::kTemporaries, Label{"adam sqrt"});
+        T denom = e.empty(sh, DType::kF32, Category::kTemporaries, Label{"adam denom"});
+      }
+    }
+  }
+
   void clip_grad_norm() {
     // torch.nn.utils.clip_grad_norm_(params, 1.0), foreach path: _foreach_norm (one partial per 64Ki-element
     // chunk of every tensor, then one float per tensor), torch.stack of the norms, the total norm, the
@@ -1174,7 +1457,14 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
 
   e.phase = Phase::kSetup;
   if (o.loop == LoopKind::kSeed000) loop.warmup();
-  loop.w = sim::load_model(e, inv, param_dtype(s.precision));
+  // DeepSpeed ZeRO-3: zero.Init partitions each parameter as it is made (Loop::z3_partition_at_load)
+  loop.zopt = resolve_zero(s, o.loop, o.torch);
+  if (loop.zopt.on && loop.zopt.stage == 3) {
+    loop.z3_init();
+    loop.w = sim::load_model(e, inv, param_dtype(s.precision), [&loop](size_t i, sim::T& p) { loop.z3_partition_at_load(i, p); });
+  } else {
+    loop.w = sim::load_model(e, inv, param_dtype(s.precision));
+  }
   // PEFT's wrapped linears: lora_A is the row after... its base (adapts), lora_B the row after lora_A
   for (size_t i = 0; i + 1 < inv.parameters.size(); ++i) {
     const TensorRow& a = inv.parameters[i];
@@ -1211,8 +1501,15 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
   }
   // DeepSpeed ZeRO-2 (zero.h): the Trainer's deepspeed.initialize in train(), before its loop; the ZeRO
   // optimizer's gradient hooks run after each AccumulateGrad (register_grad_hook)
-  loop.zopt = resolve_zero(s, o.loop, o.torch);
-  if (loop.zopt.on) {
+  if (loop.zopt.on && loop.z3) {
+    // ZeRO-3: the optimizer's buffers; the coordinator's hooks on the forward's parameter uses and the backward's
+    // nodes, the reduce hooks after each AccumulateGrad
+    loop.z3_construct();
+    loop.w.on_use = [&loop](int i) { loop.z3_use(i); };
+    loop.c.module_done = [&loop] { loop.z3_release_live(); };
+    e.pre_node = [&loop](sim::Node& n) { loop.z3_pre_node(n); };
+    e.post_accumulate_grad = [&loop](int32_t i) { loop.z3_grad_hook(i); };
+  } else if (loop.zopt.on) {
     loop.zero_construct();
     e.post_accumulate_grad = [&loop](int32_t i) { loop.zero_hook(i); };
   }

@@ -4,6 +4,8 @@
 // B=micro-batch T=seq C=hidden H=heads D=head-dim V=vocab
 #pragma once
 
+#include <functional>
+
 #include <optional>
 #include <string>
 #include <vector>
@@ -76,6 +78,9 @@ struct Ctx {
   // enable_input_require_grads: the input embedding's output is made to require grad (its weight's row)
   int32_t input_embedding_row = -1;
   std::vector<std::string> warnings;  // what the simulated program would warn about, each once
+  // Called where a parameter-holding module's forward returns ahead of other work (the head, before the loss):
+  // DeepSpeed ZeRO-3's post-forward hook releases its gathered parameters (Loop::z3_release_live).
+  std::function<void()> module_done;
 
   void warn(const std::string& w) {
     for (const std::string& x : warnings) {

@@ -19,7 +19,9 @@ T lm_head_logits(Ctx& c, const LoadedModel& w, const T& hidden, const char* head
   // logits = self.lm_head(hidden_states[:, slice_indices, :]); logits_to_keep=0 is slice(0, None), every position.
   const uint64_t Tn = hidden.shape()[1];
   const T kept = c.logits_to_keep ? slice_dim1(c, hidden, Tn - c.logits_to_keep, Tn) : hidden;
-  return linear(c, kept, h ? *h : w.p(tied), bias ? &w.p(bias) : nullptr, what);
+  T logits = linear(c, kept, h ? *h : w.p(tied), bias ? &w.p(bias) : nullptr, what);
+  if (c.module_done) c.module_done();  // the head module's forward returns (DeepSpeed ZeRO-3 releases it)
+  return logits;
 }
 
 ForwardOut causal_lm_output(Ctx& c, T logits, const T* labels) {

@@ -923,6 +923,17 @@ struct Loop {
   uint64_t z3_ipg_elems = 0;
   std::vector<int32_t> z3_ipg_rows;
   bool z3_traced = false;                         // the coordinator's trace is complete
+  // The coordinator's trace (__submodule_order): the modules in the order the first forward and backward used them
+  // (a module used twice in a row counted once); from the second step each release looks max_reuse_distance
+  // elements ahead in it (__params_to_release).
+  std::vector<int32_t> z3_trace;
+  std::vector<uint64_t> z3_trace_numel;   // prefix sums of the modules' ds_numel along the trace
+  std::vector<size_t> z3_trace_next;      // per position: the module's next position (npos: none)
+  std::vector<size_t> z3_live_pos;        // per live module: its trace position
+  size_t z3_pos = 0;                      // the current position (this forward and backward)
+  size_t z3_next = 0;                     // the next position (a traced step)
+  int32_t z3_last = -1;                   // the module used last
+  std::vector<uint64_t> z3_module_numel;  // per module: the ds_numel of its parameters
 
   void z3_init() {
     z3 = true;
@@ -943,6 +954,8 @@ struct Loop {
       z3_modules[static_cast<size_t>(it->second)].push_back(static_cast<int32_t>(i));
       z3_module_of[i] = it->second;
     }
+    z3_module_numel.assign(z3_modules.size(), 0);
+    for (size_t i = 0; i < n; ++i) z3_module_numel[static_cast<size_t>(z3_module_of[i])] += numels[i];
     z3_ds.resize(n);
     z3_flat_of.resize(n);
     zero_reached.assign(n, 0);
@@ -1009,10 +1022,20 @@ struct Loop {
     }
   }
 
-  // release_sub_module for every module gathered (__release_param -> param.partition(): .data = torch.empty(0))
+  // __params_to_release (complete trace): the module at trace position `pos` keeps its parameters when it is
+  // used again before max_reuse_distance elements of the trace's modules (from the next position on) are passed
+  bool z3_reused_soon(size_t pos) const {
+    if (pos >= z3_trace_next.size() || z3_trace_next[pos] == std::string::npos) return false;
+    return z3_trace_numel[z3_trace_next[pos]] - z3_trace_numel[pos + 1] < zopt.max_reuse_distance;
+  }
+
+  // release_sub_module for every module in use (__release_param -> param.partition(): .data = torch.empty(0)).
+  // Without a trace every parameter of the module goes; with one, persistent parameters and those reused within
+  // max_reuse_distance stay.
   void z3_release_live() {
-    for (int32_t m : z3_live) {
-      for (int32_t r : z3_modules[static_cast<size_t>(m)]) {
+    for (size_t k = 0; k < z3_live.size(); ++k) {
+      if (z3_traced && z3_reused_soon(z3_live_pos[k])) continue;
+      for (int32_t r : z3_modules[static_cast<size_t>(z3_live[k])]) {
         const auto i = static_cast<size_t>(r);
         if (!z3_flat_of[i]) continue;
         if (z3_traced && z3_persist[i]) continue;  // __params_to_release: `if not p.ds_persist`
@@ -1021,6 +1044,50 @@ struct Loop {
       }
     }
     z3_live.clear();
+    z3_live_pos.clear();
+  }
+
+  // a module's pre-forward / pre-backward hook: the trace records it (first step) or advances (later steps)
+  void z3_touch(int32_t m) {
+    if (m == z3_last) return;
+    z3_last = m;
+    if (!z3_traced) {
+      z3_trace.push_back(m);
+      z3_pos = z3_trace.size() - 1;
+    } else {
+      z3_pos = z3_next++;
+      // the same program runs every step; a different module order would make DeepSpeed invalidate its trace
+      if (z3_pos >= z3_trace.size() || z3_trace[z3_pos] != m) {
+        throw Error("internal: DeepSpeed ZeRO-3's module trace differs between steps");
+      }
+    }
+  }
+
+  // the trace is complete: its prefix sums and next uses
+  void z3_finish_trace() {
+    z3_trace_numel.assign(z3_trace.size() + 1, 0);
+    for (size_t t = 0; t < z3_trace.size(); ++t) {
+      z3_trace_numel[t + 1] = checked_add(z3_trace_numel[t], z3_module_numel[static_cast<size_t>(z3_trace[t])], "ZeRO-3 trace");
+    }
+    z3_trace_next.assign(z3_trace.size(), std::string::npos);
+    std::vector<size_t> seen(z3_modules.size(), std::string::npos);
+    for (size_t t = z3_trace.size(); t-- > 0;) {
+      z3_trace_next[t] = seen[static_cast<size_t>(z3_trace[t])];
+      seen[static_cast<size_t>(z3_trace[t])] = t;
+    }
+  }
+
+  // modules `ms` start their forward or backward: the modules in use before are released (their post hooks), each
+  // of `ms` is traced and gathered
+  void z3_enter(const std::vector<int32_t>& ms) {
+    z3_release_live();
+    for (int32_t m : ms) {
+      if (std::find(z3_live.begin(), z3_live.end(), m) != z3_live.end()) continue;
+      z3_touch(m);
+      z3_gather(m);
+      z3_live.push_back(m);
+      z3_live_pos.push_back(z3_pos);
+    }
   }
 
   // fetch_sub_module -> __all_gather_params -> all_gather_coalesced over the module's NOT_AVAILABLE parameters
@@ -1038,7 +1105,6 @@ struct Loop {
       todo.push_back(r);
       per_rank = checked_add(per_rank, z3_part[static_cast<size_t>(r)], "ZeRO-3 gather");
     }
-    z3_live.push_back(m);
     if (todo.empty()) return;
     const uint64_t gathered = checked_mul(per_rank, zopt.ranks, "ZeRO-3 gather");
     if (todo.size() == 1) {
@@ -1059,11 +1125,12 @@ struct Loop {
     }
   }
 
-  // the forward code takes parameter `row` (LoadedModel::on_use)
+  // the forward code takes parameter `row` (LoadedModel::on_use): its module's pre-forward hook, unless the
+  // module is the one running
   void z3_use(int row) {
-    if (z3_flat_of[static_cast<size_t>(row)]) return;
-    z3_release_live();
-    z3_gather(z3_module_of[static_cast<size_t>(row)]);
+    const int32_t m = z3_module_of[static_cast<size_t>(row)];
+    if (m == z3_last && std::find(z3_live.begin(), z3_live.end(), m) != z3_live.end()) return;
+    z3_enter({m});
   }
 
   // a backward node is about to run (Engine::pre_node): the modules of the parameters it saved, and of those it
@@ -1072,8 +1139,9 @@ struct Loop {
   void z3_pre_node(Node& n) {
     std::vector<int32_t> need;
     auto want = [&](int32_t row) {
-      if (row < 0 || static_cast<size_t>(row) >= z3_flat_of.size() || z3_flat_of[static_cast<size_t>(row)]) return;
-      need.push_back(z3_module_of[static_cast<size_t>(row)]);
+      if (row < 0 || static_cast<size_t>(row) >= z3_module_of.size()) return;
+      const int32_t m = z3_module_of[static_cast<size_t>(row)];
+      if (std::find(need.begin(), need.end(), m) == need.end()) need.push_back(m);
     };
     for (const T& t : n.saved) {
       if (t && t->is_param) want(t->label.row);
@@ -1082,10 +1150,10 @@ struct Loop {
       if (n.next[k].node && n.next[k].node->is_accumulate && n.next[k].node->leaf < 0) want(n.next[k].node->param);
     }
     if (need.empty()) return;
-    z3_release_live();
-    for (int32_t m : need) {
-      if (std::find(z3_live.begin(), z3_live.end(), m) == z3_live.end()) z3_gather(m);
-    }
+    bool all_live = true;
+    for (int32_t m : need) all_live = all_live && std::find(z3_live.begin(), z3_live.end(), m) != z3_live.end();
+    if (all_live) return;
+    z3_enter(need);
   }
 
   // the parameter's gradient hook (create_reduce_and_remove_grad_hooks -> reduce_ready_partitions_and_remove_grads
@@ -1138,7 +1206,12 @@ struct Loop {
   void z3_epilogue() {
     z3_reduce_ipg();
     z3_release_live();
-    z3_traced = true;  // the first forward and backward recorded the trace
+    if (!z3_traced) {
+      z3_traced = true;  // the first forward and backward recorded the trace
+      z3_finish_trace();
+    }
+    z3_pos = z3_next = 0;  // the next forward starts the trace again (reset_step)
+    z3_last = -1;
   }
 
   // DeepSpeedZeroOptimizer_Stage3.step (not offloaded): per sub-group, _prepare_fp32_grad_for_sub_group

@@ -168,8 +168,10 @@ std::string render_zero3_note(const Estimate& e) {
       out += fmt::format("    {:>12}  {}  {}\n", format_bytes(h.bytes), h.pinned ? "pinned  " : "pageable", h.what);
     }
   }
-  out += "  simulated: gather on use per module, release at the next module (steps >= 2 keep persistent ones); "
-         "not simulated: prefetch, max_reuse_distance retention; not counted: NCCL's buffers\n";
+  out += fmt::format("  simulated per module: gather on use, release at the next module; from step 2 (the trace): "
+                     "persistent parameters kept, reuse within max_reuse_distance {} kept, prefetch of "
+                     "prefetch_bucket_size {} (max_live_parameters {}); not counted: NCCL's buffers\n",
+                     o.max_reuse_distance, o.prefetch_bucket_elems, o.max_live_parameters);
   return out;
 }
 

@@ -906,8 +906,10 @@ struct Loop {
   // the end of the backward (the post-forward / post-backward hooks' release_sub_module). The first step has no
   // trace: DeepSpeed releases every parameter of the module, persistent ones included (release_sub_module's
   // untraced branch), and prefetches nothing. From the second step the trace is complete: persistent parameters
-  // stay gathered (__params_to_release skips ds_persist); prefetching (prefetch_bucket_size) and keeping
-  // parameters reused within max_reuse_distance are NOT simulated (see the report's note).
+  // stay gathered (__params_to_release skips ds_persist), a module reused within max_reuse_distance elements of the
+  // trace keeps its parameters, and each fetch prefetches the next modules of the trace up to prefetch_bucket_size
+  // elements (z3_prefetch). Not per-tensor timing: an all-gather is complete when issued, a release frees at once
+  // (record_stream's delay is not modelled).
   bool z3 = false;
   std::vector<uint64_t> z3_part;                  // per row: ds_tensor elements, ceil(numel / world)
   std::vector<char> z3_persist;                   // per row: ds_persist
@@ -932,6 +934,8 @@ struct Loop {
   std::vector<size_t> z3_live_pos;        // per live module: its trace position
   size_t z3_pos = 0;                      // the current position (this forward and backward)
   size_t z3_next = 0;                     // the next position (a traced step)
+  size_t z3_queue = 0;                    // __param_queue's head, as a trace position (a traced step)
+  uint64_t z3_available = 0;              // __n_available_params: elements of the gathered parameters
   int32_t z3_last = -1;                   // the module used last
   std::vector<uint64_t> z3_module_numel;  // per module: the ds_numel of its parameters
 
@@ -1041,6 +1045,7 @@ struct Loop {
         if (z3_traced && z3_persist[i]) continue;  // __params_to_release: `if not p.ds_persist`
         set_data(w.params[i], z3_nothing);
         z3_flat_of[i].reset();
+        z3_available -= inv.parameters[i].elems.value;
       }
     }
     z3_live.clear();
@@ -1087,6 +1092,25 @@ struct Loop {
       z3_gather(m);
       z3_live.push_back(m);
       z3_live_pos.push_back(z3_pos);
+      if (z3_traced) z3_prefetch();
+    }
+  }
+
+  // _fetch_sub_module_impl with a complete trace: the current module's entries leave __param_queue, then
+  // `while self.__param_queue and numel_prefetching < max_params_to_prefetch` (min(max_live_parameters -
+  // __n_available_params, prefetch_bucket_size)) pops the next entries and all-gathers those NOT_AVAILABLE. Here
+  // by module (the trace's unit), each module's parameters gathered together.
+  void z3_prefetch() {
+    if (z3_queue <= z3_pos) z3_queue = z3_pos + 1;
+    if (zopt.prefetch_bucket_elems == 0 || z3_available >= zopt.max_live_parameters) return;
+    const uint64_t budget = std::min(zopt.max_live_parameters - z3_available, zopt.prefetch_bucket_elems);
+    uint64_t prefetching = 0;
+    while (z3_queue < z3_trace.size() && prefetching < budget) {
+      const int32_t m = z3_trace[z3_queue++];
+      for (int32_t r : z3_modules[static_cast<size_t>(m)]) {
+        if (!z3_flat_of[static_cast<size_t>(r)]) prefetching += inv.parameters[static_cast<size_t>(r)].elems.value;
+      }
+      z3_gather(m);
     }
   }
 
@@ -1106,6 +1130,7 @@ struct Loop {
       per_rank = checked_add(per_rank, z3_part[static_cast<size_t>(r)], "ZeRO-3 gather");
     }
     if (todo.empty()) return;
+    for (int32_t r : todo) z3_available += inv.parameters[static_cast<size_t>(r)].elems.value;
     const uint64_t gathered = checked_mul(per_rank, zopt.ranks, "ZeRO-3 gather");
     if (todo.size() == 1) {
       const auto i = static_cast<size_t>(todo[0]);
@@ -1210,7 +1235,7 @@ struct Loop {
       z3_traced = true;  // the first forward and backward recorded the trace
       z3_finish_trace();
     }
-    z3_pos = z3_next = 0;  // the next forward starts the trace again (reset_step)
+    z3_pos = z3_next = z3_queue = 0;  // the next forward starts the trace again (reset_step)
     z3_last = -1;
   }
 

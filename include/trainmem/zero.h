@@ -32,9 +32,9 @@ struct ZeroOptions {
   bool pin_memory = true;          // offload_*.pin_memory: DeepSpeedZeroOffload*Config's default True
   uint64_t param_persistence_threshold = 0;  // stage3_param_persistence_threshold, elements
   uint64_t model_persistence_threshold = 0;  // stage3_model_persistence_threshold, elements
-  uint64_t prefetch_bucket_elems = 0;        // stage3_prefetch_bucket_size (reported; not simulated)
-  uint64_t max_live_parameters = 0;          // stage3_max_live_parameters (reported; not simulated)
-  uint64_t max_reuse_distance = 0;           // stage3_max_reuse_distance (reported; not simulated)
+  uint64_t prefetch_bucket_elems = 0;        // stage3_prefetch_bucket_size, elements
+  uint64_t max_live_parameters = 0;          // stage3_max_live_parameters, elements (caps the prefetch)
+  uint64_t max_reuse_distance = 0;           // stage3_max_reuse_distance, elements
   uint64_t sub_group_size = 0;               // sub_group_size, elements
 };
 

@@ -20,9 +20,11 @@ ZeroOptions resolve_zero(const TrainSetup& s, LoopKind loop, TorchVersion torch)
   const bool zero = s.sharding == Sharding::kZero1 || s.sharding == Sharding::kZero2 || s.sharding == Sharding::kZero3;
   if (s.dp <= 1 || !zero) {
     if (s.reduce_bucket_size || s.overlap_comm || s.offload_optimizer || s.offload_params ||
-        s.param_persistence_threshold) {
+        s.param_persistence_threshold || s.prefetch_bucket_size || s.max_live_parameters || s.max_reuse_distance) {
       const char* f = s.reduce_bucket_size ? "reduce_bucket_size" : s.overlap_comm ? "overlap_comm"
-                      : s.param_persistence_threshold ? "param_persistence_threshold" : "offload";
+                      : s.param_persistence_threshold ? "param_persistence_threshold"
+                      : s.prefetch_bucket_size ? "prefetch_bucket_size" : s.max_live_parameters ? "max_live_parameters"
+                      : s.max_reuse_distance ? "max_reuse_distance" : "offload";
       throw FieldError(f, "DeepSpeed ZeRO's setting: it takes --dp N (N > 1) with --sharding zero1, zero2 or zero3");
     }
     return z;
@@ -31,8 +33,11 @@ ZeroOptions resolve_zero(const TrainSetup& s, LoopKind loop, TorchVersion torch)
     // offload_config.py DeepSpeedZeroOffloadParamConfig: "Valid only with stage 3."
     throw FieldError("offload", "params: parameter offload (offload_param) is valid only with --sharding zero3");
   }
-  if (s.param_persistence_threshold && s.sharding != Sharding::kZero3) {
-    throw FieldError("param_persistence_threshold", "a ZeRO-3 setting: it takes --sharding zero3");
+  for (const auto& [f, v] : {std::pair{"param_persistence_threshold", &s.param_persistence_threshold},
+                             std::pair{"prefetch_bucket_size", &s.prefetch_bucket_size},
+                             std::pair{"max_live_parameters", &s.max_live_parameters},
+                             std::pair{"max_reuse_distance", &s.max_reuse_distance}}) {
+    if (*v && s.sharding != Sharding::kZero3) throw FieldError(f, "a ZeRO-3 setting: it takes --sharding zero3");
   }
   // engine._do_optimizer_sanity_check: bf16 with fp32 gradient accumulation at stage 1 (no offload) goes to
   // BF16_Optimizer (runtime/bf16_optimizer.py, not simulated); with the default grad_accum_dtype (None: the
@@ -89,12 +94,12 @@ ZeroOptions resolve_zero(const TrainSetup& s, LoopKind loop, TorchVersion torch)
   // (zero.h), the persistence threshold as given. The Trainer's "auto" values (transformers integrations/
   // deepspeed.py and accelerate: reduce_bucket_size = h*h, stage3_prefetch_bucket_size = 0.9*h*h,
   // stage3_param_persistence_threshold = 10*h) apply to configs that say "auto": pass them with
-  // --reduce-bucket-size and --param-persistence-threshold.
+  // --reduce-bucket-size, --param-persistence-threshold and --prefetch-bucket-size.
   z.param_persistence_threshold = s.param_persistence_threshold.value_or(kZero3DefaultPersistenceThreshold);
   z.model_persistence_threshold = kZero3DefaultModelPersistence;
-  z.prefetch_bucket_elems = kZero3DefaultPrefetchElems;
-  z.max_live_parameters = kZero3DefaultMaxLive;
-  z.max_reuse_distance = kZero3DefaultMaxReuse;
+  z.prefetch_bucket_elems = s.prefetch_bucket_size.value_or(kZero3DefaultPrefetchElems);
+  z.max_live_parameters = s.max_live_parameters.value_or(kZero3DefaultMaxLive);
+  z.max_reuse_distance = s.max_reuse_distance.value_or(kZero3DefaultMaxReuse);
   z.sub_group_size = kZero3DefaultSubGroupSize;
   if (z.offload_optimizer && z.stage < 3) {
     // stage_1_and_2.py's cpu_offload path (async_accumulate_grad_in_cpu_via_gpu, the pinned

@@ -199,6 +199,12 @@ constexpr Field kFields[] = {
     {"param_persistence_threshold", "DeepSpeed ZeRO-3's stage3_param_persistence_threshold, in elements (default "
                                     "1e5, DeepSpeedZeroConfig's; the Trainer's \"auto\" is 10 * hidden_size)",
      FieldGroup::kTraining},
+    {"prefetch_bucket_size", "DeepSpeed ZeRO-3's stage3_prefetch_bucket_size, in elements (default 5e7, "
+                             "DeepSpeedZeroConfig's; the Trainer's \"auto\" is 0.9 * hidden_size^2)", FieldGroup::kTraining},
+    {"max_live_parameters", "DeepSpeed ZeRO-3's stage3_max_live_parameters, in elements (default 1e9)",
+     FieldGroup::kTraining},
+    {"max_reuse_distance", "DeepSpeed ZeRO-3's stage3_max_reuse_distance, in elements (default 1e9)",
+     FieldGroup::kTraining},
     {"gpu",
      "GPU from the catalog (trainmem gpus, any case) or a memory size like 24GiB (a generic sm_80 card); "
      "sets the architecture (default sm_80)",
@@ -451,10 +457,19 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     } else {
       throw FieldError(std::string(f), fmt::format("{}: expected none, optimizer, params or optimizer,params", v));
     }
-  } else if (f == "param_persistence_threshold" && v.empty()) {
-    s.train.param_persistence_threshold.reset();
-  } else if (f == "param_persistence_threshold") {
-    s.train.param_persistence_threshold = count(f, v, uint64_t{1} << 40);
+  } else if (f == "param_persistence_threshold" || f == "prefetch_bucket_size" || f == "max_live_parameters" ||
+             f == "max_reuse_distance") {
+    // DeepSpeed ZeRO-3's coordinator settings, in elements; empty: DeepSpeedZeroConfig's default (resolve_zero)
+    std::optional<uint64_t>& t = f == "param_persistence_threshold" ? s.train.param_persistence_threshold
+                                 : f == "prefetch_bucket_size"      ? s.train.prefetch_bucket_size
+                                 : f == "max_live_parameters"       ? s.train.max_live_parameters
+                                                                    : s.train.max_reuse_distance;
+    if (v.empty()) {
+      t.reset();
+    } else {
+      // DeepSpeedZeroConfig: Field(..., ge=0): 0 is allowed (no prefetch, release at once, nothing persistent)
+      t = v == "0" ? 0 : count(f, v, uint64_t{1} << 40);
+    }
   } else if (f == "reduce_bucket_size") {
     s.train.reduce_bucket_size = count(f, v, uint64_t{1} << 40);
   } else if (f == "overlap_comm") {
@@ -548,8 +563,11 @@ std::string field_text(const Scenario& s, std::string_view f) {
     return t.offload_optimizer && t.offload_params ? "optimizer,params" : t.offload_optimizer ? "optimizer"
            : t.offload_params ? "params" : "";
   }
-  if (f == "param_persistence_threshold") {
-    return s.train.param_persistence_threshold ? std::to_string(*s.train.param_persistence_threshold) : "";
+  for (const auto& [name, v] : {std::pair{"param_persistence_threshold", &s.train.param_persistence_threshold},
+                                std::pair{"prefetch_bucket_size", &s.train.prefetch_bucket_size},
+                                std::pair{"max_live_parameters", &s.train.max_live_parameters},
+                                std::pair{"max_reuse_distance", &s.train.max_reuse_distance}}) {
+    if (f == name) return *v ? std::to_string(**v) : "";
   }
   if (f == "find_unused_parameters") {
     return s.train.find_unused_parameters ? (*s.train.find_unused_parameters ? "true" : "false") : "";

@@ -935,7 +935,9 @@ struct Loop {
   size_t z3_pos = 0;                      // the current position (this forward and backward)
   size_t z3_next = 0;                     // the next position (a traced step)
   size_t z3_queue = 0;                    // __param_queue's head, as a trace position (a traced step)
-  uint64_t z3_available = 0;              // __n_available_params: elements of the gathered parameters
+  // __n_available_params: elements gathered since this forward began (reset_step sets it to 0 at every forward's
+  // start; a release of an older gather takes it below zero, as in Python)
+  int64_t z3_available = 0;
   int32_t z3_last = -1;                   // the module used last
   std::vector<uint64_t> z3_module_numel;  // per module: the ds_numel of its parameters
 
@@ -1045,7 +1047,7 @@ struct Loop {
         if (z3_traced && z3_persist[i]) continue;  // __params_to_release: `if not p.ds_persist`
         set_data(w.params[i], z3_nothing);
         z3_flat_of[i].reset();
-        z3_available -= inv.parameters[i].elems.value;
+        z3_available -= static_cast<int64_t>(inv.parameters[i].elems.value);
       }
     }
     z3_live.clear();
@@ -1102,8 +1104,9 @@ struct Loop {
   // by module (the trace's unit), each module's parameters gathered together.
   void z3_prefetch() {
     if (z3_queue <= z3_pos) z3_queue = z3_pos + 1;
-    if (zopt.prefetch_bucket_elems == 0 || z3_available >= zopt.max_live_parameters) return;
-    const uint64_t budget = std::min(zopt.max_live_parameters - z3_available, zopt.prefetch_bucket_elems);
+    const int64_t room = static_cast<int64_t>(zopt.max_live_parameters) - z3_available;  // both below 2^63
+    if (zopt.prefetch_bucket_elems == 0 || room <= 0) return;
+    const uint64_t budget = std::min(static_cast<uint64_t>(room), zopt.prefetch_bucket_elems);
     uint64_t prefetching = 0;
     while (z3_queue < z3_trace.size() && prefetching < budget) {
       const int32_t m = z3_trace[z3_queue++];
@@ -1130,7 +1133,7 @@ struct Loop {
       per_rank = checked_add(per_rank, z3_part[static_cast<size_t>(r)], "ZeRO-3 gather");
     }
     if (todo.empty()) return;
-    for (int32_t r : todo) z3_available += inv.parameters[static_cast<size_t>(r)].elems.value;
+    for (int32_t r : todo) z3_available += static_cast<int64_t>(inv.parameters[static_cast<size_t>(r)].elems.value);
     const uint64_t gathered = checked_mul(per_rank, zopt.ranks, "ZeRO-3 gather");
     if (todo.size() == 1) {
       const auto i = static_cast<size_t>(todo[0]);
@@ -1232,10 +1235,14 @@ struct Loop {
     z3_reduce_ipg();
     z3_release_live();
     if (!z3_traced) {
-      z3_traced = true;  // the first forward and backward recorded the trace
+      z3_traced = true;
       z3_finish_trace();
     }
-    z3_pos = z3_next = z3_queue = 0;  // the next forward starts the trace again (reset_step)
+    // the next forward's _start_of_forward_hook -> reset_step: the trace completes (it was recorded from the first
+    // forward: INVALID -> RECORD at that forward's reset_step, RECORD -> COMPLETE at the next), the fetch queue and
+    // __n_available_params start again
+    z3_pos = z3_next = z3_queue = 0;
+    z3_available = 0;
     z3_last = -1;
   }
 

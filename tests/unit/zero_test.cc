@@ -302,6 +302,7 @@ TEST(ZeroRefusals, StageOneOtherPrecisionsAndLoops) {
   refused(zero_scenario({{"offload", "optimizer"}}), "not simulated yet");
   // ZeRO-3 and offload (zero.cc resolve_zero)
   refused(zero_scenario({{"offload", "params"}}), "only with --sharding zero3");
+  refused(zero_scenario({{"max_reuse_distance", "0"}}), "it takes --sharding zero3");
   refused(zero_scenario({{"sharding", "zero3"}, {"offload", "optimizer"}, {"grad_accum", "2"}}), "not simulated yet");
   refused(zero_scenario({{"sharding", "zero3"}, {"offload", "optimizer"}, {"optimizer", "sgd"}}), "AdamW");
   refused(testing::scenario_of("gpt2", {{"overrides", "n_layer=2"}, {"offload", "optimizer"}}), "zero3");
@@ -480,6 +481,38 @@ TEST(Zero3Sim, GatherBuffersFollowAllGatherCoalesced) {
   EXPECT_GT(flats, 0u);
   EXPECT_GT(singles, 0u);
   EXPECT_GT(cats, flats);
+}
+
+// The coordinator's trace (partitioned_param_coordinator.py): reset_step at each forward's start turns INVALID into
+// RECORD (the first forward and backward record the module order, releasing every parameter after its module,
+// persistent ones included) and RECORD into COMPLETE (the second step). With the trace, __params_to_release keeps a
+// module reused within max_reuse_distance (1e9) elements, and each fetch prefetches up to prefetch_bucket_size
+// (5e7) more, within max_live_parameters (1e9): GPT-2's 53,561,088 elements are all gathered by the time the second
+// step's loss runs (every module is used again in the backward), none at the first step's loss (the head, tied to
+// wte, released when its forward returns).
+TEST(Zero3Sim, TheTraceKeepsAndPrefetchesFromTheSecondStep) {
+  const Estimate e = run(zero3_scenario());
+  const size_t wk = static_cast<size_t>(Category::kWeights);
+  LiveBytes live;
+  std::optional<uint64_t> at_loss[3];
+  for (const Event& ev : e.sim->timeline.events) {
+    if (ev.phase == Phase::kLoss && ev.step <= 2 && !at_loss[ev.step]) at_loss[ev.step] = live.by_category[wk].value;
+    apply(live, ev);
+  }
+  ASSERT_TRUE(at_loss[1] && at_loss[2]);
+  EXPECT_EQ(*at_loss[1], 2u * 6695136);
+  EXPECT_EQ(*at_loss[2], 2u * 6695136 + 2u * 53561088);
+  // max_reuse_distance and the prefetch at 0: from the second step only the persistent parameters (2 x 21,504
+  // bytes) stay gathered
+  const Estimate k = run(zero3_scenario({{"max_reuse_distance", "0"}, {"prefetch_bucket_size", "0"}}));
+  LiveBytes live0;
+  std::optional<uint64_t> second;
+  for (const Event& ev : k.sim->timeline.events) {
+    if (ev.phase == Phase::kLoss && ev.step == 2 && !second) second = live0.by_category[wk].value;
+    apply(live0, ev);
+  }
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(*second, 2u * 6695136 + 2u * 21504);
 }
 
 // Offload (memory.rst's t5-3b rows name the same three settings): what moves to the host, pinned or pageable.

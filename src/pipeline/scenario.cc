@@ -194,17 +194,13 @@ constexpr Field kFields[] = {
                            "the Trainer's \"auto\" is hidden_size^2)", FieldGroup::kTraining},
     {"overlap_comm", "true | false: DeepSpeed ZeRO's overlap_comm, a second IPG bucket (default false below stage 3)",
      FieldGroup::kTraining},
-    {"offload", "none | optimizer | params | optimizer,params: DeepSpeed ZeRO's offload to CPU memory (optimizer: "
-                "stages 1-3; params: stage 3), reported as host memory (default none)", FieldGroup::kTraining},
-    {"param_persistence_threshold", "DeepSpeed ZeRO-3's stage3_param_persistence_threshold, in elements (default "
-                                    "1e5, DeepSpeedZeroConfig's; the Trainer's \"auto\" is 10 * hidden_size)",
-     FieldGroup::kTraining},
-    {"prefetch_bucket_size", "DeepSpeed ZeRO-3's stage3_prefetch_bucket_size, in elements (default 5e7, "
-                             "DeepSpeedZeroConfig's; the Trainer's \"auto\" is 0.9 * hidden_size^2)", FieldGroup::kTraining},
-    {"max_live_parameters", "DeepSpeed ZeRO-3's stage3_max_live_parameters, in elements (default 1e9)",
-     FieldGroup::kTraining},
-    {"max_reuse_distance", "DeepSpeed ZeRO-3's stage3_max_reuse_distance, in elements (default 1e9)",
-     FieldGroup::kTraining},
+    {"offload", "none | optimizer | params | optimizer,params: DeepSpeed ZeRO's offload to CPU memory, reported as "
+                "host memory (optimizer: stages 1-3, params: stage 3; default none)", FieldGroup::kTraining},
+    // DeepSpeed ZeRO-3's coordinator settings (DeepSpeedZeroConfig's stage3_* keys), in elements
+    {"param_persistence_threshold", "ZeRO-3 (default 1e5; the Trainer's \"auto\": 10 * hidden_size)", FieldGroup::kTraining},
+    {"prefetch_bucket_size", "ZeRO-3 (default 5e7; the Trainer's \"auto\": 0.9 * hidden_size^2)", FieldGroup::kTraining},
+    {"max_live_parameters", "ZeRO-3: the cap on gathered elements the prefetch keeps to (default 1e9)", FieldGroup::kTraining},
+    {"max_reuse_distance", "ZeRO-3: keep a module reused within this many elements (default 1e9)", FieldGroup::kTraining},
     {"gpu",
      "GPU from the catalog (trainmem gpus, any case) or a memory size like 24GiB (a generic sm_80 card); "
      "sets the architecture (default sm_80)",

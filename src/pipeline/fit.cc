@@ -300,12 +300,11 @@ void suggest(const Candidate& base, const FitProbe& original, std::optional<uint
     }
   }
   if (all_changes.size() > 1) add(all_changes, "all of the above together", all);
-  // Several ranks of DDP: DeepSpeed ZeRO partitions the optimizer state (stage 1), the gradients (stage 2) and
-  // the parameters (stage 3) over them. Offered where the ZeRO rank is simulated (resolve_zero: the Trainer's loop, torch Adam(W), bf16
+  // Several ranks of DDP: DeepSpeed ZeRO partitions the optimizer state (stage 1) and the gradients (stage 2)
+  // over them. Offered where the ZeRO rank is simulated (resolve_zero: the Trainer's loop, torch Adam(W), bf16
   // weights, no 4-bit base); its own bf16 precision goes with it.
   if (base.setup.dp > 1 && base.setup.sharding == Sharding::kDdp) {
-    for (const auto& [stage, name] : {std::pair{Sharding::kZero3, "zero3"}, std::pair{Sharding::kZero2, "zero2"},
-                                      std::pair{Sharding::kZero1, "zero1"}}) {
+    for (const auto& [stage, name] : {std::pair{Sharding::kZero2, "zero2"}, std::pair{Sharding::kZero1, "zero1"}}) {
       Candidate c = base;
       c.setup.sharding = stage;
       c.setup.precision = Precision::kBf16;
@@ -321,10 +320,8 @@ void suggest(const Candidate& base, const FitProbe& original, std::optional<uint
       std::vector<FieldChange> changes{{"sharding", name}};
       if (base.setup.precision != Precision::kBf16) changes.push_back({"precision", "bf16"});
       add(std::move(changes),
-          stage == Sharding::kZero3   ? "DeepSpeed ZeRO-3: parameters, gradients and optimizer state partitioned over the "
-                                        "ranks, each module's parameters gathered while it runs"
-          : stage == Sharding::kZero2 ? "DeepSpeed ZeRO-2: optimizer state and gradients partitioned over the ranks"
-                                      : "DeepSpeed ZeRO-1: optimizer state partitioned over the ranks",
+          stage == Sharding::kZero2 ? "DeepSpeed ZeRO-2: optimizer state and gradients partitioned over the ranks"
+                                    : "DeepSpeed ZeRO-1: optimizer state partitioned over the ranks",
           c);
     }
   }

@@ -11,6 +11,7 @@
 #include "trainmem/dtype.h"
 #include "trainmem/model.h"
 #include "trainmem/names.h"
+#include "trainmem/nccl.h"
 
 namespace trainmem {
 
@@ -177,6 +178,7 @@ struct TrainSetup {
   // stage3_prefetch_bucket_size, stage3_max_live_parameters, stage3_max_reuse_distance (elements; empty: DeepSpeed's
   // 5e7, 1e9, 1e9)
   std::optional<uint64_t> prefetch_bucket_size, max_live_parameters, max_reuse_distance;
+  NcclSetup nccl;  // NCCL's communicators (nccl.h): channels, NVLS, GPUs per node
   // N: an encoder-decoder's (T5's) decoder tokens per sequence, the labels' (B, N) (seq is the encoder's);
   // 0: the same as seq. Only encoder-decoder models take it.
   uint64_t target_seq = 0;

@@ -109,6 +109,10 @@ ZeroOptions resolve_zero(const TrainSetup& s, LoopKind loop, TorchVersion torch)
   if (z.stage == 3 && s.task != Task::kTrain) {
     throw FieldError("sharding", "zero3: DeepSpeed ZeRO-3 is simulated for training (--task train)");
   }
+  // With offload_optimizer the Trainer's own torch optimizer is refused by the engine (_configure_basic_optimizer:
+  // zero_force_ds_cpu_optimizer, default True, raises ZeRORuntimeException for a client optimizer that is not
+  // DeepSpeedCPUAdam): the config's "optimizer" section (AdamW) makes DeepSpeedCPUAdam, whose state
+  // (ops/adam/cpu_adam.py: exp_avg, exp_avg_sq = torch.zeros_like(p.data)) lives beside the CPU fp32 partitions.
   if (z.offload_optimizer && s.optimizer != Optimizer::kAdamW && s.optimizer != Optimizer::kAdam) {
     throw FieldError("optimizer", "offload_optimizer runs DeepSpeedCPUAdam: use adamw or adam");
   }

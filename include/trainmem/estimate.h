@@ -151,7 +151,8 @@ struct ZeroFigures {
   uint64_t partition_padding = 0;    // elements of padding in this rank's ds_tensors (the last rank's, summed)
   uint64_t largest_param = 0;        // the largest parameter's elements (its gathered buffer: padded to the world)
   Bytes lp_partitions;               // lp_param_buffer + frozen ds_tensors (device, or host with offload params)
-  Bytes persistent_full;             // the persistent parameters' full data, kept on the device from step 2
+  Bytes persistent_full;             // the persistent parameters' full data: from the second forward on, kept
+                                     // gathered through each forward and backward (released at the step)
   Bytes grad_partitions;             // grad_partitions_flat_buffer (device, or host with offload optimizer)
   Bytes fp32_partitions;             // fp32_partitioned_groups_flat (device, or host with offload optimizer)
   Bytes fp32_grad_buffers;           // offload: each sub-group's pinned fp32 .grad buffer (host)

@@ -191,7 +191,7 @@ std::string render_zero3_note(const Estimate& e) {
     }
   }
   out += fmt::format("  simulated per module: gather on use, release at the next module; from step 2 (the trace): "
-                     "persistent parameters kept, reuse within max_reuse_distance {} kept, prefetch of "
+                     "persistent parameters kept until the optimizer step, reuse within max_reuse_distance {} kept, prefetch of "
                      "prefetch_bucket_size {} (max_live_parameters {}); NCCL's buffers are outside the caching "
                      "allocator (with --gpu, under the verdict)\n",
                      o.max_reuse_distance, o.prefetch_bucket_elems, o.max_live_parameters);

@@ -903,13 +903,15 @@ struct Loop {
   // Policy (not per-tensor timing): a module's parameters are all-gathered when the forward code first takes one
   // of them (the pre-forward hook's fetch_sub_module) or when a backward node that saved one runs (the
   // pre-backward hook), and released when the next module is gathered, when the head's forward returns, and at
-  // the end of the backward (the post-forward / post-backward hooks' release_sub_module). The first step has no
-  // trace: DeepSpeed releases every parameter of the module, persistent ones included (release_sub_module's
-  // untraced branch), and prefetches nothing. From the second step the trace is complete: persistent parameters
-  // stay gathered (__params_to_release skips ds_persist), a module reused within max_reuse_distance elements of the
-  // trace keeps its parameters, and each fetch prefetches the next modules of the trace up to prefetch_bucket_size
-  // elements (z3_prefetch). Not per-tensor timing: an all-gather is complete when issued, a release frees at once
-  // (record_stream's delay is not modelled).
+  // the end of the backward (the post-forward / post-backward hooks' release_sub_module). The first forward and
+  // backward have no complete trace (reset_step at that forward: INVALID -> RECORD; they record it): every
+  // parameter of a module is released after it, persistent ones included (release_sub_module's untraced branch),
+  // and nothing is prefetched. From the second forward the trace is complete (RECORD -> COMPLETE): persistent
+  // parameters stay gathered until the optimizer step releases everything (__params_to_release skips ds_persist;
+  // step -> _partition_all_parameters), a module reused within max_reuse_distance elements of the trace keeps its
+  // parameters, and each fetch prefetches the next modules of the trace up to prefetch_bucket_size elements
+  // (z3_prefetch). An all-gather is complete when issued and a release frees at once (record_stream's delay on the
+  // all-gather stream is not modelled).
   bool z3 = false;
   std::vector<uint64_t> z3_part;                  // per row: ds_tensor elements, ceil(numel / world)
   std::vector<char> z3_persist;                   // per row: ds_persist
@@ -1252,7 +1254,31 @@ struct Loop {
   // With offload_optimizer everything here runs on the CPU (DeepSpeedCPUAdam): nothing on the device.
   void z3_step(bool first) {
     e.phase = Phase::kOptimizer;
-    if (zopt.offload_optimizer) return;
+    // step -> _partition_all_parameters -> release_and_reset_all: every gathered parameter is released, the
+    // persistent ones too (parameter_offload.py partition_all_parameters, partitioned_param_coordinator.py)
+    for (size_t i = 0; i < z3_flat_of.size(); ++i) {
+      if (!z3_flat_of[i]) continue;
+      set_data(w.params[i], z3_nothing);
+      z3_flat_of[i].reset();
+    }
+    z3_live.clear();
+    z3_live_pos.clear();
+    // (the overflow check runs for float16 only: _overflow_check_and_loss_scale_update)
+    if (zopt.offload_optimizer) return;  // the norms and the update run on the CPU
+    // _get_norm_groups -> get_grad_norm_direct per group: g.to(device).double().norm(2) per gradient partition
+    // (the float64 copy dies with the expression; the 0-d norms live until torch.stack). float64 is 8 bytes an
+    // element: the simulator's int64 rows stand for it.
+    {
+      std::vector<T> norms;
+      for (const std::vector<int32_t>& g : zero_param_groups(inv)) {
+        for (int32_t r : g) {
+          T d = e.empty(Shape{z3_part[static_cast<size_t>(r)]}, DType::kI64, Category::kTemporaries,
+                        Label{"ZeRO-3 grad norm g.double()"});
+          norms.push_back(e.empty(Shape{}, DType::kI64, Category::kTemporaries, Label{"ZeRO-3 grad norm"}));
+        }
+      }
+      T stacked = e.empty(Shape{norms.size()}, DType::kI64, Category::kTemporaries, Label{"ZeRO-3 grad norm stack"});
+    }
     for (size_t gi = 0; gi < z3_sub.size(); ++gi) {
       const Shape sh{z3_sub[gi]};
       // _prepare_fp32_grad_for_sub_group: self.flatten(averaged_gradients[i]) (at::cat of the partitions' views

@@ -167,7 +167,7 @@ ZeroFigures zero3_figures(const Inventory& inv, const ZeroOptions& z, const Trai
   std::vector<uint64_t> numels;
   for (const TensorRow& r : inv.parameters) numels.push_back(r.elems.value);
   const std::vector<char> persist = zero3_persistent(numels, z.param_persistence_threshold, z.model_persistence_threshold);
-  uint64_t lp = 0, frozen = 0, pers_full = 0, pers_ds = 0, pad = 0;
+  uint64_t lp = 0, frozen = 0, pers_full = 0, pad = 0;
   for (size_t i = 0; i < numels.size(); ++i) {
     const uint64_t part = zero3_partition_numel(numels[i], z.ranks);
     f.largest_param = std::max(f.largest_param, numels[i]);
@@ -177,7 +177,6 @@ ZeroFigures zero3_figures(const Inventory& inv, const ZeroOptions& z, const Trai
       ++f.persistent_params;
       f.persistent_numel += numels[i];
       pers_full += numels[i];
-      pers_ds += part;
     }
     (inv.parameters[i].trainable ? lp : frozen) += part;
   }
@@ -219,18 +218,17 @@ ZeroFigures zero3_figures(const Inventory& inv, const ZeroOptions& z, const Trai
   };
   Bytes dev = f.persistent_full + f.ipg_buffers;
   if (z.offload_params) {
-    // non-persistent ds_tensors on the CPU; the trainable ones moved into param_groups_fp16_flat_cpu_memory
-    // (get_accelerator().pin_memory(torch.empty(flat_buffer_size)): pinned whatever pin_memory says); the frozen
-    // ones stay where _partition_param put them (pinned with pin_memory). Persistent ones stay on the device.
-    uint64_t pers_tr = 0, pers_fr = 0;
+    // every trainable ds_tensor moves into param_groups_fp16_flat_cpu_memory (get_accelerator().pin_memory(
+    // torch.empty(flat_buffer_size)): pinned whatever pin_memory says; _move_to_flat_buffer), the persistent ones
+    // too; a frozen one stays where _partition_param put it: the CPU (pinned with pin_memory), or the device when
+    // persistent
+    uint64_t pers_fr = 0;
     for (size_t i = 0; i < numels.size(); ++i) {
-      if (!persist[i]) continue;
-      (inv.parameters[i].trainable ? pers_tr : pers_fr) += zero3_partition_numel(numels[i], z.ranks);
+      if (persist[i] && !inv.parameters[i].trainable) pers_fr += zero3_partition_numel(numels[i], z.ranks);
     }
     host("bf16 parameter partitions (param_groups_fp16_flat_cpu_memory)", bytes_of(Elems(lp), pd), true);
     host("frozen parameter partitions (ds_tensor)", bytes_of(Elems(frozen - pers_fr), pd), z.pin_memory);
     dev += bytes_of(Elems(pers_fr), pd);
-    (void)pers_tr;
   } else {
     dev += f.lp_partitions;
   }
@@ -336,8 +334,8 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
   st.optimizer_state = st.optimizer_moments + st.optimizer_steps;
   e.sim = sim;
   e.warnings = sim->warnings;
-  if (const ZeroOptions& z = zopt; z.on && z.stage == 3) {
-    e.zero = zero3_figures(inv, z, e.setup, pd, st);
+  if (zopt.on && zopt.stage == 3) {
+    e.zero = zero3_figures(inv, zopt, e.setup, pd, st);
   } else if (const ZeroOptions& z = zopt; z.on) {
     // one rank's model states, from the same layout the simulator allocates (zero_group_layout)
     ZeroFigures f;

@@ -1000,7 +1000,11 @@ struct Loop {
     for (int32_t r : rows) total = checked_add(total, z3_part[static_cast<size_t>(r)], "ZeRO-3 partitions");
     // _create_fp16_partitions_with_defragmentation: `if not self.offload_param: self.lp_param_buffer =
     // defragment(parameter_partitions)`: one flat buffer, each ds_tensor re-pointed into it (the old ones freed)
-    if (!zopt.offload_params) {
+    if (zopt.offload_params) {
+      // param_groups_fp16_flat_cpu_memory (pinned host) and _move_to_flat_buffer: `src.data = dest.data` for every
+      // trainable ds_tensor, the persistent ones' device partitions too
+      for (int32_t r : rows) z3_ds[static_cast<size_t>(r)].reset();
+    } else {
       z3_lp = e.empty(Shape{total}, bit16, Category::kWeights, Label{"ZeRO-3 lp_param_buffer"});
       for (int32_t r : rows) {
         const auto i = static_cast<size_t>(r);
@@ -1137,15 +1141,29 @@ struct Loop {
     if (todo.empty()) return;
     for (int32_t r : todo) z3_available += static_cast<int64_t>(inv.parameters[static_cast<size_t>(r)].elems.value);
     const uint64_t gathered = checked_mul(per_rank, zopt.ranks, "ZeRO-3 gather");
+    // offload_param: the inputs are `p.ds_tensor.to(device)` copies of the CPU partitions, alive until the
+    // all-gather's input is assembled (a persistent parameter's ds_tensor is on the device already)
+    auto host_copies = [&] {
+      std::vector<T> copies;
+      if (!zopt.offload_params) return copies;
+      for (int32_t r : todo) {
+        const auto i = static_cast<size_t>(r);
+        if (z3_ds[i]) continue;  // on the device
+        copies.push_back(e.empty(Shape{z3_part[i]}, bit16, Category::kTemporaries, Label{"ZeRO-3 ds_tensor.to(device)"}));
+      }
+      return copies;
+    };
     if (todo.size() == 1) {
       const auto i = static_cast<size_t>(todo[0]);
       T buf = e.empty(Shape{gathered}, bit16, Category::kWeights, Label{"ZeRO-3 all-gathered param_buffer"});
+      (void)host_copies();
       const Shape sh = row_shape(todo[0]);
       set_data(w.params[i], e.view(buf, sh, contiguous_strides(sh)));
       z3_flat_of[i] = std::move(buf);
       return;
     }
     T flat = e.empty(Shape{gathered}, bit16, Category::kZeroBuckets, Label{"ZeRO-3 all_gather_coalesced flat_tensor"});
+    (void)host_copies();  // torch.cat([...], out=partitions[rank]): the copies die with the list
     for (int32_t r : todo) {
       const auto i = static_cast<size_t>(r);
       const Shape sh = row_shape(r);

@@ -1061,16 +1061,16 @@ struct Loop {
   }
 
   // a module's pre-forward / pre-backward hook: the trace records it (first step) or advances (later steps)
-  void z3_touch(int32_t m) {
-    if (m == z3_last) return;
-    z3_last = m;
+  void z3_touch(int32_t mod) {
+    if (mod == z3_last) return;
+    z3_last = mod;
     if (!z3_traced) {
-      z3_trace.push_back(m);
+      z3_trace.push_back(mod);
       z3_pos = z3_trace.size() - 1;
     } else {
       z3_pos = z3_next++;
       // the same program runs every step; a different module order would make DeepSpeed invalidate its trace
-      if (z3_pos >= z3_trace.size() || z3_trace[z3_pos] != m) {
+      if (z3_pos >= z3_trace.size() || z3_trace[z3_pos] != mod) {
         throw Error("internal: DeepSpeed ZeRO-3's module trace differs between steps");
       }
     }
@@ -1094,11 +1094,11 @@ struct Loop {
   // of `ms` is traced and gathered
   void z3_enter(const std::vector<int32_t>& ms) {
     z3_release_live();
-    for (int32_t m : ms) {
-      if (std::find(z3_live.begin(), z3_live.end(), m) != z3_live.end()) continue;
-      z3_touch(m);
-      z3_gather(m);
-      z3_live.push_back(m);
+    for (int32_t mod : ms) {
+      if (std::find(z3_live.begin(), z3_live.end(), mod) != z3_live.end()) continue;
+      z3_touch(mod);
+      z3_gather(mod);
+      z3_live.push_back(mod);
       z3_live_pos.push_back(z3_pos);
       if (z3_traced) z3_prefetch();
     }
@@ -1115,11 +1115,11 @@ struct Loop {
     const uint64_t budget = std::min(static_cast<uint64_t>(room), zopt.prefetch_bucket_elems);
     uint64_t prefetching = 0;
     while (z3_queue < z3_trace.size() && prefetching < budget) {
-      const int32_t m = z3_trace[z3_queue++];
-      for (int32_t r : z3_modules[static_cast<size_t>(m)]) {
+      const int32_t mod = z3_trace[z3_queue++];
+      for (int32_t r : z3_modules[static_cast<size_t>(mod)]) {
         if (!z3_flat_of[static_cast<size_t>(r)]) prefetching += inv.parameters[static_cast<size_t>(r)].elems.value;
       }
-      z3_gather(m);
+      z3_gather(mod);
     }
   }
 
@@ -1129,11 +1129,11 @@ struct Loop {
   // padded buffer stays); several through _all_gather_dtype, flat_tensor = torch.empty(partition_sz * world)
   // and, in AllGatherCoalescedHandle.wait, each param.data = torch.cat(its parts) (numel elements); the flat
   // tensor goes with the handle once every parameter has been popped from the in-flight registry.
-  void z3_gather(int32_t m) {
+  void z3_gather(int32_t mod) {
     const DType bit16 = param_dtype(s.precision);
     uint64_t per_rank = 0;
     std::vector<int32_t> todo;
-    for (int32_t r : z3_modules[static_cast<size_t>(m)]) {
+    for (int32_t r : z3_modules[static_cast<size_t>(mod)]) {
       if (z3_flat_of[static_cast<size_t>(r)]) continue;
       todo.push_back(r);
       per_rank = checked_add(per_rank, z3_part[static_cast<size_t>(r)], "ZeRO-3 gather");
@@ -1176,9 +1176,9 @@ struct Loop {
   // the forward code takes parameter `row` (LoadedModel::on_use): its module's pre-forward hook, unless the
   // module is the one running
   void z3_use(int row) {
-    const int32_t m = z3_module_of[static_cast<size_t>(row)];
-    if (m == z3_last && std::find(z3_live.begin(), z3_live.end(), m) != z3_live.end()) return;
-    z3_enter({m});
+    const int32_t mod = z3_module_of[static_cast<size_t>(row)];
+    if (mod == z3_last && std::find(z3_live.begin(), z3_live.end(), mod) != z3_live.end()) return;
+    z3_enter({mod});
   }
 
   // a backward node is about to run (Engine::pre_node): the modules of the parameters it saved, and of those it
@@ -1188,8 +1188,8 @@ struct Loop {
     std::vector<int32_t> need;
     auto want = [&](int32_t row) {
       if (row < 0 || static_cast<size_t>(row) >= z3_module_of.size()) return;
-      const int32_t m = z3_module_of[static_cast<size_t>(row)];
-      if (std::find(need.begin(), need.end(), m) == need.end()) need.push_back(m);
+      const int32_t mod = z3_module_of[static_cast<size_t>(row)];
+      if (std::find(need.begin(), need.end(), mod) == need.end()) need.push_back(mod);
     };
     for (const T& t : n.saved) {
       if (t && t->is_param) want(t->label.row);
@@ -1199,7 +1199,7 @@ struct Loop {
     }
     if (need.empty()) return;
     bool all_live = true;
-    for (int32_t m : need) all_live = all_live && std::find(z3_live.begin(), z3_live.end(), m) != z3_live.end();
+    for (int32_t mod : need) all_live = all_live && std::find(z3_live.begin(), z3_live.end(), mod) != z3_live.end();
     if (all_live) return;
     z3_enter(need);
   }

@@ -37,4 +37,11 @@ void apply_tensor_parallel(ModelSpec& m, uint64_t tp);
 // Marks each parameter row of a local model's inventory with its TP shard (TensorRow::tp_dim).
 void mark_tp_shards(const ModelSpec& local, Inventory& inv);
 
+// A rank's parameters under tp ranks: the elements it holds a 1/tp shard of, and the replicated ones.
+struct TpSplit {
+  uint64_t sharded = 0;     // elements of the local shards (colwise, rowwise, lm_head)
+  uint64_t replicated = 0;  // elements every TP rank holds whole (embed_tokens, norms, rowwise biases)
+};
+TpSplit tp_split(const ModelSpec& local);
+
 }  // namespace trainmem

@@ -116,4 +116,12 @@ void mark_tp_shards(const ModelSpec& local, Inventory& inv) {
   }
 }
 
+TpSplit tp_split(const ModelSpec& local) {
+  Inventory inv = build_inventory(local);
+  mark_tp_shards(local, inv);
+  TpSplit t;
+  for (const TensorRow& r : inv.parameters) (r.tp_dim >= 0 ? t.sharded : t.replicated) += r.elems.value;
+  return t;
+}
+
 }  // namespace trainmem

@@ -654,8 +654,12 @@ void check_tp_setup(const Scenario& s, const ResolvedScenario& r) {
     throw FieldError(field, fmt::format("{}: not simulated with --tp {} ({})", field_text(s, field), t.tp, why));
   };
   if (r.setup.dp > 1) {
-    refuse("dp", "tensor parallelism composed with data parallelism over dp ranks (accelerate's ParallelismConfig, "
-                 "DDP or FSDP2 over the TP-local model) is not simulated yet");
+    const bool gpus = !s.gpus.empty();
+    throw FieldError(gpus ? "gpus" : "dp",
+                     fmt::format("{}: {} data-parallel ranks of --tp {} GPUs each; tensor parallelism composed with "
+                                 "data parallelism (accelerate's ParallelismConfig: DDP or FSDP2 over the TP-local "
+                                 "model) is not simulated yet", gpus ? s.gpus : std::to_string(r.setup.dp),
+                                 r.setup.dp, t.tp));
   }
   if (t.lora.on) refuse("lora", "PEFT's adapters on tensor-parallel linears were not read");
   if (t.quant.type != Quantize::kNone) refuse("quantize", "4-bit bases under tensor parallelism were not read");

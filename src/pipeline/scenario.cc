@@ -665,7 +665,6 @@ void check_tp_setup(const Scenario& s, const ResolvedScenario& r) {
   if (t.quant.type != Quantize::kNone) refuse("quantize", "4-bit bases under tensor parallelism were not read");
   if (t.loss != LossKind::kCe) refuse("loss", "the plan's lm_head gathers the whole logits for transformers' loss");
   if (t.generate > 0) refuse("generate", "generation under tensor parallelism was not validated");
-  if (r.model.model_type == "gemma2") refuse("tp", "gemma2");
 }
 
 ResolvedScenario resolve(const Scenario& s, const FileReader& files) {

@@ -13,8 +13,9 @@
 namespace trainmem::sim {
 
 // all_reduce_backward(x) (_AllReduceBackward.apply): forward `return x`; a custom Function that returns an input
-// unmodified gives back a view of it (torch/csrc/autograd/custom_function.cpp _process_backward_mode_ad: an
-// unmodified input output is made a view), so no storage. Backward: grad_output = grad_output.clone();
+// unmodified gives back a view of it (torch/csrc/autograd/custom_function.cpp _process_backward_mode_ad: "An input
+// has been returned, but it wasn't modified. Return it as a view so that we can attach a new grad_fn to the
+// Variable."), so no storage. Backward: grad_output = grad_output.clone();
 // dist.all_reduce(grad_output): a new gradient of x's shape.
 T tp_all_reduce_backward(Ctx& c, const T& x);
 // all_reduce_forward(x) (_AllReduceForward.apply): x = x.clone(); dist.all_reduce(x): a new tensor (the partial

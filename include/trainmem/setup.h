@@ -11,6 +11,7 @@
 #include "trainmem/dtype.h"
 #include "trainmem/model.h"
 #include "trainmem/names.h"
+#include "trainmem/nccl.h"
 
 namespace trainmem {
 
@@ -173,6 +174,7 @@ struct TrainSetup {
   // local model. 1: none. sequence_parallel: torchtitan's SequenceParallel norms (not simulated yet: refused).
   uint64_t tp = 1;
   bool sequence_parallel = false;
+  NcclSetup nccl;  // NCCL's communicators (nccl.h): channels, NVLS, GPUs per node
   // N: an encoder-decoder's (T5's) decoder tokens per sequence, the labels' (B, N) (seq is the encoder's);
   // 0: the same as seq. Only encoder-decoder models take it.
   uint64_t target_seq = 0;

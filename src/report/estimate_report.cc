@@ -21,7 +21,7 @@ std::string render_tp_note(const Estimate& e) {
       "  colwise: {} heads, {} kv heads, ffn {} here; o_proj/down_proj rowwise; lm_head {} vocabulary rows), {}\n"
       "  replicated (embed_tokens, norms). Simulated: all_reduce_forward's clone after each rowwise linear,\n"
       "  all_reduce_backward's gradient clone before each colwise one, lm_head's all_gather (tp - 1 empty_like\n"
-      "  shards, then the whole logits by torch.cat). Not counted: NCCL's own buffers.\n",
+      "  shards, then the whole logits by torch.cat). NCCL's buffers of the TP group: with the GPU, below.\n",
       m.tp, with_commas(t.sharded), m.attn.heads, m.attn.kv_heads, m.mlp.ffn, m.embed.vocab_size / m.tp,
       with_commas(t.replicated));
 }

@@ -1,7 +1,13 @@
 // The collectives transformers 5.x's tensor parallelism hooks around a rank's local modules
 // (src/transformers/integrations/tensor_parallel.py: _AllReduceBackward, _AllReduceForward, _AllGather, called by
 // ColwiseParallel._prepare_input_fn / _prepare_output_fn and RowwiseParallel._prepare_output_fn), as ops: what each
-// allocates and frees on the rank, forward and backward. The communication itself moves no memory of the caching
+// allocates and frees on the rank, forward and backward. Modelled: the 5.x file whose ParallelInterface maps
+// "colwise_gather_output" to ColwiseParallel(gather_output=True) over these autograd Functions (the docs' list of
+// partitioning strategies shows the same mapping). A later rewrite on DTensor ("Registry of named TP styles for the
+// DTensor backend") allocates the same in training (funcol's all_reduce clones, a colwise input's Partial gradient
+// is all-reduced into a new tensor, a Replicate->Shard(-1) gradient is a clone of its chunk), except lm_head's
+// gather: all_gather_into_tensor's (tp*B, T, V/tp) buffer then torch.cat of its chunks, against tp - 1
+// empty_like shards here; and its inference path all-reduces rowwise outputs in place. Not modelled. The communication itself moves no memory of the caching
 // allocator here: dist.all_reduce and dist.all_gather write in place into tensors the Python code allocated (NCCL's
 // own buffers are outside the allocator, parallel.md section 7).
 #pragma once

@@ -178,6 +178,10 @@ struct TrainSetup {
   // stage3_prefetch_bucket_size, stage3_max_live_parameters, stage3_max_reuse_distance (elements; empty: DeepSpeed's
   // 5e7, 1e9, 1e9)
   std::optional<uint64_t> prefetch_bucket_size, max_live_parameters, max_reuse_distance;
+  // Tensor-parallel ranks (tp.h): transformers 5.x tp_plan="auto" over `tp` GPUs; estimate simulates one rank's
+  // local model. 1: none. sequence_parallel: torchtitan's SequenceParallel norms (not simulated yet: refused).
+  uint64_t tp = 1;
+  bool sequence_parallel = false;
   NcclSetup nccl;  // NCCL's communicators (nccl.h): channels, NVLS, GPUs per node
   // N: an encoder-decoder's (T5's) decoder tokens per sequence, the labels' (B, N) (seq is the encoder's);
   // 0: the same as seq. Only encoder-decoder models take it.

@@ -169,6 +169,8 @@ struct TrainSetup {
   // DeepSpeed ZeRO's zero_optimization settings (zero.h); empty: DeepSpeedZeroConfig's defaults (resolve_zero)
   std::optional<uint64_t> reduce_bucket_size;  // reduce_bucket_size, in elements
   std::optional<bool> overlap_comm;            // overlap_comm
+  // FSDP2's fully_shard settings (fsdp.h); empty: accelerate's FullyShardedDataParallelPlugin defaults
+  std::optional<bool> reshard_after_forward;   // reshard_after_forward
   // N: an encoder-decoder's (T5's) decoder tokens per sequence, the labels' (B, N) (seq is the encoder's);
   // 0: the same as seq. Only encoder-decoder models take it.
   uint64_t target_seq = 0;

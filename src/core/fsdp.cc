@@ -138,11 +138,13 @@ std::vector<FsdpUnit> fsdp_units(const ModelSpec& m, const Inventory& inv, const
   // None: False for the root, FSDPState._lazy_init). Units are listed in forward order.
   FsdpUnit embed;
   embed.kind = FsdpUnit::kEmbed;
+  embed.reshard_after_forward = o.reshard_after_forward;
   embed.name = std::string(fd.input_embedding.substr(0, fd.input_embedding.rfind('.')));
   std::vector<FsdpUnit> layers(m.layers);
   for (uint64_t l = 0; l < m.layers; ++l) {
     layers[l].kind = FsdpUnit::kLayer;
     layers[l].layer = static_cast<int32_t>(l);
+    layers[l].reshard_after_forward = o.reshard_after_forward;
     layers[l].name = fmt::format("{}.{}", fd.layer_prefix, l);
   }
   FsdpUnit tail;

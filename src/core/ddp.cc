@@ -37,6 +37,11 @@ DdpOptions resolve_ddp(const TrainSetup& s, LoopKind loop, TorchVersion torch) {
   // DeepSpeed ZeRO stages 1 and 2: resolve_zero (zero.cc)
   if (s.sharding == Sharding::kZero1 || s.sharding == Sharding::kZero2) return d;
   if (s.sharding == Sharding::kFsdp2) return d;  // fully_shard: resolve_fsdp (fsdp.cc)
+  if (s.sharding == Sharding::kFsdp1) {
+    throw FieldError("sharding", "fsdp1: FullyShardedDataParallel (FSDP1's FlatParameter per unit, padded to the world "
+                                 "size, limit_all_gathers' rate limiter) is not simulated yet; fsdp2 (fully_shard, what "
+                                 "accelerate runs for fsdp_version 2) is");
+  }
   if (s.sharding != Sharding::kDdp) {
     throw FieldError("sharding", fmt::format("{}: not simulated yet (ddp, fsdp2, zero1 and zero2 are)", name_of(s.sharding)));
   }

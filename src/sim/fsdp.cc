@@ -128,6 +128,22 @@ void Fsdp2::reshard(Unit& u) {
   u.unsharded = false;
 }
 
+// An identity over `x` (when it requires grad) whose backward runs the unit's post_backward (post) or
+// pre_backward: the graph position of RegisterPostBackwardFunction and of a tensor hook. It allocates nothing.
+T Fsdp2::backward_hook(const char* name, T x, size_t ui, bool post) {
+  if (!x || !x->requires_grad || !e_.grad_mode) return x;
+  T out = e_.view(x, x.shape(), x->strides);
+  e_.record(name, {&x}, {&out}, {}, [this, ui, post](Engine&, Node&, Grads& g) {
+    if (post) {
+      post_backward(units_[ui]);
+    } else {
+      pre_backward(units_[ui]);
+    }
+    return Grads{g[0]};
+  });
+  return out;
+}
+
 T Fsdp2::pre_forward(Ctx& c, int32_t id, T input) {
   Unit& u = unit(id);
   const auto ui = static_cast<size_t>(&u - units_.data());
@@ -141,15 +157,7 @@ T Fsdp2::pre_forward(Ctx& c, int32_t id, T input) {
   wait_for_unshard(u);
   // _register_post_backward_hook: RegisterPostBackwardFunction.apply(self, *inputs that require grad); its
   // backward runs post_backward once the unit's input gradient is computed
-  if (input && input->requires_grad && e_.grad_mode) {
-    T out = e_.view(input, input.shape(), input->strides);
-    e_.record("FSDP RegisterPostBackwardFunction", {&input}, {&out}, {}, [this, ui](Engine&, Node&, Grads& g) {
-      post_backward(units_[ui]);
-      return Grads{g[0]};
-    });
-    input = std::move(out);
-  }
-  return input;
+  return backward_hook("FSDP RegisterPostBackwardFunction", std::move(input), ui, true);
 }
 
 T Fsdp2::post_forward(Ctx& c, int32_t id, T output) {
@@ -161,14 +169,7 @@ T Fsdp2::post_forward(Ctx& c, int32_t id, T output) {
   post_forward_order_.push_back(ui);
   u.state = State::kIdle;
   // FSDPState._register_pre_backward_hook: output.register_hook(self._pre_backward), run when its gradient is ready
-  if (output && output->requires_grad && e_.grad_mode) {
-    T out = e_.view(output, output.shape(), output->strides);
-    e_.record("FSDP pre-backward hook", {&output}, {&out}, {}, [this, ui](Engine&, Node&, Grads& g) {
-      pre_backward(units_[ui]);
-      return Grads{g[0]};
-    });
-    output = std::move(out);
-  }
+  output = backward_hook("FSDP pre-backward hook", std::move(output), ui, false);
   // MixedPrecisionPolicy.output_dtype (accelerate: bf16): _cast_fp_tensor on the outputs, a no-op when already so
   if (o_.mixed && output && is_floating(output.dtype()) && output.dtype() != o_.param_dtype) {
     output = to(c, output, o_.param_dtype, "FSDP output_dtype cast");

@@ -46,6 +46,7 @@ class Fsdp2 : public FsdpHooks {
   void pre_backward(Unit& u);
   void post_backward(Unit& u);
   void set_module_params(const Unit& u, bool unsharded);
+  T backward_hook(const char* name, T x, size_t ui, bool post);
 
   Engine& e_;
   const Inventory& inv_;

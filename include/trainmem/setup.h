@@ -11,6 +11,7 @@
 #include "trainmem/dtype.h"
 #include "trainmem/model.h"
 #include "trainmem/names.h"
+#include "trainmem/nccl.h"
 
 namespace trainmem {
 
@@ -171,6 +172,7 @@ struct TrainSetup {
   std::optional<bool> overlap_comm;            // overlap_comm
   // FSDP2's fully_shard settings (fsdp.h); empty: accelerate's FullyShardedDataParallelPlugin defaults
   std::optional<bool> reshard_after_forward;   // reshard_after_forward
+  NcclSetup nccl;  // NCCL's communicators (nccl.h): channels, NVLS, GPUs per node
   // N: an encoder-decoder's (T5's) decoder tokens per sequence, the labels' (B, N) (seq is the encoder's);
   // 0: the same as seq. Only encoder-decoder models take it.
   uint64_t target_seq = 0;

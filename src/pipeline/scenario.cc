@@ -197,6 +197,12 @@ constexpr Field kFields[] = {
     {"reshard_after_forward", "true | false: FSDP2's reshard_after_forward for the decoder layers and the embedding "
                               "(default true, accelerate's for fsdp_version 2; the tail [norm, lm_head] keeps false)",
      FieldGroup::kTraining},
+    {"nccl_channels", "NCCL's ring channels per communicator, for its buffers outside the caching allocator "
+                      "(default: the GPU catalog's reading for the card; NCCL_DEBUG=INFO prints \"N coll channels\")",
+     FieldGroup::kRuntime},
+    {"nccl_nvls", "true | false: NCCL's NVLink SHARP buffers (NCCL_NVLS_ENABLE; default: on for sm_90 NVSwitch "
+                  "cards when more than 2 GPUs of a communicator share a node)", FieldGroup::kRuntime},
+    {"gpus_per_node", "GPUs per node, for the communicators' local ranks (default 8, an HGX node)", FieldGroup::kRuntime},
     {"gpu",
      "GPU from the catalog (trainmem gpus, any case) or a memory size like 24GiB (a generic sm_80 card); "
      "sets the architecture (default sm_80)",
@@ -449,6 +455,17 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     } else {
       s.train.reshard_after_forward = boolean(f, v);
     }
+  } else if (f == "nccl_channels" && v.empty()) {
+    s.train.nccl.channels.reset();  // the GPU catalog's reading
+  } else if (f == "nccl_channels") {
+    // MAXCHANNELS 64 (nccl src/include/device.h)
+    s.train.nccl.channels = static_cast<uint32_t>(count(f, v, 64));
+  } else if (f == "nccl_nvls" && v.empty()) {
+    s.train.nccl.nvls.reset();
+  } else if (f == "nccl_nvls") {
+    s.train.nccl.nvls = boolean(f, v);
+  } else if (f == "gpus_per_node") {
+    s.train.nccl.gpus_per_node = count(f, v, kMaxRanks);
   } else if (f == "gpu") {
     s.train.gpu = std::string(v);
   } else if (f == "gpus" && v.empty()) {
@@ -531,6 +548,9 @@ std::string field_text(const Scenario& s, std::string_view f) {
   if (f == "gradient_as_bucket_view") {
     return s.train.gradient_as_bucket_view ? (*s.train.gradient_as_bucket_view ? "true" : "false") : "";
   }
+  if (f == "nccl_channels") return s.train.nccl.channels ? std::to_string(*s.train.nccl.channels) : "";
+  if (f == "nccl_nvls") return s.train.nccl.nvls ? (*s.train.nccl.nvls ? "true" : "false") : "";
+  if (f == "gpus_per_node") return std::to_string(s.train.nccl.gpus_per_node);
   if (f == "reduce_bucket_size") return s.train.reduce_bucket_size ? std::to_string(*s.train.reduce_bucket_size) : "";
   if (f == "overlap_comm") return s.train.overlap_comm ? (*s.train.overlap_comm ? "true" : "false") : "";
   if (f == "reshard_after_forward") {

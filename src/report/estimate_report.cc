@@ -220,8 +220,8 @@ std::string render_fsdp_note(const Estimate& e) {
                        format_bytes(bytes_of(Elems(gathered), o.reduce_dtype)), dt(o.reduce_dtype),
                        format_bytes(bytes_of(Elems(u.shard_numel), o.reduce_dtype)));
   }
-  out += "  not counted: NCCL's buffers (outside the caching allocator); the stream-ordered reuse of collective buffers "
-         "(record_stream) is replayed as plain frees\n";
+  out += "  NCCL's communicator buffers are outside the caching allocator (with --gpu, under the verdict); not modelled: "
+         "the all-gather and reduce-scatter streams (their blocks are replayed as plain frees, reusable at once)\n";
   return out;
 }
 
@@ -381,7 +381,7 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
     j["optimizer_state_bytes"] = f->optimizer_state.value;
     j["local_elems"] = f->local_elems;
     j["padding_elems"] = f->padding_elems;
-    j["nccl_buffers"] = "not counted: NCCL allocates its buffers outside the caching allocator";
+    j["nccl_buffers"] = "outside the caching allocator: device.nccl (with a GPU)";
   }
   out["setup"]["generate"] = s.generate;
   if (const auto& g = e.generation) {

@@ -49,10 +49,6 @@ FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop,
     refuse("loss", "FSDP2 is simulated with transformers' cross-entropy (--loss ce): the chunked and fused heads "
                    "run lm_head outside the tail unit's hooks");
   }
-  if (s.grad_accum > 1) {
-    refuse("grad_accum", fmt::format("{}: FSDP2 with gradient accumulation is not simulated (accelerate's no_sync "
-                                     "keeps unsharded gradients between micro-batches)", s.grad_accum));
-  }
   if (s.optimizer != Optimizer::kAdamW && s.optimizer != Optimizer::kAdam) {
     refuse("optimizer", fmt::format("{}: FSDP2 is simulated with torch AdamW/Adam over the sharded parameters",
                                     name_of(s.optimizer)));

@@ -220,6 +220,11 @@ std::string render_fsdp_note(const Estimate& e) {
                        format_bytes(bytes_of(Elems(gathered), o.reduce_dtype)), dt(o.reduce_dtype),
                        format_bytes(bytes_of(Elems(u.shard_numel), o.reduce_dtype)));
   }
+  if (e.setup.grad_accum > 1) {
+    out += fmt::format("  gradient accumulation: accelerate's no_sync (set_requires_gradient_sync(False)) keeps every unsharded "
+                       ".grad, {} in {}, from the first micro-batch's backward to the last one's reduce-scatters\n",
+                       format_bytes(bytes_of(e.state.parameters, o.param_dtype)), dt(o.param_dtype));
+  }
   out += "  NCCL's communicator buffers are outside the caching allocator (with --gpu, under the verdict); not modelled: "
          "the all-gather and reduce-scatter streams (their blocks are replayed as plain frees, reusable at once)\n";
   return out;

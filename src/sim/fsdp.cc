@@ -202,6 +202,14 @@ void Fsdp2::pre_backward(Unit& u) {
 // .grad, the unit resharded, then foreach_reduce.
 void Fsdp2::post_backward(Unit& u) {
   u.state = State::kPostBackward;
+  // `if not self.reduce_grads`: reshard (reshard_after_backward) and keep the unsharded .grad, into which the next
+  // backward's AccumulateGrad adds in place. (to_accumulated_grad_if_needed converts it only when reduce_dtype is
+  // set and differs from the gradient's; FSDPParam.init_dtype_attrs drops a reduce_dtype equal to param_dtype, so
+  // the resolved policies never convert.)
+  if (!reduce_grads_) {
+    reshard(u);
+    return;
+  }
   std::vector<T> grads;
   std::vector<int32_t> with_grad;
   for (int32_t r : u.spec.rows) {

@@ -29,6 +29,9 @@ class Fsdp2 : public FsdpHooks {
   void final_callback();
   // The sharded gradients (DTensor .grad), per inventory row: views of each unit's reduce-scatter result.
   std::vector<T>& sharded_grads() { return sgrad_; }
+  // FSDPModule.set_requires_gradient_sync, as accelerate's no_sync sets it around every micro-batch but the
+  // last (the Trainer's `context = partial(accelerator.no_sync, model=model) if i != len(batch_samples) - 1`)
+  void set_requires_gradient_sync(bool sync) { reduce_grads_ = sync; }
 
  private:
   enum class State : uint8_t { kIdle, kForward, kPreBackward, kPostBackward };
@@ -60,7 +63,7 @@ class Fsdp2 : public FsdpHooks {
   T ag_state_;                // comm_ctx.all_gather_state: the forward's last all-gather output
   T rs_state_;                // comm_ctx.reduce_scatter_state: the last reduce-scatter input
   std::vector<size_t> post_forward_order_;  // comm_ctx.post_forward_order (unit indices)
-  bool callback_queued_ = false;
+  bool reduce_grads_ = true;  // FSDPParamGroup.reduce_grads
 };
 
 }  // namespace trainmem::sim

@@ -384,6 +384,7 @@ struct Loop {
     e.phase = Phase::kForward;
     if (o.loop == LoopKind::kHf) get_batch();  // Trainer: _prepare_inputs moves this micro-batch's tensors
     if (ddp.on) ddp_pre_forward(micro == std::min<uint64_t>(s.grad_accum, 2));
+    if (fsdp) fsdp->set_requires_gradient_sync(micro == std::min<uint64_t>(s.grad_accum, 2));  // accelerate's no_sync
     T loss;
     {
       ForwardOut out;

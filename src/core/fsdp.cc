@@ -40,6 +40,10 @@ FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop,
                                    "qwen2, ...); {} ({}) has no FSDP unit hooks yet", m.model_type,
                                    family_descriptor(m.family).name));
   }
+  if (s.tp > 1) {
+    refuse("tp", fmt::format("{}: FSDP2 over tensor-parallel shards (a 2-D mesh, DTensor parameters sharded twice) is "
+                             "not simulated", s.tp));
+  }
   if (m.embed.tied) {
     refuse("sharding", "fsdp2: tied input/output embeddings (accelerate's tail unit then holds the shared weight, "
                        "gathered at the start of the forward) are not simulated");

@@ -178,6 +178,8 @@ struct TrainSetup {
   // stage3_prefetch_bucket_size, stage3_max_live_parameters, stage3_max_reuse_distance (elements; empty: DeepSpeed's
   // 5e7, 1e9, 1e9)
   std::optional<uint64_t> prefetch_bucket_size, max_live_parameters, max_reuse_distance;
+  // FSDP2's fully_shard settings (fsdp.h); empty: accelerate's FullyShardedDataParallelPlugin defaults
+  std::optional<bool> reshard_after_forward;   // reshard_after_forward
   // Tensor-parallel ranks (tp.h): transformers 5.x tp_plan="auto" over `tp` GPUs; estimate simulates one rank's
   // local model. 1: none. sequence_parallel: torchtitan's SequenceParallel norms (not simulated yet: refused).
   uint64_t tp = 1;

@@ -181,8 +181,8 @@ constexpr Field kFields[] = {
      FieldGroup::kTraining},
     {"dp", "data-parallel ranks (GPUs): estimate simulates one rank of --sharding; trainmem formulas prints ZeRO's "
            "and DeepSpeed's per-rank closed forms for them (default 1)", FieldGroup::kTraining},
-    {"sharding", "ddp | zero1 | zero2 | zero3: how the --dp ranks share the model (DDP, DeepSpeed ZeRO-1/2/3 under the "
-                 "Trainer; fsdp1, fsdp2: not simulated yet)",
+    {"sharding", "ddp | fsdp2 | zero1 | zero2 | zero3: how the --dp ranks share the model (DDP, FSDP2's fully_shard "
+                 "through accelerate, DeepSpeed ZeRO-1/2/3 under the Trainer; fsdp1: not simulated yet)",
      FieldGroup::kTraining},
     {"bucket_cap_mb", "DDP's bucket_cap_mb, in MiB (default: what the loop passes: none, so DDP's 25 with a 1 MiB "
                       "first bucket)", FieldGroup::kTraining},
@@ -202,6 +202,9 @@ constexpr Field kFields[] = {
     {"prefetch_bucket_size", "ZeRO-3 (default 5e7; the Trainer's \"auto\": 0.9 * hidden_size^2)", FieldGroup::kTraining},
     {"max_live_parameters", "ZeRO-3: the cap on gathered elements the prefetch keeps to (default 1e9)", FieldGroup::kTraining},
     {"max_reuse_distance", "ZeRO-3: keep a module reused within this many elements (default 1e9)", FieldGroup::kTraining},
+    {"reshard_after_forward", "true | false: FSDP2's reshard_after_forward for the decoder layers and the embedding "
+                              "(default true, accelerate's for fsdp_version 2; the tail [norm, lm_head] keeps false)",
+     FieldGroup::kTraining},
     {"tp", "tensor-parallel ranks: transformers' tp_plan=\"auto\" (Llama-shaped decoders); estimate simulates one "
            "rank's local model (default 1)", FieldGroup::kTraining},
     {"sequence_parallel", "true | false: sequence parallelism with --tp (torchtitan's plan; not simulated yet)",
@@ -481,6 +484,12 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     s.train.reduce_bucket_size = count(f, v, uint64_t{1} << 40);
   } else if (f == "overlap_comm") {
     s.train.overlap_comm = boolean(f, v);
+  } else if (f == "reshard_after_forward") {
+    if (v.empty()) {
+      s.train.reshard_after_forward.reset();  // accelerate's default (resolve_fsdp)
+    } else {
+      s.train.reshard_after_forward = boolean(f, v);
+    }
   } else if (f == "tp") {
     s.train.tp = count(f, v, kMaxRanks);
   } else if (f == "sequence_parallel") {
@@ -593,6 +602,9 @@ std::string field_text(const Scenario& s, std::string_view f) {
                                 std::pair{"max_live_parameters", &s.train.max_live_parameters},
                                 std::pair{"max_reuse_distance", &s.train.max_reuse_distance}}) {
     if (f == name) return *v ? std::to_string(**v) : "";
+  }
+  if (f == "reshard_after_forward") {
+    return s.train.reshard_after_forward ? (*s.train.reshard_after_forward ? "true" : "false") : "";
   }
   if (f == "tp") return std::to_string(s.train.tp);
   if (f == "sequence_parallel") return s.train.sequence_parallel ? "true" : "false";

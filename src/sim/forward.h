@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -51,9 +52,11 @@ struct LoadedModel {
   const T& buf(std::string_view name) const;
 };
 
-// model.to(device): parameters and buffers allocated in nn.Module._apply order.
-// `after_param`, when set, runs on each parameter as it is created (DeepSpeed's zero.Init partitions it there).
+// model.to(device): parameters and buffers allocated in nn.Module._apply order. `make_param`, when given, makes
+// parameter row i instead (FSDP2's sharded parameters). `after_param`, when set, runs on each parameter as it is
+// created (DeepSpeed's zero.Init partitions it there).
 LoadedModel load_model(Engine& e, const Inventory& inv, DType model_dtype,
+                       const std::function<T(size_t)>& make_param = {},
                        const std::function<void(size_t, T&)>& after_param = {});
 
 // What the model's forward returns.

@@ -241,8 +241,10 @@ std::string render_fsdp_note(const Estimate& e) {
                        ".grad, {} in {}, from the first micro-batch's backward to the last one's reduce-scatters\n",
                        format_bytes(bytes_of(e.state.parameters, o.param_dtype)), dt(o.param_dtype));
   }
-  out += "  NCCL's communicator buffers are outside the caching allocator (with --gpu, under the verdict); not modelled: "
-         "the all-gather and reduce-scatter streams (their blocks are replayed as plain frees, reusable at once)\n";
+  out += "  streams: the copy-in and all-gather output come from the all-gather copy-in stream's pool, the reduce-scatter "
+         "output and the sharded gradients from the reduce-scatter stream's; the caching allocator reuses a block on its "
+         "own stream only\n"
+         "  NCCL's communicator buffers are outside the caching allocator (with --gpu, under the verdict)\n";
   return out;
 }
 

@@ -174,7 +174,7 @@ uint64_t Engine::alloc_storage(Bytes b, Category c, Label l) {
     l = Label{running_->label.what, running_->label.layer, kRowBackwardOf};
   }
   const uint64_t id = storages_.size();
-  storages_.push_back(StorageInfo{b, c, 0, l});
+  storages_.push_back(StorageInfo{b, c, 0, l, false, stream});
   emit_alloc(id);
   return id;
 }
@@ -197,7 +197,7 @@ void Engine::emit_alloc(uint64_t id) {
                             s.label.layer >= 0 ? fmt::format(" of layer {}", s.label.layer) : "",
                             with_commas(s.bytes.value), category_name(s.category), moment_name(phase, step)));
   }
-  emit(Event{Event::kAlloc, s.category, s.category, phase, step, micro, id, s.bytes, s.label});
+  emit(Event{Event::kAlloc, s.category, s.category, phase, step, micro, id, s.bytes, s.label, s.stream});
   if (live_.total > peak_live_.total) {
     peak_live_ = live_;
     peak_event_ = tl_->events.size() - 1;
@@ -209,6 +209,7 @@ void Engine::resize_storage(uint64_t id, bool allocated) {
   if (s.resized_out != allocated) return;  // already so
   if (allocated) {
     s.resized_out = false;
+    s.stream = stream;  // resize_ allocates on the stream current then
     emit_alloc(id);
   } else {
     free_storage(id);
@@ -221,7 +222,7 @@ void Engine::free_storage(uint64_t id) noexcept {
   const StorageInfo& s = storages_[id];
   if (s.resized_out) return;  // its bytes went with resize_(0)
   try {
-    emit(Event{Event::kFree, s.category, s.category, phase, step, micro, id, s.bytes, s.label});
+    emit(Event{Event::kFree, s.category, s.category, phase, step, micro, id, s.bytes, s.label, s.stream});
   } catch (...) {  // std::bad_alloc growing the timeline: a release path never throws
     recording_ = false;
     lost_events_ = true;
@@ -247,7 +248,7 @@ void Engine::release(uint64_t id) {
 void Engine::recategorize(uint64_t id, Category c) {
   StorageInfo& s = storages_[id];
   if (s.category == c) return;
-  emit(Event{Event::kRecategorize, c, s.category, phase, step, micro, id, s.bytes, s.label});
+  emit(Event{Event::kRecategorize, c, s.category, phase, step, micro, id, s.bytes, s.label, s.stream});
   s.category = c;
 }
 
@@ -304,7 +305,7 @@ T Engine::parameter_unallocated(const Shape& s, DType dt, int32_t index, Bytes s
   p->strides = contiguous_strides(s);
   p->label = l;
   p->storage = storages_.size();
-  storages_.push_back(StorageInfo{storage, c, 0, l, true});
+  storages_.push_back(StorageInfo{storage, c, 0, l, true, stream});
   retain(p->storage);
   return make_parameter(T(p), index, true);
 }

@@ -306,6 +306,7 @@ struct StorageInfo {
   uint32_t refs = 0;  // tensor impls referring to it
   Label label;
   bool resized_out = false;  // untyped_storage().resize_(0): no bytes until resized back (Engine::resize_storage)
+  Stream stream = Stream::kDefault;  // the stream current when it was allocated
 };
 
 // The most events one simulation may record: 1,024 layers (the bound on layers) for 16 steps of two
@@ -324,6 +325,8 @@ class Engine {
   Phase phase = Phase::kSetup;
   uint32_t step = 0, micro = 0;
   bool grad_mode = true;  // torch.no_grad() when false: no nodes are recorded
+  // torch.cuda.stream(s): the stream new storages are allocated on (the allocator's pool they come from)
+  Stream stream = Stream::kDefault;
 
   // A new storage and a tensor over it.
   T empty(const Shape& s, DType dt, Category c, Label l);

@@ -147,6 +147,25 @@ struct ZeroFigures {
   Bytes deepspeed_estimate;  // estimate_zero2_model_states_mem_needs (no offload): 2P + int(18P / N)
 };
 
+// --pp N: every rank of the pipeline, simulated (pp.h); the estimate around it is `shown`'s.
+struct PpRankFigures {
+  uint64_t rank = 0;
+  PpStagePart part;             // its stage: layers, embeddings, head
+  uint64_t in_flight = 0;       // most micro-batches whose forward ran and whose backward has not
+  Bytes weights;                // its stage's parameters
+  Bytes saved_activations;      // autograd's saved tensors when most micro-batches are in flight
+  Bytes peak_live;              // the highest total of live tensors
+  Bytes peak_allocated, peak_reserved;
+  std::optional<bool> fits;     // with a GPU
+};
+struct PpFigures {
+  PpSchedule schedule = PpSchedule::k1f1b;
+  uint64_t ranks = 1, micro_batches = 1;
+  std::vector<PpRankFigures> rows;  // by rank
+  uint64_t worst = 0;               // the rank with the highest peak reserved (the first of equals)
+  uint64_t shown = 0;               // the rank the estimate shows (--rank, else the worst)
+};
+
 // The estimate of one step, in its natural parts; the timeline and the allocator's per-event figures are
 // shared (an Estimate copies cheaply, and a binding can hand them out without copying them).
 struct Estimate {
@@ -160,6 +179,7 @@ struct Estimate {
   std::optional<GenerationFigures> generation;  // --generate only
   std::optional<DdpFigures> ddp;                // --dp > 1: per rank
   std::optional<ZeroFigures> zero;              // --sharding zero1|zero2: per rank
+  std::optional<PpFigures> pp;                  // --pp > 1: every rank; the rest is rank pp->shown's
   std::shared_ptr<const SimResult> sim;
   std::shared_ptr<const AllocatorReplay> alloc;
   std::vector<std::string> warnings;  // the simulated program's (SimResult::warnings)

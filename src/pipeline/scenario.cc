@@ -30,6 +30,8 @@ constexpr uint64_t kMaxSeq = uint64_t{1} << 24;
 constexpr uint64_t kMaxGenerate = uint64_t{1} << 15;
 // Data-parallel ranks: 2^20, an order of magnitude past the largest published training clusters (~100k GPUs)
 constexpr uint64_t kMaxRanks = uint64_t{1} << 20;
+// --micro-batches: each is simulated (a few hundred layer passes per rank stay within the event bound at 1,024)
+constexpr uint64_t kMaxPpMicroBatches = 1024;
 constexpr uint64_t kMaxGradAccum = uint64_t{1} << 20;
 constexpr uint64_t kMaxSteps = 16;  // the steady state is reached at step 2; more steps only repeat it
 constexpr uint64_t kMaxLayersPerCheckpoint = 1024;  // the bound on layers
@@ -193,6 +195,14 @@ constexpr Field kFields[] = {
     {"reduce_bucket_size", "DeepSpeed ZeRO's reduce_bucket_size, in elements (default 5e8, DeepSpeedZeroConfig's; "
                            "the Trainer's \"auto\" is hidden_size^2)", FieldGroup::kTraining},
     {"overlap_comm", "true | false: DeepSpeed ZeRO's overlap_comm, a second IPG bucket (default false below stage 3)",
+     FieldGroup::kTraining},
+    {"pp", "pipeline-parallel ranks: each holds one stage (torchtitan's split); estimate simulates every rank and "
+           "names the worst (default 1)", FieldGroup::kTraining},
+    {"pp_schedule", "gpipe | 1f1b: torch.distributed.pipelining's schedule for --pp (default 1f1b, torchtitan's; "
+                    "interleaved-1f1b and zero-bubble: not simulated)", FieldGroup::kTraining},
+    {"micro_batches", "the pipeline's micro-batches per step (n_microbatches), each of --batch sequences (default: "
+                      "--pp)", FieldGroup::kTraining},
+    {"rank", "with --pp: the pipeline rank whose step estimate and timeline show (default: the worst)",
      FieldGroup::kTraining},
     {"gpu",
      "GPU from the catalog (trainmem gpus, any case) or a memory size like 24GiB (a generic sm_80 card); "
@@ -440,6 +450,16 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     s.train.reduce_bucket_size = count(f, v, uint64_t{1} << 40);
   } else if (f == "overlap_comm") {
     s.train.overlap_comm = boolean(f, v);
+  } else if (f == "pp") {
+    s.train.pp = count(f, v, kMaxRanks);
+  } else if (f == "pp_schedule") {
+    s.train.pp_schedule = named(f, v, parse_name<PpSchedule>(v));
+  } else if (f == "micro_batches") {
+    s.train.micro_batches = v.empty() ? 0 : count(f, v, kMaxPpMicroBatches);
+  } else if (f == "rank" && v.empty()) {
+    s.train.rank.reset();
+  } else if (f == "rank") {
+    s.train.rank = v == "0" ? 0 : count(f, v, kMaxRanks);
   } else if (f == "gpu") {
     s.train.gpu = std::string(v);
   } else if (f == "gpus" && v.empty()) {
@@ -518,6 +538,10 @@ std::string field_text(const Scenario& s, std::string_view f) {
   if (f == "generate") return std::to_string(s.train.generate);
   if (f == "dp") return std::to_string(s.train.dp);
   if (f == "sharding") return std::string(name_of(s.train.sharding));
+  if (f == "pp") return std::to_string(s.train.pp);
+  if (f == "pp_schedule") return std::string(name_of(s.train.pp_schedule));
+  if (f == "micro_batches") return s.train.micro_batches ? std::to_string(s.train.micro_batches) : "";
+  if (f == "rank") return s.train.rank ? std::to_string(*s.train.rank) : "";
   if (f == "bucket_cap_mb") return s.train.bucket_cap_mb ? fmt::format("{}", *s.train.bucket_cap_mb) : "";
   if (f == "gradient_as_bucket_view") {
     return s.train.gradient_as_bucket_view ? (*s.train.gradient_as_bucket_view ? "true" : "false") : "";
@@ -689,6 +713,17 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
                                                      field_text(s, f)));
       }
     }
+  }
+  // Pipeline parallelism (pp.h): its settings apply with --pp above 1 (refused, not ignored, otherwise);
+  // n_microbatches defaults to the stages (the fewest PipelineScheduleSingle accepts)
+  if (r.setup.pp <= 1) {
+    for (std::string_view f : {"pp_schedule", "micro_batches", "rank"}) {
+      if (s.was_given(f) && !field_text(s, f).empty()) {
+        throw FieldError(std::string(f), fmt::format("{}: a pipeline setting; it applies with --pp above 1", field_text(s, f)));
+      }
+    }
+  } else if (r.setup.micro_batches == 0) {
+    r.setup.micro_batches = r.setup.pp;
   }
   // A bitsandbytes 4-bit base: the Linear weights packed, their quantization state as extra rows.
   if (s.train.quant.type == Quantize::kInt8) {

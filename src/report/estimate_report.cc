@@ -11,12 +11,25 @@ namespace trainmem {
 
 namespace {
 
+// --pp: a stage's modules, "embeddings, layers 0-7"
+std::string pp_stage_modules(const PpStagePart& p) {
+  std::string layers = p.layers() == 0 ? std::string("no layers")
+                                       : fmt::format("layers {}-{}", p.layer_begin, p.layer_end - 1);
+  if (p.embeddings) layers = "embeddings, " + layers;
+  if (p.head) layers += ", norm, lm_head, loss";
+  return layers;
+}
+
 std::string headline(const Estimate& e) {
   const ModelSpec& m = e.model;
   const TrainSetup& s = e.setup;
   std::string accum = s.grad_accum > 1 ? fmt::format(", {} micro-batches per step", s.grad_accum) : "";
   if (e.ddp) accum += fmt::format("; per rank, {} ranks (DDP)", e.ddp->ranks);
   if (e.zero) accum += fmt::format("; per rank, {} ranks (DeepSpeed ZeRO-{})", e.zero->options.ranks, e.zero->options.stage);
+  if (e.pp) {
+    accum += fmt::format("; pipeline rank {} of {} ({}), {} micro-batches, {}", e.pp->shown, e.pp->ranks,
+                         pp_stage_modules(e.pp->rows[e.pp->shown].part), e.pp->micro_batches, name_of(e.pp->schedule));
+  }
   const bool inference = s.task == Task::kInference;
   return fmt::format(
       "{} (model_type {}, {} code, {} attention{}): batch {} x seq {}, {}, {}{}\n"
@@ -38,7 +51,7 @@ std::string where(const Estimate& e) {
                             : fmt::format("decode step {} of {} (the one-token forward that yields token {})",
                                           e.peak.step - 1, e.generation->new_tokens - 1, e.peak.step);
   }
-  return moment_name(e.peak.phase, e.peak.step, e.setup.grad_accum > 1 ? e.peak.micro : 0);
+  return moment_name(e.peak.phase, e.peak.step, e.setup.grad_accum > 1 || e.pp ? e.peak.micro : 0);
 }
 
 std::string render_generation_table(const GenerationFigures& g, const TrainSetup& s) {
@@ -136,6 +149,40 @@ std::string render_ddp_note(const DdpFigures& d) {
   return out;
 }
 
+// --pp N: every rank's stage and peak, the worst named (the table above is rank f.shown's).
+std::string render_pp_note(const PpFigures& f) {
+  using TT = report::TextTable;
+  const bool verdict = !f.rows.empty() && f.rows[0].fits.has_value();
+  std::vector<std::pair<std::string, TT::Align>> cols = {
+      {"rank", TT::kRight},          {"stage", TT::kLeft},           {"in flight", TT::kRight},
+      {"weights", TT::kRight},       {"saved activations", TT::kRight}, {"peak allocated", TT::kRight},
+      {"peak reserved", TT::kRight}};
+  if (verdict) cols.push_back({"fits", TT::kLeft});
+  TT t(cols);
+  for (const PpRankFigures& r : f.rows) {
+    std::vector<std::string> cells = {std::to_string(r.rank) + (r.rank == f.worst ? " *" : ""), pp_stage_modules(r.part),
+                                      std::to_string(r.in_flight), format_bytes(r.weights),
+                                      format_bytes(r.saved_activations), format_bytes(r.peak_allocated),
+                                      format_bytes(r.peak_reserved)};
+    if (verdict) cells.push_back(*r.fits ? "yes" : "no");
+    t.row(std::move(cells));
+  }
+  std::string out = fmt::format(
+      "pipeline: {} ranks, {} over {} micro-batches (torch.distributed.pipelining, torchtitan's stage split); every "
+      "rank simulated\n",
+      f.ranks, name_of(f.schedule), f.micro_batches);
+  out += t.str();
+  const PpRankFigures& w = f.rows[f.worst];
+  out += fmt::format("  worst rank: {} ({}), peak reserved {}; the tables above are rank {}'s{}\n", w.rank,
+                     pp_stage_modules(w.part), format_bytes(w.peak_reserved), f.shown,
+                     f.shown == f.worst ? "" : " (--rank)");
+  out += "  in flight: micro-batches whose forward ran and whose backward has not (the schedule's warmup); each "
+         "keeps its saved activations, its received input and its output until its backward\n";
+  out += "  not counted: NCCL's send/recv buffers (outside the caching allocator); the first step's shape-inference "
+         "forward (no_grad)\n";
+  return out;
+}
+
 // --sharding zero2: the partitions, the per-rank model states beside DeepSpeed's estimator, what is not counted.
 std::string render_zero_note(const Estimate& e) {
   const ZeroFigures& z = *e.zero;
@@ -212,6 +259,7 @@ std::string render_estimate_table(const Estimate& e, const GpuSpec* gpu) {
   if (e.generation) out += '\n' + render_generation_table(*e.generation, e.setup);
   if (e.ddp) out += '\n' + render_ddp_note(*e.ddp);
   if (e.zero) out += '\n' + render_zero_note(e);
+  if (e.pp) out += '\n' + render_pp_note(*e.pp);
   if (e.device) {
     out += '\n';
     out += render_verdict(*e.device, gpu);
@@ -294,6 +342,26 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
     for (const auto& [key, b] : bytes) j[key] = b.value;
     j["nccl_buffers"] = "not counted: NCCL allocates its buffers outside the caching allocator";
   }
+  if (const auto& f = e.pp) {
+    // --pp N: every rank (added keys only; the rest of the document is rank pp.shown_rank's)
+    nlohmann::json ranks = nlohmann::json::array();
+    for (const PpRankFigures& r : f->rows) {
+      nlohmann::json j = {{"rank", r.rank}, {"stage", r.part.stage},
+                          {"layers", {r.part.layer_begin, r.part.layer_end}},
+                          {"embeddings", r.part.embeddings}, {"head", r.part.head},
+                          {"in_flight_micro_batches", r.in_flight}, {"weights_bytes", r.weights.value},
+                          {"saved_activations_bytes", r.saved_activations.value},
+                          {"live_tensors_at_peak_bytes", r.peak_live.value},
+                          {"peak_allocated_bytes", r.peak_allocated.value},
+                          {"peak_reserved_bytes", r.peak_reserved.value}};
+      if (r.fits) j["fits"] = *r.fits;
+      ranks.push_back(std::move(j));
+    }
+    out["ranks"] = std::move(ranks);
+    out["pp"] = {{"ranks", f->ranks}, {"schedule", name_of(f->schedule)}, {"micro_batches", f->micro_batches},
+                 {"worst_rank", f->worst}, {"shown_rank", f->shown}};
+  }
+  out["setup"]["pp"] = s.pp;
   out["setup"]["generate"] = s.generate;
   if (const auto& g = e.generation) {
     out["generation"] = {{"new_tokens", g->new_tokens},

@@ -242,6 +242,7 @@ struct Node {
   std::shared_ptr<CheckpointFrame> frame;  // recorded inside a non-reentrant checkpoint: saved tensors are holders
   uint32_t holder = 0;    // the frame's index of the first of them
   uint8_t holder_slots = 0;  // which `saved` slots they fill (bit i: slot i)
+  uint32_t graph = 0;     // the graph it belongs to (Engine::graph when recorded)
 };
 
 // Objects allocated in chunks and recycled through a free list: the simulator creates tens of thousands of
@@ -323,6 +324,10 @@ class Engine {
   Phase phase = Phase::kSetup;
   uint32_t step = 0, micro = 0;
   bool grad_mode = true;  // torch.no_grad() when false: no nodes are recorded
+  // The graph new nodes belong to. 0: one graph at a time (every backward frees every node). Pipeline
+  // parallelism (pp.h) keeps several micro-batches' graphs alive at once, each under its own nonzero tag: the
+  // backward of a tagged root frees only the nodes of its tag, as torch frees one graph and keeps the others.
+  uint32_t graph = 0;
 
   // A new storage and a tensor over it.
   T empty(const Shape& s, DType dt, Category c, Label l);

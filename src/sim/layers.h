@@ -49,7 +49,7 @@ T checkpoint_non_reentrant(Ctx& c, uint64_t l, T hidden, const LayerArgs& args, 
 template <typename F, typename ArgsOf>
 T run_layers_with(Ctx& c, uint64_t layers, T hidden, ArgsOf&& args_of, F&& layer) {
   std::shared_ptr<const LayerFn> fn;  // made once, when a layer is checkpointed
-  for (uint64_t l = 0; l < layers; ++l) {
+  for (uint64_t l = c.pp.begin; l < layers && l < c.pp.end; ++l) {  // a pipeline stage's layers (Ctx::pp)
     c.layer = static_cast<int32_t>(l);
     const LayerArgs& args = args_of(l);
     const CheckpointPolicy& p = c.checkpoint;

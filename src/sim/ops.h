@@ -76,6 +76,14 @@ struct Ctx {
   // enable_input_require_grads: the input embedding's output is made to require grad (its weight's row)
   int32_t input_embedding_row = -1;
   std::vector<std::string> warnings;  // what the simulated program would warn about, each once
+  // Pipeline parallelism (pp.h): the stage a forward runs. The first stage embeds the ids; a later one takes
+  // `input` (its received activations) instead; only layers [begin, end) run (run_layers); the last stage
+  // runs the final norm, the head and the loss. The defaults are the whole model.
+  struct PpStage {
+    bool first = true, last = true;
+    uint64_t begin = 0, end = UINT64_MAX;
+    const T* input = nullptr;
+  } pp;
 
   void warn(const std::string& w) {
     for (const std::string& x : warnings) {

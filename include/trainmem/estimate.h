@@ -150,8 +150,8 @@ struct ZeroFigures {
 // --pp N: every rank of the pipeline, simulated (pp.h); the estimate around it is `shown`'s.
 struct PpRankFigures {
   uint64_t rank = 0;
-  PpStagePart part;             // its stage: layers, embeddings, head
-  uint64_t in_flight = 0;       // most micro-batches whose forward ran and whose backward has not
+  std::vector<PpStagePart> parts;     // its stages (one; several with interleaved-1f1b): layers, embeddings, head
+  std::vector<uint64_t> in_flight;    // per stage: most micro-batches whose forward ran and whose backward has not
   Bytes weights;                // its stage's parameters
   Bytes saved_activations;      // autograd's saved tensors when most micro-batches are in flight
   Bytes peak_live;              // the highest total of live tensors
@@ -160,7 +160,7 @@ struct PpRankFigures {
 };
 struct PpFigures {
   PpSchedule schedule = PpSchedule::k1f1b;
-  uint64_t ranks = 1, micro_batches = 1;
+  uint64_t ranks = 1, micro_batches = 1, virtual_stages = 1;
   std::vector<PpRankFigures> rows;  // by rank
   uint64_t worst = 0;               // the rank with the highest peak reserved (the first of equals)
   uint64_t shown = 0;               // the rank the estimate shows (--rank, else the worst)

@@ -44,18 +44,41 @@ struct PpAction {
   uint64_t micro = 0;
 };
 
-// The order in which rank `rank` of `pp` runs its actions for one step of `micro_batches` micro-batches,
-// single-stage schedules (stage == rank): ScheduleGPipe._step_microbatches (every forward, then every
-// backward) and Schedule1F1B._step_microbatches (warmup_chunks = min(n_microbatches, num_stages -
-// stage_index) forwards, then backward/forward pairs, then the remaining backwards).
-std::vector<PpAction> pp_rank_actions(PpSchedule s, uint64_t rank, uint64_t pp, uint64_t micro_batches);
+// The order in which rank `rank` of `pp` runs its actions for one step of `micro_batches` micro-batches:
+// ScheduleGPipe._step_microbatches (every forward, then every backward) and Schedule1F1B._step_microbatches
+// (warmup_chunks = min(n_microbatches, num_stages - stage_index) forwards, then backward/forward pairs, then the
+// remaining backwards), one stage per rank (stage == rank); ScheduleInterleaved1F1B's
+// _calculate_single_rank_operations with `virtual_stages` stages per rank (stages rank, rank + pp, ...: torchtitan's
+// "loop" style), its idle steps (None) left out. Throws trainmem::Error where the schedule raises.
+std::vector<PpAction> pp_rank_actions(PpSchedule s, uint64_t rank, uint64_t pp, uint64_t micro_batches,
+                                      uint64_t virtual_stages = 1);
+
+// The stages rank `rank` of `pp` holds with `virtual_stages` each (torchtitan's
+// _get_pp_rank_to_stage_indices_mapping, "loop" style: rank + s * pp_degree).
+std::vector<uint64_t> pp_rank_stages(uint64_t rank, uint64_t pp, uint64_t virtual_stages);
 
 // The most micro-batches whose forward has run and whose backward has not, over `actions`, for `stage`.
 uint64_t pp_max_in_flight(const std::vector<PpAction>& actions, uint64_t stage);
+// The most (stage, micro-batch) chunks in flight at once over all of a rank's stages, each weighted by
+// `weight(stage)` (its layers, say): the moment a rank holds the most.
+template <typename W>
+uint64_t pp_max_weighted_in_flight(const std::vector<PpAction>& actions, W weight) {
+  uint64_t now = 0, most = 0;
+  for (const PpAction& a : actions) {
+    if (a.forward) {
+      now += weight(a.stage);
+      most = now > most ? now : most;
+    } else {
+      now -= weight(a.stage);
+    }
+  }
+  return most;
+}
 
 struct Inventory;
-// The rows of `inv` that stage `p` holds (the Llama-shaped decoder's names); throws for a parameter in no stage.
-Inventory pp_stage_inventory(const Inventory& inv, const PpStagePart& p);
+// The rows of `inv` that stages `parts` hold, in the model's order (the Llama-shaped decoder's names); throws
+// for a parameter in no stage.
+Inventory pp_stage_inventory(const Inventory& inv, const std::vector<PpStagePart>& parts);
 
 // The resolved pipeline of one simulated rank.
 struct PpOptions {
@@ -64,7 +87,7 @@ struct PpOptions {
   uint64_t ranks = 1;          // pp
   uint64_t micro_batches = 1;  // n_microbatches
   uint64_t rank = 0;           // the simulated pp rank
-  PpStagePart part;            // its stage
+  std::vector<PpStagePart> parts;  // its stages, in stage order (one, or virtual_stages for interleaved-1f1b)
   std::vector<PpAction> actions;
 };
 

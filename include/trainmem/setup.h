@@ -179,6 +179,8 @@ struct TrainSetup {
   uint64_t pp = 1;
   PpSchedule pp_schedule = PpSchedule::k1f1b;  // torchtitan's default pipeline_parallel_schedule "1F1B"
   uint64_t micro_batches = 0;                  // n_microbatches; 0: not given (pp)
+  // interleaved-1f1b: stages per rank; 0: not given (torchtitan's default for a multi-stage schedule, 2)
+  uint64_t pp_virtual_stages = 0;
   std::optional<uint64_t> rank;                // the rank whose step estimate and timeline show; empty: the worst
 };
 

@@ -63,7 +63,60 @@ std::vector<PpStagePart> pp_stage_split(uint64_t stages, uint64_t layers, uint64
   return out;
 }
 
-std::vector<PpAction> pp_rank_actions(PpSchedule s, uint64_t rank, uint64_t pp, uint64_t m) {
+std::vector<uint64_t> pp_rank_stages(uint64_t rank, uint64_t pp, uint64_t v) {
+  // torchtitan pipeline_parallel.py _get_pp_rank_to_stage_indices_mapping, style "loop":
+  //   tuple(pp_rank + s * pp_degree for s in range(stages_per_rank))
+  std::vector<uint64_t> out;
+  for (uint64_t i = 0; i < v; ++i) out.push_back(rank + i * pp);
+  return out;
+}
+
+namespace {
+
+// schedules.py ScheduleInterleaved1F1B (PyTorch 2.9), transcribed:
+//   number_of_rounds = max(1, n_microbatches // pp_group_size)
+//   microbatches_per_round = n_microbatches // number_of_rounds (ValueError unless it divides n_microbatches)
+//   warmup_ops = min((n_local_stages - 1) * microbatches_per_round + 2 * (pp_group_size - 1 - rank),
+//                    n_microbatches * n_local_stages)
+//   fwd_bwd_ops = n_local_stages * n_microbatches - warmup_ops; cooldown_ops = warmup_ops
+//   forward_stage_index(step) = ((step // microbatches_per_round) % n_local_stages) * pp_group_size + rank
+//   backward_stage_index(step) = (n_local_stages - 1 - ((step - warmup_ops) // microbatches_per_round)
+//                                 % n_local_stages) * pp_group_size + rank
+// and _get_1f1b_rank_ops without zero bubble: op < warmup_ops: F; then F and FULL_BACKWARD per op; then
+// FULL_BACKWARD per op; each stage's micro-batch index counting up from 0 (the None idle steps left out).
+std::vector<PpAction> interleaved_actions(uint64_t rank, uint64_t pp, uint64_t m, uint64_t v) {
+  const uint64_t rounds = std::max<uint64_t>(1, m / pp);
+  if (m % rounds != 0) {
+    throw Error(fmt::format("--micro-batches {}: ScheduleInterleaved1F1B requires the number of micro-batches to be a "
+                            "multiple of the number of rounds ({} = max(1, {} // {}))", m, rounds, m, pp));
+  }
+  const uint64_t per_round = m / rounds;
+  const uint64_t warmup = std::min((v - 1) * per_round + 2 * (pp - 1 - rank), m * v);
+  const uint64_t fwd_bwd = m * v - warmup, cooldown = m * v - fwd_bwd;
+  auto fwd_stage = [&](uint64_t step) { return ((step / per_round) % v) * pp + rank; };
+  auto bwd_stage = [&](uint64_t step) { return (v - 1 - ((step - warmup) / per_round) % v) * pp + rank; };
+  std::vector<uint64_t> fwd_mb(v * pp, 0), bwd_mb(v * pp, 0);
+  std::vector<PpAction> a;
+  for (uint64_t op = 0; op < warmup + fwd_bwd + cooldown; ++op) {
+    if (op < warmup) {
+      const uint64_t st = fwd_stage(op);
+      a.push_back({st, true, fwd_mb[st]++});
+    } else if (op < warmup + fwd_bwd) {
+      const uint64_t f = fwd_stage(op);
+      a.push_back({f, true, fwd_mb[f]++});
+      const uint64_t b = bwd_stage(op);
+      a.push_back({b, false, bwd_mb[b]++});
+    } else {
+      const uint64_t b = bwd_stage(op);
+      a.push_back({b, false, bwd_mb[b]++});
+    }
+  }
+  return a;
+}
+
+}  // namespace
+
+std::vector<PpAction> pp_rank_actions(PpSchedule s, uint64_t rank, uint64_t pp, uint64_t m, uint64_t v) {
   std::vector<PpAction> a;
   if (s == PpSchedule::kGpipe) {
     // ScheduleGPipe._step_microbatches: for i in range(n_microbatches): forward_one_chunk(i) (and the loss);
@@ -72,7 +125,9 @@ std::vector<PpAction> pp_rank_actions(PpSchedule s, uint64_t rank, uint64_t pp, 
     for (uint64_t i = 0; i < m; ++i) a.push_back({rank, false, i});
     return a;
   }
-  if (s != PpSchedule::k1f1b) throw Error("internal: pp_rank_actions of a multi-stage schedule");
+  if (s == PpSchedule::kInterleaved1f1b) return interleaved_actions(rank, pp, m, v);
+  if (s != PpSchedule::k1f1b) throw Error("internal: pp_rank_actions of a schedule not simulated");
+  if (v != 1) throw Error("internal: a single-stage schedule with virtual stages");
   // Schedule1F1B._step_microbatches: warmup_chunks = min(self._n_microbatches, self._num_stages -
   // self._stage.stage_index); then `while True:` backward_one_chunk(bwd_mb_index); `if fwd_mb_index ==
   // self._n_microbatches: break`; forward_one_chunk(fwd_mb_index); then the cooldown backwards.
@@ -105,14 +160,15 @@ uint64_t pp_max_in_flight(const std::vector<PpAction>& actions, uint64_t stage) 
 // list are deleted; buffers of the kept modules and the model's own rotary table stay): the Llama-shaped
 // decoder's names (modeling_llama.py): model.embed_tokens on the first stage, model.layers.{i} for the stage's
 // layers, model.norm and lm_head on the last; every other buffer (model.rotary_emb.inv_freq) on every stage.
-Inventory pp_stage_inventory(const Inventory& inv, const PpStagePart& p) {
+Inventory pp_stage_inventory(const Inventory& inv, const std::vector<PpStagePart>& parts) {
+  auto any = [&](auto pred) { return std::any_of(parts.begin(), parts.end(), pred); };
   auto keep = [&](const std::string& name, bool parameter) {
     auto starts = [&](std::string_view pre) { return name.rfind(pre, 0) == 0; };
-    if (starts("model.embed_tokens.")) return p.embeddings;
-    if (starts("model.norm.") || starts("lm_head.")) return p.head;
+    if (starts("model.embed_tokens.")) return any([](const PpStagePart& p) { return p.embeddings; });
+    if (starts("model.norm.") || starts("lm_head.")) return any([](const PpStagePart& p) { return p.head; });
     if (starts("model.layers.")) {
       const uint64_t l = std::stoull(name.substr(std::string_view("model.layers.").size()));
-      return l >= p.layer_begin && l < p.layer_end;
+      return any([&](const PpStagePart& p) { return l >= p.layer_begin && l < p.layer_end; });
     }
     if (parameter) throw Error(fmt::format("--pp: parameter {} is in no pipeline stage (not simulated)", name));
     return true;

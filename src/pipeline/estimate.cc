@@ -160,9 +160,16 @@ namespace {
 // What the pipeline simulation covers; anything else is refused with its reason.
 void check_pipeline(const ModelSpec& m, const TrainSetup& s, LoopKind loop) {
   auto no = [](const std::string& why) { throw Error("--pp: " + why); };
-  if (s.pp_schedule == PpSchedule::kInterleaved1f1b) {
-    no("interleaved-1f1b is not simulated yet: ScheduleInterleaved1F1B runs several stages per rank in "
-       "_calculate_single_rank_operations' order, which trainmem does not model (use gpipe or 1f1b)");
+  const bool multi = s.pp_schedule == PpSchedule::kInterleaved1f1b;
+  if (multi && s.pp_virtual_stages < 2) {
+    // torchtitan _get_pipeline_metadata: "Multi-stage schedule requires at least 2 stages per rank"
+    no(fmt::format("--pp-virtual-stages {}: interleaved-1f1b needs at least 2 stages per rank (torchtitan raises)",
+                   s.pp_virtual_stages));
+  }
+  if (!multi && s.pp_virtual_stages > 1) {
+    // "Single stage schedule requires exactly 1 stage per rank"
+    no(fmt::format("--pp-virtual-stages {}: {} runs exactly one stage per rank (torchtitan raises)",
+                   s.pp_virtual_stages, name_of(s.pp_schedule)));
   }
   if (s.pp_schedule == PpSchedule::kZeroBubble) {
     no("zero-bubble schedules are not simulated: they split each backward into input (stage_backward_input) and "
@@ -193,7 +200,7 @@ void check_pipeline(const ModelSpec& m, const TrainSetup& s, LoopKind loop) {
                    "(torchtitan's training.dtype)", precision_name(s.precision)));
   }
   if (loop != LoopKind::kHf) no("the torchtitan-style loop is simulated with the hf loop only");
-  if (s.micro_batches < s.pp) {
+  if (!multi && s.micro_batches < s.pp) {
     // PipelineScheduleSingle.__init__: "Number of microbatches ({n_microbatches}) must be greater than or equal
     // to the number of stages ({self._num_stages})."
     no(fmt::format("--micro-batches {} is less than --pp {} (PipelineScheduleSingle raises: the number of "
@@ -208,12 +215,15 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
   if (s.pp > 1 && !o0.pp.on) {
     validate_setup(m, s);
     check_pipeline(m, s, resolved(o0, m).loop);
-    const std::vector<PpStagePart> parts = pp_stage_split(s.pp, m.layers);
+    const uint64_t v = std::max<uint64_t>(s.pp_virtual_stages, 1);
+    // torchtitan: the model split into pp * stages_per_rank stages (_generate_llm_fqn_per_model_part)
+    const std::vector<PpStagePart> parts = pp_stage_split(checked_mul(s.pp, v, "pp x virtual stages"), m.layers);
     if (s.rank && *s.rank >= s.pp) throw Error(fmt::format("--rank {}: the pipeline has ranks 0 to {}", *s.rank, s.pp - 1));
     PpFigures f;
     f.schedule = s.pp_schedule;
     f.ranks = s.pp;
     f.micro_batches = s.micro_batches;
+    f.virtual_stages = v;
     std::vector<Estimate> ranks;
     for (uint64_t r = 0; r < s.pp; ++r) {
       SimOptions o = o0;
@@ -222,14 +232,14 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
       o.pp.ranks = s.pp;
       o.pp.micro_batches = s.micro_batches;
       o.pp.rank = r;
-      o.pp.part = parts[r];
-      o.pp.actions = pp_rank_actions(s.pp_schedule, r, s.pp, s.micro_batches);
-      const Inventory stage_inv = pp_stage_inventory(inv, parts[r]);
+      for (uint64_t st : pp_rank_stages(r, s.pp, v)) o.pp.parts.push_back(parts[st]);
+      o.pp.actions = pp_rank_actions(s.pp_schedule, r, s.pp, s.micro_batches, v);
+      const Inventory stage_inv = pp_stage_inventory(inv, o.pp.parts);
       Estimate e = estimate(m, stage_inv, s, o, ac, gpu);
       PpRankFigures row;
       row.rank = r;
-      row.part = parts[r];
-      row.in_flight = pp_max_in_flight(o.pp.actions, parts[r].stage);
+      row.parts = o.pp.parts;
+      for (const PpStagePart& part : o.pp.parts) row.in_flight.push_back(pp_max_in_flight(o.pp.actions, part.stage));
       row.weights = e.state.weights;
       row.saved_activations = e.peak.saved_activations;
       row.peak_live = e.peak.live_total;

@@ -32,6 +32,7 @@ constexpr uint64_t kMaxGenerate = uint64_t{1} << 15;
 constexpr uint64_t kMaxRanks = uint64_t{1} << 20;
 // --micro-batches: each is simulated (a few hundred layer passes per rank stay within the event bound at 1,024)
 constexpr uint64_t kMaxPpMicroBatches = 1024;
+constexpr uint64_t kMaxPpVirtualStages = 64;  // stages per rank (each holds at least one layer)
 constexpr uint64_t kMaxGradAccum = uint64_t{1} << 20;
 constexpr uint64_t kMaxSteps = 16;  // the steady state is reached at step 2; more steps only repeat it
 constexpr uint64_t kMaxLayersPerCheckpoint = 1024;  // the bound on layers
@@ -198,10 +199,12 @@ constexpr Field kFields[] = {
      FieldGroup::kTraining},
     {"pp", "pipeline-parallel ranks: each holds one stage (torchtitan's split); estimate simulates every rank and "
            "names the worst (default 1)", FieldGroup::kTraining},
-    {"pp_schedule", "gpipe | 1f1b: torch.distributed.pipelining's schedule for --pp (default 1f1b, torchtitan's; "
-                    "interleaved-1f1b and zero-bubble: not simulated)", FieldGroup::kTraining},
+    {"pp_schedule", "gpipe | 1f1b | interleaved-1f1b: torch.distributed.pipelining's schedule for --pp (default "
+                    "1f1b, torchtitan's; zero-bubble: not simulated)", FieldGroup::kTraining},
     {"micro_batches", "the pipeline's micro-batches per step (n_microbatches), each of --batch sequences (default: "
                       "--pp)", FieldGroup::kTraining},
+    {"pp_virtual_stages", "with --pp-schedule interleaved-1f1b: stages per rank (default 2, torchtitan's for a "
+                          "multi-stage schedule)", FieldGroup::kTraining},
     {"rank", "with --pp: the pipeline rank whose step estimate and timeline show (default: the worst)",
      FieldGroup::kTraining},
     {"gpu",
@@ -456,6 +459,8 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     s.train.pp_schedule = named(f, v, parse_name<PpSchedule>(v));
   } else if (f == "micro_batches") {
     s.train.micro_batches = v.empty() ? 0 : count(f, v, kMaxPpMicroBatches);
+  } else if (f == "pp_virtual_stages") {
+    s.train.pp_virtual_stages = v.empty() ? 0 : count(f, v, kMaxPpVirtualStages);
   } else if (f == "rank" && v.empty()) {
     s.train.rank.reset();
   } else if (f == "rank") {
@@ -542,6 +547,7 @@ std::string field_text(const Scenario& s, std::string_view f) {
   if (f == "pp_schedule") return std::string(name_of(s.train.pp_schedule));
   if (f == "micro_batches") return s.train.micro_batches ? std::to_string(s.train.micro_batches) : "";
   if (f == "rank") return s.train.rank ? std::to_string(*s.train.rank) : "";
+  if (f == "pp_virtual_stages") return s.train.pp_virtual_stages ? std::to_string(s.train.pp_virtual_stages) : "";
   if (f == "bucket_cap_mb") return s.train.bucket_cap_mb ? fmt::format("{}", *s.train.bucket_cap_mb) : "";
   if (f == "gradient_as_bucket_view") {
     return s.train.gradient_as_bucket_view ? (*s.train.gradient_as_bucket_view ? "true" : "false") : "";
@@ -717,13 +723,18 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   // Pipeline parallelism (pp.h): its settings apply with --pp above 1 (refused, not ignored, otherwise);
   // n_microbatches defaults to the stages (the fewest PipelineScheduleSingle accepts)
   if (r.setup.pp <= 1) {
-    for (std::string_view f : {"pp_schedule", "micro_batches", "rank"}) {
+    for (std::string_view f : {"pp_schedule", "micro_batches", "rank", "pp_virtual_stages"}) {
       if (s.was_given(f) && !field_text(s, f).empty()) {
         throw FieldError(std::string(f), fmt::format("{}: a pipeline setting; it applies with --pp above 1", field_text(s, f)));
       }
     }
-  } else if (r.setup.micro_batches == 0) {
-    r.setup.micro_batches = r.setup.pp;
+  } else {
+    if (r.setup.micro_batches == 0) r.setup.micro_batches = r.setup.pp;
+    // torchtitan _get_pipeline_metadata without pipeline_parallel_layers_per_stage: "stages_per_rank = 1 if
+    // is_single_stage_schedule else 2"
+    if (r.setup.pp_virtual_stages == 0) {
+      r.setup.pp_virtual_stages = r.setup.pp_schedule == PpSchedule::kInterleaved1f1b ? 2 : 1;
+    }
   }
   // A bitsandbytes 4-bit base: the Linear weights packed, their quantization state as extra rows.
   if (s.train.quant.type == Quantize::kInt8) {

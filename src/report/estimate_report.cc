@@ -11,13 +11,25 @@ namespace trainmem {
 
 namespace {
 
-// --pp: a stage's modules, "embeddings, layers 0-7"
-std::string pp_stage_modules(const PpStagePart& p) {
-  std::string layers = p.layers() == 0 ? std::string("no layers")
-                                       : fmt::format("layers {}-{}", p.layer_begin, p.layer_end - 1);
-  if (p.embeddings) layers = "embeddings, " + layers;
-  if (p.head) layers += ", norm, lm_head, loss";
-  return layers;
+// --pp: a rank's stages and their modules, "embeddings, layers 0-7" or "stage 1: layers 5-9; stage 5: ..."
+std::string pp_stage_modules(const std::vector<PpStagePart>& parts) {
+  std::string out;
+  for (const PpStagePart& p : parts) {
+    std::string layers = p.layers() == 0 ? std::string("no layers")
+                                         : fmt::format("layers {}-{}", p.layer_begin, p.layer_end - 1);
+    if (p.embeddings) layers = "embeddings, " + layers;
+    if (p.head) layers += ", norm, lm_head, loss";
+    if (parts.size() > 1) layers = fmt::format("stage {}: {}", p.stage, layers);
+    out += (out.empty() ? "" : "; ") + layers;
+  }
+  return out;
+}
+
+// per stage, "4" or "6 + 5"
+std::string pp_in_flight(const std::vector<uint64_t>& v) {
+  std::string out;
+  for (uint64_t x : v) out += (out.empty() ? "" : " + ") + std::to_string(x);
+  return out;
 }
 
 std::string headline(const Estimate& e) {
@@ -28,7 +40,7 @@ std::string headline(const Estimate& e) {
   if (e.zero) accum += fmt::format("; per rank, {} ranks (DeepSpeed ZeRO-{})", e.zero->options.ranks, e.zero->options.stage);
   if (e.pp) {
     accum += fmt::format("; pipeline rank {} of {} ({}), {} micro-batches, {}", e.pp->shown, e.pp->ranks,
-                         pp_stage_modules(e.pp->rows[e.pp->shown].part), e.pp->micro_batches, name_of(e.pp->schedule));
+                         pp_stage_modules(e.pp->rows[e.pp->shown].parts), e.pp->micro_batches, name_of(e.pp->schedule));
   }
   const bool inference = s.task == Task::kInference;
   return fmt::format(
@@ -160,21 +172,22 @@ std::string render_pp_note(const PpFigures& f) {
   if (verdict) cols.push_back({"fits", TT::kLeft});
   TT t(cols);
   for (const PpRankFigures& r : f.rows) {
-    std::vector<std::string> cells = {std::to_string(r.rank) + (r.rank == f.worst ? " *" : ""), pp_stage_modules(r.part),
-                                      std::to_string(r.in_flight), format_bytes(r.weights),
+    std::vector<std::string> cells = {std::to_string(r.rank) + (r.rank == f.worst ? " *" : ""), pp_stage_modules(r.parts),
+                                      pp_in_flight(r.in_flight), format_bytes(r.weights),
                                       format_bytes(r.saved_activations), format_bytes(r.peak_allocated),
                                       format_bytes(r.peak_reserved)};
     if (verdict) cells.push_back(*r.fits ? "yes" : "no");
     t.row(std::move(cells));
   }
   std::string out = fmt::format(
-      "pipeline: {} ranks, {} over {} micro-batches (torch.distributed.pipelining, torchtitan's stage split); every "
+      "pipeline: {} ranks{}, {} over {} micro-batches (torch.distributed.pipelining, torchtitan's stage split); every "
       "rank simulated\n",
-      f.ranks, name_of(f.schedule), f.micro_batches);
+      f.ranks, f.virtual_stages > 1 ? fmt::format(" x {} stages", f.virtual_stages) : "", name_of(f.schedule),
+      f.micro_batches);
   out += t.str();
   const PpRankFigures& w = f.rows[f.worst];
   out += fmt::format("  worst rank: {} ({}), peak reserved {}; the tables above are rank {}'s{}\n", w.rank,
-                     pp_stage_modules(w.part), format_bytes(w.peak_reserved), f.shown,
+                     pp_stage_modules(w.parts), format_bytes(w.peak_reserved), f.shown,
                      f.shown == f.worst ? "" : " (--rank)");
   out += "  in flight: micro-batches whose forward ran and whose backward has not (the schedule's warmup); each "
          "keeps its saved activations, its received input and its output until its backward\n";
@@ -346,10 +359,13 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
     // --pp N: every rank (added keys only; the rest of the document is rank pp.shown_rank's)
     nlohmann::json ranks = nlohmann::json::array();
     for (const PpRankFigures& r : f->rows) {
-      nlohmann::json j = {{"rank", r.rank}, {"stage", r.part.stage},
-                          {"layers", {r.part.layer_begin, r.part.layer_end}},
-                          {"embeddings", r.part.embeddings}, {"head", r.part.head},
-                          {"in_flight_micro_batches", r.in_flight}, {"weights_bytes", r.weights.value},
+      nlohmann::json stages = nlohmann::json::array();
+      for (size_t k = 0; k < r.parts.size(); ++k) {
+        const PpStagePart& p = r.parts[k];
+        stages.push_back({{"stage", p.stage}, {"layers", {p.layer_begin, p.layer_end}}, {"embeddings", p.embeddings},
+                          {"head", p.head}, {"in_flight_micro_batches", r.in_flight[k]}});
+      }
+      nlohmann::json j = {{"rank", r.rank}, {"stages", stages}, {"weights_bytes", r.weights.value},
                           {"saved_activations_bytes", r.saved_activations.value},
                           {"live_tensors_at_peak_bytes", r.peak_live.value},
                           {"peak_allocated_bytes", r.peak_allocated.value},
@@ -359,6 +375,7 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
     }
     out["ranks"] = std::move(ranks);
     out["pp"] = {{"ranks", f->ranks}, {"schedule", name_of(f->schedule)}, {"micro_batches", f->micro_batches},
+                 {"virtual_stages", f->virtual_stages},
                  {"worst_rank", f->worst}, {"shown_rank", f->shown}};
   }
   out["setup"]["pp"] = s.pp;

@@ -1140,52 +1140,76 @@ struct Loop {
     T output;  // fwd_cache's stage_output: the hidden states sent on, or the last stage's logits
     T loss;    // the last stage: _maybe_compute_loss's loss (its backward root)
   };
-  std::vector<T> pp_recv;       // args_recv_info[i].buffer, one per micro-batch (not on the first stage)
-  std::vector<T> pp_grad_recv;  // grad_recv_info[i].buffer, one per micro-batch (not on the last stage)
+  // One stage this rank holds (several with interleaved-1f1b, in stage order)
+  struct PpLocal {
+    PpStagePart part;
+    std::vector<T> recv;       // args_recv_info[i].buffer, one per micro-batch (not on the first stage)
+    std::vector<T> grad_recv;  // grad_recv_info[i].buffer, one per micro-batch (not on the last stage)
+    std::vector<PpChunk> chunks;  // fwd_cache, by micro-batch
+  };
+  std::vector<PpLocal> pp_locals;
   std::vector<T> pp_input_grads;  // the recv buffers' .grad (bwd_cache), until clear_runtime_states
   std::vector<T> pp_losses;     // _internal_losses of the step
 
   // The hidden states a stage receives and sends: (B, T, C) in the parameters' dtype (the embeddings' output;
-  // the residual adds keep it under autocast). pp_forward checks each output against it.
+  // the residual adds keep it without autocast, which check_pipeline requires). pp_forward checks each output.
   Shape pp_hidden_shape() const { return Shape{s.batch, s.seq, m.hidden}; }
   DType pp_hidden_dtype() const { return param_dtype(s.precision); }
 
-  // _PipelineScheduleBase._initialize_stage on the first step: PipelineStage._prepare_forward_infra
-  // allocates one receive buffer per micro-batch (`_make_tensor_from_meta(inp, self.device)` then
-  // requires_grad_(True)) on every stage but the first, then _prepare_backward_infra one gradient receive buffer
-  // per micro-batch (_create_grad_recv_info) on every stage but the last. They live as long as the stage.
+  PpLocal& pp_local(uint64_t stage) {
+    for (PpLocal& l : pp_locals) {
+      if (l.part.stage == stage) return l;
+    }
+    throw Error("internal: a pipeline action for a stage this rank does not hold");
+  }
+
+  // _initialize_stage(s) on the first step, each stage in turn: PipelineStage._prepare_forward_infra allocates
+  // one receive buffer per micro-batch (`_make_tensor_from_meta(inp, self.device)` then requires_grad_(True))
+  // on every stage but the first, then _prepare_backward_infra one gradient receive buffer per micro-batch
+  // (_create_grad_recv_info) on every stage but the last. They live as long as the stage.
   // Not modelled: _shape_inference's no_grad forward of the stage on zeros (a transient before the first step).
   void pp_initialize() {
     const PpOptions& p = o.pp;
-    for (uint64_t i = 0; i < p.micro_batches && !p.part.embeddings; ++i) {
-      pp_recv.push_back(e.empty(pp_hidden_shape(), pp_hidden_dtype(), Category::kActivations,
-                                Label{intern_name(fmt::format("pp recv buffer (micro-batch {})", i))}));
-    }
-    for (uint64_t i = 0; i < p.micro_batches && !p.part.head; ++i) {
-      pp_grad_recv.push_back(e.empty(pp_hidden_shape(), pp_hidden_dtype(), Category::kBackward,
-                                     Label{intern_name(fmt::format("pp grad recv buffer (micro-batch {})", i))}));
+    for (const PpStagePart& part : p.parts) {
+      PpLocal l;
+      l.part = part;
+      l.chunks.resize(p.micro_batches);
+      for (uint64_t i = 0; i < p.micro_batches && !part.embeddings; ++i) {
+        l.recv.push_back(e.empty(pp_hidden_shape(), pp_hidden_dtype(), Category::kActivations,
+                                 Label{intern_name(fmt::format("pp recv buffer (stage {}, micro-batch {})", part.stage, i))}));
+      }
+      for (uint64_t i = 0; i < p.micro_batches && !part.head; ++i) {
+        l.grad_recv.push_back(e.empty(pp_hidden_shape(), pp_hidden_dtype(), Category::kBackward,
+                                      Label{intern_name(fmt::format("pp grad recv buffer (stage {}, micro-batch {})", part.stage, i))}));
+      }
+      pp_locals.push_back(std::move(l));
     }
   }
 
   // forward_one_chunk, then (last stage) _maybe_compute_loss
-  void pp_forward(PpChunk& ch, uint64_t i, const T& ids, const T& labels) {
-    const PpOptions& p = o.pp;
+  void pp_forward(PpLocal& l, uint64_t i, const T& ids, const T& labels) {
+    const PpStagePart& part = l.part;
     const uint64_t B = s.batch;
     T x;
-    if (p.part.embeddings) {
+    if (part.embeddings) {
       // the batch split by tensor_split along dim 0: micro-batch i's rows, a view
       x = e.view(ids, Shape{B, s.seq}, ids->strides);
     } else {
-      x = e.requires_grad_leaf(pp_recv[i]);  // the buffer, requires_grad_(True): a leaf whose .grad backward fills
+      x = e.requires_grad_leaf(l.recv[i]);  // the buffer, requires_grad_(True): a leaf whose .grad backward fills
     }
     T y;
-    if (p.part.head) y = e.view(labels, Shape{B, s.seq}, labels->strides);
+    if (part.head) y = e.view(labels, Shape{B, s.seq}, labels->strides);
+    c.pp.first = part.embeddings;
+    c.pp.last = part.head;
+    c.pp.begin = part.layer_begin;
+    c.pp.end = part.layer_end;
     c.pp.input = &x;
-    ForwardOut out = program.forward(c, m, w, x, p.part.head ? &y : nullptr);
-    c.pp.input = nullptr;
-    if (!p.part.head && (out.logits.shape().numel() != pp_hidden_shape().numel() || out.logits.dtype() != pp_hidden_dtype())) {
+    ForwardOut out = program.forward(c, m, w, x, part.head ? &y : nullptr);
+    c.pp = Ctx::PpStage{};
+    if (!part.head && (out.logits.shape().numel() != pp_hidden_shape().numel() || out.logits.dtype() != pp_hidden_dtype())) {
       throw Error("internal: a pipeline stage's output is not the (B, T, C) hidden states in the parameters' dtype");
     }
+    PpChunk& ch = l.chunks[i];
     ch.input = std::move(x);
     ch.output = std::move(out.logits);
     ch.loss = std::move(out.loss);
@@ -1195,15 +1219,15 @@ struct Loop {
   // torch.autograd.backward(loss) on the last stage, torch.autograd.backward(stage_output,
   // grad_tensors=grads_output) elsewhere, then takes each input's .grad (bwd_cache, sent back by get_bwd_send_ops;
   // the buffer's .grad stays until the next step's clear_runtime_states). fwd_cache.pop drops the chunk.
-  void pp_backward(PpChunk& ch, uint64_t i) {
-    const PpOptions& p = o.pp;
-    if (p.part.head) {
+  void pp_backward(PpLocal& l, uint64_t i) {
+    PpChunk& ch = l.chunks[i];
+    if (l.part.head) {
       pp_losses.push_back(ch.loss);
       e.backward(ch.loss);
     } else {
-      e.backward(ch.output, pp_grad_recv[i]);
+      e.backward(ch.output, l.grad_recv[i]);
     }
-    if (!p.part.embeddings) pp_input_grads.push_back(e.take_leaf_grad(ch.input));
+    if (!l.part.embeddings) pp_input_grads.push_back(e.take_leaf_grad(ch.input));
     ch = PpChunk{};
   }
 
@@ -1212,41 +1236,52 @@ struct Loop {
     r.micro_batches_simulated = static_cast<uint32_t>(p.micro_batches);
     e.phase = Phase::kSetup;
     pp_initialize();
-    std::vector<PpChunk> chunks(p.micro_batches);
+    bool has_first = false, has_last = false;
+    for (const PpStagePart& part : p.parts) {
+      has_first = has_first || part.embeddings;
+      has_last = has_last || part.head;
+    }
+    // the moment this rank holds the most: the most chunks in flight, each weighted by its stage's layers (+1
+    // so that a stage without layers counts)
+    auto weight = [&](uint64_t stage) { return pp_local(stage).part.layers() + 1; };
+    const uint64_t most = pp_max_weighted_in_flight(p.actions, weight);
+    bool recorded = false;
     for (uint32_t step = 1; step <= o.steps; ++step) {
       e.step = step;
       e.micro = 1;
       e.phase = Phase::kForward;
       if (step == o.steps) r.steady = Moment{e.event_count() == 0 ? 0 : e.event_count() - 1, Phase::kForward, step, 1, e.live()};
-      // step(): self._stage.clear_runtime_states() sets every receive buffer's .grad to None
+      // step(): clear_runtime_states() of each stage sets every receive buffer's .grad to None
       pp_input_grads.clear();
       pp_losses.clear();
-      // the batch on the device: the ids on the first stage, the labels on the last (torchtitan's trainer passes
-      // arg_mbs to the first stage and target_mbs to the last)
+      // the batch on the device: the ids where the first stage is, the labels where the last is (torchtitan's
+      // trainer passes arg_mbs to the first stage and target_mbs to the last)
       const Shape whole{checked_mul(s.batch, p.micro_batches, "batch x micro-batches"), s.seq};
-      T ids = p.part.embeddings ? e.leaf(whole, DType::kI64, Category::kInputs, Label{"input ids"}) : T();
-      T labels = p.part.head ? e.leaf(whole, DType::kI64, Category::kInputs, Label{"labels"}) : T();
-      uint64_t in_flight = 0, most = 0;
+      T ids = has_first ? e.leaf(whole, DType::kI64, Category::kInputs, Label{"input ids"}) : T();
+      T labels = has_last ? e.leaf(whole, DType::kI64, Category::kInputs, Label{"labels"}) : T();
+      uint64_t now = 0;
       for (const PpAction& a : p.actions) {
+        PpLocal& l = pp_local(a.stage);
+        const size_t j = static_cast<size_t>(&l - pp_locals.data());
         e.micro = static_cast<uint32_t>(a.micro + 1);
-        e.graph = static_cast<uint32_t>(a.micro + 1);  // each micro-batch's graph apart (Engine::graph)
+        // each (stage, micro-batch) graph apart (Engine::graph)
+        e.graph = static_cast<uint32_t>(j * p.micro_batches + a.micro + 1);
         if (a.forward) {
           e.phase = Phase::kForward;
-          pp_forward(chunks[a.micro], a.micro, ids, labels);
-          most = std::max(most, ++in_flight);
-          if (step == o.steps && in_flight == p_max_in_flight && !recorded_pp_peak) {
-            recorded_pp_peak = true;  // the moment most micro-batches are in flight
+          pp_forward(l, a.micro, ids, labels);
+          now += weight(a.stage);
+          if (step == o.steps && now == most && !recorded) {
+            recorded = true;
             r.after_forward = Moment{e.event_count(), e.phase, step, e.micro, e.live()};
             r.saved_activations = e.saved_bytes();
           }
         } else {
           e.phase = Phase::kBackward;
-          pp_backward(chunks[a.micro], a.micro);
-          --in_flight;
+          pp_backward(l, a.micro);
+          now -= weight(a.stage);
         }
       }
       e.graph = 0;
-      c.exit_autocast();
       if (step == o.steps) {
         r.param_has_grad.assign(inv.parameters.size(), 0);
         for (size_t i = 0; i < inv.parameters.size(); ++i) r.param_has_grad[i] = e.grad(static_cast<int32_t>(i)) ? 1 : 0;
@@ -1257,8 +1292,6 @@ struct Loop {
       zero_grad();
     }
   }
-  uint64_t p_max_in_flight = 0;
-  bool recorded_pp_peak = false;
 
   void zero_grad() {
     e.phase = Phase::kZeroGrad;
@@ -1298,12 +1331,6 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
   loop.c.liger_fused = s.loss == LossKind::kLigerFused;
   loop.c.logits_to_keep = s.logits_to_keep;
   loop.c.seed000_block_locals = o.loop == LoopKind::kSeed000;
-  if (o.pp.on) {  // the rank's pipeline stage (pp.h)
-    loop.c.pp.first = o.pp.part.embeddings;
-    loop.c.pp.last = o.pp.part.head;
-    loop.c.pp.begin = o.pp.part.layer_begin;
-    loop.c.pp.end = o.pp.part.layer_end;
-  }
   loop.opt_impl = resolve_optimizer_impl(s.optimizer, s.optimizer_impl, m.impl);
   // seed 003's layer-stack script runs no GradScaler
   loop.scaler = s.precision == Precision::kFp16Amp && !loop.features;
@@ -1362,7 +1389,6 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
   } else if (s.task == Task::kInference) {
     loop.inference(r);
   } else if (o.pp.on) {  // one rank of a pipeline (pp.h)
-    loop.p_max_in_flight = pp_max_in_flight(o.pp.actions, o.pp.part.stage);
     loop.pp_train(r);
   } else {
     loop.train(r);

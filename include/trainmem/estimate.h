@@ -162,7 +162,9 @@ struct PpFigures {
   PpSchedule schedule = PpSchedule::k1f1b;
   uint64_t ranks = 1, micro_batches = 1, virtual_stages = 1;
   std::vector<PpRankFigures> rows;  // by rank
-  uint64_t worst = 0;               // the rank with the highest peak reserved (the first of equals)
+  // the worst rank: with a GPU, the one with the least headroom there (the first of equals); without, the one
+  // with the highest peak reserved
+  uint64_t worst = 0;
   uint64_t shown = 0;               // the rank the estimate shows (--rank, else the worst)
 };
 
@@ -190,8 +192,10 @@ Estimate estimate(const ResolvedScenario& r);
 
 // The same from the stages' inputs; `gpu` (optional) adds the device totals and the verdict, and decides the
 // architecture that is simulated (o.sm is replaced by the GPU's).
+// `margin`: kept free on the GPU for the verdict (fit's safety margin). With --pp, every rank is simulated and
+// the estimate is the worst rank's (PpFigures::worst) unless the setup names one.
 Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s, const SimOptions& o,
-                  const AllocatorConfig& ac = {}, const GpuSpec* gpu = nullptr);
+                  const AllocatorConfig& ac = {}, const GpuSpec* gpu = nullptr, Bytes margin = {});
 
 // Whether fragmentation (reserved but not allocated at the reserved peak) is a large share of reserved: more
 // than kLargeFragmentationPercent, where a neighbouring size can differ by a whole segment and the report says

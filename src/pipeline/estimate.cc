@@ -211,7 +211,7 @@ void check_pipeline(const ModelSpec& m, const TrainSetup& s, LoopKind loop) {
 }  // namespace
 
 Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s, const SimOptions& o0,
-                  const AllocatorConfig& ac, const GpuSpec* gpu) {
+                  const AllocatorConfig& ac, const GpuSpec* gpu, Bytes margin) {
   if (s.pp > 1 && !o0.pp.on) {
     validate_setup(m, s);
     check_pipeline(m, s, resolved(o0, m).loop);
@@ -235,7 +235,7 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
       for (uint64_t st : pp_rank_stages(r, s.pp, v)) o.pp.parts.push_back(parts[st]);
       o.pp.actions = pp_rank_actions(s.pp_schedule, r, s.pp, s.micro_batches, v);
       const Inventory stage_inv = pp_stage_inventory(inv, o.pp.parts);
-      Estimate e = estimate(m, stage_inv, s, o, ac, gpu);
+      Estimate e = estimate(m, stage_inv, s, o, ac, gpu, margin);
       PpRankFigures row;
       row.rank = r;
       row.parts = o.pp.parts;
@@ -247,7 +247,10 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
       row.peak_reserved = e.memory.peak_reserved;
       if (e.device) row.fits = e.device->fits;
       f.rows.push_back(row);
-      if (r > 0 && f.rows[r].peak_reserved > f.rows[f.worst].peak_reserved) f.worst = r;
+      if (r > 0 && (gpu ? e.device->headroom < ranks[f.worst].device->headroom
+                        : row.peak_reserved > f.rows[f.worst].peak_reserved)) {
+        f.worst = r;
+      }
       ranks.push_back(std::move(e));
     }
     f.shown = s.rank.value_or(f.worst);
@@ -417,7 +420,7 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
   mem.peak_reserved = alloc->peak_reserved;
   mem.fragmentation = mem.peak_reserved - mem.peak_allocated;
   mem.segments = alloc->segments_peak;
-  if (gpu) e.device = device_verdict(e, *gpu, ac);
+  if (gpu) e.device = device_verdict(e, *gpu, ac, margin);
   return e;
 }
 

@@ -101,6 +101,27 @@ void BM_EstimatePerRank70B_T8192(benchmark::State& state) {
 }
 BENCHMARK(BM_EstimatePerRank70B_T8192)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
 
+// A 70B pipeline at T=8192: --pp 4 --micro-batches 8, every rank simulated (1F1B: one stage of about 20 layers
+// per rank with up to 4 micro-batches in flight; interleaved-1f1b: two stages of about 10 layers per rank).
+void BM_EstimatePp70B_T8192(benchmark::State& state) {
+  const ModelSpec m = llama70b();
+  const Inventory inv = build_inventory(m);
+  TrainSetup s = setup(1, 8192);
+  s.pp = 4;
+  s.micro_batches = 8;
+  s.pp_schedule = state.range(0) == 0 ? PpSchedule::k1f1b : PpSchedule::kInterleaved1f1b;
+  s.pp_virtual_stages = state.range(0) == 0 ? 1 : 2;
+  SimOptions o = one_step();
+  o.steps = 2;
+  o.loop = LoopKind::kHf;
+  for (auto _ : state) {
+    Estimate e = estimate(m, inv, s, o);
+    benchmark::DoNotOptimize(e.memory.peak_reserved.value);
+  }
+  state.SetLabel(state.range(0) == 0 ? "1f1b, 4 ranks" : "interleaved-1f1b, 4 ranks x 2 stages");
+}
+BENCHMARK(BM_EstimatePp70B_T8192)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+
 // Building the parameter inventory of a 70B model (723 named tensors).
 void BM_Inventory70B(benchmark::State& state) {
   const ModelSpec m = llama70b();

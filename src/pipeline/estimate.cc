@@ -219,6 +219,10 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
     // torchtitan: the model split into pp * stages_per_rank stages (_generate_llm_fqn_per_model_part)
     const std::vector<PpStagePart> parts = pp_stage_split(checked_mul(s.pp, v, "pp x virtual stages"), m.layers);
     if (s.rank && *s.rank >= s.pp) throw Error(fmt::format("--rank {}: the pipeline has ranks 0 to {}", *s.rank, s.pp - 1));
+    // torchtitan's optimizer: OptimizersContainer.Config.implementation = "fused" (components/optimizer/
+    // optimizer.py); the setup's own choice where it makes one
+    TrainSetup ps = s;
+    if (ps.optimizer_impl == OptimizerImpl::kAuto && is_torch_optim(ps.optimizer)) ps.optimizer_impl = OptimizerImpl::kFused;
     PpFigures f;
     f.schedule = s.pp_schedule;
     f.ranks = s.pp;
@@ -235,7 +239,7 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
       for (uint64_t st : pp_rank_stages(r, s.pp, v)) o.pp.parts.push_back(parts[st]);
       o.pp.actions = pp_rank_actions(s.pp_schedule, r, s.pp, s.micro_batches, v);
       const Inventory stage_inv = pp_stage_inventory(inv, o.pp.parts);
-      Estimate e = estimate(m, stage_inv, s, o, ac, gpu, margin);
+      Estimate e = estimate(m, stage_inv, ps, o, ac, gpu, margin);
       PpRankFigures row;
       row.rank = r;
       row.parts = o.pp.parts;

@@ -830,6 +830,11 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   if (!r.setup.checkpoint_reentrant) r.setup.checkpoint_reentrant = default_checkpoint_reentrant(r.model.impl);
   // The optimizer code path that runs (fused for nanoGPT's AdamW, foreach for torch.optim on CUDA).
   r.setup.optimizer_impl = resolve_optimizer_impl(r.setup.optimizer, s.train.optimizer_impl, r.model.impl);
+  // --pp: torchtitan's trainer runs the pipeline, and its optimizer's implementation defaults to "fused"
+  // (components/optimizer/optimizer.py OptimizersContainer.Config)
+  if (r.setup.pp > 1 && s.train.optimizer_impl == OptimizerImpl::kAuto && is_torch_optim(r.setup.optimizer)) {
+    r.setup.optimizer_impl = OptimizerImpl::kFused;
+  }
   // torch.optim.Adafactor first ships in torch 2.5 (torch/optim/_adafactor.py; torch/optim/__init__.py
   // exports Adafactor from 2.5 on): an older torch has no such optimizer to model.
   if (s.train.optimizer == Optimizer::kAdafactorTorch && s.torch < TorchVersion{2, 5}) {

@@ -50,10 +50,13 @@ std::string headline(const Estimate& e) {
       precision_name(s.precision),
       step_label(s),
       accum,
-      inference ? std::string("model.eval()") : fmt::format("{} training loop", loop_name(e.options.loop)),
+      inference ? std::string("model.eval()")
+      : e.pp    ? std::string("torchtitan's training step around torch.distributed.pipelining")
+                : fmt::format("{} training loop", loop_name(e.options.loop)),
       torch_version_name(e.options.torch), e.options.sm, with_commas(e.state.parameters.value),
-      e.state.parameters.value >= 1'000'000'000 ? fmt::format("{:.2f} B", static_cast<double>(e.state.parameters.value) / 1e9)
-                                          : fmt::format("{:.1f} M", static_cast<double>(e.state.parameters.value) / 1e6));
+      (e.state.parameters.value >= 1'000'000'000 ? fmt::format("{:.2f} B", static_cast<double>(e.state.parameters.value) / 1e9)
+                                           : fmt::format("{:.1f} M", static_cast<double>(e.state.parameters.value) / 1e6)) +
+          (e.pp ? std::string(", this rank's stage") : std::string()));
 }
 
 std::string where(const Estimate& e) {

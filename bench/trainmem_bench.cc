@@ -84,12 +84,13 @@ BENCHMARK(BM_Estimate70B_T8192)->Unit(benchmark::kMillisecond);
 
 // One rank of a 70B model over 64 data-parallel ranks at T=8192: DDP's buckets (construction and the rebuild at
 // step 2) and DeepSpeed ZeRO-2's partitions (the layout of every parameter over 64 partitions, the IPG buckets).
-void BM_EstimatePerRank70B_T8192(benchmark::State& state) {
+// The two-step estimate of the 70B model at T=8192 under the Trainer's loop, with `s` shaped by `shape`.
+template <typename Shape>
+void estimate_70b_hf(benchmark::State& state, Shape shape) {
   const ModelSpec m = llama70b();
   const Inventory inv = build_inventory(m);
   TrainSetup s = setup(1, 8192);
-  s.dp = 64;
-  s.sharding = state.range(0) == 0 ? Sharding::kDdp : Sharding::kZero2;
+  shape(s);
   SimOptions o = one_step();
   o.steps = 2;
   o.loop = LoopKind::kHf;
@@ -97,6 +98,13 @@ void BM_EstimatePerRank70B_T8192(benchmark::State& state) {
     Estimate e = estimate(m, inv, s, o);
     benchmark::DoNotOptimize(e.memory.peak_reserved.value);
   }
+}
+
+void BM_EstimatePerRank70B_T8192(benchmark::State& state) {
+  estimate_70b_hf(state, [&](TrainSetup& s) {
+    s.dp = 64;
+    s.sharding = state.range(0) == 0 ? Sharding::kDdp : Sharding::kZero2;
+  });
   state.SetLabel(state.range(0) == 0 ? "ddp" : "zero2");
 }
 BENCHMARK(BM_EstimatePerRank70B_T8192)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
@@ -104,20 +112,12 @@ BENCHMARK(BM_EstimatePerRank70B_T8192)->Arg(0)->Arg(1)->Unit(benchmark::kMillise
 // A 70B pipeline at T=8192: --pp 4 --micro-batches 8, every rank simulated (1F1B: one stage of about 20 layers
 // per rank with up to 4 micro-batches in flight; interleaved-1f1b: two stages of about 10 layers per rank).
 void BM_EstimatePp70B_T8192(benchmark::State& state) {
-  const ModelSpec m = llama70b();
-  const Inventory inv = build_inventory(m);
-  TrainSetup s = setup(1, 8192);
-  s.pp = 4;
-  s.micro_batches = 8;
-  s.pp_schedule = state.range(0) == 0 ? PpSchedule::k1f1b : PpSchedule::kInterleaved1f1b;
-  s.pp_virtual_stages = state.range(0) == 0 ? 1 : 2;
-  SimOptions o = one_step();
-  o.steps = 2;
-  o.loop = LoopKind::kHf;
-  for (auto _ : state) {
-    Estimate e = estimate(m, inv, s, o);
-    benchmark::DoNotOptimize(e.memory.peak_reserved.value);
-  }
+  estimate_70b_hf(state, [&](TrainSetup& s) {
+    s.pp = 4;
+    s.micro_batches = 8;
+    s.pp_schedule = state.range(0) == 0 ? PpSchedule::k1f1b : PpSchedule::kInterleaved1f1b;
+    s.pp_virtual_stages = state.range(0) == 0 ? 1 : 2;
+  });
   state.SetLabel(state.range(0) == 0 ? "1f1b, 4 ranks" : "interleaved-1f1b, 4 ranks x 2 stages");
 }
 BENCHMARK(BM_EstimatePp70B_T8192)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);

@@ -9,16 +9,15 @@
 
 namespace trainmem {
 
-namespace {
-constexpr NameRow<PpSchedule> kSchedules[] = {
-    {PpSchedule::kGpipe, "gpipe", "ScheduleGPipe: every forward, then every backward"},
-    {PpSchedule::k1f1b, "1f1b", "Schedule1F1B: warmup forwards, then one backward and one forward (torchtitan's default)"},
-    {PpSchedule::kInterleaved1f1b, "interleaved-1f1b", "ScheduleInterleaved1F1B: several stages per rank (not simulated yet)"},
-    {PpSchedule::kZeroBubble, "zero-bubble", "ScheduleInterleavedZeroBubble / ZBVZeroBubble (not simulated)"},
-};
-}  // namespace
-
-std::span<const NameRow<PpSchedule>> name_table(PpSchedule) { return kSchedules; }
+std::span<const NameRow<PpSchedule>> name_table(PpSchedule) {
+  // the single-stage schedules, then the multi-stage ones; the zero-bubble family is named to be refused
+  static constexpr NameRow<PpSchedule> kSchedules[] = {
+      {PpSchedule::kGpipe, "gpipe", "ScheduleGPipe: every forward, then every backward"},
+      {PpSchedule::k1f1b, "1f1b", "Schedule1F1B: warmup forwards, then one backward and one forward (torchtitan's default)"},
+      {PpSchedule::kInterleaved1f1b, "interleaved-1f1b", "ScheduleInterleaved1F1B: several stages per rank"},
+      {PpSchedule::kZeroBubble, "zero-bubble", "ScheduleInterleavedZeroBubble / ZBVZeroBubble (not simulated)"}};
+  return kSchedules;
+}
 
 // torchtitan/distributed/pipeline_parallel.py _generate_llm_fqn_per_model_part (b5bcd76), transcribed:
 //   num_effective_layers = num_layers + input_weight + output_weight

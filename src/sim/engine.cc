@@ -671,15 +671,7 @@ void Engine::backward(const T& loss, T seed) {
   if (depth_ == 1 && loss->grad_fn.node->graph != 0) {
     // one of several live graphs (Engine::graph): its nodes go, the others stay
     const uint32_t g = loss->grad_fn.node->graph;
-    std::vector<Node*> keep;
-    for (Node* n : nodes_) {
-      if (n->graph == g) {
-        recycle(n);
-      } else {
-        keep.push_back(n);
-      }
-    }
-    nodes_.swap(keep);
+    recycle_where([g](const Node* n) { return n->graph == g; });
     if (nodes_.empty()) leaf_grads_.clear();
   } else if (depth_ == 1) {
     recycle_nodes();
@@ -687,18 +679,23 @@ void Engine::backward(const T& loss, T seed) {
     for (Node* n : seen) {
       if (n->param < 0) n->deps = kRecycled;  // AccumulateGrad of a parameter is persistent
     }
-    std::vector<Node*> keep;
-    for (Node* n : nodes_) {
-      if (n->deps == kRecycled) {
-        recycle(n);
-      } else {
-        keep.push_back(n);
-      }
-    }
-    nodes_.swap(keep);
+    recycle_where([](const Node* n) { return n->deps == kRecycled; });
   }
   --depth_;
 }  // the seed is released here, after the graph (torch.autograd.backward's grad_tensors list)
+
+template <typename Pred>
+void Engine::recycle_where(Pred pred) {
+  std::vector<Node*> keep;
+  for (Node* n : nodes_) {
+    if (pred(n)) {
+      recycle(n);
+    } else {
+      keep.push_back(n);
+    }
+  }
+  nodes_.swap(keep);
+}
 
 void Engine::recycle(Node* n) {
   n->frame.reset();

@@ -456,6 +456,8 @@ class Engine {
   void validate_outputs(Node& n, Grads& grads);
   void recycle_nodes();
   void recycle(Node* n);
+  template <typename Pred>
+  void recycle_where(Pred pred);  // recycles the live nodes for which pred holds, keeps the others in order
   static constexpr uint32_t kRecycled = 0xFFFFFFFFu;  // deps of a node a reentrant backward is done with
   void accumulate_param(Node& n, T g);
   void accumulate_into_grad(Node& n, T g);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 
 #include "test_util.h"
@@ -224,27 +225,22 @@ TEST(Pp, RefusesWhatIsNotSimulated) {
     }
     return std::string();
   };
-  TrainSetup s = pp_setup(4, 8);
-  s.pp_schedule = PpSchedule::kInterleaved1f1b;
-  s.pp_virtual_stages = 1;
-  EXPECT_NE(err(s).find("at least 2 stages per rank"), std::string::npos);
-  s = pp_setup(4, 8);
-  s.pp_virtual_stages = 2;
-  EXPECT_NE(err(s).find("exactly one stage per rank"), std::string::npos);
-  s = pp_setup(4, 8);
-  s.pp_schedule = PpSchedule::kZeroBubble;
-  EXPECT_NE(err(s).find("zero-bubble"), std::string::npos);
-  s = pp_setup(4, 3);
-  EXPECT_NE(err(s).find("at least the number of stages"), std::string::npos);
-  s = pp_setup(4, 8);
-  s.dp = 2;
-  EXPECT_NE(err(s).find("--dp"), std::string::npos);
-  s = pp_setup(4, 8);
-  s.precision = Precision::kBf16Amp;
-  EXPECT_NE(err(s).find("autocast"), std::string::npos);
-  s = pp_setup(4, 8);
-  s.lora.on = true;
-  EXPECT_NE(err(s).find("LoRA"), std::string::npos);
+  // each setting that is not simulated, and a word of its message
+  const std::pair<std::function<void(TrainSetup&)>, const char*> refused[] = {
+      {[](TrainSetup& s) { s.pp_schedule = PpSchedule::kInterleaved1f1b; s.pp_virtual_stages = 1; },
+       "at least 2 stages per rank"},
+      {[](TrainSetup& s) { s.pp_virtual_stages = 2; }, "exactly one stage per rank"},
+      {[](TrainSetup& s) { s.pp_schedule = PpSchedule::kZeroBubble; }, "zero-bubble"},
+      {[](TrainSetup& s) { s.micro_batches = 3; }, "at least the number of stages"},
+      {[](TrainSetup& s) { s.dp = 2; }, "--dp"},
+      {[](TrainSetup& s) { s.precision = Precision::kBf16Amp; }, "autocast"},
+      {[](TrainSetup& s) { s.lora.on = true; }, "LoRA"},
+  };
+  for (const auto& [change, word] : refused) {
+    TrainSetup s = pp_setup(4, 8);
+    change(s);
+    EXPECT_NE(err(s).find(word), std::string::npos) << word;
+  }
   const ModelSpec tied = from_json(R"({"model_type": "llama", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 160,
                                        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 8,
                                        "tie_word_embeddings": true})");

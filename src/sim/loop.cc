@@ -1163,26 +1163,57 @@ struct Loop {
     throw Error("internal: a pipeline action for a stage this rank does not hold");
   }
 
-  // _initialize_stage(s) on the first step, each stage in turn: PipelineStage._prepare_forward_infra allocates
-  // one receive buffer per micro-batch (`_make_tensor_from_meta(inp, self.device)` then requires_grad_(True))
-  // on every stage but the first, then _prepare_backward_infra one gradient receive buffer per micro-batch
-  // (_create_grad_recv_info) on every stage but the last. They live as long as the stage.
-  // Not modelled: _shape_inference's no_grad forward of the stage on zeros (a transient before the first step).
+  // The stage's forward: its layers on `x` (the ids on the first stage, the received activations elsewhere),
+  // then the head and, given labels, the loss on the last (Ctx::pp).
+  ForwardOut pp_stage_forward(const PpStagePart& part, const T& x, const T* labels) {
+    c.pp.first = part.embeddings;
+    c.pp.last = part.head;
+    c.pp.begin = part.layer_begin;
+    c.pp.end = part.layer_end;
+    c.pp.input = &x;
+    ForwardOut out = program.forward(c, m, w, x, labels);
+    c.pp = Ctx::PpStage{};
+    return out;
+  }
+
+  // _initialize_stage(s) in the first step, once the batch is on the device (_step_microbatches, before any
+  // action). Per stage, PipelineStage._prepare_forward_infra: runtime shape inference (torchtitan builds its
+  // stages without input_args), i.e. _shape_inference's `args = tree_map_only(torch.Tensor, lambda x:
+  // torch.zeros_like(x, device=self.device), args)` and `with torch.no_grad(): outputs = self.submod(*args)`,
+  // every tensor of it gone when it returns (the outputs are sent on as meta tensors); then one receive buffer
+  // per micro-batch (`_make_tensor_from_meta(inp, self.device)`, requires_grad_(True)) on every stage but the
+  // first. Then each stage's _prepare_backward_infra: one gradient receive buffer per micro-batch
+  // (_create_grad_recv_info) on every stage but the last. The buffers live as long as the stage.
+  // (PipelineScheduleMulti._initialize_stages: every stage's forward infrastructure, then every backward one.)
   void pp_initialize() {
     const PpOptions& p = o.pp;
     for (const PpStagePart& part : p.parts) {
       PpLocal l;
       l.part = part;
       l.chunks.resize(p.micro_batches);
+      {
+        const bool grad = e.grad_mode;
+        e.grad_mode = false;
+        // the first stage's args are micro-batch 0's ids (zeros_like of them); a later stage's the received
+        // activations' shape
+        const T x = part.embeddings
+                        ? e.empty(Shape{s.batch, s.seq}, DType::kI64, Category::kTemporaries, Label{"shape inference zeros_like(ids)"})
+                        : e.empty(pp_hidden_shape(), pp_hidden_dtype(), Category::kTemporaries,
+                                  Label{"shape inference zeros_like(input)"});
+        ForwardOut out = pp_stage_forward(part, x, nullptr);
+        e.grad_mode = grad;
+      }
       for (uint64_t i = 0; i < p.micro_batches && !part.embeddings; ++i) {
         l.recv.push_back(e.empty(pp_hidden_shape(), pp_hidden_dtype(), Category::kActivations,
                                  Label{intern_name(fmt::format("pp recv buffer (stage {}, micro-batch {})", part.stage, i))}));
       }
-      for (uint64_t i = 0; i < p.micro_batches && !part.head; ++i) {
-        l.grad_recv.push_back(e.empty(pp_hidden_shape(), pp_hidden_dtype(), Category::kBackward,
-                                      Label{intern_name(fmt::format("pp grad recv buffer (stage {}, micro-batch {})", part.stage, i))}));
-      }
       pp_locals.push_back(std::move(l));
+    }
+    for (PpLocal& l : pp_locals) {
+      for (uint64_t i = 0; i < p.micro_batches && !l.part.head; ++i) {
+        l.grad_recv.push_back(e.empty(pp_hidden_shape(), pp_hidden_dtype(), Category::kBackward,
+                                      Label{intern_name(fmt::format("pp grad recv buffer (stage {}, micro-batch {})", l.part.stage, i))}));
+      }
     }
   }
 
@@ -1199,13 +1230,7 @@ struct Loop {
     }
     T y;
     if (part.head) y = e.view(labels, Shape{B, s.seq}, labels->strides);
-    c.pp.first = part.embeddings;
-    c.pp.last = part.head;
-    c.pp.begin = part.layer_begin;
-    c.pp.end = part.layer_end;
-    c.pp.input = &x;
-    ForwardOut out = program.forward(c, m, w, x, part.head ? &y : nullptr);
-    c.pp = Ctx::PpStage{};
+    ForwardOut out = pp_stage_forward(part, x, part.head ? &y : nullptr);
     if (!part.head && (out.logits.shape().numel() != pp_hidden_shape().numel() || out.logits.dtype() != pp_hidden_dtype())) {
       throw Error("internal: a pipeline stage's output is not the (B, T, C) hidden states in the parameters' dtype");
     }
@@ -1234,8 +1259,6 @@ struct Loop {
   void pp_train(SimResult& r) {
     const PpOptions& p = o.pp;
     r.micro_batches_simulated = static_cast<uint32_t>(p.micro_batches);
-    e.phase = Phase::kSetup;
-    pp_initialize();
     bool has_first = false, has_last = false;
     for (const PpStagePart& part : p.parts) {
       has_first = has_first || part.embeddings;
@@ -1243,7 +1266,12 @@ struct Loop {
     }
     // the moment this rank holds the most: the most chunks in flight, each weighted by its stage's layers (+1
     // so that a stage without layers counts)
-    auto weight = [&](uint64_t stage) { return pp_local(stage).part.layers() + 1; };
+    auto weight = [&](uint64_t stage) {
+      for (const PpStagePart& part : p.parts) {
+        if (part.stage == stage) return part.layers() + 1;
+      }
+      throw Error("internal: a pipeline action for a stage this rank does not hold");
+    };
     const uint64_t most = pp_max_weighted_in_flight(p.actions, weight);
     bool recorded = false;
     for (uint32_t step = 1; step <= o.steps; ++step) {
@@ -1259,6 +1287,7 @@ struct Loop {
       const Shape whole{checked_mul(s.batch, p.micro_batches, "batch x micro-batches"), s.seq};
       T ids = has_first ? e.leaf(whole, DType::kI64, Category::kInputs, Label{"input ids"}) : T();
       T labels = has_last ? e.leaf(whole, DType::kI64, Category::kInputs, Label{"labels"}) : T();
+      if (step == 1) pp_initialize();
       uint64_t now = 0;
       for (const PpAction& a : p.actions) {
         PpLocal& l = pp_local(a.stage);

@@ -38,8 +38,9 @@ struct DeviceVerdict {
   std::string gpu;
   Bytes capacity;      // the CUDA runtime total (torch.cuda.get_device_properties().total_memory)
   Bytes context;       // held outside the caching allocator (CUDA context, kernels)
+  NcclLedger nccl;     // NCCL's communicators' buffers, outside the caching allocator too (nccl.h)
   Bytes margin;        // kept free on purpose (trainmem fit's safety margin; 0 for estimate)
-  Bytes usable;        // capacity - context - margin: what the caching allocator can reserve
+  Bytes usable;        // capacity - context - NCCL - margin: what the caching allocator can reserve
   bool fits = true;
   Bytes peak_reserved;   // max_memory_reserved on this device: below the unlimited figure when the allocator
                          // had to release its cache to satisfy a request
@@ -203,9 +204,9 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
 inline constexpr uint64_t kLargeFragmentationPercent = 10;
 bool large_fragmentation(const AllocatorFigures& m);
 
-// What the caching allocator may reserve on `gpu` with `margin` kept free: the runtime total less the context
-// and the margin (0 when they take it all).
-Bytes usable_bytes(const GpuSpec& gpu, Bytes margin);
+// What the caching allocator may reserve on `gpu` with `margin` kept free: the runtime total less the context,
+// NCCL's buffers and the margin (0 when they take it all).
+Bytes usable_bytes(const GpuSpec& gpu, Bytes margin, const NcclLedger& nccl = {});
 
 // Whether the step of `e` fits `gpu` with `margin` kept free: the caching allocator replayed with the device
 // limit (freeing its cache and retrying before it gives up, as PyTorch does).

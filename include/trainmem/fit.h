@@ -72,7 +72,8 @@ struct FitResult {
   FitDimension solve = FitDimension::kBatch;
   GpuSpec gpu;
   Bytes margin;          // bytes kept free
-  Bytes limit;           // what the caching allocator may reserve: runtime total - context - margin
+  Bytes limit;           // what the caching allocator may reserve: runtime total - context - NCCL - margin
+  NcclLedger nccl;       // NCCL's buffers on a rank of the setup (nccl.h)
   std::optional<uint64_t> largest;   // empty: even 1 does not fit
   bool capped = false;               // the search stopped at the largest size it may try
   uint64_t cap = 0;

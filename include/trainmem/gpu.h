@@ -21,6 +21,11 @@ struct GpuSpec {
   Bytes context;           // memory the process holds outside the caching allocator (CUDA context, kernels)
   std::string source;
   std::string context_source;
+  // NCCL (nccl.h): NVLink through NVSwitch (NVLS multicast on sm_90 and newer), and the ring channels NCCL
+  // builds on an 8-GPU node of these cards as a public NCCL_DEBUG=INFO log shows them (0: no reading).
+  bool nvswitch = false;
+  uint32_t nccl_ring_channels = 0;
+  std::string nccl_source;
 };
 
 const std::vector<GpuSpec>& gpu_catalog();

@@ -105,6 +105,8 @@ std::string cli_words(const FitSuggestion& sg);
 std::string render_fit_table(const FitResult& r);
 std::string render_fit_json(const FitResult& r);
 
+// NCCL's communicators of a rank (nccl.h), one line each, for the estimate's and fit's GPU lines ("" for none).
+std::string render_nccl(const NcclLedger& l);
 std::string render_estimate_table(const Estimate& e, const GpuSpec* gpu);
 // A paragraph explaining a large fragmentation (large_fragmentation()), or "".
 std::string fragmentation_note(const AllocatorFigures& m);

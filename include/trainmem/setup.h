@@ -12,6 +12,7 @@
 #include "trainmem/pp.h"
 #include "trainmem/model.h"
 #include "trainmem/names.h"
+#include "trainmem/nccl.h"
 
 namespace trainmem {
 
@@ -170,6 +171,7 @@ struct TrainSetup {
   // DeepSpeed ZeRO's zero_optimization settings (zero.h); empty: DeepSpeedZeroConfig's defaults (resolve_zero)
   std::optional<uint64_t> reduce_bucket_size;  // reduce_bucket_size, in elements
   std::optional<bool> overlap_comm;            // overlap_comm
+  NcclSetup nccl;  // NCCL's communicators (nccl.h): channels, NVLS, GPUs per node
   // N: an encoder-decoder's (T5's) decoder tokens per sequence, the labels' (B, N) (seq is the encoder's);
   // 0: the same as seq. Only encoder-decoder models take it.
   uint64_t target_seq = 0;

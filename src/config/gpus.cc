@@ -30,6 +30,11 @@ std::vector<GpuSpec> parse_catalog() {
     s.context = Bytes(checked_mul(r.integer({"context_mib"}, std::nullopt, 0, 1u << 20), kMiB, "GPU"));
     s.source = r.text({"source"}, std::nullopt);
     s.context_source = r.text({"context_source"}, std::nullopt);
+    if (g.contains("nccl_ring_channels")) {
+      s.nvswitch = r.boolean({"nvswitch"}, std::nullopt);
+      s.nccl_ring_channels = static_cast<uint32_t>(r.integer({"nccl_ring_channels"}, std::nullopt, 1, 64));
+      s.nccl_source = r.text({"nccl_source"}, std::nullopt);
+    }
     out.push_back(std::move(s));
   }
   return out;

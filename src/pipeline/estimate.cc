@@ -73,8 +73,9 @@ bool large_fragmentation(const AllocatorFigures& m) {
   return m.peak_reserved.value > 0 && m.fragmentation.value > m.peak_reserved.value / 100 * kLargeFragmentationPercent;
 }
 
-Bytes usable_bytes(const GpuSpec& gpu, Bytes margin) {
-  const uint64_t held = checked_add(gpu.context.value, margin.value, "context + margin");
+Bytes usable_bytes(const GpuSpec& gpu, Bytes margin, const NcclLedger& nccl) {
+  const uint64_t held = checked_add(checked_add(gpu.context.value, nccl.total.value, "context + NCCL"), margin.value,
+                                    "context + NCCL + margin");
   return Bytes(gpu.runtime_total.value - std::min(gpu.runtime_total.value, held));
 }
 
@@ -83,15 +84,18 @@ DeviceVerdict device_verdict(const Estimate& e, const GpuSpec& gpu, const Alloca
   v.gpu = gpu.name;
   v.capacity = gpu.runtime_total;
   v.context = gpu.context;
+  // NCCL's communicators are set up at the first collective (DDP's construction-time broadcast, ZeRO's and
+  // FSDP's first all-gather), before the step's peak: what they hold is not the allocator's to reserve
+  v.nccl = nccl_ledger(process_groups(e.setup), gpu, e.setup.nccl);
   v.margin = margin;
-  v.usable = usable_bytes(gpu, margin);
+  v.usable = usable_bytes(gpu, margin, v.nccl);
   const AllocatorReplay r = replay_allocator(e.sim->timeline, ac, e.options.torch, v.usable);
   v.fits = !r.oom;
   v.peak_reserved = r.peak_reserved;
   v.unlimited_peak_reserved = e.memory.peak_reserved;
   // nvidia-smi on this GPU: what the allocator reserves there (less than without a limit when it had to
   // release its cache), plus the context; for a step that does not fit, what it would need.
-  v.device_total = (v.fits ? v.peak_reserved : e.memory.peak_reserved) + gpu.context;
+  v.device_total = (v.fits ? v.peak_reserved : e.memory.peak_reserved) + gpu.context + v.nccl.total;
   // bitsandbytes' paged optimizer state (cudaMallocManaged) counts while resident; the driver may evict it to
   // the host rather than fail, so it does not decide the verdict
   v.device_total += e.state.paged_optimizer_state;

@@ -140,7 +140,7 @@ class Search {
       p.large_fragmentation = large_fragmentation(e.memory);
       if (v.fits) {
         p.reserved_on_device = v.peak_reserved;
-        p.device_total = v.peak_reserved + gpu_.context;
+        p.device_total = v.peak_reserved + gpu_.context + v.nccl.total;
       }
       p.headroom = v.headroom;
       if (v.oom) {
@@ -376,10 +376,13 @@ FitResult fit(const ModelSpec& m, const Inventory& inv, const TrainSetup& s0, co
   out.solve = r.solve;
   out.gpu = gpu;
   out.margin = r.margin.of(gpu);
-  out.limit = usable_bytes(gpu, out.margin);
+  out.nccl = nccl_ledger(process_groups(out.setup), gpu, out.setup.nccl);
+  const NcclLedger& nccl = out.nccl;
+  out.limit = usable_bytes(gpu, out.margin, nccl);
   if (out.limit.value == 0) {
-    throw FieldError("margin", fmt::format("{}: with the {} CUDA context it leaves nothing of the {}'s {} for PyTorch",
-                            r.margin.describe(), format_bytes(gpu.context), gpu.name, format_bytes(gpu.runtime_total)));
+    throw FieldError("margin", fmt::format("{}: with the {} CUDA context and {} of NCCL buffers it leaves nothing of "
+                                           "the {}'s {} for PyTorch", r.margin.describe(), format_bytes(gpu.context),
+                                           format_bytes(nccl.total), gpu.name, format_bytes(gpu.runtime_total)));
   }
   out.cap = cap_for(base, r.solve, r);
   Budget budget;

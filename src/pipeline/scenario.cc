@@ -207,6 +207,12 @@ constexpr Field kFields[] = {
                           "multi-stage schedule)", FieldGroup::kTraining},
     {"rank", "with --pp: the pipeline rank whose step estimate and timeline show (default: the worst)",
      FieldGroup::kTraining},
+    {"nccl_channels", "NCCL's ring channels per communicator, for its buffers outside the caching allocator "
+                      "(default: the GPU catalog's reading for the card; NCCL_DEBUG=INFO prints \"N coll channels\")",
+     FieldGroup::kRuntime},
+    {"nccl_nvls", "true | false: NCCL's NVLink SHARP buffers (NCCL_NVLS_ENABLE; default: on for sm_90 NVSwitch "
+                  "cards when more than 2 GPUs of a communicator share a node)", FieldGroup::kRuntime},
+    {"gpus_per_node", "GPUs per node, for the communicators' local ranks (default 8, an HGX node)", FieldGroup::kRuntime},
     {"gpu",
      "GPU from the catalog (trainmem gpus, any case) or a memory size like 24GiB (a generic sm_80 card); "
      "sets the architecture (default sm_80)",
@@ -465,6 +471,17 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     s.train.rank.reset();
   } else if (f == "rank") {
     s.train.rank = v == "0" ? 0 : count(f, v, kMaxRanks);
+  } else if (f == "nccl_channels" && v.empty()) {
+    s.train.nccl.channels.reset();  // the GPU catalog's reading
+  } else if (f == "nccl_channels") {
+    // MAXCHANNELS 64 (nccl src/include/device.h)
+    s.train.nccl.channels = static_cast<uint32_t>(count(f, v, 64));
+  } else if (f == "nccl_nvls" && v.empty()) {
+    s.train.nccl.nvls.reset();
+  } else if (f == "nccl_nvls") {
+    s.train.nccl.nvls = boolean(f, v);
+  } else if (f == "gpus_per_node") {
+    s.train.nccl.gpus_per_node = count(f, v, kMaxRanks);
   } else if (f == "gpu") {
     s.train.gpu = std::string(v);
   } else if (f == "gpus" && v.empty()) {
@@ -552,6 +569,9 @@ std::string field_text(const Scenario& s, std::string_view f) {
   if (f == "gradient_as_bucket_view") {
     return s.train.gradient_as_bucket_view ? (*s.train.gradient_as_bucket_view ? "true" : "false") : "";
   }
+  if (f == "nccl_channels") return s.train.nccl.channels ? std::to_string(*s.train.nccl.channels) : "";
+  if (f == "nccl_nvls") return s.train.nccl.nvls ? (*s.train.nccl.nvls ? "true" : "false") : "";
+  if (f == "gpus_per_node") return std::to_string(s.train.nccl.gpus_per_node);
   if (f == "reduce_bucket_size") return s.train.reduce_bucket_size ? std::to_string(*s.train.reduce_bucket_size) : "";
   if (f == "overlap_comm") return s.train.overlap_comm ? (*s.train.overlap_comm ? "true" : "false") : "";
   if (f == "find_unused_parameters") {

@@ -91,10 +91,32 @@ std::string render_generation_table(const GenerationFigures& g, const TrainSetup
 
 }  // namespace
 
+std::string render_nccl(const NcclLedger& l) {
+  std::string out;
+  for (const NcclCommunicator& c : l.communicators) {
+    if (!l.known) {
+      out += fmt::format("  NCCL {}: {}, {} ranks: not counted, {}\n", l.version, c.name, c.ranks, l.channel_source);
+      continue;
+    }
+    out += fmt::format("  NCCL {}: {}, {} ranks ({} on the node): ring {} channels x {} = {}", l.version, c.name,
+                       c.ranks, c.local_ranks, c.channels, format_bytes(c.channels == 0 ? Bytes{} : Bytes(c.ring.value / c.channels)),
+                       format_bytes(c.ring));
+    out += c.nvls.value > 0 ? fmt::format(", NVLS {}\n", format_bytes(c.nvls)) : std::string("\n");
+  }
+  if (l.known && !l.communicators.empty()) {
+    out += fmt::format("    channels: {}{}\n", l.channel_source == "--nccl-channels" ? "" : "the GPU catalog's NCCL log (trainmem "
+                       "gpus --json); --nccl-channels sets them", l.channel_source == "--nccl-channels" ? "--nccl-channels" : "");
+  }
+  return out;
+}
+
 std::string render_verdict(const DeviceVerdict& v, const GpuSpec* gpu) {
-  std::string out = fmt::format("{}{}: {} total, {} outside PyTorch, {} for the caching allocator\n", v.gpu,
+  std::string out = fmt::format("{}{}: {} total, {} outside PyTorch{}, {} for the caching allocator\n", v.gpu,
                                 gpu ? " (" + gpu->torch_name + ")" : "", format_bytes(v.capacity),
-                                format_bytes(v.context), format_bytes(v.usable));
+                                format_bytes(v.context),
+                                v.nccl.total.value > 0 ? fmt::format(" + {} of NCCL buffers", format_bytes(v.nccl.total)) : "",
+                                format_bytes(v.usable));
+  out += render_nccl(v.nccl);
   if (v.fits) {
     out += fmt::format("FITS: {} of headroom at the reserved peak\n", format_bytes(Bytes(static_cast<uint64_t>(v.headroom))));
     if (v.alloc_retries > 0) {
@@ -160,7 +182,7 @@ std::string render_ddp_note(const DdpFigures& d) {
     out += "  the rebuild comes at the first forward after a synchronized backward, past the simulated steps "
            "(--steps)\n";
   }
-  out += "  not counted: NCCL's communicator buffers (allocated by NCCL outside the caching allocator)\n";
+  out += "  NCCL's communicator buffers are outside the caching allocator: with --gpu, under the verdict\n";
   return out;
 }
 
@@ -223,7 +245,8 @@ std::string render_zero_note(const Estimate& e) {
   out += o.stage == 2 ? fmt::format("; DeepSpeed's estimate_zero2_model_states_mem_needs (2P + 18P/N): {}\n",
                                     format_bytes(z.deepspeed_estimate))
                       : std::string("\n");
-  out += fmt::format("  IPG buffers per backward: {}; not counted: NCCL's buffers (outside the caching allocator)\n",
+  out += fmt::format("  IPG buffers per backward: {}; NCCL's buffers are outside the caching allocator (with --gpu, "
+                     "under the verdict)\n",
                      format_bytes(z.ipg_buffers));
   return out;
 }
@@ -264,12 +287,13 @@ std::string render_estimate_table(const Estimate& e, const GpuSpec* gpu) {
   if (e.device && e.device->fits) {
     row("nvidia-smi", e.device->device_total,
         fmt::format("{} + {} outside PyTorch", e.device->alloc_retries > 0 ? "reserved on this GPU" : "peak reserved",
-                    format_bytes(e.device->context)));
+                    format_bytes(e.device->context + e.device->nccl.total)));
   } else if (e.device) {
     // More than the card has: not something nvidia-smi could show, but what a card would need to hold it.
     row("would need", e.device->device_total,
-        fmt::format("peak reserved + {} outside PyTorch: more than the {}'s {}", format_bytes(e.device->context),
-                    e.device->gpu, format_bytes(e.device->capacity)));
+        fmt::format("peak reserved + {} outside PyTorch: more than the {}'s {}",
+                    format_bytes(e.device->context + e.device->nccl.total), e.device->gpu,
+                    format_bytes(e.device->capacity)));
   }
   out += '\n';
   out += a.str();
@@ -337,7 +361,7 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
                   {"rebuild_step", d->rebuild_step},
                   {"initial_bucket_params", d->initial_params},
                   {"rebuilt_bucket_params", d->rebuilt_params},
-                  {"nccl_buffers", "not counted: NCCL allocates its buffers outside the caching allocator"}};
+                  {"nccl_buffers", "outside the caching allocator: device.nccl (with a GPU)"}};
   }
   if (const auto& z = e.zero) {
     const ZeroOptions& o = z->options;
@@ -358,7 +382,7 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
         {"ipg_buffer_bytes", z->ipg_buffers}, {"full_grads_bytes", z->full_grads}, {"fp32_grad_partition_bytes", z->fp32_grad},
         {"deepspeed_estimate_bytes", z->deepspeed_estimate}};
     for (const auto& [key, b] : bytes) j[key] = b.value;
-    j["nccl_buffers"] = "not counted: NCCL allocates its buffers outside the caching allocator";
+    j["nccl_buffers"] = "outside the caching allocator: device.nccl (with a GPU)";
   }
   if (const auto& f = e.pp) {
     // --pp N: every rank (added keys only; the rest of the document is rank pp.shown_rank's)
@@ -405,6 +429,13 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
                         {"peak_reserved_on_this_gpu_bytes", v.peak_reserved.value},
                         {v.fits ? "nvidia_smi_bytes" : "would_need_bytes", v.device_total.value},
                         {"alloc_retries", v.alloc_retries}};
+    nlohmann::json comms = nlohmann::json::array();
+    for (const NcclCommunicator& c : v.nccl.communicators) {
+      comms.push_back({{"group", c.name}, {"ranks", c.ranks}, {"local_ranks", c.local_ranks}, {"channels", c.channels},
+                       {"ring_bytes", c.ring.value}, {"nvls_bytes", c.nvls.value}});
+    }
+    d["nccl"] = {{"version", v.nccl.version}, {"counted", v.nccl.known}, {"channel_source", v.nccl.channel_source},
+                 {"communicators", comms}, {"total_bytes", v.nccl.total.value}};
     if (v.oom) {
       const DeviceVerdict::Oom& o = *v.oom;
       nlohmann::json live = nlohmann::json::array();

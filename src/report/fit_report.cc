@@ -91,9 +91,12 @@ std::string render_fit_table(const FitResult& r) {
       by_batch ? fmt::format("seq {}", s.seq) : fmt::format("micro-batch {}", s.batch), precision_name(s.precision),
       step_label(s), loop_label(r.setup, r.options.loop),
       torch_version_name(r.options.torch));
-  out += fmt::format("{} ({}): {} total, {} outside PyTorch, {} safety margin: the caching allocator may reserve {}\n\n",
+  out += fmt::format("{} ({}): {} total, {} outside PyTorch{}, {} safety margin: the caching allocator may reserve {}\n",
                      r.gpu.name, r.gpu.torch_name, format_bytes(r.gpu.runtime_total), format_bytes(r.gpu.context),
+                     r.nccl.total.value > 0 ? fmt::format(" + {} of NCCL buffers", format_bytes(r.nccl.total)) : "",
                      format_bytes(r.margin), format_bytes(r.limit));
+  out += render_nccl(r.nccl);
+  out += '\n';
   if (r.largest) {
     out += fmt::format("LARGEST {} THAT FITS: {}{}\n", by_batch ? "MICRO-BATCH" : "SEQUENCE", with_commas(*r.largest),
                        !r.capped ? ""
@@ -196,6 +199,7 @@ std::string render_fit_json(const FitResult& r) {
                {"context_bytes", r.gpu.context.value}}},
       {"margin_bytes", r.margin.value},
       {"limit_bytes", r.limit.value},
+      {"nccl_bytes", r.nccl.total.value},
       {"largest", r.largest ? nlohmann::json(*r.largest) : nlohmann::json()},
       {"fits", r.largest.has_value()},
       {"capped", r.capped},

@@ -117,6 +117,11 @@ std::string render_gpus_json(const std::vector<GpuSpec>& gpus) {
     out.push_back({{"name", g.name}, {"torch_name", g.torch_name}, {"sm", g.sm}, {"datasheet_gb", g.datasheet_gb},
                    {"runtime_total_bytes", g.runtime_total.value}, {"smi_total_bytes", g.smi_total.value},
                    {"context_bytes", g.context.value}, {"source", g.source}, {"context_source", g.context_source}});
+    if (g.nccl_ring_channels > 0) {
+      out.back()["nvswitch"] = g.nvswitch;
+      out.back()["nccl_ring_channels"] = g.nccl_ring_channels;
+      out.back()["nccl_source"] = g.nccl_source;
+    }
   }
   return report::json_text(out);
 }

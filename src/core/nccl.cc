@@ -1,0 +1,83 @@
+// NCCL 2.27.5's buffers per communicator (nccl.h).
+#include "trainmem/nccl.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "trainmem/error.h"
+#include "trainmem/gpu.h"
+#include "trainmem/setup.h"
+
+namespace trainmem {
+
+namespace nccl {
+
+Connection p2p_connection(uint32_t sm) {
+  const bool read = sm == 80;  // paths.cc ncclTopoCheckP2p: P2P read for Ampere (sm_80) over NVLink only
+  // p2pSendSetup: sendSize = sizeof(ncclSendMem) (+ the Simple buffer when reading); p2pRecvSetup: recvSize =
+  // sizeof(ncclRecvMem) + every protocol's buffer but Simple when reading; each ALIGN_SIZE(.., CUDA_IPC_MIN)
+  Connection c;
+  c.send = round_up(kConnHeaderBytes + (read ? kSimpleBytes : 0), kIpcMinBytes);
+  c.recv = round_up(kConnHeaderBytes + kLlBytes + kLl128Bytes + (read ? 0 : kSimpleBytes), kIpcMinBytes);
+  return c;
+}
+
+}  // namespace nccl
+
+std::vector<ProcessGroup> process_groups(const TrainSetup& s) {
+  std::vector<ProcessGroup> g;
+  // one NCCL communicator per process group, created at its first collective (ProcessGroupNCCL::getNCCLComm)
+  if (s.dp > 1) g.push_back({"data parallel (the world group)", s.dp});
+  return g;
+}
+
+NcclLedger nccl_ledger(const std::vector<ProcessGroup>& groups, const GpuSpec& gpu, const NcclSetup& setup) {
+  NcclLedger l;
+  uint64_t channels = 0;
+  if (setup.channels) {
+    channels = *setup.channels;
+    l.channel_source = "--nccl-channels";
+  } else if (gpu.nccl_ring_channels > 0) {
+    channels = gpu.nccl_ring_channels;
+    l.channel_source = gpu.nccl_source;
+  } else {
+    l.known = false;
+    l.channel_source = fmt::format("no NCCL channel count is known for the {}: pass --nccl-channels N (the \"N coll "
+                                   "channels\" NCCL_DEBUG=INFO prints)",
+                                   gpu.name);
+  }
+  const nccl::Connection conn = nccl::p2p_connection(gpu.sm);
+  for (const ProcessGroup& g : groups) {
+    if (g.ranks < 2) continue;  // a communicator of one rank connects to no peer
+    NcclCommunicator c;
+    c.name = g.name;
+    c.ranks = g.ranks;
+    c.local_ranks = std::min(g.ranks, setup.gpus_per_node);
+    c.channels = channels;
+    if (!l.known) {
+      l.communicators.push_back(std::move(c));
+      continue;
+    }
+    // The ring: on every channel a rank receives from its predecessor and sends to its successor, two
+    // connections "regardless of the scale" (sjeaugey, NVIDIA/nccl#864). Connections that cross nodes go over
+    // the network transport instead (net.cc), counted here like NVLink ones.
+    c.ring = Bytes(checked_mul(channels, conn.total(), "NCCL ring buffers"));
+    // NVLS (nvls.cc ncclNvlsInit): off for 2 or fewer GPUs ("gpuCount <= 2"), else on where the device has
+    // multicast (CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED: NVSwitch systems of sm_90 and newer); one head per
+    // local rank (the "NVLS Head" lines of NVIDIA/nccl#1453's 8-GPU nodes).
+    const bool nvls = setup.nvls.value_or(gpu.sm >= 90 && gpu.nvswitch) && c.local_ranks > 2;
+    if (nvls) {
+      if (gpu.sm >= 100) throw FieldError("nccl_nvls", "true: NVLS on sm_100 and newer is not modelled (pass false)");
+      const uint64_t per_rank = nccl::kNvlsChannelsSm90 * 2 * nccl::kNvlsChunkBytes * nccl::kSteps;
+      c.nvls = Bytes(round_up(checked_mul(per_rank, c.local_ranks, "NVLS buffers"), nccl::kIpcMinBytes));
+      // ncclNvlsSetup's credits: nChannels (the ring's) x 2 x 64 B x nHeads, its own aligned allocation
+      c.nvls += Bytes(round_up(checked_mul(channels * 2 * 64, c.local_ranks, "NVLS credits"), nccl::kIpcMinBytes));
+    }
+    l.total += c.ring + c.nvls;
+    l.communicators.push_back(std::move(c));
+  }
+  return l;
+}
+
+}  // namespace trainmem

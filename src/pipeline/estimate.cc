@@ -162,7 +162,7 @@ Estimate estimate(const ResolvedScenario& r) {
 namespace {
 
 // What the pipeline simulation covers; anything else is refused with its reason.
-void check_pipeline(const ModelSpec& m, const TrainSetup& s, LoopKind loop) {
+void check_pipeline(const ModelSpec& m, const TrainSetup& s, LoopKind loop, TorchVersion torch) {
   auto no = [](const std::string& why) { throw Error("--pp: " + why); };
   const bool multi = s.pp_schedule == PpSchedule::kInterleaved1f1b;
   if (multi && s.pp_virtual_stages < 2) {
@@ -180,6 +180,13 @@ void check_pipeline(const ModelSpec& m, const TrainSetup& s, LoopKind loop) {
        "weight (stage_backward_weight) passes, keeping the weight pass's graph alive between them");
   }
   if (s.task != Task::kTrain) no("pipelines are simulated for training only");
+  if (torch != TorchVersion{2, 9}) {
+    // the buffers' lifetimes change between releases: 2.8 and older kept every stage's outputs, PyTorch PR
+    // #165822 (October 2025) adds step(return_outputs=False), PR #164329 frees the inputs' gradients in
+    // stage_backward; 2.9's stage.py and schedules.py are what is simulated
+    no(fmt::format("--torch {}: simulated for PyTorch 2.9's torch.distributed.pipelining only (the stage's buffers "
+                   "and outputs live differently in other releases)", torch_version_name(torch)));
+  }
   if (m.family != Family::kLlama || m.impl != Impl::kHf || !m.attn.sliding_layers.empty() || m.head != Head::kCausalLm) {
     no("simulated for transformers' Llama-shaped causal LMs (model.embed_tokens / model.layers / model.norm / "
        "lm_head) without sliding-window layer types; not for " + m.model_type);
@@ -218,7 +225,7 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
                   const AllocatorConfig& ac, const GpuSpec* gpu, Bytes margin) {
   if (s.pp > 1 && !o0.pp.on) {
     validate_setup(m, s);
-    check_pipeline(m, s, resolved(o0, m).loop);
+    check_pipeline(m, s, resolved(o0, m).loop, o0.torch);
     const uint64_t v = std::max<uint64_t>(s.pp_virtual_stages, 1);
     // torchtitan: the model split into pp * stages_per_rank stages (_generate_llm_fqn_per_model_part)
     const std::vector<PpStagePart> parts = pp_stage_split(checked_mul(s.pp, v, "pp x virtual stages"), m.layers);

@@ -216,9 +216,10 @@ std::string render_pp_note(const PpFigures& f) {
                      f.shown == f.worst ? "" : " (--rank)");
   out += "  in flight: micro-batches whose forward ran and whose backward has not (the schedule's warmup); each "
          "keeps its saved activations, its received input and its output until its backward\n";
-  out += "  buffers: each stage but the first keeps a receive buffer per micro-batch (and its .grad until the next "
-         "step), each stage but the last a gradient receive buffer per micro-batch; the first step starts with each "
-         "stage's shape inference (a no_grad forward on zeros)\n";
+  out += "  buffers (PyTorch 2.9): each stage but the first keeps a receive buffer per micro-batch (and its .grad "
+         "until the next step), each stage but the last a gradient receive buffer per micro-batch; the last stage "
+         "keeps every micro-batch's logits (output_chunks) until the next step and concatenates them when step() "
+         "returns; the first step starts with each stage's shape inference (a no_grad forward on zeros)\n";
   out += "  not counted: NCCL's send/recv buffers (outside the caching allocator)\n";
   return out;
 }

@@ -1150,6 +1150,10 @@ struct Loop {
   std::vector<PpLocal> pp_locals;
   std::vector<T> pp_input_grads;  // the recv buffers' .grad (bwd_cache), until clear_runtime_states
   std::vector<T> pp_losses;     // _internal_losses of the step
+  // the last stage's output_chunks: every micro-batch's logits, until the next step's clear_runtime_states
+  // (PyTorch 2.9 forward_one_chunk: `if self.is_last: self.output_chunks.append(output)`; step() has no
+  // return_outputs yet, pytorch PR #165822 of October 2025)
+  std::vector<T> pp_output_chunks;
 
   // The hidden states a stage receives and sends: (B, T, C) in the parameters' dtype (the embeddings' output;
   // the residual adds keep it without autocast, which check_pipeline requires). pp_forward checks each output.
@@ -1235,6 +1239,7 @@ struct Loop {
       throw Error("internal: a pipeline stage's output is not the (B, T, C) hidden states in the parameters' dtype");
     }
     PpChunk& ch = l.chunks[i];
+    if (part.head) pp_output_chunks.push_back(out.logits);
     ch.input = std::move(x);
     ch.output = std::move(out.logits);
     ch.loss = std::move(out.loss);
@@ -1279,7 +1284,9 @@ struct Loop {
       e.micro = 1;
       e.phase = Phase::kForward;
       if (step == o.steps) r.steady = Moment{e.event_count() == 0 ? 0 : e.event_count() - 1, Phase::kForward, step, 1, e.live()};
-      // step(): clear_runtime_states() of each stage sets every receive buffer's .grad to None
+      // step(): clear_runtime_states() of each stage: fwd_cache and output_chunks cleared, every receive
+      // buffer's .grad set to None
+      pp_output_chunks.clear();
       pp_input_grads.clear();
       pp_losses.clear();
       // the batch on the device: the ids where the first stage is, the labels where the last is (torchtitan's
@@ -1311,6 +1318,15 @@ struct Loop {
         }
       }
       e.graph = 0;
+      if (!pp_output_chunks.empty()) {
+        // step() returns self._merge_outputs(self._stage.output_chunks): merge_chunks with no spec concatenates
+        // them along dim 0 (microbatch.py: torch.cat(values_to_cat, dim=arg.split_dim)); torchtitan's train step
+        // (v0.2.0, the release of PyTorch 2.9's time) drops the result at once
+        const T& first = pp_output_chunks.front();
+        Shape merged = first.shape();
+        merged.d[0] = checked_mul(merged.d[0], pp_output_chunks.size(), "merged outputs");
+        T cat = e.empty(merged, first.dtype(), Category::kTemporaries, Label{"pp step(): _merge_outputs torch.cat(output_chunks)"});
+      }
       if (step == o.steps) {
         r.param_has_grad.assign(inv.parameters.size(), 0);
         for (size_t i = 0; i < inv.parameters.size(); ++i) r.param_has_grad[i] = e.grad(static_cast<int32_t>(i)) ? 1 : 0;

@@ -1,9 +1,10 @@
 // Pipeline parallelism, per rank: torch.distributed.pipelining's schedules (PyTorch 2.9,
-// torch/distributed/pipelining/schedules.py) as torchtitan applies them to a decoder (torchtitan b5bcd76,
-// torchtitan/distributed/pipeline_parallel.py). The stage split and each rank's order of forward and backward
-// actions are here (pure functions, unit-tested against the sources' formulas); the simulator (loop.cc) runs
-// them. Independent of layer shapes: a stage is a range of layer indices, with the embeddings on the first
-// and the final norm, the head and the loss on the last.
+// torch/distributed/pipelining/schedules.py and stage.py) as torchtitan applies them to a decoder (torchtitan
+// v0.2.0 29624e3, the release of PyTorch 2.9's time, torchtitan/distributed/pipeline_parallel.py; the split is
+// the same at b5bcd76, where it is _generate_llm_fqn_per_model_part). The stage split and each rank's order of
+// forward and backward actions are here (pure functions, unit-tested against the sources' formulas); the
+// simulator (loop.cc) runs them. Independent of layer shapes: a stage is a range of layer indices, with the
+// embeddings on the first and the final norm, the head and the loss on the last.
 #pragma once
 
 #include <cstdint>

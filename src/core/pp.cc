@@ -19,7 +19,8 @@ std::span<const NameRow<PpSchedule>> name_table(PpSchedule) {
   return kSchedules;
 }
 
-// torchtitan/distributed/pipeline_parallel.py _generate_llm_fqn_per_model_part (b5bcd76), transcribed:
+// torchtitan/distributed/pipeline_parallel.py generate_llm_fqn_per_model_part (v0.2.0; _generate_llm_fqn_per_model_part
+// at b5bcd76, the same rule), transcribed:
 //   num_effective_layers = num_layers + input_weight + output_weight
 //   layers_per_stage = num_effective_layers // num_stages; extra_layers = num_effective_layers % num_stages
 //   stage i gets layers_per_stage (+1 if i < extra_layers) effective layers; the first stage's include
@@ -63,7 +64,9 @@ std::vector<PpStagePart> pp_stage_split(uint64_t stages, uint64_t layers, uint64
 }
 
 std::vector<uint64_t> pp_rank_stages(uint64_t rank, uint64_t pp, uint64_t v) {
-  // torchtitan pipeline_parallel.py _get_pp_rank_to_stage_indices_mapping, style "loop":
+  // torchtitan pipeline_parallel.py: pipeline_module_split._get_stage_indices (v0.2.0) and
+  // _get_pp_rank_to_stage_indices_mapping (b5bcd76),
+  // style "loop":
   //   tuple(pp_rank + s * pp_degree for s in range(stages_per_rank))
   std::vector<uint64_t> out;
   for (uint64_t i = 0; i < v; ++i) out.push_back(rank + i * pp);

@@ -1132,9 +1132,10 @@ struct Loop {
   }
 
   // --- Pipeline parallelism (pp.h): one rank's stage under torch.distributed.pipelining ------------------
-  // PipelineStage (torch/distributed/pipelining/stage.py) and the single-stage schedules (schedules.py) as
-  // torchtitan's trainer runs them (pp_forward_backward_step: pp_schedule.step(..., return_outputs=False), so
-  // no output_chunks are kept). The rank's inventory holds its stage's rows only (pp_stage_inventory).
+  // PipelineStage (torch/distributed/pipelining/stage.py) and the schedules (schedules.py) of PyTorch 2.9 as
+  // torchtitan v0.2.0's train step runs them (pp_schedule.step(inputs, target=targets, losses=losses), its
+  // result dropped), one stage per rank or several (interleaved-1f1b). The rank's inventory holds its stages'
+  // rows only (pp_stage_inventory).
   struct PpChunk {
     T input;   // the stage's input: the micro-batch's ids (first stage) or the received buffer as a grad leaf
     T output;  // fwd_cache's stage_output: the hidden states sent on, or the last stage's logits

@@ -211,9 +211,11 @@ std::string render_pp_note(const PpFigures& f) {
       f.micro_batches);
   out += t.str();
   const PpRankFigures& w = f.rows[f.worst];
-  out += fmt::format("  worst rank: {} ({}), peak reserved {}; the tables above are rank {}'s{}\n", w.rank,
-                     pp_stage_modules(w.parts), format_bytes(w.peak_reserved), f.shown,
-                     f.shown == f.worst ? "" : " (--rank)");
+  out += fmt::format("  worst rank: {} ({}), {}; the tables above are rank {}'s{}\n", w.rank,
+                     pp_stage_modules(w.parts),
+                     verdict ? "the least headroom on the GPU"
+                             : fmt::format("the highest peak reserved ({})", format_bytes(w.peak_reserved)),
+                     f.shown, f.shown == f.worst ? "" : " (--rank)");
   out += "  in flight: micro-batches whose forward ran and whose backward has not (the schedule's warmup); each "
          "keeps its saved activations, its received input and its output until its backward\n";
   out += "  buffers (PyTorch 2.9): each stage but the first keeps a receive buffer per micro-batch (and its .grad "

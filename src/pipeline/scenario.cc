@@ -701,14 +701,19 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
     const size_t x = s.gpus.find_first_of("xX");
     const uint64_t n = std::stoull(s.gpus.substr(0, x));
     const std::string name = s.gpus.substr(x + 1);
-    if (s.was_given("dp") && s.train.dp != n) {
+    // --pp P: the GPUs are dp x pp ranks (each pipeline rank on its own GPU)
+    const uint64_t pp = std::max<uint64_t>(s.train.pp, 1);
+    if (n % pp != 0) {
+      throw FieldError("gpus", fmt::format("{}: {} GPUs do not divide into --pp {} pipeline ranks", s.gpus, n, pp));
+    }
+    if (s.was_given("dp") && s.train.dp != n / pp) {
       throw FieldError("gpus", fmt::format("{}: {} GPUs, but --dp {}: the GPUs are the data-parallel ranks (the only "
                                            "parallelism simulated so far); give one of the two", s.gpus, n, s.train.dp));
     }
     if (!s.train.gpu.empty() && lower(s.train.gpu) != lower(name)) {
       throw FieldError("gpus", fmt::format("{}: --gpu {} names another GPU; give one of the two", s.gpus, s.train.gpu));
     }
-    r.setup.dp = n;
+    r.setup.dp = n / pp;
     gpu_text = name;
   }
   if (s.train.generate > 0 && s.train.task != Task::kInference) {

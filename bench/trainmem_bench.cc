@@ -82,8 +82,6 @@ void BM_Estimate70B_T8192(benchmark::State& state) {
 }
 BENCHMARK(BM_Estimate70B_T8192)->Unit(benchmark::kMillisecond);
 
-// One rank of a 70B model over 64 data-parallel ranks at T=8192: DDP's buckets (construction and the rebuild at
-// step 2) and DeepSpeed ZeRO-2's partitions (the layout of every parameter over 64 partitions, the IPG buckets).
 // The two-step estimate of the 70B model at T=8192 under the Trainer's loop, with `s` shaped by `shape`.
 template <typename Shape>
 void estimate_70b_hf(benchmark::State& state, Shape shape) {
@@ -100,14 +98,19 @@ void estimate_70b_hf(benchmark::State& state, Shape shape) {
   }
 }
 
+// One rank of a 70B model over 64 data-parallel ranks at T=8192: DDP's buckets (construction and the rebuild at
+// step 2), DeepSpeed ZeRO-2's partitions (the layout of every parameter over 64 partitions, the IPG buckets) and
+// FSDP2's units (every parameter's dim-0 shard, the all-gathers, reshards and reduce-scatters of 82 units).
 void BM_EstimatePerRank70B_T8192(benchmark::State& state) {
+  const Sharding kinds[] = {Sharding::kDdp, Sharding::kZero2, Sharding::kFsdp2};
+  const Sharding sharding = kinds[state.range(0)];
   estimate_70b_hf(state, [&](TrainSetup& s) {
     s.dp = 64;
-    s.sharding = state.range(0) == 0 ? Sharding::kDdp : Sharding::kZero2;
+    s.sharding = sharding;
   });
-  state.SetLabel(state.range(0) == 0 ? "ddp" : "zero2");
+  state.SetLabel(std::string(name_of(sharding)));
 }
-BENCHMARK(BM_EstimatePerRank70B_T8192)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_EstimatePerRank70B_T8192)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
 
 // A 70B pipeline at T=8192: --pp 4 --micro-batches 8, every rank simulated (1F1B: one stage of about 20 layers
 // per rank with up to 4 micro-batches in flight; interleaved-1f1b: two stages of about 10 layers per rank).

@@ -9,6 +9,7 @@
 
 #include "trainmem/error.h"
 #include "trainmem/family.h"
+#include "trainmem/tp.h"
 
 #include "../families/registry.h"
 
@@ -183,8 +184,8 @@ constexpr Field kFields[] = {
      FieldGroup::kTraining},
     {"dp", "data-parallel ranks (GPUs): estimate simulates one rank of --sharding; trainmem formulas prints ZeRO's "
            "and DeepSpeed's per-rank closed forms for them (default 1)", FieldGroup::kTraining},
-    {"sharding", "ddp | zero1 | zero2: how the --dp ranks share the model (DDP, DeepSpeed ZeRO-1/2 under the Trainer; "
-                 "fsdp1, fsdp2, zero3: not simulated yet)",
+    {"sharding", "ddp | fsdp2 | zero1 | zero2: how the --dp ranks share the model (DDP, FSDP2's fully_shard through "
+                 "accelerate, DeepSpeed ZeRO-1/2 under the Trainer; fsdp1, zero3: not simulated yet)",
      FieldGroup::kTraining},
     {"bucket_cap_mb", "DDP's bucket_cap_mb, in MiB (default: what the loop passes: none, so DDP's 25 with a 1 MiB "
                       "first bucket)", FieldGroup::kTraining},
@@ -206,6 +207,13 @@ constexpr Field kFields[] = {
     {"pp_virtual_stages", "with --pp-schedule interleaved-1f1b: stages per rank (default 2, torchtitan's for a "
                           "multi-stage schedule)", FieldGroup::kTraining},
     {"rank", "with --pp: the pipeline rank whose step estimate and timeline show (default: the worst)",
+     FieldGroup::kTraining},
+    {"reshard_after_forward", "true | false: FSDP2's reshard_after_forward for the decoder layers and the embedding "
+                              "(default true, accelerate's for fsdp_version 2; the tail [norm, lm_head] keeps false)",
+     FieldGroup::kTraining},
+    {"tp", "tensor-parallel ranks: transformers' tp_plan=\"auto\" (Llama-shaped decoders); estimate simulates one "
+           "rank's local model (default 1)", FieldGroup::kTraining},
+    {"sequence_parallel", "true | false: sequence parallelism with --tp (torchtitan's plan; not simulated yet)",
      FieldGroup::kTraining},
     {"nccl_channels", "NCCL's ring channels per communicator, for its buffers outside the caching allocator "
                       "(default: the GPU catalog's reading for the card; NCCL_DEBUG=INFO prints \"N coll channels\")",
@@ -471,6 +479,16 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     s.train.rank.reset();
   } else if (f == "rank") {
     s.train.rank = v == "0" ? 0 : count(f, v, kMaxRanks);
+  } else if (f == "reshard_after_forward") {
+    if (v.empty()) {
+      s.train.reshard_after_forward.reset();  // accelerate's default (resolve_fsdp)
+    } else {
+      s.train.reshard_after_forward = boolean(f, v);
+    }
+  } else if (f == "tp") {
+    s.train.tp = count(f, v, kMaxRanks);
+  } else if (f == "sequence_parallel") {
+    s.train.sequence_parallel = boolean(f, v);
   } else if (f == "nccl_channels" && v.empty()) {
     s.train.nccl.channels.reset();  // the GPU catalog's reading
   } else if (f == "nccl_channels") {
@@ -574,6 +592,11 @@ std::string field_text(const Scenario& s, std::string_view f) {
   if (f == "gpus_per_node") return std::to_string(s.train.nccl.gpus_per_node);
   if (f == "reduce_bucket_size") return s.train.reduce_bucket_size ? std::to_string(*s.train.reduce_bucket_size) : "";
   if (f == "overlap_comm") return s.train.overlap_comm ? (*s.train.overlap_comm ? "true" : "false") : "";
+  if (f == "reshard_after_forward") {
+    return s.train.reshard_after_forward ? (*s.train.reshard_after_forward ? "true" : "false") : "";
+  }
+  if (f == "tp") return std::to_string(s.train.tp);
+  if (f == "sequence_parallel") return s.train.sequence_parallel ? "true" : "false";
   if (f == "find_unused_parameters") {
     return s.train.find_unused_parameters ? (*s.train.find_unused_parameters ? "true" : "false") : "";
   }
@@ -676,6 +699,36 @@ void resolve_inference(const Scenario& s, ResolvedScenario& r) {
   r.model.dropout = DropoutSpec{};  // model.eval(): every nn.Dropout is the identity
 }
 
+// What --tp and --sequence-parallel compose with so far (tp.h); everything else is refused, said why.
+void check_tp_setup(const Scenario& s, const ResolvedScenario& r) {
+  const TrainSetup& t = s.train;
+  if (t.sequence_parallel) {
+    throw FieldError("sequence_parallel", "true: sequence parallelism (torchtitan's SequenceParallel norms, "
+                                          "PrepareModuleInput all-gathers, reduce-scattered rowwise outputs, "
+                                          "loss_parallel) is not simulated yet; transformers' own tp_plan=\"auto\" "
+                                          "(--sequence-parallel false) is");
+  }
+  if (s.was_given("sequence_parallel") && t.tp <= 1) {
+    throw FieldError("sequence_parallel", "false: a tensor-parallel setting; it applies with --tp above 1");
+  }
+  if (t.tp <= 1) return;
+  auto refuse = [&](const char* field, const std::string& why) {
+    throw FieldError(field, fmt::format("{}: not simulated with --tp {} ({})", field_text(s, field), t.tp, why));
+  };
+  if (r.setup.dp > 1) {
+    const bool gpus = !s.gpus.empty();
+    throw FieldError(gpus ? "gpus" : "dp",
+                     fmt::format("{}: {} data-parallel ranks of --tp {} GPUs each; tensor parallelism composed with "
+                                 "data parallelism (accelerate's ParallelismConfig: DDP or FSDP2 over the TP-local "
+                                 "model) is not simulated yet", gpus ? s.gpus : std::to_string(r.setup.dp),
+                                 r.setup.dp, t.tp));
+  }
+  if (t.lora.on) refuse("lora", "PEFT's adapters on tensor-parallel linears were not read");
+  if (t.quant.type != Quantize::kNone) refuse("quantize", "4-bit bases under tensor parallelism were not read");
+  if (t.loss != LossKind::kCe) refuse("loss", "the plan's lm_head gathers the whole logits for transformers' loss");
+  if (t.generate > 0) refuse("generate", "generation under tensor parallelism was not validated");
+}
+
 ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   ResolvedScenario r;
   r.request = s;
@@ -693,27 +746,43 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
         "the experts are simulated as transformers' eager loop (experts_implementation=\"eager\"); transformers "
         "5.x picks grouped_mm when none is given: --moe-experts grouped_mm simulates that one");
   }
+  // Tensor parallelism (tp.h): the model becomes one rank's local model before its inventory is built
+  if (s.train.tp > 1) {
+    try {
+      apply_tensor_parallel(r.model, s.train.tp);
+    } catch (const FieldError&) {
+      throw;
+    } catch (const Error& e) {
+      throw FieldError("tp", e.what());
+    }
+  }
   r.inventory = build_inventory(r.model);
+  mark_tp_shards(r.model, r.inventory);
   r.setup = s.train;
   std::string gpu_text = s.train.gpu;  // --gpu, or the GPU of --gpus
   if (!s.gpus.empty()) {
     // "8xh100-80gb": set_field checked the form and the count
     const size_t x = s.gpus.find_first_of("xX");
-    const uint64_t n = std::stoull(s.gpus.substr(0, x));
+    uint64_t n = std::stoull(s.gpus.substr(0, x));
     const std::string name = s.gpus.substr(x + 1);
-    // --pp P: the GPUs are dp x pp ranks (each pipeline rank on its own GPU)
+    // the GPUs are dp x tp x pp ranks: tensor-parallel groups of tp GPUs, pipeline ranks of pp such groups
+    if (s.train.tp > 1 && n % s.train.tp != 0) {
+      throw FieldError("gpus", fmt::format("{}: {} GPUs do not divide into --tp {} ranks", s.gpus, n, s.train.tp));
+    }
+    n /= s.train.tp;
     const uint64_t pp = std::max<uint64_t>(s.train.pp, 1);
     if (n % pp != 0) {
-      throw FieldError("gpus", fmt::format("{}: {} GPUs do not divide into --pp {} pipeline ranks", s.gpus, n, pp));
+      throw FieldError("gpus", fmt::format("{}: {} GPUs do not divide into --pp {} pipeline ranks", s.gpus, n * s.train.tp, pp));
     }
-    if (s.was_given("dp") && s.train.dp != n / pp) {
+    n /= pp;
+    if (s.was_given("dp") && s.train.dp != n) {
       throw FieldError("gpus", fmt::format("{}: {} GPUs, but --dp {}: the GPUs are the data-parallel ranks (the only "
                                            "parallelism simulated so far); give one of the two", s.gpus, n, s.train.dp));
     }
     if (!s.train.gpu.empty() && lower(s.train.gpu) != lower(name)) {
       throw FieldError("gpus", fmt::format("{}: --gpu {} names another GPU; give one of the two", s.gpus, s.train.gpu));
     }
-    r.setup.dp = n / pp;
+    r.setup.dp = n;
     gpu_text = name;
   }
   if (s.train.generate > 0 && s.train.task != Task::kInference) {
@@ -721,6 +790,7 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
                                              s.train.generate));
   }
   validate_setup(r.model, r.setup);
+  check_tp_setup(s, r);
   if (r.model.moe.experts > 0 && r.model.moe.impl == MoeExperts::kGroupedMm && uses_autocast(r.setup.precision)) {
     // whether autocast casts torch._grouped_mm's operands (and which dtypes its CUDA kernel takes) is not
     // established from a source here: refused rather than guessed

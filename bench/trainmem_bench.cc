@@ -9,6 +9,7 @@
 #include "trainmem/gpu.h"
 #include "trainmem/inventory.h"
 #include "trainmem/sim.h"
+#include "trainmem/tp.h"
 
 namespace {
 
@@ -113,17 +114,29 @@ void BM_EstimatePerRank70B_T8192(benchmark::State& state) {
 BENCHMARK(BM_EstimatePerRank70B_T8192)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
 
 // A 70B pipeline at T=8192: --pp 4 --micro-batches 8, every rank simulated (1F1B: one stage of about 20 layers
-// per rank with up to 4 micro-batches in flight; interleaved-1f1b: two stages of about 10 layers per rank).
+// per rank with up to 4 micro-batches in flight; interleaved-1f1b: two stages of about 10 layers per rank), and
+// the 1F1B pipeline over --tp 8 shards (transformers' tp_plan: the local shapes and the collectives' buffers).
 void BM_EstimatePp70B_T8192(benchmark::State& state) {
-  estimate_70b_hf(state, [&](TrainSetup& s) {
-    s.pp = 4;
-    s.micro_batches = 8;
-    s.pp_schedule = state.range(0) == 0 ? PpSchedule::k1f1b : PpSchedule::kInterleaved1f1b;
-    s.pp_virtual_stages = state.range(0) == 0 ? 1 : 2;
-  });
-  state.SetLabel(state.range(0) == 0 ? "1f1b, 4 ranks" : "interleaved-1f1b, 4 ranks x 2 stages");
+  const bool interleaved = state.range(0) == 1, tp = state.range(0) == 2;
+  ModelSpec m = llama70b();
+  if (tp) apply_tensor_parallel(m, 8);  // rank 0's local model (tp.h)
+  Inventory inv = build_inventory(m);
+  if (tp) mark_tp_shards(m, inv);
+  TrainSetup s = setup(1, 8192);
+  s.pp = 4;
+  s.micro_batches = 8;
+  s.pp_schedule = interleaved ? PpSchedule::kInterleaved1f1b : PpSchedule::k1f1b;
+  s.pp_virtual_stages = interleaved ? 2 : 1;
+  SimOptions o = one_step();
+  o.steps = 2;
+  o.loop = LoopKind::kHf;
+  for (auto _ : state) {
+    Estimate e = estimate(m, inv, s, o);
+    benchmark::DoNotOptimize(e.memory.peak_reserved.value);
+  }
+  state.SetLabel(interleaved ? "interleaved-1f1b, 4 ranks x 2 stages" : tp ? "1f1b, 4 ranks, tp 8" : "1f1b, 4 ranks");
 }
-BENCHMARK(BM_EstimatePp70B_T8192)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_EstimatePp70B_T8192)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
 
 // Building the parameter inventory of a 70B model (723 named tensors).
 void BM_Inventory70B(benchmark::State& state) {

@@ -193,6 +193,33 @@ TEST(Pp, InterleavedSavedActivationsAreTheChunksInFlight) {
   }
 }
 
+// TP x PP (tensor parallelism shapes the rank's model, the pipeline picks its layers): the same per-stage rule
+// over transformers' tp_plan shards, against the non-pipeline TP simulation of the same layers.
+TEST(Pp, ComposesWithTensorParallelism) {
+  const uint64_t L = 8, pp = 4, M = 5;
+  auto saved = [&](uint64_t layers, bool pipeline, uint64_t rank) {
+    Scenario s = testing::scenario_of("tinyllama-1.1b", {{"tp", "2"}, {"batch", "1"}, {"seq", "64"}, {"precision", "bf16"}});
+    set_field(s, "overrides", "num_hidden_layers=" + std::to_string(layers));
+    if (pipeline) {
+      set_field(s, "pp", std::to_string(pp));
+      set_field(s, "micro_batches", std::to_string(M));
+      set_field(s, "rank", std::to_string(rank));
+    }
+    return testing::run(s);
+  };
+  const auto parts = pp_stage_split(pp, L);
+  const Bytes full = saved(L, false, 0).peak.saved_activations;
+  for (uint64_t r = 1; r + 1 < pp; ++r) {
+    const Estimate e = saved(L, true, r);
+    ASSERT_TRUE(e.pp);
+    EXPECT_EQ(e.model.tp, 2u);
+    const uint64_t k = parts[r].layers();
+    const Bytes per_layers = full - saved(L - k, false, 0).peak.saved_activations;
+    const Bytes rope(2 * 64 * e.model.attn.head_dim * 2);  // cos and sin, (1, T, D) bfloat16
+    EXPECT_EQ(e.peak.saved_activations.value, std::min(M, pp - r) * (per_layers + rope).value) << "rank " << r;
+  }
+}
+
 // The estimate names the worst rank (highest peak reserved) and shows it unless --rank picks another.
 TEST(Pp, WorstRankIsTheHighestPeakReserved) {
   const ModelSpec m = small_llama(8);

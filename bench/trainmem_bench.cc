@@ -83,11 +83,14 @@ void BM_Estimate70B_T8192(benchmark::State& state) {
 }
 BENCHMARK(BM_Estimate70B_T8192)->Unit(benchmark::kMillisecond);
 
-// The two-step estimate of the 70B model at T=8192 under the Trainer's loop, with `s` shaped by `shape`.
+// The two-step estimate of the 70B model at T=8192 under the Trainer's loop, with `s` shaped by `shape`; with
+// tp > 1, rank 0's local model of transformers' tp_plan (tp.h).
 template <typename Shape>
-void estimate_70b_hf(benchmark::State& state, Shape shape) {
-  const ModelSpec m = llama70b();
-  const Inventory inv = build_inventory(m);
+void estimate_70b_hf(benchmark::State& state, Shape shape, uint64_t tp = 1) {
+  ModelSpec m = llama70b();
+  if (tp > 1) apply_tensor_parallel(m, tp);
+  Inventory inv = build_inventory(m);
+  if (tp > 1) mark_tp_shards(m, inv);
   TrainSetup s = setup(1, 8192);
   shape(s);
   SimOptions o = one_step();
@@ -118,22 +121,12 @@ BENCHMARK(BM_EstimatePerRank70B_T8192)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::
 // the 1F1B pipeline over --tp 8 shards (transformers' tp_plan: the local shapes and the collectives' buffers).
 void BM_EstimatePp70B_T8192(benchmark::State& state) {
   const bool interleaved = state.range(0) == 1, tp = state.range(0) == 2;
-  ModelSpec m = llama70b();
-  if (tp) apply_tensor_parallel(m, 8);  // rank 0's local model (tp.h)
-  Inventory inv = build_inventory(m);
-  if (tp) mark_tp_shards(m, inv);
-  TrainSetup s = setup(1, 8192);
-  s.pp = 4;
-  s.micro_batches = 8;
-  s.pp_schedule = interleaved ? PpSchedule::kInterleaved1f1b : PpSchedule::k1f1b;
-  s.pp_virtual_stages = interleaved ? 2 : 1;
-  SimOptions o = one_step();
-  o.steps = 2;
-  o.loop = LoopKind::kHf;
-  for (auto _ : state) {
-    Estimate e = estimate(m, inv, s, o);
-    benchmark::DoNotOptimize(e.memory.peak_reserved.value);
-  }
+  estimate_70b_hf(state, [&](TrainSetup& s) {
+    s.pp = 4;
+    s.micro_batches = 8;
+    s.pp_schedule = interleaved ? PpSchedule::kInterleaved1f1b : PpSchedule::k1f1b;
+    s.pp_virtual_stages = interleaved ? 2 : 1;
+  }, tp ? 8 : 1);
   state.SetLabel(interleaved ? "interleaved-1f1b, 4 ranks x 2 stages" : tp ? "1f1b, 4 ranks, tp 8" : "1f1b, 4 ranks");
 }
 BENCHMARK(BM_EstimatePp70B_T8192)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);

@@ -351,6 +351,7 @@ T Engine::requires_grad_leaf(const T& x, bool held_by_graph) {
   // storage lives until the graph is freed, even when nothing else holds it (found by the CPU oracle's live
   // timeline). Not a saved tensor: saved_bytes() skips AccumulateGrad nodes.
   if (held_by_graph) acc->saved.push_back(t);
+  acc->graph = graph;
   nodes_.push_back(acc);  // freed with the graph that reaches it
   return t;
 }
@@ -451,6 +452,7 @@ Node* Engine::new_node(const char* name, std::initializer_list<const T*> inputs,
   }
   node->frame.reset();
   node->holder_slots = 0;
+  node->graph = graph;
   nodes_.push_back(node);
   if (filling_) {
     // _recomputation_hook's pack: the recomputed tensor goes to the frame, in the order the forward saved;
@@ -705,24 +707,34 @@ void Engine::backward(const T& loss, T seed) {
   for (size_t i = 0; i < seen.size(); ++i) seen[i]->deps = outer_deps[i];
   // The graph is freed once backward is done (retain_graph=False): the whole graph after the outermost
   // backward; after a reentrant one, only the nodes it reached (the outer graph is still running).
-  if (depth_ == 1) {
+  if (depth_ == 1 && loss->grad_fn.node->graph != 0) {
+    // one of several live graphs (Engine::graph): its nodes go, the others stay
+    const uint32_t g = loss->grad_fn.node->graph;
+    recycle_where([g](const Node* n) { return n->graph == g; });
+    if (nodes_.empty()) leaf_grads_.clear();
+  } else if (depth_ == 1) {
     recycle_nodes();
   } else {
     for (Node* n : seen) {
       if (n->param < 0) n->deps = kRecycled;  // AccumulateGrad of a parameter is persistent
     }
-    std::vector<Node*> keep;
-    for (Node* n : nodes_) {
-      if (n->deps == kRecycled) {
-        recycle(n);
-      } else {
-        keep.push_back(n);
-      }
-    }
-    nodes_.swap(keep);
+    recycle_where([](const Node* n) { return n->deps == kRecycled; });
   }
   --depth_;
 }  // the seed is released here, after the graph (torch.autograd.backward's grad_tensors list)
+
+template <typename Pred>
+void Engine::recycle_where(Pred pred) {
+  std::vector<Node*> keep;
+  for (Node* n : nodes_) {
+    if (pred(n)) {
+      recycle(n);
+    } else {
+      keep.push_back(n);
+    }
+  }
+  nodes_.swap(keep);
+}
 
 void Engine::recycle(Node* n) {
   n->frame.reset();

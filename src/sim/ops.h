@@ -93,6 +93,14 @@ struct Ctx {
   // Called where a parameter-holding module's forward returns ahead of other work (the head, before the loss):
   // DeepSpeed ZeRO-3's post-forward hook releases its gathered parameters (Loop::z3_release_live).
   std::function<void()> module_done;
+  // Pipeline parallelism (pp.h): the stage a forward runs. The first stage embeds the ids; a later one takes
+  // `input` (its received activations) instead; only layers [begin, end) run (run_layers); the last stage
+  // runs the final norm, the head and the loss. The defaults are the whole model.
+  struct PpStage {
+    bool first = true, last = true;
+    uint64_t begin = 0, end = UINT64_MAX;
+    const T* input = nullptr;
+  } pp;
 
   void warn(const std::string& w) {
     for (const std::string& x : warnings) {

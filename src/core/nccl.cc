@@ -29,6 +29,8 @@ std::vector<ProcessGroup> process_groups(const TrainSetup& s) {
   std::vector<ProcessGroup> g;
   // one NCCL communicator per process group, created at its first collective (ProcessGroupNCCL::getNCCLComm)
   if (s.dp > 1) g.push_back({"data parallel (the world group)", s.dp});
+  // --cp N: context_parallel's mesh["cp"] group (its all-gather and all-to-all: cp.h)
+  if (s.cp > 1) g.push_back({"context parallel", s.cp});
   return g;
 }
 

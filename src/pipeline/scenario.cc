@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cstdlib>
 
+#include "trainmem/cp.h"
 #include "trainmem/error.h"
 #include "trainmem/family.h"
 
@@ -194,6 +195,9 @@ constexpr Field kFields[] = {
                            "the Trainer's \"auto\" is hidden_size^2)", FieldGroup::kTraining},
     {"overlap_comm", "true | false: DeepSpeed ZeRO's overlap_comm, a second IPG bucket (default false below stage 3)",
      FieldGroup::kTraining},
+    {"cp", "context-parallel ranks: torch's context_parallel as accelerate drives it (ring attention, the sequence "
+           "sharded with the head-tail load balancer); estimate simulates CP rank 0 at --seq / N tokens; Llama "
+           "(model_type llama) with SDPA only (default 1)", FieldGroup::kTraining},
     {"nccl_channels", "NCCL's ring channels per communicator, for its buffers outside the caching allocator "
                       "(default: the GPU catalog's reading for the card; NCCL_DEBUG=INFO prints \"N coll channels\")",
      FieldGroup::kRuntime},
@@ -418,6 +422,8 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     s.train.generate = v == "0" ? 0 : count(f, v, kMaxGenerate);
   } else if (f == "dp") {
     s.train.dp = count(f, v, kMaxRanks);
+  } else if (f == "cp") {
+    s.train.cp = count(f, v, kMaxRanks);
   } else if (f == "sharding") {
     s.train.sharding = named(f, v, parse_name<Sharding>(v));
   } else if ((f == "bucket_cap_mb" || f == "gradient_as_bucket_view" || f == "find_unused_parameters") && v.empty()) {
@@ -535,6 +541,7 @@ std::string field_text(const Scenario& s, std::string_view f) {
   if (f == "generate") return std::to_string(s.train.generate);
   if (f == "dp") return std::to_string(s.train.dp);
   if (f == "sharding") return std::string(name_of(s.train.sharding));
+  if (f == "cp") return std::to_string(s.train.cp);
   if (f == "bucket_cap_mb") return s.train.bucket_cap_mb ? fmt::format("{}", *s.train.bucket_cap_mb) : "";
   if (f == "gradient_as_bucket_view") {
     return s.train.gradient_as_bucket_view ? (*s.train.gradient_as_bucket_view ? "true" : "false") : "";
@@ -646,6 +653,54 @@ void resolve_inference(const Scenario& s, ResolvedScenario& r) {
   r.model.dropout = DropoutSpec{};  // model.eval(): every nn.Dropout is the identity
 }
 
+namespace {
+
+// ---- context parallel (--cp N, cp.h) -----------------------------------------------------------------------
+// What is simulated: one CP rank (rank 0) of torch's context_parallel under accelerate
+// (Accelerator.maybe_context_parallel), the model's weights replicated (accelerate's
+// ACCELERATE_ALLOW_CP_STANDALONE path, state.py), the batch's input_ids, labels and position_ids sharded to
+// seq / cp tokens, SDPA's flash kernel replaced by ring attention. Everything else is refused, not guessed.
+void resolve_cp(const Scenario& s, ResolvedScenario& r) {
+  const uint64_t n = r.setup.cp;
+  auto refuse = [&](std::string_view field, const std::string& why) {
+    throw FieldError(std::string(field), fmt::format("{} with --cp {}: {}", field_text(s, field), n, why));
+  };
+  if (r.model.impl != Impl::kHf || r.model.model_type != "llama") {
+    throw FieldError("cp", fmt::format("{}: context parallel is simulated for the Llama decoders (model_type llama) "
+                                       "only; {} (model_type {}) is not", n, r.model.name, r.model.model_type));
+  }
+  if (r.model.attn_impl != AttnImpl::kSdpa) {
+    // context_parallel replaces SDPA's kernels (_attention.py _sdpa_handler); accelerate's CP docs ask for sdpa
+    refuse("attention", "context parallel shards SDPA's attention (ring attention); eager attention computes the "
+                        "full (T, T) scores and is not dispatched to it");
+  }
+  if (s.train.task == Task::kInference) {
+    refuse("task", "context parallel is simulated for training steps only");
+  }
+  if (r.setup.dp > 1) {
+    // accelerate ParallelismConfig.__post_init__ refuses cp with pure data parallelism (dp_replicate_size > 1,
+    // dp_shard_size == 1), and state.py asks for an FSDP2 plugin (dp_shard x cp); torchtitan shards over
+    // dp_shard x cp with FSDP (distributed/fsdp.py resolve_fsdp_mesh)
+    refuse("dp", "accelerate refuses context parallel with pure data parallelism (ParallelismConfig), and "
+                 "FSDP2 over dp x cp, the way accelerate and torchtitan compose them, is not simulated with CP yet");
+  }
+  if (r.setup.checkpointing == Checkpointing::kSelective) {
+    refuse("checkpointing", "selective checkpointing of the ring-attention op is not simulated (none and full are)");
+  }
+  if (r.setup.loss == LossKind::kChunked) {
+    refuse("loss", "torchtune's chunked loss is not a transformers/accelerate loss; use ce or liger-fused");
+  }
+  if (r.setup.logits_to_keep != 0) refuse("logits_to_keep", "not simulated with context parallel");
+  try {
+    r.setup.cp_seq = r.setup.seq;
+    r.setup.seq = cp_local_seq(r.setup.seq, n);
+  } catch (const Error& e) {
+    throw FieldError("seq", fmt::format("{}: {}", s.train.seq, e.what()));
+  }
+}
+
+}  // namespace
+
 ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   ResolvedScenario r;
   r.request = s;
@@ -694,6 +749,7 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
                                                 name_of(r.setup.precision)));
   }
   if (s.train.task == Task::kInference) resolve_inference(s, r);
+  if (r.setup.cp > 1) resolve_cp(s, r);  // --cp N: the rank's sequence (cp.h)
   // The data-parallel settings shape a rank's buckets: with one process there are none, so a setting given
   // without --dp above 1 would change nothing (refused, not ignored)
   if (r.setup.dp <= 1) {

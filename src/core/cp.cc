@@ -15,7 +15,7 @@ uint64_t cp_local_seq(uint64_t seq, uint64_t cp) {
   if (cp == 1) return seq;
   // _HeadTailLoadBalancer._generate_indices: assert seq_length % (world_size * 2) == 0
   if (seq % (2 * cp) != 0) {
-    throw Error(fmt::format("cp: --seq {} is not a multiple of 2 x --cp {} = {}: torch's context_parallel shards "
+    throw Error(fmt::format("{}: not a multiple of 2 x --cp {} = {}: torch's context_parallel shards "
                             "the sequence with its head-tail load balancer (_HeadTailLoadBalancer asserts "
                             "seq_length % (2 * world_size) == 0)",
                             seq, cp, 2 * cp));

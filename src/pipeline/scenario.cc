@@ -695,7 +695,7 @@ void resolve_cp(const Scenario& s, ResolvedScenario& r) {
     r.setup.cp_seq = r.setup.seq;
     r.setup.seq = cp_local_seq(r.setup.seq, n);
   } catch (const Error& e) {
-    throw FieldError("seq", fmt::format("{}: {}", s.train.seq, e.what()));
+    throw FieldError("seq", e.what());
   }
 }
 

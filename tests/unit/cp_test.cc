@@ -118,6 +118,11 @@ TEST(CpSim, EachAttentionCallAllGathersTheWholeSequencesKeysAndValuesInForwardAn
   // full checkpointing runs each layer's forward again in backward: a third gather per layer
   EXPECT_EQ(allocs_labelled(run(tiny(256, {{"cp", "4"}, {"checkpointing", "full"}, {"steps", "1"}})), "cp kv all-gather", gathered),
             3 * layers);
+  // reentrant checkpointing (its first forward under no_grad still runs the ring): the same three
+  EXPECT_EQ(allocs_labelled(run(tiny(256, {{"cp", "4"}, {"checkpointing", "full"}, {"checkpoint_reentrant", "true"},
+                                          {"steps", "1"}})),
+                            "cp kv all-gather", gathered),
+            3 * layers);
   // the K/V gradients travel by all-to-all (dkv_rotater is always _AllToAllRotater), float32, one buffer per
   // step: cp steps per backward call
   EXPECT_EQ(allocs_labelled(run(tiny(256, {{"cp", "4"}, {"steps", "1"}})), "cp grad kv all-to-all",

@@ -146,6 +146,26 @@ TEST(ZeroPaper, Figure1ModelStatesPerDeviceAsPublished) {
   EXPECT_EQ(gb1(z.os_g_p), "1.9");
 }
 
+// llm.c's ZeRO-1 (llmc/zero.cuh, -z 1) on 8 GPUs trains GPT-2 1558M with bf16 parameters and gradients and
+// sharded fp32 AdamW state and master weights; its log (karpathy/llm.c discussion #677) prints
+// "num_parameters: 1557686400", "allocated 2971 MiB for model parameters", "allocating 2971 MiB for parameter
+// gradients", "742 MiB for AdamW optimizer state m" (and v, and the master copy): llm.c's MiB are bytes >> 20.
+// GPT-2 XL with llm.c's vocabulary padded to 50304 has that many parameters, and ZeRO's P_os is those five
+// allocations (2 + 2 bytes per parameter whole, 3 x 4 bytes per parameter over 8).
+TEST(ZeroPaper, StageOneIsLlmcsZeroOneAllocationsForGpt2_1558M) {
+  const Inventory inv = build_inventory(preset("gpt2-xl"));
+  const ModelSpec padded = from_json(R"({"model_type": "gpt2", "n_layer": 48, "n_head": 25, "n_embd": 1600,
+                                         "vocab_size": 50304, "n_positions": 1024})");
+  const Elems psi = parameter_count(build_inventory(padded));
+  EXPECT_EQ(psi.value, 1'557'686'400u);
+  EXPECT_EQ(parameter_count(inv).value + 47u * 1600, psi.value);  // the preset's 50257 rows, and 47 more
+  const uint64_t params = 2 * psi.value, grads = 2 * psi.value, shard = 4 * psi.value / 8;
+  EXPECT_EQ(params >> 20, 2971u);
+  EXPECT_EQ(grads >> 20, 2971u);
+  EXPECT_EQ(shard >> 20, 742u);
+  EXPECT_EQ(zero_paper_states(psi, 8).os.value, params + grads + 3 * shard);
+}
+
 // DeepSpeed docs/code-docs/source/memory.rst (at edaa722): the printed tables of
 // estimate_zero2_model_states_mem_needs_all_cold(total_params=2851e6, num_gpus_per_node=8, num_nodes=1) and
 // estimate_zero3_model_states_mem_needs_all_cold(total_params=2851e6, largest_layer_params=32e6, ...), "GB" = 2^30.

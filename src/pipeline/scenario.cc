@@ -196,8 +196,8 @@ constexpr Field kFields[] = {
     {"overlap_comm", "true | false: DeepSpeed ZeRO's overlap_comm, a second IPG bucket (default false below stage 3)",
      FieldGroup::kTraining},
     {"cp", "context-parallel ranks: torch's context_parallel as accelerate drives it (ring attention, the sequence "
-           "sharded with the head-tail load balancer); estimate simulates CP rank 0 at --seq / N tokens; Llama "
-           "(model_type llama) with SDPA only (default 1)", FieldGroup::kTraining},
+           "sharded with the head-tail load balancer); estimate simulates CP rank 0 at --seq / N tokens with the "
+           "model states whole on the rank; Llama (model_type llama) with SDPA only (default 1)", FieldGroup::kTraining},
     {"nccl_channels", "NCCL's ring channels per communicator, for its buffers outside the caching allocator "
                       "(default: the GPU catalog's reading for the card; NCCL_DEBUG=INFO prints \"N coll channels\")",
      FieldGroup::kRuntime},
@@ -691,6 +691,12 @@ void resolve_cp(const Scenario& s, ResolvedScenario& r) {
     refuse("loss", "torchtune's chunked loss is not a transformers/accelerate loss; use ce or liger-fused");
   }
   if (r.setup.logits_to_keep != 0) refuse("logits_to_keep", "not simulated with context parallel");
+  // accelerate state.py: cp_size > 1 without an FSDP2 plugin raises unless ACCELERATE_ALLOW_CP_STANDALONE=true;
+  // its docs (concept_guides/context_parallelism.md): "context parallelism only works if you use
+  // FullyShardedDataParallelPlugin ... with version set to 2"
+  r.warnings.push_back("--cp: the weights, gradients and optimizer state are simulated whole on every CP rank "
+                       "(accelerate's ACCELERATE_ALLOW_CP_STANDALONE=true path); accelerate and torchtitan shard them "
+                       "with FSDP2 over dp_shard x cp, which is not composed with --cp yet");
   try {
     r.setup.cp_seq = r.setup.seq;
     r.setup.seq = cp_local_seq(r.setup.seq, n);

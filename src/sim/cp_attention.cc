@@ -56,7 +56,13 @@ T ring_sdpa(Ctx& c, const T& q, const T& k, const T& v, bool has_mask, double dr
       const RingStep& st = steps[i];
       // i > 0: rotater.next_buffer() waits on the all-gather: the cat it sent is released (a view of the
       // gathered buffer is taken, no copy)
-      if (i == 1) sent.reset();
+      if (i == 1) {
+        sent.reset();
+        // key = next_kv[: key.numel()].reshape(key.shape) (and value): the contiguous() copies lose their only
+        // reference (found by the CPU oracle, validate/cpu/ring_attention.py)
+        kc.reset();
+        vc.reset();
+      }
       if (i + 1 < steps.size()) {
         // next_kv = torch.cat([key.flatten(), value.flatten()]); next_kv = rotater.exchange_buffers(next_kv):
         // the all-gather runs once (_AllGatherRotater: `if self._aggregated_buffer is None`), and
@@ -146,6 +152,12 @@ T ring_sdpa(Ctx& c, const T& q, const T& k, const T& v, bool has_mask, double dr
                T kv_cat, gathered, dq_, dk_, dv_, sent_g, recv, recv_held;
                for (size_t i = 0; i < bsteps.size(); ++i) {
                  const RingStep& st = bsteps[i];
+                 if (i == 1) {
+                   // key = buffer[pointer : pointer + key.numel()].reshape(key.shape) (and value): the
+                   // contiguous() copies lose their only reference
+                   kc.reset();
+                   vc.reset();
+                 }
                  if (i + 1 < bsteps.size()) {
                    // next_kv = torch.cat([key.flatten(), value.flatten()]); kv_rotater.exchange_buffers(next_kv)
                    // (the all-gather once; next_kv keeps the cat until the next one)

@@ -149,7 +149,7 @@ T ring_sdpa(Ctx& c, const T& q, const T& k, const T& v, bool has_mask, double dr
                const T& sv = nd.saved[2];
                T kc = is_contiguous(sk.shape(), sk->strides) ? T() : btmp(sk.shape(), dt, "cp key contiguous");
                T vc = is_contiguous(sv.shape(), sv->strides) ? T() : btmp(sv.shape(), dt, "cp value contiguous");
-               T kv_cat, gathered, dq_, dk_, dv_, sent_g, recv, recv_held;
+               T kv_cat, gathered, dq_, dk_, dv_, sent_g, recv, recv_held, lse_half;
                for (size_t i = 0; i < bsteps.size(); ++i) {
                  const RingStep& st = bsteps[i];
                  if (i == 1) {
@@ -164,6 +164,12 @@ T ring_sdpa(Ctx& c, const T& q, const T& k, const T& v, bool has_mask, double dr
                    T cat = btmp(Shape{kv_elems}, dt, "cp kv cat");
                    if (i == 0) gathered = btmp(Shape{n * kv_elems}, dt, "cp kv all-gather");
                    kv_cat = std::move(cat);
+                 }
+                 if (st.partial) {
+                   // logsumexp.chunk(2, dim=seq_dim)[1].contiguous(): a float32 (B, H, L/2) copy, kept by the
+                   // loop's `lse` until the next step's (found by the CPU oracle)
+                   T half = btmp(Shape{B, H, st.q_len}, DType::kF32, "cp logsumexp half contiguous");
+                   lse_half = std::move(half);
                  }
                  // the flash backward of this step (as the non-CP kernel: ops_nn.cc sdpa, mha_bwd): dq, dk, dv
                  // in the input dtype, softmax_d and dq_accum in float32 (sequence rounded up to 128, head dim

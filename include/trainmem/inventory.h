@@ -42,6 +42,9 @@ struct TensorRow {
   // Buffers: how many parameter rows nn.Module._apply moves to the device before this buffer (children
   // first, then a module's own parameters, then its own buffers): the allocation order of model.to(device).
   size_t load_after = 0;
+  // Tensor parallelism (tp.h): the dim of which this rank holds 1/tp (0: a colwise weight or bias, 1: a rowwise
+  // weight); -1: replicated on every TP rank (or no TP).
+  int8_t tp_dim = -1;
 };
 
 struct Inventory {

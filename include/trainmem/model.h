@@ -196,6 +196,9 @@ struct ModelSpec {
   double final_softcap = 0.0;    // gemma3_text final_logit_softcapping (None: 0 = off); gemma2's is in llama.cc
   DropoutSpec dropout;           // probabilities used in model.train()
   EncDecSpec encdec;             // t5 only: m.layers is the encoder's num_layers
+  // Tensor-parallel ranks (tp.h): >1 when this spec is one rank's local model under transformers' tp_plan="auto"
+  // (heads, kv_heads, ffn already divided; lm_head holds vocab_size / tp rows). 1: no tensor parallelism.
+  uint64_t tp = 1;
 
   // The task head and its size. Every decoder family defaults to kCausalLm; an encoder to its config's
   // architectures[0] (BertForMaskedLM -> kMaskedLm). num_labels: PreTrainedConfig's (len(id2label), else

@@ -170,6 +170,10 @@ struct TrainSetup {
   // DeepSpeed ZeRO's zero_optimization settings (zero.h); empty: DeepSpeedZeroConfig's defaults (resolve_zero)
   std::optional<uint64_t> reduce_bucket_size;  // reduce_bucket_size, in elements
   std::optional<bool> overlap_comm;            // overlap_comm
+  // Tensor-parallel ranks (tp.h): transformers 5.x tp_plan="auto" over `tp` GPUs; estimate simulates one rank's
+  // local model. 1: none. sequence_parallel: torchtitan's SequenceParallel norms (not simulated yet: refused).
+  uint64_t tp = 1;
+  bool sequence_parallel = false;
   NcclSetup nccl;  // NCCL's communicators (nccl.h): channels, NVLS, GPUs per node
   // Context-parallel ranks (cp.h): torch's context_parallel as accelerate drives it. With more than one, `seq`
   // is the rank's share (resolve() divides --seq by cp) and SDPA runs ring attention.

@@ -31,6 +31,10 @@ std::vector<ProcessGroup> process_groups(const TrainSetup& s) {
   if (s.dp > 1) g.push_back({"data parallel (the world group)", s.dp});
   // --cp N: context_parallel's mesh["cp"] group (its all-gather and all-to-all: cp.h)
   if (s.cp > 1) g.push_back({"context parallel", s.cp});
+  // tensor parallelism (tp.h; resolve() refuses it with dp > 1): transformers' initialize_tensor_parallelism makes
+  // init_device_mesh(device_type, (tp_size,)), a 1-D mesh over the world, whose group is the default one, where
+  // _AllReduceForward / _AllReduceBackward / _AllGather run (device_mesh.get_group())
+  if (s.tp > 1) g.push_back({"tensor parallel (the world group)", s.tp});
   return g;
 }
 

@@ -10,6 +10,7 @@
 #include "trainmem/cp.h"
 #include "trainmem/error.h"
 #include "trainmem/family.h"
+#include "trainmem/tp.h"
 
 #include "../families/registry.h"
 
@@ -198,6 +199,10 @@ constexpr Field kFields[] = {
     {"cp", "context-parallel ranks: torch's context_parallel as accelerate drives it (ring attention, the sequence "
            "sharded with the head-tail load balancer); estimate simulates CP rank 0 at --seq / N tokens with the "
            "model states whole on the rank; Llama (model_type llama) with SDPA only (default 1)", FieldGroup::kTraining},
+    {"tp", "tensor-parallel ranks: transformers' tp_plan=\"auto\" (Llama-shaped decoders); estimate simulates one "
+           "rank's local model (default 1)", FieldGroup::kTraining},
+    {"sequence_parallel", "true | false: sequence parallelism with --tp (torchtitan's plan; not simulated yet)",
+     FieldGroup::kTraining},
     {"nccl_channels", "NCCL's ring channels per communicator, for its buffers outside the caching allocator "
                       "(default: the GPU catalog's reading for the card; NCCL_DEBUG=INFO prints \"N coll channels\")",
      FieldGroup::kRuntime},
@@ -452,6 +457,10 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     s.train.reduce_bucket_size = count(f, v, uint64_t{1} << 40);
   } else if (f == "overlap_comm") {
     s.train.overlap_comm = boolean(f, v);
+  } else if (f == "tp") {
+    s.train.tp = count(f, v, kMaxRanks);
+  } else if (f == "sequence_parallel") {
+    s.train.sequence_parallel = boolean(f, v);
   } else if (f == "nccl_channels" && v.empty()) {
     s.train.nccl.channels.reset();  // the GPU catalog's reading
   } else if (f == "nccl_channels") {
@@ -551,6 +560,8 @@ std::string field_text(const Scenario& s, std::string_view f) {
   if (f == "gpus_per_node") return std::to_string(s.train.nccl.gpus_per_node);
   if (f == "reduce_bucket_size") return s.train.reduce_bucket_size ? std::to_string(*s.train.reduce_bucket_size) : "";
   if (f == "overlap_comm") return s.train.overlap_comm ? (*s.train.overlap_comm ? "true" : "false") : "";
+  if (f == "tp") return std::to_string(s.train.tp);
+  if (f == "sequence_parallel") return s.train.sequence_parallel ? "true" : "false";
   if (f == "find_unused_parameters") {
     return s.train.find_unused_parameters ? (*s.train.find_unused_parameters ? "true" : "false") : "";
   }
@@ -684,6 +695,10 @@ void resolve_cp(const Scenario& s, ResolvedScenario& r) {
     refuse("dp", "accelerate refuses context parallel with pure data parallelism (ParallelismConfig), and "
                  "FSDP2 over dp x cp, the way accelerate and torchtitan compose them, is not simulated with CP yet");
   }
+  if (r.setup.tp > 1) {
+    // torchtitan composes them on a 2-D mesh (tp x cp), sharding attention's heads by TP and its sequence by CP
+    refuse("tp", "tensor parallelism composed with context parallelism is not simulated yet");
+  }
   if (r.setup.checkpointing == Checkpointing::kSelective) {
     refuse("checkpointing", "selective checkpointing of the ring-attention op is not simulated (none and full are)");
   }
@@ -707,6 +722,36 @@ void resolve_cp(const Scenario& s, ResolvedScenario& r) {
 
 }  // namespace
 
+// What --tp and --sequence-parallel compose with so far (tp.h); everything else is refused, said why.
+void check_tp_setup(const Scenario& s, const ResolvedScenario& r) {
+  const TrainSetup& t = s.train;
+  if (t.sequence_parallel) {
+    throw FieldError("sequence_parallel", "true: sequence parallelism (torchtitan's SequenceParallel norms, "
+                                          "PrepareModuleInput all-gathers, reduce-scattered rowwise outputs, "
+                                          "loss_parallel) is not simulated yet; transformers' own tp_plan=\"auto\" "
+                                          "(--sequence-parallel false) is");
+  }
+  if (s.was_given("sequence_parallel") && t.tp <= 1) {
+    throw FieldError("sequence_parallel", "false: a tensor-parallel setting; it applies with --tp above 1");
+  }
+  if (t.tp <= 1) return;
+  auto refuse = [&](const char* field, const std::string& why) {
+    throw FieldError(field, fmt::format("{}: not simulated with --tp {} ({})", field_text(s, field), t.tp, why));
+  };
+  if (r.setup.dp > 1) {
+    const bool gpus = !s.gpus.empty();
+    throw FieldError(gpus ? "gpus" : "dp",
+                     fmt::format("{}: {} data-parallel ranks of --tp {} GPUs each; tensor parallelism composed with "
+                                 "data parallelism (accelerate's ParallelismConfig: DDP or FSDP2 over the TP-local "
+                                 "model) is not simulated yet", gpus ? s.gpus : std::to_string(r.setup.dp),
+                                 r.setup.dp, t.tp));
+  }
+  if (t.lora.on) refuse("lora", "PEFT's adapters on tensor-parallel linears were not read");
+  if (t.quant.type != Quantize::kNone) refuse("quantize", "4-bit bases under tensor parallelism were not read");
+  if (t.loss != LossKind::kCe) refuse("loss", "the plan's lm_head gathers the whole logits for transformers' loss");
+  if (t.generate > 0) refuse("generate", "generation under tensor parallelism was not validated");
+}
+
 ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   ResolvedScenario r;
   r.request = s;
@@ -724,14 +769,34 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
         "the experts are simulated as transformers' eager loop (experts_implementation=\"eager\"); transformers "
         "5.x picks grouped_mm when none is given: --moe-experts grouped_mm simulates that one");
   }
+  // Tensor parallelism (tp.h): the model becomes one rank's local model before its inventory is built
+  if (s.train.tp > 1) {
+    try {
+      apply_tensor_parallel(r.model, s.train.tp);
+    } catch (const FieldError&) {
+      throw;
+    } catch (const Error& e) {
+      throw FieldError("tp", e.what());
+    }
+  }
   r.inventory = build_inventory(r.model);
+  mark_tp_shards(r.model, r.inventory);
   r.setup = s.train;
   std::string gpu_text = s.train.gpu;  // --gpu, or the GPU of --gpus
   if (!s.gpus.empty()) {
     // "8xh100-80gb": set_field checked the form and the count
     const size_t x = s.gpus.find_first_of("xX");
-    const uint64_t n = std::stoull(s.gpus.substr(0, x));
+    uint64_t n = std::stoull(s.gpus.substr(0, x));
     const std::string name = s.gpus.substr(x + 1);
+    if (s.train.tp > 1 && n % s.train.tp != 0) {
+      throw FieldError("gpus", fmt::format("{}: {} GPUs do not divide into --tp {} ranks", s.gpus, n, s.train.tp));
+    }
+    n /= s.train.tp;  // dp = N / tp (tensor-parallel groups of tp GPUs; pipeline stages are not simulated yet)
+    // --cp: context-parallel groups of cp GPUs (cp.h); dp = N / (tp x cp)
+    if (s.train.cp > 1 && n % s.train.cp != 0) {
+      throw FieldError("gpus", fmt::format("{}: {} GPUs do not divide into --cp {} ranks", s.gpus, n, s.train.cp));
+    }
+    n /= s.train.cp;
     if (s.was_given("dp") && s.train.dp != n) {
       throw FieldError("gpus", fmt::format("{}: {} GPUs, but --dp {}: the GPUs are the data-parallel ranks (the only "
                                            "parallelism simulated so far); give one of the two", s.gpus, n, s.train.dp));
@@ -747,6 +812,7 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
                                              s.train.generate));
   }
   validate_setup(r.model, r.setup);
+  check_tp_setup(s, r);
   if (r.model.moe.experts > 0 && r.model.moe.impl == MoeExperts::kGroupedMm && uses_autocast(r.setup.precision)) {
     // whether autocast casts torch._grouped_mm's operands (and which dtypes its CUDA kernel takes) is not
     // established from a source here: refused rather than guessed

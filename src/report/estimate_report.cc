@@ -6,10 +6,25 @@
 #include "json_text.h"
 #include "text_table.h"
 #include "trainmem/report.h"
+#include "trainmem/tp.h"
 
 namespace trainmem {
 
 namespace {
+
+// --tp N: what the rank holds of the model and the collectives' buffers (tp.h, tp_ops.h).
+std::string render_tp_note(const Estimate& e) {
+  const ModelSpec& m = e.model;
+  const TpSplit t = tp_split(m);
+  return fmt::format(
+      "tensor parallel, rank 0 of {} (transformers tp_plan=\"auto\"): {} parameters in shards (q/k/v/gate/up\n"
+      "  colwise: {} heads, {} kv heads, ffn {} here; o_proj/down_proj rowwise; lm_head {} vocabulary rows), {}\n"
+      "  replicated (embed_tokens, norms). Simulated: all_reduce_forward's clone after each rowwise linear,\n"
+      "  all_reduce_backward's gradient clone before each colwise one, lm_head's all_gather (tp - 1 empty_like\n"
+      "  shards, then the whole logits by torch.cat). NCCL's buffers of the TP group: with the GPU, below.\n",
+      m.tp, with_commas(t.sharded), m.attn.heads, m.attn.kv_heads, m.mlp.ffn, m.embed.vocab_size / m.tp,
+      with_commas(t.replicated));
+}
 
 std::string headline(const Estimate& e) {
   const ModelSpec& m = e.model;
@@ -22,6 +37,7 @@ std::string headline(const Estimate& e) {
     accum += fmt::format("; CP rank 0 of {} (torch context_parallel, ring attention with all-gathered K/V): seq {} "
                          "of {} per rank", s.cp, s.seq, s.cp_seq);
   }
+  if (m.tp > 1) accum += fmt::format("; per rank, {} tensor-parallel ranks (tp_plan=\"auto\")", m.tp);
   const bool inference = s.task == Task::kInference;
   return fmt::format(
       "{} (model_type {}, {} code, {} attention{}): batch {} x seq {}, {}, {}{}\n"
@@ -241,6 +257,7 @@ std::string render_estimate_table(const Estimate& e, const GpuSpec* gpu) {
   if (e.generation) out += '\n' + render_generation_table(*e.generation, e.setup);
   if (e.ddp) out += '\n' + render_ddp_note(*e.ddp);
   if (e.zero) out += '\n' + render_zero_note(e);
+  if (e.model.tp > 1) out += '\n' + render_tp_note(e);
   if (e.device) {
     out += '\n';
     out += render_verdict(*e.device, gpu);
@@ -289,6 +306,11 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
   out["setup"]["dp"] = s.dp;
   out["setup"]["cp"] = s.cp;  // --cp N: setup.seq is the rank's share of cp_seq
   if (s.cp > 1) out["setup"]["cp_seq"] = s.cp_seq;
+  if (e.model.tp > 1) {  // tensor parallelism (tp.h): this rank's local model
+    const TpSplit t = tp_split(e.model);
+    out["tp"] = {{"ranks", e.model.tp}, {"sequence_parallel", false}, {"plan", "transformers tp_plan=auto"},
+                 {"sharded_parameters", t.sharded}, {"replicated_parameters", t.replicated}};
+  }
   if (const auto& d = e.ddp) {
     out["ddp"] = {{"ranks", d->ranks},
                   {"per_rank", true},

@@ -63,6 +63,13 @@ FormulaReport formula_report(const ResolvedScenario& r) {
     throw FieldError("dp", fmt::format("{}: ZeRO's and DeepSpeed's closed forms are of training (model states); "
                                        "leave --dp out for --task inference", q.train.dp));
   }
+  for (std::string_view f : {"tp", "sequence_parallel"}) {  // tensor parallelism (tp.h)
+    if (q.was_given(f)) {
+      throw FieldError(std::string(f), fmt::format("{}: the seeds' closed forms are of the whole model on one "
+                                                   "GPU; `trainmem estimate` simulates a tensor-parallel rank",
+                                                   field_text(q, f)));
+    }
+  }
   if (q.train.task == Task::kTrain && o != Optimizer::kAdamW && o != Optimizer::kAdam) {
     throw FieldError("optimizer", fmt::format("{}: the seeds' closed forms count Adam(W) state (seed 001: 8 bytes, "
                                               "seed 002: 12 bytes per parameter); `trainmem estimate` simulates {}",

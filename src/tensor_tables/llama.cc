@@ -199,7 +199,8 @@ void llama_tensors(const ModelSpec& m, Table& t) {
     t.param("score.weight", {m.num_labels, C});
     return;
   }
-  if (!m.embed.tied) t.param("lm_head.weight", {V, C});
+  // under tensor parallelism lm_head is colwise_gather_output: this rank's V / tp rows (tp.h)
+  if (!m.embed.tied) t.param("lm_head.weight", {V / m.tp, C});
 }
 
 }  // namespace trainmem::models

@@ -130,6 +130,17 @@ TEST(CpSim, EachAttentionCallAllGathersTheWholeSequencesKeysAndValuesInForwardAn
             4 * layers);
 }
 
+TEST(CpSim, GpusAreDataParallelGroupsOfCpRanks) {
+  // --gpus 8xh100-80gb --cp 8: one CP group, no data parallelism left; --cp 4: two DP ranks, refused (dp)
+  EXPECT_EQ(run(tiny(256, {{"cp", "8"}, {"gpus", "8xh100-80gb"}, {"steps", "1"}})).setup.dp, 1u);
+  try {
+    run(tiny(256, {{"cp", "4"}, {"gpus", "8xh100-80gb"}}));
+    ADD_FAILURE() << "--gpus 8 --cp 4 (dp 2) was accepted";
+  } catch (const FieldError& e) {
+    EXPECT_EQ(e.field(), "dp");
+  }
+}
+
 TEST(CpSim, TheCpGroupIsACommunicatorOfCpRanks) {
   TrainSetup s;
   s.cp = 4;
@@ -146,6 +157,8 @@ TEST(CpRefusals, WhatIsNotSimulatedIsRefusedWithTheField) {
       {tiny(256, {{"cp", "4"}, {"checkpointing", "selective"}}), "checkpointing"},
       {tiny(256, {{"cp", "4"}, {"task", "inference"}}), "task"},
       {tiny(100, {{"cp", "4"}}), "seq"},
+      {tiny(256, {{"cp", "2"}, {"tp", "2"}}), "tp"},
+      {tiny(256, {{"cp", "4"}, {"gpus", "6xh100-80gb"}}), "gpus"},
       {testing::scenario_of("gpt2", {{"overrides", "n_layer=2"}, {"seq", "64"}, {"cp", "2"}}), "cp"},
   };
   for (const auto& [s, field] : cases) {

@@ -452,11 +452,24 @@ GRID = [
     ("chunked-llama-lora-ckpt-bf16", _ll("llama"), 2, 16, "bf16",
      {"loss": "chunked", "loss_chunks": 8, "lora": "r=4,alpha=8", "checkpointing": "full", "reentrant": True,
       "input_require_grads": True}),
+    # rank 0 of transformers 5.x tensor parallelism, tp_plan="auto" (tp_shard.py; trainmem --tp): local shards,
+    # all_reduce_backward before colwise inputs, all_reduce_forward clones after rowwise outputs, lm_head gathered
+    ("tp2-llama", _ll("llama"), 2, 16, "fp32", {"tp": 2}),
+    ("tp2-llama-bf16", _ll("llama"), 2, 16, "bf16", {"tp": 2}),
+    ("tp2-llama-batch1-bf16", _ll("llama"), 1, 32, "bf16", {"tp": 2}),
+    ("tp4-llama-mha", _ll("llama", num_key_value_heads=4), 2, 16, "fp32", {"tp": 4}),
+    ("tp2-llama-bias", _ll("llama", attention_bias=True, mlp_bias=True), 2, 16, "fp32", {"tp": 2}),
+    ("tp2-llama-bf16-amp", _ll("llama"), 2, 16, "bf16-amp", {"tp": 2}),
+    ("tp2-mistral-bf16", _ll("mistral"), 2, 16, "bf16", {"tp": 2}),
+    ("tp2-qwen2-untied-bf16", _ll("qwen2", tie_word_embeddings=False), 2, 16, "bf16", {"tp": 2}),
+    ("tp2-llama-keep-4", _ll("llama"), 2, 16, "fp32", {"tp": 2, "logits_to_keep": 4}),
+    ("tp2-llama-ckpt-nonreentrant-bf16", _ll("llama"), 2, 16, "bf16",
+     {"tp": 2, "checkpointing": "full", "reentrant": False}),
 ]
 
 # trainmem flags the options need, in the order they are looked for in a rejection message
 NEW_FLAGS = ("--freeze", "--checkpointing", "--checkpoint-reentrant", "--checkpoint-every", "--input-require-grads",
-             "--lora-dtype", "--lora", "--loss-chunks", "--loss")
+             "--lora-dtype", "--lora", "--loss-chunks", "--loss", "--tp")
 # how a CLI parser (CLI11) says it does not know an argument
 _REJECTION_PHRASES = ("not expected", "unknown option", "unrecognized option", "unrecognised option",
                       "does not support", "not supported yet")
@@ -480,7 +493,8 @@ def _measure_kwargs(opts):
             "logits_to_keep": int(opts.get("logits_to_keep", 0)),
             "moe_routing": opts.get("moe_routing", "balanced"),
             "moe_experts": opts.get("moe_experts", "eager"),
-            "target_seq": int(opts.get("target_seq", 0))}
+            "target_seq": int(opts.get("target_seq", 0)),
+            "tp": int(opts.get("tp", 1))}
 
 
 def _option_flags(opts):
@@ -509,6 +523,8 @@ def _option_flags(opts):
         flags += ["--input-require-grads", "true" if opts["input_require_grads"] else "false"]
     if opts.get("optimizer"):
         flags += ["--optimizer", opts["optimizer"]]
+    if opts.get("tp"):  # rank 0 of transformers' tensor parallelism (tp_shard.py)
+        flags += ["--tp", str(int(opts["tp"]))]
     return flags
 
 
@@ -532,6 +548,8 @@ def _describe(opts):
         parts.append(f"input_require_grads {str(bool(opts['input_require_grads'])).lower()}")
     if opts.get("optimizer"):
         parts.append(f"optimizer {opts['optimizer']}")
+    if opts.get("tp"):
+        parts.append(f"tp {int(opts['tp'])}")
     return "; ".join(parts)
 
 
@@ -656,6 +674,7 @@ KNOWN_LIVE_DIFFERENCES = {
     "lora-like-llama-nonreentrant": {"live peak: backward": (867148, 858952, _NO_EARLY_STOP)},
     "chunked-llama-ckpt-nonreentrant": {"live peak: backward": (875468, 859080, _NO_EARLY_STOP)},
     "lora-llama-ckpt-nonreentrant-bf16": {"live peak: backward": (407092, 378408, _NO_EARLY_STOP)},
+    "tp2-llama-ckpt-nonreentrant-bf16": {"live peak: backward": (284588, 276392, _NO_EARLY_STOP)},
     "ckpt-gpt2-nonreentrant-bf16": {"live peak: backward": (475606, 475594, _NO_EARLY_STOP + " (here 12 B of "
                                                             "scalars recomputed past the last saved tensor)")},
 }

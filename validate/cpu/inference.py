@@ -84,16 +84,21 @@ GRID = [
                                     "v_head_dim": 12, "n_routed_experts": 4, "num_experts_per_tok": 2, "n_group": 2,
                                     "topk_group": 1, "moe_intermediate_size": 24, "first_k_dense_replace": 1}, 2, 12,
      "bf16-amp"),
+    # rank 0 of transformers' tensor parallelism (tp_shard.py; trainmem --tp): (..., experts, tp)
+    ("infer-tp2-llama-bf16", {"model_type": "llama", **_LL}, 2, 16, "bf16", "eager", 2),
+    ("infer-tp4-llama-mha-fp32", {"model_type": "llama", **_LL, "num_key_value_heads": 4}, 2, 16, "fp32", "eager", 4),
 ]
 
 
-def measure_inference(config, batch, seq, precision, seed=0, moe_experts="eager"):
+def measure_inference(config, batch, seq, precision, seed=0, moe_experts="eager", tp=1):
     """One forward in eval() under inference_mode; returns live.build's timeline and the base bytes."""
     dtype, autocast_dtype = measure.PRECISIONS[precision]
     torch.manual_seed(seed)
     model = models.build_model(dict(config))
     models.set_moe_routing(model, batch * seq, "balanced")  # MoE routers: trainmem's default --moe-routing
     models.set_moe_experts(model, moe_experts)
+    if tp > 1:
+        measure.tp_shard.apply_tp(model, tp)  # rank 0 of transformers' tensor parallelism
     if dtype != torch.float32:
         model.to(dtype)
     model.eval()
@@ -122,13 +127,15 @@ def measure_inference(config, batch, seq, precision, seed=0, moe_experts="eager"
     return tl, base, measure._storage_bytes(params + buffers)
 
 
-def run_trainmem(binary, path, model_type, batch, seq, precision, moe_experts="eager"):
+def run_trainmem(binary, path, model_type, batch, seq, precision, moe_experts="eager", tp=1):
     impl = "nanogpt" if model_type == "nanogpt" else "hf"
     cmd = [binary, "timeline", "--model", path, "--impl", impl, "--attention", "eager", "--batch", str(batch),
            "--seq", str(seq), "--precision", precision, "--task", "inference", "--steps", "1", "--by", "event",
            "--format", "json"]
     if moe_experts != "eager":
         cmd += ["--moe-experts", moe_experts]
+    if tp > 1:
+        cmd += ["--tp", str(tp)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}: exit {p.returncode}: {p.stderr.strip()}")
@@ -167,8 +174,9 @@ def main(argv=None):
     failures = 0
     for (name, cfg, batch, seq, prec, *rest), path in each_config(GRID, "trainmem-infer-"):
         experts = rest[0] if rest else "eager"  # a MoE row's experts_implementation
-        tl, base, pb = measure_inference(cfg, batch, seq, prec, moe_experts=experts)
-        r = compare(tl, base, run_trainmem(binary, path, cfg["model_type"], batch, seq, prec, experts), pb)
+        tp = rest[1] if len(rest) > 1 else 1  # tensor-parallel ranks (rank 0 simulated)
+        tl, base, pb = measure_inference(cfg, batch, seq, prec, moe_experts=experts, tp=tp)
+        r = compare(tl, base, run_trainmem(binary, path, cfg["model_type"], batch, seq, prec, experts, tp), pb)
         ok = r["peak"][0] == r["peak"][1] and r["end"][0] == r["end"][1] and r["base"][0] == r["base"][1]
         failures += not ok
         print(f"{name:24s} B={batch} T={seq} {prec:8s} peak measured {r['peak'][0]:>10,} trainmem "

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "../layers.h"
+#include "../tp_ops.h"
 #include "hf_common.h"
 #include "trainmem/error.h"
 
@@ -155,6 +156,17 @@ AttnOut mla_attention(Ctx& c, const ModelSpec& m, const Layer& L, const T& x, co
   return out;
 }
 
+// A RowwiseParallel linear (tensor_parallel.py 5.x): _prepare_input_fn moves the bias aside (mod._bias = mod.bias;
+// mod.bias = None), so F.linear runs without it on the rank's input shard; _prepare_output_fn:
+// outputs = all_reduce_forward(outputs) (a clone, all-reduced), then `outputs = outputs + mod._bias` when biased.
+T rowwise_linear(Ctx& c, const T& x, const T& w, const T* bias, const char* what) {
+  T partial = linear(c, x, w, nullptr, what);
+  T out = tp_all_reduce_forward(c, partial, "tp all_reduce_forward clone");
+  partial.reset();
+  if (bias) out = add(c, out, *bias, "rowwise outputs + _bias");
+  return out;
+}
+
 AttnOut attention(Ctx& c, const ModelSpec& m, const Layer& L, const T& x, const Rotary& rot, const T* mask) {
   if (m.attn.mla.kv_lora_rank > 0) return mla_attention(c, m, L, x, rot, mask);
   const uint64_t B = x.shape()[0], Tn = x.shape()[1], H = m.attn.heads, KV = m.attn.kv_heads, D = m.attn.head_dim;
@@ -168,13 +180,16 @@ AttnOut attention(Ctx& c, const ModelSpec& m, const Layer& L, const T& x, const 
     v = transpose(c, view(c, slice_last(c, qkv, (H + KV) * D, (H + 2 * KV) * D), kvs), 1, 2);
   } else {
     const bool norm_before = m.attn.qk_norm && !qk_norm_after_transpose(m);
-    q = view(c, linear(c, x, L.p("self_attn.q_proj.weight"), L.o("self_attn.q_proj.bias"), "attn.q_proj"), qs);
+    // Under tensor parallelism (tp.h) q/k/v are colwise: each module's pre-hook (ColwiseParallel._prepare_input_fn)
+    // passes all_reduce_backward(input), a view of x whose backward all-reduces a clone of its gradient
+    auto colwise_in = [&]() { return m.tp > 1 ? tp_all_reduce_backward(c, x) : x; };
+    q = view(c, linear(c, colwise_in(), L.p("self_attn.q_proj.weight"), L.o("self_attn.q_proj.bias"), "attn.q_proj"), qs);
     if (norm_before) q = rms_norm(c, m, q, L.p("self_attn.q_norm.weight"), "attn.q_norm");
     q = transpose(c, q, 1, 2);
-    k = view(c, linear(c, x, L.p("self_attn.k_proj.weight"), L.o("self_attn.k_proj.bias"), "attn.k_proj"), kvs);
+    k = view(c, linear(c, colwise_in(), L.p("self_attn.k_proj.weight"), L.o("self_attn.k_proj.bias"), "attn.k_proj"), kvs);
     if (norm_before) k = rms_norm(c, m, k, L.p("self_attn.k_norm.weight"), "attn.k_norm");
     k = transpose(c, k, 1, 2);
-    v = transpose(c, view(c, linear(c, x, L.p("self_attn.v_proj.weight"), L.o("self_attn.v_proj.bias"), "attn.v_proj"), kvs), 1, 2);
+    v = transpose(c, view(c, linear(c, colwise_in(), L.p("self_attn.v_proj.weight"), L.o("self_attn.v_proj.bias"), "attn.v_proj"), kvs), 1, 2);
     if (m.attn.qk_norm && !norm_before) {
       // Gemma3Attention: query_states = self.q_norm(query_states); key_states = self.k_norm(key_states), after
       // the three projections are viewed and transposed
@@ -196,6 +211,10 @@ AttnOut attention(Ctx& c, const ModelSpec& m, const Layer& L, const T& x, const 
   v.reset();
   // attn_output.reshape(*input_shape, -1).contiguous(); self.o_proj(attn_output)
   a.output = contiguous(c, reshape(c, a.output, Shape{B, Tn, H * D}), "attn output contiguous");
+  if (m.tp > 1) {
+    a.output = rowwise_linear(c, a.output, L.p("self_attn.o_proj.weight"), L.o("self_attn.o_proj.bias"), "attn.o_proj");
+    return a;
+  }
   a.output = linear(c, a.output, L.p("self_attn.o_proj.weight"), L.o("self_attn.o_proj.bias"), "attn.o_proj");
   return a;
 }
@@ -219,13 +238,16 @@ T mlp(Ctx& c, const ModelSpec& m, const Layer& L, const T& x) {
     h = activation(c, m.mlp.act, h);
     return linear(c, h, L.p("mlp.c_proj.weight"), L.o("mlp.c_proj.bias"), "mlp.c_proj");
   }
-  // LlamaMLP: down_proj(act_fn(gate_proj(x)) * up_proj(x))
+  // LlamaMLP: down_proj(act_fn(gate_proj(x)) * up_proj(x)); under tensor parallelism gate/up are colwise (each
+  // input through its pre-hook's all_reduce_backward) and down rowwise (tp.h)
+  auto colwise_in = [&]() { return m.tp > 1 ? tp_all_reduce_backward(c, x) : x; };
   T h;
   {
-    T a = activation(c, m.mlp.act, linear(c, x, L.p("mlp.gate_proj.weight"), L.o("mlp.gate_proj.bias"), "mlp.gate_proj"));
-    T u = linear(c, x, L.p("mlp.up_proj.weight"), L.o("mlp.up_proj.bias"), "mlp.up_proj");
+    T a = activation(c, m.mlp.act, linear(c, colwise_in(), L.p("mlp.gate_proj.weight"), L.o("mlp.gate_proj.bias"), "mlp.gate_proj"));
+    T u = linear(c, colwise_in(), L.p("mlp.up_proj.weight"), L.o("mlp.up_proj.bias"), "mlp.up_proj");
     h = mul(c, a, u, "mlp act(gate) * up");
   }
+  if (m.tp > 1) return rowwise_linear(c, h, L.p("mlp.down_proj.weight"), L.o("mlp.down_proj.bias"), "mlp.down_proj");
   return linear(c, h, L.p("mlp.down_proj.weight"), L.o("mlp.down_proj.bias"), "mlp.down_proj");
 }
 
@@ -335,6 +357,20 @@ ForwardOut llama_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const
   }
   if (c.loss_chunks) {  // resolve() refuses gemma2 (softcapping) with it
     return chunked_causal_lm(c, w, std::move(hidden), "lm_head.weight", "model.embed_tokens.weight", "lm_head", labels);
+  }
+  if (m.tp > 1) {
+    // LlamaForCausalLM.forward: logits = self.lm_head(hidden_states[:, slice_indices, :]), lm_head being
+    // colwise_gather_output (ColwiseParallel(gather_output=True)): the pre-hook's all_reduce_backward, this rank's
+    // (B, T, V/tp) logits, and the post-hook's all_gather to the whole (B, T, V); the local logits die with the
+    // hook's frame. resolve() refuses the chunked and fused losses and gemma2 with --tp.
+    const uint64_t Tn = hidden.shape()[1];
+    T kept = c.logits_to_keep ? slice_dim1(c, hidden, Tn - c.logits_to_keep, Tn) : hidden;
+    kept = tp_all_reduce_backward(c, kept);
+    T local = linear(c, kept, w.p("lm_head.weight"), nullptr, "lm_head (this rank's V/tp)");
+    kept.reset();
+    T logits = tp_all_gather_last(c, local, m.tp, "lm_head all_gather");
+    local.reset();
+    return causal_lm_output(c, std::move(logits), labels);
   }
   T logits = lm_head_logits(c, w, hidden, "lm_head.weight", "model.embed_tokens.weight", "lm_head");
   if (m.model_type == "gemma2" || m.final_softcap > 0) {

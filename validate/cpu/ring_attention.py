@@ -298,10 +298,15 @@ def oracle(B, H, Hk, L, D, size, rank=0):
     return max([base] + reg.samples) - base, end - base
 
 
-def trainmem_call(exe, seq, cp):
+def _timeline_rows(exe, seq, cp):
+    """trainmem's event rows for one step of a one-layer TinyLlama at --seq seq --cp cp."""
     args = [exe, "timeline", "--model", "tinyllama-1.1b", "--set", "num_hidden_layers=1", "--batch", "1",
             "--seq", str(seq), "--cp", str(cp), "--steps", "1", "--by", "event", "--format", "json"]
-    rows = json.loads(subprocess.run(args, check=True, capture_output=True, text=True).stdout)["rows"]
+    return json.loads(subprocess.run(args, check=True, capture_output=True, text=True).stdout)["rows"]
+
+
+def trainmem_call(exe, seq, cp):
+    rows = _timeline_rows(exe, seq, cp)
     first = next(i for i, r in enumerate(rows) if r["tensor"] == "model.layers.0 cp key contiguous")
     base = rows[first - 1]["live_total_bytes"]
     out_at = next(i for i, r in enumerate(rows) if r["tensor"].endswith("sdpa output (ring attention)"))
@@ -319,9 +324,7 @@ KERNEL_INTERNAL = ("flash softmax_d", "flash dq_accum", "flash dk_expanded", "fl
 def trainmem_backward_call(exe, seq, cp):
     """The peak of live bytes over layer 0's ring-attention backward node above those before it, without the
     kernel-internal scratch: from the node's first allocation to its last (the returned dk/dv buffer)."""
-    args = [exe, "timeline", "--model", "tinyllama-1.1b", "--set", "num_hidden_layers=1", "--batch", "1",
-            "--seq", str(seq), "--cp", str(cp), "--steps", "1", "--by", "event", "--format", "json"]
-    rows = json.loads(subprocess.run(args, check=True, capture_output=True, text=True).stdout)["rows"]
+    rows = _timeline_rows(exe, seq, cp)
     first = next(i for i, r in enumerate(rows) if r["tensor"] == "model.layers.0 cp grad_query fp32")
     # the node's returned gradients come after its last named allocation: dq, then the one dk/dv buffer
     last = max(i for i, r in enumerate(rows) if r["phase"] == "backward" and r["tensor"].startswith("model.layers.0 cp "))

@@ -182,8 +182,8 @@ constexpr Field kFields[] = {
      FieldGroup::kTraining},
     {"dp", "data-parallel ranks (GPUs): estimate simulates one rank of --sharding; trainmem formulas prints ZeRO's "
            "and DeepSpeed's per-rank closed forms for them (default 1)", FieldGroup::kTraining},
-    {"sharding", "ddp | zero1 | zero2: how the --dp ranks share the model (DDP, DeepSpeed ZeRO-1/2 under the Trainer; "
-                 "fsdp1, fsdp2, zero3: not simulated yet)",
+    {"sharding", "ddp | fsdp2 | zero1 | zero2: how the --dp ranks share the model (DDP, FSDP2's fully_shard through "
+                 "accelerate, DeepSpeed ZeRO-1/2 under the Trainer; fsdp1, zero3: not simulated yet)",
      FieldGroup::kTraining},
     {"bucket_cap_mb", "DDP's bucket_cap_mb, in MiB (default: what the loop passes: none, so DDP's 25 with a 1 MiB "
                       "first bucket)", FieldGroup::kTraining},
@@ -199,6 +199,9 @@ constexpr Field kFields[] = {
     {"cp", "context-parallel ranks: torch's context_parallel as accelerate drives it (ring attention, the sequence "
            "sharded with the head-tail load balancer); estimate simulates CP rank 0 at --seq / N tokens with the "
            "model states whole on the rank; Llama (model_type llama) with SDPA only (default 1)", FieldGroup::kTraining},
+    {"reshard_after_forward", "true | false: FSDP2's reshard_after_forward for the decoder layers and the embedding "
+                              "(default true, accelerate's for fsdp_version 2; the tail [norm, lm_head] keeps false)",
+     FieldGroup::kTraining},
     {"tp", "tensor-parallel ranks: transformers' tp_plan=\"auto\" (Llama-shaped decoders); estimate simulates one "
            "rank's local model (default 1)", FieldGroup::kTraining},
     {"sequence_parallel", "true | false: sequence parallelism with --tp (torchtitan's plan; not simulated yet)",
@@ -457,6 +460,12 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     s.train.reduce_bucket_size = count(f, v, uint64_t{1} << 40);
   } else if (f == "overlap_comm") {
     s.train.overlap_comm = boolean(f, v);
+  } else if (f == "reshard_after_forward") {
+    if (v.empty()) {
+      s.train.reshard_after_forward.reset();  // accelerate's default (resolve_fsdp)
+    } else {
+      s.train.reshard_after_forward = boolean(f, v);
+    }
   } else if (f == "tp") {
     s.train.tp = count(f, v, kMaxRanks);
   } else if (f == "sequence_parallel") {
@@ -560,6 +569,9 @@ std::string field_text(const Scenario& s, std::string_view f) {
   if (f == "gpus_per_node") return std::to_string(s.train.nccl.gpus_per_node);
   if (f == "reduce_bucket_size") return s.train.reduce_bucket_size ? std::to_string(*s.train.reduce_bucket_size) : "";
   if (f == "overlap_comm") return s.train.overlap_comm ? (*s.train.overlap_comm ? "true" : "false") : "";
+  if (f == "reshard_after_forward") {
+    return s.train.reshard_after_forward ? (*s.train.reshard_after_forward ? "true" : "false") : "";
+  }
   if (f == "tp") return std::to_string(s.train.tp);
   if (f == "sequence_parallel") return s.train.sequence_parallel ? "true" : "false";
   if (f == "find_unused_parameters") {
@@ -694,6 +706,12 @@ void resolve_cp(const Scenario& s, ResolvedScenario& r) {
     // dp_shard x cp with FSDP (distributed/fsdp.py resolve_fsdp_mesh)
     refuse("dp", "accelerate refuses context parallel with pure data parallelism (ParallelismConfig), and "
                  "FSDP2 over dp x cp, the way accelerate and torchtitan compose them, is not simulated with CP yet");
+  }
+  if (s.was_given("sharding")) {
+    // accelerate's CP runs under FSDP2 sharded over dp_shard x cp (state.py, parallelism_config.py); torchtitan's
+    // FSDP mesh is dp_shard x cp (distributed/fsdp.py resolve_fsdp_mesh)
+    refuse("sharding", "FSDP2 / ZeRO sharded over dp x cp, the way accelerate and torchtitan run context parallel, "
+                       "is not composed with --cp yet (the model states are simulated whole on the rank)");
   }
   if (r.setup.tp > 1) {
     // torchtitan composes them on a 2-D mesh (tp x cp), sharding attention's heads by TP and its sequence by CP

@@ -258,15 +258,18 @@ def templated_ring_attention_backward(rank, size, grad_out, query, key, value, o
     return grad_query, grad_key, grad_value
 
 
+def _qkv(B, H, Hk, L, D):
+    """q, k, v as transformers' LlamaAttention leaves them: (B, L, heads, D) views transposed to (B, heads, L, D)."""
+    return tuple(torch.empty(B, L, h, D, dtype=torch.bfloat16).transpose(1, 2) for h in (H, Hk, Hk))
+
+
 def oracle_backward(B, H, Hk, L, D, size, rank=0):
     """The peak of live bytes during the backward call above those before it."""
     reg = _Sampling()
     with reg:
         # the saved q, k, v (transposed views, as in forward), the ring's output ((B, H, L, D), contiguous: a
         # torch.cat's .to(dtype) for rank 0) and logsumexp, and the incoming gradient
-        q = torch.empty(B, L, H, D, dtype=torch.bfloat16).transpose(1, 2)
-        k = torch.empty(B, L, Hk, D, dtype=torch.bfloat16).transpose(1, 2)
-        v = torch.empty(B, L, Hk, D, dtype=torch.bfloat16).transpose(1, 2)
+        q, k, v = _qkv(B, H, Hk, L, D)
         out = torch.empty(B, H, L, D, dtype=torch.bfloat16)
         lse = torch.empty(B, H, L, dtype=torch.float32)
         grad_out = torch.empty(B, H, L, D, dtype=torch.bfloat16)
@@ -283,10 +286,7 @@ def oracle(B, H, Hk, L, D, size, rank=0):
     """(peak live bytes during the call above those before it, bytes the call leaves alive)."""
     reg = _Sampling()
     with reg:
-        # q, k, v as transformers' LlamaAttention leaves them: (B, L, heads, D) views transposed to (B, heads, L, D)
-        q = torch.empty(B, L, H, D, dtype=torch.bfloat16).transpose(1, 2)
-        k = torch.empty(B, L, Hk, D, dtype=torch.bfloat16).transpose(1, 2)
-        v = torch.empty(B, L, Hk, D, dtype=torch.bfloat16).transpose(1, 2)
+        q, k, v = _qkv(B, H, Hk, L, D)
         reg.mark("before")
         base = reg.live_bytes()
         reg.sampling = True

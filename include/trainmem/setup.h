@@ -186,6 +186,10 @@ struct TrainSetup {
   uint64_t tp = 1;
   bool sequence_parallel = false;
   NcclSetup nccl;  // NCCL's communicators (nccl.h): channels, NVLS, GPUs per node
+  // Context-parallel ranks (cp.h): torch's context_parallel as accelerate drives it. With more than one, `seq`
+  // is the rank's share (resolve() divides --seq by cp) and SDPA runs ring attention.
+  uint64_t cp = 1;
+  uint64_t cp_seq = 0;  // --seq as given (the whole sequence) when cp > 1; 0 otherwise
   // N: an encoder-decoder's (T5's) decoder tokens per sequence, the labels' (B, N) (seq is the encoder's);
   // 0: the same as seq. Only encoder-decoder models take it.
   uint64_t target_seq = 0;

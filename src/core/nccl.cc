@@ -29,6 +29,8 @@ std::vector<ProcessGroup> process_groups(const TrainSetup& s) {
   std::vector<ProcessGroup> g;
   // one NCCL communicator per process group, created at its first collective (ProcessGroupNCCL::getNCCLComm)
   if (s.dp > 1) g.push_back({"data parallel (the world group)", s.dp});
+  // --cp N: context_parallel's mesh["cp"] group (its all-gather and all-to-all: cp.h)
+  if (s.cp > 1) g.push_back({"context parallel", s.cp});
   // tensor parallelism (tp.h; resolve() refuses it with dp > 1): transformers' initialize_tensor_parallelism makes
   // init_device_mesh(device_type, (tp_size,)), a 1-D mesh over the world, whose group is the default one, where
   // _AllReduceForward / _AllReduceBackward / _AllGather run (device_mesh.get_group())

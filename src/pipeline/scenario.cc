@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cstdlib>
 
+#include "trainmem/cp.h"
 #include "trainmem/error.h"
 #include "trainmem/family.h"
 #include "trainmem/tp.h"
@@ -205,6 +206,9 @@ constexpr Field kFields[] = {
     {"prefetch_bucket_size", "ZeRO-3 (default 5e7; the Trainer's \"auto\": 0.9 * hidden_size^2)", FieldGroup::kTraining},
     {"max_live_parameters", "ZeRO-3: the cap on gathered elements the prefetch keeps to (default 1e9)", FieldGroup::kTraining},
     {"max_reuse_distance", "ZeRO-3: keep a module reused within this many elements (default 1e9)", FieldGroup::kTraining},
+    {"cp", "context-parallel ranks: torch's context_parallel as accelerate drives it (ring attention, the sequence "
+           "sharded with the head-tail load balancer); estimate simulates CP rank 0 at --seq / N tokens with the "
+           "model states whole on the rank; Llama (model_type llama) with SDPA only (default 1)", FieldGroup::kTraining},
     {"pp", "pipeline-parallel ranks: each holds one stage (torchtitan's split); estimate simulates every rank and "
            "names the worst (default 1)", FieldGroup::kTraining},
     {"pp_schedule", "gpipe | 1f1b | interleaved-1f1b: torch.distributed.pipelining's schedule for --pp (default "
@@ -446,6 +450,8 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     s.train.generate = v == "0" ? 0 : count(f, v, kMaxGenerate);
   } else if (f == "dp") {
     s.train.dp = count(f, v, kMaxRanks);
+  } else if (f == "cp") {
+    s.train.cp = count(f, v, kMaxRanks);
   } else if (f == "sharding") {
     s.train.sharding = named(f, v, parse_name<Sharding>(v));
   } else if ((f == "bucket_cap_mb" || f == "gradient_as_bucket_view" || f == "find_unused_parameters") && v.empty()) {
@@ -608,6 +614,7 @@ std::string field_text(const Scenario& s, std::string_view f) {
   if (f == "generate") return std::to_string(s.train.generate);
   if (f == "dp") return std::to_string(s.train.dp);
   if (f == "sharding") return std::string(name_of(s.train.sharding));
+  if (f == "cp") return std::to_string(s.train.cp);
   if (f == "pp") return std::to_string(s.train.pp);
   if (f == "pp_schedule") return std::string(name_of(s.train.pp_schedule));
   if (f == "micro_batches") return s.train.micro_batches ? std::to_string(s.train.micro_batches) : "";
@@ -740,6 +747,71 @@ void resolve_inference(const Scenario& s, ResolvedScenario& r) {
   r.model.dropout = DropoutSpec{};  // model.eval(): every nn.Dropout is the identity
 }
 
+namespace {
+
+// ---- context parallel (--cp N, cp.h) -----------------------------------------------------------------------
+// What is simulated: one CP rank (rank 0) of torch's context_parallel under accelerate
+// (Accelerator.maybe_context_parallel), the model's weights replicated (accelerate's
+// ACCELERATE_ALLOW_CP_STANDALONE path, state.py), the batch's input_ids, labels and position_ids sharded to
+// seq / cp tokens, SDPA's flash kernel replaced by ring attention. Everything else is refused, not guessed.
+void resolve_cp(const Scenario& s, ResolvedScenario& r) {
+  const uint64_t n = r.setup.cp;
+  auto refuse = [&](std::string_view field, const std::string& why) {
+    throw FieldError(std::string(field), fmt::format("{} with --cp {}: {}", field_text(s, field), n, why));
+  };
+  if (r.model.impl != Impl::kHf || r.model.model_type != "llama") {
+    throw FieldError("cp", fmt::format("{}: context parallel is simulated for the Llama decoders (model_type llama) "
+                                       "only; {} (model_type {}) is not", n, r.model.name, r.model.model_type));
+  }
+  if (r.model.attn_impl != AttnImpl::kSdpa) {
+    // context_parallel replaces SDPA's kernels (_attention.py _sdpa_handler); accelerate's CP docs ask for sdpa
+    refuse("attention", "context parallel shards SDPA's attention (ring attention); eager attention computes the "
+                        "full (T, T) scores and is not dispatched to it");
+  }
+  if (s.train.task == Task::kInference) {
+    refuse("task", "context parallel is simulated for training steps only");
+  }
+  if (r.setup.dp > 1) {
+    // accelerate ParallelismConfig.__post_init__ refuses cp with pure data parallelism (dp_replicate_size > 1,
+    // dp_shard_size == 1), and state.py asks for an FSDP2 plugin (dp_shard x cp); torchtitan shards over
+    // dp_shard x cp with FSDP (distributed/fsdp.py resolve_fsdp_mesh)
+    refuse("dp", "accelerate refuses context parallel with pure data parallelism (ParallelismConfig), and "
+                 "FSDP2 over dp x cp, the way accelerate and torchtitan compose them, is not simulated with CP yet");
+  }
+  if (s.was_given("sharding")) {
+    // accelerate's CP runs under FSDP2 sharded over dp_shard x cp (state.py, parallelism_config.py); torchtitan's
+    // FSDP mesh is dp_shard x cp (distributed/fsdp.py resolve_fsdp_mesh)
+    refuse("sharding", "FSDP2 / ZeRO sharded over dp x cp, the way accelerate and torchtitan run context parallel, "
+                       "is not composed with --cp yet (the model states are simulated whole on the rank)");
+  }
+  if (r.setup.pp > 1) refuse("pp", "pipeline parallelism composed with context parallelism is not simulated yet");
+  if (r.setup.tp > 1) {
+    // torchtitan composes them on a 2-D mesh (tp x cp), sharding attention's heads by TP and its sequence by CP
+    refuse("tp", "tensor parallelism composed with context parallelism is not simulated yet");
+  }
+  if (r.setup.checkpointing == Checkpointing::kSelective) {
+    refuse("checkpointing", "selective checkpointing of the ring-attention op is not simulated (none and full are)");
+  }
+  if (r.setup.loss == LossKind::kChunked) {
+    refuse("loss", "torchtune's chunked loss is not a transformers/accelerate loss; use ce or liger-fused");
+  }
+  if (r.setup.logits_to_keep != 0) refuse("logits_to_keep", "not simulated with context parallel");
+  // accelerate state.py: cp_size > 1 without an FSDP2 plugin raises unless ACCELERATE_ALLOW_CP_STANDALONE=true;
+  // its docs (concept_guides/context_parallelism.md): "context parallelism only works if you use
+  // FullyShardedDataParallelPlugin ... with version set to 2"
+  r.warnings.push_back("--cp: the weights, gradients and optimizer state are simulated whole on every CP rank "
+                       "(accelerate's ACCELERATE_ALLOW_CP_STANDALONE=true path); accelerate and torchtitan shard them "
+                       "with FSDP2 over dp_shard x cp, which is not composed with --cp yet");
+  try {
+    r.setup.cp_seq = r.setup.seq;
+    r.setup.seq = cp_local_seq(r.setup.seq, n);
+  } catch (const Error& e) {
+    throw FieldError("seq", e.what());
+  }
+}
+
+}  // namespace
+
 // What --tp and --sequence-parallel compose with so far (tp.h); everything else is refused, said why.
 void check_tp_setup(const Scenario& s, const ResolvedScenario& r) {
   const TrainSetup& t = s.train;
@@ -816,6 +888,11 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
       throw FieldError("gpus", fmt::format("{}: {} GPUs do not divide into --pp {} pipeline ranks", s.gpus, n * s.train.tp, pp));
     }
     n /= pp;
+    // --cp: context-parallel groups of cp GPUs (cp.h); dp = N / (tp x pp x cp)
+    if (s.train.cp > 1 && n % s.train.cp != 0) {
+      throw FieldError("gpus", fmt::format("{}: {} GPUs do not divide into --cp {} ranks", s.gpus, n, s.train.cp));
+    }
+    n /= s.train.cp;
     if (s.was_given("dp") && s.train.dp != n) {
       throw FieldError("gpus", fmt::format("{}: {} GPUs, but --dp {}: the GPUs are the data-parallel ranks (the only "
                                            "parallelism simulated so far); give one of the two", s.gpus, n, s.train.dp));
@@ -840,6 +917,7 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
                                                 name_of(r.setup.precision)));
   }
   if (s.train.task == Task::kInference) resolve_inference(s, r);
+  if (r.setup.cp > 1) resolve_cp(s, r);  // --cp N: the rank's sequence (cp.h)
   // The data-parallel settings shape a rank's buckets: with one process there are none, so a setting given
   // without --dp above 1 would change nothing (refused, not ignored)
   if (r.setup.dp <= 1) {

@@ -53,6 +53,11 @@ std::string headline(const Estimate& e) {
   std::string accum = s.grad_accum > 1 ? fmt::format(", {} micro-batches per step", s.grad_accum) : "";
   if (e.ddp) accum += fmt::format("; per rank, {} ranks (DDP)", e.ddp->ranks);
   if (e.zero) accum += fmt::format("; per rank, {} ranks (DeepSpeed ZeRO-{})", e.zero->options.ranks, e.zero->options.stage);
+  // --cp N (cp.h): the seq printed is the rank's share
+  if (s.cp > 1) {
+    accum += fmt::format("; CP rank 0 of {} (torch context_parallel, ring attention with all-gathered K/V): seq {} "
+                         "of {} per rank", s.cp, s.seq, s.cp_seq);
+  }
   if (e.pp) {
     accum += fmt::format("; pipeline rank {} of {} ({}), {} micro-batches, {}", e.pp->shown, e.pp->ranks,
                          pp_stage_modules(e.pp->rows[e.pp->shown].parts), e.pp->micro_batches, name_of(e.pp->schedule));
@@ -455,6 +460,8 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
   };
   out["setup"]["task"] = name_of(s.task);
   out["setup"]["dp"] = s.dp;
+  out["setup"]["cp"] = s.cp;  // --cp N: setup.seq is the rank's share of cp_seq
+  if (s.cp > 1) out["setup"]["cp_seq"] = s.cp_seq;
   if (e.model.tp > 1) {  // tensor parallelism (tp.h): this rank's local model
     const TpSplit t = tp_split(e.model);
     out["tp"] = {{"ranks", e.model.tp}, {"sequence_parallel", false}, {"plan", "transformers tp_plan=auto"},

@@ -1823,6 +1823,7 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
   loop.c.loss_chunks = s.loss == LossKind::kChunked ? s.loss_chunks : 0;
   loop.c.liger_fused = s.loss == LossKind::kLigerFused;
   loop.c.logits_to_keep = s.logits_to_keep;
+  loop.c.cp = s.cp;  // --cp: ring attention in sdpa() (the sequence is already the rank's: resolve_cp)
   loop.c.seed000_block_locals = o.loop == LoopKind::kSeed000;
   loop.opt_impl = resolve_optimizer_impl(s.optimizer, s.optimizer_impl, m.impl);
   // seed 003's layer-stack script runs no GradScaler

@@ -76,6 +76,9 @@ struct Ctx {
   // generate() passes position_ids of (B, q) (GenerationMixin._prepare_position_ids_for_generation): the model
   // then makes none of its own, and the rotary embedding computes B rows. Null: the model's (1, T) ones.
   const T* position_ids = nullptr;
+  // --cp N: torch's context_parallel over N ranks; the forward program runs at the rank's seq / N tokens and
+  // sdpa() runs ring attention (cp.h, cp_attention.cc). 1: no context parallelism.
+  uint64_t cp = 1;
   // The batch's other inputs, as a tokenizer and the Trainer's collator make them: token_type_ids (BERT's
   // encoders) and attention_mask (the encoders and T5), (B, T) int64 each, made with the batch. Null: not passed.
   const T* token_type_ids = nullptr;
@@ -183,6 +186,9 @@ SdpaBackend sdpa_backend(const Ctx& c, const T& q, bool has_mask, double dropout
 // its matmuls broadcast k and v.
 T sdpa(Ctx& c, const T& q, const T& k, const T& v, const T* mask, double dropout_p, bool is_causal,
        bool enable_gqa = true);
+// The same call under torch's context_parallel (Ctx::cp > 1): ring attention's per-call buffers, rank 0
+// (cp_attention.cc, cp.h). `flash`: the kernel sdpa() picked is the flash one (the only one simulated).
+T ring_sdpa(Ctx& c, const T& q, const T& k, const T& v, bool has_mask, double dropout_p, bool is_causal, bool flash);
 
 // ---- indexing, top-k and in-place updates (the mixture-of-experts block) -------------------------------
 // torch.zeros_like(x): a new tensor outside the graph.

@@ -176,6 +176,8 @@ T sdpa(Ctx& c, const T& q0, const T& k0, const T& v0, const T* mask, double drop
   const uint64_t Dv = v.shape()[3];
   if (Dv != q.shape()[3] && be == SdpaBackend::kFlash) be = SdpaBackend::kEfficient;
   if (be == SdpaBackend::kEfficient && Dv % 8 != 0) be = SdpaBackend::kMath;
+  // --cp N: the call goes to context_parallel's ring attention (cp_attention.cc)
+  if (c.cp > 1) return ring_sdpa(c, q, k, v, mask != nullptr, dropout_p, is_causal, be == SdpaBackend::kFlash);
   if (be == SdpaBackend::kMath) return sdpa_math(c, q, k, v, mask, dropout_p, is_causal);
   const uint64_t B = q.shape()[0], H = q.shape()[1], L = q.shape()[2], D = q.shape()[3];
   const uint64_t Hk = k.shape()[1], S = k.shape()[2];

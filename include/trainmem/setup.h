@@ -174,6 +174,8 @@ struct TrainSetup {
   // local model. 1: none. sequence_parallel: torchtitan's SequenceParallel norms (not simulated yet: refused).
   uint64_t tp = 1;
   bool sequence_parallel = false;
+  // Expert-parallel ranks (ep.h): DistributedConfig(tp_size=ep, ep_size=ep); resolve() sets tp = ep. 1: none.
+  uint64_t ep = 1;
   NcclSetup nccl;  // NCCL's communicators (nccl.h): channels, NVLS, GPUs per node
   // N: an encoder-decoder's (T5's) decoder tokens per sequence, the labels' (B, N) (seq is the encoder's);
   // 0: the same as seq. Only encoder-decoder models take it.

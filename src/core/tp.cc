@@ -15,6 +15,7 @@
 
 #include <string>
 
+#include "trainmem/ep.h"
 #include "trainmem/error.h"
 
 namespace trainmem {
@@ -119,6 +120,7 @@ void mark_tp_shards(const ModelSpec& local, Inventory& inv) {
 TpSplit tp_split(const ModelSpec& local) {
   Inventory inv = build_inventory(local);
   mark_tp_shards(local, inv);
+  mark_ep_shards(local, inv);  // expert parallelism (ep.h): the experts' Shard(0)
   TpSplit t;
   for (const TensorRow& r : inv.parameters) (r.tp_dim >= 0 ? t.sharded : t.replicated) += r.elems.value;
   return t;

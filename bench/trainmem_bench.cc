@@ -83,13 +83,15 @@ void BM_Estimate70B_T8192(benchmark::State& state) {
 BENCHMARK(BM_Estimate70B_T8192)->Unit(benchmark::kMillisecond);
 
 // One rank of a 70B model over 64 data-parallel ranks at T=8192: DDP's buckets (construction and the rebuild at
-// step 2) and DeepSpeed ZeRO-2's partitions (the layout of every parameter over 64 partitions, the IPG buckets).
+// step 2), DeepSpeed ZeRO-2's partitions (the layout of every parameter over 64 partitions, the IPG buckets) and
+// FSDP2's units (every parameter's dim-0 shard, the all-gathers, reshards and reduce-scatters of 82 units).
 void BM_EstimatePerRank70B_T8192(benchmark::State& state) {
   const ModelSpec m = llama70b();
   const Inventory inv = build_inventory(m);
   TrainSetup s = setup(1, 8192);
   s.dp = 64;
-  s.sharding = state.range(0) == 0 ? Sharding::kDdp : Sharding::kZero2;
+  const Sharding kinds[] = {Sharding::kDdp, Sharding::kZero2, Sharding::kFsdp2};
+  s.sharding = kinds[state.range(0)];
   SimOptions o = one_step();
   o.steps = 2;
   o.loop = LoopKind::kHf;
@@ -97,9 +99,9 @@ void BM_EstimatePerRank70B_T8192(benchmark::State& state) {
     Estimate e = estimate(m, inv, s, o);
     benchmark::DoNotOptimize(e.memory.peak_reserved.value);
   }
-  state.SetLabel(state.range(0) == 0 ? "ddp" : "zero2");
+  state.SetLabel(std::string(name_of(s.sharding)));
 }
-BENCHMARK(BM_EstimatePerRank70B_T8192)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_EstimatePerRank70B_T8192)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
 
 // Building the parameter inventory of a 70B model (723 named tensors).
 void BM_Inventory70B(benchmark::State& state) {

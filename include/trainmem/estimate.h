@@ -15,6 +15,7 @@
 #include "trainmem/sim.h"
 #include "trainmem/units.h"
 #include "trainmem/zero.h"
+#include "trainmem/fsdp.h"
 
 namespace trainmem {
 
@@ -148,6 +149,17 @@ struct ZeroFigures {
   Bytes deepspeed_estimate;  // estimate_zero2_model_states_mem_needs (no offload): 2P + int(18P / N)
 };
 
+// --dp N --sharding fsdp2: one rank of FSDP2 (fully_shard) under accelerate, as simulated (fsdp.h).
+struct FsdpFigures {
+  FsdpOptions options;         // the resolved settings (resolve_fsdp)
+  std::vector<FsdpUnit> units;  // in forward order, with their padded shard sizes
+  Bytes sharded_params;        // every _sharded_param_data (padded), orig dtype
+  Bytes sharded_grads;         // every unit's reduce-scatter result (padded), orig dtype
+  Bytes optimizer_state;       // AdamW over the local (unpadded) shards
+  uint64_t padding_elems = 0;  // padded minus unpadded elements on this rank
+  uint64_t local_elems = 0;    // this rank's unpadded parameter elements
+};
+
 // The estimate of one step, in its natural parts; the timeline and the allocator's per-event figures are
 // shared (an Estimate copies cheaply, and a binding can hand them out without copying them).
 struct Estimate {
@@ -161,6 +173,7 @@ struct Estimate {
   std::optional<GenerationFigures> generation;  // --generate only
   std::optional<DdpFigures> ddp;                // --dp > 1: per rank
   std::optional<ZeroFigures> zero;              // --sharding zero1|zero2: per rank
+  std::optional<FsdpFigures> fsdp;              // --sharding fsdp2: per rank
   std::shared_ptr<const SimResult> sim;
   std::shared_ptr<const AllocatorReplay> alloc;
   std::vector<std::string> warnings;  // the simulated program's (SimResult::warnings)

@@ -170,6 +170,8 @@ struct TrainSetup {
   // DeepSpeed ZeRO's zero_optimization settings (zero.h); empty: DeepSpeedZeroConfig's defaults (resolve_zero)
   std::optional<uint64_t> reduce_bucket_size;  // reduce_bucket_size, in elements
   std::optional<bool> overlap_comm;            // overlap_comm
+  // FSDP2's fully_shard settings (fsdp.h); empty: accelerate's FullyShardedDataParallelPlugin defaults
+  std::optional<bool> reshard_after_forward;   // reshard_after_forward
   // Tensor-parallel ranks (tp.h): transformers 5.x tp_plan="auto" over `tp` GPUs; estimate simulates one rank's
   // local model. 1: none. sequence_parallel: torchtitan's SequenceParallel norms (not simulated yet: refused).
   uint64_t tp = 1;

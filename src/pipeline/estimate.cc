@@ -31,6 +31,7 @@ const char* category_note(Category c) {
     // (NCCL's own buffers are outside the caching allocator: the DDP section under the table says so)
     case Category::kDdpBuckets: return "DDP's flat gradient buckets, all-reduced in place";
     case Category::kZeroBuckets: return "DeepSpeed ZeRO's IPG gradient buckets and reduction copies";
+    case Category::kFsdpBuffers: return "FSDP2's all-gather and reduce-scatter buffers, unsharded parameters";
   }
   return "";
 }
@@ -165,6 +166,7 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
   // dp > 1: one rank of DistributedDataParallel (ddp.h); refuses what it does not simulate
   const DdpOptions ddp = resolve_ddp(s, resolved(o0, m).loop, o0.torch);
   const ZeroOptions zopt = resolve_zero(s, resolved(o0, m).loop, o0.torch);  // --sharding zero2 (zero.h)
+  const FsdpOptions fopt = resolve_fsdp(s, m, resolved(o0, m).loop, o0.torch);  // --sharding fsdp2 (fsdp.h)
   if (gpu) o.sm = gpu->sm;  // the device decides the kernels: an H100 is simulated as sm_90
   Estimate e;
   e.model = m;
@@ -274,6 +276,33 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
     st.optimizer_steps = Bytes{};
     st.optimizer_state = f.optimizer_state;
     e.zero = std::move(f);
+  }
+  if (fopt.on) {
+    // one rank's model states, from the same shards the simulator allocates (fsdp_shard): the padded parameter
+    // shards and the padded reduce-scatter results in the orig dtype, AdamW's state over the unpadded local shards
+    FsdpFigures f;
+    Bytes moments, steps;
+    f.options = fopt;
+    f.units = fsdp_units(m, inv, fopt);
+    for (const TensorRow& r : inv.parameters) {
+      const FsdpShard sh = fsdp_shard(r.shape, fopt.ranks, fopt.rank);
+      f.sharded_params += bytes_of(Elems(sh.padded_numel), fopt.orig_dtype);
+      f.padding_elems = checked_add(f.padding_elems, sh.padded_numel - sh.local_numel, "FSDP padding");
+      f.local_elems = checked_add(f.local_elems, sh.local_numel, "FSDP shard");
+      for (const StateTensor& t : optimizer_state_tensors(s.optimizer, e.setup.optimizer_impl, sh.local_shape,
+                                                          fopt.orig_dtype, bnb_block_size(s.optimizer_version))) {
+        const Bytes b = bytes_of(numel(t.shape), t.dtype);
+        f.optimizer_state += b;
+        (std::string_view(t.what) == "step" ? steps : moments) += b;
+      }
+    }
+    f.sharded_grads = f.sharded_params;  // grad_output: one padded flat tensor per unit, the orig dtype
+    st.weights = f.sharded_params;
+    st.gradients = f.sharded_grads;
+    st.optimizer_moments = moments;
+    st.optimizer_steps = steps;
+    st.optimizer_state = f.optimizer_state;
+    e.fsdp = std::move(f);
   }
   if (const DdpOptions& d = ddp; d.on) {
     DdpFigures f;

@@ -182,8 +182,8 @@ constexpr Field kFields[] = {
      FieldGroup::kTraining},
     {"dp", "data-parallel ranks (GPUs): estimate simulates one rank of --sharding; trainmem formulas prints ZeRO's "
            "and DeepSpeed's per-rank closed forms for them (default 1)", FieldGroup::kTraining},
-    {"sharding", "ddp | zero1 | zero2: how the --dp ranks share the model (DDP, DeepSpeed ZeRO-1/2 under the Trainer; "
-                 "fsdp1, fsdp2, zero3: not simulated yet)",
+    {"sharding", "ddp | fsdp2 | zero1 | zero2: how the --dp ranks share the model (DDP, FSDP2's fully_shard through "
+                 "accelerate, DeepSpeed ZeRO-1/2 under the Trainer; fsdp1, zero3: not simulated yet)",
      FieldGroup::kTraining},
     {"bucket_cap_mb", "DDP's bucket_cap_mb, in MiB (default: what the loop passes: none, so DDP's 25 with a 1 MiB "
                       "first bucket)", FieldGroup::kTraining},
@@ -195,6 +195,9 @@ constexpr Field kFields[] = {
     {"reduce_bucket_size", "DeepSpeed ZeRO's reduce_bucket_size, in elements (default 5e8, DeepSpeedZeroConfig's; "
                            "the Trainer's \"auto\" is hidden_size^2)", FieldGroup::kTraining},
     {"overlap_comm", "true | false: DeepSpeed ZeRO's overlap_comm, a second IPG bucket (default false below stage 3)",
+     FieldGroup::kTraining},
+    {"reshard_after_forward", "true | false: FSDP2's reshard_after_forward for the decoder layers and the embedding "
+                              "(default true, accelerate's for fsdp_version 2; the tail [norm, lm_head] keeps false)",
      FieldGroup::kTraining},
     {"tp", "tensor-parallel ranks: transformers' tp_plan=\"auto\" (Llama-shaped decoders); estimate simulates one "
            "rank's local model (default 1)", FieldGroup::kTraining},
@@ -454,6 +457,12 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     s.train.reduce_bucket_size = count(f, v, uint64_t{1} << 40);
   } else if (f == "overlap_comm") {
     s.train.overlap_comm = boolean(f, v);
+  } else if (f == "reshard_after_forward") {
+    if (v.empty()) {
+      s.train.reshard_after_forward.reset();  // accelerate's default (resolve_fsdp)
+    } else {
+      s.train.reshard_after_forward = boolean(f, v);
+    }
   } else if (f == "tp") {
     s.train.tp = count(f, v, kMaxRanks);
   } else if (f == "sequence_parallel") {
@@ -558,6 +567,9 @@ std::string field_text(const Scenario& s, std::string_view f) {
   if (f == "gpus_per_node") return std::to_string(s.train.nccl.gpus_per_node);
   if (f == "reduce_bucket_size") return s.train.reduce_bucket_size ? std::to_string(*s.train.reduce_bucket_size) : "";
   if (f == "overlap_comm") return s.train.overlap_comm ? (*s.train.overlap_comm ? "true" : "false") : "";
+  if (f == "reshard_after_forward") {
+    return s.train.reshard_after_forward ? (*s.train.reshard_after_forward ? "true" : "false") : "";
+  }
   if (f == "tp") return std::to_string(s.train.tp);
   if (f == "ep") return std::to_string(s.train.ep);
   if (f == "sequence_parallel") return s.train.sequence_parallel ? "true" : "false";

@@ -43,6 +43,7 @@ std::string headline(const Estimate& e) {
   std::string accum = s.grad_accum > 1 ? fmt::format(", {} micro-batches per step", s.grad_accum) : "";
   if (e.ddp) accum += fmt::format("; per rank, {} ranks (DDP)", e.ddp->ranks);
   if (e.zero) accum += fmt::format("; per rank, {} ranks (DeepSpeed ZeRO-{})", e.zero->options.ranks, e.zero->options.stage);
+  if (e.fsdp) accum += fmt::format("; per rank, {} ranks (FSDP2)", e.fsdp->options.ranks);
   if (m.tp > 1 && m.ep > 1) {
     accum += fmt::format("; per rank, {} expert-parallel ranks (ep_size = tp_size)", m.ep);
   } else if (m.tp > 1) {
@@ -217,6 +218,49 @@ std::string render_zero_note(const Estimate& e) {
   return out;
 }
 
+// --sharding fsdp2: the units, the per-rank sharded states, the gathered and reduce-scatter buffers per unit.
+std::string render_fsdp_note(const Estimate& e) {
+  const FsdpFigures& f = *e.fsdp;
+  const FsdpOptions& o = f.options;
+  const auto dt = [](DType d) { return std::string(dtype_name(d)); };
+  std::string out = fmt::format(
+      "FSDP2 (fully_shard through accelerate's fsdp2_prepare_model), rank {} of {}: {} units (the embedding, {} decoder "
+      "layers, the tail [model.norm, lm_head]); reshard_after_forward {} (the tail: false)\n",
+      o.rank, o.ranks, f.units.size(), f.units.size() - 2, o.reshard_after_forward ? "true" : "false");
+  out += o.mixed ? fmt::format("  MixedPrecisionPolicy: param_dtype {}, reduce_dtype {}, output_dtype {} over {} shards "
+                               "(accelerate's mixed_precision \"bf16\"; autocast still wraps the forward)\n",
+                               dt(o.param_dtype), dt(o.reduce_dtype), dt(o.param_dtype), dt(o.orig_dtype))
+                 : fmt::format("  MixedPrecisionPolicy(): no casts; {} shards, gathers and reduce-scatters\n", dt(o.orig_dtype));
+  const uint64_t p_all = e.state.parameters.value;
+  out += fmt::format("  sharded states per rank: parameters {} + gradients {} + optimizer {} = {} ({} of {} elements "
+                     "local, {} padding)\n",
+                     format_bytes(f.sharded_params), format_bytes(f.sharded_grads), format_bytes(f.optimizer_state),
+                     format_bytes(f.sharded_params + f.sharded_grads + f.optimizer_state), with_commas(f.local_elems),
+                     with_commas(p_all), with_commas(f.padding_elems));
+  // per distinct unit shape: the embedding, one decoder layer (they are alike), the tail
+  const size_t ie = 0, il = f.units.size() > 2 ? 1 : 0, it = f.units.size() - 1;
+  for (size_t i : {ie, il, it}) {
+    const FsdpUnit& u = f.units[i];
+    const uint64_t gathered = u.shard_numel * o.ranks;
+    out += fmt::format("  {}{}: {} parameters; all-gather output {} ({}){}, unsharded parameters {}; reduce-scatter "
+                       "input {} ({}), output {}\n",
+                       u.name, u.kind == FsdpUnit::kLayer ? " (each layer)" : "", with_commas(u.params),
+                       format_bytes(bytes_of(Elems(gathered), o.param_dtype)), dt(o.param_dtype),
+                       o.mixed ? fmt::format(" with a {} copy-in", format_bytes(bytes_of(Elems(u.shard_numel), o.param_dtype))) : "",
+                       format_bytes(bytes_of(Elems(gathered), o.param_dtype)),
+                       format_bytes(bytes_of(Elems(gathered), o.reduce_dtype)), dt(o.reduce_dtype),
+                       format_bytes(bytes_of(Elems(u.shard_numel), o.reduce_dtype)));
+  }
+  if (e.setup.grad_accum > 1) {
+    out += fmt::format("  gradient accumulation: accelerate's no_sync (set_requires_gradient_sync(False)) keeps every unsharded "
+                       ".grad, {} in {}, from the first micro-batch's backward to the last one's reduce-scatters\n",
+                       format_bytes(bytes_of(e.state.parameters, o.param_dtype)), dt(o.param_dtype));
+  }
+  out += "  NCCL's communicator buffers are outside the caching allocator (with --gpu, under the verdict); not modelled: "
+         "the all-gather and reduce-scatter streams (their blocks are replayed as plain frees, reusable at once)\n";
+  return out;
+}
+
 std::string render_estimate_table(const Estimate& e, const GpuSpec* gpu) {
   using TT = report::TextTable;
   TT t({{"at the peak", TT::kLeft}, {"bytes", TT::kRight}, {"size", TT::kRight}, {"share", TT::kRight},
@@ -267,6 +311,7 @@ std::string render_estimate_table(const Estimate& e, const GpuSpec* gpu) {
   if (e.generation) out += '\n' + render_generation_table(*e.generation, e.setup);
   if (e.ddp) out += '\n' + render_ddp_note(*e.ddp);
   if (e.zero) out += '\n' + render_zero_note(e);
+  if (e.fsdp) out += '\n' + render_fsdp_note(e);
   if (e.model.tp > 1) out += '\n' + render_tp_note(e);
   if (e.device) {
     out += '\n';
@@ -357,6 +402,31 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
         {"ipg_buffer_bytes", z->ipg_buffers}, {"full_grads_bytes", z->full_grads}, {"fp32_grad_partition_bytes", z->fp32_grad},
         {"deepspeed_estimate_bytes", z->deepspeed_estimate}};
     for (const auto& [key, b] : bytes) j[key] = b.value;
+    j["nccl_buffers"] = "outside the caching allocator: device.nccl (with a GPU)";
+  }
+  if (const auto& f = e.fsdp) {
+    const FsdpOptions& o = f->options;
+    nlohmann::json& j = out["fsdp"];
+    j = {{"ranks", o.ranks}, {"rank", o.rank}, {"per_rank", true}, {"framework", "accelerate fsdp2_prepare_model"},
+         {"reshard_after_forward", o.reshard_after_forward}, {"orig_dtype", dtype_name(o.orig_dtype)},
+         {"param_dtype", dtype_name(o.param_dtype)}, {"reduce_dtype", dtype_name(o.reduce_dtype)},
+         {"mixed_precision", o.mixed}};
+    nlohmann::json units = nlohmann::json::array();
+    for (const FsdpUnit& u : f->units) {
+      const uint64_t gathered = u.shard_numel * o.ranks;
+      units.push_back({{"name", u.name}, {"params", u.params}, {"shard_numel", u.shard_numel},
+                       {"reshard_after_forward", u.kind == FsdpUnit::kTail ? false : o.reshard_after_forward},
+                       {"all_gather_output_bytes", bytes_of(Elems(gathered), o.param_dtype).value},
+                       {"all_gather_copy_in_bytes", o.mixed ? bytes_of(Elems(u.shard_numel), o.param_dtype).value : 0},
+                       {"reduce_scatter_input_bytes", bytes_of(Elems(gathered), o.reduce_dtype).value},
+                       {"reduce_scatter_output_bytes", bytes_of(Elems(u.shard_numel), o.reduce_dtype).value}});
+    }
+    j["units"] = std::move(units);
+    j["sharded_param_bytes"] = f->sharded_params.value;
+    j["sharded_grad_bytes"] = f->sharded_grads.value;
+    j["optimizer_state_bytes"] = f->optimizer_state.value;
+    j["local_elems"] = f->local_elems;
+    j["padding_elems"] = f->padding_elems;
     j["nccl_buffers"] = "outside the caching allocator: device.nccl (with a GPU)";
   }
   out["setup"]["generate"] = s.generate;

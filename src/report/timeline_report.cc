@@ -21,6 +21,7 @@ struct Group {
   std::initializer_list<Category> categories;
   bool generation_only = false;  // a column only when the step generates (--generate): the KV cache
   bool ddp_only = false;         // a column only with data parallelism (dp > 1): DDP's buckets
+  bool fsdp_only = false;        // a column only under --sharding fsdp2: its gathered and reduce-scatter buffers
 };
 const Group kGroups[] = {
     {"weights", {Category::kWeights, Category::kBuffers}},
@@ -31,10 +32,12 @@ const Group kGroups[] = {
     {"wksp", {Category::kWorkspace}},
     {"kv", {Category::kKvCache}, true},
     {"ddp", {Category::kDdpBuckets, Category::kZeroBuckets}, false, true},
+    {"fsdp", {Category::kFsdpBuffers}, false, true, true},
 };
 
 bool shown(const Group& g, const Estimate& e) {
-  return (!g.generation_only || e.setup.generate > 0) && (!g.ddp_only || e.setup.dp > 1);
+  return (!g.generation_only || e.setup.generate > 0) && (!g.ddp_only || e.setup.dp > 1) &&
+         (!g.fsdp_only || e.setup.sharding == Sharding::kFsdp2);
 }
 
 uint64_t group_bytes(const LiveBytes& live, const Group& g) {

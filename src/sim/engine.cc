@@ -173,30 +173,53 @@ uint64_t Engine::alloc_storage(Bytes b, Category c, Label l) {
   } else if (running_ && (c == Category::kBackward || c == Category::kTemporaries)) {
     l = Label{running_->label.what, running_->label.layer, kRowBackwardOf};
   }
+  const uint64_t id = storages_.size();
+  storages_.push_back(StorageInfo{b, c, 0, l});
+  emit_alloc(id);
+  return id;
+}
+
+void Engine::check_event_room() const {
   if (tl_->events.size() >= kMaxEvents) {
     throw Error(fmt::format("the simulation passes {} events (the bound on one simulated run): fewer layers, "
                             "steps or micro-batches", with_commas(kMaxEvents)));
   }
+}
+
+// The allocation event of storage `id` (new, or resized back), and the peak it may raise.
+void Engine::emit_alloc(uint64_t id) {
+  const StorageInfo& s = storages_[id];
+  check_event_room();
   uint64_t total = 0;
-  if (__builtin_add_overflow(live_.total.value, b.value, &total)) {
+  if (__builtin_add_overflow(live_.total.value, s.bytes.value, &total)) {
     throw Error(fmt::format("the step's live tensors pass 2^64 bytes when {}{} ({} B, {}) is allocated in {}: the "
-                            "sizes are far beyond any device", l.what,
-                            l.layer >= 0 ? fmt::format(" of layer {}", l.layer) : "", with_commas(b.value),
-                            category_name(c), moment_name(phase, step)));
+                            "sizes are far beyond any device", s.label.what,
+                            s.label.layer >= 0 ? fmt::format(" of layer {}", s.label.layer) : "",
+                            with_commas(s.bytes.value), category_name(s.category), moment_name(phase, step)));
   }
-  const uint64_t id = storages_.size();
-  storages_.push_back(StorageInfo{b, c, 0, l});
-  emit(Event{Event::kAlloc, c, c, phase, step, micro, id, b, l});
+  emit(Event{Event::kAlloc, s.category, s.category, phase, step, micro, id, s.bytes, s.label});
   if (live_.total > peak_live_.total) {
     peak_live_ = live_;
     peak_event_ = tl_->events.size() - 1;
   }
-  return id;
+}
+
+void Engine::resize_storage(uint64_t id, bool allocated) {
+  StorageInfo& s = storages_[id];
+  if (s.resized_out != allocated) return;  // already so
+  if (allocated) {
+    s.resized_out = false;
+    emit_alloc(id);
+  } else {
+    free_storage(id);
+    s.resized_out = true;
+  }
 }
 
 void Engine::free_storage(uint64_t id) noexcept {
   if (!recording_) return;
   const StorageInfo& s = storages_[id];
+  if (s.resized_out) return;  // its bytes went with resize_(0)
   try {
     emit(Event{Event::kFree, s.category, s.category, phase, step, micro, id, s.bytes, s.label});
   } catch (...) {  // std::bad_alloc growing the timeline: a release path never throws
@@ -271,7 +294,22 @@ T Engine::view(const T& base, const Shape& s, const Strides& st) {
 }
 
 T Engine::parameter(const Shape& s, DType dt, int32_t index, Label l, bool requires_grad) {
-  T t = empty(s, dt, Category::kWeights, l);
+  return make_parameter(empty(s, dt, Category::kWeights, l), index, requires_grad);
+}
+
+T Engine::parameter_unallocated(const Shape& s, DType dt, int32_t index, Bytes storage, Category c, Label l) {
+  TensorImpl* p = new_impl();
+  p->shape = s;
+  p->dtype = dt;
+  p->strides = contiguous_strides(s);
+  p->label = l;
+  p->storage = storages_.size();
+  storages_.push_back(StorageInfo{storage, c, 0, l, true});
+  retain(p->storage);
+  return make_parameter(T(p), index, true);
+}
+
+T Engine::make_parameter(T t, int32_t index, bool requires_grad) {
   t->is_param = true;
   if (static_cast<size_t>(index) >= params_.size()) {
     params_.resize(index + 1);
@@ -738,6 +776,7 @@ std::string_view category_name(Category c) {
     case Category::kKvCache: return "kv cache";
     case Category::kDdpBuckets: return "ddp buckets";
     case Category::kZeroBuckets: return "zero buckets";
+    case Category::kFsdpBuffers: return "fsdp buffers";
   }
   return "?";
 }

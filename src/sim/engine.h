@@ -305,6 +305,7 @@ struct StorageInfo {
   Category category = Category::kActivations;
   uint32_t refs = 0;  // tensor impls referring to it
   Label label;
+  bool resized_out = false;  // untyped_storage().resize_(0): no bytes until resized back (Engine::resize_storage)
 };
 
 // The most events one simulation may record: 1,024 layers (the bound on layers) for 16 steps of two
@@ -333,6 +334,13 @@ class Engine {
   // A parameter with its AccumulateGrad node; `index` is its inventory row. A frozen parameter
   // (requires_grad=False) is a plain leaf: no node, no .grad, and ops record no graph through it alone.
   T parameter(const Shape& s, DType dt, int32_t index, Label l, bool requires_grad = true);
+  // FSDP2's unsharded parameter (fsdp.h): a parameter over a storage of `storage` bytes (its padded
+  // all-gather output) that starts resized to 0 (no event), allocated and freed under it by resize_storage.
+  T parameter_unallocated(const Shape& s, DType dt, int32_t index, Bytes storage, Category c, Label l);
+  // untyped_storage().resize_(0) (allocated false) and resize_(size) (true), as FSDP2's free_storage and
+  // alloc_storage (torch/distributed/fsdp/_fully_shard/_fsdp_common.py) do to an unsharded parameter: the views
+  // and the references autograd saved keep the storage, not its bytes. A no-op when already so.
+  void resize_storage(uint64_t id, bool allocated);
   // A buffer or an input (leaf without grad).
   T leaf(const Shape& s, DType dt, Category c, Label l);
 
@@ -456,6 +464,9 @@ class Engine {
   void accumulate_into_grad(Node& n, T g);
   void accumulate_leaf(Node& n, T g);
   Node* new_accumulate_node();
+  T make_parameter(T t, int32_t index, bool requires_grad);
+  void check_event_room() const;
+  void emit_alloc(uint64_t id);
 
   // Declared first so that they are destroyed last, after everything that refers to their objects.
   Pool<TensorImpl> impls_;

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -46,8 +47,10 @@ struct LoadedModel {
   const T& buf(std::string_view name) const;
 };
 
-// model.to(device): parameters and buffers allocated in nn.Module._apply order.
-LoadedModel load_model(Engine& e, const Inventory& inv, DType model_dtype);
+// model.to(device): parameters and buffers allocated in nn.Module._apply order. `make_param`, when given, makes
+// parameter row i instead (FSDP2's sharded parameters).
+LoadedModel load_model(Engine& e, const Inventory& inv, DType model_dtype,
+                       const std::function<T(size_t)>& make_param = {});
 
 // What the model's forward returns.
 struct ForwardOut {

@@ -39,6 +39,11 @@ T checkpoint_reentrant(Ctx& c, uint64_t l, T hidden, const LayerArgs& args, std:
 // the node that unpacks it and freed when that node is done.
 T checkpoint_non_reentrant(Ctx& c, uint64_t l, T hidden, const LayerArgs& args, std::shared_ptr<const LayerFn> fn);
 
+// FSDP2's hooks around a unit that is not a decoder layer (the embedding, the tail [final norm, lm_head]):
+// `x` unchanged without --sharding fsdp2.
+inline T fsdp_pre_forward(Ctx& c, int32_t unit, T x) { return c.fsdp ? c.fsdp->pre_forward(c, unit, std::move(x)) : x; }
+inline T fsdp_post_forward(Ctx& c, int32_t unit, T x) { return c.fsdp ? c.fsdp->post_forward(c, unit, std::move(x)) : x; }
+
 // hidden = layer(l, hidden) for l in 0..layers-1, with c.layer naming the layer for the timeline's labels.
 // `layer` takes the hidden state by value and returns the next one: the caller's variable is rebound to the
 // result, as `hidden = decoder_layer(hidden)` rebinds it in the modeling code. The caller's variable holds the
@@ -52,6 +57,8 @@ T run_layers_with(Ctx& c, uint64_t layers, T hidden, ArgsOf&& args_of, F&& layer
   for (uint64_t l = 0; l < layers; ++l) {
     c.layer = static_cast<int32_t>(l);
     const LayerArgs& args = args_of(l);
+    // FSDP2: the decoder layer's fully_shard pre-forward hook (unshard; RegisterPostBackwardFunction on the input)
+    if (c.fsdp) hidden = c.fsdp->pre_forward(c, c.layer, std::move(hidden));
     const CheckpointPolicy& p = c.checkpoint;
     if (p.mode != CheckpointPolicy::kNone && l % p.every == 0 && c.e.grad_mode) {
       if (!fn) fn = std::make_shared<const LayerFn>(layer);
@@ -59,6 +66,11 @@ T run_layers_with(Ctx& c, uint64_t layers, T hidden, ArgsOf&& args_of, F&& layer
     } else {
       hidden = layer(l, hidden, args);
     }
+    // FSDP2's post-forward hook (reshard; the pre-backward hook on the output). Outside the checkpoint here, inside
+    // it in transformers (GradientCheckpointingLayer checkpoints nn.Module.__call__): the same order, as the hooks
+    // are skipped in the recompute (FSDPState._pre_forward/_post_forward return early in PRE_BACKWARD) and
+    // RegisterPostBackwardFunction saves nothing.
+    if (c.fsdp) hidden = c.fsdp->post_forward(c, c.layer, std::move(hidden));
   }
   c.layer = -1;
   return hidden;

@@ -34,7 +34,7 @@ Shape shape_of(const TensorRow& r) { return Shape::of(stored_shape(r)); }
 
 }  // namespace
 
-LoadedModel load_model(Engine& e, const Inventory& inv, DType model_dtype) {
+LoadedModel load_model(Engine& e, const Inventory& inv, DType model_dtype, const std::function<T(size_t)>& make_param) {
   LoadedModel w;
   w.inv = &inv;
   w.params.resize(inv.parameters.size());
@@ -50,6 +50,11 @@ LoadedModel load_model(Engine& e, const Inventory& inv, DType model_dtype) {
   };
   auto load_param = [&](size_t i) {
     const TensorRow& r = inv.parameters[i];
+    if (make_param) {
+      w.params[i] = make_param(i);
+      w.param_row.emplace(r.name, static_cast<int>(i));
+      return;
+    }
     w.params[i] = e.parameter(shape_of(r), stored_dtype(r, model_dtype), static_cast<int32_t>(i),
                               Label{intern_name(r.name), -1, static_cast<int32_t>(i)}, r.trainable);
     w.param_row.emplace(r.name, static_cast<int>(i));

@@ -8,8 +8,10 @@
 
 #include "../families/registry.h"
 #include "forward.h"
+#include "fsdp.h"
 #include "trainmem/ddp.h"
 #include "trainmem/error.h"
+#include "trainmem/fsdp.h"
 #include "trainmem/sim.h"
 #include "trainmem/zero.h"
 
@@ -86,6 +88,14 @@ struct Loop {
   bool ddp_sync = true;              // require_backward_grad_sync of this micro-batch (no_sync otherwise)
   bool ddp_forward_sync = true;      // require_forward_param_sync: set by the previous forward
   bool ddp_rebuilt = false;
+
+  // FSDP2 (fsdp.h): this rank's fully_shard units
+  FsdpOptions fsdp_opt;
+  std::unique_ptr<Fsdp2> fsdp;
+  // The optimizer state's shape of row i: the local shard's under FSDP2 (zeros_like of the DTensor)
+  std::vector<uint64_t> state_shape(size_t i) const {
+    return fsdp ? fsdp_shard(inv.parameters[i].shape, fsdp_opt.ranks, fsdp_opt.rank).local_shape : inv.parameters[i].shape;
+  }
 
   Loop(const ModelSpec& m_, const Inventory& inv_, const TrainSetup& s_, const SimOptions& o_, Engine& e_)
       : m(m_), inv(inv_), s(s_), o(o_), e(e_), c(e_), program(program_for(m_)), features(input_kind(m_) == InputKind::kFeatures) {}
@@ -374,6 +384,7 @@ struct Loop {
     e.phase = Phase::kForward;
     if (o.loop == LoopKind::kHf) get_batch();  // Trainer: _prepare_inputs moves this micro-batch's tensors
     if (ddp.on) ddp_pre_forward(micro == std::min<uint64_t>(s.grad_accum, 2));
+    if (fsdp) fsdp->set_requires_gradient_sync(micro == std::min<uint64_t>(s.grad_accum, 2));  // accelerate's no_sync
     T loss;
     {
       ForwardOut out;
@@ -394,6 +405,7 @@ struct Loop {
         kept_logits = std::move(out.logits);  // `y = model(x)` stays bound until the next forward
       } else {
         out = run_forward(&Y);
+        if (fsdp) fsdp->root_post_forward();  // FSDP2: the root's post-forward, once the model's forward returns
         if (o.loop == LoopKind::kNanoGpt) kept_logits = std::move(out.logits);  // `logits, loss = model(X, Y)`
       }
       e.phase = Phase::kLoss;
@@ -419,6 +431,7 @@ struct Loop {
                   "reentrant checkpointing without --input-require-grads true cut the graph)");
     }
     e.backward(scaled);
+    if (fsdp) fsdp->final_callback();  // FSDP2's queued _root_post_backward_final_callback
   }
 
   // --- DistributedDataParallel -------------------------------------------------------------------------
@@ -901,7 +914,9 @@ struct Loop {
     for (size_t i = 0; i < inv.parameters.size(); ++i) {
       if (!e.grad(static_cast<int32_t>(i))) continue;
       ++n;
-      max_chunks = std::max(max_chunks, ceil_div(inv.parameters[i].elems.value, kForeachChunkElems));
+      // (FSDP2: torch.nn.utils.clip_grad_norm_ over the sharded DTensor gradients, accelerate's clip_grad_norm_)
+      const uint64_t elems = fsdp ? e.grad(static_cast<int32_t>(i)).shape().numel().value : inv.parameters[i].elems.value;
+      max_chunks = std::max(max_chunks, ceil_div(elems, kForeachChunkElems));
     }
     T norms;
     {
@@ -971,7 +986,7 @@ struct Loop {
         for (size_t i : group) {
           const T& p = w.params[i];
           const Label l{intern_name(inv.parameters[i].name), -1, static_cast<int32_t>(i)};
-          for (const StateTensor& t : optimizer_state_tensors(s.optimizer, opt_impl, inv.parameters[i].shape, p.dtype(),
+          for (const StateTensor& t : optimizer_state_tensors(s.optimizer, opt_impl, state_shape(i), p.dtype(),
                                                                   bnb_block_size(s.optimizer_version))) {
             if (t.paged) continue;  // cudaMallocManaged: not the caching allocator's (StateBytes::paged_optimizer_state)
             state.push_back(e.empty(Shape::of(t.shape), t.dtype, Category::kOptimizer, l));
@@ -1174,7 +1189,16 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
 
   e.phase = Phase::kSetup;
   if (o.loop == LoopKind::kSeed000) loop.warmup();
-  loop.w = sim::load_model(e, inv, param_dtype(s.precision));
+  // FSDP2 (fsdp.h): accelerate's fsdp2_prepare_model in Trainer.train(), the model sharded unit by unit as it
+  // reaches the device
+  loop.fsdp_opt = resolve_fsdp(s, m, o.loop, o.torch);
+  if (loop.fsdp_opt.on) {
+    loop.fsdp = std::make_unique<sim::Fsdp2>(e, inv, loop.fsdp_opt, fsdp_units(m, inv, loop.fsdp_opt));
+    loop.fsdp->load(loop.w, param_dtype(s.precision));
+    loop.c.fsdp = loop.fsdp.get();
+  } else {
+    loop.w = sim::load_model(e, inv, param_dtype(s.precision));
+  }
   // PEFT's wrapped linears: lora_A is the row after... its base (adapts), lora_B the row after lora_A
   for (size_t i = 0; i + 1 < inv.parameters.size(); ++i) {
     const TensorRow& a = inv.parameters[i];

@@ -44,6 +44,17 @@ struct KvCache {
   uint64_t past = 0;  // tokens cached before the current forward: past_key_values.get_seq_length()
 };
 
+struct Ctx;
+// FSDP2's module hooks (fully_shard's forward pre/post hooks, src/sim/fsdp.cc) at the boundaries of its units:
+// `unit` is a decoder layer's index or kFsdpUnitEmbed / kFsdpUnitTail (trainmem/fsdp.h). pre_forward takes the
+// unit's input and returns what the unit runs on (RegisterPostBackwardFunction's output); post_forward takes its
+// output and returns it with the pre-backward hook registered.
+struct FsdpHooks {
+  virtual ~FsdpHooks() = default;
+  virtual T pre_forward(Ctx& c, int32_t unit, T input) = 0;
+  virtual T post_forward(Ctx& c, int32_t unit, T output) = 0;
+};
+
 // Forward-pass state: autocast (with its cache of 16-bit weight copies), the layer being built (for labels),
 // training mode, and the runtime facts.
 struct Ctx {
@@ -75,6 +86,7 @@ struct Ctx {
   uint64_t logits_to_keep = 0;  // transformers' logits_to_keep; 0: every position
   // enable_input_require_grads: the input embedding's output is made to require grad (its weight's row)
   int32_t input_embedding_row = -1;
+  FsdpHooks* fsdp = nullptr;  // --sharding fsdp2: fully_shard's hooks; null otherwise
   std::vector<std::string> warnings;  // what the simulated program would warn about, each once
 
   void warn(const std::string& w) {

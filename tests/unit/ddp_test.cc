@@ -226,10 +226,10 @@ TEST(DdpReport, SaysWhenTheRebuildFallsPastTheSimulatedSteps) {
 }
 
 TEST(DdpRefusals, OtherShardingsAndTheSeed000LoopAreNotSimulated) {
-  Scenario s = testing::scenario_of("gpt2", {{"overrides", "n_layer=2"}, {"dp", "2"}, {"sharding", "fsdp2"}});
+  Scenario s = testing::scenario_of("gpt2", {{"overrides", "n_layer=2"}, {"dp", "2"}, {"sharding", "fsdp1"}});
   try {
     run(s);
-    FAIL() << "fsdp2 is not simulated";
+    FAIL() << "fsdp1 is not simulated";
   } catch (const Error& err) {
     EXPECT_NE(std::string(err.what()).find("not simulated yet"), std::string::npos) << err.what();
   }

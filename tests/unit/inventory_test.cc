@@ -42,6 +42,7 @@ constexpr Published kPublished[] = {
     {"llama-2-7b", 6'738'415'616, "keras-hub llama_presets.py@5d163ca llama2_7b_en"},
     {"llama-2-13b", 13'015'864'320, "arXiv:2502.13533 (LoRAM) Table 4, '#Orig. Params' of LLaMA-2-13B"},
     {"llama-3-8b", 8'030'261'248, "keras-hub llama3_presets.py@2f5dce1 llama3_8b_en"},
+    {"llama-3.1-70b", 70'553'706'496, "Hugging Face Hub API meta-llama/Llama-3.3-70B-Instruct safetensors.total"},
     {"mistral-7b", 7'241'732'096, "keras-hub mistral_presets.py@0e1444f mistral_7b_en"},
     {"mixtral-8x7b", 46'702'792'704, "keras-hub mixtral_presets.py@36ad74e mixtral_8_7b_en (all experts)"},
     {"qwen3-30b-a3b", 30'532'122'624, "keras-hub qwen3_moe_presets.py@79c5664 qwen3_moe_30b_a3b_en (all experts)"},

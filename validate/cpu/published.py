@@ -29,6 +29,9 @@ PUBLISHED = {
     "smollm2-135m": 134_515_008, "mixtral-8x7b": 46_702_792_704,
     # Hugging Face Hub model API, microsoft/phi-2: safetensors.parameters {"F16": 2779683840} (untied, lm_head.bias)
     "phi-2": 2_779_683_840,
+    # Hugging Face Hub model API, meta-llama/Llama-3.3-70B-Instruct (the Llama-3.1-70B architecture):
+    # safetensors.total 70553706496, as public fixtures of that API record it
+    "llama-3.1-70b": 70_553_706_496,
     "gemma-3-1b-it": 999_885_952,  # keras-hub gemma3_presets.py@46f3b4a gemma3_instruct_1b
     # keras-hub qwen3_moe_presets.py@79c5664 qwen3_moe_30b_a3b_en, qwen_moe_presets.py@41e055b qwen1.5_moe_2.7b_en
     "qwen3-30b-a3b": 30_532_122_624, "qwen1.5-moe-a2.7b": 14_315_784_192,

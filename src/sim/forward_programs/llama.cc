@@ -9,6 +9,7 @@
 #include "../tp_ops.h"
 #include "hf_common.h"
 #include "trainmem/error.h"
+#include "trainmem/fsdp.h"
 
 namespace trainmem::sim {
 
@@ -320,6 +321,7 @@ T gemma3_text_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, T inputs_e
   hidden = run_layers(c, m.layers, std::move(hidden), args, [&](uint64_t l, T h, const LayerArgs& a) {
     return decoder_layer(c, m, Layer{w, l}, h, Rotary{a.cos, a.sin}, a.mask ? &a.mask : nullptr);
   });
+  hidden = fsdp_pre_forward(c, kFsdpUnitTail, std::move(hidden));  // FSDP2: the tail unit starts at the final norm
   return block_norm(c, m, hidden, w.p("model.norm.weight"), w.opt("model.norm.bias"), "norm");
 }
 
@@ -327,12 +329,14 @@ T gemma3_text_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, T inputs_e
 T llama_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
   const uint64_t B = ids.shape()[0], Tn = ids.shape()[1];
   c.layer = -1;
+  (void)fsdp_pre_forward(c, kFsdpUnitEmbed, T());  // FSDP2: the embedding's unit (its input ids need no grad)
   T inputs_embeds = embedding(c, w.p("model.embed_tokens.weight"), ids, "embed_tokens");
   if (m.embed.scaled_by_sqrt_hidden) {
     // GemmaTextScaledWordEmbedding: super().forward(ids) * self.embed_scale.to(self.weight.dtype)
     T scale = to(c, w.buf("model.embed_tokens.embed_scale"), w.p("model.embed_tokens.weight").dtype(), "embed_scale.to()");
     inputs_embeds = mul(c, inputs_embeds, scale, "embeddings * embed_scale");
   }
+  inputs_embeds = fsdp_post_forward(c, kFsdpUnitEmbed, std::move(inputs_embeds));
   T position_ids = model_position_ids(c, Tn);
   if (!m.attn.sliding_layers.empty()) return gemma3_text_model(c, m, w, std::move(inputs_embeds), position_ids);
   T mask;
@@ -344,6 +348,7 @@ T llama_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
                       [&](uint64_t l, T h, const LayerArgs& a) {
                         return decoder_layer(c, m, Layer{w, l}, h, Rotary{a.cos, a.sin}, a.mask ? &a.mask : nullptr);
                       });
+  hidden = fsdp_pre_forward(c, kFsdpUnitTail, std::move(hidden));  // FSDP2: the tail unit starts at the final norm
   return block_norm(c, m, hidden, w.p("model.norm.weight"), w.opt("model.norm.bias"), "norm");
 }
 
@@ -373,6 +378,7 @@ ForwardOut llama_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const
     return causal_lm_output(c, std::move(logits), labels);
   }
   T logits = lm_head_logits(c, w, hidden, "lm_head.weight", "model.embed_tokens.weight", "lm_head");
+  logits = fsdp_post_forward(c, kFsdpUnitTail, std::move(logits));  // FSDP2: the tail unit ends with lm_head
   if (m.model_type == "gemma2" || m.final_softcap > 0) {
     // final_logit_softcapping (gemma2 always; gemma3_text when set): logits / cap, tanh, * cap
     logits = mul_scalar(c, logits, "logits / softcap");

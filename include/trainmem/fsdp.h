@@ -1,0 +1,66 @@
+// PyTorch FSDP2 (fully_shard, torch/distributed/fsdp/_fully_shard/) per rank, as the transformers Trainer runs
+// it through accelerate's FSDP2 path (accelerate utils/fsdp_utils.py fsdp2_prepare_model, huggingface/accelerate
+// 16cb6eb, 1.15.0.dev0). The shard arithmetic and the wrapping policy are here (pure functions, unit-tested
+// against the source's rules); the simulator (src/sim/fsdp.cc) allocates what they say.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "trainmem/dtype.h"
+#include "trainmem/inventory.h"
+#include "trainmem/runtime.h"
+#include "trainmem/setup.h"
+
+namespace trainmem {
+
+struct ModelSpec;
+enum class LoopKind;
+
+// fully_shard's settings as accelerate passes them, resolved.
+struct FsdpOptions {
+  bool on = false;
+  uint64_t ranks = 1;   // the data-parallel mesh size W (--dp or --gpus N)
+  uint64_t rank = 0;    // the simulated rank (0)
+  bool reshard_after_forward = true;  // FullyShardedDataParallelPlugin.reshard_after_forward (FSDP2: True)
+  DType orig_dtype = DType::kF32;     // the sharded parameters' dtype (accelerate upcasts to float32)
+  bool mixed = false;                 // MixedPrecisionPolicy.param_dtype set
+  DType param_dtype = DType::kF32;    // all-gather and unsharded-parameter dtype (orig_dtype when not mixed)
+  DType reduce_dtype = DType::kF32;   // reduce-scatter dtype (the gradients' when not mixed)
+};
+
+// The defaults of the code that runs (cited in fsdp.cc); throws trainmem::Error for what is not simulated.
+// Off unless dp > 1 and --sharding fsdp2.
+FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop, TorchVersion torch);
+
+// One parameter's dim-0 shard (FSDPParam._init_sharded_param: chunks = _chunk_with_empty(tensor, W, dim=0);
+// padded_sharded_size = chunks[0].size(); sharded_param = chunks[rank], a view of the padded buffer).
+struct FsdpShard {
+  uint64_t rows_padded = 0;     // ceil(dim0 / W): every rank's padded dim 0
+  uint64_t rows_local = 0;      // this rank's unpadded dim 0 (torch.chunk: min(rows_padded, dim0 - rank * rows_padded))
+  uint64_t padded_numel = 0;    // _sharded_param_data: rows_padded x the other dims
+  uint64_t local_numel = 0;     // the DTensor's local tensor: rows_local x the other dims
+  uint64_t unsharded_padded_numel = 0;  // all_gather_outputs[0]: W x padded_numel
+  std::vector<uint64_t> local_shape;    // the optimizer's view of the shard
+};
+FsdpShard fsdp_shard(const std::vector<uint64_t>& shape, uint64_t ranks, uint64_t rank);
+
+// One fully_shard unit (an FSDPParamGroup) as accelerate's fsdp2_prepare_model makes them: every decoder layer
+// (transformer_auto_wrap_policy over _no_split_modules), the input embedding, the tail [final norm, lm_head]
+// (reshard_after_forward=False), and the root with what is left.
+struct FsdpUnit {
+  enum Kind : uint8_t { kEmbed, kLayer, kTail, kRoot } kind = kLayer;
+  int32_t layer = -1;                // kLayer: its index
+  std::string name;                  // "model.layers.3", "model.embed_tokens", "[model.norm, lm_head]"
+  std::vector<int32_t> rows;         // inventory rows, in named_parameters() order
+  bool reshard_after_forward = true;
+  uint64_t shard_numel = 0;          // all_gather_input_numel: sum of padded shard numels
+  uint64_t params = 0;               // sum of unpadded numels
+};
+// Unit id passed to the forward hooks (sim::FsdpHooks): a layer's index, or these.
+inline constexpr int32_t kFsdpUnitEmbed = -2;
+inline constexpr int32_t kFsdpUnitTail = -3;
+std::vector<FsdpUnit> fsdp_units(const ModelSpec& m, const Inventory& inv, const FsdpOptions& o);
+
+}  // namespace trainmem

@@ -1,0 +1,193 @@
+// FSDP2's shard arithmetic and accelerate's wrapping policy, per rank (fsdp.h). Sources: pytorch/pytorch
+// torch/distributed/fsdp/_fully_shard/ (_fsdp_param.py FSDPParam._init_sharded_param, _fsdp_common.py
+// _chunk_with_empty and _get_dim0_padded_size, _fsdp_collectives.py foreach_all_gather and foreach_reduce,
+// _fsdp_param_group.py, _fsdp_state.py; read at pytorch main 2026 commits 010ae4a / 002a76f / 01c9f4f: the 2.9
+// code has the same buffers), huggingface/accelerate 16cb6eb (1.15.0.dev0) src/accelerate/utils/fsdp_utils.py
+// fsdp2_prepare_model and utils/dataclasses.py FullyShardedDataParallelPlugin.
+#include "trainmem/fsdp.h"
+
+#include <fmt/format.h>
+
+#include "../families/registry.h"
+#include "trainmem/error.h"
+#include "trainmem/model.h"
+#include "trainmem/sim.h"
+
+namespace trainmem {
+
+FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop, TorchVersion torch) {
+  FsdpOptions f;
+  if (s.dp <= 1 || s.sharding != Sharding::kFsdp2) {
+    if (s.reshard_after_forward) {
+      throw FieldError("reshard_after_forward", "FSDP2's setting: it takes --dp N (N > 1) with --sharding fsdp2");
+    }
+    return f;
+  }
+  const auto refuse = [](const char* field, const std::string& what) { throw FieldError(field, what); };
+  if (loop != LoopKind::kHf) {
+    refuse("loop", fmt::format("{}: FSDP2 is simulated as the transformers Trainer runs it through accelerate "
+                               "(--loop hf, fsdp_version 2)", name_of(loop)));
+  }
+  // accelerator.py: `if not is_torch_version(">=", FSDP2_PYTORCH_VERSION): raise ImportError(...)`, "2.6.0"
+  if (torch < TorchVersion{2, 6}) {
+    refuse("torch", fmt::format("{}: accelerate's FSDP2 requires PyTorch >= 2.6.0 (FSDP2_PYTORCH_VERSION)",
+                                torch_version_name(torch)));
+  }
+  // The forward hooks of the embedding and the tail [final norm, lm_head] sit in the llama family's program
+  // (src/sim/forward_programs/llama.cc); the decoder layers' in run_layers (src/sim/layers.h).
+  if (m.family != Family::kLlama || m.impl != Impl::kHf) {
+    refuse("sharding", fmt::format("fsdp2: simulated for the llama family's transformers models (llama, mistral, "
+                                   "qwen2, ...); {} ({}) has no FSDP unit hooks yet", m.model_type,
+                                   family_descriptor(m.family).name));
+  }
+  if (s.tp > 1) {
+    refuse("tp", fmt::format("{}: FSDP2 over tensor-parallel shards (a 2-D mesh, DTensor parameters sharded twice) is "
+                             "not simulated", s.tp));
+  }
+  if (m.embed.tied) {
+    refuse("sharding", "fsdp2: tied input/output embeddings (accelerate's tail unit then holds the shared weight, "
+                       "gathered at the start of the forward) are not simulated");
+  }
+  if (m.head != Head::kCausalLm) refuse("head", "FSDP2 is simulated for the causal-LM head only");
+  if (s.loss != LossKind::kCe) {
+    refuse("loss", "FSDP2 is simulated with transformers' cross-entropy (--loss ce): the chunked and fused heads "
+                   "run lm_head outside the tail unit's hooks");
+  }
+  if (s.optimizer != Optimizer::kAdamW && s.optimizer != Optimizer::kAdam) {
+    refuse("optimizer", fmt::format("{}: FSDP2 is simulated with torch AdamW/Adam over the sharded parameters",
+                                    name_of(s.optimizer)));
+  }
+  if (s.optimizer_in_backward) refuse("optimizer_in_backward", "true: not simulated under FSDP2");
+  if (s.lora.on) refuse("lora", "LoRA under FSDP2 is not simulated (mixed requires_grad within a unit)");
+  if (s.quant.type != Quantize::kNone) refuse("quantize", "quantized base weights are not simulated under FSDP2");
+  if (!s.freeze.empty()) refuse("freeze", "frozen parameters are not simulated under FSDP2");
+  if (s.input_require_grads.value_or(false)) {
+    refuse("input_require_grads", "true: not simulated under FSDP2 (the embedding unit's post-backward would run "
+                                  "in the backward instead of the final callback)");
+  }
+  // FSDP2's pre-backward hook does the unshard when a layer is recomputed (FSDPState._pre_forward returns early in
+  // PRE_BACKWARD); reentrant checkpointing runs the recompute inside CheckpointFunction.backward, outside the
+  // hooks' bookkeeping as simulated here
+  if (s.checkpointing != Checkpointing::kNone && s.checkpoint_reentrant.value_or(default_checkpoint_reentrant(m.impl))) {
+    refuse("checkpoint_reentrant", "true: reentrant checkpointing under FSDP2 is not simulated (use_reentrant=False is "
+                                   "transformers 5.x's default)");
+  }
+  const auto not_ddp = [&](const char* field) {
+    refuse(field, "a DDP setting; --sharding fsdp2 runs fully_shard, which builds no DDP Reducer");
+  };
+  if (s.bucket_cap_mb) not_ddp("bucket_cap_mb");
+  if (s.gradient_as_bucket_view) not_ddp("gradient_as_bucket_view");
+  if (s.find_unused_parameters) not_ddp("find_unused_parameters");
+  f.on = true;
+  f.ranks = s.dp;
+  f.rank = 0;
+  // FullyShardedDataParallelPlugin.__post_init__: reshard_after_forward None -> env FSDP_RESHARD_AFTER_FORWARD,
+  // default "true" for fsdp_version 2
+  f.reshard_after_forward = s.reshard_after_forward.value_or(true);
+  switch (s.precision) {
+    case Precision::kBf16Amp:
+      // The Trainer's bf16=True is accelerate's mixed_precision "bf16": fsdp2_prepare_model upcasts every trainable
+      // parameter to float32 ("Upcast to fp32 master weights; MixedPrecisionPolicy.param_dtype handles compute
+      // cast"), and FullyShardedDataParallelPlugin.set_mixed_precision builds MixedPrecisionPolicy(param_dtype=bf16,
+      // reduce_dtype=bf16, output_dtype=bf16). Accelerator.prepare_model still wraps forward in autocast (native_amp).
+      f.orig_dtype = DType::kF32;
+      f.mixed = true;
+      f.param_dtype = DType::kBF16;
+      f.reduce_dtype = DType::kBF16;
+      break;
+    case Precision::kFp32:
+    case Precision::kBf16:
+      // mixed_precision "no": MixedPrecisionPolicy() (all None); the parameters stay in the model's dtype
+      f.orig_dtype = param_dtype(s.precision);
+      f.param_dtype = f.orig_dtype;
+      f.reduce_dtype = f.orig_dtype;
+      break;
+    default:
+      refuse("precision", fmt::format("{}: fp16 under FSDP2 needs a sharded gradient scaler, not simulated (bf16-amp, "
+                                      "bf16 and fp32 are)", name_of(s.precision)));
+  }
+  return f;
+}
+
+FsdpShard fsdp_shard(const std::vector<uint64_t>& shape, uint64_t ranks, uint64_t rank) {
+  if (ranks == 0 || rank >= ranks) throw Error("internal: FSDP shard of a rank outside the world");
+  FsdpShard sh;
+  // Shard(0) of a 0-d parameter: none in the simulated families
+  if (shape.empty()) throw Error("internal: FSDP2 shard of a 0-d parameter");
+  uint64_t rest = 1;
+  for (size_t d = 1; d < shape.size(); ++d) rest = checked_mul(rest, shape[d], "FSDP shard");
+  // torch.chunk(tensor, W, dim=0): chunks of ceil(dim0 / W) rows, the last ones short or empty
+  // (_chunk_with_empty pads the list with empty tensors); padded_sharded_size = chunks[0].size()
+  sh.rows_padded = ceil_div(shape[0], ranks);
+  const uint64_t start = checked_mul(sh.rows_padded, rank, "FSDP shard");
+  sh.rows_local = start >= shape[0] ? 0 : std::min(sh.rows_padded, shape[0] - start);
+  sh.padded_numel = checked_mul(sh.rows_padded, rest, "FSDP shard");
+  sh.local_numel = checked_mul(sh.rows_local, rest, "FSDP shard");
+  sh.unsharded_padded_numel = checked_mul(sh.padded_numel, ranks, "FSDP unsharded");
+  sh.local_shape = shape;
+  sh.local_shape[0] = sh.rows_local;
+  return sh;
+}
+
+std::vector<FsdpUnit> fsdp_units(const ModelSpec& m, const Inventory& inv, const FsdpOptions& o) {
+  const FamilyDescriptor& fd = family_descriptor(m.family);
+  std::vector<FsdpUnit> units;
+  // fsdp2_prepare_model: fully_shard on each module the auto-wrap policy picks (get_module_children_bottom_up:
+  // the decoder layers, _no_split_modules), then the input embedding (untied), then the tail [final norm,
+  // output embedding] with reshard_after_forward=False, then the root model with the rest (reshard_after_forward
+  // None: False for the root, FSDPState._lazy_init). Units are listed in forward order.
+  FsdpUnit embed;
+  embed.kind = FsdpUnit::kEmbed;
+  embed.reshard_after_forward = o.reshard_after_forward;
+  embed.name = std::string(fd.input_embedding.substr(0, fd.input_embedding.rfind('.')));
+  std::vector<FsdpUnit> layers(m.layers);
+  for (uint64_t l = 0; l < m.layers; ++l) {
+    layers[l].kind = FsdpUnit::kLayer;
+    layers[l].layer = static_cast<int32_t>(l);
+    layers[l].reshard_after_forward = o.reshard_after_forward;
+    layers[l].name = fmt::format("{}.{}", fd.layer_prefix, l);
+  }
+  FsdpUnit tail;
+  tail.kind = FsdpUnit::kTail;
+  tail.name = "[model.norm, lm_head]";
+  tail.reshard_after_forward = false;
+  FsdpUnit root;
+  root.kind = FsdpUnit::kRoot;
+  root.name = "model (root)";
+  root.reshard_after_forward = false;
+  const std::string prefix = std::string(fd.layer_prefix) + ".";
+  for (size_t i = 0; i < inv.parameters.size(); ++i) {
+    const std::string& n = inv.parameters[i].name;
+    FsdpUnit* u = &root;
+    if (n == fd.input_embedding) {
+      u = &embed;
+    } else if (n.rfind(prefix, 0) == 0) {
+      const uint64_t l = std::stoull(n.substr(prefix.size()));
+      if (l >= m.layers) throw Error(fmt::format("internal: {} is past the model's {} layers", n, m.layers));
+      u = &layers[l];
+    } else if (n.rfind("model.norm.", 0) == 0 || n.rfind("lm_head.", 0) == 0) {
+      // _find_final_norm: the last child of the base model whose class name has "Norm" (LlamaRMSNorm `norm`);
+      // get_output_embeddings(): lm_head
+      u = &tail;
+    }
+    u->rows.push_back(static_cast<int32_t>(i));
+    const FsdpShard sh = fsdp_shard(inv.parameters[i].shape, o.ranks, o.rank);
+    u->shard_numel = checked_add(u->shard_numel, sh.padded_numel, "FSDP unit");
+    u->params = checked_add(u->params, inv.parameters[i].elems.value, "FSDP unit");
+  }
+  if (!root.rows.empty()) {
+    throw FieldError("sharding", fmt::format("fsdp2: {} parameter(s) outside the embedding, the layers and the tail "
+                                             "(first: {}) would sit in the root unit, which is not simulated",
+                                             root.rows.size(), inv.parameters[static_cast<size_t>(root.rows[0])].name));
+  }
+  if (embed.rows.empty() || tail.rows.empty()) {
+    throw FieldError("sharding", "fsdp2: a tied or missing input/output embedding (one tail unit holding the shared "
+                                 "weight) is not simulated");
+  }
+  units.push_back(std::move(embed));
+  for (FsdpUnit& u : layers) units.push_back(std::move(u));
+  units.push_back(std::move(tail));
+  return units;
+}
+
+}  // namespace trainmem

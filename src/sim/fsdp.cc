@@ -1,0 +1,274 @@
+// FSDP2 per rank in the simulator (fsdp.h). Sources: pytorch/pytorch torch/distributed/fsdp/_fully_shard/
+// _fsdp_param_group.py (FSDPParamGroup.unshard, wait_for_unshard, reshard, pre_forward, post_forward,
+// pre_backward, post_backward, _backward_prefetch, finalize_backward), _fsdp_collectives.py (foreach_all_gather,
+// _get_param_all_gather_inputs, foreach_all_gather_copy_out, foreach_reduce), _fsdp_param.py (FSDPParam:
+// init_all_gather_outputs, alloc_all_gather_outputs, to_sharded / free_storage), _fsdp_state.py (FSDPState
+// _pre_forward, _post_forward, _pre_backward, _root_post_backward_final_callback).
+#include "fsdp.h"
+
+#include <fmt/format.h>
+
+#include "trainmem/error.h"
+
+namespace trainmem::sim {
+
+namespace {
+// A decoder layer's buffers are named after the layer by the timeline's label (Label::layer); the others carry
+// their unit's name.
+const char* unit_label(const char* what, const FsdpUnit& u) {
+  return u.layer >= 0 ? intern_name(fmt::format("FSDP {}", what)) : intern_name(fmt::format("FSDP {} ({})", what, u.name));
+}
+}  // namespace
+
+Fsdp2::Fsdp2(Engine& e, const Inventory& inv, const FsdpOptions& o, std::vector<FsdpUnit> units)
+    : e_(e), inv_(inv), o_(o) {
+  for (FsdpUnit& spec : units) {
+    if (spec.kind == FsdpUnit::kLayer) {
+      if (layer_unit_.size() <= static_cast<size_t>(spec.layer)) layer_unit_.resize(static_cast<size_t>(spec.layer) + 1, -1);
+      layer_unit_[static_cast<size_t>(spec.layer)] = static_cast<int32_t>(units_.size());
+    }
+    Unit& u = units_.emplace_back();
+    u.spec = std::move(spec);
+  }
+  unsharded_.resize(inv.parameters.size());
+  sharded_.resize(inv.parameters.size());
+  sgrad_.resize(inv.parameters.size());
+}
+
+Fsdp2::Unit& Fsdp2::unit(int32_t id) {
+  for (Unit& u : units_) {
+    if ((id == kFsdpUnitEmbed && u.spec.kind == FsdpUnit::kEmbed) || (id == kFsdpUnitTail && u.spec.kind == FsdpUnit::kTail)) {
+      return u;
+    }
+  }
+  if (id >= 0 && static_cast<size_t>(id) < layer_unit_.size() && layer_unit_[static_cast<size_t>(id)] >= 0) {
+    return units_[static_cast<size_t>(layer_unit_[static_cast<size_t>(id)])];
+  }
+  throw Error(fmt::format("internal: no FSDP unit {}", id));
+}
+
+void Fsdp2::load(LoadedModel& w, DType buffer_dtype) {
+  w_ = &w;
+  std::vector<int32_t> layer_of(inv_.parameters.size(), -1);
+  for (const Unit& u : units_) {
+    for (int32_t r : u.spec.rows) layer_of[static_cast<size_t>(r)] = u.spec.layer;
+  }
+  // fully_shard -> FSDPParam._init_sharded_param: the parameter on the device, chunked on dim 0; this rank's chunk
+  // copied into `padded_sharded_param = param_data.new_zeros(padded_sharded_size)` (_sharded_param_data) and the
+  // module's parameter replaced by a DTensor over its unpadded view. (The full parameter fully_shard first moves
+  // to the device, one module at a time, is not simulated: accelerate loads on the CPU and shards unit by unit.)
+  w = load_model(e_, inv_, buffer_dtype, [&](size_t i) {
+    const TensorRow& r = inv_.parameters[i];
+    const FsdpShard sh = fsdp_shard(r.shape, o_.ranks, o_.rank);
+    const Label l{intern_name(r.name), layer_of[i], static_cast<int32_t>(i)};
+    const T data = e_.empty(Shape{sh.padded_numel}, o_.orig_dtype, Category::kWeights, l);
+    const Shape local = Shape::of(sh.local_shape);
+    sharded_[i] = e_.view(data, local, contiguous_strides(local));
+    // the unsharded parameter: a view of all_gather_outputs[0] (W x the padded shard, param_dtype), freed until
+    // the first all-gather (init_unsharded_param after the first copy-out; free_storage on reshard)
+    unsharded_[i] = e_.parameter_unallocated(Shape::of(r.shape), o_.param_dtype, static_cast<int32_t>(i),
+                                             bytes_of(Elems(sh.unsharded_padded_numel), o_.param_dtype),
+                                             Category::kFsdpBuffers,
+                                             Label{intern_name(fmt::format("{} (FSDP unsharded)", r.name)), layer_of[i], -1});
+    return sharded_[i];
+  });
+  w_ = &w;
+}
+
+// _to_unsharded / _to_sharded: _setattr_on_modules swaps the module's parameter
+void Fsdp2::set_module_params(const Unit& u, bool unsharded) {
+  for (int32_t r : u.spec.rows) {
+    const auto i = static_cast<size_t>(r);
+    w_->params[i] = unsharded ? unsharded_[i] : sharded_[i];
+  }
+}
+
+// FSDPParamGroup.unshard -> foreach_all_gather: `if self._all_gather_result is not None: return` (already called)
+// and `if self.is_unsharded: return`.
+void Fsdp2::unshard(Unit& u) {
+  if (u.ag_result || u.unsharded) return;
+  const uint64_t n = u.spec.shard_numel;
+  // _get_param_all_gather_inputs: with param_dtype set (the foreach-copy fast path) flat_foreach_copy_input =
+  // torch.empty(sum of the padded shards' numel, dtype=param_dtype), the shards cast into its splits; without it,
+  // the shards themselves (no copy)
+  T copy_in = o_.mixed ? e_.empty(Shape{n}, o_.param_dtype, Category::kFsdpBuffers, Label{unit_label("all-gather copy-in", u.spec), u.spec.layer, -1})
+                       : T();
+  // all_gather_output = torch.empty((all_gather_input_numel * world_size,)); all_gather_copy_in copies the inputs
+  // into its narrow(rank) view (no allocation); param_all_gather_inputs dies when foreach_all_gather returns
+  u.ag_result = e_.empty(Shape{checked_mul(n, o_.ranks, "FSDP all-gather")}, o_.param_dtype, Category::kFsdpBuffers,
+                         Label{unit_label("all-gather output", u.spec), u.spec.layer, -1});
+}
+
+// FSDPParamGroup.wait_for_unshard
+void Fsdp2::wait_for_unshard(Unit& u) {
+  if (!u.ag_result) return;  // `if not self._all_gather_result: return  # no preceding unshard`
+  // "implicit prefetch": in forward the previous unit's all-gather output, kept for overlap, is freed first
+  if (u.state == State::kForward) ag_state_.reset();
+  // foreach_all_gather_copy_out: per parameter init_all_gather_outputs + alloc_all_gather_outputs (the padded
+  // unsharded tensor, resized back to full), split_with_sizes_copy into them; init_unsharded_param views them
+  for (int32_t r : u.spec.rows) e_.resize_storage(unsharded_[static_cast<size_t>(r)]->storage, true);
+  set_module_params(u, true);
+  u.unsharded = true;
+  // forward (sync): comm_ctx.all_gather_state = AllGatherState(self._all_gather_result, event) until the next
+  // unit's wait or the root's post-forward; otherwise freed now (`self._all_gather_result = None`)
+  if (u.state == State::kForward) {
+    ag_state_ = std::move(u.ag_result);
+  } else {
+    u.ag_result.reset();
+  }
+}
+
+// FSDPParamGroup.reshard: in forward only when reshard_after_forward; FSDPParam.to_sharded -> free_storage
+// (all_gather_outputs' storage resize_(0))
+void Fsdp2::reshard(Unit& u) {
+  if (u.state == State::kForward && !u.spec.reshard_after_forward) return;
+  if (!u.unsharded) return;
+  for (int32_t r : u.spec.rows) e_.resize_storage(unsharded_[static_cast<size_t>(r)]->storage, false);
+  set_module_params(u, false);
+  u.unsharded = false;
+}
+
+// An identity over `x` (when it requires grad) whose backward runs the unit's post_backward (post) or
+// pre_backward: the graph position of RegisterPostBackwardFunction and of a tensor hook. It allocates nothing.
+T Fsdp2::backward_hook(const char* name, T x, size_t ui, bool post) {
+  if (!x || !x->requires_grad || !e_.grad_mode) return x;
+  T out = e_.view(x, x.shape(), x->strides);
+  e_.record(name, {&x}, {&out}, {}, [this, ui, post](Engine&, Node&, Grads& g) {
+    if (post) {
+      post_backward(units_[ui]);
+    } else {
+      pre_backward(units_[ui]);
+    }
+    return Grads{g[0]};
+  });
+  return out;
+}
+
+T Fsdp2::pre_forward(Ctx& c, int32_t id, T input) {
+  Unit& u = unit(id);
+  const auto ui = static_cast<size_t>(&u - units_.data());
+  u.state = State::kForward;
+  // FSDPState._pre_forward: cast_forward_inputs (MixedPrecisionPolicy's default True) casts floating inputs to
+  // param_dtype (_cast_fp_tensor: a no-op when already so)
+  if (o_.mixed && input && is_floating(input.dtype()) && input.dtype() != o_.param_dtype) {
+    input = to(c, input, o_.param_dtype, "FSDP cast_forward_inputs");
+  }
+  unshard(u);
+  wait_for_unshard(u);
+  // _register_post_backward_hook: RegisterPostBackwardFunction.apply(self, *inputs that require grad); its
+  // backward runs post_backward once the unit's input gradient is computed
+  return backward_hook("FSDP RegisterPostBackwardFunction", std::move(input), ui, true);
+}
+
+T Fsdp2::post_forward(Ctx& c, int32_t id, T output) {
+  Unit& u = unit(id);
+  const auto ui = static_cast<size_t>(&u - units_.data());
+  reshard(u);
+  // _record_post_forward
+  u.post_forward_indices.push_back(post_forward_order_.size());
+  post_forward_order_.push_back(ui);
+  u.state = State::kIdle;
+  // FSDPState._register_pre_backward_hook: output.register_hook(self._pre_backward), run when its gradient is ready
+  output = backward_hook("FSDP pre-backward hook", std::move(output), ui, false);
+  // MixedPrecisionPolicy.output_dtype (accelerate: bf16): _cast_fp_tensor on the outputs, a no-op when already so
+  if (o_.mixed && output && is_floating(output.dtype()) && output.dtype() != o_.param_dtype) {
+    output = to(c, output, o_.param_dtype, "FSDP output_dtype cast");
+  }
+  return output;
+}
+
+void Fsdp2::root_post_forward() { ag_state_.reset(); }
+
+// FSDPParamGroup.pre_backward(default_prefetch=True)
+void Fsdp2::pre_backward(Unit& u) {
+  if (u.state == State::kPreBackward) return;
+  u.state = State::kPreBackward;
+  unshard(u);  // a no-op if prefetched
+  wait_for_unshard(u);
+  // _backward_prefetch: the unit before this one in post-forward order, all-gathered now (its copy-out waits for
+  // its own pre-backward)
+  if (u.post_forward_indices.empty()) return;
+  const size_t curr = u.post_forward_indices.back();
+  u.post_forward_indices.pop_back();
+  if (curr == 0) return;
+  Unit& target = units_[post_forward_order_[curr - 1]];
+  const State saved = target.state;  // use_training_state(PRE_BACKWARD)
+  target.state = State::kPreBackward;
+  unshard(target);
+  target.state = saved;
+}
+
+// FSDPParamGroup.post_backward with reduce_grads (no gradient accumulation): the unsharded gradients taken from
+// .grad, the unit resharded, then foreach_reduce.
+void Fsdp2::post_backward(Unit& u) {
+  u.state = State::kPostBackward;
+  // `if not self.reduce_grads`: reshard (reshard_after_backward) and keep the unsharded .grad, into which the next
+  // backward's AccumulateGrad adds in place. (to_accumulated_grad_if_needed converts it only when reduce_dtype is
+  // set and differs from the gradient's; FSDPParam.init_dtype_attrs drops a reduce_dtype equal to param_dtype, so
+  // the resolved policies never convert.)
+  if (!reduce_grads_) {
+    reshard(u);
+    return;
+  }
+  std::vector<T> grads;
+  std::vector<int32_t> with_grad;
+  for (int32_t r : u.spec.rows) {
+    T& g = e_.grad(r);
+    if (!g) continue;
+    grads.push_back(std::move(g));  // unsharded_grads.append(...); unsharded_param.grad = None
+    g.reset();
+    with_grad.push_back(r);
+  }
+  reshard(u);
+  if (grads.empty()) return;
+  // `self.comm_ctx.reduce_scatter_state = None`: the previous unit's reduce-scatter input goes
+  rs_state_.reset();
+  const DType grad_dtype = grads.front().dtype();
+  const DType reduce = o_.mixed ? o_.reduce_dtype : grad_dtype;  // `reduce_dtype = reduce_dtype or grad_dtype`
+  // padded_unsharded_sizes: _get_dim0_padded_size per gradient; reduce_scatter_input = empty(sum, reduce_dtype).
+  // (A narrowing cast would add a grad_dtype temporary; the resolved policies never narrow: bf16 -> bf16, fp32 ->
+  // fp32.) foreach_reduce_scatter_copy_in: chunk_cat into it, then `unsharded_grads.clear()` frees the gradients.
+  uint64_t n = 0;
+  for (int32_t r : with_grad) n = checked_add(n, fsdp_shard(inv_.parameters[static_cast<size_t>(r)].shape, o_.ranks, o_.rank).padded_numel, "FSDP RS");
+  T rs_input = e_.empty(Shape{checked_mul(n, o_.ranks, "FSDP reduce-scatter")}, reduce, Category::kFsdpBuffers,
+                        Label{unit_label("reduce-scatter input", u.spec), u.spec.layer, -1});
+  grads.clear();
+  // reduce_output = empty(reduce_scatter_output_numel, reduce_dtype); grad_output = _to_dtype_if_needed(
+  // reduce_output, orig_dtype): a new tensor when they differ, and reduce_output dies when foreach_reduce returns.
+  // The sharded gradients are as_strided views of grad_output (unpadded, per parameter).
+  const bool upcast = reduce != o_.orig_dtype;
+  T reduce_output = e_.empty(Shape{n}, reduce, upcast ? Category::kFsdpBuffers : Category::kGradients,
+                             Label{unit_label(upcast ? "reduce-scatter output" : "sharded gradients (reduce-scatter output)", u.spec),
+                                   u.spec.layer, -1});
+  T grad_output = upcast ? e_.empty(Shape{n}, o_.orig_dtype, Category::kGradients,
+                                    Label{unit_label("sharded gradients (reduce-scatter output upcast)", u.spec), u.spec.layer, -1})
+                         : reduce_output;
+  for (int32_t r : with_grad) {
+    const auto i = static_cast<size_t>(r);
+    if (sgrad_[i]) continue;  // `sharded_param.grad._local_tensor += new_sharded_grad`: in place
+    sgrad_[i] = e_.view(grad_output, sharded_[i].shape(), contiguous_strides(sharded_[i].shape()));
+  }
+  // comm_ctx.reduce_scatter_state = ReduceScatterState(reduce_scatter_input, event): kept until the next unit's
+  // post_backward or the final callback
+  rs_state_ = std::move(rs_input);
+}
+
+void Fsdp2::final_callback() {
+  // all_states in named_modules() order (the embedding first): post_backward where autograd did not run it
+  for (Unit& u : units_) {
+    if (u.state != State::kPostBackward) post_backward(u);
+    u.state = State::kIdle;
+    // finalize_backward: a mistargeted prefetch's all-gather result is dropped
+    u.ag_result.reset();
+    u.post_forward_indices.clear();
+  }
+  post_forward_order_.clear();
+  rs_state_.reset();  // the last unit's reduce-scatter state
+  // the optimizer, the Trainer's clipping and zero_grad see the sharded parameters' .grad
+  for (size_t i = 0; i < sgrad_.size(); ++i) {
+    if (sgrad_[i]) e_.grad(static_cast<int32_t>(i)) = std::move(sgrad_[i]);
+    sgrad_[i].reset();
+  }
+}
+
+}  // namespace trainmem::sim

@@ -1,0 +1,69 @@
+// FSDP2 (fully_shard) per rank in the simulator: the sharded parameters, the all-gathers before each unit, the
+// reshard after it, the backward prefetch, and the reduce-scatter of each unit's gradients, as
+// torch/distributed/fsdp/_fully_shard/ runs them (the arithmetic: trainmem/fsdp.h).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "forward.h"
+#include "trainmem/fsdp.h"
+
+namespace trainmem::sim {
+
+class Fsdp2 : public FsdpHooks {
+ public:
+  Fsdp2(Engine& e, const Inventory& inv, const FsdpOptions& o, std::vector<FsdpUnit> units);
+  // fully_shard over the model as fsdp2_prepare_model calls it: per parameter the padded dim-0 shard (the module
+  // then holds the sharded parameter) and the unsharded parameter, whose storage starts freed. Loads the model
+  // into `w` (buffers as load_model does).
+  void load(LoadedModel& w, DType buffer_dtype);
+  T pre_forward(Ctx& c, int32_t unit, T input) override;
+  T post_forward(Ctx& c, int32_t unit, T output) override;
+  // The root module's post-forward (FSDPState._post_forward of the iteration's forward root): the last
+  // all-gather output kept for overlap is freed.
+  void root_post_forward();
+  // _root_post_backward_final_callback, queued by the first pre-backward hook: post_backward of the units whose
+  // inputs needed no gradient (the embedding), then the last reduce-scatter input freed. The sharded gradients
+  // become the parameters' .grad for the optimizer.
+  void final_callback();
+  // The sharded gradients (DTensor .grad), per inventory row: views of each unit's reduce-scatter result.
+  std::vector<T>& sharded_grads() { return sgrad_; }
+  // FSDPModule.set_requires_gradient_sync, as accelerate's no_sync sets it around every micro-batch but the
+  // last (the Trainer's `context = partial(accelerator.no_sync, model=model) if i != len(batch_samples) - 1`)
+  void set_requires_gradient_sync(bool sync) { reduce_grads_ = sync; }
+
+ private:
+  enum class State : uint8_t { kIdle, kForward, kPreBackward, kPostBackward };
+  struct Unit {
+    FsdpUnit spec;
+    State state = State::kIdle;
+    bool unsharded = false;
+    T ag_result;                         // _all_gather_result: the flat all-gather output until copy-out
+    std::vector<size_t> post_forward_indices;  // _post_forward_indices
+  };
+  Unit& unit(int32_t id);
+  void unshard(Unit& u);
+  void wait_for_unshard(Unit& u);
+  void reshard(Unit& u);
+  void pre_backward(Unit& u);
+  void post_backward(Unit& u);
+  void set_module_params(const Unit& u, bool unsharded);
+  T backward_hook(const char* name, T x, size_t ui, bool post);
+
+  Engine& e_;
+  const Inventory& inv_;
+  FsdpOptions o_;
+  std::vector<Unit> units_;
+  std::vector<int32_t> layer_unit_;  // unit index of decoder layer l
+  LoadedModel* w_ = nullptr;
+  std::vector<T> unsharded_;  // per row: the unsharded parameter (autograd's leaf)
+  std::vector<T> sharded_;    // per row: the sharded parameter (a view of its padded shard)
+  std::vector<T> sgrad_;      // per row: the sharded gradient
+  T ag_state_;                // comm_ctx.all_gather_state: the forward's last all-gather output
+  T rs_state_;                // comm_ctx.reduce_scatter_state: the last reduce-scatter input
+  std::vector<size_t> post_forward_order_;  // comm_ctx.post_forward_order (unit indices)
+  bool reduce_grads_ = true;  // FSDPParamGroup.reduce_grads
+};
+
+}  // namespace trainmem::sim

@@ -32,7 +32,4 @@ void apply_expert_parallel(ModelSpec& m, uint64_t ep);
 // mark_tp_shards marked the attention and lm_head.
 void mark_ep_shards(const ModelSpec& local, Inventory& inv);
 
-// The local experts of one rank: E / ep.
-uint64_t ep_local_experts(const ModelSpec& local);
-
 }  // namespace trainmem

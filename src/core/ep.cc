@@ -53,26 +53,8 @@ void ep_check(const ModelSpec& m, uint64_t ep) {
   if (m.attn.fused_qkv || m.attn.mla.kv_lora_rank > 0 || !m.mlp.gated) {
     throw Error(fmt::format("{}: {} is not the Llama-shaped attention the plan shards", ep, m.name));
   }
-  if (m.head != Head::kCausalLm) {
-    throw Error(fmt::format("{}: only the causal-LM head (lm_head: colwise_gather_output) is simulated; {} has "
-                            "another head", ep, m.name));
-  }
-  if (m.embed.tied) {
-    throw Error(fmt::format("{}: {} ties lm_head to embed_tokens; the plan shards lm_head and replicates "
-                            "embed_tokens, and what transformers does with the tied tensor is not simulated", ep,
-                            m.name));
-  }
-  // the attention's and lm_head's shards follow tp_check's rule (tp.cc): uneven shards are refused
-  auto divides = [&](const char* key, uint64_t n) {
-    if (n % ep != 0) {
-      throw Error(fmt::format("{}: {} = {} of {} is not divisible by {}: the attention runs under tensor "
-                              "parallelism of ep_size = tp_size ranks, and uneven shards are not simulated",
-                              ep, key, n, m.name, ep));
-    }
-  };
-  divides("num_attention_heads", m.attn.heads);
-  divides("num_key_value_heads", m.attn.kv_heads);
-  divides("vocab_size", m.embed.vocab_size);
+  // the attention and lm_head run under the TP plan over ep_size = tp_size ranks: tp_check's rules for them
+  tp_check_head_and_shards(m, ep, false);
 }
 
 void apply_expert_parallel(ModelSpec& m, uint64_t ep) {
@@ -83,8 +65,6 @@ void apply_expert_parallel(ModelSpec& m, uint64_t ep) {
   m.tp = ep;
   m.ep = ep;
 }
-
-uint64_t ep_local_experts(const ModelSpec& local) { return local.moe.experts / (local.ep == 0 ? 1 : local.ep); }
 
 void mark_ep_shards(const ModelSpec& local, Inventory& inv) {
   if (local.ep <= 1) return;

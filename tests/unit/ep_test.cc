@@ -6,6 +6,8 @@
 
 #include <regex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "test_util.h"
 #include "trainmem/ep.h"
@@ -36,12 +38,17 @@ const std::map<std::string, std::string> kPlan = {
     {"lm_head", "colwise_gather_output"},
 };
 
-// _get_parameter_tp_plan: layer numbers become "*", then the parameter's name or its module's
+// _get_parameter_tp_plan: an entry whose "*" stands for the layer number matches the parameter's name, else its
+// module's (the name without its last component)
 std::string plan_of(const std::string& name) {
-  const std::string generic = std::regex_replace(name, std::regex(R"(\.\d+(\.|$))"), ".*$1");
-  if (auto it = kPlan.find(generic); it != kPlan.end()) return it->second;
-  const std::string module = generic.substr(0, generic.rfind('.'));
-  if (auto it = kPlan.find(module); it != kPlan.end()) return it->second;
+  const std::string module = name.substr(0, name.rfind('.'));
+  for (const std::string& target : {name, module}) {
+    for (const auto& [key, style] : kPlan) {
+      const std::regex pattern(std::regex_replace(std::regex_replace(key, std::regex(R"(\.)"), R"(\.)"),
+                                                  std::regex(R"(\*)"), R"(\d+)"));
+      if (std::regex_match(target, pattern)) return style;
+    }
+  }
   return "";
 }
 
@@ -62,17 +69,17 @@ void expect_local_shapes(const std::string& model, uint64_t n, std::initializer_
   set_field(l, "ep", std::to_string(n));
   const ResolvedScenario lr = resolve(l, MapFileReader());
   EXPECT_EQ(lr.setup.tp, n);  // --ep N is tp_size = ep_size = N
-  const Inventory global = resolve(g, MapFileReader()).inventory;
-  const Inventory& local = lr.inventory;
-  ASSERT_EQ(global.parameters.size(), local.parameters.size());
+  std::map<std::string, TensorRow> global;
+  for (const TensorRow& row : resolve(g, MapFileReader()).inventory.parameters) global.emplace(row.name, row);
+  EXPECT_EQ(global.size(), lr.inventory.parameters.size());
   size_t experts = 0;
-  for (size_t i = 0; i < global.parameters.size(); ++i) {
-    const TensorRow& gr = global.parameters[i];
-    const TensorRow& r = local.parameters[i];
-    ASSERT_EQ(gr.name, r.name);
-    EXPECT_EQ(r.shape, expected_local(gr, n)) << model << " " << gr.name;
-    EXPECT_EQ(r.tp_dim >= 0, r.shape != gr.shape) << gr.name;  // exactly the sharded rows are marked
-    experts += plan_of(gr.name) == "grouped_gemm";
+  for (const TensorRow& r : lr.inventory.parameters) {
+    const auto it = global.find(r.name);
+    ASSERT_NE(it, global.end()) << r.name;
+    const std::vector<uint64_t> want = expected_local(it->second, n);
+    EXPECT_EQ(r.shape, want) << model << " " << r.name;
+    EXPECT_EQ(r.tp_dim >= 0, want != it->second.shape) << r.name;  // exactly the sharded rows are marked
+    experts += plan_of(r.name) == "grouped_gemm" ? 1 : 0;
   }
   EXPECT_GT(experts, 0u);
 }
@@ -89,24 +96,34 @@ TEST(Ep, Mixtral8x7bRankHoldsOneExpertPerLayer) {
   // over 8 ranks: embed_tokens 32000 x 4096 whole; per layer q 512x4096, k 128x4096, v 128x4096, o 4096x512,
   // router 8x4096 whole, one expert gate_up 2*14336 x 4096 and down 4096 x 14336, two norms 4096; final norm;
   // lm_head 4000 x 4096
-  const uint64_t layer = 512 * 4096 + 2 * 128 * 4096 + 4096 * 512 + 8 * 4096 + 3ull * 14336 * 4096 + 2 * 4096;
-  const uint64_t expect = 32000ull * 4096 + 32 * layer + 4096 + 4000ull * 4096;
-  Scenario s = scenario_of("mixtral-8x7b", {{"ep", "8"}});
+  const uint64_t per_layer[] = {512 * 4096, 128 * 4096, 128 * 4096, 4096 * 512, 8 * 4096,
+                                 2ull * 14336 * 4096, 4096ull * 14336, 4096, 4096};
+  uint64_t expect = 32000ull * 4096 + 4096 + 4000ull * 4096;
+  for (uint64_t n : per_layer) expect += 32 * n;
+  const Scenario s = scenario_of("mixtral-8x7b", {{"ep", "8"}});
   EXPECT_EQ(parameter_count(resolve(s, MapFileReader()).inventory).value, expect);
 }
 
 TEST(Ep, RefusesWhatIsNotSimulatedNamingIt) {
-  auto msg = [](Scenario s) { return testing::error_of([&] { (void)resolve(s, MapFileReader()); }); };
-  // transformers: "num_experts must be divisible by ep_size"
-  EXPECT_NE(msg(scenario_of("mixtral-8x7b", {{"ep", "3"}})).find("divisible"), std::string::npos);
-  // the all-reduce implementation requires ep_size = tp_size
-  EXPECT_NE(msg(scenario_of("mixtral-8x7b", {{"ep", "4"}, {"tp", "2"}})).find("ep_size = tp_size"), std::string::npos);
-  EXPECT_NE(msg(scenario_of("llama-3-8b", {{"ep", "2"}})).find("experts"), std::string::npos);
-  // Qwen3-30B-A3B has 4 kv heads: 8 ranks would split heads
-  EXPECT_NE(msg(scenario_of("qwen3-30b-a3b", {{"ep", "8"}})).find("num_key_value_heads"), std::string::npos);
-  EXPECT_NE(msg(scenario_of("mixtral-8x7b", {{"ep", "2"}, {"dp", "2"}})).find("data parallel"), std::string::npos);
-  EXPECT_NE(msg(scenario_of("mixtral-8x7b", {{"ep", "2"}, {"moe_experts", "grouped_mm"}})).find("grouped_mm"),
-            std::string::npos);
+  struct Refusal {
+    const char* model;
+    std::vector<std::pair<std::string, std::string>> fields;
+    const char* says;
+  };
+  const Refusal refusals[] = {
+      {"mixtral-8x7b", {{"ep", "3"}}, "divisible"},  // transformers: "num_experts must be divisible by ep_size"
+      {"mixtral-8x7b", {{"ep", "4"}, {"tp", "2"}}, "ep_size = tp_size"},  // the all-reduce implementation
+      {"llama-3-8b", {{"ep", "2"}}, "experts"},
+      {"qwen3-30b-a3b", {{"ep", "8"}}, "num_key_value_heads"},  // 4 kv heads over 8 ranks
+      {"mixtral-8x7b", {{"ep", "2"}, {"dp", "2"}}, "data parallel"},
+      {"mixtral-8x7b", {{"ep", "2"}, {"moe_experts", "grouped_mm"}}, "grouped_mm"},
+  };
+  for (const Refusal& r : refusals) {
+    Scenario s = scenario_of(r.model, {});
+    for (const auto& [k, v] : r.fields) set_field(s, k, v);
+    const std::string said = testing::error_of([&] { (void)resolve(s, MapFileReader()); });
+    EXPECT_NE(said.find(r.says), std::string::npos) << r.model << ": " << said;
+  }
   Scenario same = scenario_of("mixtral-8x7b", {{"ep", "2"}, {"tp", "2"}});  // the same sizes: accepted
   EXPECT_EQ(resolve(same, MapFileReader()).setup.tp, 2u);
 }
@@ -144,24 +161,27 @@ uint64_t mixtral_layer_saved(uint64_t s, uint64_t b, uint64_t h, uint64_t a, uin
   return attention + router + experts;
 }
 
+// One layer's saved bytes: the simulation with two layers less the one with one (hidden 1024, 8 heads of 128, 8 kv
+// heads, 8 experts of 2048, top-2; bf16 weights, eager attention and experts), rank 0 of n.
 uint64_t simulated_layer_saved(uint64_t n, uint64_t seq, uint64_t batch) {
-  auto saved = [&](int layers) {
-    Scenario s = scenario_of("mixtral-8x7b", {{"precision", "bf16"}, {"attention", "eager"}, {"steps", "1"},
-                                              {"moe_experts", "eager"}});
+  std::vector<std::pair<std::string, std::string>> fields = {
+      {"precision", "bf16"}, {"attention", "eager"}, {"steps", "1"}, {"moe_experts", "eager"},
+      {"batch", std::to_string(batch)}, {"seq", std::to_string(seq)}};
+  if (n > 1) fields.emplace_back("ep", std::to_string(n));
+  uint64_t saved[2] = {0, 0};
+  for (int layers : {1, 2}) {
+    Scenario s = scenario_of("mixtral-8x7b", {});
+    for (const char* o : {"hidden_size=1024", "num_attention_heads=8", "intermediate_size=2048"}) {
+      set_field(s, "overrides", o);
+    }
     set_field(s, "overrides", fmt::format("num_hidden_layers={}", layers));
-    set_field(s, "overrides", "hidden_size=1024");
-    set_field(s, "overrides", "num_attention_heads=8");
-    set_field(s, "overrides", "intermediate_size=2048");
-    if (n > 1) set_field(s, "ep", std::to_string(n));
-    set_field(s, "batch", std::to_string(batch));
-    set_field(s, "seq", std::to_string(seq));
-    return testing::run(s).peak.saved_activations.value;
-  };
-  return saved(2) - saved(1);
+    for (const auto& [k, v] : fields) set_field(s, k, v);
+    saved[layers - 1] = testing::run(s).peak.saved_activations.value;
+  }
+  return saved[1] - saved[0];
 }
 
 TEST(Ep, MoeLayerSavedActivationsEqualTheClosedForm) {
-  // hidden 1024, 8 heads of 128, 8 kv heads, 8 experts of 2048, top-2
   for (uint64_t n : {1, 2, 4, 8}) {
     EXPECT_EQ(simulated_layer_saved(n, 256, 2), mixtral_layer_saved(256, 2, 1024, 8, 8, 128, 2048, 8, 2, n))
         << "ep " << n;

@@ -55,27 +55,6 @@ def _router_hook(num_local_experts):
     return hook
 
 
-def _experts_forward(self, hidden_states, top_k_index, top_k_weights):
-    # MixtralExperts.forward (models.py) with the EP sentinel as one more one_hot class
-    final_hidden_states = torch.zeros_like(hidden_states)
-    with torch.no_grad():
-        expert_mask = torch.nn.functional.one_hot(top_k_index, num_classes=self.num_experts + 1)
-        expert_mask = expert_mask.permute(2, 1, 0)
-        expert_hit = torch.greater(expert_mask.sum(dim=(-1, -2)), 0).nonzero()
-    for expert_idx in expert_hit:
-        expert_idx = expert_idx[0]
-        if expert_idx == self.num_experts:
-            continue
-        top_k_pos, token_idx = torch.where(expert_mask[expert_idx])
-        current_state = hidden_states[token_idx]
-        gate, up = nn.functional.linear(current_state, self.gate_up_proj[expert_idx]).chunk(2, dim=-1)
-        current_hidden_states = self.act_fn(gate) * up
-        current_hidden_states = nn.functional.linear(current_hidden_states, self.down_proj[expert_idx])
-        current_hidden_states = current_hidden_states * top_k_weights[token_idx, top_k_pos, None]
-        final_hidden_states.index_add_(0, token_idx, current_hidden_states.to(final_hidden_states.dtype))
-    return final_hidden_states
-
-
 def apply_ep(model, ep):
     """Shard the experts of `model` for rank 0 of `ep` ranks and hook the routers and experts."""
     if ep <= 1:
@@ -87,7 +66,7 @@ def apply_ep(model, ep):
                 mod.gate_up_proj = nn.Parameter(mod.gate_up_proj[:local].clone())
                 mod.down_proj = nn.Parameter(mod.down_proj[:local].clone())
             mod.num_experts = local
-            mod.forward = _experts_forward.__get__(mod)
+            mod.ep_sentinel = 1  # models.MixtralExperts.forward: one_hot over num_experts + 1 classes
             mod.register_forward_pre_hook(
                 lambda m, inputs: (_EpAllReduceBackward.apply(inputs[0]),) + tuple(inputs[1:]))
             mod.register_forward_hook(lambda m, inputs, outputs: tp_shard._AllReduceForward.apply(outputs, ep))

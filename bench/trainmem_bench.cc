@@ -9,6 +9,7 @@
 #include "trainmem/gpu.h"
 #include "trainmem/inventory.h"
 #include "trainmem/sim.h"
+#include "trainmem/tp.h"
 
 namespace {
 
@@ -82,16 +83,16 @@ void BM_Estimate70B_T8192(benchmark::State& state) {
 }
 BENCHMARK(BM_Estimate70B_T8192)->Unit(benchmark::kMillisecond);
 
-// One rank of a 70B model over 64 data-parallel ranks at T=8192: DDP's buckets (construction and the rebuild at
-// step 2), DeepSpeed ZeRO-2's partitions (the layout of every parameter over 64 partitions, the IPG buckets) and
-// FSDP2's units (every parameter's dim-0 shard, the all-gathers, reshards and reduce-scatters of 82 units).
-void BM_EstimatePerRank70B_T8192(benchmark::State& state) {
-  const ModelSpec m = llama70b();
-  const Inventory inv = build_inventory(m);
+// The two-step estimate of the 70B model at T=8192 under the Trainer's loop, with `s` shaped by `shape`; with
+// tp > 1, rank 0's local model of transformers' tp_plan (tp.h).
+template <typename Shape>
+void estimate_70b_hf(benchmark::State& state, Shape shape, uint64_t tp = 1) {
+  ModelSpec m = llama70b();
+  if (tp > 1) apply_tensor_parallel(m, tp);
+  Inventory inv = build_inventory(m);
+  if (tp > 1) mark_tp_shards(m, inv);
   TrainSetup s = setup(1, 8192);
-  s.dp = 64;
-  const Sharding kinds[] = {Sharding::kDdp, Sharding::kZero2, Sharding::kFsdp2};
-  s.sharding = kinds[state.range(0)];
+  shape(s);
   SimOptions o = one_step();
   o.steps = 2;
   o.loop = LoopKind::kHf;
@@ -99,9 +100,36 @@ void BM_EstimatePerRank70B_T8192(benchmark::State& state) {
     Estimate e = estimate(m, inv, s, o);
     benchmark::DoNotOptimize(e.memory.peak_reserved.value);
   }
-  state.SetLabel(std::string(name_of(s.sharding)));
+}
+
+// One rank of a 70B model over 64 data-parallel ranks at T=8192: DDP's buckets (construction and the rebuild at
+// step 2), DeepSpeed ZeRO-2's partitions (the layout of every parameter over 64 partitions, the IPG buckets) and
+// FSDP2's units (every parameter's dim-0 shard, the all-gathers, reshards and reduce-scatters of 82 units).
+void BM_EstimatePerRank70B_T8192(benchmark::State& state) {
+  const Sharding kinds[] = {Sharding::kDdp, Sharding::kZero2, Sharding::kFsdp2};
+  const Sharding sharding = kinds[state.range(0)];
+  estimate_70b_hf(state, [&](TrainSetup& s) {
+    s.dp = 64;
+    s.sharding = sharding;
+  });
+  state.SetLabel(std::string(name_of(sharding)));
 }
 BENCHMARK(BM_EstimatePerRank70B_T8192)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
+
+// A 70B pipeline at T=8192: --pp 4 --micro-batches 8, every rank simulated (1F1B: one stage of about 20 layers
+// per rank with up to 4 micro-batches in flight; interleaved-1f1b: two stages of about 10 layers per rank), and
+// the 1F1B pipeline over --tp 8 shards (transformers' tp_plan: the local shapes and the collectives' buffers).
+void BM_EstimatePp70B_T8192(benchmark::State& state) {
+  const bool interleaved = state.range(0) == 1, tp = state.range(0) == 2;
+  estimate_70b_hf(state, [&](TrainSetup& s) {
+    s.pp = 4;
+    s.micro_batches = 8;
+    s.pp_schedule = interleaved ? PpSchedule::kInterleaved1f1b : PpSchedule::k1f1b;
+    s.pp_virtual_stages = interleaved ? 2 : 1;
+  }, tp ? 8 : 1);
+  state.SetLabel(interleaved ? "interleaved-1f1b, 4 ranks x 2 stages" : tp ? "1f1b, 4 ranks, tp 8" : "1f1b, 4 ranks");
+}
+BENCHMARK(BM_EstimatePp70B_T8192)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
 
 // Building the parameter inventory of a 70B model (723 named tensors).
 void BM_Inventory70B(benchmark::State& state) {

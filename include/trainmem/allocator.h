@@ -1,7 +1,14 @@
 // The PyTorch CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp, native backend), replayed over a step
 // timeline: what memory_allocated (block sizes, with the rounding "gaps"), max_memory_reserved (segments) and
-// the first out-of-memory would be. One device, one stream (ordinary single-GPU training: forward, backward
-// and optimizer all allocate on the default stream, so blocks freed in one are reused by the others).
+// the first out-of-memory would be. One device; each event's stream picks its pools (a stream reuses only its
+// own cached blocks). Ordinary training allocates everything on the default stream; FSDP2's collectives'
+// buffers come from its side streams.
+//
+// Cross-stream frees (record_stream) are replayed at the free event: a block used on another stream is
+// reusable once the program frees it, as if that stream had finished with it. That is the policy where the
+// real release waits on GPU progress (FSDP1's record_stream, ProcessGroupNCCL's stashed tensors), which a
+// timeline without GPU times cannot know; FSDP2 orders its frees with events the program waits on, so its
+// frees are where the program makes them.
 #pragma once
 
 #include <array>

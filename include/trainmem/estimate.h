@@ -149,6 +149,27 @@ struct ZeroFigures {
   Bytes deepspeed_estimate;  // estimate_zero2_model_states_mem_needs (no offload): 2P + int(18P / N)
 };
 
+// --pp N: every rank of the pipeline, simulated (pp.h); the estimate around it is `shown`'s.
+struct PpRankFigures {
+  uint64_t rank = 0;
+  std::vector<PpStagePart> parts;     // its stages (one; several with interleaved-1f1b): layers, embeddings, head
+  std::vector<uint64_t> in_flight;    // per stage: most micro-batches whose forward ran and whose backward has not
+  Bytes weights;                // its stage's parameters
+  Bytes saved_activations;      // autograd's saved tensors when most micro-batches are in flight
+  Bytes peak_live;              // the highest total of live tensors
+  Bytes peak_allocated, peak_reserved;
+  std::optional<bool> fits;     // with a GPU
+};
+struct PpFigures {
+  PpSchedule schedule = PpSchedule::k1f1b;
+  uint64_t ranks = 1, micro_batches = 1, virtual_stages = 1;
+  std::vector<PpRankFigures> rows;  // by rank
+  // the worst rank: with a GPU, the one with the least headroom there (the first of equals); without, the one
+  // with the highest peak reserved
+  uint64_t worst = 0;
+  uint64_t shown = 0;               // the rank the estimate shows (--rank, else the worst)
+};
+
 // --dp N --sharding fsdp2: one rank of FSDP2 (fully_shard) under accelerate, as simulated (fsdp.h).
 struct FsdpFigures {
   FsdpOptions options;         // the resolved settings (resolve_fsdp)
@@ -173,6 +194,7 @@ struct Estimate {
   std::optional<GenerationFigures> generation;  // --generate only
   std::optional<DdpFigures> ddp;                // --dp > 1: per rank
   std::optional<ZeroFigures> zero;              // --sharding zero1|zero2: per rank
+  std::optional<PpFigures> pp;                  // --pp > 1: every rank; the rest is rank pp->shown's
   std::optional<FsdpFigures> fsdp;              // --sharding fsdp2: per rank
   std::shared_ptr<const SimResult> sim;
   std::shared_ptr<const AllocatorReplay> alloc;
@@ -184,8 +206,10 @@ Estimate estimate(const ResolvedScenario& r);
 
 // The same from the stages' inputs; `gpu` (optional) adds the device totals and the verdict, and decides the
 // architecture that is simulated (o.sm is replaced by the GPU's).
+// `margin`: kept free on the GPU for the verdict (fit's safety margin). With --pp, every rank is simulated and
+// the estimate is the worst rank's (PpFigures::worst) unless the setup names one.
 Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s, const SimOptions& o,
-                  const AllocatorConfig& ac = {}, const GpuSpec* gpu = nullptr);
+                  const AllocatorConfig& ac = {}, const GpuSpec* gpu = nullptr, Bytes margin = {});
 
 // Whether fragmentation (reserved but not allocated at the reserved peak) is a large share of reserved: more
 // than kLargeFragmentationPercent, where a neighbouring size can differ by a whole segment and the report says

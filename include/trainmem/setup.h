@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "trainmem/dtype.h"
+#include "trainmem/pp.h"
 #include "trainmem/model.h"
 #include "trainmem/names.h"
 #include "trainmem/nccl.h"
@@ -182,6 +183,15 @@ struct TrainSetup {
   // N: an encoder-decoder's (T5's) decoder tokens per sequence, the labels' (B, N) (seq is the encoder's);
   // 0: the same as seq. Only encoder-decoder models take it.
   uint64_t target_seq = 0;
+  // Pipeline parallelism (pp.h): pp ranks, each one stage (torchtitan's split), running `pp_schedule` over
+  // `micro_batches` micro-batches of `batch` each per step; estimate simulates every rank and reports the
+  // worst (or `rank`).
+  uint64_t pp = 1;
+  PpSchedule pp_schedule = PpSchedule::k1f1b;  // torchtitan's default pipeline_parallel_schedule "1F1B"
+  uint64_t micro_batches = 0;                  // n_microbatches; 0: not given (pp)
+  // interleaved-1f1b: stages per rank; 0: not given (torchtitan's default for a multi-stage schedule, 2)
+  uint64_t pp_virtual_stages = 0;
+  std::optional<uint64_t> rank;                // the rank whose step estimate and timeline show; empty: the worst
 };
 
 // The dtype parameters are stored in (and gradients and optimizer state follow).

@@ -7,6 +7,7 @@
 #include "trainmem/ddp.h"
 #include "trainmem/inventory.h"
 #include "trainmem/model.h"
+#include "trainmem/pp.h"
 #include "trainmem/runtime.h"
 #include "trainmem/setup.h"
 #include "trainmem/timeline.h"
@@ -42,6 +43,7 @@ struct SimOptions {
   TorchVersion torch{2, 9};
   uint32_t sm = 80;
   uint32_t steps = 2;  // optimizer steps to run (the first creates the optimizer state)
+  PpOptions pp;        // --pp > 1: the simulated rank's pipeline stage and schedule (pp.h); estimate() sets it
 };
 
 // A moment of the timeline: the event index and the live bytes right after it.

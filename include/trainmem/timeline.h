@@ -57,6 +57,17 @@ inline constexpr int32_t kRowBackwardOf = -2;
 // weight): it keeps `what`, and takes the layer of the node's forward op.
 inline constexpr int32_t kRowNamedInBackward = -3;
 
+// The CUDA stream an allocation is made on (torch.cuda.current_stream() then). The caching allocator keeps each
+// stream's cached blocks apart (BlockComparatorSize orders by stream first; a block is reused only by its own
+// stream), so buffers allocated on a side stream reserve segments of their own. FSDP2's are the side streams
+// modelled (FSDPCommContext.lazy_init).
+enum class Stream : uint8_t {
+  kDefault,                // the current (default) stream: the model, autograd and the optimizer
+  kFsdpAllGatherCopyIn,    // FSDP2's all_gather_copy_in_stream: the copy-in buffer and the all-gather output
+  kFsdpReduceScatter,      // FSDP2's reduce_scatter_stream: the reduce-scatter output and its upcast
+};
+inline constexpr size_t kStreamCount = 3;
+
 struct Event {
   enum Kind : uint8_t { kAlloc, kFree, kRecategorize, kEmptyCache } kind;  // kEmptyCache: torch.cuda.empty_cache()
   Category category;    // for kRecategorize: the new category
@@ -67,6 +78,7 @@ struct Event {
   uint64_t storage;     // id of the storage (block) the event concerns
   Bytes bytes;          // requested bytes (numel x itemsize)
   Label label;          // what the tensor is
+  Stream stream = Stream::kDefault;  // the stream the storage was allocated on (its block's pool)
 };
 
 struct Timeline {

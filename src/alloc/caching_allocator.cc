@@ -64,11 +64,14 @@ struct Block {
   bool allocated = false;
   bool small = false;
   bool expandable = false;
+  Stream stream = Stream::kDefault;  // the stream whose pool the block's segment belongs to
   Block* prev = nullptr;  // neighbours within the same segment
   Block* next = nullptr;
 };
 
-// BlockComparatorSize: (stream, size, address); one stream here.
+// BlockComparatorSize: (stream, size, address). Each stream has its own Pool here, so the order within one is
+// (size, address): a stream never takes another stream's cached block (get_free_block's lower_bound on the
+// stream, then `(*it)->stream != p.stream()` ends the search).
 struct BySizeAddr {
   bool operator()(const Block* a, const Block* b) const {
     return a->size != b->size ? a->size < b->size : a->addr < b->addr;
@@ -88,13 +91,13 @@ class Allocator {
  public:
   Allocator(const AllocatorConfig& c, TorchVersion torch, std::optional<Bytes> capacity)
       : c_(c), torch_(torch), capacity_(capacity) {
-    small_.small = true;
+    for (Pool& p : small_) p.small = true;
   }
 
   // Returns nullptr when the allocation cannot be satisfied (out of memory).
-  Block* malloc(uint64_t requested) {
+  Block* malloc(uint64_t requested, Stream stream) {
     const uint64_t size = round_size(requested, c_, torch_);
-    Pool& pool = size <= kSmallSize ? small_ : large_;
+    Pool& pool = pool_of(size <= kSmallSize, stream);
     const uint64_t alloc_size = allocation_size(size);
     Block* b = get_free_block(pool, size);
     if (!b) {
@@ -122,6 +125,7 @@ class Allocator {
       rest->size = b->size - size;
       rest->small = b->small;
       rest->expandable = b->expandable;
+      rest->stream = b->stream;
       rest->prev = b;
       rest->next = b->next;
       if (b->next) b->next->prev = rest;
@@ -138,7 +142,7 @@ class Allocator {
   void free(Block* b) {
     allocated_ -= b->size;
     b->allocated = false;
-    Pool& pool = b->small ? small_ : large_;
+    Pool& pool = pool_of(b->small, b->stream);
     for (Block* nb : {b->prev, b->next}) {
       if (!nb || nb->allocated) continue;
       pool.free.erase(nb);
@@ -235,6 +239,7 @@ class Allocator {
     b->addr = next_addr_;
     b->size = alloc_size;
     b->small = pool.small;
+    b->stream = pool_stream(pool);
     reserved_ = checked_add(reserved_, alloc_size, "memory_reserved() of the replayed step");
     ++segments_;
     return b;
@@ -246,7 +251,7 @@ class Allocator {
     const uint64_t page = pool.small ? kSmallBuffer : kLargeBuffer;
     if (!pool.exp_last) {
       // a virtual reservation larger than any device
-      next_addr_ -= uint64_t{1} << 50;  // at most two pools: far above the segments placed below it
+      next_addr_ -= uint64_t{1} << 50;  // at most 2 x kStreamCount pools: far above the segments placed below it
       pool.exp_base = next_addr_;
     }
     Block* tail = (pool.exp_last && !pool.exp_last->allocated) ? pool.exp_last : nullptr;
@@ -266,6 +271,7 @@ class Allocator {
     b->addr = pool.exp_base + pool.exp_mapped;
     b->size = bytes;
     b->small = pool.small;
+    b->stream = pool_stream(pool);
     b->expandable = true;
     b->prev = pool.exp_last;
     if (pool.exp_last) pool.exp_last->next = b;
@@ -300,7 +306,8 @@ class Allocator {
   // release_cached_blocks (also torch.cuda.empty_cache()): cudaFree every cached segment that is entirely
   // free; with expandable segments, unmap the free pages at the end of each pool's segment.
   void release_cached_blocks() {
-    for (Pool* pool : {&large_, &small_}) {
+    for (size_t k = 0; k < 2 * kStreamCount; ++k) {
+      Pool* pool = k < kStreamCount ? &large_[k] : &small_[k - kStreamCount];
       for (auto it = pool->free.begin(); it != pool->free.end();) {
         Block* b = *it;
         if (!b->prev && !b->next && !b->expandable) {
@@ -344,7 +351,15 @@ class Allocator {
   size_t chunk_used_ = 0;
   std::vector<Block*> spare_blocks_;
   std::pmr::unsynchronized_pool_resource arena_;
-  Pool small_{&arena_}, large_{&arena_};
+  // one small and one large pool per stream (the BlockPools' blocks of that stream)
+  static_assert(kStreamCount == 3);
+  Pool small_[kStreamCount] = {Pool{&arena_}, Pool{&arena_}, Pool{&arena_}};
+  Pool large_[kStreamCount] = {Pool{&arena_}, Pool{&arena_}, Pool{&arena_}};
+  Pool& pool_of(bool small, Stream s) { return (small ? small_ : large_)[static_cast<size_t>(s)]; }
+  Stream pool_stream(const Pool& p) const {
+    const Pool* base = p.small ? small_ : large_;
+    return static_cast<Stream>(&p - base);
+  }
   Block key_;
   uint64_t next_addr_ = uint64_t{1} << 60;  // segments are placed downwards from here
   uint64_t allocated_ = 0, reserved_ = 0, segments_ = 0, retries_ = 0;
@@ -363,7 +378,7 @@ AllocatorReplay replay_allocator(const Timeline& tl, const AllocatorConfig& c, T
   for (size_t i = 0; i < tl.events.size(); ++i) {
     const Event& ev = tl.events[i];
     if (ev.kind == Event::kAlloc && ev.bytes.value > 0) {
-      Block* b = a.malloc(ev.bytes.value);
+      Block* b = a.malloc(ev.bytes.value, ev.stream);
       if (!b) {
         if (!r.oom) {
           const auto [rounded, segment] = a.last_fail();
@@ -372,7 +387,7 @@ AllocatorReplay replay_allocator(const Timeline& tl, const AllocatorConfig& c, T
                                        Bytes(a.reserved()), Bytes(cap - std::min(cap, a.reserved()))};
         }
         a.unlimit();  // go on as if the device were larger, so the replay still tells what was needed
-        b = a.malloc(ev.bytes.value);
+        b = a.malloc(ev.bytes.value, ev.stream);
       }
       if (ev.storage >= blocks.size()) blocks.resize(std::max<size_t>(ev.storage + 1, 2 * blocks.size()), nullptr);
       blocks[ev.storage] = b;
@@ -407,7 +422,7 @@ std::vector<LiveBlock> live_blocks_after(const Timeline& tl, const AllocatorConf
   for (size_t i = 0; i <= at && i < tl.events.size(); ++i) {
     const Event& ev = tl.events[i];
     if (ev.kind == Event::kAlloc && ev.bytes.value > 0) {
-      blocks[ev.storage] = {i, a.malloc(ev.bytes.value)};
+      blocks[ev.storage] = {i, a.malloc(ev.bytes.value, ev.stream)};
     } else if (ev.kind == Event::kFree && ev.bytes.value > 0) {
       auto it = blocks.find(ev.storage);
       if (it != blocks.end()) {

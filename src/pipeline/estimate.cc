@@ -159,8 +159,121 @@ Estimate estimate(const ResolvedScenario& r) {
   return estimate(r.model, r.inventory, r.setup, r.options, r.alloc, r.gpu ? &*r.gpu : nullptr);
 }
 
+// --pp N (pp.h): each rank's stage simulated in turn, the worst named; the estimate is that rank's (or --rank's).
+namespace {
+
+// What the pipeline simulation covers; anything else is refused with its reason.
+void check_pipeline(const ModelSpec& m, const TrainSetup& s, LoopKind loop, TorchVersion torch) {
+  auto no = [](const std::string& why) { throw Error("--pp: " + why); };
+  const bool multi = s.pp_schedule == PpSchedule::kInterleaved1f1b;
+  if (multi && s.pp_virtual_stages < 2) {
+    // torchtitan _get_pipeline_metadata: "Multi-stage schedule requires at least 2 stages per rank"
+    no(fmt::format("--pp-virtual-stages {}: interleaved-1f1b needs at least 2 stages per rank (torchtitan raises)",
+                   s.pp_virtual_stages));
+  }
+  if (!multi && s.pp_virtual_stages > 1) {
+    // "Single stage schedule requires exactly 1 stage per rank"
+    no(fmt::format("--pp-virtual-stages {}: {} runs exactly one stage per rank (torchtitan raises)",
+                   s.pp_virtual_stages, name_of(s.pp_schedule)));
+  }
+  if (s.pp_schedule == PpSchedule::kZeroBubble) {
+    no("zero-bubble schedules are not simulated: they split each backward into input (stage_backward_input) and "
+       "weight (stage_backward_weight) passes, keeping the weight pass's graph alive between them");
+  }
+  if (s.task != Task::kTrain) no("pipelines are simulated for training only");
+  if (torch != TorchVersion{2, 9}) {
+    // the buffers' lifetimes change between releases: 2.8 and older kept every stage's outputs, PyTorch PR
+    // #165822 (October 2025) adds step(return_outputs=False), PR #164329 frees the inputs' gradients in
+    // stage_backward; 2.9's stage.py and schedules.py are what is simulated
+    no(fmt::format("--torch {}: simulated for PyTorch 2.9's torch.distributed.pipelining only (the stage's buffers "
+                   "and outputs live differently in other releases)", torch_version_name(torch)));
+  }
+  if (m.family != Family::kLlama || m.impl != Impl::kHf || !m.attn.sliding_layers.empty() || m.head != Head::kCausalLm) {
+    no("simulated for transformers' Llama-shaped causal LMs (model.embed_tokens / model.layers / model.norm / "
+       "lm_head) without sliding-window layer types; not for " + m.model_type);
+  }
+  if (m.embed.tied) {
+    no("a tied lm_head (tie_word_embeddings) would be shared by the first and last stages; not simulated");
+  }
+  if (s.dp > 1) no("with --dp above 1 (DDP, ZeRO or FSDP under a pipeline) is not simulated yet");
+  if (s.lora.on || s.quant.type != Quantize::kNone || !s.freeze.empty()) {
+    no("LoRA, 4-bit quantization and frozen rows are not simulated under a pipeline");
+  }
+  if (s.grad_accum > 1) no("--grad-accum: use --micro-batches (the pipeline's micro-batches per step)");
+  if (s.loss != LossKind::kCe || s.logits_to_keep) no("only transformers' ForCausalLMLoss over every position");
+  if (s.optimizer_in_backward) no("optimizer-in-backward is not simulated under a pipeline");
+  if (uses_autocast(s.precision)) {
+    // torchtitan/config/configs.py mixed_precision_param: "it takes effect via torch.autocast when
+    // data_replicate_degree >= 1 and no other parallelism is enabled"; under a pipeline mixed precision comes
+    // from fully_shard, which is not simulated here. (An autocast region across micro-batches would also share
+    // the cached weight casts between their graphs.)
+    no(fmt::format("--precision {}: torchtitan runs torch.autocast only without other parallelism (its mixed "
+                   "precision under a pipeline is FSDP's, not simulated); use --precision fp32 or bf16 "
+                   "(torchtitan's training.dtype)", precision_name(s.precision)));
+  }
+  if (loop != LoopKind::kHf) no("the torchtitan-style loop is simulated with the hf loop only");
+  if (!multi && s.micro_batches < s.pp) {
+    // PipelineScheduleSingle.__init__: "Number of microbatches ({n_microbatches}) must be greater than or equal
+    // to the number of stages ({self._num_stages})."
+    no(fmt::format("--micro-batches {} is less than --pp {} (PipelineScheduleSingle raises: the number of "
+                   "micro-batches must be at least the number of stages)", s.micro_batches, s.pp));
+  }
+}
+
+}  // namespace
+
 Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s, const SimOptions& o0,
-                  const AllocatorConfig& ac, const GpuSpec* gpu) {
+                  const AllocatorConfig& ac, const GpuSpec* gpu, Bytes margin) {
+  if (s.pp > 1 && !o0.pp.on) {
+    validate_setup(m, s);
+    check_pipeline(m, s, resolved(o0, m).loop, o0.torch);
+    const uint64_t v = std::max<uint64_t>(s.pp_virtual_stages, 1);
+    // torchtitan: the model split into pp * stages_per_rank stages (_generate_llm_fqn_per_model_part)
+    const std::vector<PpStagePart> parts = pp_stage_split(checked_mul(s.pp, v, "pp x virtual stages"), m.layers);
+    if (s.rank && *s.rank >= s.pp) throw Error(fmt::format("--rank {}: the pipeline has ranks 0 to {}", *s.rank, s.pp - 1));
+    // torchtitan's optimizer: OptimizersContainer.Config.implementation = "fused" (components/optimizer/
+    // optimizer.py); the setup's own choice where it makes one
+    TrainSetup ps = s;
+    if (ps.optimizer_impl == OptimizerImpl::kAuto && is_torch_optim(ps.optimizer)) ps.optimizer_impl = OptimizerImpl::kFused;
+    PpFigures f;
+    f.schedule = s.pp_schedule;
+    f.ranks = s.pp;
+    f.micro_batches = s.micro_batches;
+    f.virtual_stages = v;
+    std::vector<Estimate> ranks;
+    for (uint64_t r = 0; r < s.pp; ++r) {
+      SimOptions o = o0;
+      o.pp.on = true;
+      o.pp.schedule = s.pp_schedule;
+      o.pp.ranks = s.pp;
+      o.pp.micro_batches = s.micro_batches;
+      o.pp.rank = r;
+      for (uint64_t st : pp_rank_stages(r, s.pp, v)) o.pp.parts.push_back(parts[st]);
+      o.pp.actions = pp_rank_actions(s.pp_schedule, r, s.pp, s.micro_batches, v);
+      const Inventory stage_inv = pp_stage_inventory(inv, o.pp.parts);
+      Estimate e = estimate(m, stage_inv, ps, o, ac, gpu, margin);
+      PpRankFigures row;
+      row.rank = r;
+      row.parts = o.pp.parts;
+      for (const PpStagePart& part : o.pp.parts) row.in_flight.push_back(pp_max_in_flight(o.pp.actions, part.stage));
+      row.weights = e.state.weights;
+      row.saved_activations = e.peak.saved_activations;
+      row.peak_live = e.peak.live_total;
+      row.peak_allocated = e.memory.peak_allocated;
+      row.peak_reserved = e.memory.peak_reserved;
+      if (e.device) row.fits = e.device->fits;
+      f.rows.push_back(row);
+      if (r > 0 && (gpu ? e.device->headroom < ranks[f.worst].device->headroom
+                        : row.peak_reserved > f.rows[f.worst].peak_reserved)) {
+        f.worst = r;
+      }
+      ranks.push_back(std::move(e));
+    }
+    f.shown = s.rank.value_or(f.worst);
+    Estimate out = std::move(ranks[f.shown]);
+    out.pp = std::move(f);
+    return out;
+  }
   validate_setup(m, s);
   SimOptions o = o0;
   // dp > 1: one rank of DistributedDataParallel (ddp.h); refuses what it does not simulate
@@ -351,7 +464,7 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
   mem.peak_reserved = alloc->peak_reserved;
   mem.fragmentation = mem.peak_reserved - mem.peak_allocated;
   mem.segments = alloc->segments_peak;
-  if (gpu) e.device = device_verdict(e, *gpu, ac);
+  if (gpu) e.device = device_verdict(e, *gpu, ac, margin);
   return e;
 }
 

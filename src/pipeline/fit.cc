@@ -125,10 +125,14 @@ class Search {
     p.batch = s.batch;
     p.seq = s.seq;
     try {
-      const Estimate e = estimate(c_.model, c_.inv, s, c_.options, c_.alloc);
-      budget_.events += e.sim->timeline.events.size();
+      // --pp: every rank simulated, each with its verdict; the estimate is the rank with the least headroom
+      const bool pipeline = c_.setup.pp > 1;
+      const Estimate e = pipeline ? estimate(c_.model, c_.inv, s, c_.options, c_.alloc, &gpu_, margin_)
+                                  : estimate(c_.model, c_.inv, s, c_.options, c_.alloc);
+      budget_.events += e.sim->timeline.events.size() * (pipeline ? e.pp->ranks : 1);
       ++budget_.probes;
-      const DeviceVerdict v = device_verdict(e, gpu_, c_.alloc, margin_);
+      const DeviceVerdict v = pipeline ? *e.device : device_verdict(e, gpu_, c_.alloc, margin_);
+      if (pipeline) p.pp_worst_rank = e.pp->worst;
       p.fits = v.fits;
       p.alloc_retries = v.alloc_retries;
       p.peak_allocated = e.memory.peak_allocated;
@@ -245,7 +249,8 @@ void suggest(const Candidate& base, const FitProbe& original, std::optional<uint
     all.setup.precision = Precision::kBf16;
     all_changes.push_back({"precision", "bf16"});
   }
-  if (base.setup.precision == Precision::kFp32) {
+  // (autocast is refused under --pp: torchtitan's mixed precision there is FSDP's)
+  if (base.setup.precision == Precision::kFp32 && base.setup.pp <= 1) {
     Candidate c = base;
     c.setup.precision = Precision::kBf16Amp;
     add({{"precision", "bf16-amp"}}, "bfloat16 autocast: 16-bit activations, float32 weights and optimizer state", c);

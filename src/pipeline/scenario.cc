@@ -32,6 +32,9 @@ constexpr uint64_t kMaxSeq = uint64_t{1} << 24;
 constexpr uint64_t kMaxGenerate = uint64_t{1} << 15;
 // Data-parallel ranks: 2^20, an order of magnitude past the largest published training clusters (~100k GPUs)
 constexpr uint64_t kMaxRanks = uint64_t{1} << 20;
+// --micro-batches: each is simulated (a few hundred layer passes per rank stay within the event bound at 1,024)
+constexpr uint64_t kMaxPpMicroBatches = 1024;
+constexpr uint64_t kMaxPpVirtualStages = 64;  // stages per rank (each holds at least one layer)
 constexpr uint64_t kMaxGradAccum = uint64_t{1} << 20;
 constexpr uint64_t kMaxSteps = 16;  // the steady state is reached at step 2; more steps only repeat it
 constexpr uint64_t kMaxLayersPerCheckpoint = 1024;  // the bound on layers
@@ -195,6 +198,16 @@ constexpr Field kFields[] = {
     {"reduce_bucket_size", "DeepSpeed ZeRO's reduce_bucket_size, in elements (default 5e8, DeepSpeedZeroConfig's; "
                            "the Trainer's \"auto\" is hidden_size^2)", FieldGroup::kTraining},
     {"overlap_comm", "true | false: DeepSpeed ZeRO's overlap_comm, a second IPG bucket (default false below stage 3)",
+     FieldGroup::kTraining},
+    {"pp", "pipeline-parallel ranks: each holds one stage (torchtitan's split); estimate simulates every rank and "
+           "names the worst (default 1)", FieldGroup::kTraining},
+    {"pp_schedule", "gpipe | 1f1b | interleaved-1f1b: torch.distributed.pipelining's schedule for --pp (default "
+                    "1f1b, torchtitan's; zero-bubble: not simulated)", FieldGroup::kTraining},
+    {"micro_batches", "the pipeline's micro-batches per step (n_microbatches), each of --batch sequences (default: "
+                      "--pp)", FieldGroup::kTraining},
+    {"pp_virtual_stages", "with --pp-schedule interleaved-1f1b: stages per rank (default 2, torchtitan's for a "
+                          "multi-stage schedule)", FieldGroup::kTraining},
+    {"rank", "with --pp: the pipeline rank whose step estimate and timeline show (default: the worst)",
      FieldGroup::kTraining},
     {"reshard_after_forward", "true | false: FSDP2's reshard_after_forward for the decoder layers and the embedding "
                               "(default true, accelerate's for fsdp_version 2; the tail [norm, lm_head] keeps false)",
@@ -457,6 +470,18 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     s.train.reduce_bucket_size = count(f, v, uint64_t{1} << 40);
   } else if (f == "overlap_comm") {
     s.train.overlap_comm = boolean(f, v);
+  } else if (f == "pp") {
+    s.train.pp = count(f, v, kMaxRanks);
+  } else if (f == "pp_schedule") {
+    s.train.pp_schedule = named(f, v, parse_name<PpSchedule>(v));
+  } else if (f == "micro_batches") {
+    s.train.micro_batches = v.empty() ? 0 : count(f, v, kMaxPpMicroBatches);
+  } else if (f == "pp_virtual_stages") {
+    s.train.pp_virtual_stages = v.empty() ? 0 : count(f, v, kMaxPpVirtualStages);
+  } else if (f == "rank" && v.empty()) {
+    s.train.rank.reset();
+  } else if (f == "rank") {
+    s.train.rank = v == "0" ? 0 : count(f, v, kMaxRanks);
   } else if (f == "reshard_after_forward") {
     if (v.empty()) {
       s.train.reshard_after_forward.reset();  // accelerate's default (resolve_fsdp)
@@ -558,6 +583,11 @@ std::string field_text(const Scenario& s, std::string_view f) {
   if (f == "generate") return std::to_string(s.train.generate);
   if (f == "dp") return std::to_string(s.train.dp);
   if (f == "sharding") return std::string(name_of(s.train.sharding));
+  if (f == "pp") return std::to_string(s.train.pp);
+  if (f == "pp_schedule") return std::string(name_of(s.train.pp_schedule));
+  if (f == "micro_batches") return s.train.micro_batches ? std::to_string(s.train.micro_batches) : "";
+  if (f == "rank") return s.train.rank ? std::to_string(*s.train.rank) : "";
+  if (f == "pp_virtual_stages") return s.train.pp_virtual_stages ? std::to_string(s.train.pp_virtual_stages) : "";
   if (f == "bucket_cap_mb") return s.train.bucket_cap_mb ? fmt::format("{}", *s.train.bucket_cap_mb) : "";
   if (f == "gradient_as_bucket_view") {
     return s.train.gradient_as_bucket_view ? (*s.train.gradient_as_bucket_view ? "true" : "false") : "";
@@ -770,10 +800,16 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
     const size_t x = s.gpus.find_first_of("xX");
     uint64_t n = std::stoull(s.gpus.substr(0, x));
     const std::string name = s.gpus.substr(x + 1);
+    // the GPUs are dp x tp x pp ranks: tensor-parallel groups of tp GPUs, pipeline ranks of pp such groups
     if (s.train.tp > 1 && n % s.train.tp != 0) {
       throw FieldError("gpus", fmt::format("{}: {} GPUs do not divide into --tp {} ranks", s.gpus, n, s.train.tp));
     }
-    n /= s.train.tp;  // dp = N / tp (tensor-parallel groups of tp GPUs; pipeline stages are not simulated yet)
+    n /= s.train.tp;
+    const uint64_t pp = std::max<uint64_t>(s.train.pp, 1);
+    if (n % pp != 0) {
+      throw FieldError("gpus", fmt::format("{}: {} GPUs do not divide into --pp {} pipeline ranks", s.gpus, n * s.train.tp, pp));
+    }
+    n /= pp;
     if (s.was_given("dp") && s.train.dp != n) {
       throw FieldError("gpus", fmt::format("{}: {} GPUs, but --dp {}: the GPUs are the data-parallel ranks (the only "
                                            "parallelism simulated so far); give one of the two", s.gpus, n, s.train.dp));
@@ -813,6 +849,22 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
         throw FieldError(std::string(f), fmt::format("{}: a data-parallel setting; it applies with --dp above 1",
                                                      field_text(s, f)));
       }
+    }
+  }
+  // Pipeline parallelism (pp.h): its settings apply with --pp above 1 (refused, not ignored, otherwise);
+  // n_microbatches defaults to the stages (the fewest PipelineScheduleSingle accepts)
+  if (r.setup.pp <= 1) {
+    for (std::string_view f : {"pp_schedule", "micro_batches", "rank", "pp_virtual_stages"}) {
+      if (s.was_given(f) && !field_text(s, f).empty()) {
+        throw FieldError(std::string(f), fmt::format("{}: a pipeline setting; it applies with --pp above 1", field_text(s, f)));
+      }
+    }
+  } else {
+    if (r.setup.micro_batches == 0) r.setup.micro_batches = r.setup.pp;
+    // torchtitan _get_pipeline_metadata without pipeline_parallel_layers_per_stage: "stages_per_rank = 1 if
+    // is_single_stage_schedule else 2"
+    if (r.setup.pp_virtual_stages == 0) {
+      r.setup.pp_virtual_stages = r.setup.pp_schedule == PpSchedule::kInterleaved1f1b ? 2 : 1;
     }
   }
   // A bitsandbytes 4-bit base: the Linear weights packed, their quantization state as extra rows.
@@ -909,6 +961,11 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   if (!r.setup.checkpoint_reentrant) r.setup.checkpoint_reentrant = default_checkpoint_reentrant(r.model.impl);
   // The optimizer code path that runs (fused for nanoGPT's AdamW, foreach for torch.optim on CUDA).
   r.setup.optimizer_impl = resolve_optimizer_impl(r.setup.optimizer, s.train.optimizer_impl, r.model.impl);
+  // --pp: torchtitan's trainer runs the pipeline, and its optimizer's implementation defaults to "fused"
+  // (components/optimizer/optimizer.py OptimizersContainer.Config)
+  if (r.setup.pp > 1 && s.train.optimizer_impl == OptimizerImpl::kAuto && is_torch_optim(r.setup.optimizer)) {
+    r.setup.optimizer_impl = OptimizerImpl::kFused;
+  }
   // torch.optim.Adafactor first ships in torch 2.5 (torch/optim/_adafactor.py; torch/optim/__init__.py
   // exports Adafactor from 2.5 on): an older torch has no such optimizer to model.
   if (s.train.optimizer == Optimizer::kAdafactorTorch && s.torch < TorchVersion{2, 5}) {

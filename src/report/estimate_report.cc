@@ -12,6 +12,27 @@ namespace trainmem {
 
 namespace {
 
+// --pp: a rank's stages and their modules, "embeddings, layers 0-7" or "stage 1: layers 5-9; stage 5: ..."
+std::string pp_stage_modules(const std::vector<PpStagePart>& parts) {
+  std::string out;
+  for (const PpStagePart& p : parts) {
+    std::string layers = p.layers() == 0 ? std::string("no layers")
+                                         : fmt::format("layers {}-{}", p.layer_begin, p.layer_end - 1);
+    if (p.embeddings) layers = "embeddings, " + layers;
+    if (p.head) layers += ", norm, lm_head, loss";
+    if (parts.size() > 1) layers = fmt::format("stage {}: {}", p.stage, layers);
+    out += (out.empty() ? "" : "; ") + layers;
+  }
+  return out;
+}
+
+// per stage, "4" or "6 + 5"
+std::string pp_in_flight(const std::vector<uint64_t>& v) {
+  std::string out;
+  for (uint64_t x : v) out += (out.empty() ? "" : " + ") + std::to_string(x);
+  return out;
+}
+
 // --tp N: what the rank holds of the model and the collectives' buffers (tp.h, tp_ops.h).
 std::string render_tp_note(const Estimate& e) {
   const ModelSpec& m = e.model;
@@ -43,6 +64,10 @@ std::string headline(const Estimate& e) {
   std::string accum = s.grad_accum > 1 ? fmt::format(", {} micro-batches per step", s.grad_accum) : "";
   if (e.ddp) accum += fmt::format("; per rank, {} ranks (DDP)", e.ddp->ranks);
   if (e.zero) accum += fmt::format("; per rank, {} ranks (DeepSpeed ZeRO-{})", e.zero->options.ranks, e.zero->options.stage);
+  if (e.pp) {
+    accum += fmt::format("; pipeline rank {} of {} ({}), {} micro-batches, {}", e.pp->shown, e.pp->ranks,
+                         pp_stage_modules(e.pp->rows[e.pp->shown].parts), e.pp->micro_batches, name_of(e.pp->schedule));
+  }
   if (e.fsdp) accum += fmt::format("; per rank, {} ranks (FSDP2)", e.fsdp->options.ranks);
   if (m.tp > 1 && m.ep > 1) {
     accum += fmt::format("; per rank, {} expert-parallel ranks (ep_size = tp_size)", m.ep);
@@ -57,10 +82,13 @@ std::string headline(const Estimate& e) {
       precision_name(s.precision),
       step_label(s),
       accum,
-      inference ? std::string("model.eval()") : fmt::format("{} training loop", loop_name(e.options.loop)),
+      inference ? std::string("model.eval()")
+      : e.pp    ? std::string("torchtitan's training step around torch.distributed.pipelining")
+                : fmt::format("{} training loop", loop_name(e.options.loop)),
       torch_version_name(e.options.torch), e.options.sm, with_commas(e.state.parameters.value),
-      e.state.parameters.value >= 1'000'000'000 ? fmt::format("{:.2f} B", static_cast<double>(e.state.parameters.value) / 1e9)
-                                          : fmt::format("{:.1f} M", static_cast<double>(e.state.parameters.value) / 1e6));
+      (e.state.parameters.value >= 1'000'000'000 ? fmt::format("{:.2f} B", static_cast<double>(e.state.parameters.value) / 1e9)
+                                           : fmt::format("{:.1f} M", static_cast<double>(e.state.parameters.value) / 1e6)) +
+          (e.pp ? std::string(", this rank's stage") : std::string()));
 }
 
 std::string where(const Estimate& e) {
@@ -70,7 +98,7 @@ std::string where(const Estimate& e) {
                             : fmt::format("decode step {} of {} (the one-token forward that yields token {})",
                                           e.peak.step - 1, e.generation->new_tokens - 1, e.peak.step);
   }
-  return moment_name(e.peak.phase, e.peak.step, e.setup.grad_accum > 1 ? e.peak.micro : 0);
+  return moment_name(e.peak.phase, e.peak.step, e.setup.grad_accum > 1 || e.pp ? e.peak.micro : 0);
 }
 
 std::string render_generation_table(const GenerationFigures& g, const TrainSetup& s) {
@@ -190,6 +218,46 @@ std::string render_ddp_note(const DdpFigures& d) {
   return out;
 }
 
+// --pp N: every rank's stage and peak, the worst named (the table above is rank f.shown's).
+std::string render_pp_note(const PpFigures& f) {
+  using TT = report::TextTable;
+  const bool verdict = !f.rows.empty() && f.rows[0].fits.has_value();
+  std::vector<std::pair<std::string, TT::Align>> cols = {
+      {"rank", TT::kRight},          {"stage", TT::kLeft},           {"in flight", TT::kRight},
+      {"weights", TT::kRight},       {"saved activations", TT::kRight}, {"peak allocated", TT::kRight},
+      {"peak reserved", TT::kRight}};
+  if (verdict) cols.push_back({"fits", TT::kLeft});
+  TT t(cols);
+  for (const PpRankFigures& r : f.rows) {
+    std::vector<std::string> cells = {std::to_string(r.rank) + (r.rank == f.worst ? " *" : ""), pp_stage_modules(r.parts),
+                                      pp_in_flight(r.in_flight), format_bytes(r.weights),
+                                      format_bytes(r.saved_activations), format_bytes(r.peak_allocated),
+                                      format_bytes(r.peak_reserved)};
+    if (verdict) cells.push_back(*r.fits ? "yes" : "no");
+    t.row(std::move(cells));
+  }
+  std::string out = fmt::format(
+      "pipeline: {} ranks{}, {} over {} micro-batches (torch.distributed.pipelining, torchtitan's stage split); every "
+      "rank simulated\n",
+      f.ranks, f.virtual_stages > 1 ? fmt::format(" x {} stages", f.virtual_stages) : "", name_of(f.schedule),
+      f.micro_batches);
+  out += t.str();
+  const PpRankFigures& w = f.rows[f.worst];
+  out += fmt::format("  worst rank: {} ({}), {}; the tables above are rank {}'s{}\n", w.rank,
+                     pp_stage_modules(w.parts),
+                     verdict ? "the least headroom on the GPU"
+                             : fmt::format("the highest peak reserved ({})", format_bytes(w.peak_reserved)),
+                     f.shown, f.shown == f.worst ? "" : " (--rank)");
+  out += "  in flight: micro-batches whose forward ran and whose backward has not (the schedule's warmup); each "
+         "keeps its saved activations, its received input and its output until its backward\n";
+  out += "  buffers (PyTorch 2.9): each stage but the first keeps a receive buffer per micro-batch (and its .grad "
+         "until the next step), each stage but the last a gradient receive buffer per micro-batch; the last stage "
+         "keeps every micro-batch's logits (output_chunks) until the next step and concatenates them when step() "
+         "returns; the first step starts with each stage's shape inference (a no_grad forward on zeros)\n";
+  out += "  not counted: NCCL's send/recv buffers (outside the caching allocator)\n";
+  return out;
+}
+
 // --sharding zero2: the partitions, the per-rank model states beside DeepSpeed's estimator, what is not counted.
 std::string render_zero_note(const Estimate& e) {
   const ZeroFigures& z = *e.zero;
@@ -256,8 +324,10 @@ std::string render_fsdp_note(const Estimate& e) {
                        ".grad, {} in {}, from the first micro-batch's backward to the last one's reduce-scatters\n",
                        format_bytes(bytes_of(e.state.parameters, o.param_dtype)), dt(o.param_dtype));
   }
-  out += "  NCCL's communicator buffers are outside the caching allocator (with --gpu, under the verdict); not modelled: "
-         "the all-gather and reduce-scatter streams (their blocks are replayed as plain frees, reusable at once)\n";
+  out += "  streams: the copy-in and all-gather output come from the all-gather copy-in stream's pool, the reduce-scatter "
+         "output and the sharded gradients from the reduce-scatter stream's; the caching allocator reuses a block on its "
+         "own stream only\n"
+         "  NCCL's communicator buffers are outside the caching allocator (with --gpu, under the verdict)\n";
   return out;
 }
 
@@ -311,6 +381,7 @@ std::string render_estimate_table(const Estimate& e, const GpuSpec* gpu) {
   if (e.generation) out += '\n' + render_generation_table(*e.generation, e.setup);
   if (e.ddp) out += '\n' + render_ddp_note(*e.ddp);
   if (e.zero) out += '\n' + render_zero_note(e);
+  if (e.pp) out += '\n' + render_pp_note(*e.pp);
   if (e.fsdp) out += '\n' + render_fsdp_note(e);
   if (e.model.tp > 1) out += '\n' + render_tp_note(e);
   if (e.device) {
@@ -404,6 +475,30 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
     for (const auto& [key, b] : bytes) j[key] = b.value;
     j["nccl_buffers"] = "outside the caching allocator: device.nccl (with a GPU)";
   }
+  if (const auto& f = e.pp) {
+    // --pp N: every rank (added keys only; the rest of the document is rank pp.shown_rank's)
+    nlohmann::json ranks = nlohmann::json::array();
+    for (const PpRankFigures& r : f->rows) {
+      nlohmann::json stages = nlohmann::json::array();
+      for (size_t k = 0; k < r.parts.size(); ++k) {
+        const PpStagePart& p = r.parts[k];
+        stages.push_back({{"stage", p.stage}, {"layers", {p.layer_begin, p.layer_end}}, {"embeddings", p.embeddings},
+                          {"head", p.head}, {"in_flight_micro_batches", r.in_flight[k]}});
+      }
+      nlohmann::json j = {{"rank", r.rank}, {"stages", stages}, {"weights_bytes", r.weights.value},
+                          {"saved_activations_bytes", r.saved_activations.value},
+                          {"live_tensors_at_peak_bytes", r.peak_live.value},
+                          {"peak_allocated_bytes", r.peak_allocated.value},
+                          {"peak_reserved_bytes", r.peak_reserved.value}};
+      if (r.fits) j["fits"] = *r.fits;
+      ranks.push_back(std::move(j));
+    }
+    out["ranks"] = std::move(ranks);
+    out["pp"] = {{"ranks", f->ranks}, {"schedule", name_of(f->schedule)}, {"micro_batches", f->micro_batches},
+                 {"virtual_stages", f->virtual_stages},
+                 {"worst_rank", f->worst}, {"shown_rank", f->shown}};
+  }
+  out["setup"]["pp"] = s.pp;
   if (const auto& f = e.fsdp) {
     const FsdpOptions& o = f->options;
     nlohmann::json& j = out["fsdp"];

@@ -33,6 +33,7 @@ nlohmann::json probe_json(const FitProbe& p) {
                       {"alloc_retries", p.alloc_retries},
                       {"fragmentation_is_large", p.large_fragmentation}};
   if (!p.failure.empty()) j["failure"] = p.failure;
+  if (p.pp_worst_rank) j["pp_worst_rank"] = *p.pp_worst_rank;
   return j;
 }
 
@@ -128,6 +129,16 @@ std::string render_fit_table(const FitResult& r) {
   out += "  reserved, no limit: max_memory_reserved on a card with room to spare; reserved here: on this GPU, where "
          "the allocator\n  releases its cache before it fails; headroom: what is left, or (negative) at least what is "
          "missing\n";
+  if (!r.probes.empty() && r.probes.front().pp_worst_rank) {
+    // --pp: each probe simulated every pipeline rank
+    std::string ranks;
+    for (const FitProbe& p : r.probes) {
+      if (p.pp_worst_rank) ranks += fmt::format("{}{} {}: rank {}", ranks.empty() ? "" : ", ", by_batch ? "batch" : "seq",
+                                                with_commas(by_batch ? p.batch : p.seq), *p.pp_worst_rank);
+    }
+    out += "  pipeline: each size simulates every rank; the figures are the worst rank's (the least headroom): " + ranks +
+           "\n";
+  }
   out += fit_fragmentation_note(r);
   if (r.suggestions_cut) out += "  note: fit reached its bound on work before simulating every change below\n";
   if (!r.suggestions.empty()) {

@@ -63,11 +63,13 @@ FormulaReport formula_report(const ResolvedScenario& r) {
     throw FieldError("dp", fmt::format("{}: ZeRO's and DeepSpeed's closed forms are of training (model states); "
                                        "leave --dp out for --task inference", q.train.dp));
   }
-  for (std::string_view f : {"tp", "sequence_parallel"}) {  // tensor parallelism (tp.h)
+  for (std::string_view f : {"tp", "sequence_parallel", "pp", "pp_schedule", "micro_batches", "pp_virtual_stages", "rank"}) {
+    // tensor parallelism (tp.h), pipeline parallelism (pp.h)
     if (q.was_given(f)) {
+      const bool pp = f != "tp" && f != "sequence_parallel";
       throw FieldError(std::string(f), fmt::format("{}: the seeds' closed forms are of the whole model on one "
-                                                   "GPU; `trainmem estimate` simulates a tensor-parallel rank",
-                                                   field_text(q, f)));
+                                                   "GPU; `trainmem estimate` simulates {}",
+                                                   field_text(q, f), pp ? "every pipeline rank" : "a tensor-parallel rank"));
     }
   }
   if (q.train.task == Task::kTrain && o != Optimizer::kAdamW && o != Optimizer::kAdam) {

@@ -297,6 +297,12 @@ std::string render_timeline_table(const Estimate& e, const TimelineOptions& o, c
     head += fmt::format("micro-batches 1 and 2 of each step's {} are simulated; the others repeat micro-batch 2\n",
                         e.setup.grad_accum);
   }
+  if (const auto& f = e.pp) {  // --pp: whose step this is
+    head += fmt::format("pipeline rank {} of {} ({}{} over {} micro-batches){}; the worst rank is {}\n", f->shown,
+                        f->ranks, name_of(f->schedule),
+                        f->virtual_stages > 1 ? fmt::format(", {} stages per rank", f->virtual_stages) : "",
+                        f->micro_batches, f->shown == f->worst ? ", the worst" : " (--rank)", f->worst);
+  }
   if (e.device) {
     foot += '\n';
     foot += render_verdict(*e.device, nullptr);
@@ -382,6 +388,7 @@ std::string render_timeline_json(const Estimate& e, const TimelineOptions& o, co
                 {"reserved_bytes", e.memory.peak_reserved.value}, {"reserved_event", e.alloc->peak_reserved_event}}},
       {"rows", out_rows},
   };
+  if (const auto& f = e.pp) out["pp"] = {{"shown_rank", f->shown}, {"worst_rank", f->worst}, {"ranks", f->ranks}};
   if (e.device) {
     out["device"] = {{"name", e.device->gpu}, {"fits", e.device->fits},
                      {"oom_event", e.device->oom ? nlohmann::json(e.device->oom->event) : nlohmann::json()}};

@@ -174,7 +174,7 @@ uint64_t Engine::alloc_storage(Bytes b, Category c, Label l) {
     l = Label{running_->label.what, running_->label.layer, kRowBackwardOf};
   }
   const uint64_t id = storages_.size();
-  storages_.push_back(StorageInfo{b, c, 0, l});
+  storages_.push_back(StorageInfo{b, c, 0, l, false, stream});
   emit_alloc(id);
   return id;
 }
@@ -197,7 +197,7 @@ void Engine::emit_alloc(uint64_t id) {
                             s.label.layer >= 0 ? fmt::format(" of layer {}", s.label.layer) : "",
                             with_commas(s.bytes.value), category_name(s.category), moment_name(phase, step)));
   }
-  emit(Event{Event::kAlloc, s.category, s.category, phase, step, micro, id, s.bytes, s.label});
+  emit(Event{Event::kAlloc, s.category, s.category, phase, step, micro, id, s.bytes, s.label, s.stream});
   if (live_.total > peak_live_.total) {
     peak_live_ = live_;
     peak_event_ = tl_->events.size() - 1;
@@ -209,6 +209,7 @@ void Engine::resize_storage(uint64_t id, bool allocated) {
   if (s.resized_out != allocated) return;  // already so
   if (allocated) {
     s.resized_out = false;
+    s.stream = stream;  // resize_ allocates on the stream current then
     emit_alloc(id);
   } else {
     free_storage(id);
@@ -221,7 +222,7 @@ void Engine::free_storage(uint64_t id) noexcept {
   const StorageInfo& s = storages_[id];
   if (s.resized_out) return;  // its bytes went with resize_(0)
   try {
-    emit(Event{Event::kFree, s.category, s.category, phase, step, micro, id, s.bytes, s.label});
+    emit(Event{Event::kFree, s.category, s.category, phase, step, micro, id, s.bytes, s.label, s.stream});
   } catch (...) {  // std::bad_alloc growing the timeline: a release path never throws
     recording_ = false;
     lost_events_ = true;
@@ -247,7 +248,7 @@ void Engine::release(uint64_t id) {
 void Engine::recategorize(uint64_t id, Category c) {
   StorageInfo& s = storages_[id];
   if (s.category == c) return;
-  emit(Event{Event::kRecategorize, c, s.category, phase, step, micro, id, s.bytes, s.label});
+  emit(Event{Event::kRecategorize, c, s.category, phase, step, micro, id, s.bytes, s.label, s.stream});
   s.category = c;
 }
 
@@ -304,7 +305,7 @@ T Engine::parameter_unallocated(const Shape& s, DType dt, int32_t index, Bytes s
   p->strides = contiguous_strides(s);
   p->label = l;
   p->storage = storages_.size();
-  storages_.push_back(StorageInfo{storage, c, 0, l, true});
+  storages_.push_back(StorageInfo{storage, c, 0, l, true, stream});
   retain(p->storage);
   return make_parameter(T(p), index, true);
 }
@@ -350,6 +351,7 @@ T Engine::requires_grad_leaf(const T& x, bool held_by_graph) {
   // storage lives until the graph is freed, even when nothing else holds it (found by the CPU oracle's live
   // timeline). Not a saved tensor: saved_bytes() skips AccumulateGrad nodes.
   if (held_by_graph) acc->saved.push_back(t);
+  acc->graph = graph;
   nodes_.push_back(acc);  // freed with the graph that reaches it
   return t;
 }
@@ -450,6 +452,7 @@ Node* Engine::new_node(const char* name, std::initializer_list<const T*> inputs,
   }
   node->frame.reset();
   node->holder_slots = 0;
+  node->graph = graph;
   nodes_.push_back(node);
   if (filling_) {
     // _recomputation_hook's pack: the recomputed tensor goes to the frame, in the order the forward saved;
@@ -704,24 +707,34 @@ void Engine::backward(const T& loss, T seed) {
   for (size_t i = 0; i < seen.size(); ++i) seen[i]->deps = outer_deps[i];
   // The graph is freed once backward is done (retain_graph=False): the whole graph after the outermost
   // backward; after a reentrant one, only the nodes it reached (the outer graph is still running).
-  if (depth_ == 1) {
+  if (depth_ == 1 && loss->grad_fn.node->graph != 0) {
+    // one of several live graphs (Engine::graph): its nodes go, the others stay
+    const uint32_t g = loss->grad_fn.node->graph;
+    recycle_where([g](const Node* n) { return n->graph == g; });
+    if (nodes_.empty()) leaf_grads_.clear();
+  } else if (depth_ == 1) {
     recycle_nodes();
   } else {
     for (Node* n : seen) {
       if (n->param < 0) n->deps = kRecycled;  // AccumulateGrad of a parameter is persistent
     }
-    std::vector<Node*> keep;
-    for (Node* n : nodes_) {
-      if (n->deps == kRecycled) {
-        recycle(n);
-      } else {
-        keep.push_back(n);
-      }
-    }
-    nodes_.swap(keep);
+    recycle_where([](const Node* n) { return n->deps == kRecycled; });
   }
   --depth_;
 }  // the seed is released here, after the graph (torch.autograd.backward's grad_tensors list)
+
+template <typename Pred>
+void Engine::recycle_where(Pred pred) {
+  std::vector<Node*> keep;
+  for (Node* n : nodes_) {
+    if (pred(n)) {
+      recycle(n);
+    } else {
+      keep.push_back(n);
+    }
+  }
+  nodes_.swap(keep);
+}
 
 void Engine::recycle(Node* n) {
   n->frame.reset();

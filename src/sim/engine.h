@@ -242,6 +242,7 @@ struct Node {
   std::shared_ptr<CheckpointFrame> frame;  // recorded inside a non-reentrant checkpoint: saved tensors are holders
   uint32_t holder = 0;    // the frame's index of the first of them
   uint8_t holder_slots = 0;  // which `saved` slots they fill (bit i: slot i)
+  uint32_t graph = 0;     // the graph it belongs to (Engine::graph when recorded)
 };
 
 // Objects allocated in chunks and recycled through a free list: the simulator creates tens of thousands of
@@ -306,6 +307,7 @@ struct StorageInfo {
   uint32_t refs = 0;  // tensor impls referring to it
   Label label;
   bool resized_out = false;  // untyped_storage().resize_(0): no bytes until resized back (Engine::resize_storage)
+  Stream stream = Stream::kDefault;  // the stream current when it was allocated
 };
 
 // The most events one simulation may record: 1,024 layers (the bound on layers) for 16 steps of two
@@ -324,6 +326,12 @@ class Engine {
   Phase phase = Phase::kSetup;
   uint32_t step = 0, micro = 0;
   bool grad_mode = true;  // torch.no_grad() when false: no nodes are recorded
+  // torch.cuda.stream(s): the stream new storages are allocated on (the allocator's pool they come from)
+  Stream stream = Stream::kDefault;
+  // The graph new nodes belong to. 0: one graph at a time (every backward frees every node). Pipeline
+  // parallelism (pp.h) keeps several micro-batches' graphs alive at once, each under its own nonzero tag: the
+  // backward of a tagged root frees only the nodes of its tag, as torch frees one graph and keeps the others.
+  uint32_t graph = 0;
 
   // A new storage and a tensor over it.
   T empty(const Shape& s, DType dt, Category c, Label l);
@@ -459,6 +467,8 @@ class Engine {
   void validate_outputs(Node& n, Grads& grads);
   void recycle_nodes();
   void recycle(Node* n);
+  template <typename Pred>
+  void recycle_where(Pred pred);  // recycles the live nodes for which pred holds, keeps the others in order
   static constexpr uint32_t kRecycled = 0xFFFFFFFFu;  // deps of a node a reentrant backward is done with
   void accumulate_param(Node& n, T g);
   void accumulate_into_grad(Node& n, T g);

@@ -91,12 +91,18 @@ void Fsdp2::unshard(Unit& u) {
   // _get_param_all_gather_inputs: with param_dtype set (the foreach-copy fast path) flat_foreach_copy_input =
   // torch.empty(sum of the padded shards' numel, dtype=param_dtype), the shards cast into its splits; without it,
   // the shards themselves (no copy)
+  // FSDPCommContext.get_all_gather_streams: unshards in FORWARD and PRE_BACKWARD (the backward prefetch sets
+  // PRE_BACKWARD) without async_op run foreach_all_gather `with device_handle.stream(all_gather_copy_in_stream)`:
+  // the copy-in and the all-gather output come from that stream's pool
+  const Stream caller = e_.stream;
+  e_.stream = Stream::kFsdpAllGatherCopyIn;
   T copy_in = o_.mixed ? e_.empty(Shape{n}, o_.param_dtype, Category::kFsdpBuffers, Label{unit_label("all-gather copy-in", u.spec), u.spec.layer, -1})
                        : T();
   // all_gather_output = torch.empty((all_gather_input_numel * world_size,)); all_gather_copy_in copies the inputs
   // into its narrow(rank) view (no allocation); param_all_gather_inputs dies when foreach_all_gather returns
   u.ag_result = e_.empty(Shape{checked_mul(n, o_.ranks, "FSDP all-gather")}, o_.param_dtype, Category::kFsdpBuffers,
                          Label{unit_label("all-gather output", u.spec), u.spec.layer, -1});
+  e_.stream = caller;
 }
 
 // FSDPParamGroup.wait_for_unshard
@@ -237,12 +243,18 @@ void Fsdp2::post_backward(Unit& u) {
   // reduce_output, orig_dtype): a new tensor when they differ, and reduce_output dies when foreach_reduce returns.
   // The sharded gradients are as_strided views of grad_output (unpadded, per parameter).
   const bool upcast = reduce != o_.orig_dtype;
+  // `with device_handle.stream(reduce_scatter_stream): reduce_output = ...allocate(...)`, and the upcast runs
+  // `with device_handle.stream(post_reduce_stream)` (the reduce-scatter stream without HSDP): both from that
+  // stream's pool, so the sharded gradients' blocks live there until the optimizer frees them
+  const Stream caller = e_.stream;
+  e_.stream = Stream::kFsdpReduceScatter;
   T reduce_output = e_.empty(Shape{n}, reduce, upcast ? Category::kFsdpBuffers : Category::kGradients,
                              Label{unit_label(upcast ? "reduce-scatter output" : "sharded gradients (reduce-scatter output)", u.spec),
                                    u.spec.layer, -1});
   T grad_output = upcast ? e_.empty(Shape{n}, o_.orig_dtype, Category::kGradients,
                                     Label{unit_label("sharded gradients (reduce-scatter output upcast)", u.spec), u.spec.layer, -1})
                          : reduce_output;
+  e_.stream = caller;
   for (int32_t r : with_grad) {
     const auto i = static_cast<size_t>(r);
     if (sgrad_[i]) continue;  // `sharded_param.grad._local_tensor += new_sharded_grad`: in place

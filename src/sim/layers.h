@@ -54,7 +54,7 @@ inline T fsdp_post_forward(Ctx& c, int32_t unit, T x) { return c.fsdp ? c.fsdp->
 template <typename F, typename ArgsOf>
 T run_layers_with(Ctx& c, uint64_t layers, T hidden, ArgsOf&& args_of, F&& layer) {
   std::shared_ptr<const LayerFn> fn;  // made once, when a layer is checkpointed
-  for (uint64_t l = 0; l < layers; ++l) {
+  for (uint64_t l = c.pp.begin; l < layers && l < c.pp.end; ++l) {  // a pipeline stage's layers (Ctx::pp)
     c.layer = static_cast<int32_t>(l);
     const LayerArgs& args = args_of(l);
     // FSDP2: the decoder layer's fully_shard pre-forward hook (unshard; RegisterPostBackwardFunction on the input)

@@ -12,6 +12,7 @@
 #include "trainmem/ddp.h"
 #include "trainmem/error.h"
 #include "trainmem/fsdp.h"
+#include "trainmem/pp.h"
 #include "trainmem/sim.h"
 #include "trainmem/zero.h"
 
@@ -1145,6 +1146,214 @@ struct Loop {
     return {decay, rest};
   }
 
+  // --- Pipeline parallelism (pp.h): one rank's stage under torch.distributed.pipelining ------------------
+  // PipelineStage (torch/distributed/pipelining/stage.py) and the schedules (schedules.py) of PyTorch 2.9 as
+  // torchtitan v0.2.0's train step runs them (pp_schedule.step(inputs, target=targets, losses=losses), its
+  // result dropped), one stage per rank or several (interleaved-1f1b). The rank's inventory holds its stages'
+  // rows only (pp_stage_inventory).
+  struct PpChunk {
+    T input;   // the stage's input: the micro-batch's ids (first stage) or the received buffer as a grad leaf
+    T output;  // fwd_cache's stage_output: the hidden states sent on, or the last stage's logits
+    T loss;    // the last stage: _maybe_compute_loss's loss (its backward root)
+  };
+  // One stage this rank holds (several with interleaved-1f1b, in stage order)
+  struct PpLocal {
+    PpStagePart part;
+    std::vector<T> recv;       // args_recv_info[i].buffer, one per micro-batch (not on the first stage)
+    std::vector<T> grad_recv;  // grad_recv_info[i].buffer, one per micro-batch (not on the last stage)
+    std::vector<PpChunk> chunks;  // fwd_cache, by micro-batch
+  };
+  std::vector<PpLocal> pp_locals;
+  std::vector<T> pp_input_grads;  // the recv buffers' .grad (bwd_cache), until clear_runtime_states
+  std::vector<T> pp_losses;     // _internal_losses of the step
+  // the last stage's output_chunks: every micro-batch's logits, until the next step's clear_runtime_states
+  // (PyTorch 2.9 forward_one_chunk: `if self.is_last: self.output_chunks.append(output)`; step() has no
+  // return_outputs yet, pytorch PR #165822 of October 2025)
+  std::vector<T> pp_output_chunks;
+
+  // The hidden states a stage receives and sends: (B, T, C) in the parameters' dtype (the embeddings' output;
+  // the residual adds keep it without autocast, which check_pipeline requires). pp_forward checks each output.
+  Shape pp_hidden_shape() const { return Shape{s.batch, s.seq, m.hidden}; }
+  DType pp_hidden_dtype() const { return param_dtype(s.precision); }
+
+  PpLocal& pp_local(uint64_t stage) {
+    for (PpLocal& l : pp_locals) {
+      if (l.part.stage == stage) return l;
+    }
+    throw Error("internal: a pipeline action for a stage this rank does not hold");
+  }
+
+  // The stage's forward: its layers on `x` (the ids on the first stage, the received activations elsewhere),
+  // then the head and, given labels, the loss on the last (Ctx::pp).
+  ForwardOut pp_stage_forward(const PpStagePart& part, const T& x, const T* labels) {
+    c.pp.first = part.embeddings;
+    c.pp.last = part.head;
+    c.pp.begin = part.layer_begin;
+    c.pp.end = part.layer_end;
+    c.pp.input = &x;
+    ForwardOut out = program.forward(c, m, w, x, labels);
+    c.pp = Ctx::PpStage{};
+    return out;
+  }
+
+  // _initialize_stage(s) in the first step, once the batch is on the device (_step_microbatches, before any
+  // action). Per stage, PipelineStage._prepare_forward_infra: runtime shape inference (torchtitan builds its
+  // stages without input_args), i.e. _shape_inference's `args = tree_map_only(torch.Tensor, lambda x:
+  // torch.zeros_like(x, device=self.device), args)` and `with torch.no_grad(): outputs = self.submod(*args)`,
+  // every tensor of it gone when it returns (the outputs are sent on as meta tensors); then one receive buffer
+  // per micro-batch (`_make_tensor_from_meta(inp, self.device)`, requires_grad_(True)) on every stage but the
+  // first. Then each stage's _prepare_backward_infra: one gradient receive buffer per micro-batch
+  // (_create_grad_recv_info) on every stage but the last. The buffers live as long as the stage.
+  // (PipelineScheduleMulti._initialize_stages: every stage's forward infrastructure, then every backward one.)
+  void pp_initialize() {
+    const PpOptions& p = o.pp;
+    for (const PpStagePart& part : p.parts) {
+      PpLocal l;
+      l.part = part;
+      l.chunks.resize(p.micro_batches);
+      {
+        const bool grad = e.grad_mode;
+        e.grad_mode = false;
+        // the first stage's args are micro-batch 0's ids (zeros_like of them); a later stage's the received
+        // activations' shape
+        const T x = part.embeddings
+                        ? e.empty(Shape{s.batch, s.seq}, DType::kI64, Category::kTemporaries, Label{"shape inference zeros_like(ids)"})
+                        : e.empty(pp_hidden_shape(), pp_hidden_dtype(), Category::kTemporaries,
+                                  Label{"shape inference zeros_like(input)"});
+        ForwardOut out = pp_stage_forward(part, x, nullptr);
+        e.grad_mode = grad;
+      }
+      for (uint64_t i = 0; i < p.micro_batches && !part.embeddings; ++i) {
+        l.recv.push_back(e.empty(pp_hidden_shape(), pp_hidden_dtype(), Category::kActivations,
+                                 Label{intern_name(fmt::format("pp recv buffer (stage {}, micro-batch {})", part.stage, i))}));
+      }
+      pp_locals.push_back(std::move(l));
+    }
+    for (PpLocal& l : pp_locals) {
+      for (uint64_t i = 0; i < p.micro_batches && !l.part.head; ++i) {
+        l.grad_recv.push_back(e.empty(pp_hidden_shape(), pp_hidden_dtype(), Category::kBackward,
+                                      Label{intern_name(fmt::format("pp grad recv buffer (stage {}, micro-batch {})", l.part.stage, i))}));
+      }
+    }
+  }
+
+  // forward_one_chunk, then (last stage) _maybe_compute_loss
+  void pp_forward(PpLocal& l, uint64_t i, const T& ids, const T& labels) {
+    const PpStagePart& part = l.part;
+    const uint64_t B = s.batch;
+    T x;
+    if (part.embeddings) {
+      // the batch split by tensor_split along dim 0: micro-batch i's rows, a view
+      x = e.view(ids, Shape{B, s.seq}, ids->strides);
+    } else {
+      x = e.requires_grad_leaf(l.recv[i]);  // the buffer, requires_grad_(True): a leaf whose .grad backward fills
+    }
+    T y;
+    if (part.head) y = e.view(labels, Shape{B, s.seq}, labels->strides);
+    ForwardOut out = pp_stage_forward(part, x, part.head ? &y : nullptr);
+    if (!part.head && (out.logits.shape().numel() != pp_hidden_shape().numel() || out.logits.dtype() != pp_hidden_dtype())) {
+      throw Error("internal: a pipeline stage's output is not the (B, T, C) hidden states in the parameters' dtype");
+    }
+    PpChunk& ch = l.chunks[i];
+    if (part.head) pp_output_chunks.push_back(out.logits);
+    ch.input = std::move(x);
+    ch.output = std::move(out.logits);
+    ch.loss = std::move(out.loss);
+  }
+
+  // backward_one_chunk: stage_backward(stage_output, output_grads, input_values) runs
+  // torch.autograd.backward(loss) on the last stage, torch.autograd.backward(stage_output,
+  // grad_tensors=grads_output) elsewhere, then takes each input's .grad (bwd_cache, sent back by get_bwd_send_ops;
+  // the buffer's .grad stays until the next step's clear_runtime_states). fwd_cache.pop drops the chunk.
+  void pp_backward(PpLocal& l, uint64_t i) {
+    PpChunk& ch = l.chunks[i];
+    if (l.part.head) {
+      pp_losses.push_back(ch.loss);
+      e.backward(ch.loss);
+    } else {
+      e.backward(ch.output, l.grad_recv[i]);
+    }
+    if (!l.part.embeddings) pp_input_grads.push_back(e.take_leaf_grad(ch.input));
+    ch = PpChunk{};
+  }
+
+  void pp_train(SimResult& r) {
+    const PpOptions& p = o.pp;
+    r.micro_batches_simulated = static_cast<uint32_t>(p.micro_batches);
+    bool has_first = false, has_last = false;
+    for (const PpStagePart& part : p.parts) {
+      has_first = has_first || part.embeddings;
+      has_last = has_last || part.head;
+    }
+    // the moment this rank holds the most: the most chunks in flight, each weighted by its stage's layers (+1
+    // so that a stage without layers counts)
+    auto weight = [&](uint64_t stage) {
+      for (const PpStagePart& part : p.parts) {
+        if (part.stage == stage) return part.layers() + 1;
+      }
+      throw Error("internal: a pipeline action for a stage this rank does not hold");
+    };
+    const uint64_t most = pp_max_weighted_in_flight(p.actions, weight);
+    bool recorded = false;
+    for (uint32_t step = 1; step <= o.steps; ++step) {
+      e.step = step;
+      e.micro = 1;
+      e.phase = Phase::kForward;
+      if (step == o.steps) r.steady = Moment{e.event_count() == 0 ? 0 : e.event_count() - 1, Phase::kForward, step, 1, e.live()};
+      // step(): clear_runtime_states() of each stage: fwd_cache and output_chunks cleared, every receive
+      // buffer's .grad set to None
+      pp_output_chunks.clear();
+      pp_input_grads.clear();
+      pp_losses.clear();
+      // the batch on the device: the ids where the first stage is, the labels where the last is (torchtitan's
+      // trainer passes arg_mbs to the first stage and target_mbs to the last)
+      const Shape whole{checked_mul(s.batch, p.micro_batches, "batch x micro-batches"), s.seq};
+      T ids = has_first ? e.leaf(whole, DType::kI64, Category::kInputs, Label{"input ids"}) : T();
+      T labels = has_last ? e.leaf(whole, DType::kI64, Category::kInputs, Label{"labels"}) : T();
+      if (step == 1) pp_initialize();
+      uint64_t now = 0;
+      for (const PpAction& a : p.actions) {
+        PpLocal& l = pp_local(a.stage);
+        const size_t j = static_cast<size_t>(&l - pp_locals.data());
+        e.micro = static_cast<uint32_t>(a.micro + 1);
+        // each (stage, micro-batch) graph apart (Engine::graph)
+        e.graph = static_cast<uint32_t>(j * p.micro_batches + a.micro + 1);
+        if (a.forward) {
+          e.phase = Phase::kForward;
+          pp_forward(l, a.micro, ids, labels);
+          now += weight(a.stage);
+          if (step == o.steps && now == most && !recorded) {
+            recorded = true;
+            r.after_forward = Moment{e.event_count(), e.phase, step, e.micro, e.live()};
+            r.saved_activations = e.saved_bytes();
+          }
+        } else {
+          e.phase = Phase::kBackward;
+          pp_backward(l, a.micro);
+          now -= weight(a.stage);
+        }
+      }
+      e.graph = 0;
+      if (!pp_output_chunks.empty()) {
+        // step() returns self._merge_outputs(self._stage.output_chunks): merge_chunks with no spec concatenates
+        // them along dim 0 (microbatch.py: torch.cat(values_to_cat, dim=arg.split_dim)); torchtitan's train step
+        // (v0.2.0, the release of PyTorch 2.9's time) drops the result at once
+        const T& first = pp_output_chunks.front();
+        Shape merged = first.shape();
+        merged.d[0] = checked_mul(merged.d[0], pp_output_chunks.size(), "merged outputs");
+        T cat = e.empty(merged, first.dtype(), Category::kTemporaries, Label{"pp step(): _merge_outputs torch.cat(output_chunks)"});
+      }
+      if (step == o.steps) {
+        r.param_has_grad.assign(inv.parameters.size(), 0);
+        for (size_t i = 0; i < inv.parameters.size(); ++i) r.param_has_grad[i] = e.grad(static_cast<int32_t>(i)) ? 1 : 0;
+      }
+      // torchtitan's train_step after the pipeline: clip_grad_norm_ (max_norm 1.0), optimizers.step(), zero_grad
+      clip_grad_norm();
+      optimizer_step(step == 1);
+      zero_grad();
+    }
+  }
+
   void zero_grad() {
     e.phase = Phase::kZeroGrad;
     if (o.loop == LoopKind::kSeed000) return;  // set_to_none=False: the gradients are zeroed in place
@@ -1240,7 +1449,7 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
     loop.zero_construct();
     e.post_accumulate_grad = [&loop](int32_t i) { loop.zero_hook(i); };
   }
-  if (o.loop != LoopKind::kHf && s.task == Task::kTrain) loop.get_batch();
+  if (o.loop != LoopKind::kHf && s.task == Task::kTrain && !o.pp.on) loop.get_batch();
   if (s.optimizer_in_backward) {
     e.post_accumulate_grad = [&loop](int32_t i) { loop.step_in_backward(i); };
   }
@@ -1249,6 +1458,8 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
     loop.generate(r);
   } else if (s.task == Task::kInference) {
     loop.inference(r);
+  } else if (o.pp.on) {  // one rank of a pipeline (pp.h)
+    loop.pp_train(r);
   } else {
     loop.train(r);
   }

@@ -88,6 +88,14 @@ struct Ctx {
   int32_t input_embedding_row = -1;
   FsdpHooks* fsdp = nullptr;  // --sharding fsdp2: fully_shard's hooks; null otherwise
   std::vector<std::string> warnings;  // what the simulated program would warn about, each once
+  // Pipeline parallelism (pp.h): the stage a forward runs. The first stage embeds the ids; a later one takes
+  // `input` (its received activations) instead; only layers [begin, end) run (run_layers); the last stage
+  // runs the final norm, the head and the loss. The defaults are the whole model.
+  struct PpStage {
+    bool first = true, last = true;
+    uint64_t begin = 0, end = UINT64_MAX;
+    const T* input = nullptr;
+  } pp;
 
   void warn(const std::string& w) {
     for (const std::string& x : warnings) {

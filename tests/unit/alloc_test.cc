@@ -93,6 +93,23 @@ TEST(AllocatorRules, FreedBlocksAreCachedAndReusedBestFit) {
   EXPECT_EQ(r.allocated.back(), 18u * MiB);  // the 2 MiB remainder (> 1 MiB) is split off and stays cached
 }
 
+TEST(AllocatorRules, AStreamReusesOnlyItsOwnCachedBlocks) {
+  // BlockComparatorSize orders by stream first: a 30 MiB block freed on FSDP2's all-gather stream is not
+  // handed to the default stream, which cudaMallocs a segment of its own; the same stream reuses it.
+  Timeline t = timeline({30 * MiB, -0, 30 * MiB, 30 * MiB, -1, -2});
+  t.events[0].stream = t.events[1].stream = Stream::kFsdpAllGatherCopyIn;
+  const AllocatorReplay r = replay_allocator(t, {}, kTorch, std::nullopt);
+  EXPECT_EQ(r.reserved[2], 60u * MiB);  // the default stream's request
+  EXPECT_EQ(r.reserved[3], 90u * MiB);
+  t.events[2].stream = t.events[4].stream = Stream::kFsdpAllGatherCopyIn;
+  const AllocatorReplay same = replay_allocator(t, {}, kTorch, std::nullopt);
+  EXPECT_EQ(same.reserved[2], 30u * MiB);  // reused on its own stream
+  EXPECT_EQ(same.peak_reserved.value, 60u * MiB);
+  // empty_cache returns every stream's free segments
+  t.events.push_back(Event{Event::kEmptyCache});
+  EXPECT_EQ(replay_allocator(t, {}, kTorch, std::nullopt).reserved.back(), 0u);
+}
+
 TEST(AllocatorRules, NeighbouringFreeBlocksMerge) {
   // Three 4 MiB tensors share one 20 MiB segment; freed together they merge back into one 20 MiB block,
   // which a 19 MiB request can use whole.

@@ -99,26 +99,32 @@ TEST(FsdpSim, BuffersByNameAndSizeFreedByTheStepsEnd) {
     apply(live, ev);
     if (ev.kind != Event::kAlloc || ev.step != 2) continue;
     const std::string_view w = ev.label.what;
+    // the streams they are allocated on (get_all_gather_streams; foreach_reduce's reduce_scatter_stream)
     if (w == "FSDP all-gather output" && ev.label.layer == 1) {
       ++ag_layer;
       EXPECT_EQ(ev.bytes.value, 8u * 6352 * 2);
+      EXPECT_EQ(ev.stream, Stream::kFsdpAllGatherCopyIn);
     }
     if (w == "FSDP reduce-scatter input" && ev.label.layer == 1) {
       ++rs_layer;
       EXPECT_EQ(ev.bytes.value, 8u * 6352 * 2);
+      EXPECT_EQ(ev.stream, Stream::kDefault);
     }
     if (w == "FSDP all-gather copy-in" && ev.label.layer == 1) {
       ++copy_in;
       EXPECT_EQ(ev.bytes.value, 6352u * 2);
+      EXPECT_EQ(ev.stream, Stream::kFsdpAllGatherCopyIn);
     }
     if (w == "FSDP sharded gradients (reduce-scatter output upcast)" && ev.label.layer == 1) {
       ++upcast;
       EXPECT_EQ(ev.bytes.value, 6352u * 4);
+      EXPECT_EQ(ev.stream, Stream::kFsdpReduceScatter);
     }
     if (w == "model.layers.1.mlp.down_proj.weight (FSDP unsharded)") {
       ++unsharded_allocs;
       EXPECT_EQ(ev.bytes.value, 64u * 200 * 2);  // 8 x 8 padded rows of 200, bf16
       EXPECT_EQ(ev.category, Category::kFsdpBuffers);
+      EXPECT_EQ(ev.stream, Stream::kDefault);  // copy-out's resize_ runs on the current stream
     }
   }
   EXPECT_EQ(ag_layer, 2u);          // the forward's unshard, the backward's prefetch (reshard after forward)

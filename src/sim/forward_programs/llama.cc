@@ -327,27 +327,30 @@ T gemma3_text_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, T inputs_e
 
 // LlamaModel.forward: returns the final hidden states; its locals (embeddings, mask, cos/sin) die with it.
 T llama_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
-  const uint64_t B = ids.shape()[0], Tn = ids.shape()[1];
+  // a later pipeline stage (Ctx::pp) takes its received activations (B, T, C) in place of the embeddings
+  const T& shaped = c.pp.first ? ids : *c.pp.input;
+  const uint64_t B = shaped.shape()[0], Tn = shaped.shape()[1];
   c.layer = -1;
-  (void)fsdp_pre_forward(c, kFsdpUnitEmbed, T());  // FSDP2: the embedding's unit (its input ids need no grad)
-  T inputs_embeds = embedding(c, w.p("model.embed_tokens.weight"), ids, "embed_tokens");
-  if (m.embed.scaled_by_sqrt_hidden) {
+  if (c.pp.first) (void)fsdp_pre_forward(c, kFsdpUnitEmbed, T());  // FSDP2: the embedding's unit (its input ids need no grad)
+  T inputs_embeds = c.pp.first ? embedding(c, w.p("model.embed_tokens.weight"), ids, "embed_tokens") : *c.pp.input;
+  if (c.pp.first && m.embed.scaled_by_sqrt_hidden) {
     // GemmaTextScaledWordEmbedding: super().forward(ids) * self.embed_scale.to(self.weight.dtype)
     T scale = to(c, w.buf("model.embed_tokens.embed_scale"), w.p("model.embed_tokens.weight").dtype(), "embed_scale.to()");
     inputs_embeds = mul(c, inputs_embeds, scale, "embeddings * embed_scale");
   }
-  inputs_embeds = fsdp_post_forward(c, kFsdpUnitEmbed, std::move(inputs_embeds));
+  if (c.pp.first) inputs_embeds = fsdp_post_forward(c, kFsdpUnitEmbed, std::move(inputs_embeds));
   T position_ids = model_position_ids(c, Tn);
   if (!m.attn.sliding_layers.empty()) return gemma3_text_model(c, m, w, std::move(inputs_embeds), position_ids);
   T mask;
   if (m.attn_impl == AttnImpl::kEager) mask = eager_mask(c, B, Tn, inputs_embeds.dtype());
   T hidden = inputs_embeds;
   const Rotary rot = rotary_embedding(c, w.buf("model.rotary_emb.inv_freq"), Tn, hidden.dtype());
-  hidden = dropout(c, hidden, m.dropout.embd, "embd dropout");
+  if (c.pp.first) hidden = dropout(c, hidden, m.dropout.embd, "embd dropout");
   hidden = run_layers(c, m.layers, std::move(hidden), LayerArgs{mask, rot.cos, rot.sin, position_ids},
                       [&](uint64_t l, T h, const LayerArgs& a) {
                         return decoder_layer(c, m, Layer{w, l}, h, Rotary{a.cos, a.sin}, a.mask ? &a.mask : nullptr);
                       });
+  if (!c.pp.last) return hidden;  // a pipeline stage before the last: its output is the hidden states
   hidden = fsdp_pre_forward(c, kFsdpUnitTail, std::move(hidden));  // FSDP2: the tail unit starts at the final norm
   return block_norm(c, m, hidden, w.p("model.norm.weight"), w.opt("model.norm.bias"), "norm");
 }
@@ -356,6 +359,7 @@ T llama_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
 
 ForwardOut llama_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids, const T* labels) {
   T hidden = llama_model(c, m, w, ids);
+  if (!c.pp.last) return ForwardOut{std::move(hidden), T()};  // sent to the next pipeline stage
   if (m.head == Head::kSeqCls) return sequence_classification_output(c, m, w.p("score.weight"), hidden, ids, labels);
   if (c.liger_fused) {  // resolve() refuses gemma2 (softcapping) and autocast with it
     return liger_fused_causal_lm(c, w, std::move(hidden), "lm_head.weight", "model.embed_tokens.weight", labels);

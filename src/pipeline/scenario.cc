@@ -744,6 +744,15 @@ void check_ep_setup(const Scenario& s, const ResolvedScenario& r) {
                                                 "handles the ep_router's sentinel index num_experts was not read); "
                                                 "use --moe-experts eager", s.train.ep));
   }
+  if (s.train.task == Task::kInference) {
+    throw FieldError("task", fmt::format("inference: not simulated with --ep {} (the expert-parallel forward was "
+                                         "validated in training only)", s.train.ep));
+  }
+  if (s.train.pp > 1) {
+    throw FieldError("pp", fmt::format("{}: pipeline stages with --ep {} are not simulated (transformers' expert "
+                                       "parallel plan inside torch.distributed.pipelining stages was not read)",
+                                       s.train.pp, s.train.ep));
+  }
 }
 
 ResolvedScenario resolve(const Scenario& s, const FileReader& files) {

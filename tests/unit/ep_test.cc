@@ -117,6 +117,8 @@ TEST(Ep, RefusesWhatIsNotSimulatedNamingIt) {
       {"qwen3-30b-a3b", {{"ep", "8"}}, "num_key_value_heads"},  // 4 kv heads over 8 ranks
       {"mixtral-8x7b", {{"ep", "2"}, {"dp", "2"}}, "data parallel"},
       {"mixtral-8x7b", {{"ep", "2"}, {"moe_experts", "grouped_mm"}}, "grouped_mm"},
+      {"mixtral-8x7b", {{"ep", "2"}, {"pp", "2"}}, "pipeline"},
+      {"mixtral-8x7b", {{"ep", "2"}, {"task", "inference"}}, "inference"},
   };
   for (const Refusal& r : refusals) {
     Scenario s = scenario_of(r.model, {});

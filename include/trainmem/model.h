@@ -199,6 +199,9 @@ struct ModelSpec {
   // Tensor-parallel ranks (tp.h): >1 when this spec is one rank's local model under transformers' tp_plan="auto"
   // (heads, kv_heads, ffn already divided; lm_head holds vocab_size / tp rows). 1: no tensor parallelism.
   uint64_t tp = 1;
+  // Expert-parallel ranks (ep.h): >1 when this spec is one rank's local model under DistributedConfig(tp_size=ep,
+  // ep_size=ep): moe.experts stays the global E (the replicated router's), the experts' tensors hold E / ep.
+  uint64_t ep = 1;
 
   // The task head and its size. Every decoder family defaults to kCausalLm; an encoder to its config's
   // architectures[0] (BertForMaskedLM -> kMaskedLm). num_labels: PreTrainedConfig's (len(id2label), else

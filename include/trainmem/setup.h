@@ -185,6 +185,8 @@ struct TrainSetup {
   // local model. 1: none. sequence_parallel: torchtitan's SequenceParallel norms (not simulated yet: refused).
   uint64_t tp = 1;
   bool sequence_parallel = false;
+  // Expert-parallel ranks (ep.h): DistributedConfig(tp_size=ep, ep_size=ep); resolve() sets tp = ep. 1: none.
+  uint64_t ep = 1;
   NcclSetup nccl;  // NCCL's communicators (nccl.h): channels, NVLS, GPUs per node
   // Context-parallel ranks (cp.h): torch's context_parallel as accelerate drives it. With more than one, `seq`
   // is the rank's share (resolve() divides --seq by cp) and SDPA runs ring attention.

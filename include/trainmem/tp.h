@@ -29,6 +29,9 @@ TpStyle tp_style(const ModelSpec& m, std::string_view param_name);
 // Throws trainmem::Error when `tp` ranks of `m` are not simulated: a family or model_type whose plan is not
 // modelled (named), sizes that do not divide by tp, a tied lm_head, a head other than causal LM.
 void tp_check(const ModelSpec& m, uint64_t tp);
+// The part of tp_check every plan with this attention and lm_head shares (expert parallelism's too, ep.h): the
+// causal-LM head, an untied lm_head, heads / kv heads / vocab (and with dense_mlp the MLP's ffn) divisible by tp.
+void tp_check_head_and_shards(const ModelSpec& m, uint64_t tp, bool dense_mlp);
 
 // The global model `m` becomes one rank's local model under `tp` ranks (tp_check first): heads, kv heads and
 // ffn divided by tp, m.tp = tp (the llama table gives lm_head V/tp rows). tp 1 leaves it as it is.

@@ -15,6 +15,7 @@
 
 #include <string>
 
+#include "trainmem/ep.h"
 #include "trainmem/error.h"
 
 namespace trainmem {
@@ -64,6 +65,10 @@ void tp_check(const ModelSpec& m, uint64_t tp) {
   if (m.moe.experts > 0 || m.attn.fused_qkv || m.mlp.fused_gate_up || !m.mlp.gated || m.attn.qk_norm) {
     throw Error(fmt::format("{}: {} is not the plain Llama layout the plan shards", tp, m.name));
   }
+  tp_check_head_and_shards(m, tp, true);
+}
+
+void tp_check_head_and_shards(const ModelSpec& m, uint64_t tp, bool dense_mlp) {
   if (m.head != Head::kCausalLm) {
     throw Error(fmt::format("{}: only the causal-LM head (lm_head: colwise_gather_output) is simulated; {} "
                             "has another head", tp, m.name));
@@ -87,7 +92,7 @@ void tp_check(const ModelSpec& m, uint64_t tp) {
   };
   divides("num_attention_heads", m.attn.heads);
   divides("num_key_value_heads", m.attn.kv_heads);
-  divides("intermediate_size", m.mlp.ffn);
+  if (dense_mlp) divides("intermediate_size", m.mlp.ffn);
   divides("vocab_size", m.embed.vocab_size);
 }
 
@@ -119,6 +124,7 @@ void mark_tp_shards(const ModelSpec& local, Inventory& inv) {
 TpSplit tp_split(const ModelSpec& local) {
   Inventory inv = build_inventory(local);
   mark_tp_shards(local, inv);
+  mark_ep_shards(local, inv);  // expert parallelism (ep.h): the experts' Shard(0)
   TpSplit t;
   for (const TensorRow& r : inv.parameters) (r.tp_dim >= 0 ? t.sharded : t.replicated) += r.elems.value;
   return t;

@@ -10,6 +10,7 @@
 #include "trainmem/cp.h"
 #include "trainmem/error.h"
 #include "trainmem/family.h"
+#include "trainmem/ep.h"
 #include "trainmem/tp.h"
 
 #include "../families/registry.h"
@@ -226,6 +227,8 @@ constexpr Field kFields[] = {
            "rank's local model (default 1)", FieldGroup::kTraining},
     {"sequence_parallel", "true | false: sequence parallelism with --tp (torchtitan's plan; not simulated yet)",
      FieldGroup::kTraining},
+    {"ep", "expert-parallel ranks: transformers' DistributedConfig(tp_size=N, ep_size=N) (mixtral, qwen3_moe): "
+           "E/N local experts, attention under --tp N; estimate simulates rank 0 (default 1)", FieldGroup::kTraining},
     {"nccl_channels", "NCCL's ring channels per communicator, for its buffers outside the caching allocator "
                       "(default: the GPU catalog's reading for the card; NCCL_DEBUG=INFO prints \"N coll channels\")",
      FieldGroup::kRuntime},
@@ -525,6 +528,8 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     s.train.tp = count(f, v, kMaxRanks);
   } else if (f == "sequence_parallel") {
     s.train.sequence_parallel = boolean(f, v);
+  } else if (f == "ep") {
+    s.train.ep = count(f, v, kMaxRanks);
   } else if (f == "nccl_channels" && v.empty()) {
     s.train.nccl.channels.reset();  // the GPU catalog's reading
   } else if (f == "nccl_channels") {
@@ -644,6 +649,7 @@ std::string field_text(const Scenario& s, std::string_view f) {
     return s.train.reshard_after_forward ? (*s.train.reshard_after_forward ? "true" : "false") : "";
   }
   if (f == "tp") return std::to_string(s.train.tp);
+  if (f == "ep") return std::to_string(s.train.ep);
   if (f == "sequence_parallel") return s.train.sequence_parallel ? "true" : "false";
   if (f == "find_unused_parameters") {
     return s.train.find_unused_parameters ? (*s.train.find_unused_parameters ? "true" : "false") : "";
@@ -842,7 +848,40 @@ void check_tp_setup(const Scenario& s, const ResolvedScenario& r) {
   if (t.generate > 0) refuse("generate", "generation under tensor parallelism was not validated");
 }
 
+// What --ep composes with (ep.h): --tp equal to it (or not given: set to it), the rest of check_tp_setup's rules,
+// and the eager experts only.
+void check_ep_setup(const Scenario& s, const ResolvedScenario& r) {
+  if (s.train.ep <= 1) return;
+  if (r.model.moe.impl == MoeExperts::kGroupedMm) {
+    throw FieldError("moe_experts", fmt::format("grouped_mm: not simulated with --ep {} (how grouped_mm_experts_forward "
+                                                "handles the ep_router's sentinel index num_experts was not read); "
+                                                "use --moe-experts eager", s.train.ep));
+  }
+  if (s.train.task == Task::kInference) {
+    throw FieldError("task", fmt::format("inference: not simulated with --ep {} (the expert-parallel forward was "
+                                         "validated in training only)", s.train.ep));
+  }
+  if (s.train.pp > 1) {
+    throw FieldError("pp", fmt::format("{}: pipeline stages with --ep {} are not simulated (transformers' expert "
+                                       "parallel plan inside torch.distributed.pipelining stages was not read)",
+                                       s.train.pp, s.train.ep));
+  }
+}
+
 ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
+  if (s.train.ep > 1 && s.train.tp != s.train.ep) {
+    // docs/source/en/expert_parallelism.md: "The current all-reduce implementation requires ep_size=tp_size"; model
+    // loading "rejects enabled EP layouts with ep_size != tp_size because all-reduce requires identical tokens
+    // within each expert group". --ep N is DistributedConfig(tp_size=N, ep_size=N).
+    if (s.was_given("tp") && s.train.tp > 1) {
+      throw FieldError("ep", fmt::format("{}: with --tp {}: transformers requires ep_size = tp_size (the experts' "
+                                         "outputs are all-reduced over the TP group, whose ranks share the tokens); "
+                                         "give --ep alone, or --tp {}", s.train.ep, s.train.tp, s.train.ep));
+    }
+    Scenario with_tp = s;
+    with_tp.train.tp = s.train.ep;
+    return resolve(with_tp, files);
+  }
   ResolvedScenario r;
   r.request = s;
   r.model = load_model(s.model, files, &r.warnings);  // a shape key missing from the config is said, not silent
@@ -862,15 +901,20 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   // Tensor parallelism (tp.h): the model becomes one rank's local model before its inventory is built
   if (s.train.tp > 1) {
     try {
-      apply_tensor_parallel(r.model, s.train.tp);
+      if (s.train.ep > 1) {
+        apply_expert_parallel(r.model, s.train.ep);  // the attention's TP plan and the experts' ep_plan (ep.h)
+      } else {
+        apply_tensor_parallel(r.model, s.train.tp);
+      }
     } catch (const FieldError&) {
       throw;
     } catch (const Error& e) {
-      throw FieldError("tp", e.what());
+      throw FieldError(s.train.ep > 1 ? "ep" : "tp", e.what());
     }
   }
   r.inventory = build_inventory(r.model);
   mark_tp_shards(r.model, r.inventory);
+  mark_ep_shards(r.model, r.inventory);
   r.setup = s.train;
   std::string gpu_text = s.train.gpu;  // --gpu, or the GPU of --gpus
   if (!s.gpus.empty()) {
@@ -909,6 +953,7 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   }
   validate_setup(r.model, r.setup);
   check_tp_setup(s, r);
+  check_ep_setup(s, r);
   if (r.model.moe.experts > 0 && r.model.moe.impl == MoeExperts::kGroupedMm && uses_autocast(r.setup.precision)) {
     // whether autocast casts torch._grouped_mm's operands (and which dtypes its CUDA kernel takes) is not
     // established from a source here: refused rather than guessed

@@ -37,6 +37,17 @@ std::string pp_in_flight(const std::vector<uint64_t>& v) {
 std::string render_tp_note(const Estimate& e) {
   const ModelSpec& m = e.model;
   const TpSplit t = tp_split(m);
+  if (m.ep > 1) {
+    // --ep N (ep.h): DistributedConfig(tp_size=N, ep_size=N)
+    return fmt::format(
+        "expert parallel, rank 0 of {} (transformers DistributedConfig(tp_size={}, ep_size={})): {} parameters in\n"
+        "  shards (experts {} of {} here, grouped_gemm Shard(0); q/k/v colwise: {} heads, {} kv heads; o_proj\n"
+        "  rowwise; lm_head {} vocabulary rows), {} replicated (embed_tokens, norms, router). Simulated: the\n"
+        "  ep_router's mask of non-local experts, the experts' output all-reduce (a new tensor), and the attention's\n"
+        "  TP collectives. One communicator: the EP group is the TP group (NCCL's buffers: with the GPU, below).\n",
+        m.ep, m.ep, m.ep, with_commas(t.sharded), m.moe.experts / m.ep, m.moe.experts, m.attn.heads,
+        m.attn.kv_heads, m.embed.vocab_size / m.tp, with_commas(t.replicated));
+  }
   return fmt::format(
       "tensor parallel, rank 0 of {} (transformers tp_plan=\"auto\"): {} parameters in shards (q/k/v/gate/up\n"
       "  colwise: {} heads, {} kv heads, ffn {} here; o_proj/down_proj rowwise; lm_head {} vocabulary rows), {}\n"
@@ -63,7 +74,11 @@ std::string headline(const Estimate& e) {
                          pp_stage_modules(e.pp->rows[e.pp->shown].parts), e.pp->micro_batches, name_of(e.pp->schedule));
   }
   if (e.fsdp) accum += fmt::format("; per rank, {} ranks (FSDP2)", e.fsdp->options.ranks);
-  if (m.tp > 1) accum += fmt::format("; per rank, {} tensor-parallel ranks (tp_plan=\"auto\")", m.tp);
+  if (m.tp > 1 && m.ep > 1) {
+    accum += fmt::format("; per rank, {} expert-parallel ranks (ep_size = tp_size)", m.ep);
+  } else if (m.tp > 1) {
+    accum += fmt::format("; per rank, {} tensor-parallel ranks (tp_plan=\"auto\")", m.tp);
+  }
   const bool inference = s.task == Task::kInference;
   return fmt::format(
       "{} (model_type {}, {} code, {} attention{}): batch {} x seq {}, {}, {}{}\n"
@@ -466,6 +481,10 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
     const TpSplit t = tp_split(e.model);
     out["tp"] = {{"ranks", e.model.tp}, {"sequence_parallel", false}, {"plan", "transformers tp_plan=auto"},
                  {"sharded_parameters", t.sharded}, {"replicated_parameters", t.replicated}};
+    if (e.model.ep > 1) {  // expert parallelism (ep.h): ep = tp, the experts' Shard(0)
+      out["ep"] = {{"ranks", e.model.ep}, {"local_experts", e.model.moe.experts / e.model.ep},
+                   {"experts", e.model.moe.experts}, {"plan", "transformers DistributedConfig(tp_size=ep, ep_size=ep)"}};
+    }
   }
   if (const auto& d = e.ddp) {
     out["ddp"] = {{"ranks", d->ranks},

@@ -94,9 +94,11 @@ void moe_rows(const ModelSpec& m, const std::string& p, Table& t) {
   // shared_expert_gate (Linear(C, 1, bias=False)) after them; Qwen3MoeSparseMoeBlock registers experts before gate.
   const uint64_t C = m.hidden, F = m.moe.ffn, E = m.moe.experts;
   const bool experts_first = m.model_type == "qwen3_moe";
+  // under expert parallelism (ep.h) the experts are Shard(0): E / ep local experts; the router stays (E, C)
+  const uint64_t EL = E / (m.ep == 0 ? 1 : m.ep);
   if (!experts_first) t.raw_param(p + "mlp.gate.weight", {E, C});
-  t.param(p + "mlp.experts.gate_up_proj", {E, 2 * F, C});
-  t.param(p + "mlp.experts.down_proj", {E, C, F});
+  t.param(p + "mlp.experts.gate_up_proj", {EL, 2 * F, C});
+  t.param(p + "mlp.experts.down_proj", {EL, C, F});
   if (experts_first) t.raw_param(p + "mlp.gate.weight", {E, C});
   if (m.moe.shared_ffn > 0) {
     const uint64_t S = m.moe.shared_ffn;

@@ -465,11 +465,22 @@ GRID = [
     ("tp2-llama-keep-4", _ll("llama"), 2, 16, "fp32", {"tp": 2, "logits_to_keep": 4}),
     ("tp2-llama-ckpt-nonreentrant-bf16", _ll("llama"), 2, 16, "bf16",
      {"tp": 2, "checkpointing": "full", "reentrant": False}),
+    # rank 0 of transformers 5.x expert parallelism, DistributedConfig(tp_size=N, ep_size=N) (ep_shard.py; trainmem
+    # --ep): attention and lm_head under the TP plan, E/N local experts, the ep_router mask, the experts' all-reduce
+    ("ep2-mixtral-balanced", _ll("mixtral", num_local_experts=4, num_experts_per_tok=2), 2, 11, "fp32", {"ep": 2}),
+    ("ep2-mixtral-balanced-bf16", _ll("mixtral", num_local_experts=4, num_experts_per_tok=2), 2, 16, "bf16",
+     {"ep": 2}),
+    ("ep4-mixtral-top1-bf16", _ll("mixtral", num_local_experts=4, num_experts_per_tok=1, num_key_value_heads=4), 1,
+     18, "bf16", {"ep": 4}),
+    ("ep2-mixtral-worst-bf16", _ll("mixtral", num_local_experts=4, num_experts_per_tok=2), 2, 16, "bf16",
+     {"ep": 2, "moe_routing": "worst"}),
+    ("ep2-mixtral-worst-top3-all-local", _ll("mixtral", num_local_experts=8, num_experts_per_tok=3), 2, 8, "fp32",
+     {"ep": 2, "moe_routing": "worst"}),
 ]
 
 # trainmem flags the options need, in the order they are looked for in a rejection message
 NEW_FLAGS = ("--freeze", "--checkpointing", "--checkpoint-reentrant", "--checkpoint-every", "--input-require-grads",
-             "--lora-dtype", "--lora", "--loss-chunks", "--loss", "--tp")
+             "--lora-dtype", "--lora", "--loss-chunks", "--loss", "--tp", "--ep")
 # how a CLI parser (CLI11) says it does not know an argument
 _REJECTION_PHRASES = ("not expected", "unknown option", "unrecognized option", "unrecognised option",
                       "does not support", "not supported yet")
@@ -494,7 +505,8 @@ def _measure_kwargs(opts):
             "moe_routing": opts.get("moe_routing", "balanced"),
             "moe_experts": opts.get("moe_experts", "eager"),
             "target_seq": int(opts.get("target_seq", 0)),
-            "tp": int(opts.get("tp", 1))}
+            "tp": int(opts.get("tp", opts.get("ep", 1))),
+            "ep": int(opts.get("ep", 1))}
 
 
 def _option_flags(opts):
@@ -525,6 +537,8 @@ def _option_flags(opts):
         flags += ["--optimizer", opts["optimizer"]]
     if opts.get("tp"):  # rank 0 of transformers' tensor parallelism (tp_shard.py)
         flags += ["--tp", str(int(opts["tp"]))]
+    if opts.get("ep"):  # rank 0 of transformers' expert parallelism (ep_shard.py; tp = ep)
+        flags += ["--ep", str(int(opts["ep"]))]
     return flags
 
 
@@ -550,6 +564,8 @@ def _describe(opts):
         parts.append(f"optimizer {opts['optimizer']}")
     if opts.get("tp"):
         parts.append(f"tp {int(opts['tp'])}")
+    if opts.get("ep"):
+        parts.append(f"ep {int(opts['ep'])}")
     return "; ".join(parts)
 
 

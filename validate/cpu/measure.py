@@ -56,6 +56,7 @@ import live as live_timeline  # noqa: E402
 import optimizers  # noqa: E402
 import peft_lora  # noqa: E402
 import tp_shard  # noqa: E402
+import ep_shard  # noqa: E402
 import torchtune_loss  # noqa: E402
 
 # precision -> (weight dtype, autocast dtype or None). bf16-amp: float32 weights, forward under
@@ -196,7 +197,7 @@ class _StorageRegistry(TorchDispatchMode):
 def measure(config, batch, seq, precision="fp32", optimizer="adamw", dropout_off=True, with_tensors=True,
             seed=0, freeze=(), checkpointing="none", checkpoint_reentrant=True, checkpoint_every=1, lora=None,
             lora_dtype="fp32", enable_input_require_grads=None, autocast=False, loss="ce", loss_chunks=8,
-            logits_to_keep=0, moe_routing="balanced", moe_experts="eager", target_seq=0, tp=1):
+            logits_to_keep=0, moe_routing="balanced", moe_experts="eager", target_seq=0, tp=1, ep=1):
     """Run one training step of `config` and return the measured quantities as a dict.
 
     freeze: parameter-name globs to freeze (requires_grad=False). checkpointing: "none" | "full" (every
@@ -232,7 +233,7 @@ def measure(config, batch, seq, precision="fp32", optimizer="adamw", dropout_off
         return _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors, seed, freeze,
                         checkpointing, checkpoint_reentrant, checkpoint_every, lora, lora_dtype,
                         enable_input_require_grads, autocast, loss, loss_chunks, logits_to_keep, moe_routing,
-                        moe_experts, target_seq, tp)
+                        moe_experts, target_seq, tp, ep)
     finally:
         gc.enable()
         gc.unfreeze()
@@ -241,7 +242,7 @@ def measure(config, batch, seq, precision="fp32", optimizer="adamw", dropout_off
 def _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors, seed, freeze, checkpointing,
              checkpoint_reentrant, checkpoint_every, lora, lora_dtype, enable_input_require_grads, autocast,
              loss="ce", loss_chunks=8, logits_to_keep=0, moe_routing="balanced", moe_experts="eager", target_seq=0,
-             tp=1):
+             tp=1, ep=1):
     dtype, autocast_dtype = PRECISIONS[precision]
     if autocast and autocast_dtype is None:
         autocast_dtype = torch.bfloat16
@@ -254,6 +255,8 @@ def _measure(config, batch, seq, precision, optimizer, dropout_off, with_tensors
     model.logits_to_keep = int(logits_to_keep)  # models.keep_logits: the head and the loss over the last N positions
     if tp > 1:  # rank 0 of transformers' tensor parallelism (tp_shard.py), as loaded: before the dtype cast
         tp_shard.apply_tp(model, int(tp))
+    if ep > 1:  # rank 0 of transformers' expert parallelism (ep_shard.py; tp = ep): the experts, router hooks
+        ep_shard.apply_ep(model, int(ep))
     if dtype != torch.float32:
         model.to(dtype)  # casts floating buffers too, as model.to(torch.bfloat16) does; keeps requires_grad
     model.train()

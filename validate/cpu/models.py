@@ -1161,7 +1161,9 @@ class MixtralExperts(nn.Module):
             return grouped_mm_experts_forward(self, hidden_states, top_k_index, top_k_weights)
         final_hidden_states = torch.zeros_like(hidden_states)
         with torch.no_grad():
-            expert_mask = torch.nn.functional.one_hot(top_k_index, num_classes=self.num_experts)
+            # under expert parallelism (ep_shard.py) the ep_router's sentinel index num_experts is one more class
+            classes = self.num_experts + getattr(self, "ep_sentinel", 0)
+            expert_mask = torch.nn.functional.one_hot(top_k_index, num_classes=classes)
             expert_mask = expert_mask.permute(2, 1, 0)
             expert_hit = torch.greater(expert_mask.sum(dim=(-1, -2)), 0).nonzero()
         for expert_idx in expert_hit:

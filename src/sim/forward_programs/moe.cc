@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "hf_common.h"
+#include "../tp_ops.h"
 #include "trainmem/error.h"
 #include "trainmem/units.h"
 
@@ -95,20 +96,32 @@ Routing router(Ctx& c, const ModelSpec& m, const T& router_weight, const T& hidd
 //   return final_hidden_states
 T experts(Ctx& c, const ModelSpec& m, const MoeParams& p, const T& hidden, const T& top_k_index,
           const T& top_k_weights) {
-  const uint64_t N = hidden.shape()[0], E = m.moe.experts, k = m.moe.top_k;
+  const uint64_t N = hidden.shape()[0], k = m.moe.top_k;
   const uint64_t F = m.moe.ffn;
-  const std::vector<uint64_t> counts = routed_tokens(m.moe, N);
+  // Under expert parallelism (ep.h) the module holds E / ep experts (MoEParamShard sets module.num_experts to the
+  // local count) and rank 0's are global experts [0, E/ep): their tokens are the first E/ep of the routing
+  // assumption's counts. The EP router (ep_router_mask) sends every other assignment to the sentinel index
+  // num_experts, which the loop skips (`if expert_idx == self.num_experts: continue`); one_hot takes it as one
+  // more class (num_classes = num_experts + 1, as the 5.x expert loops that run under the ep_router sentinel
+  // encode it: one_hot raises on an index >= num_classes).
+  const uint64_t E = m.ep > 1 ? m.moe.experts / m.ep : m.moe.experts;
+  const uint64_t classes = m.ep > 1 ? E + 1 : E;
+  std::vector<uint64_t> counts = routed_tokens(m.moe, N);
+  counts.resize(E);
+  uint64_t local = 0;
+  for (uint64_t n : counts) local += n;
+  const bool sentinel = m.ep > 1 && local < checked_mul(N, k, "token-expert assignments");
   T final_hs = zeros_like(c, hidden, "experts final_hidden_states");
   T expert_mask, expert_hit;
   {
     // no_grad, integer tensors: one_hot (N, k, E) int64 (permute is a view); the (E,) int64 sum and the (E,) bool
     // comparison are temporaries of the expression; nonzero gives (hit, 1) int64
-    expert_mask = c.e.empty(Shape{top_k_index.shape()[0], k, E}, DType::kI64, Category::kActivations,
+    expert_mask = c.e.empty(Shape{top_k_index.shape()[0], k, classes}, DType::kI64, Category::kActivations,
                             c.L("experts one_hot expert_mask"));
-    T sum = c.e.empty(Shape{E}, DType::kI64, Category::kActivations, c.L("expert_mask.sum(dim=(-1, -2))"));
-    T hit = c.e.empty(Shape{E}, DType::kBool, Category::kActivations, c.L("torch.greater(..., 0)"));
+    T sum = c.e.empty(Shape{classes}, DType::kI64, Category::kActivations, c.L("expert_mask.sum(dim=(-1, -2))"));
+    T hit = c.e.empty(Shape{classes}, DType::kBool, Category::kActivations, c.L("torch.greater(..., 0)"));
     sum.reset();
-    uint64_t hits = 0;
+    uint64_t hits = sentinel ? 1 : 0;
     for (uint64_t n : counts) hits += n > 0 ? 1 : 0;
     expert_hit = c.e.empty(Shape{hits, 1}, DType::kI64, Category::kActivations, c.L("expert_hit nonzero()"));
   }
@@ -136,7 +149,48 @@ T experts(Ctx& c, const ModelSpec& m, const MoeParams& p, const T& hidden, const
               "experts * top_k_weights");
     index_add_(c, final_hs, token_idx, to(c, cur, final_hs.dtype(), "current_hidden_states.to(dtype)"));
   }
+  if (sentinel) {
+    // the sentinel's iteration: `expert_idx == self.num_experts` is a 0-d bool, then `continue`
+    T eq = c.e.empty(Shape{}, DType::kBool, Category::kActivations, c.L("expert_idx == num_experts"));
+  }
   return final_hs;
+}
+
+// EpRouterParallel.transform_output_post_forward (integrations/tensor_parallel.py, the DTensor backend; the
+// router's forward hook under "ep_router"), rank 0 of ep, num_local_experts = num_experts // ep_size:
+//   router_logits, router_scores, router_indices = output
+//   non_local_mask = (router_indices // num_local_experts) != ep_rank
+//   router_scores = router_scores.masked_fill(non_local_mask, 0.0)
+//   router_indices = router_indices.masked_fill(non_local_mask, -1)
+//   if num_local_experts > 1:
+//       router_indices = torch.fmod(router_indices, num_local_experts)
+//   else:
+//       router_indices = router_indices.masked_fill(router_indices > 0, 0).masked_fill(router_indices < 0, -1)
+//   router_indices = router_indices.masked_fill(router_indices == -1, num_local_experts)
+//   return router_logits, router_scores, router_indices
+// The masked scores are a new (N, k) tensor whose MaskedFillBackward0 saves the (N, k) bool mask; the integer
+// ops build no graph. The previous scores and indices stay alive as long as something else holds them (the
+// router's own graph), as without the hook.
+void ep_router_mask(Ctx& c, const ModelSpec& m, T& scores, T& indices) {
+  const Shape s = indices.shape();
+  const uint64_t local = m.moe.experts / m.ep;
+  auto i64 = [&](const char* what) { return c.e.empty(s, DType::kI64, Category::kActivations, c.L(what)); };
+  auto mask = [&](const char* what) { return c.e.empty(s, DType::kBool, Category::kActivations, c.L(what)); };
+  T non_local;
+  {
+    T div = i64("router_indices // num_local_experts");
+    non_local = mask("non_local_mask = (...) != ep_rank");
+  }
+  scores = masked_fill(c, scores, non_local, "router_scores.masked_fill(non_local_mask, 0.0)");
+  indices = i64("router_indices.masked_fill(non_local_mask, -1)");
+  if (local > 1) {
+    indices = i64("torch.fmod(router_indices, num_local_experts)");
+  } else {
+    { T gt = mask("router_indices > 0"); indices = i64("router_indices.masked_fill(router_indices > 0, 0)"); }
+    { T lt = mask("router_indices < 0"); indices = i64(".masked_fill(router_indices < 0, -1)"); }
+  }
+  T eq = mask("router_indices == -1");
+  indices = i64("router_indices.masked_fill(router_indices == -1, num_local_experts)");
 }
 
 // integrations/moe.py @0261a46 grouped_mm_experts_forward (experts_implementation="grouped_mm"; gate_up_proj is
@@ -348,8 +402,19 @@ T sparse_moe_block(Ctx& c, const ModelSpec& m, const MoeParams& p, const T& x) {
   T shared_out;
   if (shared) shared_out = shared_expert(c, m, p.shared, hidden);
   Routing r = router(c, m, p.router, hidden);
+  if (m.ep > 1) ep_router_mask(c, m, r.top_k_weights, r.top_k_index);  // the "ep_router" hook (ep.h)
   T out = m.moe.impl == MoeExperts::kGroupedMm ? experts_grouped_mm(c, m, p, hidden, r.top_k_index, r.top_k_weights)
                                                : experts(c, m, p, hidden, r.top_k_index, r.top_k_weights);
+  if (m.ep > 1) {
+    // "moe_tp_experts" (MoEExpertsParallel, is_expert_parallel=True): transform_inputs_pre_forward gives the
+    // experts hidden_states = _AllReduceBackward.apply(hidden_states.to_local(), tp_group): identity forward (a
+    // view), backward dist.all_reduce(grad) in place: no storage, nothing simulated. transform_output_post_forward:
+    // DTensor.from_local(output, mesh, [Partial()]).redistribute(placements=(Replicate(),)).to_local(): the
+    // functional all_reduce writes a new tensor of the output's shape (the local partial sums are dropped);
+    // backward: _RedistributeBackward keeps a Replicate gradient for a Partial source (no division, no copy):
+    // the identity, tp_all_reduce_forward's op.
+    out = tp_all_reduce_forward(c, out, "moe_tp_experts all_reduce (Partial -> Replicate)");
+  }
   if (shared) {
     shared_out = mul(c, sigmoid(c, linear(c, hidden, *p.shared.gate, nullptr, "shared_expert_gate"), "sigmoid(shared_expert_gate)"),
                      shared_out, "sigmoid(gate) * shared_expert_output");

@@ -67,8 +67,11 @@ struct NcclSetup {
 
 // A process group of this rank, as the parallel layout makes it.
 struct ProcessGroup {
-  std::string name;    // "data parallel (world)"
+  std::string name;    // "data parallel (the world group)"
   uint64_t ranks = 1;  // its size
+  // A group this rank only sends to and receives from its neighbours in (the pipeline's batch_isend_irecv):
+  // P2P connections to `p2p_peers` ranks instead of the collectives' ring. 0: a collectives group.
+  uint64_t p2p_peers = 0;
 };
 
 // What one communicator allocates on this rank.
@@ -78,6 +81,8 @@ struct NcclCommunicator {
   uint64_t channels = 0;                // ring channels
   Bytes ring;                           // channels x (receiving + sending end) of the ring's P2P connections
   Bytes nvls;                           // NVLS unicast buffers (0 when NVLS is off)
+  uint64_t p2p_peers = 0;               // a send/recv group: the neighbours connected
+  Bytes p2p;                            // their connections: peers x channels x (receiving + sending end)
 };
 
 struct NcclLedger {
@@ -90,7 +95,8 @@ struct NcclLedger {
 
 // The process groups a rank of `s` runs collectives in: the data-parallel group (the world, which DDP,
 // DeepSpeed and FSDP use by default) when there are several ranks.
-std::vector<ProcessGroup> process_groups(const TrainSetup& s);
+// `pp_rank`: the pipeline rank simulated (its neighbours); empty: the most a pipeline rank has.
+std::vector<ProcessGroup> process_groups(const TrainSetup& s, std::optional<uint64_t> pp_rank = std::nullopt);
 
 // The communicators of a rank in `groups` (groups of one rank make none: NCCL sets up no connection) on `gpu`.
 NcclLedger nccl_ledger(const std::vector<ProcessGroup>& groups, const GpuSpec& gpu, const NcclSetup& setup);

@@ -25,16 +25,27 @@ Connection p2p_connection(uint32_t sm) {
 
 }  // namespace nccl
 
-std::vector<ProcessGroup> process_groups(const TrainSetup& s) {
+std::vector<ProcessGroup> process_groups(const TrainSetup& s, std::optional<uint64_t> pp_rank) {
   std::vector<ProcessGroup> g;
   // one NCCL communicator per process group, created at its first collective (ProcessGroupNCCL::getNCCLComm)
-  if (s.dp > 1) g.push_back({"data parallel (the world group)", s.dp});
+  const uint64_t world = s.dp * s.tp * s.pp * s.cp;  // resolve() bounded each factor and their product
+  auto name = [&](const char* what, uint64_t n) { return fmt::format("{}{}", what, n == world ? " (the world group)" : ""); };
+  if (s.dp > 1) g.push_back({name("data parallel", s.dp), s.dp});
   // --cp N: context_parallel's mesh["cp"] group (its all-gather and all-to-all: cp.h)
-  if (s.cp > 1) g.push_back({"context parallel", s.cp});
+  if (s.cp > 1) g.push_back({name("context parallel", s.cp), s.cp});
   // tensor parallelism (tp.h; resolve() refuses it with dp > 1): transformers' initialize_tensor_parallelism makes
   // init_device_mesh(device_type, (tp_size,)), a 1-D mesh over the world, whose group is the default one, where
-  // _AllReduceForward / _AllReduceBackward / _AllGather run (device_mesh.get_group())
-  if (s.tp > 1) g.push_back({"tensor parallel (the world group)", s.tp});
+  // _AllReduceForward / _AllReduceBackward / _AllGather run (device_mesh.get_group()); under a pipeline, the
+  // group of the rank's stage
+  if (s.tp > 1) g.push_back({name("tensor parallel", s.tp), s.tp});
+  // the pipeline (pp.h): PipelineStage's batch_isend_irecv to the previous and the next stage's rank (the
+  // interleaved schedule's stages wrap around: rank pp - 1 feeds rank 0's next stage)
+  if (s.pp > 1) {
+    const bool wraps = s.pp_schedule == PpSchedule::kInterleaved1f1b;
+    uint64_t peers = s.pp > 2 ? 2 : 1;
+    if (!wraps && pp_rank && (*pp_rank == 0 || *pp_rank + 1 == s.pp)) peers = 1;
+    g.push_back({name("pipeline send/recv", s.pp), s.pp, peers});
+  }
   return g;
 }
 
@@ -68,6 +79,16 @@ NcclLedger nccl_ledger(const std::vector<ProcessGroup>& groups, const GpuSpec& g
     // The ring: on every channel a rank receives from its predecessor and sends to its successor, two
     // connections "regardless of the scale" (sjeaugey, NVIDIA/nccl#864). Connections that cross nodes go over
     // the network transport instead (net.cc), counted here like NVLink ones.
+    if (g.p2p_peers > 0) {
+      // send/recv: a connection to each neighbour on each of its "p2p channels per peer", which NVSwitch nodes log
+      // equal to the coll channels ("16 coll channels, ... 16 p2p channels, 16 p2p channels per peer", 8 x H800,
+      // NVIDIA/nccl#892; 32 per pair of H100s, #1685); p2p.cc sizes them as the ring's
+      c.p2p_peers = g.p2p_peers;
+      c.p2p = Bytes(checked_mul(checked_mul(g.p2p_peers, channels, "NCCL p2p"), conn.total(), "NCCL p2p buffers"));
+      l.total += c.p2p;
+      l.communicators.push_back(std::move(c));
+      continue;
+    }
     c.ring = Bytes(checked_mul(channels, conn.total(), "NCCL ring buffers"));
     // NVLS (nvls.cc ncclNvlsInit): off for 2 or fewer GPUs ("gpuCount <= 2"), else on where the device has
     // multicast (CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED: NVSwitch systems of sm_90 and newer); one head per

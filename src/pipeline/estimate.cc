@@ -87,7 +87,9 @@ DeviceVerdict device_verdict(const Estimate& e, const GpuSpec& gpu, const Alloca
   v.context = gpu.context;
   // NCCL's communicators are set up at the first collective (DDP's construction-time broadcast, ZeRO's and
   // FSDP's first all-gather), before the step's peak: what they hold is not the allocator's to reserve
-  v.nccl = nccl_ledger(process_groups(e.setup), gpu, e.setup.nccl);
+  v.nccl = nccl_ledger(process_groups(e.setup, e.options.pp.on ? std::optional<uint64_t>(e.options.pp.rank)
+                                                                 : std::nullopt),
+                       gpu, e.setup.nccl);
   v.margin = margin;
   v.usable = usable_bytes(gpu, margin, v.nccl);
   const AllocatorReplay r = replay_allocator(e.sim->timeline, ac, e.options.torch, v.usable);

@@ -135,6 +135,13 @@ std::string render_nccl(const NcclLedger& l) {
       out += fmt::format("  NCCL {}: {}, {} ranks: not counted, {}\n", l.version, c.name, c.ranks, l.channel_source);
       continue;
     }
+    if (c.p2p_peers > 0) {
+      out += fmt::format("  NCCL {}: {}, {} ranks: P2P to {} neighbour(s) x {} channels x {} = {}\n", l.version, c.name,
+                         c.ranks, c.p2p_peers, c.channels,
+                         format_bytes(Bytes(c.p2p.value / (c.p2p_peers * std::max<uint64_t>(c.channels, 1)))),
+                         format_bytes(c.p2p));
+      continue;
+    }
     out += fmt::format("  NCCL {}: {}, {} ranks ({} on the node): ring {} channels x {} = {}", l.version, c.name,
                        c.ranks, c.local_ranks, c.channels, format_bytes(c.channels == 0 ? Bytes{} : Bytes(c.ring.value / c.channels)),
                        format_bytes(c.ring));
@@ -259,7 +266,7 @@ std::string render_pp_note(const PpFigures& f) {
          "until the next step), each stage but the last a gradient receive buffer per micro-batch; the last stage "
          "keeps every micro-batch's logits (output_chunks) until the next step and concatenates them when step() "
          "returns; the first step starts with each stage's shape inference (a no_grad forward on zeros)\n";
-  out += "  not counted: NCCL's send/recv buffers (outside the caching allocator)\n";
+  out += "  NCCL's send/recv buffers are outside the caching allocator: with --gpu, under the verdict\n";
   return out;
 }
 
@@ -622,7 +629,8 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
     nlohmann::json comms = nlohmann::json::array();
     for (const NcclCommunicator& c : v.nccl.communicators) {
       comms.push_back({{"group", c.name}, {"ranks", c.ranks}, {"local_ranks", c.local_ranks}, {"channels", c.channels},
-                       {"ring_bytes", c.ring.value}, {"nvls_bytes", c.nvls.value}});
+                       {"ring_bytes", c.ring.value}, {"nvls_bytes", c.nvls.value}, {"p2p_peers", c.p2p_peers},
+                       {"p2p_bytes", c.p2p.value}});
     }
     d["nccl"] = {{"version", v.nccl.version}, {"counted", v.nccl.known}, {"channel_source", v.nccl.channel_source},
                  {"communicators", comms}, {"total_bytes", v.nccl.total.value}};

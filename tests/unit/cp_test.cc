@@ -147,7 +147,7 @@ TEST(CpSim, TheCpGroupIsACommunicatorOfCpRanks) {
   const auto g = process_groups(s);
   ASSERT_EQ(g.size(), 1u);
   EXPECT_EQ(g[0].ranks, 4u);
-  EXPECT_EQ(g[0].name, "context parallel");
+  EXPECT_EQ(g[0].name, "context parallel (the world group)");  // the only parallelism: the whole world
 }
 
 TEST(CpRefusals, WhatIsNotSimulatedIsRefusedWithTheField) {

@@ -9,6 +9,7 @@
 #include "trainmem/gpu.h"
 #include "trainmem/nccl.h"
 #include "trainmem/report.h"
+#include "trainmem/setup.h"
 
 namespace trainmem {
 namespace {
@@ -83,6 +84,25 @@ TEST(Nccl, TheVerdictLeavesTheCachingAllocatorWhatNcclDoesNotHold) {
   EXPECT_EQ(one.device->usable - eight.device->usable, eight.device->nccl.total);
   const std::string text = render_estimate_table(eight, &find_gpu("h100-80gb"));
   EXPECT_NE(text.find("ring 32 channels x 12.0 MiB = 384.0 MiB, NVLS 258.0 MiB"), std::string::npos) << text;
+}
+
+TEST(Nccl, APipelineRankConnectsToItsNeighboursOnly) {
+  // PipelineStage's batch_isend_irecv: the first and last ranks of a 1F1B pipeline have one neighbour, the others
+  // two; each neighbour is a P2P connection (receiving + sending end) per channel
+  TrainSetup s;
+  s.pp = 4;
+  s.tp = 8;
+  const GpuSpec& h100 = find_gpu("h100-80gb");
+  const auto groups = process_groups(s, 1);
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0].name, "tensor parallel");  // the world is 32 ranks
+  EXPECT_EQ(groups[1].p2p_peers, 2u);
+  EXPECT_EQ(process_groups(s, 3)[1].p2p_peers, 1u);
+  const NcclLedger l = nccl_ledger(process_groups(s, 0), h100, {});
+  EXPECT_EQ(l.communicators[1].p2p.value, 32u * 12 * (1u << 20));
+  EXPECT_EQ(l.communicators[1].ring.value, 0u);
+  s.pp_schedule = PpSchedule::kInterleaved1f1b;  // stages wrap around: rank 0 also feeds from rank 3
+  EXPECT_EQ(process_groups(s, 0)[1].p2p_peers, 2u);
 }
 
 TEST(Nccl, ChannelsAreBoundedByNcclsMaxchannels) {

@@ -81,6 +81,16 @@ struct FitResult {
   std::vector<FitSuggestion> suggestions;  // changes that save memory: when even size 1 does not fit, each one
                                            // that saves; when it fits, each one that raises the answer
   std::vector<std::vector<FieldChange>> not_helpful;
+  // Several DDP ranks: the shardings tried, least sharded first (zero1, zero2, fsdp2, zero3), each with whether
+  // it fits at size 1 and its largest size; `smallest_sharding` is the first that fits ("ddp" when the setup
+  // itself does), empty when none does.
+  struct ShardingTry {
+    std::string sharding;
+    bool fits = false;
+    std::optional<uint64_t> largest;
+  };
+  std::vector<ShardingTry> sharding_ladder;
+  std::optional<std::string> smallest_sharding;
   std::vector<std::string> warnings;       // resolve()'s, for the front end to say
   bool suggestions_cut = false;            // fit's bound on work was reached before every change was simulated  // changes tried that would save (or raise) nothing here
 };

@@ -10,6 +10,7 @@
 #include <map>
 
 #include "trainmem/error.h"
+#include "trainmem/fsdp.h"
 #include "trainmem/zero.h"
 #include "trainmem/family.h"
 
@@ -228,6 +229,12 @@ void suggest(const Candidate& base, const FitProbe& original, std::optional<uint
     Search s(c, gpu, margin, out.solve, budget);
     sug.at_one = s.probe(1);
     sug.saves = saves(*sug.at_one);
+    // a sharding of the ranks: kept for the ladder, whatever the list below keeps
+    const bool sharding = sug.changes.front().field == "sharding";
+    if (sharding) {
+      out.sharding_ladder.push_back({sug.changes.front().value, sug.at_one->fits, std::nullopt});
+      if (sug.at_one->fits) out.sharding_ladder.back().largest = s.largest(cap_for(c, out.solve, r));
+    }
     if (!answer && sug.saves <= 0 && !sug.at_one->fits) {
       out.not_helpful.push_back(sug.changes);  // it would cost memory, or save none, here
       return;
@@ -305,29 +312,52 @@ void suggest(const Candidate& base, const FitProbe& original, std::optional<uint
     }
   }
   if (all_changes.size() > 1) add(all_changes, "all of the above together", all);
-  // Several ranks of DDP: DeepSpeed ZeRO partitions the optimizer state (stage 1) and the gradients (stage 2)
-  // over them. Offered where the ZeRO rank is simulated (resolve_zero: the Trainer's loop, torch Adam(W), bf16
-  // weights, no 4-bit base); its own bf16 precision goes with it.
+  // Several ranks of DDP: the shardings, least sharded first (the "smallest sharding that fits" is the first of
+  // them that does): DeepSpeed ZeRO partitions the optimizer state (stage 1), the gradients (stage 2) and the
+  // parameters (stage 3) over them, FSDP2 all three per parameter. Offered where that rank is simulated
+  // (resolve_zero: the Trainer's loop, torch Adam(W), bf16 weights, no 4-bit base, ZeRO's own bf16 precision going
+  // with it; resolve_fsdp: accelerate's fully_shard over a Llama-shaped model, its own mixed precision).
   if (base.setup.dp > 1 && base.setup.sharding == Sharding::kDdp) {
-    for (const auto& [stage, name] : {std::pair{Sharding::kZero2, "zero2"}, std::pair{Sharding::kZero1, "zero1"}}) {
+    struct Rung {
+      Sharding sharding;
+      const char* name;
+      bool bf16;  // ZeRO runs bf16 weights; FSDP2 keeps the setup's precision (accelerate's MixedPrecisionPolicy)
+      const char* what;
+    };
+    constexpr Rung kLadder[] = {
+        {Sharding::kZero1, "zero1", true, "DeepSpeed ZeRO-1: optimizer state partitioned over the ranks"},
+        {Sharding::kZero2, "zero2", true, "DeepSpeed ZeRO-2: optimizer state and gradients partitioned over the ranks"},
+        {Sharding::kFsdp2, "fsdp2", false, "FSDP2 (accelerate's fully_shard): parameters, gradients and optimizer "
+                                           "state sharded per parameter, each layer gathered when it runs"},
+        {Sharding::kZero3, "zero3", true, "DeepSpeed ZeRO-3: parameters, gradients and optimizer state partitioned, "
+                                          "gathered per module"},
+    };
+    for (const Rung& rung : kLadder) {
       Candidate c = base;
-      c.setup.sharding = stage;
-      c.setup.precision = Precision::kBf16;
-      // the DDP settings do not apply to ZeRO's rank
+      c.setup.sharding = rung.sharding;
+      if (rung.bf16) c.setup.precision = Precision::kBf16;
+      // the DDP settings do not apply to these ranks
       c.setup.bucket_cap_mb.reset();
       c.setup.gradient_as_bucket_view.reset();
       c.setup.find_unused_parameters.reset();
       try {
-        (void)resolve_zero(c.setup, c.options.loop, c.options.torch);
+        if (rung.sharding == Sharding::kFsdp2) {
+          (void)resolve_fsdp(c.setup, c.model, c.options.loop, c.options.torch);
+        } else {
+          (void)resolve_zero(c.setup, c.options.loop, c.options.torch);
+        }
       } catch (const Error&) {
         continue;  // not simulated for this setup
       }
-      std::vector<FieldChange> changes{{"sharding", name}};
-      if (base.setup.precision != Precision::kBf16) changes.push_back({"precision", "bf16"});
-      add(std::move(changes),
-          stage == Sharding::kZero2 ? "DeepSpeed ZeRO-2: optimizer state and gradients partitioned over the ranks"
-                                    : "DeepSpeed ZeRO-1: optimizer state partitioned over the ranks",
-          c);
+      std::vector<FieldChange> changes{{"sharding", rung.name}};
+      if (rung.bf16 && base.setup.precision != Precision::kBf16) changes.push_back({"precision", "bf16"});
+      add(std::move(changes), rung.what, c);
+    }
+    for (const FitResult::ShardingTry& t : out.sharding_ladder) {
+      if (t.fits) {
+        out.smallest_sharding = t.sharding;
+        break;
+      }
     }
   }
   if (!answer && out.solve == FitDimension::kBatch && base.setup.seq > 1 && budget.events < kFitEventBudget) {

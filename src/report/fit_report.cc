@@ -157,6 +157,19 @@ std::string render_fit_table(const FitResult& r) {
     }
     out += c.str();
   }
+  if (!r.sharding_ladder.empty()) {
+    // least sharded first: the first that fits is the smallest sharding that does
+    std::string tried;
+    for (const FitResult::ShardingTry& t : r.sharding_ladder) {
+      tried += fmt::format("{}{} {}", tried.empty() ? "" : ", ", t.sharding,
+                           t.fits ? fmt::format("fits (largest {} {})", dimension_word(r.solve), with_commas(*t.largest))
+                                  : std::string("does not fit"));
+    }
+    out += r.smallest_sharding
+               ? fmt::format("smallest sharding that fits the {} ranks: {} (tried, least sharded first: {})\n",
+                             r.setup.dp, *r.smallest_sharding, tried)
+               : fmt::format("no sharding of the {} ranks fits (tried, least sharded first: {})\n", r.setup.dp, tried);
+  }
   if (!r.not_helpful.empty()) {
     std::string names;
     for (const auto& n : r.not_helpful) names += (names.empty() ? "" : ", ") + cli_words(n);
@@ -209,6 +222,7 @@ std::string render_fit_json(const FitResult& r) {
       {"not_helpful", not_helpful},
       {"warnings", r.warnings},
       {"suggestions_cut", r.suggestions_cut},
+      {"smallest_sharding", r.smallest_sharding ? nlohmann::json(*r.smallest_sharding) : nlohmann::json()},
   };
   return report::json_text(out);
 }

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "test_util.h"
 
 namespace trainmem {
@@ -225,24 +227,35 @@ TEST(Fit, DimensionNamesParse) {
   EXPECT_EQ(parse_fit_dimension("tokens"), std::nullopt);
 }
 
-TEST(Fit, SeveralDdpRanksAreOfferedDeepSpeedZeroWhereItIsSimulated) {
-  // Llama-3-8B on 8 H100s under DDP: each rank holds every state in float32 (bf16 autocast) and does not fit;
-  // ZeRO-2 partitions the optimizer state and the gradients over the 8 ranks (with its bf16 weights), ZeRO-1 the
-  // optimizer state: each is simulated, and each fits here.
+TEST(Fit, SeveralDdpRanksAreOfferedTheShardingsLeastShardedFirstAndTheSmallestThatFitsIsNamed) {
+  // Llama-3-8B on 8 H100s under DDP: each rank holds every state in float32 (bf16 autocast) and does not fit.
+  // ZeRO-1 partitions the optimizer state, ZeRO-2 the gradients too (both with ZeRO's bf16 weights), FSDP2 and
+  // ZeRO-3 the parameters as well: each is simulated, each fits here, and ZeRO-1, the least sharded, is named.
   Scenario s = testing::scenario_of("llama-3-8b", {{"gpus", "8xh100-80gb"}, {"seq", "2048"}});
   FitRequest req;
   const FitResult r = fit(s, req, testing::MapFileReader());
   EXPECT_FALSE(r.largest.has_value());
-  std::vector<std::string> zero;
+  std::vector<std::string> tried;
   for (const FitSuggestion& sug : r.suggestions) {
     if (sug.changes.front().field != "sharding") continue;
-    zero.push_back(sug.changes.front().value);
+    tried.push_back(sug.changes.front().value);
+    EXPECT_TRUE(sug.at_one->fits) << sug.changes.front().value;
+    if (sug.changes.front().value == "fsdp2") {
+      EXPECT_EQ(sug.changes.size(), 1u);  // accelerate's mixed precision: the setup's bf16-amp stays
+      continue;
+    }
     ASSERT_EQ(sug.changes.size(), 2u);
     EXPECT_EQ(sug.changes[1].field, "precision");
     EXPECT_EQ(sug.changes[1].value, "bf16");
-    EXPECT_TRUE(sug.at_one->fits) << sug.changes.front().value;
   }
-  EXPECT_EQ(zero, (std::vector<std::string>{"zero2", "zero1"}));
+  EXPECT_EQ(tried, (std::vector<std::string>{"zero1", "zero2", "fsdp2", "zero3"}));
+  ASSERT_EQ(r.sharding_ladder.size(), 4u);
+  EXPECT_EQ(r.smallest_sharding, "zero1");
+  // more sharding saves more: ZeRO-1 reserves more than ZeRO-2, which reserves more than FSDP2, at micro-batch 1
+  std::map<std::string, uint64_t> reserved;
+  for (const FitSuggestion& sug : r.suggestions) reserved[sug.changes.front().value] = sug.at_one->peak_reserved.value;
+  EXPECT_GT(reserved["zero1"], reserved["zero2"]);
+  EXPECT_GT(reserved["zero2"], reserved["fsdp2"]);
   // nanoGPT's loop is not the Trainer's: DeepSpeed's rank is not simulated there, so it is not offered
   Scenario n = testing::scenario_of("nanogpt-gpt2", {{"gpus", "8xa100-40gb"}, {"seq", "1024"}});
   for (const FitSuggestion& sug : fit(n, req, testing::MapFileReader()).suggestions) {

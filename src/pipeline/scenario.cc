@@ -834,13 +834,14 @@ void check_tp_setup(const Scenario& s, const ResolvedScenario& r) {
   auto refuse = [&](const char* field, const std::string& why) {
     throw FieldError(field, fmt::format("{}: not simulated with --tp {} ({})", field_text(s, field), t.tp, why));
   };
-  if (r.setup.dp > 1) {
+  // --sharding fsdp2: FSDP2 over the TP-local model (fsdp.cc resolve_fsdp); DDP or ZeRO over it is not simulated
+  if (r.setup.dp > 1 && t.sharding != Sharding::kFsdp2) {
     const bool gpus = !s.gpus.empty();
     throw FieldError(gpus ? "gpus" : "dp",
                      fmt::format("{}: {} data-parallel ranks of --tp {} GPUs each; tensor parallelism composed with "
-                                 "data parallelism (accelerate's ParallelismConfig: DDP or FSDP2 over the TP-local "
-                                 "model) is not simulated yet", gpus ? s.gpus : std::to_string(r.setup.dp),
-                                 r.setup.dp, t.tp));
+                                 "data parallelism by {} over the TP-local model is not simulated yet; --sharding fsdp2 (accelerate's "
+                                 "ParallelismConfig(tp_size, dp_shard_size)) is", gpus ? s.gpus : std::to_string(r.setup.dp),
+                                 r.setup.dp, t.tp, name_of(t.sharding)));
   }
   if (t.lora.on) refuse("lora", "PEFT's adapters on tensor-parallel linears were not read");
   if (t.quant.type != Quantize::kNone) refuse("quantize", "4-bit bases under tensor parallelism were not read");

@@ -954,6 +954,17 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   }
   validate_setup(r.model, r.setup);
   check_tp_setup(s, r);
+  if (r.setup.dp > 1 && s.train.tp > 1) {
+    // transformers' own DistributedConfig(tp_size, fsdp_size) path (distributed/fsdp.py
+    // apply_fully_sharded_data_parallelism) shards at from_pretrained with MixedPrecisionPolicy(param_dtype=bf16,
+    // reduce_dtype=float32) only when fsdp_mixed_precision, and without accelerate's fp32 upcast; accelerate's
+    // fsdp2_prepare_model then returns the model as it is (is_type_fsdp)
+    r.warnings.push_back(fmt::format("--tp {} with --sharding fsdp2: simulated as accelerate's ND-parallel path "
+                                     "(ParallelismConfig(dp_shard_size={}, tp_size={}), fsdp2_prepare_model: fp32 shards, "
+                                     "bf16 gathers and reduce-scatters); transformers' DistributedConfig(tp_size, "
+                                     "fsdp_size) applies its own fully_shard (no fp32 upcast, float32 reduce-scatters) "
+                                     "and is not simulated", s.train.tp, r.setup.dp, s.train.tp));
+  }
   check_ep_setup(s, r);
   if (r.model.moe.experts > 0 && r.model.moe.impl == MoeExperts::kGroupedMm && uses_autocast(r.setup.precision)) {
     // whether autocast casts torch._grouped_mm's operands (and which dtypes its CUDA kernel takes) is not

@@ -50,7 +50,9 @@ std::vector<ProcessGroup> process_groups(const TrainSetup& s, std::optional<uint
     const bool wraps = s.pp_schedule == PpSchedule::kInterleaved1f1b;
     uint64_t peers = s.pp > 2 ? 2 : 1;
     if (!wraps && pp_rank && (*pp_rank == 0 || *pp_rank + 1 == s.pp)) peers = 1;
-    g.push_back({name("pipeline send/recv", s.pp), s.pp, peers});
+    // torchtitan's mesh ["pp", "dp_replicate", "dp_shard", "cp", "tp"]: pp outermost, so neighbours are dp x tp x
+    // cp ranks apart (the P2P connections do not depend on it; the report's "on the node" does)
+    g.push_back({name("pipeline send/recv", s.pp), s.pp, peers, s.dp * s.tp * s.cp});
   }
   return g;
 }

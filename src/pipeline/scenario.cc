@@ -267,6 +267,9 @@ bool boolean(std::string_view field, std::string_view s) {
   return s == "true";
 }
 
+// field_text of an optional true|false setting: "" when not given (the modelled code's default)
+std::string optional_boolean_text(const std::optional<bool>& b) { return b ? (*b ? "true" : "false") : ""; }
+
 template <typename E>
 E named(std::string_view field, std::string_view s, std::optional<E> v) {
   if (!v) bad(field, s, names_list<E>());
@@ -592,7 +595,7 @@ std::string field_text(const Scenario& s, std::string_view f) {
   if (f == "gpus") return s.gpus;
   if (f == "checkpointing") return std::string(name_of(s.train.checkpointing));
   if (f == "checkpoint_reentrant") {
-    return s.train.checkpoint_reentrant ? (*s.train.checkpoint_reentrant ? "true" : "false") : "";
+    return optional_boolean_text(s.train.checkpoint_reentrant);
   }
   if (f == "checkpoint_every") return std::to_string(s.train.checkpoint_every);
   if (f == "lora_dtype") return s.train.lora.fp32 ? "fp32" : "base";
@@ -603,7 +606,7 @@ std::string field_text(const Scenario& s, std::string_view f) {
     return s.train.quant.compute == DType::kBF16 ? "bf16" : s.train.quant.compute == DType::kF16 ? "fp16" : "fp32";
   }
   if (f == "input_require_grads") {
-    return s.train.input_require_grads ? (*s.train.input_require_grads ? "true" : "false") : "";
+    return optional_boolean_text(s.train.input_require_grads);
   }
   if (f == "lora") {
     if (!s.train.lora.on) return "";
@@ -627,13 +630,13 @@ std::string field_text(const Scenario& s, std::string_view f) {
   if (f == "pp_virtual_stages") return s.train.pp_virtual_stages ? std::to_string(s.train.pp_virtual_stages) : "";
   if (f == "bucket_cap_mb") return s.train.bucket_cap_mb ? fmt::format("{}", *s.train.bucket_cap_mb) : "";
   if (f == "gradient_as_bucket_view") {
-    return s.train.gradient_as_bucket_view ? (*s.train.gradient_as_bucket_view ? "true" : "false") : "";
+    return optional_boolean_text(s.train.gradient_as_bucket_view);
   }
   if (f == "nccl_channels") return s.train.nccl.channels ? std::to_string(*s.train.nccl.channels) : "";
-  if (f == "nccl_nvls") return s.train.nccl.nvls ? (*s.train.nccl.nvls ? "true" : "false") : "";
+  if (f == "nccl_nvls") return optional_boolean_text(s.train.nccl.nvls);
   if (f == "gpus_per_node") return std::to_string(s.train.nccl.gpus_per_node);
   if (f == "reduce_bucket_size") return s.train.reduce_bucket_size ? std::to_string(*s.train.reduce_bucket_size) : "";
-  if (f == "overlap_comm") return s.train.overlap_comm ? (*s.train.overlap_comm ? "true" : "false") : "";
+  if (f == "overlap_comm") return optional_boolean_text(s.train.overlap_comm);
   if (f == "offload") {
     const TrainSetup& t = s.train;
     return t.offload_optimizer && t.offload_params ? "optimizer,params" : t.offload_optimizer ? "optimizer"
@@ -646,13 +649,13 @@ std::string field_text(const Scenario& s, std::string_view f) {
     if (f == name) return *v ? std::to_string(**v) : "";
   }
   if (f == "reshard_after_forward") {
-    return s.train.reshard_after_forward ? (*s.train.reshard_after_forward ? "true" : "false") : "";
+    return optional_boolean_text(s.train.reshard_after_forward);
   }
   if (f == "tp") return std::to_string(s.train.tp);
   if (f == "ep") return std::to_string(s.train.ep);
   if (f == "sequence_parallel") return s.train.sequence_parallel ? "true" : "false";
   if (f == "find_unused_parameters") {
-    return s.train.find_unused_parameters ? (*s.train.find_unused_parameters ? "true" : "false") : "";
+    return optional_boolean_text(s.train.find_unused_parameters);
   }
   if (f == "loop") return s.loop == LoopKind::kAuto ? "" : std::string(name_of(s.loop));
   if (f == "torch") return torch_version_name(s.torch);

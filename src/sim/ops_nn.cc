@@ -181,14 +181,26 @@ T sdpa(Ctx& c, const T& q0, const T& k0, const T& v0, const T* mask, double drop
   if (be == SdpaBackend::kMath) return sdpa_math(c, q, k, v, mask, dropout_p, is_causal);
   const uint64_t B = q.shape()[0], H = q.shape()[1], L = q.shape()[2], D = q.shape()[3];
   const uint64_t Hk = k.shape()[1], S = k.shape()[2];
-  // The kernels take (B, L, H, D) views (q.transpose(1, 2)); the output is allocated (B, L, H, D) and the
-  // caller sees its (B, H, L, D) transpose.
+  // The kernels take (B, L, H, D) views (q.transpose(1, 2)) and the caller sees the output's (B, H, L, D)
+  // transpose. The efficient kernel allocates its output (B, L, H, D) (at::empty({B, M, num_heads, Kv})); the
+  // flash kernel's mha_fwd allocates `out = at::empty_like(q_padded)`, which keeps q_t's strides when they are
+  // dense: a query that is physically (B, H, L, D) (a torch.cat's result, as GPT-NeoX's partial rotary gives)
+  // makes a (B, H, L, D) output, and the caller's `.transpose(1, 2).contiguous()` then copies it. The H100
+  // trace of validate/measured/ (Pythia-160m, fp16 autocast) shows that copy.
   const bool flash = be == SdpaBackend::kFlash;
-  const bool philox = !flash && dropout_p == 0.0;
+  // The two 0-dim int64 philox tensors (seed, offset) that the op returns and saves: the efficient kernel
+  // makes them on the CUDA device without dropout; the flash kernel makes them on the CPU up to 2.10, and on
+  // the CUDA device in 2.11 (measured: the H100 traces of validate/measured/, Llama and nanoGPT under SDPA,
+  // show two 8-byte allocations per layer beside the logsumexp, kept to the backward).
+  const bool philox = dropout_p == 0.0 && (!flash || c.rt().torch >= TorchVersion{2, 11});
   T out, lse, seed, offset;
   // the op's outputs (output, logsumexp, philox seed and offset) are what selective checkpointing keeps
   c.e.sac_op(SacOp::kSdpa, {&out, &lse, &seed, &offset}, [&] {
-    T out_blhd = c.e.empty(Shape{B, L, H, Dv}, q.dtype(), Category::kActivations, c.L("sdpa output"));
+    const Shape blhd{B, L, H, Dv};
+    Strides qt = q->strides;  // q.transpose(1, 2)
+    std::swap(qt[1], qt[2]);
+    const Strides st = flash && Dv == D && is_dense(blhd, qt) ? qt : contiguous_strides(blhd);
+    T out_blhd = c.e.empty_strided(blhd, st, q.dtype(), Category::kActivations, c.L("sdpa output"));
     Shape os{B, H, L, Dv};
     Strides ost = out_blhd->strides;
     std::swap(ost[1], ost[2]);
@@ -199,7 +211,6 @@ T sdpa(Ctx& c, const T& q0, const T& k0, const T& v0, const T* mask, double drop
     lse = c.e.empty(Shape{B, H, flash ? L : round_up_to(L, kAlignLse)}, DType::kF32, Category::kActivations,
                     c.L("sdpa logsumexp"));
     if (philox) {
-      // without dropout the efficient kernel keeps seed and offset as two 0-dim int64 CUDA tensors
       seed = c.e.empty(Shape{}, DType::kI64, Category::kActivations, c.L("sdpa philox seed"));
       offset = c.e.empty(Shape{}, DType::kI64, Category::kActivations, c.L("sdpa philox offset"));
     }

@@ -271,11 +271,15 @@ T causal_lm_loss(Ctx& c, const T& logits0, const T& labels0) {
 }
 
 T eager_mask(Ctx& c, uint64_t B, uint64_t Tn, DType dt) {
-  // masking_utils eager_mask: the bool (B, 1, T, KV) mask of sdpa_mask, then torch.where(mask,
-  // torch.tensor(0.0, dtype), finfo(dtype).min): a (B, 1, T, KV) tensor in the embeddings' dtype. KV is
-  // DynamicLayer.get_mask_sizes' kv_length, past + T (T without a cache).
+  // masking_utils eager_mask: the bool mask of sdpa_mask, then torch.where(mask, torch.tensor(0.0, dtype),
+  // finfo(dtype).min): a (B, 1, T, KV) tensor in the embeddings' dtype. KV is DynamicLayer.get_mask_sizes'
+  // kv_length, past + T (T without a cache). sdpa_mask broadcasts the mask function over
+  // _non_vmap_expansion_sdpa's (B,1,1,1), (1,1,1,1), (1,1,T,1), (1,1,1,KV) indices; the causal (and sliding
+  // window) functions read only q_idx and kv_idx, so without a padding mask (trainmem's inputs have none)
+  // the bool tensor is (1, 1, T, KV), then `.expand(batch_size, -1, q_length, kv_length)`, a view. The H100
+  // traces of validate/measured/ (GPT-2 eager, B = 4) show its 1 MiB at T = 1024.
   const uint64_t kv = checked_add(c.kv ? c.kv->past : 0, Tn, "the attention mask's key length");
-  T bool_mask = c.e.empty(Shape{B, 1, Tn, kv}, DType::kBool, Category::kTemporaries, c.L("causal mask (bool)"));
+  T bool_mask = c.e.empty(Shape{1, 1, Tn, kv}, DType::kBool, Category::kTemporaries, c.L("causal mask (bool)"));
   T zero = c.e.empty(Shape{}, dt, Category::kTemporaries, c.L("mask zero"));
   return c.e.empty(Shape{B, 1, Tn, kv}, dt, Category::kActivations, c.L("causal mask"));
 }
@@ -390,6 +394,25 @@ T apply_rotary(Ctx& c, const T& x, const Rotary& r) {
   a.reset();
   b.reset();
   return cat_last(c, {embed, pass}, "cat([q_embed, q_pass])");
+}
+
+std::pair<T, T> apply_rotary_qk(Ctx& c, const T& q, const T& k, const Rotary& r) {
+  // apply_rotary_pos_emb (modeling_gpt_neox.py, modeling_phi3.py, 5.x) with partial rotary: both rotated
+  // halves first, `q_embed = (q_rot * cos) + ...; k_embed = (k_rot * cos) + ...`, then both concatenations,
+  // `q_embed = torch.cat([q_embed, q_pass], dim=-1); k_embed = torch.cat([k_embed, k_pass], dim=-1)`. The
+  // order shows in the H100 trace of validate/measured/ (Pythia-160m). With full rotary there is no cat.
+  const uint64_t D = q.shape().back(), R = r.cos.shape().back();
+  if (R == D) {
+    T qe = apply_rotary(c, q, r);
+    return {qe, apply_rotary(c, k, r)};
+  }
+  Rotary whole = r;  // the rotated parts, [..., :R]: apply_rotary's full-width branch on each
+  T q_embed = apply_rotary(c, slice_last(c, q, 0, R), whole);
+  T k_embed = apply_rotary(c, slice_last(c, k, 0, R), whole);
+  T qo = cat_last(c, {q_embed, slice_last(c, q, R, D)}, "cat([q_embed, q_pass])");
+  q_embed.reset();
+  T ko = cat_last(c, {k_embed, slice_last(c, k, R, D)}, "cat([k_embed, k_pass])");
+  return {qo, ko};
 }
 
 T repeat_kv(Ctx& c, const T& x, uint64_t n_rep) {

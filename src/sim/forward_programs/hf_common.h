@@ -28,6 +28,8 @@ T model_position_ids(Ctx& c, uint64_t Tn);
 // else 1).
 Rotary rotary_embedding(Ctx& c, const T& inv_freq, uint64_t Tn, DType x_dtype);
 T apply_rotary(Ctx& c, const T& x, const Rotary& r);
+// q and k together, in apply_rotary_pos_emb's order (partial rotary: both rotations, then both cats)
+std::pair<T, T> apply_rotary_qk(Ctx& c, const T& q, const T& k, const Rotary& r);
 // The body of a rotary decoder's model after its embedding (GPTNeoXModel.forward, PhiModel.forward):
 // position_ids, the eager causal mask (in the embeddings' dtype), `embed_dropout` (which returns the hidden states
 // and rebinds what the caller's Python rebinds), cos/sin from `inv_freq`, the layers through run_layers(), then

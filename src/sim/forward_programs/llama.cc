@@ -198,8 +198,7 @@ AttnOut attention(Ctx& c, const ModelSpec& m, const Layer& L, const T& x, const 
       k = rms_norm(c, m, k, L.p("self_attn.k_norm.weight"), "attn.k_norm");
     }
   }
-  q = apply_rotary(c, q, rot);
-  k = apply_rotary(c, k, rot);
+  std::tie(q, k) = apply_rotary_qk(c, q, k, rot);
   kv_update(c, L.l, k, v);  // past_key_values.update(key_states, value_states, self.layer_idx, cache_kwargs)
   AttnOut a;
   if (m.attn_impl == AttnImpl::kEager) {

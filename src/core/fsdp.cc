@@ -11,6 +11,7 @@
 #include "../families/registry.h"
 #include "trainmem/error.h"
 #include "trainmem/model.h"
+#include "trainmem/pp.h"
 #include "trainmem/sim.h"
 
 namespace trainmem {
@@ -187,6 +188,77 @@ std::vector<FsdpUnit> fsdp_units(const ModelSpec& m, const Inventory& inv, const
   units.push_back(std::move(embed));
   for (FsdpUnit& u : layers) units.push_back(std::move(u));
   units.push_back(std::move(tail));
+  return units;
+}
+
+// torchtitan v0.2.0 under a pipeline (fsdp.h). Sources: pytorch/torchtitan v0.2.0
+// torchtitan/models/llama3/infra/parallelize.py parallelize_llama / apply_fsdp, torchtitan/config/job_config.py
+// Training.dtype / mixed_precision_param / mixed_precision_reduce and Parallelism.fsdp_reshard_after_forward.
+FsdpOptions fsdp_torchtitan_pp_options(uint64_t dp) {
+  if (dp < 2) throw Error("internal: torchtitan's FSDP2 policy needs a data-parallel mesh of 2 or more ranks");
+  FsdpOptions f;
+  f.on = true;
+  f.ranks = dp;
+  f.rank = 0;
+  // apply_fsdp, policy "default": `reshard_after_forward = not pp_enabled` ("For PP, by default do not reshard
+  // after forward to avoid per-microbatch all-gathers"); the blocks and tok_embeddings get it, [norm, output]
+  // gets `reshard_after_forward_policy == "always"` (False), and the root fully_shard(model) its default
+  f.reshard_after_forward = false;
+  // Training.dtype = "float32": the parameters (hence their shards), gradients and optimizer states are fp32
+  f.orig_dtype = DType::kF32;
+  // apply_fsdp: MixedPrecisionPolicy(param_dtype=TORCH_DTYPE_MAP[mixed_precision_param] ("bfloat16"),
+  // reduce_dtype=TORCH_DTYPE_MAP[mixed_precision_reduce] ("float32"))
+  f.mixed = true;
+  f.param_dtype = DType::kBF16;
+  f.reduce_dtype = DType::kF32;
+  return f;
+}
+
+std::vector<FsdpUnit> fsdp_stage_units(const Inventory& stage_inv, const std::vector<PpStagePart>& parts,
+                                       const FsdpOptions& o) {
+  // apply_fsdp on each stage model (torchtitan's pipeline_llm prunes the Transformer per stage: tok_embeddings
+  // None off the first stage, norm and output None off the last): fully_shard(tok_embeddings) if present, each
+  // TransformerBlock, [norm, output] if present, then the root with what is left (nothing here). Units are in
+  // forward order, stage by stage as the rank holds them.
+  std::vector<FsdpUnit> units;
+  auto add = [&](FsdpUnit::Kind kind, int32_t layer, std::string name, bool reshard, auto member) {
+    FsdpUnit u;
+    u.kind = kind;
+    u.layer = layer;
+    u.name = std::move(name);
+    u.reshard_after_forward = reshard;
+    for (size_t i = 0; i < stage_inv.parameters.size(); ++i) {
+      if (!member(stage_inv.parameters[i].name)) continue;
+      u.rows.push_back(static_cast<int32_t>(i));
+      const FsdpShard sh = fsdp_shard(stage_inv.parameters[i].shape, o.ranks, o.rank);
+      u.shard_numel = checked_add(u.shard_numel, sh.padded_numel, "FSDP unit");
+      u.params = checked_add(u.params, stage_inv.parameters[i].elems.value, "FSDP unit");
+    }
+    if (u.rows.empty()) throw Error(fmt::format("internal: FSDP unit {} has no parameters on this stage", u.name));
+    units.push_back(std::move(u));
+  };
+  auto starts = [](const std::string& n, const std::string& pre) { return n.rfind(pre, 0) == 0; };
+  size_t covered = 0;
+  for (const PpStagePart& p : parts) {
+    if (p.embeddings) {
+      add(FsdpUnit::kEmbed, -1, "model.embed_tokens", o.reshard_after_forward,
+          [&](const std::string& n) { return starts(n, "model.embed_tokens."); });
+    }
+    for (uint64_t l = p.layer_begin; l < p.layer_end; ++l) {
+      const std::string pre = fmt::format("model.layers.{}.", l);
+      add(FsdpUnit::kLayer, static_cast<int32_t>(l), pre.substr(0, pre.size() - 1), o.reshard_after_forward,
+          [&](const std::string& n) { return starts(n, pre); });
+    }
+    if (p.head) {
+      add(FsdpUnit::kTail, -1, "[model.norm, lm_head]", false,
+          [&](const std::string& n) { return starts(n, "model.norm.") || starts(n, "lm_head."); });
+    }
+  }
+  for (const FsdpUnit& u : units) covered += u.rows.size();
+  if (covered != stage_inv.parameters.size()) {
+    throw Error(fmt::format("internal: {} of the stage's {} parameters in its FSDP units", covered,
+                            stage_inv.parameters.size()));
+  }
   return units;
 }
 

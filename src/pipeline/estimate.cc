@@ -301,6 +301,14 @@ void check_pipeline(const ModelSpec& m, const TrainSetup& s, LoopKind loop, Torc
   if (m.embed.tied) {
     no("a tied lm_head (tie_word_embeddings) would be shared by the first and last stages; not simulated");
   }
+  if (s.dp > 1 && s.sharding == Sharding::kFsdp2) {
+    // torchtitan v0.2.0's policy under PP is known (fsdp.h fsdp_torchtitan_pp_options / fsdp_stage_units: fp32
+    // shards, bf16 gathers kept through every micro-batch, fp32 reduce-scatter), but its hooks are not yet run per
+    // stage and per micro-batch in the schedule's order (stage.py backward_maybe_with_nosync: no gradient sync and
+    // no reshard after backward until the last micro-batch, then post_backward by hand)
+    no(fmt::format("--dp {} --sharding fsdp2: FSDP2 on pipeline stages (torchtitan's apply_fsdp with pp_enabled) is "
+                   "not simulated yet", s.dp));
+  }
   if (s.dp > 1) no("with --dp above 1 (DDP, ZeRO or FSDP under a pipeline) is not simulated yet");
   if (s.lora.on || s.quant.type != Quantize::kNone || !s.freeze.empty()) {
     no("LoRA, 4-bit quantization and frozen rows are not simulated under a pipeline");

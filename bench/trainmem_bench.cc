@@ -105,16 +105,20 @@ void estimate_70b_hf(benchmark::State& state, Shape shape, uint64_t tp = 1) {
 // One rank of a 70B model over 64 data-parallel ranks at T=8192: DDP's buckets (construction and the rebuild at
 // step 2), DeepSpeed ZeRO-2's partitions (the layout of every parameter over 64 partitions, the IPG buckets) and
 // FSDP2's units (every parameter's dim-0 shard, the all-gathers, reshards and reduce-scatters of 82 units).
+// Arg 3: the 64 GPUs as --tp 8 x FSDP2 over 8 data-parallel ranks (--gpus 64xh100-80gb --tp 8 --sharding fsdp2):
+// the TP-local model's shards, its units' gathers, and the TP collectives' buffers.
 void BM_EstimatePerRank70B_T8192(benchmark::State& state) {
-  const Sharding kinds[] = {Sharding::kDdp, Sharding::kZero2, Sharding::kFsdp2};
+  const Sharding kinds[] = {Sharding::kDdp, Sharding::kZero2, Sharding::kFsdp2, Sharding::kFsdp2};
   const Sharding sharding = kinds[state.range(0)];
+  const uint64_t tp = state.range(0) == 3 ? 8 : 1;
   estimate_70b_hf(state, [&](TrainSetup& s) {
-    s.dp = 64;
+    s.dp = 64 / tp;
+    s.tp = tp;
     s.sharding = sharding;
-  });
-  state.SetLabel(std::string(name_of(sharding)));
+  }, tp);
+  state.SetLabel(tp > 1 ? "fsdp2 over tp 8, dp 8" : std::string(name_of(sharding)));
 }
-BENCHMARK(BM_EstimatePerRank70B_T8192)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_EstimatePerRank70B_T8192)->Arg(0)->Arg(1)->Arg(2)->Arg(3)->Unit(benchmark::kMillisecond);
 
 // A 70B pipeline at T=8192: --pp 4 --micro-batches 8, every rank simulated (1F1B: one stage of about 20 layers
 // per rank with up to 4 micro-batches in flight; interleaved-1f1b: two stages of about 10 layers per rank), and

@@ -72,6 +72,9 @@ struct ProcessGroup {
   // A group this rank only sends to and receives from its neighbours in (the pipeline's batch_isend_irecv):
   // P2P connections to `p2p_peers` ranks instead of the collectives' ring. 0: a collectives group.
   uint64_t p2p_peers = 0;
+  // The distance between consecutive members' global ranks: 1 for the innermost mesh dimension; the data-parallel
+  // group under --tp T strides over the TP groups (T). Its members on this rank's node: ceil(gpus_per_node / stride).
+  uint64_t stride = 1;
 };
 
 // What one communicator allocates on this rank.

@@ -306,36 +306,37 @@ class Allocator {
   // release_cached_blocks (also torch.cuda.empty_cache()): cudaFree every cached segment that is entirely
   // free; with expandable segments, unmap the free pages at the end of each pool's segment.
   void release_cached_blocks() {
-    for (size_t k = 0; k < 2 * kStreamCount; ++k) {
-      Pool* pool = k < kStreamCount ? &large_[k] : &small_[k - kStreamCount];
-      for (auto it = pool->free.begin(); it != pool->free.end();) {
-        Block* b = *it;
-        if (!b->prev && !b->next && !b->expandable) {
-          reserved_ -= b->size;
-          --segments_;
-          it = pool->free.erase(it);
-          dispose(b);
-        } else {
-          ++it;
-        }
-      }
-      Block* t = pool->exp_last;
-      if (t && !t->allocated) {
-        const uint64_t page = pool->small ? kSmallBuffer : kLargeBuffer;
-        const uint64_t start = t->addr - pool->exp_base;
-        const uint64_t keep = ceil_div(start, page) * page - start;  // pages partly below the block stay
-        const uint64_t drop = (t->size - std::min(t->size, keep)) / page * page;
-        if (drop > 0) {
-          pool->free.erase(t);
-          t->size -= drop;
-          pool->exp_mapped -= drop;
-          reserved_ -= drop;
-          if (t->size == 0) {
-            if (t->prev) t->prev->next = nullptr;
-            pool->exp_last = t->prev;
-            dispose(t);
+    for (Pool* pools : {large_, small_}) {  // every stream's large pools, then its small ones
+      for (Pool* pool = pools; pool != pools + kStreamCount; ++pool) {
+        for (auto it = pool->free.begin(); it != pool->free.end();) {
+          Block* b = *it;
+          if (!b->prev && !b->next && !b->expandable) {
+            reserved_ -= b->size;
+            --segments_;
+            it = pool->free.erase(it);
+            dispose(b);
           } else {
-            pool->free.insert(t);
+            ++it;
+          }
+        }
+        Block* t = pool->exp_last;
+        if (t && !t->allocated) {
+          const uint64_t page = pool->small ? kSmallBuffer : kLargeBuffer;
+          const uint64_t start = t->addr - pool->exp_base;
+          const uint64_t keep = ceil_div(start, page) * page - start;  // pages partly below the block stay
+          const uint64_t drop = (t->size - std::min(t->size, keep)) / page * page;
+          if (drop > 0) {
+            pool->free.erase(t);
+            t->size -= drop;
+            pool->exp_mapped -= drop;
+            reserved_ -= drop;
+            if (t->size == 0) {
+              if (t->prev) t->prev->next = nullptr;
+              pool->exp_last = t->prev;
+              dispose(t);
+            } else {
+              pool->free.insert(t);
+            }
           }
         }
       }

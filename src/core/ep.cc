@@ -22,14 +22,6 @@
 
 namespace trainmem {
 
-namespace {
-
-bool ends_with(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
-
-}  // namespace
-
 void ep_check(const ModelSpec& m, uint64_t ep) {
   if (ep <= 1) return;
   if (m.moe.experts == 0) {
@@ -70,7 +62,7 @@ void mark_ep_shards(const ModelSpec& local, Inventory& inv) {
   if (local.ep <= 1) return;
   for (TensorRow& r : inv.parameters) {
     // "layers.*.mlp.experts.gate_up_proj" / "down_proj": grouped_gemm, Shard(0)
-    if (ends_with(r.name, "mlp.experts.gate_up_proj") || ends_with(r.name, "mlp.experts.down_proj")) r.tp_dim = 0;
+    if (r.name.ends_with("mlp.experts.gate_up_proj") || r.name.ends_with("mlp.experts.down_proj")) r.tp_dim = 0;
   }
 }
 

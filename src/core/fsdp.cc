@@ -41,9 +41,16 @@ FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop,
                                    "qwen2, ...); {} ({}) has no FSDP unit hooks yet", m.model_type,
                                    family_descriptor(m.family).name));
   }
-  if (s.tp > 1) {
-    refuse("tp", fmt::format("{}: FSDP2 over tensor-parallel shards (a 2-D mesh, DTensor parameters sharded twice) is "
-                             "not simulated", s.tp));
+  // --tp T with --sharding fsdp2, as accelerate's examples/torch_native_parallelism/nd_parallel.py runs it
+  // (16cb6eb): ParallelismConfig(dp_shard_size=D, tp_size=T), FullyShardedDataParallelPlugin(fsdp_version=2),
+  // mixed_precision="bf16", from_pretrained(tp_plan="auto", device_mesh=accelerator.torch_device_mesh) shards the
+  // model first, then accelerate's fsdp2_prepare_model calls fully_shard with mesh=torch_device_mesh[fsdp_dim_names] ("dp_shard_cp",
+  // utils/fsdp_utils.py; ParallelismConfig mesh order dp_replicate, dp_shard, cp, sp, tp). FSDPParam's
+  // _init_sharding_spec_tp (torch _fully_shard/_fsdp_param.py) returns `param._local_tensor`, which
+  // _init_sharded_param chunks on dim 0 over the dp shard mesh (_chunk_with_empty, padded on the local dim 0): the
+  // rank's TP-local inventory (apply_tensor_parallel) sharded over W = dp, the all-gather outputs TP-local.
+  if (s.tp > 1 && s.ep > 1) {
+    refuse("ep", fmt::format("{}: FSDP2 over expert-parallel shards is not simulated", s.ep));
   }
   if (m.embed.tied) {
     refuse("sharding", "fsdp2: tied input/output embeddings (accelerate's tail unit then holds the shared weight, "

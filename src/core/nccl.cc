@@ -8,6 +8,7 @@
 #include "trainmem/error.h"
 #include "trainmem/gpu.h"
 #include "trainmem/setup.h"
+#include "trainmem/units.h"
 
 namespace trainmem {
 
@@ -30,10 +31,15 @@ std::vector<ProcessGroup> process_groups(const TrainSetup& s, std::optional<uint
   // one NCCL communicator per process group, created at its first collective (ProcessGroupNCCL::getNCCLComm)
   const uint64_t world = s.dp * s.tp * s.pp * s.cp;  // resolve() bounded each factor and their product
   auto name = [&](const char* what, uint64_t n) { return fmt::format("{}{}", what, n == world ? " (the world group)" : ""); };
-  if (s.dp > 1) g.push_back({name("data parallel", s.dp), s.dp});
+  if (s.dp > 1) {
+    // under --tp T (FSDP2 over the TP-local model, fsdp.cc): accelerate's ParallelismConfig._get_mesh orders the
+    // mesh ["dp_replicate", "dp_shard", "cp", "sp", "tp"], TP innermost, so the data-parallel group's members are
+    // T ranks apart (on different nodes when T fills one)
+    g.push_back({name("data parallel", s.dp), s.dp, 0, s.tp});
+  }
   // --cp N: context_parallel's mesh["cp"] group (its all-gather and all-to-all: cp.h)
   if (s.cp > 1) g.push_back({name("context parallel", s.cp), s.cp});
-  // tensor parallelism (tp.h; resolve() refuses it with dp > 1): transformers' initialize_tensor_parallelism makes
+  // tensor parallelism (tp.h; with dp > 1 only under --sharding fsdp2, fsdp.cc): transformers' initialize_tensor_parallelism makes
   // init_device_mesh(device_type, (tp_size,)), a 1-D mesh over the world, whose group is the default one, where
   // _AllReduceForward / _AllReduceBackward / _AllGather run (device_mesh.get_group()); under a pipeline, the
   // group of the rank's stage
@@ -44,7 +50,9 @@ std::vector<ProcessGroup> process_groups(const TrainSetup& s, std::optional<uint
     const bool wraps = s.pp_schedule == PpSchedule::kInterleaved1f1b;
     uint64_t peers = s.pp > 2 ? 2 : 1;
     if (!wraps && pp_rank && (*pp_rank == 0 || *pp_rank + 1 == s.pp)) peers = 1;
-    g.push_back({name("pipeline send/recv", s.pp), s.pp, peers});
+    // torchtitan's mesh ["pp", "dp_replicate", "dp_shard", "cp", "tp"]: pp outermost, so neighbours are dp x tp x
+    // cp ranks apart (the P2P connections do not depend on it; the report's "on the node" does)
+    g.push_back({name("pipeline send/recv", s.pp), s.pp, peers, s.dp * s.tp * s.cp});
   }
   return g;
 }
@@ -70,7 +78,7 @@ NcclLedger nccl_ledger(const std::vector<ProcessGroup>& groups, const GpuSpec& g
     NcclCommunicator c;
     c.name = g.name;
     c.ranks = g.ranks;
-    c.local_ranks = std::min(g.ranks, setup.gpus_per_node);
+    c.local_ranks = std::min(g.ranks, ceil_div(setup.gpus_per_node, std::max<uint64_t>(g.stride, 1)));
     c.channels = channels;
     if (!l.known) {
       l.communicators.push_back(std::move(c));

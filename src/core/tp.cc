@@ -22,17 +22,13 @@ namespace trainmem {
 
 namespace {
 
-bool ends_with(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
-
 // The modules of base_model_tp_plan / _tp_plan, by the name after "model.layers.N." (or the top-level name).
 TpStyle module_style(std::string_view module) {
   for (std::string_view m : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"}) {
-    if (ends_with(module, m)) return TpStyle::kColwise;
+    if (module.ends_with(m)) return TpStyle::kColwise;
   }
   for (std::string_view m : {"self_attn.o_proj", "mlp.down_proj"}) {
-    if (ends_with(module, m)) return TpStyle::kRowwise;
+    if (module.ends_with(m)) return TpStyle::kRowwise;
   }
   if (module == "lm_head") return TpStyle::kColwiseGatherOutput;
   return TpStyle::kReplicated;
@@ -111,7 +107,7 @@ void mark_tp_shards(const ModelSpec& local, Inventory& inv) {
   if (local.tp <= 1) return;
   for (TensorRow& r : inv.parameters) {
     const TpStyle s = tp_style(local, r.name);
-    const bool bias = ends_with(r.name, ".bias");
+    const bool bias = r.name.ends_with(".bias");
     switch (s) {
       case TpStyle::kReplicated: r.tp_dim = -1; break;
       case TpStyle::kColwise:

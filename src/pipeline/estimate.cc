@@ -391,9 +391,10 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
   validate_setup(m, s);
   SimOptions o = o0;
   // dp > 1: one rank of DistributedDataParallel (ddp.h); refuses what it does not simulate
-  const DdpOptions ddp = resolve_ddp(s, resolved(o0, m).loop, o0.torch);
-  const ZeroOptions zopt = resolve_zero(s, resolved(o0, m).loop, o0.torch);  // --sharding zero2 (zero.h)
-  const FsdpOptions fopt = resolve_fsdp(s, m, resolved(o0, m).loop, o0.torch);  // --sharding fsdp2 (fsdp.h)
+  const LoopKind loop = resolved(o0, m).loop;
+  const DdpOptions ddp = resolve_ddp(s, loop, o0.torch);
+  const ZeroOptions zopt = resolve_zero(s, loop, o0.torch);  // --sharding zero2 (zero.h)
+  const FsdpOptions fopt = resolve_fsdp(s, m, loop, o0.torch);  // --sharding fsdp2 (fsdp.h)
   if (gpu) o.sm = gpu->sm;  // the device decides the kernels: an H100 is simulated as sm_90
   Estimate e;
   e.model = m;

@@ -267,6 +267,9 @@ bool boolean(std::string_view field, std::string_view s) {
   return s == "true";
 }
 
+// field_text of an optional true|false setting: "" when not given (the modelled code's default)
+std::string optional_boolean_text(const std::optional<bool>& b) { return b ? (*b ? "true" : "false") : ""; }
+
 template <typename E>
 E named(std::string_view field, std::string_view s, std::optional<E> v) {
   if (!v) bad(field, s, names_list<E>());
@@ -592,7 +595,7 @@ std::string field_text(const Scenario& s, std::string_view f) {
   if (f == "gpus") return s.gpus;
   if (f == "checkpointing") return std::string(name_of(s.train.checkpointing));
   if (f == "checkpoint_reentrant") {
-    return s.train.checkpoint_reentrant ? (*s.train.checkpoint_reentrant ? "true" : "false") : "";
+    return optional_boolean_text(s.train.checkpoint_reentrant);
   }
   if (f == "checkpoint_every") return std::to_string(s.train.checkpoint_every);
   if (f == "lora_dtype") return s.train.lora.fp32 ? "fp32" : "base";
@@ -603,7 +606,7 @@ std::string field_text(const Scenario& s, std::string_view f) {
     return s.train.quant.compute == DType::kBF16 ? "bf16" : s.train.quant.compute == DType::kF16 ? "fp16" : "fp32";
   }
   if (f == "input_require_grads") {
-    return s.train.input_require_grads ? (*s.train.input_require_grads ? "true" : "false") : "";
+    return optional_boolean_text(s.train.input_require_grads);
   }
   if (f == "lora") {
     if (!s.train.lora.on) return "";
@@ -627,13 +630,13 @@ std::string field_text(const Scenario& s, std::string_view f) {
   if (f == "pp_virtual_stages") return s.train.pp_virtual_stages ? std::to_string(s.train.pp_virtual_stages) : "";
   if (f == "bucket_cap_mb") return s.train.bucket_cap_mb ? fmt::format("{}", *s.train.bucket_cap_mb) : "";
   if (f == "gradient_as_bucket_view") {
-    return s.train.gradient_as_bucket_view ? (*s.train.gradient_as_bucket_view ? "true" : "false") : "";
+    return optional_boolean_text(s.train.gradient_as_bucket_view);
   }
   if (f == "nccl_channels") return s.train.nccl.channels ? std::to_string(*s.train.nccl.channels) : "";
-  if (f == "nccl_nvls") return s.train.nccl.nvls ? (*s.train.nccl.nvls ? "true" : "false") : "";
+  if (f == "nccl_nvls") return optional_boolean_text(s.train.nccl.nvls);
   if (f == "gpus_per_node") return std::to_string(s.train.nccl.gpus_per_node);
   if (f == "reduce_bucket_size") return s.train.reduce_bucket_size ? std::to_string(*s.train.reduce_bucket_size) : "";
-  if (f == "overlap_comm") return s.train.overlap_comm ? (*s.train.overlap_comm ? "true" : "false") : "";
+  if (f == "overlap_comm") return optional_boolean_text(s.train.overlap_comm);
   if (f == "offload") {
     const TrainSetup& t = s.train;
     return t.offload_optimizer && t.offload_params ? "optimizer,params" : t.offload_optimizer ? "optimizer"
@@ -646,13 +649,13 @@ std::string field_text(const Scenario& s, std::string_view f) {
     if (f == name) return *v ? std::to_string(**v) : "";
   }
   if (f == "reshard_after_forward") {
-    return s.train.reshard_after_forward ? (*s.train.reshard_after_forward ? "true" : "false") : "";
+    return optional_boolean_text(s.train.reshard_after_forward);
   }
   if (f == "tp") return std::to_string(s.train.tp);
   if (f == "ep") return std::to_string(s.train.ep);
   if (f == "sequence_parallel") return s.train.sequence_parallel ? "true" : "false";
   if (f == "find_unused_parameters") {
-    return s.train.find_unused_parameters ? (*s.train.find_unused_parameters ? "true" : "false") : "";
+    return optional_boolean_text(s.train.find_unused_parameters);
   }
   if (f == "loop") return s.loop == LoopKind::kAuto ? "" : std::string(name_of(s.loop));
   if (f == "torch") return torch_version_name(s.torch);
@@ -834,13 +837,14 @@ void check_tp_setup(const Scenario& s, const ResolvedScenario& r) {
   auto refuse = [&](const char* field, const std::string& why) {
     throw FieldError(field, fmt::format("{}: not simulated with --tp {} ({})", field_text(s, field), t.tp, why));
   };
-  if (r.setup.dp > 1) {
+  // --sharding fsdp2: FSDP2 over the TP-local model (fsdp.cc resolve_fsdp); DDP or ZeRO over it is not simulated
+  if (r.setup.dp > 1 && t.sharding != Sharding::kFsdp2) {
     const bool gpus = !s.gpus.empty();
     throw FieldError(gpus ? "gpus" : "dp",
                      fmt::format("{}: {} data-parallel ranks of --tp {} GPUs each; tensor parallelism composed with "
-                                 "data parallelism (accelerate's ParallelismConfig: DDP or FSDP2 over the TP-local "
-                                 "model) is not simulated yet", gpus ? s.gpus : std::to_string(r.setup.dp),
-                                 r.setup.dp, t.tp));
+                                 "data parallelism by {} over the TP-local model is not simulated yet; --sharding fsdp2 (accelerate's "
+                                 "ParallelismConfig(tp_size, dp_shard_size)) is", gpus ? s.gpus : std::to_string(r.setup.dp),
+                                 r.setup.dp, t.tp, name_of(t.sharding)));
   }
   if (t.lora.on) refuse("lora", "PEFT's adapters on tensor-parallel linears were not read");
   if (t.quant.type != Quantize::kNone) refuse("quantize", "4-bit bases under tensor parallelism were not read");
@@ -953,6 +957,17 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   }
   validate_setup(r.model, r.setup);
   check_tp_setup(s, r);
+  if (r.setup.dp > 1 && s.train.tp > 1) {
+    // transformers' own DistributedConfig(tp_size, fsdp_size) path (distributed/fsdp.py
+    // apply_fully_sharded_data_parallelism) shards at from_pretrained with MixedPrecisionPolicy(param_dtype=bf16,
+    // reduce_dtype=float32) only when fsdp_mixed_precision, and without accelerate's fp32 upcast; accelerate's
+    // fsdp2_prepare_model then returns the model as it is (is_type_fsdp)
+    r.warnings.push_back(fmt::format("--tp {} with --sharding fsdp2: simulated as accelerate's ND-parallel path "
+                                     "(ParallelismConfig(dp_shard_size={}, tp_size={}), fsdp2_prepare_model: fp32 shards, "
+                                     "bf16 gathers and reduce-scatters); transformers' DistributedConfig(tp_size, "
+                                     "fsdp_size) applies its own fully_shard (no fp32 upcast, float32 reduce-scatters) "
+                                     "and is not simulated", s.train.tp, r.setup.dp, s.train.tp));
+  }
   check_ep_setup(s, r);
   if (r.model.moe.experts > 0 && r.model.moe.impl == MoeExperts::kGroupedMm && uses_autocast(r.setup.precision)) {
     // whether autocast casts torch._grouped_mm's operands (and which dtypes its CUDA kernel takes) is not

@@ -315,6 +315,22 @@ struct StorageInfo {
 // keeps a simulation under ~500 MB. Beyond it the simulation stops with an error naming the bound.
 inline constexpr size_t kMaxEvents = size_t{1} << 22;  // 4,194,304
 
+class Engine;
+
+// `with torch.cuda.stream(s):` for the block's lifetime: storages allocated meanwhile come from `s`'s pool; the
+// previous stream comes back on leaving, also when an allocation throws.
+class StreamScope {
+ public:
+  StreamScope(Engine& e, Stream s);
+  ~StreamScope();
+  StreamScope(const StreamScope&) = delete;
+  StreamScope& operator=(const StreamScope&) = delete;
+
+ private:
+  Engine& e_;
+  Stream caller_;
+};
+
 class Engine {
  public:
   explicit Engine(Timeline* tl) : tl_(tl) {}
@@ -510,5 +526,8 @@ class Engine {
   std::array<T, 2> cublas_ws_;    // per thread: 0 = Python thread, 1 = autograd thread
   std::array<T, 2> cublaslt_ws_;
 };
+
+inline StreamScope::StreamScope(Engine& e, Stream s) : e_(e), caller_(e.stream) { e.stream = s; }
+inline StreamScope::~StreamScope() { e_.stream = caller_; }
 
 }  // namespace trainmem::sim

@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include <optional>
+
 #include "trainmem/error.h"
 
 namespace trainmem::sim {
@@ -23,10 +25,6 @@ const char* unit_label(const char* what, const FsdpUnit& u) {
 Fsdp2::Fsdp2(Engine& e, const Inventory& inv, const FsdpOptions& o, std::vector<FsdpUnit> units)
     : e_(e), inv_(inv), o_(o) {
   for (FsdpUnit& spec : units) {
-    if (spec.kind == FsdpUnit::kLayer) {
-      if (layer_unit_.size() <= static_cast<size_t>(spec.layer)) layer_unit_.resize(static_cast<size_t>(spec.layer) + 1, -1);
-      layer_unit_[static_cast<size_t>(spec.layer)] = static_cast<int32_t>(units_.size());
-    }
     Unit& u = units_.emplace_back();
     u.spec = std::move(spec);
   }
@@ -35,16 +33,19 @@ Fsdp2::Fsdp2(Engine& e, const Inventory& inv, const FsdpOptions& o, std::vector<
   sgrad_.resize(inv.parameters.size());
 }
 
+// fsdp_units' order: the embedding, decoder layers 0 .. L-1, the tail
 Fsdp2::Unit& Fsdp2::unit(int32_t id) {
-  for (Unit& u : units_) {
-    if ((id == kFsdpUnitEmbed && u.spec.kind == FsdpUnit::kEmbed) || (id == kFsdpUnitTail && u.spec.kind == FsdpUnit::kTail)) {
-      return u;
-    }
+  Unit* u = nullptr;
+  if (id == kFsdpUnitEmbed) u = &units_.front();
+  if (id == kFsdpUnitTail) u = &units_.back();
+  if (id >= 0 && static_cast<size_t>(id) + 2 < units_.size()) {
+    u = &units_[static_cast<size_t>(id) + 1];
   }
-  if (id >= 0 && static_cast<size_t>(id) < layer_unit_.size() && layer_unit_[static_cast<size_t>(id)] >= 0) {
-    return units_[static_cast<size_t>(layer_unit_[static_cast<size_t>(id)])];
+  const FsdpUnit::Kind want = id == kFsdpUnitEmbed ? FsdpUnit::kEmbed : id == kFsdpUnitTail ? FsdpUnit::kTail : FsdpUnit::kLayer;
+  if (!u || u->spec.kind != want || (want == FsdpUnit::kLayer && u->spec.layer != id)) {
+    throw Error(fmt::format("internal: no FSDP unit {}", id));
   }
-  throw Error(fmt::format("internal: no FSDP unit {}", id));
+  return *u;
 }
 
 void Fsdp2::load(LoadedModel& w, DType buffer_dtype) {
@@ -94,15 +95,13 @@ void Fsdp2::unshard(Unit& u) {
   // FSDPCommContext.get_all_gather_streams: unshards in FORWARD and PRE_BACKWARD (the backward prefetch sets
   // PRE_BACKWARD) without async_op run foreach_all_gather `with device_handle.stream(all_gather_copy_in_stream)`:
   // the copy-in and the all-gather output come from that stream's pool
-  const Stream caller = e_.stream;
-  e_.stream = Stream::kFsdpAllGatherCopyIn;
+  const StreamScope copy_in_stream(e_, Stream::kFsdpAllGatherCopyIn);
   T copy_in = o_.mixed ? e_.empty(Shape{n}, o_.param_dtype, Category::kFsdpBuffers, Label{unit_label("all-gather copy-in", u.spec), u.spec.layer, -1})
                        : T();
   // all_gather_output = torch.empty((all_gather_input_numel * world_size,)); all_gather_copy_in copies the inputs
   // into its narrow(rank) view (no allocation); param_all_gather_inputs dies when foreach_all_gather returns
   u.ag_result = e_.empty(Shape{checked_mul(n, o_.ranks, "FSDP all-gather")}, o_.param_dtype, Category::kFsdpBuffers,
                          Label{unit_label("all-gather output", u.spec), u.spec.layer, -1});
-  e_.stream = caller;
 }
 
 // FSDPParamGroup.wait_for_unshard
@@ -234,8 +233,12 @@ void Fsdp2::post_backward(Unit& u) {
   // padded_unsharded_sizes: _get_dim0_padded_size per gradient; reduce_scatter_input = empty(sum, reduce_dtype).
   // (A narrowing cast would add a grad_dtype temporary; the resolved policies never narrow: bf16 -> bf16, fp32 ->
   // fp32.) foreach_reduce_scatter_copy_in: chunk_cat into it, then `unsharded_grads.clear()` frees the gradients.
-  uint64_t n = 0;
-  for (int32_t r : with_grad) n = checked_add(n, fsdp_shard(inv_.parameters[static_cast<size_t>(r)].shape, o_.ranks, o_.rank).padded_numel, "FSDP RS");
+  // (every row of the unit has a gradient in the modelled runs: the unit's padded shard numel, fsdp_units' sum)
+  uint64_t n = u.spec.shard_numel;
+  if (with_grad.size() != u.spec.rows.size()) {
+    n = 0;
+    for (int32_t r : with_grad) n = checked_add(n, fsdp_shard(inv_.parameters[static_cast<size_t>(r)].shape, o_.ranks, o_.rank).padded_numel, "FSDP RS");
+  }
   T rs_input = e_.empty(Shape{checked_mul(n, o_.ranks, "FSDP reduce-scatter")}, reduce, Category::kFsdpBuffers,
                         Label{unit_label("reduce-scatter input", u.spec), u.spec.layer, -1});
   grads.clear();
@@ -246,15 +249,14 @@ void Fsdp2::post_backward(Unit& u) {
   // `with device_handle.stream(reduce_scatter_stream): reduce_output = ...allocate(...)`, and the upcast runs
   // `with device_handle.stream(post_reduce_stream)` (the reduce-scatter stream without HSDP): both from that
   // stream's pool, so the sharded gradients' blocks live there until the optimizer frees them
-  const Stream caller = e_.stream;
-  e_.stream = Stream::kFsdpReduceScatter;
+  std::optional<StreamScope> rs_stream(std::in_place, e_, Stream::kFsdpReduceScatter);
   T reduce_output = e_.empty(Shape{n}, reduce, upcast ? Category::kFsdpBuffers : Category::kGradients,
                              Label{unit_label(upcast ? "reduce-scatter output" : "sharded gradients (reduce-scatter output)", u.spec),
                                    u.spec.layer, -1});
   T grad_output = upcast ? e_.empty(Shape{n}, o_.orig_dtype, Category::kGradients,
                                     Label{unit_label("sharded gradients (reduce-scatter output upcast)", u.spec), u.spec.layer, -1})
                          : reduce_output;
-  e_.stream = caller;
+  rs_stream.reset();
   for (int32_t r : with_grad) {
     const auto i = static_cast<size_t>(r);
     if (sgrad_[i]) continue;  // `sharded_param.grad._local_tensor += new_sharded_grad`: in place

@@ -55,7 +55,6 @@ class Fsdp2 : public FsdpHooks {
   const Inventory& inv_;
   FsdpOptions o_;
   std::vector<Unit> units_;
-  std::vector<int32_t> layer_unit_;  // unit index of decoder layer l
   LoadedModel* w_ = nullptr;
   std::vector<T> unsharded_;  // per row: the unsharded parameter (autograd's leaf)
   std::vector<T> sharded_;    // per row: the sharded parameter (a view of its padded shard)

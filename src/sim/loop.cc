@@ -882,7 +882,7 @@ struct Loop {
       g.pads.clear();
       if (gi + 1 == zgroups.size()) zero_held.reset();
       // unscale_and_clip_grads: in place. _optimizer_step(i): optimizer.step() over this group's fp32 partition
-      zero_adam(g, first, gi);
+      zero_adam(g.layout.partition_size, first, Label{intern_name(fmt::format("ZeRO fp32 partition [{}] state", gi))});
       // single_partition_of_fp32_groups[i].grad = None; the bit16 partition copy_ is in place
       single.reset();
     }
@@ -895,13 +895,14 @@ struct Loop {
   // Trainer's own (transformers integrations/deepspeed.py deepspeed_optim_sched: trainer.create_optimizer(),
   // zero_allow_untested_optimizer); __init__ sets param_group['params'] = [the fp32 partition].
   // its state at the first step, and the update's temporaries as Loop::step_group models them.
-  void zero_adam(const ZeroGroup& g, bool first, size_t gi) {
-    const Shape sh{g.layout.partition_size};
+  // Adam over one fp32 partition of `numel` elements (ZeRO-1/2's group, ZeRO-3's sub-group): its state, made at
+  // the first step under `state_label`, and the step's temporaries
+  void zero_adam(uint64_t numel, bool first, Label state_label) {
+    const Shape sh{numel};
     if (first) {
-      const Label l{intern_name(fmt::format("ZeRO fp32 partition [{}] state", gi))};
-      for (const StateTensor& t : optimizer_state_tensors(s.optimizer, opt_impl, {g.layout.partition_size}, DType::kF32,
+      for (const StateTensor& t : optimizer_state_tensors(s.optimizer, opt_impl, {numel}, DType::kF32,
                                                           bnb_block_size(s.optimizer_version))) {
-        state.push_back(e.empty(Shape::of(t.shape), t.dtype, Category::kOptimizer, l));
+        state.push_back(e.empty(Shape::of(t.shape), t.dtype, Category::kOptimizer, state_label));
       }
     }
     if (opt_impl == OptimizerImpl::kForeach) {
@@ -1320,18 +1321,7 @@ struct Loop {
         T cat = e.empty(sh, param_dtype(s.precision), Category::kTemporaries, Label{"ZeRO-3 flatten(averaged_gradients)"});
         g32 = e.empty(sh, DType::kF32, Category::kGradients, Label{"ZeRO-3 fp32 grad partition"});
       }
-      if (first) {
-        for (const StateTensor& t : optimizer_state_tensors(s.optimizer, opt_impl, {z3_sub[gi]}, DType::kF32,
-                                                            bnb_block_size(s.optimizer_version))) {
-          state.push_back(e.empty(Shape::of(t.shape), t.dtype, Category::kOptimizer, Label{"ZeRO-3 fp32 partition state"}));
-        }
-      }
-      if (opt_impl == OptimizerImpl::kForeach) {
-        T sqrt = e.empty(sh, DType::kF32, Category::kTemporaries, Label{"adam exp_avg_sq_sqrt"});
-      } else if (opt_impl == OptimizerImpl::kForLoop) {
-        T sq = e.empty(sh, DType::kF32, Category::kTemporaries, Label{"adam sqrt"});
-        T denom = e.empty(sh, DType::kF32, Category::kTemporaries, Label{"adam denom"});
-      }
+      zero_adam(z3_sub[gi], first, Label{"ZeRO-3 fp32 partition state"});
     }
   }
 

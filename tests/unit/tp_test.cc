@@ -114,7 +114,7 @@ TEST(Tp, RefusesWhatIsNotSimulatedNamingIt) {
 TEST(Tp, GpusAreTensorParallelGroupsTimesDataParallelRanks) {
   Scenario s = scenario_of("llama-3-8b", {{"tp", "8"}, {"gpus", "8xh100-80gb"}});
   EXPECT_EQ(resolve(s, MapFileReader()).setup.dp, 1u);
-  Scenario two = scenario_of("llama-3-8b", {{"tp", "4"}, {"gpus", "8xh100-80gb"}});  // dp 2: not composed yet
+  Scenario two = scenario_of("llama-3-8b", {{"tp", "4"}, {"gpus", "8xh100-80gb"}});  // dp 2 under DDP: not composed (fsdp2 is: tp_fsdp_test.cc)
   EXPECT_THROW(resolve(two, MapFileReader()), FieldError);
 }
 

@@ -96,6 +96,40 @@ def build_model(cfg, impl, attention):
                                                          **{dtype_kw: torch.float32})
 
 
+def parse_lora(text):
+    """trainmem's --lora syntax, r=16,alpha=32,dropout=0.05,targets=q_proj,v_proj: a token without '=' continues
+    the previous key's list (the targets)."""
+    out, key = {}, None
+    for tok in [t for t in text.split(",") if t]:
+        if "=" in tok:
+            key, _, value = tok.partition("=")
+            out[key] = [value] if key == "targets" else value
+        elif key == "targets":
+            out[key].append(tok)
+        else:
+            raise SystemExit(f"--lora {text}: expected key=value items")
+    return out
+
+
+def apply_lora(model, text):
+    """peft's get_peft_model with trainmem's --lora values; peft's defaults (r=8, lora_alpha=8, dropout 0, the
+    model type's default target modules) where a key is missing. Adapters stay float32 (peft's
+    autocast_adapter_dtype=True), as trainmem's --lora-dtype fp32."""
+    import peft
+    kv = parse_lora(text)
+    kwargs = {"task_type": "CAUSAL_LM"}
+    if "r" in kv:
+        kwargs["r"] = int(kv["r"])
+    if "alpha" in kv:
+        kwargs["lora_alpha"] = float(kv["alpha"])
+    if "dropout" in kv:
+        kwargs["lora_dropout"] = float(kv["dropout"])
+    if "targets" in kv:
+        t = kv["targets"]
+        kwargs["target_modules"] = "all-linear" if t == ["all-linear"] else t
+    return peft.get_peft_model(model, peft.LoraConfig(**kwargs)), peft.__version__
+
+
 def make_optimizer(model, args, device):
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     rest = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
@@ -203,6 +237,16 @@ def run(args):
 
     torch.manual_seed(0)
     model = build_model(cfg, impl, args.attention)
+    if args.checkpointing == "full":
+        # transformers' gradient_checkpointing_enable(): every decoder layer under torch.utils.checkpoint, with
+        # the library's default use_reentrant (trainmem's --checkpointing full models the same default)
+        if impl != "hf":
+            raise SystemExit("--checkpointing full: only with --impl hf (transformers' gradient_checkpointing_enable)")
+        model.gradient_checkpointing_enable()
+    if args.lora:
+        if impl != "hf":
+            raise SystemExit("--lora: only with --impl hf (peft)")
+        model, env["peft"] = apply_lora(model, args.lora)
     model.train()
     if args.precision in CAST:
         model = model.to(CAST[args.precision])  # on the CPU, then to the device: trainmem loads it as such
@@ -301,6 +345,10 @@ def run(args):
                       "--steps", str(args.steps), "--torch", ".".join(torch.__version__.split("+")[0].split(".")[:2])]
     if args.alloc_conf:
         trainmem_args += ["--alloc-conf", args.alloc_conf]
+    if args.checkpointing != "none":
+        trainmem_args += ["--checkpointing", args.checkpointing]
+    if args.lora:
+        trainmem_args += ["--lora", args.lora]
     if gpu_key:
         trainmem_args += ["--gpu", gpu_key]
 
@@ -361,6 +409,8 @@ def main(argv=None):
     ap.add_argument("--grad-accum", type=int, default=1)
     ap.add_argument("--loop", choices=("nanogpt", "hf"))
     ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--checkpointing", choices=("none", "full"), default="none")
+    ap.add_argument("--lora", help="peft LoRA as trainmem's --lora: r=16,alpha=32,targets=q_proj,v_proj")
     ap.add_argument("--alloc-conf", help="PYTORCH_CUDA_ALLOC_CONF for the run, e.g. expandable_segments:True")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--trace-entries", type=int, default=200000)
@@ -368,7 +418,8 @@ def main(argv=None):
     ap.add_argument("--out", help="write the JSON here (default: stdout)")
     args = ap.parse_args(argv)
     out = run(args)
-    text = json.dumps(out, indent=1) + "\n"
+    trace = out.pop("trace")
+    text = json.dumps(out, indent=1)[:-2] + ',\n "trace": ' + json.dumps(trace, separators=(",", ":")) + "\n}\n"
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)

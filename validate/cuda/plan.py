@@ -2,7 +2,8 @@
 """The measurements to take whenever a GPU machine is lent: each entry runs validate/cuda/measure.py in its
 own process (a fresh caching allocator) and writes $OUT/<gpu>_<name>.json. Chosen to cover what trainmem
 simulates differently: both implementations and loops, eager and SDPA attention, autocast and pure bf16, GQA
-with rotary embeddings, foreach and fused AdamW, gradient accumulation, expandable segments. Every entry fits
+with rotary embeddings, foreach and fused AdamW, gradient accumulation, expandable segments, gradient
+checkpointing and LoRA (peft). Every entry fits
 a 78 GiB H100 and the whole plan runs in a few minutes.
 
     python3 validate/cuda/plan.py --out "$OUT"             # all
@@ -39,6 +40,16 @@ PLAN = [
      "--alloc-conf expandable_segments:True"),
     ("hf_pythia_160m_sdpa_b8_t2048_fp16amp",
      "--model pythia-160m --attention sdpa --batch 8 --seq 2048 --precision fp16-amp"),
+    # issue 7's fine-tuning techniques: transformers' gradient checkpointing, peft LoRA on a bf16 base (float32
+    # adapters), LoRA with checkpointing (peft's enable_input_require_grads)
+    ("hf_llama3_4layers_sdpa_b2_t2048_bf16amp_ckpt",
+     "--model llama-3-8b --set num_hidden_layers=4 --attention sdpa --batch 2 --seq 2048 --precision bf16-amp "
+     "--checkpointing full"),
+    ("hf_qwen2_0.5b_sdpa_b4_t2048_bf16_lora_qv",
+     "--model qwen2-0.5b --attention sdpa --batch 4 --seq 2048 --precision bf16 --lora r=16,alpha=32,targets=q_proj,v_proj"),
+    ("hf_tinyllama_sdpa_b4_t2048_bf16_lora_all_ckpt",
+     "--model tinyllama-1.1b --attention sdpa --batch 4 --seq 2048 --precision bf16 --lora r=16,alpha=32,targets=all-linear "
+     "--checkpointing full"),
 ]
 
 

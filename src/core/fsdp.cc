@@ -221,6 +221,26 @@ FsdpOptions fsdp_torchtitan_pp_options(uint64_t dp) {
   return f;
 }
 
+FsdpOptions resolve_pp_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop, TorchVersion torch) {
+  if (s.reshard_after_forward && s.dp > 1 && s.sharding == Sharding::kFsdp2) {
+    // torchtitan's parallelism.fsdp_reshard_after_forward "always" / "never" are other programs under a pipeline
+    // (an all-gather per micro-batch); its "default" (False under PP) is the one simulated
+    throw FieldError("reshard_after_forward", "under --pp, FSDP2 is simulated with torchtitan's default policy only "
+                                              "(fsdp_reshard_after_forward \"default\": not pp_enabled, i.e. false)");
+  }
+  const FsdpOptions checked = resolve_fsdp(s, m, loop, torch);
+  if (!checked.on) return checked;
+  if (s.precision != Precision::kFp32) {
+    // torchtitan's training.dtype: "float32" (the default) keeps fp32 sharded parameters, gradients and optimizer
+    // states, the compute in MixedPrecisionPolicy's bfloat16; "bfloat16" converts the model first (bf16 shards,
+    // an fp32 reduce, a downcast of each reduced shard), not simulated
+    throw FieldError("precision", fmt::format("{}: FSDP2 under --pp is simulated as torchtitan's training.dtype "
+                                              "\"float32\" with mixed_precision_param bfloat16 applied by "
+                                              "fully_shard: use --precision fp32", precision_name(s.precision)));
+  }
+  return fsdp_torchtitan_pp_options(s.dp);
+}
+
 std::vector<FsdpUnit> fsdp_stage_units(const Inventory& stage_inv, const std::vector<PpStagePart>& parts,
                                        const FsdpOptions& o) {
   // apply_fsdp on each stage model (torchtitan's pipeline_llm prunes the Transformer per stage: tok_embeddings

@@ -1,15 +1,18 @@
 // torchtitan v0.2.0's FSDP2 policy on a pipeline rank (fsdp.h fsdp_torchtitan_pp_options / fsdp_stage_units): the
-// units and their shards, checked against sizes computed by hand from the source's rules. The simulator does not
-// run the composition yet; check_pipeline refuses it (the last test).
+// units and their shards, checked against sizes computed by hand from the source's rules; then the simulated
+// composition (--pp P --dp D --sharding fsdp2): what it gathers, accumulates and reduce-scatters per step, its
+// sharded states, its dp = 1 invariant and what it still refuses.
 #include <gtest/gtest.h>
 
 #include <string>
+#include <string_view>
 
 #include "test_util.h"
 #include "trainmem/dtype.h"
 #include "trainmem/error.h"
 #include "trainmem/fsdp.h"
 #include "trainmem/pp.h"
+#include "trainmem/timeline.h"
 
 namespace trainmem {
 namespace {
@@ -100,16 +103,136 @@ TEST(PpFsdp, PaddedShardsOnThreeRanks) {
   EXPECT_EQ(units[0].name, "model.layers." + std::to_string(mid.layer_begin));
 }
 
-// Not simulated yet: the simulator refuses --dp above 1 under a pipeline, fsdp2 included.
-TEST(PpFsdp, CompositionStillRefused) {
-  const ModelSpec m = llama8();
-  TrainSetup s = testing::train_setup(2, 32, Precision::kFp32);
-  s.pp = 4;
-  s.micro_batches = 8;
-  s.dp = 8;
+// The composition as simulated: llama8 over --pp 2, --dp 8, 4 micro-batches of 1F1B, --precision fp32
+// (torchtitan's training.dtype float32).
+TrainSetup pp_fsdp_setup(uint64_t dp) {
+  TrainSetup s = testing::train_setup(1, 32, Precision::kFp32);
+  s.pp = 2;
+  s.micro_batches = 4;
+  s.dp = dp;
   s.sharding = Sharding::kFsdp2;
-  const std::string why = testing::error_of([&] { estimate(m, build_inventory(m), s, SimOptions{}); });
-  EXPECT_NE(why.find("fsdp2"), std::string::npos) << why;
+  return s;
+}
+
+// The stage's parameters by hand (kLayer, kEmbed, kTail above).
+uint64_t stage_params(const PpStagePart& p) {
+  return kLayer * p.layers() + (p.embeddings ? kEmbed : 0) + (p.head ? kTail : 0);
+}
+
+struct StepBytes {
+  uint64_t gathers = 0, gathered = 0;        // "FSDP all-gather output": count, bytes
+  uint64_t unsharded = 0;                    // the unsharded parameters' storage, (re)allocated
+  uint64_t accumulated = 0;                  // FSDPParam.unsharded_accumulated_grad
+  uint64_t reduce_scatters = 0, reduced = 0;  // "FSDP reduce-scatter input": count, bytes
+};
+StepBytes step_bytes(const Estimate& e, uint32_t step) {
+  StepBytes b;
+  for (const Event& ev : e.sim->timeline.events) {
+    if (ev.kind != Event::kAlloc || ev.step != step) continue;
+    const std::string_view w = ev.label.what;
+    if (w.starts_with("FSDP all-gather output")) {
+      ++b.gathers;
+      b.gathered += ev.bytes.value;
+    }
+    if (w.ends_with("(FSDP unsharded)")) b.unsharded += ev.bytes.value;
+    if (w.ends_with("(FSDP unsharded_accumulated_grad)")) b.accumulated += ev.bytes.value;
+    if (w.starts_with("FSDP reduce-scatter input")) {
+      ++b.reduce_scatters;
+      b.reduced += ev.bytes.value;
+    }
+  }
+  return b;
+}
+
+// reshard_after_forward False and stage.py's no-sync backwards: in a step (the second: the first also runs shape
+// inference) each unit is all-gathered once, by its first forward, in bf16 (2 B x the stage's parameters), and
+// stays unsharded through the 4 micro-batches; each parameter's gradient is converted once to an fp32
+// unsharded_accumulated_grad (4 B x the stage's parameters) and each unit reduce-scattered once after the last
+// backward, in fp32 (4 B x the stage's parameters). Per micro-batch resharding would gather 2 x 4 times as much.
+TEST(PpFsdp, GathersOncePerStepAndReduceScattersOnceAfterTheLastMicroBatch) {
+  const ModelSpec m = llama8();
+  const Inventory inv = build_inventory(m);
+  const std::vector<PpStagePart> parts = pp_stage_split(2, m.layers);
+  for (uint64_t r = 0; r < 2; ++r) {
+    TrainSetup s = pp_fsdp_setup(8);
+    s.rank = r;
+    const Estimate e = estimate(m, inv, s, SimOptions{});
+    const uint64_t P = stage_params(parts[r]);
+    const uint64_t units = parts[r].layers() + (parts[r].embeddings ? 1 : 0) + (parts[r].head ? 1 : 0);
+    const StepBytes b = step_bytes(e, 2);
+    EXPECT_EQ(b.gathers, units) << "rank " << r;
+    EXPECT_EQ(b.gathered, 2 * P) << "rank " << r;
+    EXPECT_EQ(b.unsharded, 2 * P) << "rank " << r;
+    EXPECT_EQ(b.accumulated, 4 * P) << "rank " << r;
+    EXPECT_EQ(b.reduce_scatters, units) << "rank " << r;
+    EXPECT_EQ(b.reduced, 4 * P) << "rank " << r;
+    ASSERT_TRUE(e.fsdp);
+    EXPECT_TRUE(e.fsdp->torchtitan_pp);
+    EXPECT_EQ(e.fsdp->units.size(), units);
+  }
+}
+
+// The rank's model states are its stage's shards: fp32 parameters and gradients, 4 B x P / 8 each; AdamW's two
+// fp32 moments, 8 B x P / 8 (every dim 0 divides by 8: no padding).
+TEST(PpFsdp, ShardedStatesAreTheStagesParametersOverTheDataParallelRanks) {
+  const ModelSpec m = llama8();
+  const Inventory inv = build_inventory(m);
+  const std::vector<PpStagePart> parts = pp_stage_split(2, m.layers);
+  for (uint64_t r = 0; r < 2; ++r) {
+    TrainSetup s = pp_fsdp_setup(8);
+    s.rank = r;
+    const Estimate e = estimate(m, inv, s, SimOptions{});
+    const uint64_t P = stage_params(parts[r]);
+    EXPECT_EQ(e.state.parameters.value, P);
+    EXPECT_EQ(e.fsdp->sharded_params.value, 4 * P / 8);
+    EXPECT_EQ(e.fsdp->sharded_grads.value, 4 * P / 8);
+    EXPECT_EQ(e.state.weights.value, 4 * P / 8);
+    EXPECT_EQ(e.state.optimizer_moments.value, 8 * P / 8);
+    EXPECT_EQ(e.fsdp->padding_elems, 0u);
+  }
+}
+
+// With one data-parallel rank torchtitan applies no FSDP at all (parallel_dims.fsdp_enabled is dp_shard > 1):
+// --dp 1 --sharding fsdp2 is the plain pipeline, byte for byte.
+TEST(PpFsdp, OneDataParallelRankIsThePlainPipeline) {
+  const ModelSpec m = llama8();
+  const Inventory inv = build_inventory(m);
+  TrainSetup plain = pp_fsdp_setup(1);
+  plain.sharding = Sharding::kDdp;
+  const Estimate a = estimate(m, inv, plain, SimOptions{});
+  const Estimate b = estimate(m, inv, pp_fsdp_setup(1), SimOptions{});
+  EXPECT_FALSE(b.fsdp);
+  EXPECT_EQ(a.memory.peak_allocated, b.memory.peak_allocated);
+  EXPECT_EQ(a.memory.peak_reserved, b.memory.peak_reserved);
+  EXPECT_EQ(a.sim->timeline.events.size(), b.sim->timeline.events.size());
+  ASSERT_TRUE(a.pp && b.pp);
+  for (size_t r = 0; r < a.pp->rows.size(); ++r) EXPECT_EQ(a.pp->rows[r].peak_reserved, b.pp->rows[r].peak_reserved);
+}
+
+// What stays refused, each with its reason: other shardings under a pipeline, FSDP2 over several stages per rank
+// (interleaved-1f1b), torchtitan's training.dtype bfloat16, a reshard_after_forward other than the default.
+TEST(PpFsdp, RefusesWhatItDoesNotSimulate) {
+  const ModelSpec m = llama8();
+  const Inventory inv = build_inventory(m);
+  for (Sharding sh : {Sharding::kDdp, Sharding::kZero1, Sharding::kZero2, Sharding::kZero3, Sharding::kFsdp1}) {
+    TrainSetup s = pp_fsdp_setup(8);
+    s.sharding = sh;
+    const std::string why = testing::error_of([&] { estimate(m, inv, s, SimOptions{}); });
+    EXPECT_NE(why.find("under a pipeline are not simulated"), std::string::npos) << why;
+  }
+  TrainSetup s = pp_fsdp_setup(8);
+  s.pp_schedule = PpSchedule::kInterleaved1f1b;
+  s.pp_virtual_stages = 2;
+  std::string why = testing::error_of([&] { estimate(m, inv, s, SimOptions{}); });
+  EXPECT_NE(why.find("interleaved-1f1b"), std::string::npos) << why;
+  s = pp_fsdp_setup(8);
+  s.precision = Precision::kBf16;
+  why = testing::error_of([&] { estimate(m, inv, s, SimOptions{}); });
+  EXPECT_NE(why.find("use --precision fp32"), std::string::npos) << why;
+  s = pp_fsdp_setup(8);
+  s.reshard_after_forward = true;
+  why = testing::error_of([&] { estimate(m, inv, s, SimOptions{}); });
+  EXPECT_NE(why.find("default policy"), std::string::npos) << why;
 }
 
 }  // namespace

@@ -119,6 +119,19 @@ uint64_t stage_params(const PpStagePart& p) {
   return kLayer * p.layers() + (p.embeddings ? kEmbed : 0) + (p.head ? kTail : 0);
 }
 
+// `check(rank, that rank's estimate, its stage, the stage's parameters by hand)` for both ranks of pp_fsdp_setup(8)
+template <typename F>
+void each_rank_at_dp8(F check) {
+  const ModelSpec m = llama8();
+  const Inventory inv = build_inventory(m);
+  const std::vector<PpStagePart> parts = pp_stage_split(2, m.layers);
+  for (uint64_t r = 0; r < 2; ++r) {
+    TrainSetup s = pp_fsdp_setup(8);
+    s.rank = r;
+    check(r, estimate(m, inv, s, SimOptions{}), parts[r], stage_params(parts[r]));
+  }
+}
+
 struct StepBytes {
   uint64_t gathers = 0, gathered = 0;        // "FSDP all-gather output": count, bytes
   uint64_t unsharded = 0;                    // the unsharded parameters' storage, (re)allocated
@@ -150,15 +163,8 @@ StepBytes step_bytes(const Estimate& e, uint32_t step) {
 // unsharded_accumulated_grad (4 B x the stage's parameters) and each unit reduce-scattered once after the last
 // backward, in fp32 (4 B x the stage's parameters). Per micro-batch resharding would gather 2 x 4 times as much.
 TEST(PpFsdp, GathersOncePerStepAndReduceScattersOnceAfterTheLastMicroBatch) {
-  const ModelSpec m = llama8();
-  const Inventory inv = build_inventory(m);
-  const std::vector<PpStagePart> parts = pp_stage_split(2, m.layers);
-  for (uint64_t r = 0; r < 2; ++r) {
-    TrainSetup s = pp_fsdp_setup(8);
-    s.rank = r;
-    const Estimate e = estimate(m, inv, s, SimOptions{});
-    const uint64_t P = stage_params(parts[r]);
-    const uint64_t units = parts[r].layers() + (parts[r].embeddings ? 1 : 0) + (parts[r].head ? 1 : 0);
+  each_rank_at_dp8([](uint64_t r, const Estimate& e, const PpStagePart& part, uint64_t P) {
+    const uint64_t units = part.layers() + (part.embeddings ? 1 : 0) + (part.head ? 1 : 0);
     const StepBytes b = step_bytes(e, 2);
     EXPECT_EQ(b.gathers, units) << "rank " << r;
     EXPECT_EQ(b.gathered, 2 * P) << "rank " << r;
@@ -169,27 +175,20 @@ TEST(PpFsdp, GathersOncePerStepAndReduceScattersOnceAfterTheLastMicroBatch) {
     ASSERT_TRUE(e.fsdp);
     EXPECT_TRUE(e.fsdp->torchtitan_pp);
     EXPECT_EQ(e.fsdp->units.size(), units);
-  }
+  });
 }
 
 // The rank's model states are its stage's shards: fp32 parameters and gradients, 4 B x P / 8 each; AdamW's two
 // fp32 moments, 8 B x P / 8 (every dim 0 divides by 8: no padding).
 TEST(PpFsdp, ShardedStatesAreTheStagesParametersOverTheDataParallelRanks) {
-  const ModelSpec m = llama8();
-  const Inventory inv = build_inventory(m);
-  const std::vector<PpStagePart> parts = pp_stage_split(2, m.layers);
-  for (uint64_t r = 0; r < 2; ++r) {
-    TrainSetup s = pp_fsdp_setup(8);
-    s.rank = r;
-    const Estimate e = estimate(m, inv, s, SimOptions{});
-    const uint64_t P = stage_params(parts[r]);
+  each_rank_at_dp8([](uint64_t, const Estimate& e, const PpStagePart&, uint64_t P) {
     EXPECT_EQ(e.state.parameters.value, P);
     EXPECT_EQ(e.fsdp->sharded_params.value, 4 * P / 8);
     EXPECT_EQ(e.fsdp->sharded_grads.value, 4 * P / 8);
     EXPECT_EQ(e.state.weights.value, 4 * P / 8);
     EXPECT_EQ(e.state.optimizer_moments.value, 8 * P / 8);
     EXPECT_EQ(e.fsdp->padding_elems, 0u);
-  }
+  });
 }
 
 // With one data-parallel rank torchtitan applies no FSDP at all (parallel_dims.fsdp_enabled is dp_shard > 1):

@@ -191,6 +191,29 @@ TEST(PpFsdp, ShardedStatesAreTheStagesParametersOverTheDataParallelRanks) {
   });
 }
 
+// The README's 70B run, --gpus 256xh100-80gb --tp 8 --pp 4 (dp 8), rank 0, by hand from llama-3.1-70b's config
+// (hidden 8192, intermediate 28672, 64 heads of 128 with 8 KV heads, vocab 128256) and transformers' tp_plan at 8:
+//   a layer: q, o 1024 x 8192 = 8,388,608 each; k, v 128 x 8192 = 1,048,576 each; gate, up, down 3584 x 8192 =
+//            29,360,128 each; two norms 8192 each: 106,971,136
+//   embed_tokens (replicated under tp_plan): 128256 x 8192 = 1,050,673,152
+//   stage 0 (torchtitan's split of 80 layers + 2 over 4: the embeddings and layers 0-19): 3,190,095,872
+// sharded fp32 parameters 4 B x 3,190,095,872 / 8 = 1,595,047,936; gathered once per step in bf16
+// 2 B x 3,190,095,872 = 6,380,191,744; accumulated unsharded in fp32 4 B x 3,190,095,872 = 12,760,383,488.
+TEST(PpFsdp, Llama70bTp8Pp4Dp8FirstStageByHand) {
+  const Estimate e = testing::run(testing::scenario_of(
+      "llama-3.1-70b", {{"gpus", "256xh100-80gb"}, {"tp", "8"}, {"pp", "4"}, {"sharding", "fsdp2"}, {"precision", "fp32"},
+                        {"micro_batches", "8"}, {"batch", "1"}, {"seq", "8192"}, {"checkpointing", "selective"},
+                        {"rank", "0"}}));
+  EXPECT_EQ(e.state.parameters.value, 3190095872u);
+  ASSERT_TRUE(e.fsdp);
+  EXPECT_EQ(e.fsdp->options.ranks, 8u);
+  EXPECT_EQ(e.fsdp->sharded_params.value, 1595047936u);
+  const StepBytes b = step_bytes(e, 2);
+  EXPECT_EQ(b.gathered, 6380191744u);
+  EXPECT_EQ(b.accumulated, 12760383488u);
+  EXPECT_EQ(b.reduced, 12760383488u);
+}
+
 // With one data-parallel rank torchtitan applies no FSDP at all (parallel_dims.fsdp_enabled is dp_shard > 1):
 // --dp 1 --sharding fsdp2 is the plain pipeline, byte for byte.
 TEST(PpFsdp, OneDataParallelRankIsThePlainPipeline) {

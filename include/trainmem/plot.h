@@ -39,6 +39,7 @@ struct PlotTensor {
   Category category = Category::kActivations;
   Bytes bytes;
   size_t alloc_event = 0;  // the event that allocated it
+  bool of_parameter = false;  // a parameter's (or buffer's) own storage, .grad or optimizer state: named by it
 };
 
 struct TimelinePlot {

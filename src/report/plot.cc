@@ -67,7 +67,7 @@ std::vector<PlotTensor> live_tensors_after(const Estimate& e, size_t at) {
   out.reserve(live.size());
   for (const auto& [storage, a] : live) {
     const Event& ev = events[a.first];
-    out.push_back({label_name(ev.label, e.model), a.second, ev.bytes, a.first});
+    out.push_back({label_name(ev.label, e.model), a.second, ev.bytes, a.first, ev.label.row >= 0});
   }
   std::sort(out.begin(), out.end(), [](const PlotTensor& x, const PlotTensor& y) {
     return x.bytes != y.bytes ? x.bytes > y.bytes : x.alloc_event < y.alloc_event;

@@ -148,6 +148,7 @@ std::string shortened(const std::string& s, size_t n) {
 
 // A live tensor as the legend names it: a parameter's gradient and optimizer state carry the parameter's name.
 std::string tensor_words(const PlotTensor& t) {
+  if (!t.of_parameter) return t.name;
   if (t.category == Category::kGradients && !t.name.ends_with(".grad")) return t.name + ".grad";
   if (t.category == Category::kOptimizer) return t.name + " (optim)";
   return t.name;
@@ -193,20 +194,27 @@ struct TimelineLayout {
   static constexpr double kLegendX = 1004;
 };
 
-std::string timeline_strips(const TimelinePlot& p, double x_of_first, double px_per_event, const Estimate& e) {
+std::string timeline_strips(const TimelinePlot& p, double x_of_first, double px_per_event) {
   using L = TimelineLayout;
   std::string out = "<g id=\"phases\">\n";
   auto x_of = [&](size_t event) { return x_of_first + static_cast<double>(event - p.first_event) * px_per_event; };
+  // several micro-batches a step (gradient accumulation, a pipeline's schedule): "fwd 2.3" is step 2's third
+  const bool micro = std::any_of(p.phases.begin(), p.phases.end(), [](const PlotPhase& ph) { return ph.micro > 1; });
   for (const PlotPhase& ph : p.phases) {
     const double xa = x_of(ph.first_event), xb = x_of(ph.last_event + 1);
     out += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"{}\" "
                        "data-phase=\"{}\" data-step=\"{}\"/>\n",
                        xa, L::kY0, xb - xa, L::kY1 - L::kY0, phase_color(ph.phase), phase_name(ph.phase), ph.step);
     const auto [long_word, short_word] = phase_words(ph.phase);
-    const std::string n = e.setup.grad_accum > 1 && ph.step > 0 ? fmt::format(" {}.{}", ph.step, ph.micro)
+    const std::string n = micro && ph.step > 0 ? fmt::format(" {}.{}", ph.step, ph.micro)
                           : ph.step > 0                         ? fmt::format(" {}", ph.step)
                                                                 : std::string();
-    for (const std::string& w : {long_word + n, short_word.empty() ? short_word : short_word + n}) {
+    // narrowest, a pipeline schedule's notation: F3 and B3 for micro-batch 3's forward and backward
+    const std::string letter = !micro ? std::string()
+                               : ph.phase == Phase::kForward  ? fmt::format("F{}", ph.micro)
+                               : ph.phase == Phase::kBackward ? fmt::format("B{}", ph.micro)
+                                                              : std::string();
+    for (const std::string& w : {long_word + n, short_word.empty() ? short_word : short_word + n, letter}) {
       if (w.empty() || text_width(w, 10.5) + 4 > xb - xa) continue;
       out += text((xa + xb) / 2, L::kY0 - 6, w, "font-size=\"10.5\" text-anchor=\"middle\" fill=\"#333333\"");
       break;
@@ -341,7 +349,7 @@ std::string render_timeline_svg(const Estimate& e, const TimelinePlot& p) {
   std::string out = svg_open(L::kWidth, L::kHeight);
   out += text(L::kX0, 28, p.title, "font-size=\"16\" font-weight=\"bold\"");
   out += text(L::kX0, 48, p.subtitle, "font-size=\"12.5\" fill=\"#444444\"");
-  out += timeline_strips(p, L::kX0, px_per_event, e);
+  out += timeline_strips(p, L::kX0, px_per_event);
   out += timeline_axes(p, ya, px_per_event);
 
   // the stacked areas: live bytes by category at each column's fullest moment

@@ -14,14 +14,8 @@
 namespace trainmem {
 namespace {
 
-// Seed 000's model at a small batch (as timeline_test.cc): thousands of events, several per column.
-const Estimate& gpt2() {
-  static const Estimate e = [] {
-    const ModelSpec m = testing::preset("nanogpt-gpt2", AttnImpl::kEager);
-    return estimate(m, build_inventory(m), testing::train_setup(2, 256), SimOptions{});
-  }();
-  return e;
-}
+// Seed 000's model at a small batch: thousands of events, several per column.
+const Estimate& gpt2() { return testing::seed000_small(); }
 
 // The same step on a T4, with a batch that does not fit there.
 const Estimate& gpt2_on_t4_oom() {

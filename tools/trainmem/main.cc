@@ -216,12 +216,13 @@ int main(int argc, char** argv) {
   auto* est = app.add_subcommand("estimate", "peak GPU memory of one training step, component by component");
   add_fields(est, f, {kModel, kTraining, kRuntime});
   add_format_flag(est, f);
-  est->add_option("--plot", f.plot, "also draw the breakdown at the peak as an SVG picture in this file");
+  est->add_option("--plot", f.plot, "also draw the breakdown at the peak (against the card with --gpu) as an SVG "
+                                    "picture in this file");
   auto* tl = app.add_subcommand("timeline", "the simulated step event by event, with live bytes and peaks");
   add_fields(tl, f, {kModel, kTraining, kRuntime});
   add_format_flag(tl, f, "table | csv | json | html (a page with the picture and the table)");
-  tl->add_option("--plot", f.plot, "also draw the step as an SVG picture in this file (stacked live bytes by "
-                                   "category, allocated and reserved, phases, the peak)");
+  tl->add_option("--plot", f.plot, "also draw the run (with --step, that step) as an SVG picture in this file: live "
+                                   "bytes by category, allocated and reserved, the phases, the peak, the card");
   tl->add_option("--by", f.by, "event | layer | phase: one row per event, or per run of events")->capture_default_str();
   tl->add_option("--min-bytes", f.min_bytes, "with --by event: list only tensors of at least this size (4096, 1MiB)")
       ->capture_default_str();

@@ -334,85 +334,111 @@ std::string xml_escape(std::string_view s) {
   return out;
 }
 
-std::string render_timeline_svg(const Estimate& e, const TimelinePlot& p) {
+namespace {
+
+// Where the timeline's bytes and events go on the page.
+struct TimelineFrame {
   using L = TimelineLayout;
-  const size_t c = p.columns.size();
-  const uint64_t capacity = e.device ? e.device->capacity.value : 0;
-  const ByteAxis ya = byte_axis(std::max({p.max_reserved, p.peak.live.total.value, capacity}), 8);
-  auto y_of = [&](uint64_t b) {
+  ByteAxis ya;
+  std::vector<double> x;  // the columns' edges
+  double px_per_event = 1;
+  double y_of(uint64_t b) const {
     return L::kY1 - static_cast<double>(b) / static_cast<double>(ya.top) * (L::kY1 - L::kY0);
-  };
-  std::vector<double> x(c + 1);
-  for (size_t k = 0; k <= c; ++k) x[k] = L::kX0 + static_cast<double>(k) * (L::kX1 - L::kX0) / static_cast<double>(c);
-  const double px_per_event = (L::kX1 - L::kX0) / static_cast<double>(p.last_event - p.first_event + 1);
+  }
+  double x_of_event(size_t ev, size_t first) const {  // the middle of the event's share of the width
+    return L::kX0 + (static_cast<double>(ev - first) + 0.5) * px_per_event;
+  }
+};
 
-  std::string out = svg_open(L::kWidth, L::kHeight);
-  out += text(L::kX0, 28, p.title, "font-size=\"16\" font-weight=\"bold\"");
-  out += text(L::kX0, 48, p.subtitle, "font-size=\"12.5\" fill=\"#444444\"");
-  out += timeline_strips(p, L::kX0, px_per_event);
-  out += timeline_axes(p, ya, px_per_event);
-
-  // the stacked areas: live bytes by category at each column's fullest moment
-  out += fmt::format("<g id=\"areas\" data-y-bottom=\"{:.1f}\" data-y-top=\"{:.1f}\" data-bytes-top=\"{}\">\n", L::kY1,
-                     L::kY0, ya.top);
+// The stacked areas (live bytes by category at each column's fullest moment), then the allocator's curves.
+std::string timeline_areas(const TimelinePlot& p, const TimelineFrame& f) {
+  const size_t c = p.columns.size();
+  std::string out = fmt::format("<g id=\"areas\" data-bytes-top=\"{}\">\n", f.ya.top);
   std::vector<uint64_t> below(c, 0);
   std::vector<double> bottom(c), top(c);
   for (Category cat : kStackOrder) {
     if (p.category_peak[static_cast<size_t>(cat)].value == 0) continue;
     for (size_t k = 0; k < c; ++k) {
-      bottom[k] = y_of(below[k]);
+      bottom[k] = f.y_of(below[k]);
       below[k] += p.columns[k].live.by_category[static_cast<size_t>(cat)].value;
-      top[k] = y_of(below[k]);
+      top[k] = f.y_of(below[k]);
     }
     out += fmt::format("<path class=\"area\" data-category=\"{}\" fill=\"{}\" d=\"{}\"/>\n", category_name(cat),
-                       color(cat), step_area(x, top, bottom));
+                       color(cat), step_area(f.x, top, bottom));
   }
   out += "</g>\n";
-
-  // the caching allocator's curves
-  std::vector<double> ya_alloc(c), ya_resv(c);
+  std::vector<double> allocated(c), reserved(c);
   for (size_t k = 0; k < c; ++k) {
-    ya_alloc[k] = y_of(p.columns[k].allocated);
-    ya_resv[k] = y_of(p.columns[k].reserved);
+    allocated[k] = f.y_of(p.columns[k].allocated);
+    reserved[k] = f.y_of(p.columns[k].reserved);
   }
   out += fmt::format("<path id=\"reserved\" fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\" d=\"{}\"/>\n",
-                     kReservedColor, step_path(x, ya_resv));
+                     kReservedColor, step_path(f.x, reserved));
   out += fmt::format("<path id=\"allocated\" fill=\"none\" stroke=\"{}\" stroke-width=\"1\" d=\"{}\"/>\n",
-                     kAllocatedColor, step_path(x, ya_alloc));
+                     kAllocatedColor, step_path(f.x, allocated));
+  return out;
+}
 
-  if (e.device) {
-    const double y = y_of(capacity);
-    out += fmt::format("<g id=\"capacity\" data-bytes=\"{}\"><line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" "
-                       "y2=\"{:.1f}\" stroke=\"{}\" stroke-width=\"1.5\" stroke-dasharray=\"6 4\"/>",
-                       capacity, L::kX0, y, L::kX1, y, kCapacityColor);
-    out += text(L::kX1 - 4, y + 14, fmt::format("{}: {} ({} for the caching allocator)", e.device->gpu,
-                                                format_bytes(e.device->capacity), format_bytes(e.device->usable)),
-                fmt::format("text-anchor=\"end\" font-size=\"11\" fill=\"{}\"{}", kCapacityColor, kHalo));
+// --gpu: the card's capacity, and the first allocation that would fail there.
+std::string timeline_device(const Estimate& e, const TimelinePlot& p, const TimelineFrame& f) {
+  using L = TimelineLayout;
+  const DeviceVerdict& v = *e.device;
+  const double y = f.y_of(v.capacity.value);
+  std::string out = fmt::format("<g id=\"capacity\" data-bytes=\"{}\"><line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" "
+                                "y2=\"{:.1f}\" stroke=\"{}\" stroke-width=\"1.5\" stroke-dasharray=\"6 4\"/>",
+                                v.capacity.value, L::kX0, y, L::kX1, y, kCapacityColor);
+  out += text(L::kX1 - 4, y + 14, fmt::format("{}: {} ({} for the caching allocator)", v.gpu, format_bytes(v.capacity),
+                                              format_bytes(v.usable)),
+              fmt::format("text-anchor=\"end\" font-size=\"11\" fill=\"{}\"{}", kCapacityColor, kHalo));
+  out += "</g>\n";
+  if (const auto& oom = v.oom; oom && oom->event >= p.first_event && oom->event <= p.last_event) {
+    const double xo = f.x_of_event(oom->event, p.first_event);
+    const bool left = xo > (L::kX0 + L::kX1) / 2;
+    out += fmt::format("<g id=\"oom\"><line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\" stroke=\"{3}\" "
+                       "stroke-width=\"2\"/>", xo, L::kY0, L::kY1, kCapacityColor);
+    out += text(xo + (left ? -5 : 5), L::kY0 + 14, fmt::format("out of memory: {} ({})", oom->tensor, format_bytes(oom->requested)),
+                fmt::format("font-size=\"11\" font-weight=\"bold\" fill=\"{}\" text-anchor=\"{}\"{}", kCapacityColor,
+                            left ? "end" : "start", kHalo));
     out += "</g>\n";
-    if (const auto& oom = e.device->oom; oom && oom->event >= p.first_event && oom->event <= p.last_event) {
-      const double xo = L::kX0 + (static_cast<double>(oom->event - p.first_event) + 0.5) * px_per_event;
-      out += fmt::format("<g id=\"oom\"><line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\" stroke=\"{3}\" "
-                         "stroke-width=\"2\"/>", xo, L::kY0, L::kY1, kCapacityColor);
-      out += text(xo + (xo > (L::kX0 + L::kX1) / 2 ? -5 : 5), L::kY0 + 14,
-                  fmt::format("out of memory: {} ({})", oom->tensor, format_bytes(oom->requested)),
-                  fmt::format("font-size=\"11\" font-weight=\"bold\" fill=\"{}\" text-anchor=\"{}\"{}", kCapacityColor,
-                              xo > (L::kX0 + L::kX1) / 2 ? "end" : "start", kHalo));
-      out += "</g>\n";
-    }
   }
+  return out;
+}
 
-  // the peak: its column's top, with the figure
-  const double xp = (x[p.peak_column] + x[p.peak_column + 1]) / 2, yp = y_of(p.peak.live.total.value);
+// The peak: its column's top, with the figure.
+std::string timeline_peak(const TimelinePlot& p, const TimelineFrame& f) {
+  using L = TimelineLayout;
+  const double xp = (f.x[p.peak_column] + f.x[p.peak_column + 1]) / 2, yp = f.y_of(p.peak.live.total.value);
   const bool left = xp > (L::kX0 + L::kX1) / 2;
-  out += fmt::format("<g id=\"peak\" data-bytes=\"{}\" data-event=\"{}\" data-column=\"{}\">", p.peak.live.total.value,
-                     p.peak.event, p.peak_column);
+  std::string out = fmt::format("<g id=\"peak\" data-bytes=\"{}\" data-event=\"{}\" data-column=\"{}\">",
+                                p.peak.live.total.value, p.peak.event, p.peak_column);
   out += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\" stroke=\"#000000\" "
                      "stroke-dasharray=\"2 2\"/>", xp, yp, L::kY1);
   out += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"4\" fill=\"#000000\"/>", xp, yp);
   out += text(xp + (left ? -8 : 8), yp - 6, "peak " + format_bytes(p.peak.live.total),
               fmt::format("font-weight=\"bold\" text-anchor=\"{}\"{}", left ? "end" : "start", kHalo));
-  out += "</g>\n";
+  return out + "</g>\n";
+}
 
+}  // namespace
+
+std::string render_timeline_svg(const Estimate& e, const TimelinePlot& p) {
+  using L = TimelineLayout;
+  const size_t c = p.columns.size();
+  const uint64_t capacity = e.device ? e.device->capacity.value : 0;
+  TimelineFrame f;
+  f.ya = byte_axis(std::max({p.max_reserved, p.peak.live.total.value, capacity}), 8);
+  f.x.resize(c + 1);
+  for (size_t k = 0; k <= c; ++k) f.x[k] = L::kX0 + static_cast<double>(k) * (L::kX1 - L::kX0) / static_cast<double>(c);
+  f.px_per_event = (L::kX1 - L::kX0) / static_cast<double>(p.last_event - p.first_event + 1);
+
+  std::string out = svg_open(L::kWidth, L::kHeight);
+  out += text(L::kX0, 28, p.title, "font-size=\"16\" font-weight=\"bold\"");
+  out += text(L::kX0, 48, p.subtitle, "font-size=\"12.5\" fill=\"#444444\"");
+  out += timeline_strips(p, L::kX0, f.px_per_event);
+  out += timeline_axes(p, f.ya, f.px_per_event);
+  out += timeline_areas(p, f);
+  if (e.device) out += timeline_device(e, p, f);
+  out += timeline_peak(p, f);
   out += timeline_legend(e, p);
   return out + "</svg>\n";
 }
@@ -431,46 +457,40 @@ std::string render_timeline_html(const Estimate& e, const TimelinePlot& p, std::
 
 // --- the breakdown ---
 
-std::string render_breakdown_svg(const Estimate& e) {
-  constexpr int kWidth = 1000;
-  constexpr double kX0 = 40, kX1 = kWidth - 40, kBarY = 92, kBarH = 34;
-  const auto& by_cat = e.sim->peak.live.by_category;
-  std::vector<Category> shown;
-  for (Category c : kStackOrder) {
-    if (by_cat[static_cast<size_t>(c)].value > 0) shown.push_back(c);
-  }
-  const double rows_y = kBarY + kBarH + 66;
-  const int height = static_cast<int>(rows_y + 24.0 * static_cast<double>(shown.size()) + 56);
-  const uint64_t capacity = e.device ? e.device->capacity.value : 0;
-  const uint64_t total = e.peak.live_total.value;
-  const ByteAxis xa = byte_axis(std::max({e.memory.peak_reserved.value, total, capacity}), 10);
-  auto x_of = [&](uint64_t b) { return kX0 + static_cast<double>(b) / static_cast<double>(xa.top) * (kX1 - kX0); };
+namespace {
 
-  std::string out = svg_open(kWidth, height);
-  out += text(kX0, 26, fmt::format("{}: batch {} x seq {}, {}, {}", e.model.name, e.setup.batch, e.setup.seq,
-                                   precision_name(e.setup.precision), step_label(e.setup)),
-              "font-size=\"15\" font-weight=\"bold\"");
-  out += text(kX0, 46, fmt::format("live tensors at the peak, in {}: {}", moment_name(e.peak.phase, e.peak.step),
-                                   format_bytes(e.peak.live_total)),
-              "font-size=\"12.5\" fill=\"#444444\"");
-  // the axis above the bar
-  out += "<g id=\"axis\" font-size=\"10.5\" fill=\"#333333\">\n";
-  for (uint64_t b = 0; b <= xa.top; b += xa.step) {
+// Where the breakdown's bytes go on the page: one bar, its axis above, its marks' key under it, then the rows.
+struct BreakdownFrame {
+  static constexpr int kWidth = 1000;
+  static constexpr double kX0 = 40, kX1 = kWidth - 40, kBarY = 92, kBarH = 34, kRowsY = kBarY + kBarH + 66;
+  ByteAxis xa;
+  double x_of(uint64_t b) const { return kX0 + static_cast<double>(b) / static_cast<double>(xa.top) * (kX1 - kX0); }
+};
+
+// The bar of the live tensors at the peak by category, with its axis above.
+std::string breakdown_bar(const Estimate& e, const std::vector<Category>& shown, const BreakdownFrame& f) {
+  using F = BreakdownFrame;
+  std::string out = "<g id=\"axis\" font-size=\"10.5\" fill=\"#333333\">\n";
+  for (uint64_t b = 0; b <= f.xa.top; b += f.xa.step) {
     out += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\" stroke=\"#000000\" "
-                       "stroke-opacity=\"0.15\" data-bytes=\"{3}\"/>", x_of(b), kBarY - 8, kBarY + kBarH + 4, b);
-    out += text(x_of(b), kBarY - 12, tick_label(b, xa), "text-anchor=\"middle\"");
+                       "stroke-opacity=\"0.15\" data-bytes=\"{3}\"/>", f.x_of(b), F::kBarY - 8, F::kBarY + F::kBarH + 4, b);
+    out += text(f.x_of(b), F::kBarY - 12, tick_label(b, f.xa), "text-anchor=\"middle\"");
   }
   out += "</g>\n<g id=\"bar\">\n";
   uint64_t at = 0;
   for (Category c : shown) {
-    const uint64_t b = by_cat[static_cast<size_t>(c)].value;
+    const uint64_t b = e.sim->peak.live.by_category[static_cast<size_t>(c)].value;
     out += fmt::format("<rect data-category=\"{}\" data-bytes=\"{}\" x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" "
-                       "height=\"{:.1f}\" fill=\"{}\"/>\n", category_name(c), b, x_of(at), kBarY,
-                       x_of(at + b) - x_of(at), kBarH, color(c));
+                       "height=\"{:.1f}\" fill=\"{}\"/>\n", category_name(c), b, f.x_of(at), F::kBarY,
+                       f.x_of(at + b) - f.x_of(at), F::kBarH, color(c));
     at += b;
   }
-  out += "</g>\n<g id=\"marks\" font-size=\"11\">\n";
-  // allocated, reserved and the card: lines across the bar, named in a key under it
+  return out + "</g>\n";
+}
+
+// Allocated, reserved and the card: lines across the bar, named in a key under it.
+std::string breakdown_marks(const Estimate& e, const BreakdownFrame& f) {
+  using F = BreakdownFrame;
   struct Mark {
     const char* id;
     uint64_t bytes;
@@ -484,15 +504,17 @@ std::string render_breakdown_svg(const Estimate& e) {
       {"reserved", e.memory.peak_reserved.value, "peak reserved " + format_bytes(e.memory.peak_reserved),
        kReservedColor, ""}};
   if (e.device) {
-    marks.push_back({"capacity", capacity, fmt::format("{} capacity {}", e.device->gpu, format_bytes(e.device->capacity)),
-                     kCapacityColor, " stroke-dasharray=\"5 3\""});
+    marks.push_back({"capacity", e.device->capacity.value,
+                     fmt::format("{} capacity {}", e.device->gpu, format_bytes(e.device->capacity)), kCapacityColor,
+                     " stroke-dasharray=\"5 3\""});
   }
-  double xk = kX0;
-  const double yk = kBarY + kBarH + 26;
+  std::string out = "<g id=\"marks\" font-size=\"11\">\n";
+  double xk = F::kX0;
+  const double yk = F::kBarY + F::kBarH + 26;
   for (const Mark& m : marks) {
-    const double xm = x_of(m.bytes);
+    const double xm = f.x_of(m.bytes);
     out += fmt::format("<g id=\"{}\" data-bytes=\"{}\"><line x1=\"{:.2f}\" y1=\"{:.1f}\" x2=\"{:.2f}\" y2=\"{:.1f}\" "
-                       "stroke=\"{}\" stroke-width=\"2\"{}/>", m.id, m.bytes, xm, kBarY - 5, xm, kBarY + kBarH + 5,
+                       "stroke=\"{}\" stroke-width=\"2\"{}/>", m.id, m.bytes, xm, F::kBarY - 5, xm, F::kBarY + F::kBarH + 5,
                        m.stroke, m.dash);
     out += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\" stroke=\"{3}\" "
                        "stroke-width=\"2\"{4}/>", xk + 3, yk - 11, yk + 2, m.stroke, m.dash);
@@ -500,24 +522,58 @@ std::string render_breakdown_svg(const Estimate& e) {
     out += "</g>\n";
     xk += 10 + text_width(m.label, 11) + 24;
   }
-  out += "</g>\n<g id=\"components\">\n";
+  return out + "</g>\n";
+}
+
+// One row a category, in the bar's order: its bytes as a bar scaled to the largest, and its share.
+std::string breakdown_rows(const Estimate& e, const std::vector<Category>& shown) {
+  using F = BreakdownFrame;
+  constexpr double kLongest = 520;  // pixels of the largest category's bar
+  const auto& by_cat = e.sim->peak.live.by_category;
   uint64_t largest = 1;
   for (Category c : shown) largest = std::max(largest, by_cat[static_cast<size_t>(c)].value);
-  double y = rows_y;
-  for (Category c : shown) {  // in the bar's order, left to right
+  std::string out = "<g id=\"components\">\n";
+  double y = F::kRowsY;
+  for (Category c : shown) {
     const uint64_t b = by_cat[static_cast<size_t>(c)].value;
-    const double w = static_cast<double>(b) / static_cast<double>(largest) * 520;
+    const double w = static_cast<double>(b) / static_cast<double>(largest) * kLongest;
     out += fmt::format("<g data-category=\"{}\" data-bytes=\"{}\">", category_name(c), b);
-    out += text(kX0 + 180, y, category_name(c), "text-anchor=\"end\"");
-    out += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"14\" fill=\"{}\"/>", kX0 + 190, y - 11,
-                       w, color(c));
-    out += text(kX0 + 196 + w, y, fmt::format("{}  {}", format_bytes(Bytes(b)), report::percent(b, total)));
+    out += text(F::kX0 + 180, y, category_name(c), "text-anchor=\"end\"");
+    out += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"14\" fill=\"{}\"/>", F::kX0 + 190,
+                       y - 11, w, color(c));
+    out += text(F::kX0 + 196 + w, y,
+                fmt::format("{}  {}", format_bytes(Bytes(b)), report::percent(b, e.peak.live_total.value)));
     out += "</g>\n";
     y += 24;
   }
-  out += "</g>\n";
+  return out + "</g>\n";
+}
+
+}  // namespace
+
+std::string render_breakdown_svg(const Estimate& e) {
+  using F = BreakdownFrame;
+  std::vector<Category> shown;
+  for (Category c : kStackOrder) {
+    if (e.sim->peak.live.by_category[static_cast<size_t>(c)].value > 0) shown.push_back(c);
+  }
+  const double verdict_y = F::kRowsY + 24.0 * static_cast<double>(shown.size()) + 16;
+  BreakdownFrame f;
+  const uint64_t capacity = e.device ? e.device->capacity.value : 0;
+  f.xa = byte_axis(std::max({e.memory.peak_reserved.value, e.peak.live_total.value, capacity}), 10);
+
+  std::string out = svg_open(F::kWidth, static_cast<int>(verdict_y + 40));
+  out += text(F::kX0, 26, fmt::format("{}: batch {} x seq {}, {}, {}", e.model.name, e.setup.batch, e.setup.seq,
+                                      precision_name(e.setup.precision), step_label(e.setup)),
+              "font-size=\"15\" font-weight=\"bold\"");
+  out += text(F::kX0, 46, fmt::format("live tensors at the peak, in {}: {}", moment_name(e.peak.phase, e.peak.step),
+                                      format_bytes(e.peak.live_total)),
+              "font-size=\"12.5\" fill=\"#444444\"");
+  out += breakdown_bar(e, shown, f);
+  out += breakdown_marks(e, f);
+  out += breakdown_rows(e, shown);
   const auto [verdict, verdict_color] = verdict_line(e);
-  out += text(kX0, y + 16, verdict, fmt::format("id=\"verdict\" font-weight=\"bold\" fill=\"{}\"", verdict_color));
+  out += text(F::kX0, verdict_y, verdict, fmt::format("id=\"verdict\" font-weight=\"bold\" fill=\"{}\"", verdict_color));
   return out + "</svg>\n";
 }
 

@@ -50,6 +50,17 @@ constexpr const char* kCapacityColor = "#c00000";
 constexpr const char* kHalo = " stroke=\"#ffffff\" stroke-width=\"3\" stroke-opacity=\"0.85\" paint-order=\"stroke\"";
 constexpr double kCharWidth = 0.6;  // average advance of a character, in font sizes (DejaVu Sans is wide)
 
+constexpr double kBoldWidth = 0.66;  // the same for bold text
+
+// A line of text that fits `width` pixels at `char_px` a character, or its first part up to a ", " and the rest.
+std::pair<std::string, std::string> split_line(const std::string& s, double width, double char_px) {
+  const size_t fits = static_cast<size_t>(width / char_px);
+  if (s.size() <= fits) return {s, ""};
+  const size_t cut = s.rfind(", ", fits);
+  if (cut == std::string::npos) return {s, ""};
+  return {s.substr(0, cut + 1), s.substr(cut + 2)};
+}
+
 double text_width(std::string_view s, double font_size) { return static_cast<double>(s.size()) * kCharWidth * font_size; }
 
 // "forward", "fwd": a band's label, long and short (none: too short to name).
@@ -432,8 +443,16 @@ std::string render_timeline_svg(const Estimate& e, const TimelinePlot& p) {
   f.px_per_event = (L::kX1 - L::kX0) / static_cast<double>(p.last_event - p.first_event + 1);
 
   std::string out = svg_open(L::kWidth, L::kHeight);
-  out += text(L::kX0, 28, p.title, "font-size=\"16\" font-weight=\"bold\"");
-  out += text(L::kX0, 48, p.subtitle, "font-size=\"12.5\" fill=\"#444444\"");
+  const auto [title1, title2] = split_line(p.title, L::kWidth - L::kX0 - 16, 16 * kBoldWidth);
+  out += text(L::kX0, 26, title1, "font-size=\"16\" font-weight=\"bold\"");
+  if (!title2.empty()) out += text(L::kX0, 45, title2, "font-size=\"16\" font-weight=\"bold\"");
+  out += text(L::kX0, title2.empty() ? 47 : 64, p.subtitle, "font-size=\"12.5\" fill=\"#444444\"");
+  if (e.setup.grad_accum > 2) {  // as the table says it
+    out += text(L::kX0, L::kY1 + 58,
+                fmt::format("micro-batches 1 and 2 of each step's {} are simulated; the others repeat micro-batch 2",
+                            e.setup.grad_accum),
+                "font-size=\"11\" fill=\"#444444\"");
+  }
   out += timeline_strips(p, L::kX0, f.px_per_event);
   out += timeline_axes(p, f.ya, f.px_per_event);
   out += timeline_areas(p, f);

@@ -214,8 +214,10 @@ std::string timeline_strips(const TimelinePlot& p, double x_of_first, double px_
   for (const PlotPhase& ph : p.phases) {
     const double xa = x_of(ph.first_event), xb = x_of(ph.last_event + 1);
     out += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"{}\" "
-                       "data-phase=\"{}\" data-step=\"{}\"/>\n",
-                       xa, L::kY0, xb - xa, L::kY1 - L::kY0, phase_color(ph.phase), phase_name(ph.phase), ph.step);
+                       "data-phase=\"{}\" data-step=\"{}\"><title>{}: events {} to {}</title></rect>\n",
+                       xa, L::kY0, xb - xa, L::kY1 - L::kY0, phase_color(ph.phase), phase_name(ph.phase), ph.step,
+                       xml_escape(moment_name(ph.phase, ph.step, micro ? ph.micro : 0)), with_commas(ph.first_event),
+                       with_commas(ph.last_event));
     const auto [long_word, short_word] = phase_words(ph.phase);
     const std::string n = micro && ph.step > 0 ? fmt::format(" {}.{}", ph.step, ph.micro)
                           : ph.step > 0                         ? fmt::format(" {}", ph.step)
@@ -374,8 +376,9 @@ std::string timeline_areas(const TimelinePlot& p, const TimelineFrame& f) {
       below[k] += p.columns[k].live.by_category[static_cast<size_t>(cat)].value;
       top[k] = f.y_of(below[k]);
     }
-    out += fmt::format("<path class=\"area\" data-category=\"{}\" fill=\"{}\" d=\"{}\"/>\n", category_name(cat),
-                       color(cat), step_area(f.x, top, bottom));
+    out += fmt::format("<path class=\"area\" data-category=\"{}\" fill=\"{}\" d=\"{}\"><title>{}: at most {}</title>"
+                       "</path>\n", category_name(cat), color(cat), step_area(f.x, top, bottom), category_name(cat),
+                       format_bytes(p.category_peak[static_cast<size_t>(cat)]));
   }
   out += "</g>\n";
   std::vector<double> allocated(c), reserved(c);

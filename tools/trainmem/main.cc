@@ -20,6 +20,7 @@
 #include "trainmem/plot.h"
 #include "trainmem/report.h"
 #include "trainmem/scenario.h"
+#include "trainmem/snapshot.h"
 
 namespace {
 
@@ -36,6 +37,7 @@ struct Flags {
   std::string by = "layer", min_bytes = "0", step, unit = "auto";
   std::string solve = "batch", margin = "5%";
   std::string plot;  // --plot FILE: the step as an SVG picture
+  std::string snapshot;  // diff --snapshot FILE: a measured run's snapshot pickle or measurement JSON
 };
 
 // Short spellings, kept from earlier versions of the CLI.
@@ -150,12 +152,24 @@ int run_estimate(const Flags& f) {
 }
 
 int run_timeline(const Flags& f) {
-  if (f.format != "table" && f.format != "csv" && f.format != "json" && f.format != "html") {
-    throw FieldError("format", fmt::format("\"{}\": expected table, csv, json or html", f.format));
+  if (f.format != "table" && f.format != "csv" && f.format != "json" && f.format != "html" &&
+      f.format != "snapshot") {
+    throw FieldError("format", fmt::format("\"{}\": expected table, csv, json, html or snapshot", f.format));
   }
   const ResolvedScenario r = resolved_from(f);
   TimelineOptions to = parse_timeline_options(f.by, f.unit, f.min_bytes, f.step, r.options.steps);
+  if (f.format == "snapshot" && to.step) {
+    throw FieldError("step", fmt::format("\"{}\": --format snapshot exports the whole run (a snapshot's trace "
+                                         "starts where its blocks do)", f.step));
+  }
   const Estimate e = estimate(r);
+  if (f.format == "snapshot") {
+    if (!f.plot.empty()) write_plot(f.plot, render_timeline_svg(e, timeline_plot(e, to.step)));
+    std::cout << render_snapshot_pickle(e, r.alloc) << std::flush;
+    warn(r.warnings);
+    warn(e.warnings);
+    return 0;
+  }
   const auto rows = timeline_rows(e, to);
   if (!f.plot.empty() || f.format == "html") {
     const TimelinePlot p = timeline_plot(e, to.step);
@@ -171,6 +185,38 @@ int run_timeline(const Flags& f) {
   } else {
     std::cout << render_timeline_table(e, to, rows);
   }
+  warn(r.warnings);
+  warn(e.warnings);
+  return 0;
+}
+
+// diff --snapshot FILE: a measured run against the simulated one. A measurement file names its own scenario
+// (trainmem_args): used when no --model is given.
+int run_diff(Flags f) {
+  const bool json = json_format(f);
+  std::ifstream in(f.snapshot, std::ios::binary);
+  if (!in) throw FieldError("snapshot", fmt::format("\"{}\": cannot read it ({})", f.snapshot, std::strerror(errno)));
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw FieldError("snapshot", fmt::format("\"{}\": cannot read it", f.snapshot));
+  const MeasuredTrace m = read_measured_trace(bytes, f.snapshot);
+  if (f.fields["model"].empty()) {
+    if (m.trainmem_args.empty()) {
+      throw FieldError("model", "missing: give the scenario of the measured run (--model and its flags)");
+    }
+    std::map<std::string, std::string, std::less<>> field_of;
+    for (const Field& field : scenario_fields()) field_of[cli_flag(field.name)] = std::string(field.name);
+    for (size_t i = 0; i < m.trainmem_args.size(); i += 2) {
+      auto it = field_of.find(m.trainmem_args[i]);
+      if (it == field_of.end() || i + 1 >= m.trainmem_args.size()) {
+        throw Error(fmt::format("{}: trainmem_args: \"{}\" is not a flag with a value", f.snapshot, m.trainmem_args[i]));
+      }
+      f.fields[it->second].push_back(m.trainmem_args[i + 1]);
+    }
+  }
+  const ResolvedScenario r = resolved_from(f);
+  const Estimate e = estimate(r);
+  const SnapshotDiff d = diff_snapshot(e, m);
+  std::cout << (json ? render_snapshot_diff_json(e, d) : render_snapshot_diff_table(e, d));
   warn(r.warnings);
   warn(e.warnings);
   return 0;
@@ -220,7 +266,8 @@ int main(int argc, char** argv) {
                                     "picture in this file");
   auto* tl = app.add_subcommand("timeline", "the simulated step event by event, with live bytes and peaks");
   add_fields(tl, f, {kModel, kTraining, kRuntime});
-  add_format_flag(tl, f, "table | csv | json | html (a page with the picture and the table)");
+  add_format_flag(tl, f, "table | csv | json | html (a page with the picture and the table) | snapshot (a PyTorch "
+                         "memory snapshot pickle of the run, for pytorch.org/memory_viz)");
   tl->add_option("--plot", f.plot, "also draw the run (with --step, that step) as an SVG picture in this file: live "
                                    "bytes by category, allocated and reserved, the phases, the peak, the card");
   tl->add_option("--by", f.by, "event | layer | phase: one row per event, or per run of events")->capture_default_str();
@@ -236,6 +283,14 @@ int main(int argc, char** argv) {
   fitc->add_option("--margin", f.margin, "memory kept free: a share of the GPU (5%) or a size (2GiB)")
       ->capture_default_str();
 
+  auto* diffc = app.add_subcommand("diff", "a measured run (a torch.cuda.memory._snapshot() pickle or a "
+                                           "measurement JSON) against the simulated one, category by category");
+  add_fields(diffc, f, {kModel, kTraining, kRuntime});
+  diffc->add_option("--snapshot", f.snapshot, "the measured run: a snapshot pickle with its device trace, or a "
+                                              "trainmem-measurement-v1 JSON (its scenario is used without --model)")
+      ->required();
+  add_format_flag(diffc, f);
+
   // A first word that names no subcommand: say so (CLI11 would ask for a subcommand instead).
   auto known = [&](const char* name) {
     for (const CLI::App* sub : app.get_subcommands({})) {
@@ -245,7 +300,7 @@ int main(int argc, char** argv) {
   };
   if (argc > 1 && argv[1][0] != '-' && !known(argv[1])) {
     std::cerr << fmt::format("trainmem: unknown subcommand \"{}\"; expected models, gpus, params, formulas, "
-                             "estimate, timeline or fit (trainmem --help)\n", argv[1]);
+                             "estimate, timeline, fit or diff (trainmem --help)\n", argv[1]);
     return kExitBadInput;
   }
   try {
@@ -264,6 +319,7 @@ int main(int argc, char** argv) {
     if (est->parsed()) return run_estimate(f);
     if (tl->parsed()) return run_timeline(f);
     if (fitc->parsed()) return run_fit(f);
+    if (diffc->parsed()) return run_diff(f);
   } catch (const FieldError& e) {
     std::cerr << "trainmem: " << cli_flag(e.field()) << " " << e.detail() << "\n";
     return kExitBadInput;

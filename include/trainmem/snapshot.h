@@ -67,7 +67,7 @@ struct SnapshotDiff {
   size_t frees_before_trace = 0;  // frees of blocks allocated before the trace began
   bool truncated = false;
   // the first allocation where the sequences part (absent when one is a prefix of the other)
-  std::optional<size_t> diverge_measured;
+  std::optional<size_t> diverge_measured;  // 0-based index among the allocations (the table says it 1-based)
   uint64_t diverge_measured_size = 0;
   std::string diverge_predicted;  // the simulated tensor there, with its size
   std::string predicted_peak_moment;  // "the backward of step 2": trainmem's peak

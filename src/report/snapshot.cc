@@ -633,7 +633,7 @@ std::string render_snapshot_diff_table(const Estimate& e, const SnapshotDiff& d)
       with_commas(d.measured_allocs), with_commas(d.predicted_allocs), with_commas(d.aligned),
       with_commas(d.same_prefix));
   if (d.diverge_measured) {
-    out += fmt::format("they part at allocation {}: measured {} B, predicted {}\n", with_commas(*d.diverge_measured),
+    out += fmt::format("they part at allocation {}: measured {} B, predicted {}\n", with_commas(*d.diverge_measured + 1),
                        with_commas(d.diverge_measured_size), d.diverge_predicted);
   }
   if (d.frees_before_trace > 0 || d.truncated) {
@@ -670,7 +670,7 @@ std::string render_snapshot_diff_json(const Estimate& e, const SnapshotDiff& d) 
       {"figures", rows_json(d.figures)},
   };
   if (d.diverge_measured) {
-    out["diverge"] = {{"measured_allocation", *d.diverge_measured}, {"measured_bytes", d.diverge_measured_size},
+    out["diverge"] = {{"allocation_index", *d.diverge_measured}, {"measured_bytes", d.diverge_measured_size},
                       {"predicted", d.diverge_predicted}};
   }
   return report::json_text(out, 1);

@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -194,6 +195,10 @@ int run_timeline(const Flags& f) {
 // (trainmem_args): used when no --model is given.
 int run_diff(Flags f) {
   const bool json = json_format(f);
+  std::error_code ec;
+  if (std::filesystem::is_directory(f.snapshot, ec)) {
+    throw FieldError("snapshot", fmt::format("\"{}\": a folder; expected a snapshot pickle or a measurement JSON", f.snapshot));
+  }
   std::ifstream in(f.snapshot, std::ios::binary);
   if (!in) throw FieldError("snapshot", fmt::format("\"{}\": cannot read it ({})", f.snapshot, std::strerror(errno)));
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -199,6 +199,13 @@ int run_diff(Flags f) {
   if (std::filesystem::is_directory(f.snapshot, ec)) {
     throw FieldError("snapshot", fmt::format("\"{}\": a folder; expected a snapshot pickle or a measurement JSON", f.snapshot));
   }
+  if (std::filesystem::exists(f.snapshot, ec) && !std::filesystem::is_regular_file(f.snapshot, ec)) {
+    throw FieldError("snapshot", fmt::format("\"{}\": not a regular file (expected a snapshot pickle or a "
+                                             "measurement JSON)", f.snapshot));
+  }
+  if (const auto size = std::filesystem::file_size(f.snapshot, ec); !ec && size > kPickleMaxBytes) {
+    throw FieldError("snapshot", fmt::format("\"{}\": {} bytes, larger than the 4 GiB trainmem reads", f.snapshot, size));
+  }
   std::ifstream in(f.snapshot, std::ios::binary);
   if (!in) throw FieldError("snapshot", fmt::format("\"{}\": cannot read it ({})", f.snapshot, std::strerror(errno)));
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -378,6 +378,9 @@ ForwardOut llama_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const
     kept.reset();
     T logits = tp_all_gather_last(c, local, m.tp, "lm_head all_gather");
     local.reset();
+    // FSDP2 over TP: fully_shard's post-forward hook of the tail unit runs after the TP output hook (registered
+    // before it by parallelize_module), on the gathered logits, as in the branch below
+    logits = fsdp_post_forward(c, kFsdpUnitTail, std::move(logits));
     return causal_lm_output(c, std::move(logits), labels);
   }
   T logits = lm_head_logits(c, w, hidden, "lm_head.weight", "model.embed_tokens.weight", "lm_head");

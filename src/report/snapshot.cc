@@ -466,23 +466,32 @@ SnapshotDiff diff_snapshot(const Estimate& e, const MeasuredTrace& m) {
                                       category_name(ev.category), moment_name(ev.phase, ev.phase == Phase::kSetup ? 0 : ev.step));
   }
 
-  // The measured live bytes just before the allocation aligned with the first simulated one at or after `event`.
-  auto measured_before = [&](size_t event) -> std::optional<uint64_t> {
-    const auto it = std::lower_bound(palloc_event.begin(), palloc_event.end(), event);
+  // Both sides just before the first simulated allocation after `event` that lines up with a measured one: the
+  // same moment of the run on both (a free between `event` and that allocation counts on both sides).
+  std::vector<uint64_t> plive(tl.events.size());
+  {
+    LiveBytes l;
+    for (size_t i = 0; i < tl.events.size(); ++i) {
+      apply(l, tl.events[i]);
+      plive[i] = l.total.value;
+    }
+  }
+  auto before = [&](size_t event) -> SnapshotDiffRow {
+    const auto it = std::upper_bound(palloc_event.begin(), palloc_event.end(), event);
     for (auto j = static_cast<size_t>(it - palloc_event.begin()); j < psizes.size(); ++j) {
       if (p2m[j]) {
-        const size_t act = alloc_action[*p2m[j]];
-        return act == 0 ? 0 : mlive[act - 1];
+        const size_t act = alloc_action[*p2m[j]], ev = palloc_event[j];
+        return {"", ev == 0 ? 0 : plive[ev - 1], act == 0 ? 0 : mlive[act - 1]};
       }
     }
-    return std::nullopt;
+    return {"", event < plive.size() ? plive[event] : 0, std::nullopt};
   };
-  LiveBytes end;
-  for (const Event& ev : tl.events) apply(end, ev);
-  const Moment& steady = e.sim->steady;
+  const uint64_t end = plive.empty() ? 0 : plive.back();
+  SnapshotDiffRow steady = before(e.sim->steady.event);
+  steady.name = "steady state (a step's start)";
   d.moments.push_back({"peak live tensors", e.sim->peak.live.total.value, peak});
-  d.moments.push_back({"steady state (a step's start)", steady.live.total.value, measured_before(steady.event + 1)});
-  d.moments.push_back({"end of the run", end.total.value, mlive.empty() ? 0 : mlive.back()});
+  d.moments.push_back(steady);
+  d.moments.push_back({"end of the run", end, mlive.empty() ? 0 : mlive.back()});
 
   // Categories at the measured peak: each live block takes the category its aligned simulated tensor has at the
   // simulated moment aligned with the peak (the last aligned allocation at or before it).

@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <cerrno>
 #include <cstring>
+#include <unistd.h>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -159,6 +160,9 @@ int run_timeline(const Flags& f) {
   }
   const ResolvedScenario r = resolved_from(f);
   TimelineOptions to = parse_timeline_options(f.by, f.unit, f.min_bytes, f.step, r.options.steps);
+  if (f.format == "snapshot" && isatty(STDOUT_FILENO)) {
+    throw FieldError("format", "\"snapshot\": a binary pickle; send it to a file (> step.pickle), not the terminal");
+  }
   if (f.format == "snapshot" && to.step) {
     throw FieldError("step", fmt::format("\"{}\": --format snapshot exports the whole run (a snapshot's trace "
                                          "starts where its blocks do)", f.step));

@@ -193,7 +193,7 @@ class Reader {
       fail(0, "not a pickle of protocol 2 or later (a torch.cuda.memory._snapshot() pickle starts with the byte "
               "0x80, PROTO)");
     }
-    const uint8_t proto = u8();
+    const uint8_t proto = u8_checked(0);
     if (proto < 2 || proto > 5) fail(1, fmt::format("pickle protocol {}: expected 2 to 5", proto));
     while (true) {
       if (pos_ >= b_.size()) fail(pos_, "truncated: the pickle ends before its STOP opcode");

@@ -81,6 +81,15 @@ constexpr NameRow<FitDimension> kDimensions[] = {
 
 std::span<const NameRow<FitDimension>> name_table(FitDimension) { return kDimensions; }
 std::optional<FitDimension> parse_fit_dimension(std::string_view s) { return parse_name<FitDimension>(s); }
+
+FitRequest fit_request(std::string_view solve, std::string_view margin) {
+  FitRequest req;
+  const auto d = parse_fit_dimension(solve);
+  if (!d) throw FieldError("solve", fmt::format("\"{}\": expected batch or seq", solve));
+  req.solve = *d;
+  req.margin = parse_margin(margin);
+  return req;
+}
 std::string_view fit_dimension_name(FitDimension d) { return name_of(d); }
 
 namespace {

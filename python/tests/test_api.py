@@ -195,3 +195,7 @@ def test_warnings_are_returned_and_issued():
 def test_gpus_lists_the_catalog():
     names = [g.name for g in trainmem.gpus()]
     assert "rtx-4090" in names and "h100-80gb" in names
+
+
+def test_a_model_name_may_come_first():
+    assert trainmem.estimate("gpt2", batch=2, seq=128).json == trainmem.estimate(model="gpt2", batch=2, seq=128).json

@@ -64,7 +64,7 @@ def _field_pairs(kwargs):
             continue
         if _FIELDS.get(name):
             if isinstance(value, dict):
-                value = [f"{k}={_text(name, v) if not isinstance(v, str) else v}" for k, v in value.items()]
+                value = [f"{k}={_text(name, v)}" for k, v in value.items()]
             elif isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
                 value = [value]
             pairs.extend((name, _text(name, v)) for v in value)
@@ -166,6 +166,8 @@ class Scenario:
 
 
 def _scenario(scenario, config, fields):
+    if isinstance(scenario, str):  # estimate("gpt2", batch=8): the model
+        scenario, fields = None, {"model": scenario, **fields}
     if scenario is None:
         return Scenario(config=config, **fields)
     if config is not None or fields:
@@ -382,38 +384,37 @@ class Timeline:
                 f"events_total={self.json.get('events_total')})")
 
 
-class Fit(Section):
+class _Document(Section):
+    """A whole JSON result (`json`), with the warnings the CLI prints for it."""
+
+    __slots__ = ("warnings",)
+
+    def __init__(self, d, warnings):
+        super().__init__(d)
+        object.__setattr__(self, "warnings", list(warnings))
+
+    @property
+    def json(self):
+        return self._d
+
+
+class Fit(_Document):
     """`trainmem fit --format json` as attributes: largest (None: even 1 does not fit), fits, solve, gpu,
     limit_bytes, margin_bytes, probes (every size simulated), suggestions (changes that save memory or raise
     the answer), sharding ladder, ... `warnings` as the CLI prints them."""
 
-    __slots__ = ("warnings",)
-
-    def __init__(self, d, warnings):
-        super().__init__(d)
-        object.__setattr__(self, "warnings", list(warnings))
-
-    @property
-    def json(self):
-        return self._d
+    __slots__ = ()
 
     def __repr__(self):
-        return f"trainmem.Fit(solve={self._d.get('solve')!r}, largest={self._d.get('largest')}, gpu={self._d.get('gpu')!r})"
+        gpu = (self._d.get('gpu') or {}).get('name')
+        return f"trainmem.Fit(solve={self._d.get('solve')!r}, largest={self._d.get('largest')}, gpu={gpu!r})"
 
 
-class Params(Section):
+class Params(_Document):
     """`trainmem params --format json` as attributes: model, dtype, parameters and buffers (each tensor: name,
     shape, elements, dtype, bytes) and totals (parameter_count, parameter_bytes, trainable_count, ...)."""
 
-    __slots__ = ("warnings",)
-
-    def __init__(self, d, warnings):
-        super().__init__(d)
-        object.__setattr__(self, "warnings", list(warnings))
-
-    @property
-    def json(self):
-        return self._d
+    __slots__ = ()
 
     count = property(lambda self: self._d["totals"]["parameter_count"], doc="parameters (elements)")
     trainable = property(lambda self: self._d["totals"]["trainable_count"])

@@ -150,14 +150,21 @@ def test_scenario_from_a_dict_of_config_keys_equals_the_preset():
 
 
 class FakePretrainedConfig:
-    """What transformers' PretrainedConfig offers the module: to_dict() (with _name_or_path and keys such as
-    transformers_version that no reader needs)."""
+    """What transformers' PretrainedConfig offers the module: to_dict(), which adds the base class's keys to the
+    model's (PretrainedConfig.__init__: _name_or_path, architectures, id2label/label2id, the token ids, dtype, ...;
+    None where unset) and transformers_version."""
 
     def __init__(self, d):
         self.d = d
 
     def to_dict(self):
-        return {**self.d, "_name_or_path": "someone/my-gpt2", "transformers_version": "5.0.0"}
+        base = {"_name_or_path": "someone/my-gpt2", "transformers_version": "5.0.0", "return_dict": True,
+                "output_hidden_states": False, "dtype": "float32", "tie_word_embeddings": True,
+                "is_encoder_decoder": False, "architectures": None, "finetuning_task": None,
+                "id2label": {"0": "LABEL_0", "1": "LABEL_1"}, "label2id": {"LABEL_0": 0, "LABEL_1": 1},
+                "tokenizer_class": None, "prefix": None, "pad_token_id": None, "sep_token_id": None,
+                "decoder_start_token_id": None, "task_specific_params": None, "problem_type": None}
+        return {**base, **self.d, "_name_or_path": "someone/my-gpt2"}
 
 
 def test_scenario_from_a_config_object_with_to_dict():

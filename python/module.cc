@@ -125,6 +125,7 @@ PyObject* g_error = nullptr;
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "trainmem's C++ core (use the package trainmem, not this module)";
+  m.attr("version") = TRAINMEM_VERSION;  // the CLI's --version
   g_error = py::exception<Error>(m, "Error", PyExc_Exception).ptr();
   Py_INCREF(g_error);
   // The CLI's message (error_message, what it prints after "trainmem: "); a FieldError also names its field

@@ -199,6 +199,11 @@ def test_warnings_are_returned_and_issued():
     assert any("n_layer" in w for w in e.warnings)
 
 
+def test_version_is_the_clis():
+    from conftest import run_cli
+    assert run_cli("--version")[1].strip() == f"trainmem {trainmem.__version__}"
+
+
 def test_gpus_lists_the_catalog():
     names = [g.name for g in trainmem.gpus()]
     assert "rtx-4090" in names and "h100-80gb" in names

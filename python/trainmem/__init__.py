@@ -26,6 +26,8 @@ __all__ = [
 
 # trainmem.Error: bad input, with the CLI's message (what `trainmem` prints after "trainmem: "). `field` names
 # the scenario field at fault ("batch") where there is one, and `detail` is the message after the field's flag.
+__version__ = _core.version
+
 Error.__module__ = __name__
 Error.field = None
 Error.detail = None

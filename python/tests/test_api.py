@@ -211,3 +211,11 @@ def test_gpus_lists_the_catalog():
 
 def test_a_model_name_may_come_first():
     assert trainmem.estimate("gpt2", batch=2, seq=128).json == trainmem.estimate(model="gpt2", batch=2, seq=128).json
+
+
+def test_timeline_arrays_go_to_numpy_without_copying_through_python():
+    np = pytest.importorskip("numpy")  # not a dependency: Debian's python3-numpy where it is installed
+    t = trainmem.estimate(model="gpt2", batch=1, seq=64).timeline(by="event")
+    a = np.frombuffer(t.allocated_bytes, dtype=np.uint64)
+    assert a.shape == (len(t),) and int(a.max()) == max(t.allocated_bytes)
+    assert np.asarray(t.layer).dtype == np.int64

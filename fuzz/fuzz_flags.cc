@@ -4,7 +4,7 @@
 // tests/hostile/flags are written so), otherwise the first byte picks the field (byte % count) and the rest is
 // the value. The fields are Scenario's (scenario_fields()) plus "margin" (fit's --margin). The value then goes
 // to set_field(field, value) and, whatever the field, to parse_size, parse_margin, parse_alloc_conf (for
-// several PyTorch versions) and resolve_gpu, each on its own, and as a field's name to scenario_from.
+// several PyTorch versions) and resolve_gpu, each on its own.
 //
 // trainmem::Error (FieldError included) is the expected refusal and the only exception caught; anything else
 // escapes and libFuzzer reports it. A value set_field accepts must also read back: field_text() of it is
@@ -113,11 +113,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   refused_or_ok([&] {
     const trainmem::GpuSpec g = trainmem::resolve_gpu(value);
     (void)trainmem::usable_bytes(g, trainmem::Margin{}.of(g));
-  });
-  // The value as a field's name, as a front end's keyword may be anything (scenario_from: "did you mean")
-  refused_or_ok([&] {
-    const std::vector<trainmem::FieldChange> given = {{std::string(value), "1"}};
-    (void)trainmem::scenario_from(given);
   });
   return 0;
 }

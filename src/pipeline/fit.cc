@@ -81,6 +81,7 @@ constexpr NameRow<FitDimension> kDimensions[] = {
 
 std::span<const NameRow<FitDimension>> name_table(FitDimension) { return kDimensions; }
 std::optional<FitDimension> parse_fit_dimension(std::string_view s) { return parse_name<FitDimension>(s); }
+std::string_view fit_dimension_name(FitDimension d) { return name_of(d); }
 
 FitRequest fit_request(std::string_view solve, std::string_view margin) {
   FitRequest req;
@@ -90,7 +91,6 @@ FitRequest fit_request(std::string_view solve, std::string_view margin) {
   req.margin = parse_margin(margin);
   return req;
 }
-std::string_view fit_dimension_name(FitDimension d) { return name_of(d); }
 
 namespace {
 

@@ -1,6 +1,7 @@
 // Speed of the pipeline, measured with Google Benchmark (`make bench`). The headline case is one full
 // training step of a 70B model (Llama-3-70B shapes) at sequence 8192.
 #include <benchmark/benchmark.h>
+#include <fmt/format.h>
 
 #include "trainmem/allocator.h"
 #include "trainmem/config.h"
@@ -134,6 +135,26 @@ void BM_EstimatePp70B_T8192(benchmark::State& state) {
   state.SetLabel(interleaved ? "interleaved-1f1b, 4 ranks x 2 stages" : tp ? "1f1b, 4 ranks, tp 8" : "1f1b, 4 ranks");
 }
 BENCHMARK(BM_EstimatePp70B_T8192)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
+
+// The 70B model as TP8 x PP4 x FSDP2 (--gpus 64xh100-80gb or 256xh100-80gb --tp 8 --pp 4 --sharding fsdp2
+// --precision fp32 --micro-batches 8 --checkpointing selective): every pipeline rank simulated, each its TP-local
+// stage sharded over the Arg data-parallel ranks by torchtitan's apply_fsdp (the units' gathers once per step, the
+// fp32 gradient accumulation over 8 micro-batches, the reduce-scatters after the last).
+void BM_EstimatePpFsdp70B_T8192(benchmark::State& state) {
+  const auto dp = static_cast<uint64_t>(state.range(0));
+  estimate_70b_hf(state, [&](TrainSetup& s) {
+    s.precision = Precision::kFp32;  // torchtitan's training.dtype; bf16 compute by MixedPrecisionPolicy
+    s.checkpointing = Checkpointing::kSelective;
+    s.tp = 8;
+    s.pp = 4;
+    s.micro_batches = 8;
+    s.pp_schedule = PpSchedule::k1f1b;
+    s.dp = dp;
+    s.sharding = Sharding::kFsdp2;
+  }, 8);
+  state.SetLabel(fmt::format("1f1b, 4 ranks, tp 8, fsdp2 dp {}", dp));
+}
+BENCHMARK(BM_EstimatePpFsdp70B_T8192)->Arg(2)->Arg(8)->Unit(benchmark::kMillisecond);
 
 // Building the parameter inventory of a 70B model (723 named tensors).
 void BM_Inventory70B(benchmark::State& state) {

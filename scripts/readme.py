@@ -11,14 +11,22 @@ Every block in README.md written as
 holds the real output of that command (run from the repository root with build/trainmem). A command may end in
 `| tail -N`: the block then holds the output's last N lines. With --write the blocks are regenerated; with --check
 (a ctest) the script fails when any block is stale.
+
+A picture the README shows is made the same way: a line
+
+    <!-- plot: trainmem timeline --model gpt2 --gpu rtx-4090 --plot docs/img/timeline-gpt2.svg -->
+
+says which command draws the committed file after --plot; --write redraws it, --check compares it byte for byte.
 """
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"(<!-- run: (?P<cmd>[^>]*?) -->\n```text\n)(?P<out>.*?)(```)", re.S)
+PLOT = re.compile(r"<!-- plot: (?P<cmd>trainmem [^>]*?--plot (?P<path>\S+)[^>]*?) -->")
 
 
 def run(cmd: str, exe: Path) -> str:
@@ -31,6 +39,18 @@ def run(cmd: str, exe: Path) -> str:
         raise SystemExit(f"readme: `{cmd}` exited {proc.returncode}:\n{out}")
     out = out if out.endswith("\n") else out + "\n"
     return "".join(out.splitlines(keepends=True)[-int(tail):]) if tail else out
+
+
+def draw(cmd: str, path: str, exe: Path) -> bytes:
+    """The bytes `cmd` writes to the file after --plot (drawn into a temporary file)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / Path(path).name
+        args = cmd.split()
+        args[args.index("--plot") + 1] = str(out)
+        proc = subprocess.run([str(exe)] + args[1:], cwd=ROOT, capture_output=True, text=True)
+        if proc.returncode not in (0, 1) or not out.exists():
+            raise SystemExit(f"readme: `{cmd}` exited {proc.returncode}:\n{proc.stderr}")
+        return out.read_bytes()
 
 
 def main() -> int:
@@ -47,6 +67,14 @@ def main() -> int:
         return m.group(1) + out + m.group(4)
 
     new = BLOCK.sub(replace, text)
+    for m in PLOT.finditer(text):
+        picture = draw(m.group("cmd"), m.group("path"), exe)
+        target = ROOT / m.group("path")
+        if not target.exists() or target.read_bytes() != picture:
+            stale.append(m.group("cmd"))
+            if mode == "--write":
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(picture)
     if mode == "--write":
         readme.write_text(new)
         print(f"readme: {len(stale)} block(s) updated")
@@ -55,7 +83,7 @@ def main() -> int:
         print("README.md shows outdated output for:\n  " + "\n  ".join(stale))
         print("run: python3 scripts/readme.py --write build/trainmem")
         return 1
-    print(f"readme: {len(BLOCK.findall(text))} example outputs are current")
+    print(f"readme: {len(BLOCK.findall(text))} example outputs and {len(PLOT.findall(text))} pictures are current")
     return 0
 
 

@@ -199,6 +199,7 @@ struct FsdpFigures {
   Bytes optimizer_state;       // AdamW over the local (unpadded) shards
   uint64_t padding_elems = 0;  // padded minus unpadded elements on this rank
   uint64_t local_elems = 0;    // this rank's unpadded parameter elements
+  bool torchtitan_pp = false;  // torchtitan's apply_fsdp on a pipeline stage (resolve_pp_fsdp), not accelerate's
 };
 
 // The estimate of one step, in its natural parts; the timeline and the allocator's per-event figures are

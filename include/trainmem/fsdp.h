@@ -17,6 +17,7 @@ namespace trainmem {
 
 struct ModelSpec;
 enum class LoopKind;
+struct PpStagePart;
 
 // fully_shard's settings as accelerate passes them, resolved.
 struct FsdpOptions {
@@ -62,5 +63,19 @@ struct FsdpUnit {
 inline constexpr int32_t kFsdpUnitEmbed = -2;
 inline constexpr int32_t kFsdpUnitTail = -3;
 std::vector<FsdpUnit> fsdp_units(const ModelSpec& m, const Inventory& inv, const FsdpOptions& o);
+
+// --- torchtitan v0.2.0's FSDP2 policy on a pipeline rank (--pp P --sharding fsdp2 --dp D) ---
+// The simulator runs it per stage and per micro-batch in the schedule's order (src/sim/fsdp.cc pp_* and loop.cc
+// pp_backward). Differences from accelerate's policy above, one place each:
+// - fsdp_torchtitan_pp_options: fp32 sharded parameters (training.dtype "float32"), MixedPrecisionPolicy(param_dtype
+//   bf16 = training.mixed_precision_param, reduce_dtype fp32 = training.mixed_precision_reduce), no autocast, and
+//   reshard_after_forward False on every unit (fsdp_reshard_after_forward "default" = `not pp_enabled`).
+// - fsdp_stage_units: the units of one rank's stage modules (apply_fsdp on the pruned stage model).
+FsdpOptions fsdp_torchtitan_pp_options(uint64_t dp);
+// resolve_fsdp's refusals, then the policy above; refuses what it does not simulate (the settings torchtitan does
+// not take under a pipeline, training.dtype bfloat16). Off unless dp > 1 and --sharding fsdp2.
+FsdpOptions resolve_pp_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop, TorchVersion torch);
+std::vector<FsdpUnit> fsdp_stage_units(const Inventory& stage_inv, const std::vector<PpStagePart>& parts,
+                                       const FsdpOptions& o);
 
 }  // namespace trainmem

@@ -23,7 +23,6 @@ enum class LtWorkspace {
   kNone,        // not counted (the library allocates it itself)
   kPerCall,     // allocated through the caching allocator around each cuBLASLt gemm and freed after it
   kPersistent,  // one per (handle, stream), kept
-  kUnified,     // shares the cuBLAS workspace: no allocation of its own
 };
 
 struct RuntimeFacts {

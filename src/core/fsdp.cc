@@ -11,6 +11,7 @@
 #include "../families/registry.h"
 #include "trainmem/error.h"
 #include "trainmem/model.h"
+#include "trainmem/pp.h"
 #include "trainmem/sim.h"
 
 namespace trainmem {
@@ -194,6 +195,97 @@ std::vector<FsdpUnit> fsdp_units(const ModelSpec& m, const Inventory& inv, const
   units.push_back(std::move(embed));
   for (FsdpUnit& u : layers) units.push_back(std::move(u));
   units.push_back(std::move(tail));
+  return units;
+}
+
+// torchtitan v0.2.0 under a pipeline (fsdp.h). Sources: pytorch/torchtitan v0.2.0
+// torchtitan/models/llama3/infra/parallelize.py parallelize_llama / apply_fsdp, torchtitan/config/job_config.py
+// Training.dtype / mixed_precision_param / mixed_precision_reduce and Parallelism.fsdp_reshard_after_forward.
+FsdpOptions fsdp_torchtitan_pp_options(uint64_t dp) {
+  if (dp < 2) throw Error("internal: torchtitan's FSDP2 policy needs a data-parallel mesh of 2 or more ranks");
+  FsdpOptions f;
+  f.on = true;
+  f.ranks = dp;
+  f.rank = 0;
+  // apply_fsdp, policy "default": `reshard_after_forward = not pp_enabled` ("For PP, by default do not reshard
+  // after forward to avoid per-microbatch all-gathers"); the blocks and tok_embeddings get it, [norm, output]
+  // gets `reshard_after_forward_policy == "always"` (False), and the root fully_shard(model) its default
+  f.reshard_after_forward = false;
+  // Training.dtype = "float32": the parameters (hence their shards), gradients and optimizer states are fp32
+  f.orig_dtype = DType::kF32;
+  // apply_fsdp: MixedPrecisionPolicy(param_dtype=TORCH_DTYPE_MAP[mixed_precision_param] ("bfloat16"),
+  // reduce_dtype=TORCH_DTYPE_MAP[mixed_precision_reduce] ("float32"))
+  f.mixed = true;
+  f.param_dtype = DType::kBF16;
+  f.reduce_dtype = DType::kF32;
+  return f;
+}
+
+FsdpOptions resolve_pp_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop, TorchVersion torch) {
+  if (s.reshard_after_forward && s.dp > 1 && s.sharding == Sharding::kFsdp2) {
+    // torchtitan's parallelism.fsdp_reshard_after_forward "always" / "never" are other programs under a pipeline
+    // (an all-gather per micro-batch); its "default" (False under PP) is the one simulated
+    throw FieldError("reshard_after_forward", "under --pp, FSDP2 is simulated with torchtitan's default policy only "
+                                              "(fsdp_reshard_after_forward \"default\": not pp_enabled, i.e. false)");
+  }
+  const FsdpOptions checked = resolve_fsdp(s, m, loop, torch);
+  if (!checked.on) return checked;
+  if (s.precision != Precision::kFp32) {
+    // torchtitan's training.dtype: "float32" (the default) keeps fp32 sharded parameters, gradients and optimizer
+    // states, the compute in MixedPrecisionPolicy's bfloat16; "bfloat16" converts the model first (bf16 shards,
+    // an fp32 reduce, a downcast of each reduced shard), not simulated
+    throw FieldError("precision", fmt::format("{}: FSDP2 under --pp is simulated as torchtitan's training.dtype "
+                                              "\"float32\" with mixed_precision_param bfloat16 applied by "
+                                              "fully_shard: use --precision fp32", precision_name(s.precision)));
+  }
+  return fsdp_torchtitan_pp_options(s.dp);
+}
+
+std::vector<FsdpUnit> fsdp_stage_units(const Inventory& stage_inv, const std::vector<PpStagePart>& parts,
+                                       const FsdpOptions& o) {
+  // apply_fsdp on each stage model (torchtitan's pipeline_llm prunes the Transformer per stage: tok_embeddings
+  // None off the first stage, norm and output None off the last): fully_shard(tok_embeddings) if present, each
+  // TransformerBlock, [norm, output] if present, then the root with what is left (nothing here). Units are in
+  // forward order, stage by stage as the rank holds them.
+  std::vector<FsdpUnit> units;
+  auto add = [&](FsdpUnit::Kind kind, int32_t layer, std::string name, bool reshard, auto member) {
+    FsdpUnit u;
+    u.kind = kind;
+    u.layer = layer;
+    u.name = std::move(name);
+    u.reshard_after_forward = reshard;
+    for (size_t i = 0; i < stage_inv.parameters.size(); ++i) {
+      if (!member(stage_inv.parameters[i].name)) continue;
+      u.rows.push_back(static_cast<int32_t>(i));
+      const FsdpShard sh = fsdp_shard(stage_inv.parameters[i].shape, o.ranks, o.rank);
+      u.shard_numel = checked_add(u.shard_numel, sh.padded_numel, "FSDP unit");
+      u.params = checked_add(u.params, stage_inv.parameters[i].elems.value, "FSDP unit");
+    }
+    if (u.rows.empty()) throw Error(fmt::format("internal: FSDP unit {} has no parameters on this stage", u.name));
+    units.push_back(std::move(u));
+  };
+  auto starts = [](const std::string& n, const std::string& pre) { return n.rfind(pre, 0) == 0; };
+  size_t covered = 0;
+  for (const PpStagePart& p : parts) {
+    if (p.embeddings) {
+      add(FsdpUnit::kEmbed, -1, "model.embed_tokens", o.reshard_after_forward,
+          [&](const std::string& n) { return starts(n, "model.embed_tokens."); });
+    }
+    for (uint64_t l = p.layer_begin; l < p.layer_end; ++l) {
+      const std::string pre = fmt::format("model.layers.{}.", l);
+      add(FsdpUnit::kLayer, static_cast<int32_t>(l), pre.substr(0, pre.size() - 1), o.reshard_after_forward,
+          [&](const std::string& n) { return starts(n, pre); });
+    }
+    if (p.head) {
+      add(FsdpUnit::kTail, -1, "[model.norm, lm_head]", false,
+          [&](const std::string& n) { return starts(n, "model.norm.") || starts(n, "lm_head."); });
+    }
+  }
+  for (const FsdpUnit& u : units) covered += u.rows.size();
+  if (covered != stage_inv.parameters.size()) {
+    throw Error(fmt::format("internal: {} of the stage's {} parameters in its FSDP units", covered,
+                            stage_inv.parameters.size()));
+  }
   return units;
 }
 

@@ -301,7 +301,18 @@ void check_pipeline(const ModelSpec& m, const TrainSetup& s, LoopKind loop, Torc
   if (m.embed.tied) {
     no("a tied lm_head (tie_word_embeddings) would be shared by the first and last stages; not simulated");
   }
-  if (s.dp > 1) no("with --dp above 1 (DDP, ZeRO or FSDP under a pipeline) is not simulated yet");
+  // --dp D --sharding fsdp2: torchtitan v0.2.0's apply_fsdp on each rank's stage module (fsdp.h resolve_pp_fsdp,
+  // fsdp_stage_units), its hooks run per micro-batch in the schedule's order (src/sim/fsdp.cc pp_*)
+  if (s.dp > 1 && s.sharding == Sharding::kFsdp2 && multi) {
+    // several stages per rank: each stage module is its own FSDP root, and the manual post-backward runs per stage
+    // (stage.py); not simulated
+    no(fmt::format("--dp {} --sharding fsdp2 with interleaved-1f1b (several FSDP-wrapped stages per rank) is not "
+                   "simulated; gpipe and 1f1b are", s.dp));
+  }
+  if (s.dp > 1 && s.sharding != Sharding::kFsdp2) {
+    no(fmt::format("--dp {} --sharding {}: DDP, FSDP1 and ZeRO under a pipeline are not simulated (torchtitan's "
+                   "FSDP2 is: --sharding fsdp2)", s.dp, name_of(s.sharding)));
+  }
   if (s.lora.on || s.quant.type != Quantize::kNone || !s.freeze.empty()) {
     no("LoRA, 4-bit quantization and frozen rows are not simulated under a pipeline");
   }
@@ -314,8 +325,8 @@ void check_pipeline(const ModelSpec& m, const TrainSetup& s, LoopKind loop, Torc
     // from fully_shard, which is not simulated here. (An autocast region across micro-batches would also share
     // the cached weight casts between their graphs.)
     no(fmt::format("--precision {}: torchtitan runs torch.autocast only without other parallelism (its mixed "
-                   "precision under a pipeline is FSDP's, not simulated); use --precision fp32 or bf16 "
-                   "(torchtitan's training.dtype)", precision_name(s.precision)));
+                   "precision under a pipeline is FSDP's: --dp N --sharding fsdp2 --precision fp32); use --precision "
+                   "fp32 or bf16 (torchtitan's training.dtype)", precision_name(s.precision)));
   }
   if (loop != LoopKind::kHf) no("the torchtitan-style loop is simulated with the hf loop only");
   if (!multi && s.micro_batches < s.pp) {
@@ -386,7 +397,8 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
   const LoopKind loop = resolved(o0, m).loop;
   const DdpOptions ddp = resolve_ddp(s, loop, o0.torch);
   const ZeroOptions zopt = resolve_zero(s, loop, o0.torch);  // --sharding zero2 (zero.h)
-  const FsdpOptions fopt = resolve_fsdp(s, m, loop, o0.torch);  // --sharding fsdp2 (fsdp.h)
+  // --sharding fsdp2 (fsdp.h): accelerate's policy, or torchtitan's on a pipeline stage
+  const FsdpOptions fopt = o0.pp.on ? resolve_pp_fsdp(s, m, loop, o0.torch) : resolve_fsdp(s, m, loop, o0.torch);
   if (gpu) o.sm = gpu->sm;  // the device decides the kernels: an H100 is simulated as sm_90
   Estimate e;
   e.model = m;
@@ -505,7 +517,8 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
     FsdpFigures f;
     Bytes moments, steps;
     f.options = fopt;
-    f.units = fsdp_units(m, inv, fopt);
+    f.units = o0.pp.on ? fsdp_stage_units(inv, o0.pp.parts, fopt) : fsdp_units(m, inv, fopt);
+    f.torchtitan_pp = o0.pp.on;
     for (const TensorRow& r : inv.parameters) {
       const FsdpShard sh = fsdp_shard(r.shape, fopt.ranks, fopt.rank);
       f.sharded_params += bytes_of(Elems(sh.padded_numel), fopt.orig_dtype);

@@ -258,7 +258,9 @@ void suggest(const Candidate& base, const FitProbe& original, std::optional<uint
   std::vector<FieldChange> all_changes;
   Candidate all = base;
 
-  if (base.setup.precision == Precision::kFp32 || uses_autocast(base.setup.precision)) {
+  // (FSDP2 under --pp is torchtitan's training.dtype float32 only: resolve_pp_fsdp)
+  const bool pp_fsdp = base.setup.pp > 1 && base.setup.dp > 1 && base.setup.sharding == Sharding::kFsdp2;
+  if ((base.setup.precision == Precision::kFp32 || uses_autocast(base.setup.precision)) && !pp_fsdp) {
     Candidate c = base;
     c.setup.precision = Precision::kBf16;
     add({{"precision", "bf16"}}, "weights, gradients and optimizer state in bfloat16 (model.to(torch.bfloat16))", c);

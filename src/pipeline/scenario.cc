@@ -983,7 +983,8 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   }
   validate_setup(r.model, r.setup);
   check_tp_setup(s, r);
-  if (r.setup.dp > 1 && s.train.tp > 1) {
+  // (under --pp the FSDP2 policy is torchtitan's apply_fsdp on the stage: resolve_pp_fsdp, no such choice)
+  if (r.setup.dp > 1 && s.train.tp > 1 && r.setup.pp <= 1) {
     // transformers' own DistributedConfig(tp_size, fsdp_size) path (distributed/fsdp.py
     // apply_fully_sharded_data_parallelism) shards at from_pretrained with MixedPrecisionPolicy(param_dtype=bf16,
     // reduce_dtype=float32) only when fsdp_mixed_precision, and without accelerate's fp32 upcast; accelerate's

@@ -343,11 +343,30 @@ std::string render_fsdp_note(const Estimate& e) {
   const FsdpFigures& f = *e.fsdp;
   const FsdpOptions& o = f.options;
   const auto dt = [](DType d) { return std::string(dtype_name(d)); };
-  std::string out = fmt::format(
+  std::string out;
+  if (f.torchtitan_pp) {
+    // torchtitan's apply_fsdp on one pipeline stage: its units are the stage's (fsdp_stage_units)
+    uint64_t layers = 0;
+    bool embed = false, tail = false;
+    for (const FsdpUnit& u : f.units) {
+      layers += u.kind == FsdpUnit::kLayer ? 1 : 0;
+      embed = embed || u.kind == FsdpUnit::kEmbed;
+      tail = tail || u.kind == FsdpUnit::kTail;
+    }
+    out = fmt::format("FSDP2 (fully_shard as torchtitan v0.2.0's apply_fsdp on this pipeline stage), rank {} of {}: {} "
+                      "units ({}{} decoder layers{}); reshard_after_forward false (torchtitan: not pp_enabled)\n",
+                      o.rank, o.ranks, f.units.size(), embed ? "the embedding, " : "", layers,
+                      tail ? ", the tail [model.norm, lm_head]" : "");
+    out += fmt::format("  MixedPrecisionPolicy: param_dtype {}, reduce_dtype {} over {} shards (torchtitan's "
+                       "mixed_precision_param / mixed_precision_reduce, training.dtype float32; no autocast)\n",
+                       dt(o.param_dtype), dt(o.reduce_dtype), dt(o.orig_dtype));
+  } else {
+    out = fmt::format(
       "FSDP2 (fully_shard through accelerate's fsdp2_prepare_model), rank {} of {}: {} units (the embedding, {} decoder "
       "layers, the tail [model.norm, lm_head]); reshard_after_forward {} (the tail: false)\n",
       o.rank, o.ranks, f.units.size(), f.units.size() - 2, o.reshard_after_forward ? "true" : "false");
-  out += o.mixed ? fmt::format("  MixedPrecisionPolicy: param_dtype {}, reduce_dtype {}, output_dtype {} over {} shards "
+  }
+  if (!f.torchtitan_pp) out += o.mixed ? fmt::format("  MixedPrecisionPolicy: param_dtype {}, reduce_dtype {}, output_dtype {} over {} shards "
                                "(accelerate's mixed_precision \"bf16\"; autocast still wraps the forward)\n",
                                dt(o.param_dtype), dt(o.reduce_dtype), dt(o.param_dtype), dt(o.orig_dtype))
                  : fmt::format("  MixedPrecisionPolicy(): no casts; {} shards, gathers and reduce-scatters\n", dt(o.orig_dtype));
@@ -357,9 +376,16 @@ std::string render_fsdp_note(const Estimate& e) {
                      format_bytes(f.sharded_params), format_bytes(f.sharded_grads), format_bytes(f.optimizer_state),
                      format_bytes(f.sharded_params + f.sharded_grads + f.optimizer_state), with_commas(f.local_elems),
                      with_commas(p_all), with_commas(f.padding_elems));
-  // per distinct unit shape: the embedding, one decoder layer (they are alike), the tail
-  const size_t ie = 0, il = f.units.size() > 2 ? 1 : 0, it = f.units.size() - 1;
-  for (size_t i : {ie, il, it}) {
+  // per distinct unit shape: the embedding, one decoder layer (they are alike), the tail (those the rank holds)
+  std::vector<size_t> shown;
+  for (FsdpUnit::Kind k : {FsdpUnit::kEmbed, FsdpUnit::kLayer, FsdpUnit::kTail}) {
+    for (size_t i = 0; i < f.units.size(); ++i) {
+      if (f.units[i].kind != k) continue;
+      shown.push_back(i);
+      break;
+    }
+  }
+  for (size_t i : shown) {
     const FsdpUnit& u = f.units[i];
     const uint64_t gathered = u.shard_numel * o.ranks;
     out += fmt::format("  {}{}: {} parameters; all-gather output {} ({}){}, unsharded parameters {}; reduce-scatter "
@@ -370,6 +396,16 @@ std::string render_fsdp_note(const Estimate& e) {
                        format_bytes(bytes_of(Elems(gathered), o.param_dtype)),
                        format_bytes(bytes_of(Elems(gathered), o.reduce_dtype)), dt(o.reduce_dtype),
                        format_bytes(bytes_of(Elems(u.shard_numel), o.reduce_dtype)));
+  }
+  if (f.torchtitan_pp) {
+    uint64_t gathered = 0;
+    for (const FsdpUnit& u : f.units) gathered = checked_add(gathered, u.shard_numel * o.ranks, "FSDP gathered");
+    out += fmt::format("  under the pipeline (stage.py backward_maybe_with_nosync): the stage's parameters are all-gathered "
+                       "by its first forward and stay unsharded, {} in {}, through every micro-batch until the last "
+                       "backward; each unit's gradients accumulate unsharded in {} (unsharded_accumulated_grad, {}) from "
+                       "its first backward and are reduce-scattered once, after the last\n",
+                       format_bytes(bytes_of(Elems(gathered), o.param_dtype)), dt(o.param_dtype), dt(o.reduce_dtype),
+                       format_bytes(bytes_of(e.state.parameters, o.reduce_dtype)));
   }
   if (e.setup.grad_accum > 1) {
     out += fmt::format("  gradient accumulation: accelerate's no_sync (set_requires_gradient_sync(False)) keeps every unsharded "
@@ -583,7 +619,8 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
   if (const auto& f = e.fsdp) {
     const FsdpOptions& o = f->options;
     nlohmann::json& j = out["fsdp"];
-    j = {{"ranks", o.ranks}, {"rank", o.rank}, {"per_rank", true}, {"framework", "accelerate fsdp2_prepare_model"},
+    j = {{"ranks", o.ranks}, {"rank", o.rank}, {"per_rank", true},
+         {"framework", f->torchtitan_pp ? "torchtitan apply_fsdp (pipeline stage)" : "accelerate fsdp2_prepare_model"},
          {"reshard_after_forward", o.reshard_after_forward}, {"orig_dtype", dtype_name(o.orig_dtype)},
          {"param_dtype", dtype_name(o.param_dtype)}, {"reduce_dtype", dtype_name(o.reduce_dtype)},
          {"mixed_precision", o.mixed}};

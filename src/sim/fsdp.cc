@@ -25,22 +25,31 @@ const char* unit_label(const char* what, const FsdpUnit& u) {
 Fsdp2::Fsdp2(Engine& e, const Inventory& inv, const FsdpOptions& o, std::vector<FsdpUnit> units)
     : e_(e), inv_(inv), o_(o) {
   for (FsdpUnit& spec : units) {
+    const auto k = static_cast<int64_t>(units_.size());
+    if (spec.kind == FsdpUnit::kEmbed) embed_ = k;
+    if (spec.kind == FsdpUnit::kTail) tail_ = k;
+    if (spec.kind == FsdpUnit::kLayer && layer0_ < 0) {
+      layer0_ = k;
+      first_layer_ = spec.layer;
+    }
     Unit& u = units_.emplace_back();
     u.spec = std::move(spec);
   }
   unsharded_.resize(inv.parameters.size());
   sharded_.resize(inv.parameters.size());
   sgrad_.resize(inv.parameters.size());
+  accumulated_.resize(inv.parameters.size());
 }
 
-// fsdp_units' order: the embedding, decoder layers 0 .. L-1, the tail
+// fsdp_units' order (the embedding, decoder layers 0 .. L-1, the tail) or fsdp_stage_units' (a pipeline stage's:
+// the embedding on the first, its layers in order, the tail on the last): the layers are consecutive units
 Fsdp2::Unit& Fsdp2::unit(int32_t id) {
   Unit* u = nullptr;
-  if (id == kFsdpUnitEmbed) u = &units_.front();
-  if (id == kFsdpUnitTail) u = &units_.back();
-  if (id >= 0 && static_cast<size_t>(id) + 2 < units_.size()) {
-    u = &units_[static_cast<size_t>(id) + 1];
-  }
+  int64_t k = -1;
+  if (id == kFsdpUnitEmbed) k = embed_;
+  if (id == kFsdpUnitTail) k = tail_;
+  if (id >= 0 && layer0_ >= 0 && id >= first_layer_) k = layer0_ + (id - first_layer_);
+  if (k >= 0 && static_cast<size_t>(k) < units_.size()) u = &units_[static_cast<size_t>(k)];
   const FsdpUnit::Kind want = id == kFsdpUnitEmbed ? FsdpUnit::kEmbed : id == kFsdpUnitTail ? FsdpUnit::kTail : FsdpUnit::kLayer;
   if (!u || u->spec.kind != want || (want == FsdpUnit::kLayer && u->spec.layer != id)) {
     throw Error(fmt::format("internal: no FSDP unit {}", id));
@@ -207,18 +216,43 @@ void Fsdp2::pre_backward(Unit& u) {
 // .grad, the unit resharded, then foreach_reduce.
 void Fsdp2::post_backward(Unit& u) {
   u.state = State::kPostBackward;
+  // accumulate_unsharded_grad_if_needed: `unsharded_accumulated_grad += unsharded_param.grad` (in place, the
+  // reduce dtype promoting the bf16 operand: no temporary) and `unsharded_param.grad = None`
+  for (int32_t r : u.spec.rows) {
+    const auto i = static_cast<size_t>(r);
+    if (accumulated_[i] && e_.grad(r)) e_.grad(r).reset();
+  }
   // `if not self.reduce_grads`: reshard (reshard_after_backward) and keep the unsharded .grad, into which the next
-  // backward's AccumulateGrad adds in place. (to_accumulated_grad_if_needed converts it only when reduce_dtype is
-  // set and differs from the gradient's; FSDPParam.init_dtype_attrs drops a reduce_dtype equal to param_dtype, so
-  // the resolved policies never convert.)
+  // backward's AccumulateGrad adds in place; to_accumulated_grad_if_needed converts it when reduce_dtype is set
+  // and differs from the gradient's (FSDPParam.init_dtype_attrs drops a reduce_dtype equal to param_dtype, so
+  // accelerate's policies never convert; torchtitan's bf16 parameters with an fp32 reduce do):
+  // `unsharded_accumulated_grad = unsharded_grad.to(self.reduce_dtype)`, the .grad set to None
   if (!reduce_grads_) {
-    reshard(u);
+    if (reshard_after_backward_) reshard(u);
+    for (int32_t r : u.spec.rows) {
+      const auto i = static_cast<size_t>(r);
+      T& g = e_.grad(r);
+      if (!g || !o_.mixed || g.dtype() == o_.reduce_dtype) continue;
+      accumulated_[i] = e_.empty(g.shape(), o_.reduce_dtype, Category::kGradients,
+                                 Label{intern_name(fmt::format("{} (FSDP unsharded_accumulated_grad)", inv_.parameters[i].name)),
+                                       u.spec.layer, -1});
+      g.reset();
+    }
     return;
   }
   std::vector<T> grads;
   std::vector<int32_t> with_grad;
   for (int32_t r : u.spec.rows) {
+    const auto i = static_cast<size_t>(r);
     T& g = e_.grad(r);
+    // "May have an accumulated gradient of the reduce dtype if the previous backward did not reduce-scatter":
+    // unsharded_grads.append(unsharded_accumulated_grad_data); unsharded_accumulated_grad = None
+    if (accumulated_[i]) {
+      grads.push_back(std::move(accumulated_[i]));
+      accumulated_[i].reset();
+      with_grad.push_back(r);
+      continue;
+    }
     if (!g) continue;
     grads.push_back(std::move(g));  // unsharded_grads.append(...); unsharded_param.grad = None
     g.reset();
@@ -283,6 +317,33 @@ void Fsdp2::final_callback() {
     if (sgrad_[i]) e_.grad(static_cast<int32_t>(i)) = std::move(sgrad_[i]);
     sgrad_[i].reset();
   }
+}
+
+// Under a pipeline (fsdp.h). Source: torch/distributed/pipelining/stage.py (PyTorch 2.9)
+// _PipelineStageBase.backward_maybe_with_nosync's FSDPModule branch and its manual post-backward (in later
+// releases _PipelineStageBase._post_backward, run once after the step's last backward: the same calls, at the same
+// point for the single-stage schedules simulated here), and _fsdp_state.py FSDPState._pre_backward /
+// _root_post_backward_final_callback.
+void Fsdp2::pp_begin_backward() {
+  reshard_after_backward_ = false;
+  reduce_grads_ = false;
+}
+
+void Fsdp2::pp_end_backward() {
+  // the callback of a backward that is not the last: post_backward where autograd did not run it, states IDLE
+  for (Unit& u : units_) {
+    if (u.state != State::kPostBackward) post_backward(u);
+    u.state = State::kIdle;
+  }
+}
+
+void Fsdp2::pp_post_backward() {
+  reshard_after_backward_ = true;
+  reduce_grads_ = true;
+  // `for state in fsdp_state._state_ctx.all_states: if state._fsdp_param_group: post_backward()`: all_states in
+  // the root's named_modules() order (the embedding, the layers, [norm, output]; the root holds no parameter)
+  for (Unit& u : units_) post_backward(u);
+  final_callback();
 }
 
 }  // namespace trainmem::sim

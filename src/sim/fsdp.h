@@ -33,6 +33,19 @@ class Fsdp2 : public FsdpHooks {
   // last (the Trainer's `context = partial(accelerator.no_sync, model=model) if i != len(batch_samples) - 1`)
   void set_requires_gradient_sync(bool sync) { reduce_grads_ = sync; }
 
+  // --- under a pipeline (torch/distributed/pipelining/stage.py, PyTorch 2.9): torchtitan's stage module is the
+  // FSDP root; its units are the stage's (fsdp_stage_units) ---
+  // backward_maybe_with_nosync before each micro-batch's backward: set_is_last_backward(False),
+  // set_reshard_after_backward(False), set_requires_gradient_sync(False)
+  void pp_begin_backward();
+  // the _root_post_backward_final_callback that the backward queued (is_last_backward False): post_backward of the
+  // units autograd did not reach (the first stage's embedding), every state IDLE; no finalize
+  void pp_end_backward();
+  // After the last micro-batch's backward ("Manually call post backward for FSDP"): set_is_last_backward(True),
+  // set_reshard_after_backward(True), set_requires_gradient_sync(True), post_backward of every param group in
+  // all_states order (the reduce-scatters), then _root_post_backward_final_callback (finalize)
+  void pp_post_backward();
+
  private:
   enum class State : uint8_t { kIdle, kForward, kPreBackward, kPostBackward };
   struct Unit {
@@ -63,6 +76,11 @@ class Fsdp2 : public FsdpHooks {
   T rs_state_;                // comm_ctx.reduce_scatter_state: the last reduce-scatter input
   std::vector<size_t> post_forward_order_;  // comm_ctx.post_forward_order (unit indices)
   bool reduce_grads_ = true;  // FSDPParamGroup.reduce_grads
+  bool reshard_after_backward_ = true;  // FSDPParamGroup.reshard_after_backward
+  std::vector<T> accumulated_;  // per row: FSDPParam.unsharded_accumulated_grad (the reduce dtype)
+  // unit(id)'s index: the embedding's, the tail's (-1: none), the first layer unit's and its layer
+  int64_t embed_ = -1, tail_ = -1, layer0_ = -1;
+  int32_t first_layer_ = 0;
 };
 
 }  // namespace trainmem::sim

@@ -1596,7 +1596,11 @@ struct Loop {
   // The hidden states a stage receives and sends: (B, T, C) in the parameters' dtype (the embeddings' output;
   // the residual adds keep it without autocast, which check_pipeline requires). pp_forward checks each output.
   Shape pp_hidden_shape() const { return Shape{s.batch, s.seq, m.hidden}; }
-  DType pp_hidden_dtype() const { return param_dtype(s.precision); }
+  DType pp_hidden_dtype() const {
+    // under FSDP2 (torchtitan's MixedPrecisionPolicy): the unsharded parameters' param_dtype, the embeddings' and
+    // the layers' outputs too
+    return fsdp && fsdp_opt.mixed ? fsdp_opt.param_dtype : param_dtype(s.precision);
+  }
 
   PpLocal& pp_local(uint64_t stage) {
     for (PpLocal& l : pp_locals) {
@@ -1614,6 +1618,7 @@ struct Loop {
     c.pp.end = part.layer_end;
     c.pp.input = &x;
     ForwardOut out = program.forward(c, m, w, x, labels);
+    if (fsdp) fsdp->root_post_forward();  // FSDP2: the stage module is the root; its post-forward
     c.pp = Ctx::PpStage{};
     return out;
   }
@@ -1687,13 +1692,18 @@ struct Loop {
   // torch.autograd.backward(loss) on the last stage, torch.autograd.backward(stage_output,
   // grad_tensors=grads_output) elsewhere, then takes each input's .grad (bwd_cache, sent back by get_bwd_send_ops;
   // the buffer's .grad stays until the next step's clear_runtime_states). fwd_cache.pop drops the chunk.
-  void pp_backward(PpLocal& l, uint64_t i) {
+  void pp_backward(PpLocal& l, uint64_t i, bool last_backward) {
     PpChunk& ch = l.chunks[i];
+    if (fsdp) fsdp->pp_begin_backward();  // FSDP2 (fsdp.h): no reduce-scatter, no reshard, in every backward
     if (l.part.head) {
       pp_losses.push_back(ch.loss);
       e.backward(ch.loss);
     } else {
       e.backward(ch.output, l.grad_recv[i]);
+    }
+    if (fsdp) {
+      fsdp->pp_end_backward();                   // the final callback the backward queued
+      if (last_backward) fsdp->pp_post_backward();  // then, after the last, the reduce-scatters
     }
     if (!l.part.embeddings) pp_input_grads.push_back(e.take_leaf_grad(ch.input));
     ch = PpChunk{};
@@ -1716,6 +1726,10 @@ struct Loop {
       throw Error("internal: a pipeline action for a stage this rank does not hold");
     };
     const uint64_t most = pp_max_weighted_in_flight(p.actions, weight);
+    size_t last_backward = 0;  // the rank's last backward action (FSDP2's manual post-backward follows it)
+    for (size_t k = 0; k < p.actions.size(); ++k) {
+      if (!p.actions[k].forward) last_backward = k;
+    }
     bool recorded = false;
     for (uint32_t step = 1; step <= o.steps; ++step) {
       e.step = step;
@@ -1734,7 +1748,8 @@ struct Loop {
       T labels = has_last ? e.leaf(whole, DType::kI64, Category::kInputs, Label{"labels"}) : T();
       if (step == 1) pp_initialize();
       uint64_t now = 0;
-      for (const PpAction& a : p.actions) {
+      for (size_t k = 0; k < p.actions.size(); ++k) {
+        const PpAction& a = p.actions[k];
         PpLocal& l = pp_local(a.stage);
         const size_t j = static_cast<size_t>(&l - pp_locals.data());
         e.micro = static_cast<uint32_t>(a.micro + 1);
@@ -1751,7 +1766,7 @@ struct Loop {
           }
         } else {
           e.phase = Phase::kBackward;
-          pp_backward(l, a.micro);
+          pp_backward(l, a.micro, k == last_backward);
           now -= weight(a.stage);
         }
       }
@@ -1823,7 +1838,8 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
   if (o.loop == LoopKind::kSeed000) loop.warmup();
   // FSDP2 (fsdp.h): accelerate's fsdp2_prepare_model in Trainer.train(), the model sharded unit by unit as it
   // reaches the device
-  loop.fsdp_opt = resolve_fsdp(s, m, o.loop, o.torch);
+  // (under a pipeline: torchtitan's apply_fsdp on the rank's stage module, resolve_pp_fsdp / fsdp_stage_units)
+  loop.fsdp_opt = o.pp.on ? resolve_pp_fsdp(s, m, o.loop, o.torch) : resolve_fsdp(s, m, o.loop, o.torch);
   // DeepSpeed ZeRO-3: zero.Init partitions each parameter as it is made (Loop::z3_partition_at_load)
   loop.zopt = resolve_zero(s, o.loop, o.torch);
   if (loop.zopt.on && loop.zopt.stage == 3) {
@@ -1831,7 +1847,8 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
     loop.w = sim::load_model(e, inv, param_dtype(s.precision), {},
                              [&loop](size_t i, sim::T& p) { loop.z3_partition_at_load(i, p); });
   } else if (loop.fsdp_opt.on) {
-    loop.fsdp = std::make_unique<sim::Fsdp2>(e, inv, loop.fsdp_opt, fsdp_units(m, inv, loop.fsdp_opt));
+    loop.fsdp = std::make_unique<sim::Fsdp2>(e, inv, loop.fsdp_opt, o.pp.on ? fsdp_stage_units(inv, o.pp.parts, loop.fsdp_opt)
+                                                                           : fsdp_units(m, inv, loop.fsdp_opt));
     loop.fsdp->load(loop.w, param_dtype(s.precision));
     loop.c.fsdp = loop.fsdp.get();
   } else {

@@ -245,10 +245,12 @@ T mean_last(Ctx& c, const T& a, const char* what) {
 T dropout(Ctx& c, const T& a, double p, const char* what) {
   // F.dropout with p == 0 or in eval mode returns its input.
   if (p <= 0.0 || !c.training) return a;
-  // CUDA native_dropout: output and a bool mask; the mask is saved, the backward is one new tensor.
-  T out = result_like(c, a, a.dtype(), what);
+  // CUDA native_dropout (aten/src/ATen/native/cuda/Dropout.cu, dropout_cuda): the bool mask
+  // (at::empty_like(self, kBool)) first, then the output (at::empty_like(self)); the mask is saved, the
+  // backward is one new tensor. The order shows in the H100 traces of validate/measured/ (GPT-2's dropouts).
   T mask = c.e.empty_strided(a.shape(), dense_strides_like(a.shape(), a->strides), DType::kBool,
                              Category::kActivations, c.L("dropout mask"));
+  T out = result_like(c, a, a.dtype(), what);
   c.e.record("NativeDropoutBackward0", {&a}, {&out}, {mask}, [](Engine& e, Node&, Grads& g) {
     return Grads{g[0] ? grad_like(e, g[0], g[0].dtype()) : T()};
   });

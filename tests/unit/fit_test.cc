@@ -207,10 +207,12 @@ TEST(Fit, AMarginThatLeavesNothingIsRefused) {
 }
 
 TEST(Fit, ChangesThatSaveNothingAreNotSuggested) {
-  // GPT-2 small on a T4 with 14.5 GiB kept free: nothing fits; fused AdamW saves nothing at micro-batch 1.
+  // GPT-2 small on a T4 with 14.5 GiB kept free: nothing fits; at seq 512 fused AdamW saves nothing at
+  // micro-batch 1 (its foreach temporaries fit in blocks the step has cached already; at other lengths the
+  // placement differs and fused saves a few MiB, so the example's length matters, not its value).
   const ModelSpec m = testing::preset("gpt2");
   TrainSetup s;
-  s.seq = 1024;
+  s.seq = 512;
   SimOptions o;
   const FitResult r = fit(m, s, o, {}, find_gpu("t4"), margin("99%"));
   ASSERT_FALSE(r.largest);

@@ -49,6 +49,16 @@ inline TrainSetup train_setup(uint64_t batch, uint64_t seq, Precision p = Precis
   return s;
 }
 
+// Seed 000's model at a small batch (B=2, T=256, eager attention, bf16 autocast): the structure of the step is
+// the same as at B=12, and it runs fast. Estimated once per test program.
+inline const Estimate& seed000_small() {
+  static const Estimate e = [] {
+    const ModelSpec m = preset("nanogpt-gpt2", AttnImpl::kEager);
+    return estimate(m, build_inventory(m), train_setup(2, 256), SimOptions{});
+  }();
+  return e;
+}
+
 // Seed 000's measured run: nanoGPT GPT-2 small without flash attention, B=12, T=1024, float16 autocast with
 // GradScaler, the fork's training loop, PyTorch 2.0 on an A100 (validate/measured/seed000_trace.json).
 struct Seed000Run {

@@ -14,13 +14,7 @@ namespace trainmem {
 namespace {
 
 // Seed 000's model at a small batch: the structure of the step is the same as at B=12, and it runs fast.
-const Estimate& gpt2() {
-  static const Estimate e = [] {
-    const ModelSpec m = testing::preset("nanogpt-gpt2", AttnImpl::kEager);
-    return estimate(m, build_inventory(m), testing::train_setup(2, 256), SimOptions{});
-  }();
-  return e;
-}
+const Estimate& gpt2() { return testing::seed000_small(); }
 
 TimelineOptions by(TimelineGranularity g, std::optional<uint32_t> step = std::nullopt, uint64_t min_bytes = 0) {
   TimelineOptions o;

@@ -5,6 +5,9 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <string>
@@ -14,6 +17,7 @@
 #include "trainmem/estimate.h"
 #include "trainmem/fit.h"
 #include "trainmem/formulas.h"
+#include "trainmem/plot.h"
 #include "trainmem/report.h"
 #include "trainmem/scenario.h"
 
@@ -31,6 +35,7 @@ struct Flags {
   std::string format = "table", dtype = "float32";
   std::string by = "layer", min_bytes = "0", step, unit = "auto";
   std::string solve = "batch", margin = "5%";
+  std::string plot;  // --plot FILE: the step as an SVG picture
 };
 
 // Short spellings, kept from earlier versions of the CLI.
@@ -73,6 +78,15 @@ ResolvedScenario resolved_from(const Flags& f) { return resolve(scenario_from(f)
 // question has been answered.
 void warn(const std::vector<std::string>& warnings) {
   for (const std::string& w : warnings) std::cerr << "trainmem: warning: " << w << "\n";
+}
+
+// --plot FILE: the library draws, the CLI only writes the file.
+void write_plot(const std::string& path, const std::string& svg) {
+  std::ofstream out(path, std::ios::binary);
+  if (out) out << svg;
+  if (!out || !out.flush()) {
+    throw FieldError("plot", fmt::format("\"{}\": cannot write the picture there ({})", path, std::strerror(errno)));
+  }
 }
 
 bool json_format(const Flags& f) {
@@ -120,6 +134,7 @@ int run_estimate(const Flags& f) {
   const bool json = json_format(f);
   const GpuSpec* gpu = r.gpu ? &*r.gpu : nullptr;
   const Estimate e = estimate(r);
+  if (!f.plot.empty()) write_plot(f.plot, render_breakdown_svg(e));
   std::cout << (json ? render_estimate_json(e, gpu) : render_estimate_table(e, gpu));
   warn(r.warnings);
   warn(e.warnings);
@@ -127,14 +142,21 @@ int run_estimate(const Flags& f) {
 }
 
 int run_timeline(const Flags& f) {
-  if (f.format != "table" && f.format != "csv" && f.format != "json") {
-    throw FieldError("format", fmt::format("\"{}\": expected table, csv or json", f.format));
+  if (f.format != "table" && f.format != "csv" && f.format != "json" && f.format != "html") {
+    throw FieldError("format", fmt::format("\"{}\": expected table, csv, json or html", f.format));
   }
   const ResolvedScenario r = resolved_from(f);
   TimelineOptions to = parse_timeline_options(f.by, f.unit, f.min_bytes, f.step, r.options.steps);
   const Estimate e = estimate(r);
   const auto rows = timeline_rows(e, to);
-  if (f.format == "csv") {
+  if (!f.plot.empty() || f.format == "html") {
+    const TimelinePlot p = timeline_plot(e, to.step);
+    if (!f.plot.empty()) write_plot(f.plot, render_timeline_svg(e, p));
+    if (f.format == "html") std::cout << render_timeline_html(e, p, render_timeline_table(e, to, rows));
+  }
+  if (f.format == "html") {
+    // the page holds the table
+  } else if (f.format == "csv") {
     std::cout << render_timeline_csv(e, to, rows);
   } else if (f.format == "json") {
     std::cout << render_timeline_json(e, to, rows);
@@ -183,9 +205,13 @@ int main(int argc, char** argv) {
   auto* est = app.add_subcommand("estimate", "peak GPU memory of one training step, component by component");
   add_fields(est, f, {kModel, kTraining, kRuntime});
   add_format_flag(est, f);
+  est->add_option("--plot", f.plot, "also draw the breakdown at the peak (against the card with --gpu) as an SVG "
+                                    "picture in this file");
   auto* tl = app.add_subcommand("timeline", "the simulated step event by event, with live bytes and peaks");
   add_fields(tl, f, {kModel, kTraining, kRuntime});
-  add_format_flag(tl, f, "table | csv | json");
+  add_format_flag(tl, f, "table | csv | json | html (a page with the picture and the table)");
+  tl->add_option("--plot", f.plot, "also draw the run (with --step, that step) as an SVG picture in this file: live "
+                                   "bytes by category, allocated and reserved, the phases, the peak, the card");
   tl->add_option("--by", f.by, "event | layer | phase: one row per event, or per run of events")->capture_default_str();
   tl->add_option("--min-bytes", f.min_bytes, "with --by event: list only tensors of at least this size (4096, 1MiB)")
       ->capture_default_str();

@@ -237,6 +237,10 @@ def run(args):
 
     torch.manual_seed(0)
     model = build_model(cfg, impl, args.attention)
+    if args.precision in CAST:
+        # on the CPU, then to the device: trainmem loads the model as such. Before LoRA, as from_pretrained(
+        # dtype=...) then get_peft_model: peft's autocast_adapter_dtype keeps the adapters float32
+        model = model.to(CAST[args.precision])
     if args.checkpointing == "full":
         # transformers' gradient_checkpointing_enable(): every decoder layer under torch.utils.checkpoint, with
         # the library's default use_reentrant (trainmem's --checkpointing full models the same default)
@@ -247,9 +251,8 @@ def run(args):
         if impl != "hf":
             raise SystemExit("--lora: only with --impl hf (peft)")
         model, env["peft"] = apply_lora(model, args.lora)
+        env["lora_adapter_dtype"] = str(next(p.dtype for n, p in model.named_parameters() if "lora_A" in n))
     model.train()
-    if args.precision in CAST:
-        model = model.to(CAST[args.precision])  # on the CPU, then to the device: trainmem loads it as such
     params = sum(p.numel() for p in model.parameters())
     rec = Recorder(cuda)
     if cuda:
@@ -326,7 +329,7 @@ def run(args):
                 code = ACTIONS.get(e.get("action"))
                 if code is not None:
                     # `size` of an alloc entry is the requested size (orig_size), not the block's
-                    events.append([code, int(e.get("size", 0)), int(e.get("addr", 0))])
+                    events.append([code, int(e.get("size", 0)), int(e.get("addr", 0)), int(e.get("stream", 0))])
             # the ring buffer keeps the last max_entries entries of every action: a full one lost the start
             trace = {"actions": {v: k for k, v in ACTIONS.items()}, "events": events,
                      "truncated": len(raw) >= args.trace_entries}

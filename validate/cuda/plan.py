@@ -29,6 +29,8 @@ PLAN = [
      "--model nanogpt-gpt2 --attention sdpa --batch 12 --seq 1024 --precision fp16-amp"),
     ("hf_gpt2_sdpa_b8_t1024_bf16amp_accum2",
      "--model gpt2 --attention sdpa --batch 8 --seq 1024 --precision bf16-amp --grad-accum 2"),
+    ("hf_gpt2_sdpa_b8_t1024_bf16amp",
+     "--model gpt2 --attention sdpa --batch 8 --seq 1024 --precision bf16-amp"),
     ("hf_gpt2_eager_b4_t1024_fp32",
      "--model gpt2 --attention eager --batch 4 --seq 1024 --precision fp32"),
     ("hf_llama3_4layers_sdpa_b2_t2048_bf16amp",
@@ -50,6 +52,20 @@ PLAN = [
     ("hf_tinyllama_sdpa_b4_t2048_bf16_lora_all_ckpt",
      "--model tinyllama-1.1b --attention sdpa --batch 4 --seq 2048 --precision bf16 --lora r=16,alpha=32,targets=all-linear "
      "--checkpointing full"),
+    # more families' forward programs (tag "family"): OPT, Phi-2 (partial rotary, parallel block), Gemma-2
+    # (eager with logit softcapping), Qwen3 (q/k norms), Falcon-RW (ALiBi), Phi-3 (fused qkv and gate_up)
+    ("hf_family_opt_125m_sdpa_b8_t1024_bf16amp",
+     "--model opt-125m --attention sdpa --batch 8 --seq 1024 --precision bf16-amp"),
+    ("hf_family_phi2_8layers_sdpa_b2_t2048_bf16amp",
+     "--model phi-2 --set num_hidden_layers=8 --attention sdpa --batch 2 --seq 2048 --precision bf16-amp"),
+    ("hf_family_gemma2_4layers_eager_b2_t1024_bf16amp",
+     "--model gemma-2-2b --set num_hidden_layers=4 --attention eager --batch 2 --seq 1024 --precision bf16-amp"),
+    ("hf_family_qwen3_0.6b_sdpa_b4_t2048_bf16",
+     "--model qwen3-0.6b --attention sdpa --batch 4 --seq 2048 --precision bf16"),
+    ("hf_family_falcon_rw_1b_sdpa_b2_t1024_bf16amp",
+     "--model falcon-rw-1b --attention sdpa --batch 2 --seq 1024 --precision bf16-amp"),
+    ("hf_family_phi3_4layers_sdpa_b2_t2048_bf16amp",
+     "--model phi-3-mini --set num_hidden_layers=4 --attention sdpa --batch 2 --seq 2048 --precision bf16-amp"),
 ]
 
 

@@ -23,8 +23,7 @@ T neox_attention(Ctx& c, const ModelSpec& m, const LoadedModel& w, uint64_t l, c
     k = parts[1];
     v = parts[2];
   }
-  q = apply_rotary(c, q, rot);
-  k = apply_rotary(c, k, rot);
+  std::tie(q, k) = apply_rotary_qk(c, q, k, rot);
   kv_update(c, l, k, v);  // past_key_values.update(key_states, value_states, self.layer_idx, cache_kwargs)
   T o;
   if (m.attn_impl == AttnImpl::kEager) {

@@ -15,6 +15,7 @@
 #include "trainmem/estimate.h"
 #include "trainmem/fit.h"
 #include "trainmem/gpu.h"
+#include "trainmem/plot.h"
 #include "trainmem/report.h"
 #include "trainmem/scenario.h"
 
@@ -72,6 +73,13 @@ struct EstimateResult {
   std::string timeline_json(const std::string& by, const std::string& min_bytes, const std::string& step) const {
     const TimelineOptions o = parse_timeline_options(by, "auto", min_bytes, step, estimate.options.steps);
     return render_timeline_json(estimate, o, timeline_rows(estimate, o));
+  }
+  // `trainmem estimate --plot`'s picture: the breakdown at the peak (against the card with a GPU)
+  std::string breakdown_svg() const { return render_breakdown_svg(estimate); }
+  // `trainmem timeline [--step <step>] --plot`'s picture of the step
+  std::string timeline_svg(const std::string& step) const {
+    const TimelineOptions o = parse_timeline_options("layer", "auto", "0", step, estimate.options.steps);
+    return render_timeline_svg(estimate, timeline_plot(estimate, o.step));
   }
 };
 
@@ -161,6 +169,8 @@ PYBIND11_MODULE(_core, m) {
       .def("json", &EstimateResult::json, py::call_guard<py::gil_scoped_release>())
       .def("timeline_json", &EstimateResult::timeline_json, py::arg("by"), py::arg("min_bytes"), py::arg("step"),
            py::call_guard<py::gil_scoped_release>())
+      .def("breakdown_svg", &EstimateResult::breakdown_svg, py::call_guard<py::gil_scoped_release>())
+      .def("timeline_svg", &EstimateResult::timeline_svg, py::arg("step"), py::call_guard<py::gil_scoped_release>())
       .def_readonly("warnings", &EstimateResult::warnings);
   m.def("estimate", &run_estimate, py::arg("fields"), py::arg("config"), py::call_guard<py::gil_scoped_release>());
   m.def("fit", &run_fit, py::arg("fields"), py::arg("config"), py::arg("solve"), py::arg("margin"),

@@ -5,7 +5,7 @@ import json
 import pytest
 import trainmem
 
-from conftest import cli_json, preset_config
+from conftest import cli_json, preset_config, run_cli
 
 
 def test_gpt2_peak_allocated_is_the_clis():
@@ -99,3 +99,13 @@ def test_a_config_dict_gives_the_clis_numbers_for_that_config_json(tmp_path):
         doc["model"].pop("name")
         doc["setup"].pop("model")
     assert e.json == cli
+
+
+def test_pictures_are_the_clis(tmp_path):
+    fields = SCENARIOS["lora"]
+    e = trainmem.estimate(**fields)
+    run_cli("estimate", *cli_args(fields), "--plot", tmp_path / "breakdown.svg")
+    assert e.breakdown_svg() == (tmp_path / "breakdown.svg").read_text()
+    run_cli("timeline", *cli_args(fields), "--step", "2", "--plot", tmp_path / "step.svg")
+    assert e.timeline_svg(step=2) == (tmp_path / "step.svg").read_text()
+    assert e.timeline_svg().startswith("<svg") or e.timeline_svg().startswith("<?xml")

@@ -331,6 +331,16 @@ class Estimate:
                                           "" if step is None else _text("step", step))
         return Timeline(json.loads(text))
 
+    def breakdown_svg(self):
+        """The breakdown at the peak (against the card with a GPU) as an SVG document: `trainmem estimate
+        --plot`'s picture. In a notebook: IPython.display.SVG(e.breakdown_svg())."""
+        return self._result.breakdown_svg()
+
+    def timeline_svg(self, step=None):
+        """The step like memory_viz's active memory timeline, as an SVG document: `trainmem timeline [--step N]
+        --plot`'s picture (live bytes by category, allocated and reserved, the phases, the peak's tensors)."""
+        return self._result.timeline_svg("" if step is None else _text("step", step))
+
     def __repr__(self):
         m = self.json["memory"]
         gpu = f", fits={self.fits}" if self.verdict is not None else ""

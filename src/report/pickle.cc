@@ -124,23 +124,14 @@ class Writer {
     if (memoizable) {
       const auto id = static_cast<uint32_t>(memo_.size());
       memo_.emplace(s, id);
-      if (id < 256) {
-        byte(kBinPut);
-        le(id, 1);
-      } else {
-        byte(kLongBinPut);
-        le(id, 4);
-      }
+      memo(id, kBinPut, kLongBinPut);
     }
   }
-  void get(uint32_t id) {
-    if (id < 256) {
-      byte(kBinGet);
-      le(id, 1);
-    } else {
-      byte(kLongBinGet);
-      le(id, 4);
-    }
+  void get(uint32_t id) { memo(id, kBinGet, kLongBinGet); }
+  // a memo opcode: its one-byte form for the first 256 entries, its four-byte form after
+  void memo(uint32_t id, uint8_t short_op, uint8_t long_op) {
+    byte(id < 256 ? short_op : long_op);
+    le(id, id < 256 ? 1 : 4);
   }
   // batches of 1000, as pickle.py's _BATCHSIZE
   static constexpr size_t kBatch = 1000;

@@ -150,11 +150,11 @@ def zeros(d):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--trainmem", required=True)
-    ap.add_argument("--out", required=True)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trainmem", required=True, help="the trainmem executable")
+    ap.add_argument("--out", required=True, type=Path, help="where the exported and converted pickles go")
     a = ap.parse_args()
-    out = Path(a.out)
+    out = a.out
     out.mkdir(parents=True, exist_ok=True)
     exported = {name: check_export(a.trainmem, name, args, out) for name, args in SCENARIOS.items()}
 

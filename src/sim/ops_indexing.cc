@@ -141,6 +141,14 @@ T gather_last(Ctx& c, const T& x, const T& index, const char* what) {
 
 T grouped_mm(Ctx& c, const T& x, const T& w, const T& offs, const char* what) {
   T out = c.e.empty(Shape{x.shape()[0], w.shape()[2]}, x.dtype(), Category::kActivations, c.L(what));
+  // FLOPs: each of the S routed rows goes through its own expert only: 2·S·in·out (only routed tokens count);
+  // the kernel reads the rows, every expert's (in, out) weight, and writes (S, out)
+  const uint64_t S = x.shape()[0], in = w.shape()[1], outf = w.shape()[2], E = w.shape()[0];
+  const uint64_t wbytes = detail::nbytes(checked_mul(E, checked_mul(in, outf, "bytes moved"), "bytes moved"), x.dtype());
+  c.e.count(FlopKind::kMatmul, detail::product_flops(1, S, outf, in),
+            checked_add(detail::nbytes(checked_add(checked_mul(S, in, "bytes moved"), checked_mul(S, outf, "bytes moved"),
+                                                   "bytes moved"), x.dtype()), wbytes, "bytes moved"),
+            x.dtype());
   const bool gx = x->requires_grad, gw = w->requires_grad;
   Saved saved;
   if (gw) saved.push_back(x);
@@ -153,11 +161,21 @@ T grouped_mm(Ctx& c, const T& x, const T& w, const T& offs, const char* what) {
   // column-order for efficiency": at::_grouped_mm(grad.transpose(-2, -1), mat1, offs).transpose(-2, -1), mat2's
   // layout, so the parameter's TransposeBackward0 hands AccumulateGrad a contiguous tensor it can keep;
   // _grouped_mm_mat1_backward for a row-major mat1: at::_grouped_mm(grad, mat2.transpose(-2, -1), offs).
-  c.e.record("GroupedMmBackward0", {&x, &w}, {&out}, std::move(saved), [gx, gw, xs, ws, wst](Engine& e, Node&, Grads& g) {
+  c.e.record("GroupedMmBackward0", {&x, &w}, {&out}, std::move(saved), [gx, gw, xs, ws, wst, S, in, outf, wbytes](Engine& e, Node&, Grads& g) {
     Grads r(2);
     if (!g[0]) return r;
-    if (gw) r[1] = e.empty_strided(ws, wst, g[0].dtype(), Category::kBackward, g[0]->label);
-    if (gx) r[0] = grad_empty(e, xs, g[0].dtype(), g[0]->label);
+    const DType gd = g[0].dtype();
+    const uint64_t fl = detail::product_flops(1, S, outf, in);
+    const uint64_t by = checked_add(detail::nbytes(checked_add(checked_mul(S, in, "bytes moved"), checked_mul(S, outf, "bytes moved"),
+                                                           "bytes moved"), gd), wbytes, "bytes moved");
+    if (gw) {
+      r[1] = e.empty_strided(ws, wst, g[0].dtype(), Category::kBackward, g[0]->label);
+      e.count(FlopKind::kMatmul, fl, by, gd);  // FLOPs: per expert grad^T @ x over its rows: 2·S·in·out in all
+    }
+    if (gx) {
+      r[0] = grad_empty(e, xs, g[0].dtype(), g[0]->label);
+      e.count(FlopKind::kMatmul, fl, by, gd);  // FLOPs: per row grad @ W_e^T: 2·S·in·out in all
+    }
     return r;
   });
   return out;

@@ -122,7 +122,7 @@ TEST(StepTime, DdpAllReducesEveryGradientByteOverTheRing) {
 TEST(StepTime, IsRefusedWhereNotModelled) {
   // pipeline parallelism: the bubble and the stage-to-stage sends are not modelled
   const Estimate e = testing::run(testing::scenario_of(
-      "tinyllama-1.1b", {{"overrides", "num_hidden_layers=2"}, {"batch", "1"}, {"seq", "32"}, {"pp", "2"},
+      "tinyllama-1.1b", {{"overrides", "num_hidden_layers=2"}, {"batch", "1"}, {"seq", "32"}, {"pp", "2"}, {"precision", "bf16"},
                          {"gpu", "h100-80gb"}}));
   EXPECT_FALSE(e.time);
 }

@@ -57,6 +57,9 @@ struct FlopLedger {
   std::array<std::array<uint64_t, kFlopKinds>, kWorkPhases> flops{};  // [phase][kind]
   std::array<std::array<uint64_t, kFlopKinds>, kWorkPhases> bytes{};
   uint64_t kernels = 0;
+  // A count passed 2^64 - 1 (counts saturate rather than stop the simulation): the figures are lower bounds and
+  // no step time is derived from them.
+  bool overflow = false;
   std::vector<KernelRow> rows;  // by first appearance
   // Collectives the ops issue themselves (tensor parallelism's all-reduces and all-gathers, tp_ops.cc): per
   // phase, how many and their bytes (the tensor each rank holds). DDP's, ZeRO's and FSDP's are timed from their

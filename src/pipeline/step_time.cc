@@ -56,6 +56,7 @@ std::optional<StepTime> step_time(const Estimate& e, const GpuSpec& gpu) {
     return std::nullopt;
   }
   const FlopLedger& L = e.sim->flops;
+  if (L.overflow) return std::nullopt;  // FLOPs beyond 2^64: no figure to time
   StepTime t;
   t.flops = L.total_flops();
   t.flops_by = L.flops;

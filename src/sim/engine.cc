@@ -430,7 +430,10 @@ void Engine::count_tp_collective(bool all_gather, uint64_t bytes) {
   auto& n = all_gather ? flops_.tp_all_gathers : flops_.tp_all_reduces;
   auto& b = all_gather ? flops_.tp_all_gather_bytes : flops_.tp_all_reduce_bytes;
   ++n[pi];
-  b[pi] = checked_add(b[pi], bytes, "bytes of the step's collectives");
+  if (__builtin_add_overflow(b[pi], bytes, &b[pi])) {
+    b[pi] = UINT64_MAX;
+    flops_.overflow = true;
+  }
 }
 
 void Engine::count(FlopKind k, uint64_t flops, uint64_t bytes, DType dt) {
@@ -438,8 +441,15 @@ void Engine::count(FlopKind k, uint64_t flops, uint64_t bytes, DType dt) {
   if (!wp) return;
   const WorkPhase p = *wp;
   const auto pi = static_cast<size_t>(p), ki = static_cast<size_t>(k);
-  flops_.flops[pi][ki] = checked_add(flops_.flops[pi][ki], flops, "FLOPs of the step");
-  flops_.bytes[pi][ki] = checked_add(flops_.bytes[pi][ki], bytes, "bytes moved by the step");
+  // checked: a sum past 2^64 - 1 saturates and marks the ledger (ops_util.h sat_mul/sat_add saturate likewise)
+  auto add = [this](uint64_t& into, uint64_t x) {
+    if (x == UINT64_MAX || __builtin_add_overflow(into, x, &into)) {
+      into = UINT64_MAX;
+      flops_.overflow = true;
+    }
+  };
+  add(flops_.flops[pi][ki], flops);
+  add(flops_.bytes[pi][ki], bytes);
   ++flops_.kernels;
   const FlopKey key{flops, bytes, (static_cast<uint32_t>(k) << 16) | (static_cast<uint32_t>(p) << 8) |
                                       static_cast<uint32_t>(dt)};

@@ -10,6 +10,7 @@
 #include "../families/registry.h"
 #include "forward.h"
 #include "fsdp.h"
+#include "ops_util.h"
 #include "trainmem/ddp.h"
 #include "trainmem/error.h"
 #include "trainmem/fsdp.h"
@@ -900,8 +901,8 @@ struct Loop {
   void zero_adam(uint64_t numel, bool first, Label state_label) {
     // FLOPs: torch AdamW over the fp32 partition (count_update's constants), one launch per op
     for (uint64_t k = 0; k < kAdamUnfusedKernels; ++k) {
-      e.count(FlopKind::kOptimizer, checked_mul(numel, kAdamWFlopsPerElement, "FLOPs") / kAdamUnfusedKernels,
-              checked_mul(numel, kAdamUnfusedPasses * 4, "bytes moved") / kAdamUnfusedKernels, DType::kF32);
+      e.count(FlopKind::kOptimizer, per_kernel(detail::sat_mul(numel, kAdamWFlopsPerElement), kAdamUnfusedKernels),
+              per_kernel(detail::sat_mul(numel, kAdamUnfusedPasses * 4), kAdamUnfusedKernels), DType::kF32);
     }
     const Shape sh{numel};
     if (first) {
@@ -1419,6 +1420,8 @@ struct Loop {
   // op above, each reading its operands and writing its result: mul_ 2, lerp_ 3, mul_ 2, addcmul_ 4, sqrt 2,
   // div_ 2, add_ 2, addcdiv_ 4: 21. SGD: add_ 3; with momentum mul_ 2, add_ 3, add_ 3: 8.
   static constexpr uint64_t kAdamFusedPasses = 7, kAdamUnfusedPasses = 21, kAdamUnfusedKernels = 8;
+  // One of `kernels` equal launches' share of a saturated-or-exact total (a saturated total stays saturated)
+  static uint64_t per_kernel(uint64_t total, uint64_t kernels) { return total == UINT64_MAX ? total : total / kernels; }
   void count_update(const std::vector<size_t>& group) {
     uint64_t per = 0, passes = 0, kernels = 1;
     const bool fused = opt_impl == OptimizerImpl::kFused;
@@ -1437,14 +1440,14 @@ struct Loop {
     DType dt = DType::kF32;
     for (size_t i : group) {
       if (i >= e.grads().size() || !e.grads()[i]) continue;
-      elems = checked_add(elems, Shape::of(state_shape(i)).numel().value, "optimizer elements");
+      elems = detail::sat_add(elems, Shape::of(state_shape(i)).numel().value, "optimizer elements");
       dt = w.params[i].dtype();
     }
     if (elems == 0) return;
     // foreach/fused: one launch per op over the whole group (multi_tensor_apply's chunking not modelled)
     for (uint64_t k = 0; k < kernels; ++k) {
-      e.count(FlopKind::kOptimizer, checked_mul(elems, per, "FLOPs") / kernels,
-              checked_mul(checked_mul(elems, passes, "bytes moved"), itemsize(dt), "bytes moved") / kernels, dt);
+      e.count(FlopKind::kOptimizer, per_kernel(detail::sat_mul(elems, per), kernels),
+              per_kernel(detail::sat_mul(detail::sat_mul(elems, passes), itemsize(dt)), kernels), dt);
     }
   }
 

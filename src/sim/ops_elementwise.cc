@@ -100,7 +100,7 @@ T to(Ctx& c, const T& x, DType dt, const char* what) {
                             x->is_param ? Label{x->label.what, c.layer, x->label.row} : c.L(what));
   const DType src = x.dtype();
   // FLOPs: a cast is a copy: no arithmetic, numel read in the source dtype and written in the new one
-  const uint64_t cast_bytes = checked_add(detail::nbytes(x.shape().numel().value, src),
+  const uint64_t cast_bytes = detail::sat_add(detail::nbytes(x.shape().numel().value, src),
                                           detail::nbytes(x.shape().numel().value, dt), "bytes moved");
   c.e.count(FlopKind::kElementwise, 0, cast_bytes, dt);
   // ToCopyBackward0 saves only self.options(); its backward is grad.to(src).
@@ -294,16 +294,16 @@ T dropout(Ctx& c, const T& a, double p, const char* what) {
   T out = result_like(c, a, a.dtype(), what);
   // FLOPs: a random draw, a compare and a scaled multiply per element (3), reading a, writing out and the mask
   const uint64_t dn = a.shape().numel().value;
-  c.e.count(FlopKind::kElementwise, checked_mul(dn, 3, "FLOPs"),
-            checked_add(detail::nbytes(checked_mul(dn, 2, "bytes moved"), a.dtype()), detail::nbytes(dn, DType::kBool),
+  c.e.count(FlopKind::kElementwise, detail::sat_mul(dn, 3, "FLOPs"),
+            detail::sat_add(detail::nbytes(detail::sat_mul(dn, 2, "bytes moved"), a.dtype()), detail::nbytes(dn, DType::kBool),
                         "bytes moved"),
             a.dtype());
   c.e.record("NativeDropoutBackward0", {&a}, {&out}, {mask}, [](Engine& e, Node&, Grads& g) {
     if (!g[0]) return Grads{T()};
     // FLOPs: grad * mask * scale, two per element, reading grad and the mask, writing the result
     const uint64_t n = g[0].shape().numel().value;
-    e.count(FlopKind::kElementwise, checked_mul(n, 2, "FLOPs"),
-            checked_add(detail::nbytes(checked_mul(n, 2, "bytes moved"), g[0].dtype()), detail::nbytes(n, DType::kBool),
+    e.count(FlopKind::kElementwise, detail::sat_mul(n, 2, "FLOPs"),
+            detail::sat_add(detail::nbytes(detail::sat_mul(n, 2, "bytes moved"), g[0].dtype()), detail::nbytes(n, DType::kBool),
                         "bytes moved"),
             g[0].dtype());
     return Grads{grad_like(e, g[0], g[0].dtype())};

@@ -144,9 +144,9 @@ T grouped_mm(Ctx& c, const T& x, const T& w, const T& offs, const char* what) {
   // FLOPs: each of the S routed rows goes through its own expert only: 2·S·in·out (only routed tokens count);
   // the kernel reads the rows, every expert's (in, out) weight, and writes (S, out)
   const uint64_t S = x.shape()[0], in = w.shape()[1], outf = w.shape()[2], E = w.shape()[0];
-  const uint64_t wbytes = detail::nbytes(checked_mul(E, checked_mul(in, outf, "bytes moved"), "bytes moved"), x.dtype());
+  const uint64_t wbytes = detail::nbytes(detail::sat_mul(E, detail::sat_mul(in, outf, "bytes moved"), "bytes moved"), x.dtype());
   c.e.count(FlopKind::kMatmul, detail::product_flops(1, S, outf, in),
-            checked_add(detail::nbytes(checked_add(checked_mul(S, in, "bytes moved"), checked_mul(S, outf, "bytes moved"),
+            detail::sat_add(detail::nbytes(detail::sat_add(detail::sat_mul(S, in, "bytes moved"), detail::sat_mul(S, outf, "bytes moved"),
                                                    "bytes moved"), x.dtype()), wbytes, "bytes moved"),
             x.dtype());
   const bool gx = x->requires_grad, gw = w->requires_grad;
@@ -166,7 +166,7 @@ T grouped_mm(Ctx& c, const T& x, const T& w, const T& offs, const char* what) {
     if (!g[0]) return r;
     const DType gd = g[0].dtype();
     const uint64_t fl = detail::product_flops(1, S, outf, in);
-    const uint64_t by = checked_add(detail::nbytes(checked_add(checked_mul(S, in, "bytes moved"), checked_mul(S, outf, "bytes moved"),
+    const uint64_t by = detail::sat_add(detail::nbytes(detail::sat_add(detail::sat_mul(S, in, "bytes moved"), detail::sat_mul(S, outf, "bytes moved"),
                                                            "bytes moved"), gd), wbytes, "bytes moved");
     if (gw) {
       r[1] = e.empty_strided(ws, wst, g[0].dtype(), Category::kBackward, g[0]->label);

@@ -129,3 +129,44 @@ TEST(StepTime, IsRefusedWhereNotModelled) {
 
 }  // namespace
 }  // namespace trainmem
+
+namespace trainmem {
+namespace {
+
+TEST(Flops, MixtureOfExpertsCountsOnlyTheRoutedRows) {
+  // Mixtral's shapes (config.json): hidden 4096, intermediate 14336, 32 heads, 8 key/value heads of 128, vocab
+  // 32000, 8 experts, top-2. One layer, B = 1, T = 64: 128 routed rows whichever experts they go to.
+  constexpr uint64_t C = 4096, F = 14336, T = 64, V = 32000, E = 8, k = 2;
+  for (const char* routing : {"balanced", "worst"}) {
+    const Estimate e = testing::run(testing::scenario_of(
+        "mixtral-8x7b", {{"overrides", "num_hidden_layers=1"}, {"precision", "bf16"}, {"batch", "1"}, {"seq", "64"},
+                         {"moe_routing", routing}}));
+    const uint64_t attention_linears = 2 * T * C * (C + 1024 + 1024 + C);  // q, k, v (8 x 128), o
+    const uint64_t router = 2 * T * C * E;
+    const uint64_t experts = T * k * 2 * 3 * C * F;  // gate, up, down for each routed row only
+    const uint64_t head = 2 * T * C * V;
+    // the rotary embedding's inv_freq_expanded @ position_ids_expanded: (D/2, 1) x (1, T) once per forward
+    const uint64_t rotary = 2 * (128 / 2) * T * 1;
+    EXPECT_EQ(of(e.sim->flops, WorkPhase::kForward, FlopKind::kMatmul),
+              attention_linears + router + experts + head + rotary)
+        << routing;
+  }
+}
+
+TEST(Flops, ATensorParallelRankCountsItsLocalShapes) {
+  // transformers' tp_plan for Llama: q/k/v/gate/up and lm_head column-wise, o/down row-wise: every product of a
+  // rank is half of the whole model's at tp = 2 (and so is attention, over half the heads); the rotary
+  // embedding's (D/2, 1) x (1, T) product (D = 64) is every rank's whole
+  auto run = [](const char* tp) {
+    return testing::run(testing::scenario_of("tinyllama-1.1b", {{"overrides", "num_hidden_layers=2"}, {"batch", "1"},
+                                                               {"seq", "64"}, {"precision", "bf16"}, {"tp", tp}}));
+  };
+  const Estimate one = run("1"), two = run("2");
+  const uint64_t rotary = 2 * 32 * 64;
+  EXPECT_EQ(2 * (products(two.sim->flops, WorkPhase::kForward) - rotary),
+            products(one.sim->flops, WorkPhase::kForward) - rotary);
+  EXPECT_GT(two.sim->flops.tp_all_reduces[static_cast<size_t>(WorkPhase::kForward)], 0u);
+}
+
+}  // namespace
+}  // namespace trainmem

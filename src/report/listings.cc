@@ -84,6 +84,12 @@ std::string render_inventory_table(const ModelSpec& m, const Inventory& inv, DTy
   return out;
 }
 
+DType listing_dtype(std::string_view text) {
+  const auto d = parse_dtype(text);
+  if (!d || !is_floating(*d)) throw FieldError("dtype", fmt::format("\"{}\": expected float32, float16 or bfloat16", text));
+  return *d;
+}
+
 std::string render_inventory_json(const ModelSpec& m, const Inventory& inv, DType dtype) {
   auto rows = [&](const std::vector<TensorRow>& rs, bool buffers) {
     nlohmann::json a = nlohmann::json::array();

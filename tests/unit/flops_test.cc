@@ -170,3 +170,20 @@ TEST(Flops, ATensorParallelRankCountsItsLocalShapes) {
 
 }  // namespace
 }  // namespace trainmem
+
+namespace trainmem {
+namespace {
+
+TEST(Flops, RingAttentionCountsRankZerosPairsPerStep) {
+  // --cp 2, TinyLlama (32 heads of 64), one layer, seq 256: rank 0 holds 128 tokens; step 0 is causal over its own
+  // 128 x 128 (128·129/2 pairs per head), step 1 takes the second half of its queries (64) against the other
+  // rank's 128 keys (the head-tail load balancer, cp.h ring_steps)
+  const Estimate e = testing::run(testing::scenario_of(
+      "tinyllama-1.1b", {{"overrides", "num_hidden_layers=1"}, {"batch", "1"}, {"seq", "256"}, {"cp", "2"}}));
+  const uint64_t pairs = 32 * (128 * 129 / 2 + 64 * 128);
+  EXPECT_EQ(of(e.sim->flops, WorkPhase::kForward, FlopKind::kAttention), 4 * pairs * 64);
+  EXPECT_EQ(of(e.sim->flops, WorkPhase::kBackward, FlopKind::kAttention), 10 * pairs * 64);
+}
+
+}  // namespace
+}  // namespace trainmem

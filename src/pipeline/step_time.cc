@@ -146,7 +146,9 @@ std::optional<StepTime> step_time(const Estimate& e, const GpuSpec& gpu) {
   }
   // tokens of one optimizer step over every data-parallel rank (a tensor-parallel group shares its tokens)
   uint64_t tokens = checked_mul(s.batch, s.seq, "tokens");
-  if (s.task == Task::kTrain) tokens = checked_mul(checked_mul(tokens, micro, "tokens"), std::max<uint64_t>(dp, 1), "tokens");
+  if (s.task == Task::kTrain) {
+    tokens = checked_mul(checked_mul(tokens, micro, "tokens"), std::max<uint64_t>(dp, 1), "tokens");
+  }
   if (s.task == Task::kInference && s.generate > 0) tokens = checked_mul(s.batch, s.generate, "tokens");
   t.tokens = tokens;
   t.tokens_per_second = t.step_seconds > 0 ? static_cast<double>(tokens) / t.step_seconds : 0;

@@ -72,7 +72,8 @@ std::string flops_table(const FormulaReport& f) {
   row("6N tokens", k.six_n_tokens, "6 x N (inventory) x b x s");
   t.rule();
   const FlopLedger& l = f.simulated;
-  row("simulated forward products", products(l, WorkPhase::kForward) / micro, "matmul + attention kernels, per micro-batch");
+  row("simulated forward products", products(l, WorkPhase::kForward) / micro,
+      "matmul + attention kernels, per micro-batch");
   row("simulated backward products", products(l, WorkPhase::kBackward) / micro, "per micro-batch");
   row("simulated recompute products", products(l, WorkPhase::kRecompute) / micro, "checkpointing's second forward");
   row("simulated step, all kernels", l.total_flops(), "+ elementwise, norms, optimizer; every micro-batch");

@@ -17,11 +17,12 @@ std::string ms(double s) { return fmt::format("{:.1f} ms", s * 1e3); }
 std::string render_step_time(const StepTime& t, const GpuSpec& gpu, const TrainSetup& s) {
   const GpuPerf& g = gpu.perf;
   std::string out = fmt::format(
-      "STEP TIME on {} (a roofline over the simulated kernels, trainmem/flops.h): {} per {}, {} tokens/s, MFU {:.1f}%\n",
+      "STEP TIME on {} (a roofline over the simulated kernels, trainmem/flops.h): {} per {}, {} tokens/s, "
+      "MFU {:.1f}%\n",
       gpu.name, ms(t.step_seconds), s.task == Task::kTrain ? "optimizer step" : "forward",
       with_commas(static_cast<uint64_t>(t.tokens_per_second + 0.5)), t.mfu * 100);
-  out += fmt::format("  kernels: {} compute-bound, {} memory-bound, {} launch overhead; by phase: forward {}, backward {}, "
-                     "recompute {}, optimizer {}\n",
+  out += fmt::format("  kernels: {} compute-bound, {} memory-bound, {} launch overhead; by phase: forward {}, "
+                     "backward {}, recompute {}, optimizer {}\n",
                      ms(t.compute_bound_seconds), ms(t.memory_bound_seconds), ms(t.launch_seconds),
                      ms(t.phase_seconds[0]), ms(t.phase_seconds[1]), ms(t.phase_seconds[2]), ms(t.phase_seconds[3]));
   if (t.comm_seconds > 0) {
@@ -41,7 +42,8 @@ nlohmann::json step_time_json(const StepTime& t) {
   for (size_t p = 0; p < kWorkPhases; ++p) {
     nlohmann::json kinds = nlohmann::json::object();
     for (size_t k = 0; k < kFlopKinds; ++k) {
-      kinds[std::string(flop_kind_name(static_cast<FlopKind>(k)))] = {{"flops", t.flops_by[p][k]}, {"bytes", t.bytes_by[p][k]}};
+      kinds[std::string(flop_kind_name(static_cast<FlopKind>(k)))] = {{"flops", t.flops_by[p][k]},
+                                                                      {"bytes", t.bytes_by[p][k]}};
     }
     by_phase[std::string(work_phase_name(static_cast<WorkPhase>(p)))] = {{"seconds", t.phase_seconds[p]},
                                                                           {"kinds", kinds}};

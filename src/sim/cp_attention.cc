@@ -48,7 +48,8 @@ T ring_sdpa(Ctx& c, const T& q, const T& k, const T& v, bool has_mask, double dr
   // the (query, key) pairs of ring step i, over the batch and heads: step 0 is causal over equal lengths
   auto step_pairs = [&](size_t i) {
     const RingStep& st = steps[i];
-    const uint64_t per_head = i == 0 ? detail::sat_mul(st.q_len, st.q_len + 1) / 2 : detail::sat_mul(st.q_len, st.kv_len);
+    const uint64_t per_head =
+        i == 0 ? detail::sat_mul(st.q_len, st.q_len + 1) / 2 : detail::sat_mul(st.q_len, st.kv_len);
     return detail::sat_mul(detail::sat_mul(B, H), per_head);
   };
   uint64_t ring_pairs = 0;
@@ -87,9 +88,10 @@ T ring_sdpa(Ctx& c, const T& q, const T& k, const T& v, bool has_mask, double dr
       // FLOPs (flops.h): this step's flash call, QK^T and AV over its pairs (the causal first step's triangle)
       e.count(FlopKind::kAttention, detail::sat_mul(4, detail::sat_mul(step_pairs(i), D)),
               // bytes: q and the step's out (B, H, q, D), k and v (B, Hk, kv, D), once each
-              detail::nbytes(detail::sat_mul(detail::sat_mul(2 * B, D), detail::sat_add(detail::sat_mul(H, st.q_len),
-                                                                                        detail::sat_mul(Hk, st.kv_len))),
-                             dt),
+              detail::nbytes(
+                  detail::sat_mul(detail::sat_mul(2 * B, D),
+                                  detail::sat_add(detail::sat_mul(H, st.q_len), detail::sat_mul(Hk, st.kv_len))),
+                  dt),
               dt);
       T l = tmp(Shape{B, H, st.q_len}, DType::kF32, "cp ring step logsumexp");
       block_out = std::move(o);

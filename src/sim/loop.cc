@@ -1440,7 +1440,7 @@ struct Loop {
     DType dt = DType::kF32;
     for (size_t i : group) {
       if (i >= e.grads().size() || !e.grads()[i]) continue;
-      elems = detail::sat_add(elems, Shape::of(state_shape(i)).numel().value, "optimizer elements");
+      elems = detail::sat_add(elems, Shape::of(state_shape(i)).numel().value);
       dt = w.params[i].dtype();
     }
     if (elems == 0) return;

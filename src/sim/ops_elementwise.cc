@@ -101,7 +101,7 @@ T to(Ctx& c, const T& x, DType dt, const char* what) {
   const DType src = x.dtype();
   // FLOPs: a cast is a copy: no arithmetic, numel read in the source dtype and written in the new one
   const uint64_t cast_bytes = detail::sat_add(detail::nbytes(x.shape().numel().value, src),
-                                          detail::nbytes(x.shape().numel().value, dt), "bytes moved");
+                                          detail::nbytes(x.shape().numel().value, dt));
   c.e.count(FlopKind::kElementwise, 0, cast_bytes, dt);
   // ToCopyBackward0 saves only self.options(); its backward is grad.to(src).
   c.e.record("ToCopyBackward0", {&x}, {&out}, {}, [src, cast_bytes](Engine& e, Node&, Grads& g) {
@@ -240,7 +240,9 @@ T pow_scalar(Ctx& c, const T& a0, const char* what) {
   c.e.record("PowBackward0", {&a}, {&out}, {a}, [](Engine& e, Node& n, Grads& g) {
     if (!g[0]) return Grads{T()};
     // FLOPs: self.pow(exp - 1), exp * that, grad * that: three kernels of one per element
-    for (int i = 0; i < 3; ++i) detail::count_pointwise(e, FlopKind::kElementwise, g[0].shape().numel().value, 1, 2, g[0].dtype());
+    for (int i = 0; i < 3; ++i) {
+      detail::count_pointwise(e, FlopKind::kElementwise, g[0].shape().numel().value, 1, 2, g[0].dtype());
+    }
     // pow_backward: grad * (exp * self.pow(exp - 1)): self.pow(exp-1) and exp*that are live until the end
     // of the expression.
     T t1 = grad_like(e, n.saved[0], n.saved[0].dtype());
@@ -258,7 +260,9 @@ T rsqrt(Ctx& c, const T& a0, const char* what) {
   c.e.record("RsqrtBackward0", {&a}, {&out}, {out}, [](Engine& e, Node& n, Grads& g) {
     if (!g[0]) return Grads{T()};
     // FLOPs: -0.5 * grad, result.pow(3), their product: three kernels of one per element
-    for (int i = 0; i < 3; ++i) detail::count_pointwise(e, FlopKind::kElementwise, g[0].shape().numel().value, 1, 2, g[0].dtype());
+    for (int i = 0; i < 3; ++i) {
+      detail::count_pointwise(e, FlopKind::kElementwise, g[0].shape().numel().value, 1, 2, g[0].dtype());
+    }
     // -0.5 * grad * result.pow(3): (-0.5 * grad) and result.pow(3) live until the product is made.
     T t1 = grad_like(e, g[0], g[0].dtype());
     T t2 = grad_like(e, n.saved[0], n.saved[0].dtype());
@@ -294,17 +298,15 @@ T dropout(Ctx& c, const T& a, double p, const char* what) {
   T out = result_like(c, a, a.dtype(), what);
   // FLOPs: a random draw, a compare and a scaled multiply per element (3), reading a, writing out and the mask
   const uint64_t dn = a.shape().numel().value;
-  c.e.count(FlopKind::kElementwise, detail::sat_mul(dn, 3, "FLOPs"),
-            detail::sat_add(detail::nbytes(detail::sat_mul(dn, 2, "bytes moved"), a.dtype()), detail::nbytes(dn, DType::kBool),
-                        "bytes moved"),
+  c.e.count(FlopKind::kElementwise, detail::sat_mul(dn, 3),
+            detail::sat_add(detail::nbytes(detail::sat_mul(dn, 2), a.dtype()), detail::nbytes(dn, DType::kBool)),
             a.dtype());
   c.e.record("NativeDropoutBackward0", {&a}, {&out}, {mask}, [](Engine& e, Node&, Grads& g) {
     if (!g[0]) return Grads{T()};
     // FLOPs: grad * mask * scale, two per element, reading grad and the mask, writing the result
     const uint64_t n = g[0].shape().numel().value;
-    e.count(FlopKind::kElementwise, detail::sat_mul(n, 2, "FLOPs"),
-            detail::sat_add(detail::nbytes(detail::sat_mul(n, 2, "bytes moved"), g[0].dtype()), detail::nbytes(n, DType::kBool),
-                        "bytes moved"),
+    e.count(FlopKind::kElementwise, detail::sat_mul(n, 2),
+            detail::sat_add(detail::nbytes(detail::sat_mul(n, 2), g[0].dtype()), detail::nbytes(n, DType::kBool)),
             g[0].dtype());
     return Grads{grad_like(e, g[0], g[0].dtype())};
   });
@@ -318,7 +320,8 @@ T masked_fill(Ctx& c, const T& a, const T& mask, const char* what) {
   // MaskedFillBackward0 saves the mask; backward grad.masked_fill(mask, 0) is one new tensor.
   c.e.record("MaskedFillBackward0", {&a}, {&out}, {mask}, [](Engine& e, Node&, Grads& g) {
     if (!g[0]) return Grads{T()};
-    detail::count_pointwise(e, FlopKind::kElementwise, g[0].shape().numel().value, 1, 2, g[0].dtype());  // FLOPs: as forward
+    // FLOPs: as forward
+    detail::count_pointwise(e, FlopKind::kElementwise, g[0].shape().numel().value, 1, 2, g[0].dtype());
     return Grads{grad_like(e, g[0], g[0].dtype())};
   });
   return out;

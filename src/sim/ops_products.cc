@@ -75,7 +75,7 @@ T product_2d(Ctx& c, const T& x, const T& w, const T* b, uint64_t out_f, bool lt
     if (has_b) {
       r[0] = g[0];  // maybe_multiply(grad, beta) is grad itself; validate_outputs reduces it
       // FLOPs: validate_outputs' sum_to over the M rows: one add per gradient element
-      detail::count_pointwise(e, FlopKind::kElementwise, detail::sat_mul(g2[0], g2[1], "FLOPs"), 1, 0, gd);
+      detail::count_pointwise(e, FlopKind::kElementwise, detail::sat_mul(g2[0], g2[1]), 1, 0, gd);
     }
     return r;
   };
@@ -253,8 +253,8 @@ T matmul(Ctx& c, const T& a0, const T& b0, const char* what) {
     out3 = c.e.empty(Shape{batch, m, n}, a.dtype(), Category::kActivations, c.L(what));
     c.e.gemm(false);
     // FLOPs: batch products of (m, k) @ (k, n): eager attention's QK^T and AV count here
-    c.e.count(FlopKind::kMatmul, detail::product_flops(batch, m, n, k), detail::product_bytes(batch, m, n, k, a.dtype()),
-              a.dtype());
+    c.e.count(FlopKind::kMatmul, detail::product_flops(batch, m, n, k),
+              detail::product_bytes(batch, m, n, k, a.dtype()), a.dtype());
   });
   Saved saved;
   const bool ga = a->requires_grad, gb = b->requires_grad;
@@ -296,8 +296,8 @@ T embedding(Ctx& c, const T& weight, const T& ids, const char* what) {
   const uint64_t N = ids.shape().numel().value;
   // FLOPs: a gather, no arithmetic; it reads N rows of C and the ids, writes N rows
   c.e.count(FlopKind::kElementwise, 0,
-            detail::sat_add(detail::nbytes(detail::sat_mul(detail::sat_mul(N, C, "bytes moved"), 2, "bytes moved"), weight.dtype()),
-                        detail::nbytes(N, DType::kI64), "bytes moved"),
+            detail::sat_add(detail::nbytes(detail::sat_mul(detail::sat_mul(N, C), 2), weight.dtype()),
+                        detail::nbytes(N, DType::kI64)),
             weight.dtype());
   const Shape ws = weight.shape();
   // EmbeddingBackward0 saves the indices; embedding_dense_backward (Embedding.cu,
@@ -306,10 +306,9 @@ T embedding(Ctx& c, const T& weight, const T& ids, const char* what) {
   c.e.record("EmbeddingBackward0", {&weight}, {&out}, {ids}, [N, V, C, ws](Engine& e, Node&, Grads& g) {
     if (!g[0]) return Grads{T()};
     // FLOPs: embedding_dense_backward zero-fills the (V, C) gradient and accumulates N rows of C into it
-    e.count(FlopKind::kElementwise, detail::sat_mul(N, C, "FLOPs"),
-            detail::sat_add(detail::nbytes(detail::sat_mul(V, C, "bytes moved"), g[0].dtype()),
-                        detail::nbytes(detail::sat_mul(detail::sat_mul(N, C, "bytes moved"), 2, "bytes moved"), g[0].dtype()),
-                        "bytes moved"),
+    e.count(FlopKind::kElementwise, detail::sat_mul(N, C),
+            detail::sat_add(detail::nbytes(detail::sat_mul(V, C), g[0].dtype()),
+                        detail::nbytes(detail::sat_mul(detail::sat_mul(N, C), 2), g[0].dtype())),
             g[0].dtype());
     constexpr uint64_t kSortThreshold = 3072;  // "num_indices <= 3072 && !scale_grad_by_freq"
     constexpr uint64_t kRowsPerThread = 10;    // NROWS_PER_THREAD

@@ -14,7 +14,8 @@ T tp_all_reduce_backward(Ctx& c, const T& x) {
     if (!g[0]) return Grads{T()};
     // grad_output.clone() (contiguous), all-reduced in place
     e.count_tp_collective(false, g[0].bytes().value);  // the backward's all-reduce
-    detail::count_pointwise(e, FlopKind::kElementwise, s.numel().value, 0, 1, g[0].dtype());  // FLOPs: the clone, a copy
+    // FLOPs: the clone, a copy
+    detail::count_pointwise(e, FlopKind::kElementwise, s.numel().value, 0, 1, g[0].dtype());
     return Grads{detail::grad_empty(e, s, g[0].dtype(), Label{"tp all_reduce(grad) clone"})};
   });
   return out;
@@ -43,7 +44,8 @@ T tp_all_gather_last(Ctx& c, const T& x0, uint64_t tp, const char* what) {
   c.e.count_tp_collective(true, out.bytes().value);  // the forward's all-gather (its backward takes a local chunk)
   c.e.record("_AllGatherBackward", {&x}, {&out}, {}, [in](Engine& e, Node&, Grads& g) {
     if (!g[0]) return Grads{T()};
-    detail::count_pointwise(e, FlopKind::kElementwise, in.numel().value, 0, 1, g[0].dtype());  // FLOPs: the chunk's copy
+    // FLOPs: the chunk's copy
+    detail::count_pointwise(e, FlopKind::kElementwise, in.numel().value, 0, 1, g[0].dtype());
     return Grads{detail::grad_empty(e, in, g[0].dtype(), Label{"tp all_gather grad chunk.contiguous()"})};
   });
   return out;  // `list` (the other ranks' shards) dies here

@@ -119,6 +119,16 @@ TEST(StepTime, DdpAllReducesEveryGradientByteOverTheRing) {
   EXPECT_EQ(e.time->tokens, 2u * 2u * 64u);  // both ranks' micro-batches
 }
 
+TEST(StepTime, ZeroReduceScattersTheGradientsAndAllGathersTheParameters) {
+  // DeepSpeed ZeRO-2 over 2 A100s: the bit16 flat buffer reduce-scattered (during the backward) and all-gathered
+  // (after the step), (n-1)/n of it each over the 300 GB/s link; the all-gather is always exposed
+  const Estimate e = gpt2({{"gpu", "a100-80gb"}, {"dp", "2"}, {"sharding", "zero2"}, {"precision", "bf16"}});
+  ASSERT_TRUE(e.time && e.zero);
+  const double flat = static_cast<double>(e.zero->bit16_flat.value);
+  EXPECT_NEAR(e.time->comm_seconds, 2 * (0.5 * flat / 300e9), 1e-12);
+  EXPECT_GE(e.time->comm_exposed_seconds, 0.5 * flat / 300e9 - 1e-12);
+}
+
 TEST(StepTime, IsRefusedWhereNotModelled) {
   // pipeline parallelism: the bubble and the stage-to-stage sends are not modelled
   const Estimate e = testing::run(testing::scenario_of(

@@ -19,7 +19,10 @@ std::string render_step_time(const StepTime& t, const GpuSpec& gpu, const TrainS
   std::string out = fmt::format(
       "STEP TIME on {} (a roofline over the simulated kernels, trainmem/flops.h): {} per {}, {} tokens/s, "
       "MFU {:.1f}%\n",
-      gpu.name, ms(t.step_seconds), s.task == Task::kTrain ? "optimizer step" : "forward",
+      gpu.name, ms(t.step_seconds),
+      s.task == Task::kTrain ? "optimizer step"
+      : s.generate > 0       ? fmt::format("generate() of {} new tokens (prefill and decode)", s.generate)
+                             : std::string("forward"),
       with_commas(static_cast<uint64_t>(t.tokens_per_second + 0.5)), t.mfu * 100);
   out += fmt::format("  kernels: {} compute-bound, {} memory-bound, {} launch overhead; by phase: forward {}, "
                      "backward {}, recompute {}, optimizer {}\n",

@@ -343,8 +343,12 @@ T llama_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
   T mask;
   if (m.attn_impl == AttnImpl::kEager) {
     mask = eager_mask(c, B, Tn, inputs_embeds.dtype());
-  } else if (m.attn.sliding_window > 0 && (c.kv ? c.kv->past : 0) + Tn >= m.attn.sliding_window) {
-    // SDPA: _ignore_causal_mask_sdpa skips the mask only while kv_length < sliding_window
+  } else if (m.attn.sliding_window > 0 && (c.kv ? c.kv->past : 0) + Tn >= m.attn.sliding_window &&
+             (m.model_type == "mistral" || m.model_type == "mixtral" || m.model_type == "phi3" ||
+              m.model_type == "starcoder2")) {
+    // SDPA: _ignore_causal_mask_sdpa skips the mask only while kv_length < sliding_window. These four slide on
+    // every layer (their configs' sliding_window, read_sliding_window); gemma2 and qwen2/qwen3 slide on some
+    // layers only, whose SDPA mask is not simulated yet (the README's "Not yet" says so).
     mask = sdpa_sliding_mask(c, B, Tn, m.attn.sliding_window);
   }
   T hidden = inputs_embeds;

@@ -20,6 +20,7 @@
 #include "trainmem/plot.h"
 #include "trainmem/report.h"
 #include "trainmem/scenario.h"
+#include "serve.h"
 
 namespace {
 
@@ -36,6 +37,7 @@ struct Flags {
   std::string by = "layer", min_bytes = "0", step, unit = "auto";
   std::string solve = "batch", margin = "5%";
   std::string plot;  // --plot FILE: the step as an SVG picture
+  cli::ServeOptions serve;  // trainmem serve
 };
 
 // Short spellings, kept from earlier versions of the CLI.
@@ -97,14 +99,7 @@ bool json_format(const Flags& f) {
 }
 
 int run_models(const Flags& f) {
-  std::vector<ModelListing> rows;
-  for (const Preset& p : presets()) {
-    Scenario s;
-    s.model.model = std::string(p.name);
-    s.train.seq = 1;  // the model alone (run_params): no training default may refuse a short position table
-    const ResolvedScenario r = resolve(s);
-    rows.push_back({r.model.name, r.model.model_type, parameter_count(r.inventory), r.model.source});
-  }
+  const std::vector<ModelListing> rows = model_listings();
   std::cout << (json_format(f) ? render_models_json(rows) : render_models_table(rows));
   return 0;
 }
@@ -236,6 +231,12 @@ int main(int argc, char** argv) {
   fitc->add_option("--margin", f.margin, "memory kept free: a share of the GPU (5%) or a size (2GiB)")
       ->capture_default_str();
 
+  auto* srv = app.add_subcommand("serve", "serve the web page (make web builds it) on this machine over HTTP");
+  srv->add_option("--port", f.serve.port, "TCP port (0: any free port)")->capture_default_str();
+  srv->add_option("--host", f.serve.host, "address to listen on")->capture_default_str();
+  srv->add_option("--root", f.serve.root, "the page's folder (default: web/ beside this executable, where make web "
+                                          "puts it)");
+
   // A first word that names no subcommand: say so (CLI11 would ask for a subcommand instead).
   auto known = [&](const char* name) {
     for (const CLI::App* sub : app.get_subcommands({})) {
@@ -245,7 +246,7 @@ int main(int argc, char** argv) {
   };
   if (argc > 1 && argv[1][0] != '-' && !known(argv[1])) {
     std::cerr << fmt::format("trainmem: unknown subcommand \"{}\"; expected models, gpus, params, formulas, "
-                             "estimate, timeline or fit (trainmem --help)\n", argv[1]);
+                             "estimate, timeline, fit or serve (trainmem --help)\n", argv[1]);
     return kExitBadInput;
   }
   try {
@@ -264,6 +265,10 @@ int main(int argc, char** argv) {
     if (est->parsed()) return run_estimate(f);
     if (tl->parsed()) return run_timeline(f);
     if (fitc->parsed()) return run_fit(f);
+    if (srv->parsed()) {
+      if (f.serve.root.empty()) f.serve.root = cli::default_web_root(argc > 0 ? argv[0] : nullptr);
+      cli::serve(f.serve);
+    }
   } catch (const FieldError& e) {
     std::cerr << "trainmem: " << cli_flag(e.field()) << " " << e.detail() << "\n";
     return kExitBadInput;

@@ -117,7 +117,8 @@ function renderEstimate(answer) {
   peaks.replaceChildren(
       bytesCell("peak-allocated", "peak allocated", m.peak_allocated_bytes, "torch.cuda.max_memory_allocated()"),
       bytesCell("peak-reserved", "peak reserved", m.peak_reserved_bytes, "torch.cuda.max_memory_reserved()"),
-      bytesCell("device-total", "on the device", m.device_total_bytes, "what nvidia-smi shows"));
+      m.device_total_bytes === undefined ? ""
+          : bytesCell("device-total", "on the device", m.device_total_bytes, "what nvidia-smi shows"));
   const tbody = $("breakdown").querySelector("tbody");
   tbody.replaceChildren();
   for (const c of e.peak_components) {
@@ -168,7 +169,7 @@ function renderFit(req) {
       ? `trainmem fit: the largest micro-batch that fits is ${r.largest} (at --seq ${r.setup.seq}, keeping ${human(r.margin_bytes)} free).`
       : "trainmem fit: even a micro-batch of 1 does not fit.";
   const items = (r.suggestions || []).slice(0, 4).map((s) =>
-      el("li", {}, el("code", {}, s.change), ` ${s.what}` + (s.largest ? `: up to ${s.largest}` : "")));
+      el("li", {}, el("code", {}, s.change), ` (${s.what})` + (s.largest ? `: up to ${s.largest}` : "")));
   box.replaceChildren(el("div", {id: "fit-answer"}, head), items.length ? el("ul", {}, ...items) : "");
   $("fit-table").textContent = a.table;
 }
@@ -188,7 +189,7 @@ function update() {
     if (answer.ok) {
       renderEstimate(answer);
       renderFit(req);
-      $("status").textContent = `Simulated in ${Math.round(performance.now() - t0)} ms.`;
+      $("status").textContent = `Simulated in ${Math.round(performance.now() - t0)} ms (estimate and fit).`;
     } else {
       showError(answer);
       $("status").textContent = "";

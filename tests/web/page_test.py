@@ -44,7 +44,7 @@ class Browser:
         self.proc = subprocess.Popen(
             [exe, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
              "--no-first-run", "--remote-debugging-port=0", "--remote-debugging-address=127.0.0.1",
-             f"--user-data-dir={profile}", "--window-size=1280,1100", "--hide-scrollbars", "about:blank"],
+             f"--user-data-dir={profile}", "--window-size=1280,1400", "--hide-scrollbars", "about:blank"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         port = None
         deadline = time.time() + 60
@@ -188,14 +188,14 @@ def compare(c, name, page, trainmem, fields, cwd):
     c.eq(f"{name} state", page["state"], "ready")
     c.eq(f"{name} peak allocated", page["peak_allocated"], m["peak_allocated_bytes"])
     c.eq(f"{name} peak reserved", page["peak_reserved"], m["peak_reserved_bytes"])
-    c.eq(f"{name} device total", page["device_total"], m["device_total_bytes"])
+    c.eq(f"{name} device total", page["device_total"], m.get("device_total_bytes"))
     c.eq(f"{name} components", page["components"], [[x["name"], str(x["bytes"])] for x in est["peak_components"]])
     c.eq(f"{name} estimate table", page["estimate_table"], cli(trainmem, "estimate", fields, cwd, "table"))
     c.eq(f"{name} pictures drawn", (page["timeline_svg"], page["breakdown_svg"]), (True, True))
     if "device" in est:
         d = est["device"]
         c.eq(f"{name} verdict", (page["verdict"]["fits"], page["verdict"]["headroom"]),
-             (str(d["fits"]).lower(), d["headroom_bytes"]))
+             (str(d["fits"]).lower(), str(d["headroom_bytes"])))
         fit_fields = {k: v for k, v in fields.items() if k != "batch"}
         f = cli(trainmem, "fit", fit_fields, cwd)
         print(f"{name}: page fit largest {page['fit_largest']}, CLI {f['largest']}")

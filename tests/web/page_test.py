@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 
 SKIP = 77
@@ -265,6 +266,13 @@ def main():
         served = line.split(" at ", 1)[1].split(" ", 1)[0]
         with urllib.request.urlopen(served + "app.js", timeout=30) as r:
             c.eq("served app.js", r.read().decode(), open(os.path.join(a.page, "app.js")).read())
+        for bad in ["../CMakeLists.txt", "%2e%2e/CMakeLists.txt", "nothing.js", "web-cmake/Makefile"]:
+            try:
+                urllib.request.urlopen(served + bad, timeout=30)
+                code = 200
+            except urllib.error.HTTPError as e:
+                code = e.code
+            c.eq(f"served {bad}", code, 404)
         load(b, served)
         fields = {"model": "gpt2", "batch": "2", "seq": "128", "gpu": "t4"}
         compare(c, "served gpt2 on t4", set_and_read(b, fields), trainmem, fields, work)

@@ -28,12 +28,12 @@ function el(tag, attrs = {}, ...children) {
   return e;
 }
 
-// 3,221,225,472 B -> "3.00 GiB" (binary units, as the CLI's tables)
+// 3,221,225,472 B -> "3.00 GiB", 18,087,936 B -> "17.2 MiB" (binary units, as the CLI's tables)
 function human(bytes) {
   const units = ["B", "KiB", "MiB", "GiB", "TiB"];
   let v = Number(bytes), i = 0;
   while (Math.abs(v) >= 1024 && i < units.length - 1) { v /= 1024; ++i; }
-  return i === 0 ? `${v} B` : `${v.toFixed(2)} ${units[i]}`;
+  return i === 0 ? `${v} B` : `${v.toFixed(i >= 3 ? 2 : 1)} ${units[i]}`;
 }
 function bytesCell(id, label, bytes, note) {
   return el("div", {class: "card", id},
@@ -122,7 +122,9 @@ function renderEstimate(answer) {
   const tbody = $("breakdown").querySelector("tbody");
   tbody.replaceChildren();
   for (const c of e.peak_components) {
-    const share = m.peak_allocated_bytes ? (100 * c.bytes / m.peak_allocated_bytes).toFixed(1) + "%" : "";
+    // a share of the live tensors at the peak, as the CLI's table
+    const live = m.live_tensors_at_peak_bytes;
+    const share = live ? (100 * c.bytes / live).toFixed(1) + "%" : "";
     tbody.append(el("tr", {"data-component": c.name}, el("td", {}, c.name),
                     el("td", {class: "num", "data-bytes": String(c.bytes)}, human(c.bytes)),
                     el("td", {class: "num"}, share), el("td", {}, c.note)));

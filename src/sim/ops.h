@@ -178,7 +178,7 @@ T softmax(Ctx& c, const T& x, std::optional<DType> dtype, const char* what);
 T log_softmax(Ctx& c, const T& x, std::optional<DType> dtype, const char* what);
 
 // ---- attention -----------------------------------------------------------------------------------------
-enum class SdpaBackend { kFlash, kEfficient, kMath };
+enum class SdpaBackend { kFlash, kEfficient, kMath, kCudnn };
 SdpaBackend sdpa_backend(const Ctx& c, const T& q, bool has_mask, double dropout_p);
 // F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p, is_causal) with q, k, v (B, H, T, D).
 // enable_gqa=false with fewer key/value heads than query heads (Falcon's multi-query SDPA call): no fused kernel

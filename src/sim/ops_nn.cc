@@ -162,8 +162,15 @@ T sdpa_math(Ctx& c, const T& q, const T& k, const T& v, const T* mask, double dr
 
 }  // namespace
 
-T sdpa(Ctx& c, const T& q0, const T& k0, const T& v0, const T* mask, double dropout_p, bool is_causal,
+T sdpa(Ctx& c, const T& q0, const T& k0, const T& v0, const T* mask0, double dropout_p, bool is_causal,
        bool enable_gqa) {
+  // scaled_dot_product_attention is on autocast's lower_precision_fp list: every floating tensor argument is
+  // cast, attn_mask included (a float mask, such as Falcon's ALiBi bias folded into the causal mask, becomes a
+  // 16-bit copy per call, which the kernel saves for backward; the H200 trace of validate/measured/open/
+  // (Falcon-RW-1B) shows it per layer). The cached_cast calls in WrapFunction_'s argument list run last
+  // argument first under GCC: the mask, then value, key, query.
+  const T mask_cast = mask0 ? autocast_lowp(c, *mask0) : T();
+  const T* mask = mask0 ? &mask_cast : nullptr;
   const T v = autocast_lowp(c, v0);
   const T k = autocast_lowp(c, k0);
   const T q = autocast_lowp(c, q0);
@@ -176,6 +183,28 @@ T sdpa(Ctx& c, const T& q0, const T& k0, const T& v0, const T* mask, double drop
   const uint64_t Dv = v.shape()[3];
   if (Dv != q.shape()[3] && be == SdpaBackend::kFlash) be = SdpaBackend::kEfficient;
   if (be == SdpaBackend::kEfficient && Dv % 8 != 0) be = SdpaBackend::kMath;
+  // With a mask on sm_90 / sm_100 in 2.11, cuDNN attention, first in the priority order there
+  // (check_prefer_cudnn_attention), takes it (fp16/bf16, head dims equal, a multiple of 8 up to 128); its
+  // output follows the query's layout like flash's, as the H200 trace of the masked Phi-3-mini run shows (the
+  // output copy of `.transpose(1, 2).contiguous()` behind a cat-built query). Its backward is modelled as
+  // flash's (cuDNN's own workspace is not).
+  const uint32_t sm = c.rt().sm;
+  const bool cudnn_first = c.rt().torch >= TorchVersion{2, 11} && (sm == 90 || sm == 100);
+  if (mask && cudnn_first && be == SdpaBackend::kEfficient && Dv == q.shape()[3] && Dv % 8 == 0 && Dv <= 128 &&
+      (q.dtype() == DType::kBF16 || q.dtype() == DType::kF16)) {
+    be = SdpaBackend::kCudnn;
+  }
+  // attention.cpp scaled_dot_product_attention: after choosing the backend, convert_boolean_attn_mask turns a
+  // bool mask into `at::where(attn_mask, 0.0, -inf)` in the query's dtype: two 0-dim scalars, then a new
+  // tensor of the mask's (expanded) shape, which the kernel saves for backward (the H200 Phi-3-mini trace shows
+  // the two 2-byte scalars and the 16 MiB (B, 1, T, KV) bf16 mask per layer).
+  T converted;
+  if (mask && mask->dtype() == DType::kBool) {
+    T zero = c.e.empty(Shape{}, q.dtype(), Category::kTemporaries, c.L("attn_mask where 0.0"));
+    T ninf = c.e.empty(Shape{}, q.dtype(), Category::kTemporaries, c.L("attn_mask where -inf"));
+    converted = c.e.empty(mask->shape(), q.dtype(), Category::kActivations, c.L("attn_mask (bool to additive)"));
+    mask = &converted;
+  }
   // --cp N: the call goes to context_parallel's ring attention (cp_attention.cc)
   if (c.cp > 1) return ring_sdpa(c, q, k, v, mask != nullptr, dropout_p, is_causal, be == SdpaBackend::kFlash);
   if (be == SdpaBackend::kMath) return sdpa_math(c, q, k, v, mask, dropout_p, is_causal);
@@ -187,15 +216,25 @@ T sdpa(Ctx& c, const T& q0, const T& k0, const T& v0, const T* mask, double drop
   // dense: a query that is physically (B, H, L, D) (a torch.cat's result, as GPT-NeoX's partial rotary gives)
   // makes a (B, H, L, D) output, and the caller's `.transpose(1, 2).contiguous()` then copies it. The H100
   // trace of validate/measured/ (Pythia-160m, fp16 autocast) shows that copy.
-  const bool flash = be == SdpaBackend::kFlash;
+  const bool flash = be == SdpaBackend::kFlash || be == SdpaBackend::kCudnn;  // their shared allocations
   // The two 0-dim int64 philox tensors (seed, offset) that the op returns and saves: the efficient kernel
-  // makes them on the CUDA device without dropout; the flash kernel makes them on the CPU up to 2.10, and on
-  // the CUDA device in 2.11 (measured: the H100 traces of validate/measured/, Llama and nanoGPT under SDPA,
-  // show two 8-byte allocations per layer beside the logsumexp, kept to the backward).
-  const bool philox = dropout_p == 0.0 && (!flash || c.rt().torch >= TorchVersion{2, 11});
+  // makes them on the CUDA device without dropout; the flash kernel makes them on the CPU. On sm_90 and sm_100
+  // PyTorch's recent sdp_utils.cpp (check_prefer_cudnn_attention) puts cuDNN attention first in the priority
+  // order, and cuDNN's kernel, which like flash allocates its output in the query's layout and keeps a (B, H, L)
+  // float32 logsumexp, makes them on the CUDA device: the H100/H200 traces of validate/measured/ (torch 2.11,
+  // Llama, Qwen, nanoGPT under SDPA) show two 8-byte allocations per layer beside the logsumexp, kept to the
+  // backward. Only 2.11 is measured; earlier releases keep flash's CPU tensors here.
+  const bool philox = dropout_p == 0.0 && (!flash || cudnn_first);
   T out, lse, seed, offset;
   // the op's outputs (output, logsumexp, philox seed and offset) are what selective checkpointing keeps
   c.e.sac_op(SacOp::kSdpa, {&out, &lse, &seed, &offset}, [&] {
+    // where cuDNN is first (2.11, sm_90/sm_100) the traces show the two philox tensors before the output and
+    // the logsumexp; the flash and efficient kernels make them after
+    auto make_philox = [&] {
+      seed = c.e.empty(Shape{}, DType::kI64, Category::kActivations, c.L("sdpa philox seed"));
+      offset = c.e.empty(Shape{}, DType::kI64, Category::kActivations, c.L("sdpa philox offset"));
+    };
+    if (philox && cudnn_first) make_philox();
     const Shape blhd{B, L, H, Dv};
     Strides qt = q->strides;  // q.transpose(1, 2)
     std::swap(qt[1], qt[2]);
@@ -210,10 +249,7 @@ T sdpa(Ctx& c, const T& q0, const T& k0, const T& v0, const T* mask, double drop
     constexpr uint64_t kAlignLse = 32;
     lse = c.e.empty(Shape{B, H, flash ? L : round_up_to(L, kAlignLse)}, DType::kF32, Category::kActivations,
                     c.L("sdpa logsumexp"));
-    if (philox) {
-      seed = c.e.empty(Shape{}, DType::kI64, Category::kActivations, c.L("sdpa philox seed"));
-      offset = c.e.empty(Shape{}, DType::kI64, Category::kActivations, c.L("sdpa philox offset"));
-    }
+    if (philox && !cudnn_first) make_philox();
   });
   Saved saved{q, k, v, out, lse};
   if (mask) saved.push_back(*mask);
@@ -222,7 +258,9 @@ T sdpa(Ctx& c, const T& q0, const T& k0, const T& v0, const T* mask, double drop
     saved.push_back(std::move(offset));
   }
   const DType dt = q.dtype();
-  c.e.record(flash ? "ScaledDotProductFlashAttentionBackward0" : "ScaledDotProductEfficientAttentionBackward0",
+  c.e.record(be == SdpaBackend::kCudnn ? "ScaledDotProductCudnnAttentionBackward0"
+             : flash                    ? "ScaledDotProductFlashAttentionBackward0"
+                                        : "ScaledDotProductEfficientAttentionBackward0",
              {&q, &k, &v}, {&out}, std::move(saved),
              [flash, B, H, L, D, Hk, S, dt](Engine& e, Node& n, Grads& g) {
                Grads r(3);

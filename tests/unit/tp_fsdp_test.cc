@@ -92,6 +92,31 @@ TEST(TpFsdp, TpOneOrDpOneIsTheUncomposedEstimate) {
   expect_same(run(tp8), run(dp1));
 }
 
+TEST(TpFsdp, TheTailUnitsPreBackwardPrefetchesTheLastLayer) {
+  // fully_shard's post-forward hook on [norm, lm_head] runs on the logits that TP's output hook gathered, and
+  // registers the tail's pre-backward hook, which prefetches the previous unit (the last decoder layer): its
+  // all-gather is issued before lm_head's backward runs, as without TP. (A tail without its post-forward would
+  // gather the last layer only when that layer's own backward starts.)
+  for (const char* tp : {"1", "2"}) {
+    const Scenario s = scenario_of("llama-3-8b", {{"overrides", "num_hidden_layers=2"}, {"overrides", "vocab_size=1024"}, {"tp", tp},
+                                                  {"dp", "2"}, {"sharding", "fsdp2"}, {"precision", "bf16"},
+                                                  {"batch", "1"}, {"seq", "64"}});
+    const Estimate e = run(s);
+    size_t gather = 0, head_backward = 0;
+    size_t i = 0;
+    for (const Event& ev : e.sim->timeline.events) {
+      ++i;
+      if (ev.step != 2 || ev.kind != Event::kAlloc || ev.phase != Phase::kBackward) continue;
+      const std::string_view w = ev.label.what;
+      if (!gather && ev.label.layer == 1 && w.find("FSDP all-gather output") != std::string_view::npos) gather = i;
+      if (!head_backward && ev.label.row == kRowBackwardOf && w.rfind("lm_head", 0) == 0) head_backward = i;
+    }
+    ASSERT_NE(gather, 0u) << "tp " << tp;
+    ASSERT_NE(head_backward, 0u) << "tp " << tp;
+    EXPECT_LT(gather, head_backward) << "tp " << tp;
+  }
+}
+
 TEST(TpFsdp, WhatIsStillRefused) {
   const auto msg = [](const Scenario& s) {
     try {

@@ -298,6 +298,11 @@ def run(args):
             if micro == A:
                 rec.mark("after forward", step, micro)
             backward(loss)
+            if args.loop == "hf":
+                # Trainer.training_step returns loss.detach(): the graph, and any leaf it holds (peft's
+                # enable_input_require_grads makes the embedding output one, with a .grad), dies here. nanoGPT's
+                # train.py keeps `loss` to the next iteration.
+                del loss
             rec.mark("after backward", step, micro)
         if scaler is not None and use_scaler:
             scaler.unscale_(optimizer)

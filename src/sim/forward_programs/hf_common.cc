@@ -284,6 +284,46 @@ T eager_mask(Ctx& c, uint64_t B, uint64_t Tn, DType dt) {
   return c.e.empty(Shape{B, 1, Tn, kv}, dt, Category::kActivations, c.L("causal mask"));
 }
 
+T sdpa_sliding_mask(Ctx& c, uint64_t B, uint64_t Tn, uint64_t window) {
+  // masking_utils.create_sliding_window_causal_mask under SDPA once kv_length >= sliding_window
+  // (_ignore_causal_mask_sdpa no longer skips it): sdpa_mask with mask_function =
+  // sliding_window_causal_mask_function(window) = and_masks(sliding_window_overlay(window), causal_mask_function),
+  // broadcast over _non_vmap_expansion_sdpa's indices, which the functions read only as q_idx and kv_idx: a
+  // (1, 1, T, KV) bool tensor, then `.expand(batch_size, -1, q_length, kv_length)`. The allocations in their
+  // order, as the H200 trace of validate/measured/open/ (Phi-3-mini, window 2047, T = 2048) shows them.
+  const uint64_t kv = checked_add(c.kv ? c.kv->past : 0, Tn, "the attention mask's key length");
+  auto t = [&](Shape s, DType dt, const char* what) { return c.e.empty(s, dt, Category::kTemporaries, c.L(what)); };
+  T batch_arange = t(Shape{B}, DType::kI64, "mask batch_arange");   // torch.arange(batch_size)
+  T head_arange = t(Shape{1}, DType::kI64, "mask head_arange");     // torch.arange(1)
+  T q_arange;
+  {
+    T a = t(Shape{Tn}, DType::kI64, "mask q_arange");                // torch.arange(q_length) + q_offset
+    q_arange = t(Shape{Tn}, DType::kI64, "mask q_arange + q_offset");
+  }
+  T kv_arange;
+  {
+    T a = t(Shape{kv}, DType::kI64, "mask kv_arange");               // torch.arange(kv_length) + kv_offset
+    kv_arange = t(Shape{kv}, DType::kI64, "mask kv_arange + kv_offset");
+  }
+  // and_mask: result = q_idx.new_ones((), dtype=torch.bool); for each function: result = result & mask(...)
+  T result = t(Shape{}, DType::kBool, "mask and_masks result");
+  {
+    T shifted = t(Shape{1, 1, Tn, 1}, DType::kI64, "q_idx - sliding_window");  // sliding_window_overlay
+    T overlay = t(Shape{1, 1, Tn, kv}, DType::kBool, "sliding_window_overlay");  // q_idx - w < kv_idx
+    shifted.reset();
+    T anded = t(Shape{1, 1, Tn, kv}, DType::kBool, "mask result & sliding");
+    overlay.reset();
+    result = anded;
+  }
+  {
+    T causal = t(Shape{1, 1, Tn, kv}, DType::kBool, "causal_mask_function");  // kv_idx <= q_idx
+    T anded = t(Shape{1, 1, Tn, kv}, DType::kBool, "sliding window causal mask (bool)");
+    causal.reset();
+    result = anded;
+  }
+  return expand(c, result, Shape{B, 1, Tn, kv});
+}
+
 void kv_update(Ctx& c, uint64_t layer, T& k, T& v) {
   if (!c.kv) return;
   // cache_utils.py DynamicLayer.update: the first call makes torch.tensor([]) (no storage) and then, like every
@@ -396,7 +436,19 @@ T apply_rotary(Ctx& c, const T& x, const Rotary& r) {
   return cat_last(c, {embed, pass}, "cat([q_embed, q_pass])");
 }
 
-std::pair<T, T> apply_rotary_qk(Ctx& c, const T& q, const T& k, const Rotary& r) {
+std::pair<T, T> apply_rotary_qk(Ctx& c, const T& q, const T& k, const Rotary& r, RotaryCat cat) {
+  if (cat == RotaryCat::kEachAlways) {
+    // modeling_phi3.py apply_rotary_pos_emb: `q_embed = torch.cat([(q_rot * cos) + (rotate_half(q_rot) * sin),
+    // q_pass], dim=-1)`, then k the same: each tensor rotated and concatenated in turn, the cat made even when
+    // q_pass is empty (full rotary), a copy. The H200 trace of validate/measured/open/ (Phi-3-mini) shows it.
+    const uint64_t D = q.shape().back(), R = r.cos.shape().back();
+    auto one = [&](const T& x, const char* what) {
+      T embed = apply_rotary(c, slice_last(c, x, 0, R), r);
+      return cat_last(c, {embed, slice_last(c, x, R, D)}, what);
+    };
+    T qo = one(q, "cat([q_embed, q_pass])");
+    return {qo, one(k, "cat([k_embed, k_pass])")};
+  }
   // apply_rotary_pos_emb (modeling_gpt_neox.py, modeling_phi3.py, 5.x) with partial rotary: both rotated
   // halves first, `q_embed = (q_rot * cos) + ...; k_embed = (k_rot * cos) + ...`, then both concatenations,
   // `q_embed = torch.cat([q_embed, q_pass], dim=-1); k_embed = torch.cat([k_embed, k_pass], dim=-1)`. The
@@ -443,13 +495,13 @@ AttnOut eager_attention(Ctx& c, const T& q, const T& k0, const T& v0, const T* m
   return AttnOut{o, w};
 }
 
-T sdpa_attention(Ctx& c, const T& q, const T& k0, const T& v0, uint64_t n_rep, double dropout_p) {
-  // integrations/sdpa_attention.py: GQA goes to SDPA's enable_gqa (torch >= 2.5, no mask); otherwise
-  // repeat_kv copies k and v. is_causal = q_len > 1 and no mask.
-  const bool gqa = c.rt().torch >= TorchVersion{2, 5} && q.shape()[3] <= 256;
+T sdpa_attention(Ctx& c, const T& q, const T& k0, const T& v0, uint64_t n_rep, double dropout_p, const T* mask) {
+  // integrations/sdpa_attention.py: GQA goes to SDPA's enable_gqa (use_gqa_in_sdpa: torch >= 2.5 and
+  // attention_mask is None); otherwise repeat_kv copies k and v. is_causal = q_len > 1 and no mask.
+  const bool gqa = c.rt().torch >= TorchVersion{2, 5} && q.shape()[3] <= 256 && !mask;
   T k = gqa ? k0 : repeat_kv(c, k0, n_rep);
   T v = gqa ? v0 : repeat_kv(c, v0, n_rep);
-  T o = sdpa(c, q, k, v, nullptr, dropout_p, q.shape()[2] > 1);
+  T o = sdpa(c, q, k, v, mask, dropout_p, !mask && q.shape()[2] > 1);
   return contiguous(c, transpose(c, o, 1, 2), "attn output contiguous");
 }
 

@@ -28,8 +28,12 @@ T model_position_ids(Ctx& c, uint64_t Tn);
 // else 1).
 Rotary rotary_embedding(Ctx& c, const T& inv_freq, uint64_t Tn, DType x_dtype);
 T apply_rotary(Ctx& c, const T& x, const Rotary& r);
-// q and k together, in apply_rotary_pos_emb's order (partial rotary: both rotations, then both cats)
-std::pair<T, T> apply_rotary_qk(Ctx& c, const T& q, const T& k, const Rotary& r);
+// q and k together, in apply_rotary_pos_emb's order. kPartialPairs (GPT-NeoX, Llama): with partial rotary both
+// rotations, then both cats; none with full rotary. kEachAlways (Phi-3): q rotated and concatenated with its
+// pass-through part, then k, the cat made even when that part is empty.
+enum class RotaryCat { kPartialPairs, kEachAlways };
+std::pair<T, T> apply_rotary_qk(Ctx& c, const T& q, const T& k, const Rotary& r,
+                                RotaryCat cat = RotaryCat::kPartialPairs);
 // The body of a rotary decoder's model after its embedding (GPTNeoXModel.forward, PhiModel.forward):
 // position_ids, the eager causal mask (in the embeddings' dtype), `embed_dropout` (which returns the hidden states
 // and rebinds what the caller's Python rebinds), cos/sin from `inv_freq`, the layers through run_layers(), then
@@ -41,7 +45,11 @@ T rotary_decoder_body(Ctx& c, const ModelSpec& m, const T& ids, DType embeds_dty
 T repeat_kv(Ctx& c, const T& x, uint64_t n_rep);
 AttnOut eager_attention(Ctx& c, const T& q, const T& k, const T& v, const T* mask, uint64_t n_rep,
                         double dropout_p, const char* scale_op, double softcap);
-T sdpa_attention(Ctx& c, const T& q, const T& k, const T& v, uint64_t n_rep, double dropout_p);
+// transformers' sdpa_attention_forward; `mask`: an attention mask the model built (the SDPA sliding-window mask)
+T sdpa_attention(Ctx& c, const T& q, const T& k, const T& v, uint64_t n_rep, double dropout_p,
+                 const T* mask = nullptr);
+// The (B, 1, T, KV) bool sliding-window causal mask SDPA gets once the keys reach the window (an expanded view)
+T sdpa_sliding_mask(Ctx& c, uint64_t B, uint64_t Tn, uint64_t window);
 T activation(Ctx& c, Act a, const T& x);
 // *ForCausalLM's head: logits = lm_head(hidden), through the input embedding `tied` when the model has no
 // `head` parameter (tie_word_embeddings). `bias`: the head's bias parameter where it has one (Phi).

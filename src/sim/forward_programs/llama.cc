@@ -198,13 +198,13 @@ AttnOut attention(Ctx& c, const ModelSpec& m, const Layer& L, const T& x, const 
       k = rms_norm(c, m, k, L.p("self_attn.k_norm.weight"), "attn.k_norm");
     }
   }
-  std::tie(q, k) = apply_rotary_qk(c, q, k, rot);
+  std::tie(q, k) = apply_rotary_qk(c, q, k, rot, m.model_type == "phi3" ? RotaryCat::kEachAlways : RotaryCat::kPartialPairs);
   kv_update(c, L.l, k, v);  // past_key_values.update(key_states, value_states, self.layer_idx, cache_kwargs)
   AttnOut a;
   if (m.attn_impl == AttnImpl::kEager) {
     a = eager_attention(c, q, k, v, mask, H / KV, m.dropout.attn, "attn * scaling", m.attn.softcap);
   } else {
-    a.output = sdpa_attention(c, q, k, v, H / KV, m.dropout.attn);
+    a.output = sdpa_attention(c, q, k, v, H / KV, m.dropout.attn, mask);
   }
   q.reset();
   k.reset();
@@ -341,7 +341,12 @@ T llama_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
   T position_ids = model_position_ids(c, Tn);
   if (!m.attn.sliding_layers.empty()) return gemma3_text_model(c, m, w, std::move(inputs_embeds), position_ids);
   T mask;
-  if (m.attn_impl == AttnImpl::kEager) mask = eager_mask(c, B, Tn, inputs_embeds.dtype());
+  if (m.attn_impl == AttnImpl::kEager) {
+    mask = eager_mask(c, B, Tn, inputs_embeds.dtype());
+  } else if (m.attn.sliding_window > 0 && (c.kv ? c.kv->past : 0) + Tn >= m.attn.sliding_window) {
+    // SDPA: _ignore_causal_mask_sdpa skips the mask only while kv_length < sliding_window
+    mask = sdpa_sliding_mask(c, B, Tn, m.attn.sliding_window);
+  }
   T hidden = inputs_embeds;
   const Rotary rot = rotary_embedding(c, w.buf("model.rotary_emb.inv_freq"), Tn, hidden.dtype());
   if (c.pp.first) hidden = dropout(c, hidden, m.dropout.embd, "embd dropout");
@@ -378,6 +383,9 @@ ForwardOut llama_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const
     kept.reset();
     T logits = tp_all_gather_last(c, local, m.tp, "lm_head all_gather");
     local.reset();
+    // FSDP2 over TP: fully_shard's post-forward hook of the tail unit runs after the TP output hook (registered
+    // before it by parallelize_module), on the gathered logits, as in the branch below
+    logits = fsdp_post_forward(c, kFsdpUnitTail, std::move(logits));
     return causal_lm_output(c, std::move(logits), labels);
   }
   T logits = lm_head_logits(c, w, hidden, "lm_head.weight", "model.embed_tokens.weight", "lm_head");

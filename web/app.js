@@ -111,7 +111,13 @@ function showError(answer) {
   $("error").dataset.field = answer.field || "";
 }
 
+// The library's last answers as they came, for the browser's console (and the page's test):
+// trainmemPage.estimate / .fit are the C API's JSON (c_api.h); trainmemPage.call("trainmem_estimate_json",
+// {fields: {...}, timeline: {by: "event"}}) asks it anything.
+window.trainmemPage = {estimate: null, fit: null, call};
+
 function renderEstimate(answer) {
+  window.trainmemPage.estimate = answer;
   const e = answer.estimate, m = e.memory;
   const peaks = $("peaks");
   peaks.replaceChildren(
@@ -152,6 +158,7 @@ function renderFit(req) {
   const box = $("fit");
   box.hidden = false;
   $("fit-table").textContent = "";
+  window.trainmemPage.fit = null;
   if (!req.fields.gpu) {
     box.textContent = "Choose a GPU to see the largest micro-batch that fits it (trainmem fit).";
     box.dataset.largest = "";
@@ -160,6 +167,7 @@ function renderFit(req) {
   const fitReq = {fields: {...req.fields}, files: req.files, fit: {solve: "batch", margin: "5%"}};
   delete fitReq.fields.batch;
   const a = call("trainmem_fit_json", fitReq);
+  window.trainmemPage.fit = a;
   if (!a.ok) {
     box.textContent = `fit: ${a.error}`;
     box.dataset.largest = "";

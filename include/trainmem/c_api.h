@@ -7,13 +7,16 @@
  *   {"fields": {"model": "gpt2", "batch": "8", "lora": "r=16", "overrides": ["n_layer=4"]},
  *    "files": {"config.json": "<the text of a config.json>"},        (optional: a model given by path reads it)
  *    "plots": ["breakdown", "timeline"],                                (estimate: the pictures to draw)
+ *    "timeline": {"by": "event", "unit": "B", "min_bytes": "1MiB", "step": "2"},  (estimate: the timeline's rows,
+ *                                                        as trainmem timeline's flags; each optional)
  *    "fit": {"solve": "batch", "margin": "5%"}}                         (fit: its options, as the CLI's flags)
  * Field values are the CLI's flag values as text (a JSON number or boolean is taken as its text); a repeatable
  * field (overrides, freeze) takes a list. Field names are scenario_fields()' ("optimizer_impl").
  *
  * An answer: {"ok": true, ...} or {"ok": false, "error": "<the CLI's message>", "field": "<the field, if one>"}.
  *   estimate: "estimate" (trainmem estimate --format json), "table" (its table), "warnings",
- *             "svg": {"breakdown": ..., "timeline": ...} (estimate --plot, timeline --plot)
+ *             "svg": {"breakdown": ..., "timeline": ...} (estimate --plot, timeline --plot),
+ *             "timeline" (trainmem timeline --format json, when asked)
  *   fit:      "fit" (trainmem fit --format json), "table" (its table), "warnings"
  *
  * Every returned text is NUL-terminated UTF-8 owned by the library, valid until the next call on the same

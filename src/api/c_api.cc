@@ -149,6 +149,16 @@ const char* trainmem_estimate_json(const char* request_json) {
       }
     }
     out["svg"] = std::move(svg);
+    // "timeline": {"by": "layer", "unit": "auto", "min_bytes": "0", "step": ""}: trainmem timeline --format json
+    if (req.options.contains("timeline")) {
+      const json t = req.options["timeline"];
+      if (!t.is_object()) throw Error("request: \"timeline\" must be an object like {\"by\": \"layer\"}");
+      const TimelineOptions to =
+          parse_timeline_options(t.value("by", std::string("layer")), t.value("unit", std::string("auto")),
+                                 t.value("min_bytes", std::string("0")), t.value("step", std::string()),
+                                 r.options.steps);
+      out["timeline"] = json::parse(render_timeline_json(e, to, timeline_rows(e, to)));
+    }
   });
 }
 

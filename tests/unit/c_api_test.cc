@@ -47,6 +47,18 @@ TEST(CApi, EstimateIsTheLibrarysAnswer) {
   EXPECT_EQ(a["estimate"]["device"]["name"], "t4");
 }
 
+TEST(CApi, TimelineRowsAsTheCliListsThem) {
+  const json a = call(trainmem_estimate_json, {{"fields", {{"model", "gpt2"}, {"batch", "1"}, {"seq", "64"}}},
+                                               {"timeline", {{"by", "phase"}, {"step", "2"}}}});
+  ASSERT_TRUE(a["ok"]) << a.dump();
+  const Estimate e = estimate(resolve(scenario({{"model", "gpt2"}, {"batch", "1"}, {"seq", "64"}}), testing::MapFileReader()));
+  const TimelineOptions to = parse_timeline_options("phase", "auto", "0", "2", e.options.steps);
+  EXPECT_EQ(a["timeline"], json::parse(render_timeline_json(e, to, timeline_rows(e, to))));
+  const json bad = call(trainmem_estimate_json, {{"fields", json::object()}, {"timeline", {{"by", "op"}}}});
+  EXPECT_FALSE(bad["ok"]);
+  EXPECT_EQ(bad["field"], "by");
+}
+
 TEST(CApi, FieldValuesAsTheCliTypesThem) {
   // a number or a boolean is its text; a repeatable field takes a list; without plots, no pictures
   const json a = call(trainmem_estimate_json, {{"fields", {{"model", "gpt2"}, {"batch", 2}, {"seq", 64},

@@ -14,6 +14,7 @@ import argparse
 import base64
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -147,6 +148,7 @@ READ = """
     fit_table: document.getElementById('fit-table').textContent,
     timeline_svg: !!document.querySelector('#timeline-svg svg'), breakdown_svg: !!document.querySelector('#breakdown-svg svg'),
     cli: document.getElementById('cli-command').textContent,
+    answer: window.trainmemPage.estimate, fit_answer: window.trainmemPage.fit,
   };
 })()
 """
@@ -179,10 +181,43 @@ class Check:
             self.passed += 1
         else:
             self.failed += 1
-            print(f"  MISMATCH {what}: page {page!r}, CLI {want!r}")
+            a, b = str(page), str(want)
+            at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            print(f"  MISMATCH {what} at character {at}: page {a[max(0, at - 80):at + 120]!r}, "
+                  f"CLI {b[max(0, at - 80):at + 120]!r} (lengths {len(a)}, {len(b)})")
 
 
-def compare(c, name, page, trainmem, fields, cwd):
+# The WebAssembly build's C++ library is libc++, whose std::vector destroys its elements last to first, where
+# libstdc++'s (the CLI's) goes first to last: when a vector of the simulator's tensors goes out of scope (the
+# autocast cache at the end of a forward, a foreach optimizer's temporaries) the same tensors are freed in the
+# other order. Each such run of frees ends in the same state (live bytes, allocated, reserved), so no figure
+# differs; the timeline compares each maximal run of frees as a set, with the state after it, and every other
+# event exactly. (The timeline picture's columns show the moment with the most live bytes, which within such a
+# run can differ: its paths are left out of the comparison, the rest of the picture is compared.)
+STATE = ("live_bytes", "live_total_bytes", "allocated_bytes", "reserved_bytes", "max_allocated_bytes",
+         "max_reserved_bytes", "peak_live", "peak_allocated", "peak_reserved", "oom")
+
+
+def free_runs(timeline):
+    out, run = [], []
+
+    def close():
+        if run:
+            out.append({"frees": sorted(json.dumps({k: v for k, v in r.items() if k not in STATE + ("first_event", "last_event", "max_live_bytes")}, sort_keys=True) for r in run),
+                        "after": {k: run[-1].get(k) for k in STATE if k not in ("peak_live", "peak_allocated", "peak_reserved")}})
+            run.clear()
+
+    for r in timeline["rows"]:
+        if r.get("kind") == "free":
+            run.append(r)
+        else:
+            close()
+            out.append(r)
+    close()
+    return {**{k: v for k, v in timeline.items() if k != "rows"}, "rows": out}
+
+
+def compare(c, name, page, trainmem, fields, cwd, b):
     est = cli(trainmem, "estimate", fields, cwd)
     m = est["memory"]
     print(f"{name}: page peak allocated {page['peak_allocated']}, CLI {m['peak_allocated_bytes']}")
@@ -193,6 +228,24 @@ def compare(c, name, page, trainmem, fields, cwd):
     c.eq(f"{name} components", page["components"], [[x["name"], str(x["bytes"])] for x in est["peak_components"]])
     c.eq(f"{name} estimate table", page["estimate_table"], cli(trainmem, "estimate", fields, cwd, "table"))
     c.eq(f"{name} pictures drawn", (page["timeline_svg"], page["breakdown_svg"]), (True, True))
+    # behind what is shown: the library's whole answer, and the pictures' text, as the CLI's
+    c.eq(f"{name} estimate JSON", json.dumps(page["answer"]["estimate"], sort_keys=True), json.dumps(est, sort_keys=True))
+    for sub, key in (("timeline", "timeline"), ("estimate", "breakdown")):
+        svg = os.path.join(cwd, f"{key}.svg")
+        cli(trainmem, sub, {**fields, "plot": svg}, cwd, "table")
+        with open(svg) as f:
+            want = f.read()
+        got = page["answer"]["svg"][key]
+        if key == "timeline":  # the curves' and areas' paths: see free_runs()
+            got, want = (re.sub(r' d="[^"]*"', "", x) for x in (got, want))
+        c.eq(f"{name} {key} picture", got, want)
+    # every event of the step, as `trainmem timeline --by event` lists them
+    files = {"config.json": open(os.path.join(cwd, "config.json")).read()} if fields.get("model") == "config.json" else {}
+    tl = b.js("JSON.stringify(trainmemPage.call('trainmem_estimate_json', %s).timeline)"
+              % json.dumps({"fields": fields, "files": files, "timeline": {"by": "event"}}))
+    want = cli(trainmem, "timeline", {**fields, "by": "event"}, cwd)
+    got = json.loads(tl)
+    c.eq(f"{name} timeline events", json.dumps(free_runs(got), sort_keys=True), json.dumps(free_runs(want), sort_keys=True))
     if "device" in est:
         d = est["device"]
         c.eq(f"{name} verdict", (page["verdict"]["fits"], page["verdict"]["headroom"]),
@@ -202,6 +255,7 @@ def compare(c, name, page, trainmem, fields, cwd):
         print(f"{name}: page fit largest {page['fit_largest']}, CLI {f['largest']}")
         c.eq(f"{name} fit largest", page["fit_largest"], f["largest"] if f["largest"] is not None else "none")
         c.eq(f"{name} fit table", page["fit_table"], cli(trainmem, "fit", fit_fields, cwd, "table"))
+        c.eq(f"{name} fit JSON", json.dumps(page["fit_answer"]["fit"], sort_keys=True), json.dumps(f, sort_keys=True))
     else:
         c.eq(f"{name} verdict", page["verdict"], None)
 
@@ -234,10 +288,10 @@ def main():
         load(b, url)
         # 1. a preset with every other field at its default
         fields = {"model": "pythia-160m"}
-        compare(c, "preset pythia-160m", set_and_read(b, fields), trainmem, fields, work)
+        compare(c, "preset pythia-160m", set_and_read(b, fields), trainmem, fields, work, b)
         # 2. LoRA on a GPU: the verdict and fit's answer too
         page = set_and_read(b, LORA_GPU)
-        compare(c, "tinyllama-1.1b LoRA on rtx-4090", page, trainmem, LORA_GPU, work)
+        compare(c, "tinyllama-1.1b LoRA on rtx-4090", page, trainmem, LORA_GPU, work, b)
         c.eq("the page's command line", page["cli"],
              "trainmem estimate --model tinyllama-1.1b --batch 2 --seq 512 --precision bf16 --lora "
              "r=16,alpha=32,targets=q_proj,v_proj --gpu rtx-4090")
@@ -250,7 +304,7 @@ def main():
             f.write(text)
         fields = {"model": "config.json", "batch": "4", "seq": "256", "checkpointing": "full"}
         page = set_and_read(b, {**fields, "config": text})
-        compare(c, "pasted config.json", page, trainmem, fields, work)
+        compare(c, "pasted config.json", page, trainmem, fields, work, b)
         b.screenshot(os.path.join(a.out, "pasted-config.png"))
         # 4. a bad value: the page says what the CLI says
         page = set_and_read(b, {"model": "gpt2", "batch": "0"})
@@ -275,7 +329,7 @@ def main():
             c.eq(f"served {bad}", code, 404)
         load(b, served)
         fields = {"model": "gpt2", "batch": "2", "seq": "128", "gpu": "t4"}
-        compare(c, "served gpt2 on t4", set_and_read(b, fields), trainmem, fields, work)
+        compare(c, "served gpt2 on t4", set_and_read(b, fields), trainmem, fields, work, b)
         b.screenshot(os.path.join(a.out, "served.png"))
     finally:
         b.close()

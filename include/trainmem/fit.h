@@ -102,6 +102,10 @@ struct FitResult {
 // sequence, the micro-batch defaults to 1. Needs a GPU.
 FitResult fit(const Scenario& s, const FitRequest& r, const FileReader& files);
 
+// The request from its text, as a front end takes it: `solve` batch or seq, `margin` as parse_margin reads it;
+// throws FieldError naming "solve" or "margin".
+FitRequest fit_request(std::string_view solve, std::string_view margin);
+
 // ... over a given inventory (its rows' ownership: frozen, LoRA adapters, 4-bit weights).
 FitResult fit(const ModelSpec& m, const Inventory& inv, const TrainSetup& s, const SimOptions& o,
               const AllocatorConfig& ac, const GpuSpec& gpu, const FitRequest& r);

@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "trainmem/error.h"
 #include "trainmem/estimate.h"
 #include "trainmem/fit.h"
 #include "trainmem/formulas.h"
@@ -29,6 +30,8 @@ std::string render_models_json(const std::vector<ModelListing>& models);
 std::string render_gpus_table(const std::vector<GpuSpec>& gpus);
 std::string render_gpus_json(const std::vector<GpuSpec>& gpus);
 
+// The dtype a listing of the tensors shows them in: float32, float16 or bfloat16; throws FieldError naming "dtype".
+DType listing_dtype(std::string_view text);
 std::string render_inventory_table(const ModelSpec& m, const Inventory& inv, DType dtype);
 std::string render_inventory_json(const ModelSpec& m, const Inventory& inv, DType dtype);
 
@@ -103,6 +106,9 @@ std::string render_timeline_json(const Estimate& e, const TimelineOptions& o, co
 std::string cli_flag(std::string_view field);
 std::string cli_words(std::span<const FieldChange> changes);
 std::string cli_words(const FitSuggestion& sg);
+// An error's message as the CLI prints it after "trainmem: ": a FieldError names the field by its flag
+// ("--batch \"-3\": expected ..."), any other Error is its message. Every front end shows this text.
+std::string error_message(const Error& e);
 
 std::string render_fit_table(const FitResult& r);
 std::string render_fit_json(const FitResult& r);

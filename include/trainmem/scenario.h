@@ -61,6 +61,12 @@ struct FieldChange {
 };
 Scenario with_changes(Scenario s, std::span<const FieldChange> changes);
 
+// A Scenario from fields given by name (a front end's flags or keywords), applied in the field table's order
+// whatever order they were given in (a field that resets another, lora before lora_dtype, reads the same from
+// every front end); the values of a repeatable field in their order. A name that is no field throws Error
+// naming the nearest field.
+Scenario scenario_from(std::span<const FieldChange> given);
+
 // A Scenario with every default applied and every rule checked: what the pipeline's stages read.
 struct ResolvedScenario {
   Scenario request;          // as asked
@@ -78,6 +84,11 @@ inline constexpr uint32_t kGenericGpuSm = 80;
 
 ResolvedScenario resolve(const Scenario& s, const FileReader& files);
 ResolvedScenario resolve(const Scenario& s);  // files from the disk
+
+// The model alone (its tensors, as `trainmem params` and `trainmem models` list them): resolve() with a
+// one-token sequence, so that no training default (a 1,024-token sequence) refuses a model with a shorter
+// learned position table (bert-base-uncased's 512).
+ResolvedScenario resolve_model(Scenario s, const FileReader& files);
 
 // The device `text` names: a catalog entry (case-insensitive), or a memory size such as "24GiB" or "80GB"
 // (a generic sm_80 card with that much for the CUDA runtime and no context of its own). Throws FieldError

@@ -106,9 +106,9 @@ const char* guarded(Body body) {
     return answer(std::move(out));
   } catch (const FieldError& e) {
     // as the CLI says it: the field by its flag, then what is wrong with the value
-    return answer({{"ok", false}, {"error", cli_flag(e.field()) + " " + e.detail()}, {"field", e.field()}});
+    return answer({{"ok", false}, {"error", error_message(e)}, {"field", e.field()}});
   } catch (const Error& e) {
-    return answer({{"ok", false}, {"error", e.what()}});
+    return answer({{"ok", false}, {"error", error_message(e)}});
   } catch (const std::exception& e) {
     return answer({{"ok", false}, {"error", fmt::format("internal error: {}", e.what())}, {"internal", true}});
   }

@@ -72,4 +72,8 @@ inline constexpr uint64_t kMaxVocab = 1ull << 32;      // 4,294,967,296 tokens
 inline constexpr uint64_t kMaxPositions = 1ull << 32;  // learned position rows
 inline constexpr uint64_t kMaxExperts = 1ull << 16;
 
+// The name of `known` nearest to `name`, for "did you mean" (a name that holds it in order first, then the
+// fewest edits); "" when `known` is empty.
+std::string nearest_name(std::string_view name, const std::set<std::string, std::less<>>& known);
+
 }  // namespace trainmem::config

@@ -322,6 +322,10 @@ ModelSpec read_model(std::string_view text, std::string_view origin, const Model
 
 }  // namespace
 
+std::string config::nearest_name(std::string_view name, const std::set<std::string, std::less<>>& known) {
+  return nearest_key(name, known);
+}
+
 std::optional<std::string> DiskFileReader::read(const std::string& path) const {
   namespace fs = std::filesystem;
   std::error_code ec;

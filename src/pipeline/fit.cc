@@ -83,6 +83,15 @@ std::span<const NameRow<FitDimension>> name_table(FitDimension) { return kDimens
 std::optional<FitDimension> parse_fit_dimension(std::string_view s) { return parse_name<FitDimension>(s); }
 std::string_view fit_dimension_name(FitDimension d) { return name_of(d); }
 
+FitRequest fit_request(std::string_view solve, std::string_view margin) {
+  FitRequest req;
+  const auto d = parse_fit_dimension(solve);
+  if (!d) throw FieldError("solve", fmt::format("\"{}\": expected batch or seq", solve));
+  req.solve = *d;
+  req.margin = parse_margin(margin);
+  return req;
+}
+
 namespace {
 
 // A setup to search over: the model (and its inventory), the training setup, the simulator options.

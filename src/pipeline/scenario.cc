@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <set>
 
 #include "trainmem/cp.h"
 #include "trainmem/error.h"
@@ -13,6 +14,7 @@
 #include "trainmem/ep.h"
 #include "trainmem/tp.h"
 
+#include "../config/key_reader.h"
 #include "../families/registry.h"
 
 namespace trainmem {
@@ -667,6 +669,30 @@ std::string field_text(const Scenario& s, std::string_view f) {
 Scenario with_changes(Scenario s, std::span<const FieldChange> changes) {
   for (const FieldChange& c : changes) set_field(s, c.field, c.value);
   return s;
+}
+
+Scenario scenario_from(std::span<const FieldChange> given) {
+  std::set<std::string, std::less<>> names;
+  for (const Field& field : kFields) names.emplace(field.name);
+  for (const FieldChange& c : given) {
+    if (!names.contains(c.field)) {
+      const std::string nearest = config::nearest_name(c.field, names);
+      throw Error(fmt::format("unknown field \"{}\"{}", c.field,
+                              nearest.empty() ? "" : fmt::format(" (did you mean \"{}\"?)", nearest)));
+    }
+  }
+  Scenario s;
+  for (const Field& field : kFields) {
+    for (const FieldChange& c : given) {
+      if (c.field == field.name) set_field(s, c.field, c.value);
+    }
+  }
+  return s;
+}
+
+ResolvedScenario resolve_model(Scenario s, const FileReader& files) {
+  s.train.seq = 1;
+  return resolve(s, files);
 }
 
 GpuSpec resolve_gpu(std::string_view text) {

@@ -8,6 +8,7 @@
 
 #include "json_text.h"
 #include "text_table.h"
+#include "trainmem/error.h"
 #include "trainmem/report.h"
 
 namespace trainmem {
@@ -80,6 +81,11 @@ std::string cli_words(std::span<const FieldChange> changes) {
 }
 
 std::string cli_words(const FitSuggestion& sg) { return cli_words(sg.changes); }
+
+std::string error_message(const Error& e) {
+  if (const auto* f = dynamic_cast<const FieldError*>(&e)) return cli_flag(f->field()) + " " + f->detail();
+  return e.what();
+}
 
 std::string render_fit_table(const FitResult& r) {
   const ModelSpec& m = r.model;

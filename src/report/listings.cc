@@ -15,8 +15,7 @@ std::vector<ModelListing> model_listings() {
   for (const Preset& p : presets()) {
     Scenario s;
     s.model.model = std::string(p.name);
-    s.train.seq = 1;  // the model alone (as trainmem params): no training default may refuse a short position table
-    const ResolvedScenario r = resolve(s);
+    const ResolvedScenario r = resolve_model(s, DiskFileReader());
     rows.push_back({r.model.name, r.model.model_type, parameter_count(r.inventory), r.model.source});
   }
   return rows;
@@ -95,6 +94,12 @@ std::string render_inventory_table(const ModelSpec& m, const Inventory& inv, DTy
                            static_cast<double>(std::max<uint64_t>(parameter_count(inv).value, 1)));
   }
   return out;
+}
+
+DType listing_dtype(std::string_view text) {
+  const auto d = parse_dtype(text);
+  if (!d || !is_floating(*d)) throw FieldError("dtype", fmt::format("\"{}\": expected float32, float16 or bfloat16", text));
+  return *d;
 }
 
 std::string render_inventory_json(const ModelSpec& m, const Inventory& inv, DType dtype) {

@@ -6,6 +6,7 @@
 #include "test_util.h"
 #include "trainmem/estimate.h"
 #include "trainmem/fit.h"
+#include "trainmem/report.h"
 
 namespace trainmem {
 namespace {
@@ -134,6 +135,47 @@ TEST(Scenario, FrozenRowsGetNoGradientsAndNoOptimizerState) {
   }
   EXPECT_EQ(max_grad, trainable);
   EXPECT_EQ(max_opt, 2 * trainable);
+}
+
+// Front ends (the CLI's flags, the Python module's keywords) give fields by name in any order: scenario_from
+// applies them in the table's order, so that lora (which resets the adapters' dtype) comes before lora_dtype.
+TEST(Scenario, FieldsByNameApplyInTheTablesOrderWhateverTheOrderGiven) {
+  const std::vector<FieldChange> dtype_first = {{"lora_dtype", "base"}, {"lora", "r=8"}, {"batch", "3"}};
+  const std::vector<FieldChange> lora_first = {{"batch", "3"}, {"lora", "r=8"}, {"lora_dtype", "base"}};
+  const Scenario a = scenario_from(dtype_first), b = scenario_from(lora_first);
+  EXPECT_FALSE(a.train.lora.fp32);
+  EXPECT_EQ(a.train.lora.fp32, b.train.lora.fp32);
+  EXPECT_EQ(a.train.batch, 3u);
+  const std::vector<FieldChange> twice = {{"overrides", "n_layer=2"}, {"freeze", "a.*"}, {"overrides", "n_head=4"}};
+  EXPECT_EQ(scenario_from(twice).model.overrides, (std::vector<std::string>{"n_layer=2", "n_head=4"}));
+}
+
+TEST(Scenario, AFieldNameThatIsNoFieldNamesTheNearest) {
+  const std::vector<FieldChange> typo = {{"bacth", "8"}};
+  EXPECT_EQ(error_of([&] { (void)scenario_from(typo); }), "unknown field \"bacth\" (did you mean \"batch\"?)");
+  const std::vector<FieldChange> underscore = {{"optimizer-impl", "fused"}};
+  EXPECT_EQ(error_of([&] { (void)scenario_from(underscore); }),
+            "unknown field \"optimizer-impl\" (did you mean \"optimizer_impl\"?)");
+}
+
+// The messages every front end shows: a field by its flag, as the CLI prints it after "trainmem: ".
+TEST(Scenario, ErrorMessagesNameAFieldByItsFlag) {
+  EXPECT_EQ(error_message(FieldError("optimizer_impl", "\"x\": expected auto")), "--optimizer-impl \"x\": expected auto");
+  EXPECT_EQ(error_message(FieldError("overrides", "\"k\"")), "--set \"k\"");
+  EXPECT_EQ(error_message(Error("plain")), "plain");
+  EXPECT_EQ(error_of([] { (void)fit_request("width", "5%"); }), "solve \"width\": expected batch or seq");
+  EXPECT_EQ(fit_request("seq", "2GiB").solve, FitDimension::kSeq);
+  EXPECT_EQ(listing_dtype("bfloat16"), DType::kBF16);
+  EXPECT_EQ(error_of([] { (void)listing_dtype("int8"); }), "dtype \"int8\": expected float32, float16 or bfloat16");
+}
+
+// The model alone: a one-token sequence, so that a 512-position model is listed whatever the training default.
+TEST(Scenario, TheModelAloneIgnoresTheTrainingSequence) {
+  Scenario s;
+  set_field(s, "model", "bert-base-uncased");
+  EXPECT_NE(error_of([&] { (void)resolve(s); }), "");
+  const ResolvedScenario r = resolve_model(s, DiskFileReader());
+  EXPECT_EQ(r.model.name, "bert-base-uncased");
 }
 
 }  // namespace

@@ -67,13 +67,11 @@ void add_format_flag(CLI::App* c, Flags& f, std::string_view choices = "table | 
 }
 
 Scenario scenario_from(const Flags& f) {
-  Scenario s;
-  for (const Field& field : scenario_fields()) {
-    auto it = f.fields.find(field.name);
-    if (it == f.fields.end()) continue;
-    for (const std::string& v : it->second) set_field(s, field.name, v);
+  std::vector<FieldChange> given;
+  for (const auto& [name, values] : f.fields) {
+    for (const std::string& v : values) given.push_back({name, v});
   }
-  return s;
+  return trainmem::scenario_from(given);
 }
 
 ResolvedScenario resolved_from(const Flags& f) { return resolve(scenario_from(f)); }
@@ -110,15 +108,10 @@ int run_gpus(const Flags& f) {
 }
 
 int run_params(const Flags& f) {
-  // The tensors depend on the model fields only: the training defaults (a 1,024-token sequence) must not refuse
-  // a model with a shorter learned position table (bert-base-uncased's 512)
-  Scenario s = scenario_from(f);
-  s.train.seq = 1;
-  const ResolvedScenario r = resolve(s);
-  const auto d = parse_dtype(f.dtype);
-  if (!d || !is_floating(*d)) throw FieldError("dtype", fmt::format("\"{}\": expected float32, float16 or bfloat16", f.dtype));
+  const ResolvedScenario r = resolve_model(scenario_from(f), DiskFileReader());
+  const DType d = listing_dtype(f.dtype);
   const bool json = json_format(f);
-  std::cout << (json ? render_inventory_json(r.model, r.inventory, *d) : render_inventory_table(r.model, r.inventory, *d));
+  std::cout << (json ? render_inventory_json(r.model, r.inventory, d) : render_inventory_table(r.model, r.inventory, d));
   warn(r.warnings);
   return 0;
 }
@@ -173,10 +166,7 @@ int run_timeline(const Flags& f) {
 
 int run_fit(const Flags& f) {
   const bool json = json_format(f);
-  FitRequest req;
-  req.solve = parse_fit_dimension(f.solve).value_or(FitDimension::kBatch);
-  if (!parse_fit_dimension(f.solve)) throw FieldError("solve", fmt::format("\"{}\": expected batch or seq", f.solve));
-  req.margin = parse_margin(f.margin);
+  const FitRequest req = fit_request(f.solve, f.margin);
   const Scenario s = scenario_from(f);
   const FitResult res = fit(s, req, DiskFileReader());
   warn(res.warnings);
@@ -269,11 +259,8 @@ int main(int argc, char** argv) {
       if (f.serve.root.empty()) f.serve.root = cli::default_web_root(argc > 0 ? argv[0] : nullptr);
       cli::serve(f.serve);
     }
-  } catch (const FieldError& e) {
-    std::cerr << "trainmem: " << cli_flag(e.field()) << " " << e.detail() << "\n";
-    return kExitBadInput;
   } catch (const Error& e) {
-    std::cerr << "trainmem: " << e.what() << "\n";
+    std::cerr << "trainmem: " << error_message(e) << "\n";
     return kExitBadInput;
   } catch (const std::exception& e) {
     std::cerr << "trainmem: internal error: " << e.what() << "\n";

@@ -8,7 +8,7 @@
 #      dictionary (fuzz/<harness>.dict). A crash is written to <build>/artifacts/<harness>-crash-<sha1>; to keep
 #      one as a regression input, copy it into tests/hostile/found/<harness>/.
 # Exits 1 when a replay or a fuzzer fails; every harness runs either way.
-#   usage: fuzz/run.sh [build-dir]      env: FUZZ_SECONDS, FUZZ_SEED, FUZZ_RUNS, FUZZERS ("fuzz_config fuzz_flags fuzz_scenario")
+#   usage: fuzz/run.sh [build-dir]      env: FUZZ_SECONDS, FUZZ_SEED, FUZZ_RUNS, FUZZERS ("fuzz_config fuzz_flags fuzz_scenario fuzz_snapshot")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build-fuzz}
@@ -19,7 +19,7 @@ FUZZ_SEED=${FUZZ_SEED:-1}
 # At most FUZZ_RUNS executions per harness (default 100000, about 15-60 s each here): with the fixed seed, CI
 # runs a prefix of the very sequence that passed before it was committed. FUZZ_RUNS=-1: only the time bounds it.
 FUZZ_RUNS=${FUZZ_RUNS:-100000}
-read -r -a FUZZERS <<< "${FUZZERS:-fuzz_config fuzz_flags fuzz_scenario}"
+read -r -a FUZZERS <<< "${FUZZERS:-fuzz_config fuzz_flags fuzz_scenario fuzz_snapshot}"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-halt_on_error=1:detect_leaks=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
 COMMON=(-rss_limit_mb=2048 -timeout=10)
@@ -34,6 +34,7 @@ replay_inputs() {
       ls -d tests/hostile/configs/* "$BUILD"/hostile-work/*.json 2>/dev/null ;;
     fuzz_flags) ls -d tests/hostile/flags/* 2>/dev/null ;;
     fuzz_scenario) ls -d tests/hostile/scenarios/* 2>/dev/null ;;
+    fuzz_snapshot) ls -d tests/cli/data/snapshot_* 2>/dev/null ;;
   esac
   ls -d "tests/hostile/found/$1"/* 2>/dev/null
 }

@@ -81,6 +81,37 @@ struct LiveBlock {
 std::vector<LiveBlock> live_blocks_after(const Timeline& tl, const AllocatorConfig& c, TorchVersion torch,
                                          size_t at);
 
+// The allocator's own trace of a replay, as torch.cuda.memory._record_memory_history() records it
+// (CUDACachingAllocator's record_trace): every block handed out and given back with its address, every
+// segment cudaMalloc'ed or freed (pages mapped or unmapped with expandable segments), and the segments with
+// their blocks at the end. Addresses are the replay's own (segments are placed downwards from 2^60).
+struct AllocatorTraceEntry {
+  enum Action : uint8_t { kAlloc, kFreeRequested, kFreeCompleted, kSegmentAlloc, kSegmentFree, kSegmentMap,
+                          kSegmentUnmap };
+  Action action;
+  size_t event = 0;    // the timeline event it belongs to
+  uint64_t addr = 0;
+  uint64_t size = 0;   // alloc / free: the requested bytes (record_trace's orig_size); segment: its bytes
+  Stream stream = Stream::kDefault;
+};
+struct AllocatorBlockState {
+  uint64_t addr = 0, size = 0;
+  bool allocated = false;
+  uint64_t requested = 0;  // allocated blocks: the tensor's bytes
+  size_t alloc_event = 0;  // allocated blocks: the event that allocated it
+};
+struct AllocatorSegmentState {
+  uint64_t addr = 0, size = 0;
+  Stream stream = Stream::kDefault;
+  bool small = false, expandable = false;
+  std::vector<AllocatorBlockState> blocks;  // in address order, covering the segment
+};
+struct AllocatorTrace {
+  std::vector<AllocatorTraceEntry> entries;
+  std::vector<AllocatorSegmentState> segments;  // after the last event, by address
+};
+AllocatorTrace trace_allocator(const Timeline& tl, const AllocatorConfig& c, TorchVersion torch);
+
 // Replays `tl` through the allocator. `capacity`: device memory available to segments (the CUDA runtime
 // total minus the context); empty for an unlimited device.
 AllocatorReplay replay_allocator(const Timeline& tl, const AllocatorConfig& c, TorchVersion torch,

@@ -11,6 +11,7 @@
 #include <memory_resource>
 #endif
 #include <set>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -104,6 +105,13 @@ struct Pool {
 
 class Allocator {
  public:
+  // Where the segment actions go when a trace is asked for (trace_allocator); nullptr otherwise.
+  std::vector<AllocatorTraceEntry>* trace = nullptr;
+  size_t event = 0;
+  void record(AllocatorTraceEntry::Action a, uint64_t addr, uint64_t size, Stream s) {
+    if (trace) trace->push_back({a, event, addr, size, s});
+  }
+
   Allocator(const AllocatorConfig& c, TorchVersion torch, std::optional<Bytes> capacity)
       : c_(c), torch_(torch), capacity_(capacity) {
     for (Pool& p : small_) p.small = true;
@@ -174,6 +182,36 @@ class Allocator {
       dispose(nb);
     }
     pool.free.insert(b);
+  }
+
+  // The segments and their blocks now; `live` gives each allocated block's requested bytes and event.
+  std::vector<AllocatorSegmentState> segments_now(
+      const std::unordered_map<const Block*, std::pair<uint64_t, size_t>>& live) const {
+    std::vector<const Block*> heads;
+    auto consider = [&](const Block* b) {
+      while (b->prev) b = b->prev;
+      heads.push_back(b);
+    };
+    for (const auto& [b, info] : live) consider(b);
+    for (const Pool* pools : {large_, small_}) {
+      for (const Pool* p = pools; p != pools + kStreamCount; ++p) {
+        for (const Block* b : p->free) consider(b);
+      }
+    }
+    std::sort(heads.begin(), heads.end(), [](const Block* x, const Block* y) { return x->addr < y->addr; });
+    heads.erase(std::unique(heads.begin(), heads.end()), heads.end());
+    std::vector<AllocatorSegmentState> out;
+    for (const Block* h : heads) {
+      AllocatorSegmentState seg{h->addr, 0, h->stream, h->small, h->expandable, {}};
+      for (const Block* b = h; b; b = b->next) {
+        AllocatorBlockState bs{b->addr, b->size, b->allocated, 0, 0};
+        if (auto it = live.find(b); it != live.end()) std::tie(bs.requested, bs.alloc_event) = it->second;
+        seg.size += b->size;
+        seg.blocks.push_back(bs);
+      }
+      out.push_back(std::move(seg));
+    }
+    return out;
   }
 
   uint64_t allocated() const { return allocated_; }
@@ -257,6 +295,7 @@ class Allocator {
     b->stream = pool_stream(pool);
     reserved_ = checked_add(reserved_, alloc_size, "memory_reserved() of the replayed step");
     ++segments_;
+    record(AllocatorTraceEntry::kSegmentAlloc, b->addr, b->size, b->stream);
     return b;
   }
 
@@ -276,6 +315,7 @@ class Allocator {
     if (!fits_device(bytes)) return nullptr;
     reserved_ = checked_add(reserved_, bytes, "memory_reserved() of the replayed step");
     if (bytes >= (uint64_t{1} << 50)) throw Error("an expandable segment beyond its 2^50-byte virtual reservation");
+    record(AllocatorTraceEntry::kSegmentMap, pool.exp_base + pool.exp_mapped, bytes, pool_stream(pool));
     if (tail) {
       pool.free.erase(tail);
       tail->size += bytes;
@@ -308,6 +348,7 @@ class Allocator {
       released += b->size;
       reserved_ -= b->size;
       --segments_;
+      record(AllocatorTraceEntry::kSegmentFree, b->addr, b->size, b->stream);
       it = std::make_reverse_iterator(pool.free.erase(std::next(it).base()));
       dispose(b);
     }
@@ -328,6 +369,7 @@ class Allocator {
           if (!b->prev && !b->next && !b->expandable) {
             reserved_ -= b->size;
             --segments_;
+            record(AllocatorTraceEntry::kSegmentFree, b->addr, b->size, b->stream);
             it = pool->free.erase(it);
             dispose(b);
           } else {
@@ -341,6 +383,7 @@ class Allocator {
           const uint64_t keep = ceil_div(start, page) * page - start;  // pages partly below the block stay
           const uint64_t drop = (t->size - std::min(t->size, keep)) / page * page;
           if (drop > 0) {
+            record(AllocatorTraceEntry::kSegmentUnmap, t->addr + t->size - drop, drop, t->stream);
             pool->free.erase(t);
             t->size -= drop;
             pool->exp_mapped -= drop;
@@ -429,6 +472,40 @@ AllocatorReplay replay_allocator(const Timeline& tl, const AllocatorConfig& c, T
   }
   r.alloc_retries = a.retries();
   return r;
+}
+
+AllocatorTrace trace_allocator(const Timeline& tl, const AllocatorConfig& c, TorchVersion torch) {
+  AllocatorTrace t;
+  Allocator a(c, torch, std::nullopt);
+  a.trace = &t.entries;
+  std::unordered_map<uint64_t, Block*> blocks;  // by storage id
+  std::unordered_map<const Block*, std::pair<uint64_t, size_t>> live;  // requested bytes, allocating event
+  for (size_t i = 0; i < tl.events.size(); ++i) {
+    const Event& ev = tl.events[i];
+    a.event = i;
+    if (ev.kind == Event::kAlloc && ev.bytes.value > 0) {
+      Block* b = a.malloc(ev.bytes.value, ev.stream);
+      blocks[ev.storage] = b;
+      live[b] = {ev.bytes.value, i};
+      t.entries.push_back({AllocatorTraceEntry::kAlloc, i, b->addr, ev.bytes.value, ev.stream});
+    } else if (ev.kind == Event::kFree && ev.bytes.value > 0) {
+      auto it = blocks.find(ev.storage);
+      if (it == blocks.end()) continue;
+      Block* b = it->second;
+      const auto [requested, when] = live.at(b);
+      (void)when;
+      // free(): FREE_REQUESTED, then free_block's FREE_COMPLETED at once (no other stream holds the block)
+      t.entries.push_back({AllocatorTraceEntry::kFreeRequested, i, b->addr, requested, b->stream});
+      t.entries.push_back({AllocatorTraceEntry::kFreeCompleted, i, b->addr, requested, b->stream});
+      live.erase(b);
+      blocks.erase(it);
+      a.free(b);  // may merge b with its neighbours: b is not used after this
+    } else if (ev.kind == Event::kEmptyCache) {
+      a.empty_cache();
+    }
+  }
+  t.segments = a.segments_now(live);
+  return t;
 }
 
 std::vector<LiveBlock> live_blocks_after(const Timeline& tl, const AllocatorConfig& c, TorchVersion torch,

@@ -7,6 +7,8 @@
 #include <CLI/CLI.hpp>
 #include <cerrno>
 #include <cstring>
+#include <unistd.h>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -20,6 +22,7 @@
 #include "trainmem/plot.h"
 #include "trainmem/report.h"
 #include "trainmem/scenario.h"
+#include "trainmem/snapshot.h"
 #include "serve.h"
 
 namespace {
@@ -37,6 +40,7 @@ struct Flags {
   std::string by = "layer", min_bytes = "0", step, unit = "auto";
   std::string solve = "batch", margin = "5%";
   std::string plot;  // --plot FILE: the step as an SVG picture
+  std::string snapshot;  // diff --snapshot FILE: a measured run's snapshot pickle or measurement JSON
   cli::ServeOptions serve;  // trainmem serve
 };
 
@@ -138,12 +142,27 @@ int run_estimate(const Flags& f) {
 }
 
 int run_timeline(const Flags& f) {
-  if (f.format != "table" && f.format != "csv" && f.format != "json" && f.format != "html") {
-    throw FieldError("format", fmt::format("\"{}\": expected table, csv, json or html", f.format));
+  if (f.format != "table" && f.format != "csv" && f.format != "json" && f.format != "html" &&
+      f.format != "snapshot") {
+    throw FieldError("format", fmt::format("\"{}\": expected table, csv, json, html or snapshot", f.format));
   }
   const ResolvedScenario r = resolved_from(f);
   TimelineOptions to = parse_timeline_options(f.by, f.unit, f.min_bytes, f.step, r.options.steps);
+  if (f.format == "snapshot" && isatty(STDOUT_FILENO)) {
+    throw FieldError("format", "\"snapshot\": a binary pickle; send it to a file (> step.pickle), not the terminal");
+  }
+  if (f.format == "snapshot" && to.step) {
+    throw FieldError("step", fmt::format("\"{}\": --format snapshot exports the whole run (a snapshot's trace "
+                                         "starts where its blocks do)", f.step));
+  }
   const Estimate e = estimate(r);
+  if (f.format == "snapshot") {
+    if (!f.plot.empty()) write_plot(f.plot, render_timeline_svg(e, timeline_plot(e, to.step)));
+    std::cout << render_snapshot_pickle(e, r.alloc) << std::flush;
+    warn(r.warnings);
+    warn(e.warnings);
+    return 0;
+  }
   const auto rows = timeline_rows(e, to);
   if (!f.plot.empty() || f.format == "html") {
     const TimelinePlot p = timeline_plot(e, to.step);
@@ -159,6 +178,49 @@ int run_timeline(const Flags& f) {
   } else {
     std::cout << render_timeline_table(e, to, rows);
   }
+  warn(r.warnings);
+  warn(e.warnings);
+  return 0;
+}
+
+// diff --snapshot FILE: a measured run against the simulated one. A measurement file names its own scenario
+// (trainmem_args): used when no --model is given.
+int run_diff(Flags f) {
+  const bool json = json_format(f);
+  std::error_code ec;
+  if (std::filesystem::is_directory(f.snapshot, ec)) {
+    throw FieldError("snapshot", fmt::format("\"{}\": a folder; expected a snapshot pickle or a measurement JSON", f.snapshot));
+  }
+  if (std::filesystem::exists(f.snapshot, ec) && !std::filesystem::is_regular_file(f.snapshot, ec)) {
+    throw FieldError("snapshot", fmt::format("\"{}\": not a regular file (expected a snapshot pickle or a "
+                                             "measurement JSON)", f.snapshot));
+  }
+  if (const auto size = std::filesystem::file_size(f.snapshot, ec); !ec && size > kPickleMaxBytes) {
+    throw FieldError("snapshot", fmt::format("\"{}\": {} bytes, larger than the 4 GiB trainmem reads", f.snapshot, size));
+  }
+  std::ifstream in(f.snapshot, std::ios::binary);
+  if (!in) throw FieldError("snapshot", fmt::format("\"{}\": cannot read it ({})", f.snapshot, std::strerror(errno)));
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw FieldError("snapshot", fmt::format("\"{}\": cannot read it", f.snapshot));
+  const MeasuredTrace m = read_measured_trace(bytes, f.snapshot);
+  if (f.fields["model"].empty()) {
+    if (m.trainmem_args.empty()) {
+      throw FieldError("model", "missing: give the scenario of the measured run (--model and its flags)");
+    }
+    std::map<std::string, std::string, std::less<>> field_of;
+    for (const Field& field : scenario_fields()) field_of[cli_flag(field.name)] = std::string(field.name);
+    for (size_t i = 0; i < m.trainmem_args.size(); i += 2) {
+      auto it = field_of.find(m.trainmem_args[i]);
+      if (it == field_of.end() || i + 1 >= m.trainmem_args.size()) {
+        throw Error(fmt::format("{}: trainmem_args: \"{}\" is not a flag with a value", f.snapshot, m.trainmem_args[i]));
+      }
+      f.fields[it->second].push_back(m.trainmem_args[i + 1]);
+    }
+  }
+  const ResolvedScenario r = resolved_from(f);
+  const Estimate e = estimate(r);
+  const SnapshotDiff d = diff_snapshot(e, m);
+  std::cout << (json ? render_snapshot_diff_json(e, d) : render_snapshot_diff_table(e, d));
   warn(r.warnings);
   warn(e.warnings);
   return 0;
@@ -205,7 +267,8 @@ int main(int argc, char** argv) {
                                     "picture in this file");
   auto* tl = app.add_subcommand("timeline", "the simulated step event by event, with live bytes and peaks");
   add_fields(tl, f, {kModel, kTraining, kRuntime});
-  add_format_flag(tl, f, "table | csv | json | html (a page with the picture and the table)");
+  add_format_flag(tl, f, "table | csv | json | html (a page with the picture and the table) | snapshot (a PyTorch "
+                         "memory snapshot pickle of the run, for pytorch.org/memory_viz)");
   tl->add_option("--plot", f.plot, "also draw the run (with --step, that step) as an SVG picture in this file: live "
                                    "bytes by category, allocated and reserved, the phases, the peak, the card");
   tl->add_option("--by", f.by, "event | layer | phase: one row per event, or per run of events")->capture_default_str();
@@ -220,6 +283,14 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   fitc->add_option("--margin", f.margin, "memory kept free: a share of the GPU (5%) or a size (2GiB)")
       ->capture_default_str();
+
+  auto* diffc = app.add_subcommand("diff", "a measured run (a torch.cuda.memory._snapshot() pickle or a "
+                                           "measurement JSON) against the simulated one, category by category");
+  add_fields(diffc, f, {kModel, kTraining, kRuntime});
+  diffc->add_option("--snapshot", f.snapshot, "the measured run: a snapshot pickle with its device trace, or a "
+                                              "trainmem-measurement-v1 JSON (its scenario is used without --model)")
+      ->required();
+  add_format_flag(diffc, f);
 
   auto* srv = app.add_subcommand("serve", "serve the web page (make web builds it) on this machine over HTTP");
   srv->add_option("--port", f.serve.port, "TCP port (0: any free port)")->capture_default_str();
@@ -236,7 +307,7 @@ int main(int argc, char** argv) {
   };
   if (argc > 1 && argv[1][0] != '-' && !known(argv[1])) {
     std::cerr << fmt::format("trainmem: unknown subcommand \"{}\"; expected models, gpus, params, formulas, "
-                             "estimate, timeline, fit or serve (trainmem --help)\n", argv[1]);
+                             "estimate, timeline, fit, diff or serve (trainmem --help)\n", argv[1]);
     return kExitBadInput;
   }
   try {
@@ -255,6 +326,7 @@ int main(int argc, char** argv) {
     if (est->parsed()) return run_estimate(f);
     if (tl->parsed()) return run_timeline(f);
     if (fitc->parsed()) return run_fit(f);
+    if (diffc->parsed()) return run_diff(f);
     if (srv->parsed()) {
       if (f.serve.root.empty()) f.serve.root = cli::default_web_root(argc > 0 ? argv[0] : nullptr);
       cli::serve(f.serve);

@@ -22,6 +22,7 @@ code's clones, empty_likes and cats, which run as in transformers.
 """
 
 import os
+import tempfile
 
 import torch
 import torch.distributed as dist
@@ -33,9 +34,12 @@ _ROWWISE = ("self_attn.o_proj", "mlp.down_proj")
 
 def _group():
     if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29533")
-        dist.init_process_group("gloo", rank=0, world_size=1)
+        # a file:// store, as ddp.py: no TCP port that two runs at once (ctest -j, a second checkout) could both
+        # want (a fixed MASTER_PORT failed with "Address already in use" when they did)
+        store = tempfile.NamedTemporaryFile(prefix="trainmem-tp-store-", delete=False)
+        store.close()
+        os.unlink(store.name)
+        dist.init_process_group("gloo", init_method="file://" + store.name, rank=0, world_size=1)
     return None  # the default group
 
 

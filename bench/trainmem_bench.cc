@@ -84,6 +84,24 @@ void BM_Estimate70B_T8192(benchmark::State& state) {
 }
 BENCHMARK(BM_Estimate70B_T8192)->Unit(benchmark::kMillisecond);
 
+// The added cost of the time model on that estimate: the roofline over the counted kernels and the collectives
+// (step_time.cc), given the estimate (the FLOP counting itself runs inside every simulation, in the cases above).
+void BM_StepTime70B_T8192(benchmark::State& state) {
+  const ModelSpec m = llama70b();
+  const Inventory inv = build_inventory(m);
+  SimOptions o = one_step();
+  o.steps = 2;
+  const GpuSpec& gpu = find_gpu("h100-80gb");
+  const Estimate e = estimate(m, inv, setup(1, 8192), o);
+  for (auto _ : state) {
+    std::optional<StepTime> t = step_time(e, gpu);
+    benchmark::DoNotOptimize(t->step_seconds);
+  }
+  state.counters["kernel_rows"] = static_cast<double>(e.sim->flops.rows.size());
+  state.counters["kernels"] = static_cast<double>(e.sim->flops.kernels);
+}
+BENCHMARK(BM_StepTime70B_T8192)->Unit(benchmark::kMicrosecond);
+
 // The two-step estimate of the 70B model at T=8192 under the Trainer's loop, with `s` shaped by `shape`; with
 // tp > 1, rank 0's local model of transformers' tp_plan (tp.h).
 template <typename Shape>

@@ -217,6 +217,7 @@ struct Estimate {
   std::optional<ZeroFigures> zero;              // --sharding zero1|zero2: per rank
   std::optional<PpFigures> pp;                  // --pp > 1: every rank; the rest is rank pp->shown's
   std::optional<FsdpFigures> fsdp;              // --sharding fsdp2: per rank
+  std::optional<StepTime> time;                 // with a GPU whose catalog row has its peaks (flops.h)
   std::shared_ptr<const SimResult> sim;
   std::shared_ptr<const AllocatorReplay> alloc;
   std::vector<std::string> warnings;  // the simulated program's (SimResult::warnings)
@@ -245,6 +246,11 @@ Bytes usable_bytes(const GpuSpec& gpu, Bytes margin, const NcclLedger& nccl = {}
 // Whether the step of `e` fits `gpu` with `margin` kept free: the caching allocator replayed with the device
 // limit (freeing its cache and retrying before it gives up, as PyTorch does).
 DeviceVerdict device_verdict(const Estimate& e, const GpuSpec& gpu, const AllocatorConfig& ac, Bytes margin = {});
+
+// The step time of `e` on `gpu`: a roofline over the simulated step's kernels, launch overheads and the
+// collectives (src/pipeline/step_time.cc). nullopt when the catalog has no peaks for the GPU, or for what it
+// does not model: pipeline, context and expert parallelism, ZeRO-3 and offload.
+std::optional<StepTime> step_time(const Estimate& e, const GpuSpec& gpu);
 
 // The name of a timeline label in the model's own names ("model.layers.3 attn softmax", a parameter's name).
 std::string label_name(const Label& l, const ModelSpec& m);

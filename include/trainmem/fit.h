@@ -47,6 +47,7 @@ struct FitProbe {
   uint64_t alloc_retries = 0;  // times the allocator had to release its cache to stay under the limit
   std::string failure;     // why it does not fit: where the OOM happens, or that the sizes overflow
   std::optional<uint64_t> pp_worst_rank;  // --pp: the rank these figures are (the least headroom of all)
+  std::optional<StepTime> time;           // when it fits and the GPU's peaks are catalogued (flops.h)
 };
 
 // A change to the setup that would save memory (or raise the answer), and what it gives at the smallest size.

@@ -39,6 +39,20 @@ struct Seed002Korthikanti {
 };
 Seed002Korthikanti seed002_korthikanti(const ModelSpec& m, const TrainSetup& s);
 
+// Seed 002's FLOPs (after Korthikanti et al. 2022, appendix A, as retold): only the GEMMs of the layers count;
+// per layer and step "3b(12sh^2 + 2s^2h)" in the seed's units, which halve the paper's ("my calculations are half of
+// theirs"): multiply-adds. In FLOPs (2 per multiply-add) a layer's step is 6b(12sh^2 + 2s^2h): its forward
+// 2b(12sh^2 + 2s^2h) and a backward of twice that. The form omits the output head, 6bshv in FLOPs (trainmem adds
+// it beside), recomputation, attention's causal skip, biases, norms, elementwise ops and the optimizer.
+// The 6N·tokens rule (Kaplan et al. 2020, "C = 6NBS"): 6 FLOPs per parameter and token, forward and backward.
+struct Seed002Flops {
+  uint64_t layer_macs = 0;      // 3b(12sh^2 + 2s^2h), the seed's per-layer figure
+  uint64_t layers_flops = 0;    // 2 L 3b(12sh^2 + 2s^2h): every layer's forward and backward, in FLOPs
+  uint64_t head_flops = 0;      // 6bshv: the output head's forward and backward (not in the seed)
+  uint64_t six_n_tokens = 0;    // 6 N b s, N the inventory's parameters
+};
+Seed002Flops seed002_flops(const ModelSpec& m, const Inventory& inv, const TrainSetup& s);
+
 // Seed 000 (nanoGPT under autocast): with Ne = B*T*C, Na = B*NH*T^2, Nl = B*T*V, N parameters, Nbuf buffer
 // elements: M_act = L(36Ne + 6Na) + 6Ne + 6Nl, M_steady = 16N + 4Nbuf,
 // M_peak = M_steady + M_act + 4Nl = L(36Ne + 6Na) + 6Ne + 10Nl + 16N + 4Nbuf.

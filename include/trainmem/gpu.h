@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "trainmem/flops.h"
 #include "trainmem/units.h"
 
 namespace trainmem {
@@ -26,6 +27,7 @@ struct GpuSpec {
   bool nvswitch = false;
   uint32_t nccl_ring_channels = 0;
   std::string nccl_source;
+  GpuPerf perf;  // datasheet peaks and bandwidths for the step time (perf.known() false where not catalogued)
 };
 
 const std::vector<GpuSpec>& gpu_catalog();

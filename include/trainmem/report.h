@@ -46,6 +46,9 @@ struct FormulaReport {
   // --dp N given (training): ZeRO's Table 1 and DeepSpeed's estimators per rank, for N GPUs on one node
   std::optional<ZeroPaperStates> zero;
   std::optional<DeepSpeedEstimates> deepspeed;
+  // training: seed 002's FLOPs and the 6N·tokens rule beside the simulated step's (flops.h)
+  Seed002Flops flops;
+  FlopLedger simulated;
 };
 // The seeds' closed forms for a scenario. They assume Adam(W) state and no particular device: an optimizer
 // without that state, or a device or runtime field, is refused rather than silently ignored.
@@ -120,5 +123,8 @@ std::string render_estimate_table(const Estimate& e, const GpuSpec* gpu);
 std::string fragmentation_note(const AllocatorFigures& m);
 std::string render_verdict(const DeviceVerdict& v, const GpuSpec* gpu);
 std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu);
+
+// The step time (flops.h) as text lines for estimate and fit, and as the JSON `time` object.
+std::string render_step_time(const StepTime& t, const GpuSpec& gpu, const TrainSetup& s);
 
 }  // namespace trainmem

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "trainmem/ddp.h"
+#include "trainmem/flops.h"
 #include "trainmem/inventory.h"
 #include "trainmem/model.h"
 #include "trainmem/pp.h"
@@ -71,6 +72,7 @@ struct SimResult {
   // forward after a synced backward (absent when it does not rebuild)
   std::vector<std::vector<DdpBucket>> ddp_buckets;
   uint32_t ddp_rebuild_step = 0;  // the optimizer step whose forward rebuilt them (0: no rebuild simulated)
+  FlopLedger flops;               // the FLOPs and bytes of the last simulated step's kernels (flops.h)
 };
 
 SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s, const SimOptions& o);

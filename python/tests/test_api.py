@@ -219,3 +219,13 @@ def test_timeline_arrays_go_to_numpy_without_copying_through_python():
     a = np.frombuffer(t.allocated_bytes, dtype=np.uint64)
     assert a.shape == (len(t),) and int(a.max()) == max(t.allocated_bytes)
     assert np.asarray(t.layer).dtype == np.int64
+
+
+def test_the_step_time_comes_with_a_gpu_whose_peaks_are_catalogued():
+    assert trainmem.estimate(model="gpt2", batch=2, seq=256).time is None
+    e = trainmem.estimate(model="gpt2", batch=2, seq=256, gpu="h100-80gb")
+    t = e.time
+    assert t.step_seconds > 0
+    assert t.tokens == 2 * 256
+    assert abs(t.tokens_per_second - t.tokens / t.step_seconds) < 1e-6 * t.tokens_per_second
+    assert t.breakdown.comm_seconds == 0  # one GPU

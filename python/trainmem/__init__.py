@@ -284,7 +284,8 @@ class Verdict(Section):
 
 class Estimate:
     """`trainmem estimate --format json` as objects. Sections: model, setup, parameters, memory (every byte
-    figure), and, where the setup has them, ddp, zero, fsdp, pp, ranks, tp, ep, host, generation (see `json`).
+    figure), and, where the setup has them, ddp, zero, fsdp, pp, ranks, tp, ep, host, generation, time (the step
+    time on a GPU whose peaks are catalogued; see `json`).
     Shortcuts: peak_allocated_bytes, peak_reserved_bytes, steady_state_bytes, ... (memory's), breakdown (the
     components at the peak), verdict (with a GPU) and fits. timeline() lists the step as arrays."""
 
@@ -303,7 +304,7 @@ class Estimate:
         d = self.__dict__.get("json", {})
         if key in d:
             return _wrap(d[key])
-        if key in ("ddp", "zero", "fsdp", "pp", "ranks", "tp", "ep", "host", "generation", "device"):
+        if key in ("ddp", "zero", "fsdp", "pp", "ranks", "tp", "ep", "host", "generation", "device", "time"):
             return None
         raise AttributeError(key)
 

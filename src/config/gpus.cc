@@ -35,6 +35,27 @@ std::vector<GpuSpec> parse_catalog() {
       s.nccl_ring_channels = static_cast<uint32_t>(r.integer({"nccl_ring_channels"}, std::nullopt, 1, 64));
       s.nccl_source = r.text({"nccl_source"}, std::nullopt);
     }
+    if (g.contains("peak_fp32_tflops")) {  // the roofline's facts (trainmem/flops.h)
+      auto number = [&](const char* key) {
+        const nlohmann::json& v = g.at(key);
+        if (!v.is_number() || v.get<double>() < 0) {
+          throw Error(fmt::format("data/gpus/gpus.json: {}: \"{}\" must be a number >= 0", s.name, key));
+        }
+        return v.get<double>();
+      };
+      s.perf.fp32_tflops = number("peak_fp32_tflops");
+      s.perf.tf32_tflops = number("peak_tf32_tflops");
+      s.perf.bf16_tflops = number("peak_bf16_tflops");
+      s.perf.fp16_tflops = number("peak_fp16_tflops");
+      s.perf.hbm_gbps = number("hbm_gbps");
+      s.perf.link_gbps = number("link_gbps");
+      s.perf.matmul_efficiency = number("matmul_efficiency");
+      if (s.perf.matmul_efficiency <= 0 || s.perf.matmul_efficiency > 1) {
+        throw Error(fmt::format("data/gpus/gpus.json: {}: \"matmul_efficiency\" must be in (0, 1]", s.name));
+      }
+      s.perf.source = r.text({"perf_source"}, std::nullopt);
+      s.perf.efficiency_source = r.text({"efficiency_source"}, std::nullopt);
+    }
     out.push_back(std::move(s));
   }
   return out;

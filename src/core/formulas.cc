@@ -75,6 +75,19 @@ Seed002Korthikanti seed002_korthikanti(const ModelSpec& m, const TrainSetup& s) 
   return k;
 }
 
+Seed002Flops seed002_flops(const ModelSpec& m, const Inventory& inv, const TrainSetup& s) {
+  require_transformer(m);
+  const uint64_t sq = s.seq, b = s.batch, h = m.hidden, L = m.layers, v = m.embed.vocab_size;
+  Seed002Flops f;
+  // "Total FLOPs per layer: 3b*(12sh^2+2s^2h)"
+  f.layer_macs = mul("seed 002 FLOPs", {3, b, checked_add(mul("seed 002 12sh^2", {12, sq, h, h}),
+                                                          mul("seed 002 2s^2h", {2, sq, sq, h}), "seed 002 FLOPs")});
+  f.layers_flops = mul("seed 002 FLOPs", {2, L, f.layer_macs});
+  f.head_flops = mul("head FLOPs", {6, b, sq, h, v});
+  f.six_n_tokens = mul("6N tokens", {6, parameter_count(inv).value, b, sq});
+  return f;
+}
+
 Seed004Calculator seed004_calculator(const ModelSpec& m, const Inventory& inv, const TrainSetup& s) {
   require_transformer(m);
   Seed004Calculator c;

@@ -587,6 +587,7 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
   mem.fragmentation = mem.peak_reserved - mem.peak_allocated;
   mem.segments = alloc->segments_peak;
   if (gpu) e.device = device_verdict(e, *gpu, ac, margin);
+  if (gpu) e.time = step_time(e, *gpu);
   return e;
 }
 

@@ -149,6 +149,7 @@ class Search {
       p.peak_reserved = e.memory.peak_reserved;
       p.large_fragmentation = large_fragmentation(e.memory);
       if (v.fits) {
+        p.time = step_time(e, gpu_);
         p.reserved_on_device = v.peak_reserved;
         p.device_total = v.peak_reserved + gpu_.context + v.nccl.total;
       }

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "json_text.h"
+#include "time_report.h"
 #include "text_table.h"
 #include "trainmem/report.h"
 #include "trainmem/tp.h"
@@ -476,6 +477,7 @@ std::string render_estimate_table(const Estimate& e, const GpuSpec* gpu) {
     out += '\n';
     out += render_verdict(*e.device, gpu);
   }
+  if (e.time && gpu) out += '\n' + render_step_time(*e.time, *gpu, e.setup);
   return out;
 }
 
@@ -692,6 +694,7 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
     }
     out["device"] = d;
   }
+  if (e.time) out["time"] = step_time_json(*e.time);
   return report::json_text(out);
 }
 

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "json_text.h"
+#include "time_report.h"
 #include "text_table.h"
 #include "trainmem/error.h"
 #include "trainmem/report.h"
@@ -114,6 +115,11 @@ std::string render_fit_table(const FitResult& r) {
     const FitProbe& one = r.probes.front();
     out += fmt::format("DOES NOT FIT even at {} 1: {}\n", dimension_word(r.solve), one.failure);
   }
+  const FitProbe* at_largest = nullptr;
+  for (const FitProbe& p : r.probes) {
+    if (r.largest && (by_batch ? p.batch : p.seq) == *r.largest) at_largest = &p;
+  }
+  if (at_largest && at_largest->time) out += render_step_time(*at_largest->time, r.gpu, r.setup);
   using TT = report::TextTable;
   TT t({{by_batch ? "batch" : "seq", TT::kRight}, {"peak allocated", TT::kRight},
         {"reserved, no limit", TT::kRight}, {"reserved here", TT::kRight}, {"nvidia-smi", TT::kRight},
@@ -230,6 +236,11 @@ std::string render_fit_json(const FitResult& r) {
       {"suggestions_cut", r.suggestions_cut},
       {"smallest_sharding", r.smallest_sharding ? nlohmann::json(*r.smallest_sharding) : nlohmann::json()},
   };
+  for (const FitProbe& p : r.probes) {  // the step time at the largest size that fits
+    if (r.largest && (r.solve == FitDimension::kBatch ? p.batch : p.seq) == *r.largest && p.time) {
+      out["time"] = step_time_json(*p.time);
+    }
+  }
   return report::json_text(out);
 }
 

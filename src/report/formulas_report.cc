@@ -8,6 +8,8 @@
 #include "trainmem/report.h"
 #include "trainmem/scenario.h"
 #include "trainmem/error.h"
+#include "trainmem/sim.h"
+#include <algorithm>
 
 namespace trainmem {
 
@@ -48,6 +50,37 @@ std::string zero_tables(const ZeroPaperStates& z, const DeepSpeedEstimates& d) {
   out += "model states only: no activations, buffers, workspaces or communication buffers (trainmem estimate "
          "--dp N simulates DDP per rank; ZeRO and FSDP are not simulated yet)\n";
   return out;
+}
+
+// Seed 002's FLOPs and 6N·tokens beside the simulated step's products (one optimizer step, every micro-batch).
+uint64_t products(const FlopLedger& l, WorkPhase p) {
+  return checked_add(l.flops[static_cast<size_t>(p)][static_cast<size_t>(FlopKind::kMatmul)],
+                     l.flops[static_cast<size_t>(p)][static_cast<size_t>(FlopKind::kAttention)], "FLOPs");
+}
+
+std::string flops_table(const FormulaReport& f) {
+  using TT = report::TextTable;
+  const Seed002Flops& k = f.flops;
+  const uint64_t micro = std::max<uint64_t>(f.setup.grad_accum, 1);
+  TT t({{"term", TT::kLeft}, {"FLOPs", TT::kRight}, {"", TT::kRight}, {"formula", TT::kLeft}});
+  auto row = [&](const std::string& name, uint64_t v, const std::string& formula) {
+    t.row({name, with_commas(v), fmt::format("{:.4g}", static_cast<double>(v)), formula});
+  };
+  row("seed 002 per layer", k.layer_macs, "3b(12sh^2 + 2s^2h), multiply-adds as the seed counts");
+  row("seed 002 layers", k.layers_flops, "2 x L x 3b(12sh^2 + 2s^2h): FLOPs, forward + backward");
+  row("output head", k.head_flops, "6bshv (not in the seed's form)");
+  row("6N tokens", k.six_n_tokens, "6 x N (inventory) x b x s");
+  t.rule();
+  const FlopLedger& l = f.simulated;
+  row("simulated forward products", products(l, WorkPhase::kForward) / micro,
+      "matmul + attention kernels, per micro-batch");
+  row("simulated backward products", products(l, WorkPhase::kBackward) / micro, "per micro-batch");
+  row("simulated recompute products", products(l, WorkPhase::kRecompute) / micro, "checkpointing's second forward");
+  row("simulated step, all kernels", l.total_flops(), "+ elementwise, norms, optimizer; every micro-batch");
+  return "FLOPs of one step: seed 002 (Korthikanti et al. appendix A, retold) and 6N·tokens beside the simulated "
+         "kernels (trainmem/flops.h)\n" + t.str() +
+         "  the closed forms count the layers' GEMMs over every (query, key) pair; a causal fused attention kernel "
+         "skips the\n  pairs above the diagonal and flash's backward recomputes QK^T (flops.h)\n";
 }
 
 }  // namespace
@@ -91,6 +124,8 @@ FormulaReport formula_report(const ResolvedScenario& r) {
     f.seed001 = seed001_contract(r.model, r.setup);
     f.seed002 = seed002_korthikanti(r.model, r.setup);
     f.seed000 = seed000_peak(r.model, r.inventory, r.setup);
+    f.flops = seed002_flops(r.model, r.inventory, r.setup);
+    f.simulated = simulate(r.model, r.inventory, r.setup, r.options).flops;
     if (q.was_given("dp")) {
       // Psi: the parameters, tied ones once (DeepSpeed's model_to_params dedupes by data_ptr)
       f.zero = zero_paper_states(f.inventory_parameters, r.setup.dp);
@@ -172,6 +207,7 @@ std::string render_formulas_table(const FormulaReport& f) {
   t3.rule();
   t3.row(bytes_row("peak", p.peak, "L(36Ne + 6Na) + 6Ne + 10Nl + 16N + 4Nbuf"));
   out += "seed 000 nanoGPT under autocast\n" + t3.str() + "\n" + seed004;
+  out += "\n" + flops_table(f);
   if (f.zero) out += "\n" + zero_tables(*f.zero, *f.deepspeed);
   return out;
 }
@@ -212,6 +248,12 @@ std::string render_formulas_json(const FormulaReport& f) {
                    {"nbuf", p.nbuf.value}, {"activation_bytes", p.activations.value},
                    {"steady_state_bytes", p.steady_state.value}, {"peak_bytes", p.peak.value}}},
       {"seed004", seed004},
+      {"flops", {{"seed002_layer_macs", f.flops.layer_macs}, {"seed002_layers_flops", f.flops.layers_flops},
+                 {"head_flops", f.flops.head_flops}, {"six_n_tokens", f.flops.six_n_tokens},
+                 {"simulated_forward_products", products(f.simulated, WorkPhase::kForward)},
+                 {"simulated_backward_products", products(f.simulated, WorkPhase::kBackward)},
+                 {"simulated_recompute_products", products(f.simulated, WorkPhase::kRecompute)},
+                 {"simulated_total", f.simulated.total_flops()}}},
   };
   if (f.zero) {
     const ZeroPaperStates& z = *f.zero;

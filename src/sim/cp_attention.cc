@@ -45,6 +45,15 @@ T ring_sdpa(Ctx& c, const T& q, const T& k, const T& v, bool has_mask, double dr
   const std::vector<RingStep> steps = ring_steps(L, n, rank);
   const uint64_t kv_elems = cp_kv_cat_bytes(B, Hk, L, D, dt) / itemsize(dt);
   auto tmp = [&](Shape s, DType d, const char* what) { return e.empty(s, d, Category::kTemporaries, c.L(what)); };
+  // the (query, key) pairs of ring step i, over the batch and heads: step 0 is causal over equal lengths
+  auto step_pairs = [&](size_t i) {
+    const RingStep& st = steps[i];
+    const uint64_t per_head =
+        i == 0 ? detail::sat_mul(st.q_len, st.q_len + 1) / 2 : detail::sat_mul(st.q_len, st.kv_len);
+    return detail::sat_mul(detail::sat_mul(B, H), per_head);
+  };
+  uint64_t ring_pairs = 0;
+  for (size_t i = 0; i < steps.size(); ++i) ring_pairs = detail::sat_add(ring_pairs, step_pairs(i));
 
   T out, lse;
   {
@@ -76,6 +85,14 @@ T ring_sdpa(Ctx& c, const T& q, const T& k, const T& v, bool has_mask, double dr
       // out, logsumexp, *rest = op(q, k, v, is_causal=...): the flash kernel's (B, q, H, D) output and its
       // float32 (B, H, q) logsumexp; the loop's variables drop the previous step's only after the call
       T o = tmp(Shape{B, st.q_len, H, D}, dt, "cp ring step out");
+      // FLOPs (flops.h): this step's flash call, QK^T and AV over its pairs (the causal first step's triangle)
+      e.count(FlopKind::kAttention, detail::sat_mul(4, detail::sat_mul(step_pairs(i), D)),
+              // bytes: q and the step's out (B, H, q, D), k and v (B, Hk, kv, D), once each
+              detail::nbytes(
+                  detail::sat_mul(detail::sat_mul(2 * B, D),
+                                  detail::sat_add(detail::sat_mul(H, st.q_len), detail::sat_mul(Hk, st.kv_len))),
+                  dt),
+              dt);
       T l = tmp(Shape{B, H, st.q_len}, DType::kF32, "cp ring step logsumexp");
       block_out = std::move(o);
       block_lse = std::move(l);
@@ -132,9 +149,13 @@ T ring_sdpa(Ctx& c, const T& q, const T& k, const T& v, bool has_mask, double dr
   }
   const uint64_t gqa_heads = H;
   c.e.record("ScaledDotProductFlashAttentionBackward0 (ring)", {&q, &k, &v}, {&out}, Saved{q, k, v, out, lse},
-             [n, rank, B, H, L, D, Hk, dt, kv_elems, gqa_heads](Engine& eng, Node& nd, Grads& g) {
+             [n, rank, B, H, L, D, Hk, dt, kv_elems, gqa_heads, ring_pairs](Engine& eng, Node& nd, Grads& g) {
                Grads r(3);
                if (!g[0]) return r;
+               // FLOPs: the ring's backward runs the forward's steps, each flash's backward (5 products of
+               // 2·pairs·D: QK^T again, dV, dP, dQ, dK); bytes as flash's over the local q and the gathered k, v
+               eng.count(FlopKind::kAttention, detail::sat_mul(10, detail::sat_mul(ring_pairs, D)),
+                         detail::nbytes(detail::sat_mul(detail::sat_mul(B, H), detail::sat_mul(D, 6 * L)), dt), dt);
                const Label lab = g[0]->label;
                auto btmp = [&](Shape s, DType d, const char* what) {
                  return eng.empty(s, d, Category::kTemporaries, Label{what, lab.layer, kRowNamedInBackward});

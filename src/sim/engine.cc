@@ -410,6 +410,54 @@ void Engine::gemm(bool lt) {
   }
 }
 
+std::optional<WorkPhase> Engine::work_phase() const {
+  if (!recording_ || (count_step >= 0 && step != static_cast<uint64_t>(count_step))) return std::nullopt;
+  if (recomputing_depth_ > 0) return WorkPhase::kRecompute;
+  switch (phase) {
+    case Phase::kForward:
+    case Phase::kLoss: return WorkPhase::kForward;
+    case Phase::kBackward: return WorkPhase::kBackward;
+    case Phase::kGradClip:
+    case Phase::kOptimizer: return WorkPhase::kOptimizer;
+    default: return std::nullopt;  // the model load and zero_grad are not the step's work
+  }
+}
+
+void Engine::count_tp_collective(bool all_gather, uint64_t bytes) {
+  const std::optional<WorkPhase> wp = work_phase();
+  if (!wp) return;
+  const auto pi = static_cast<size_t>(*wp);
+  auto& n = all_gather ? flops_.tp_all_gathers : flops_.tp_all_reduces;
+  auto& b = all_gather ? flops_.tp_all_gather_bytes : flops_.tp_all_reduce_bytes;
+  ++n[pi];
+  if (__builtin_add_overflow(b[pi], bytes, &b[pi])) {
+    b[pi] = UINT64_MAX;
+    flops_.overflow = true;
+  }
+}
+
+void Engine::count(FlopKind k, uint64_t flops, uint64_t bytes, DType dt) {
+  const std::optional<WorkPhase> wp = work_phase();
+  if (!wp) return;
+  const WorkPhase p = *wp;
+  const auto pi = static_cast<size_t>(p), ki = static_cast<size_t>(k);
+  // checked: a sum past 2^64 - 1 saturates and marks the ledger (ops_util.h sat_mul/sat_add saturate likewise)
+  auto add = [this](uint64_t& into, uint64_t x) {
+    if (x == UINT64_MAX || __builtin_add_overflow(into, x, &into)) {
+      into = UINT64_MAX;
+      flops_.overflow = true;
+    }
+  };
+  add(flops_.flops[pi][ki], flops);
+  add(flops_.bytes[pi][ki], bytes);
+  ++flops_.kernels;
+  const FlopKey key{flops, bytes, (static_cast<uint32_t>(k) << 16) | (static_cast<uint32_t>(p) << 8) |
+                                      static_cast<uint32_t>(dt)};
+  auto [it, fresh] = flop_index_.try_emplace(key, static_cast<uint32_t>(flops_.rows.size()));
+  if (fresh) flops_.rows.push_back(KernelRow{k, p, dt, flops, bytes, 0});
+  ++flops_.rows[it->second].count;
+}
+
 // ---- autograd ----------------------------------------------------------------------------------------
 
 Node* Engine::new_node(const char* name, std::initializer_list<const T*> inputs, std::span<T* const> outputs,

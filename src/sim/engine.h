@@ -14,9 +14,11 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "trainmem/dtype.h"
+#include "trainmem/flops.h"
 #include "trainmem/runtime.h"
 #include "trainmem/timeline.h"
 #include "trainmem/units.h"
@@ -479,6 +481,18 @@ class Engine {
   const RuntimeFacts& runtime() const { return rt_; }
   void gemm(bool lt);
 
+  // The FLOPs and bytes of one kernel an op launches (trainmem/flops.h has the conventions), attributed to the
+  // phase: forward (and the loss), backward, a checkpoint's recomputation, or the optimizer step (and gradient
+  // clipping). Only the step `count_step` is counted (-1: every step, as for generate()); the model load and
+  // zero_grad are not. `flops` and `bytes` come from checked arithmetic at the call.
+  void count(FlopKind k, uint64_t flops, uint64_t bytes, DType dt);
+  std::optional<WorkPhase> work_phase() const;  // where count() attributes work now; nullopt: not counted
+  int64_t count_step = -1;
+  // A tensor-parallel collective over `bytes` (the all-reduced tensor, or an all-gather's output), counted like
+  // a kernel (flops.h FlopLedger::tp_all_reduces).
+  void count_tp_collective(bool all_gather, uint64_t bytes);
+  const FlopLedger& flops() const { return flops_; }
+
  private:
   // Appends `ev` to the timeline and applies it to the live bytes.
   void emit(const Event& ev);
@@ -525,6 +539,18 @@ class Engine {
   RuntimeFacts rt_;
   std::array<T, 2> cublas_ws_;    // per thread: 0 = Python thread, 1 = autograd thread
   std::array<T, 2> cublaslt_ws_;
+  FlopLedger flops_;
+  struct FlopKey {
+    uint64_t flops, bytes;
+    uint32_t tag;  // kind, phase, dtype
+    bool operator==(const FlopKey&) const = default;
+  };
+  struct FlopKeyHash {
+    size_t operator()(const FlopKey& k) const noexcept {
+      return std::hash<uint64_t>()(k.flops * 0x9E3779B97F4A7C15ull ^ (k.bytes + 0x632BE59BD9B4E019ull * k.tag));
+    }
+  };
+  std::unordered_map<FlopKey, uint32_t, FlopKeyHash> flop_index_;  // row of each distinct kernel
 };
 
 inline StreamScope::StreamScope(Engine& e, Stream s) : e_(e), caller_(e.stream) { e.stream = s; }

@@ -10,6 +10,7 @@
 #include "../families/registry.h"
 #include "forward.h"
 #include "fsdp.h"
+#include "ops_util.h"
 #include "trainmem/ddp.h"
 #include "trainmem/error.h"
 #include "trainmem/fsdp.h"
@@ -898,6 +899,11 @@ struct Loop {
   // Adam over one fp32 partition of `numel` elements (ZeRO-1/2's group, ZeRO-3's sub-group): its state, made at
   // the first step under `state_label`, and the step's temporaries
   void zero_adam(uint64_t numel, bool first, Label state_label) {
+    // FLOPs: torch AdamW over the fp32 partition (count_update's constants), one launch per op
+    for (uint64_t k = 0; k < kAdamUnfusedKernels; ++k) {
+      e.count(FlopKind::kOptimizer, per_kernel(detail::sat_mul(numel, kAdamWFlopsPerElement), kAdamUnfusedKernels),
+              per_kernel(detail::sat_mul(numel, kAdamUnfusedPasses * 4), kAdamUnfusedKernels), DType::kF32);
+    }
     const Shape sh{numel};
     if (first) {
       for (const StateTensor& t : optimizer_state_tensors(s.optimizer, opt_impl, {numel}, DType::kF32,
@@ -1400,8 +1406,54 @@ struct Loop {
   }
 
   // One parameter group of optimizer.step(): the state of its parameters on the first step, then the update.
+  // FLOPs per element of one update, by optimizer (trainmem/flops.h), or 0 where not counted:
+  // torch/optim/adam.py _single_tensor_adam (torch 2.x), AdamW: param.mul_(1 - lr * weight_decay) 1,
+  // exp_avg.lerp_(grad, 1 - beta1) 3, exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2) 1 + 3,
+  // denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps) 3, param.addcdiv_(exp_avg, denom,
+  // value=-step_size) 3: 14 (Adam without the decoupled decay: 13 + grad.add(param, alpha=wd) 2 = 15 with
+  // weight decay; the Trainer's Adam runs without: 13). torch/optim/sgd.py _single_tensor_sgd: param.add_(grad,
+  // alpha=-lr) 2; with momentum buf.mul_(momentum).add_(grad, alpha=1 - dampening) 1 + 2 more: 5.
+  static constexpr uint64_t kAdamWFlopsPerElement = 14, kAdamFlopsPerElement = 13;
+  static constexpr uint64_t kSgdFlopsPerElement = 2, kSgdMomentumFlopsPerElement = 5;
+  // Tensor passes over device memory per element: the fused kernel (_fused_adamw_) reads param, grad, exp_avg,
+  // exp_avg_sq and writes param, exp_avg, exp_avg_sq: 7. The foreach and single-tensor paths run one kernel per
+  // op above, each reading its operands and writing its result: mul_ 2, lerp_ 3, mul_ 2, addcmul_ 4, sqrt 2,
+  // div_ 2, add_ 2, addcdiv_ 4: 21. SGD: add_ 3; with momentum mul_ 2, add_ 3, add_ 3: 8.
+  static constexpr uint64_t kAdamFusedPasses = 7, kAdamUnfusedPasses = 21, kAdamUnfusedKernels = 8;
+  // One of `kernels` equal launches' share of a saturated-or-exact total (a saturated total stays saturated)
+  static uint64_t per_kernel(uint64_t total, uint64_t kernels) { return total == UINT64_MAX ? total : total / kernels; }
+  void count_update(const std::vector<size_t>& group) {
+    uint64_t per = 0, passes = 0, kernels = 1;
+    const bool fused = opt_impl == OptimizerImpl::kFused;
+    switch (s.optimizer) {
+      case Optimizer::kAdamW:
+      case Optimizer::kAdam:
+        per = s.optimizer == Optimizer::kAdamW ? kAdamWFlopsPerElement : kAdamFlopsPerElement;
+        passes = fused ? kAdamFusedPasses : kAdamUnfusedPasses;
+        kernels = fused ? 1 : kAdamUnfusedKernels;
+        break;
+      case Optimizer::kSgd: per = kSgdFlopsPerElement, passes = 3; break;
+      case Optimizer::kSgdMomentum: per = kSgdMomentumFlopsPerElement, passes = 8, kernels = 3; break;
+      default: return;  // bitsandbytes' and Adafactor's updates are not counted (StepTime's notes say so)
+    }
+    uint64_t elems = 0;
+    DType dt = DType::kF32;
+    for (size_t i : group) {
+      if (i >= e.grads().size() || !e.grads()[i]) continue;
+      elems = detail::sat_add(elems, Shape::of(state_shape(i)).numel().value);
+      dt = w.params[i].dtype();
+    }
+    if (elems == 0) return;
+    // foreach/fused: one launch per op over the whole group (multi_tensor_apply's chunking not modelled)
+    for (uint64_t k = 0; k < kernels; ++k) {
+      e.count(FlopKind::kOptimizer, per_kernel(detail::sat_mul(elems, per), kernels),
+              per_kernel(detail::sat_mul(detail::sat_mul(elems, passes), itemsize(dt)), kernels), dt);
+    }
+  }
+
   void step_group(const std::vector<size_t>& group, bool first, AdafactorLocals& af) {
     const bool adam = s.optimizer == Optimizer::kAdamW || s.optimizer == Optimizer::kAdam;
+    count_update(group);  // FLOPs of the update (before the state exists on the first step: not counted then)
     {
       if (first && s.optimizer != Optimizer::kAdafactor) {  // transformers' Adafactor: in adafactor_update
         // the state of each parameter, created lazily at its first step in parameter order
@@ -1907,6 +1959,8 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
     e.post_accumulate_grad = [&loop](int32_t i) { loop.step_in_backward(i); };
   }
 
+  // FLOPs: the last simulated step (steady state: the optimizer state exists), or the whole of generate()
+  e.count_step = s.task == Task::kInference && s.generate > 0 ? -1 : static_cast<int64_t>(o.steps);
   if (s.task == Task::kInference && s.generate > 0) {
     loop.generate(r);
   } else if (s.task == Task::kInference) {
@@ -1924,6 +1978,7 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
   r.peak = sim::moment_at(r.timeline, best_i, at_best);
   e.stop_recording();
   r.warnings = loop.c.warnings;
+  r.flops = e.flops();
   if (e.lost_events()) throw Error("the host ran out of memory while recording the simulated step");
   for (Category cat : {Category::kActivations, Category::kWeightCopies, Category::kBackward, Category::kTemporaries}) {
     r.activations_at_peak += at_best.by_category[static_cast<size_t>(cat)];

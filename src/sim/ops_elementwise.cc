@@ -79,8 +79,14 @@ T unary(Ctx& c, const char* node, const T& a, DType out_dt, Save save, const cha
   Saved saved;
   if (save == Save::kInput) saved.push_back(a);
   if (save == Save::kResult) saved.push_back(out);
-  c.e.record(node, {&a}, {&out}, std::move(saved), [](Engine& e, Node&, Grads& g) {
-    return Grads{g[0] ? grad_like(e, g[0], g[0].dtype()) : T()};
+  // FLOPs: one per element (the elementwise convention of flops.h), reading a, writing out
+  detail::count_pointwise(c.e, FlopKind::kElementwise, a.shape().numel().value, 1, 1, out_dt);
+  const uint64_t reads = save == Save::kNothing ? 1 : 2;
+  c.e.record(node, {&a}, {&out}, std::move(saved), [reads](Engine& e, Node&, Grads& g) {
+    if (!g[0]) return Grads{T()};
+    // FLOPs: grad times the derivative, one per element, reading grad (and what was saved), writing the result
+    detail::count_pointwise(e, FlopKind::kElementwise, g[0].shape().numel().value, 1, reads, g[0].dtype());
+    return Grads{grad_like(e, g[0], g[0].dtype())};
   });
   return out;
 }
@@ -93,9 +99,15 @@ T to(Ctx& c, const T& x, DType dt, const char* what) {
                             x->is_param ? Category::kWeightCopies : Category::kActivations,
                             x->is_param ? Label{x->label.what, c.layer, x->label.row} : c.L(what));
   const DType src = x.dtype();
+  // FLOPs: a cast is a copy: no arithmetic, numel read in the source dtype and written in the new one
+  const uint64_t cast_bytes = detail::sat_add(detail::nbytes(x.shape().numel().value, src),
+                                          detail::nbytes(x.shape().numel().value, dt));
+  c.e.count(FlopKind::kElementwise, 0, cast_bytes, dt);
   // ToCopyBackward0 saves only self.options(); its backward is grad.to(src).
-  c.e.record("ToCopyBackward0", {&x}, {&out}, {}, [src](Engine& e, Node&, Grads& g) {
-    return Grads{g[0] ? grad_like(e, g[0], src) : T()};
+  c.e.record("ToCopyBackward0", {&x}, {&out}, {}, [src, cast_bytes](Engine& e, Node&, Grads& g) {
+    if (!g[0]) return Grads{T()};
+    e.count(FlopKind::kElementwise, 0, cast_bytes, src);  // FLOPs: grad.to(src), a copy
+    return Grads{grad_like(e, g[0], src)};
   });
   return out;
 }
@@ -127,8 +139,12 @@ T add_like(Ctx& c, const char* node, const T& a, const T& b, bool negate_b, cons
   const Shape s = detail::broadcast(a.shape(), b.shape());
   T out = c.e.empty_strided(s, detail::result_strides(s, a, b), detail::promote(a, b), Category::kActivations,
                             c.L(what));
+  // FLOPs: one add per output element, reading both operands (as broadcast to the output), writing out
+  detail::count_pointwise(c.e, FlopKind::kElementwise, s.numel().value, 1, 2, out.dtype());
   c.e.record(node, {&a, &b}, {&out}, {}, [negate_b](Engine& e, Node&, Grads& g) {
     if (!g[0]) return Grads{T(), T()};
+    // FLOPs: sub's -grad, one per element
+    if (negate_b) detail::count_pointwise(e, FlopKind::kElementwise, g[0].shape().numel().value, 1, 1, g[0].dtype());
     T gb = negate_b ? grad_like(e, g[0], g[0].dtype()) : g[0];
     return Grads{g[0], gb};
   });
@@ -149,9 +165,15 @@ T mul(Ctx& c, const T& a, const T& b, const char* what) {
   const bool ga = a->requires_grad, gb = b->requires_grad;
   if (ga) saved.push_back(b);
   if (gb) saved.push_back(a);
+  // FLOPs: one multiply per output element, reading both operands, writing out
+  detail::count_pointwise(c.e, FlopKind::kElementwise, s.numel().value, 1, 2, out.dtype());
   c.e.record("MulBackward0", {&a, &b}, {&out}, std::move(saved), [ga, gb, s](Engine& e, Node& n, Grads& g) {
     Grads r(2);
     if (!g[0]) return r;
+    // FLOPs: grad * other and grad * self, one multiply per element each, reading two, writing one
+    const uint64_t gn = g[0].shape().numel().value;
+    if (ga) detail::count_pointwise(e, FlopKind::kElementwise, gn, 1, 2, g[0].dtype());
+    if (gb) detail::count_pointwise(e, FlopKind::kElementwise, gn, 1, 2, g[0].dtype());
     // grad * other and grad * self, each full-shape (validate_outputs reduces broadcast operands).
     if (ga) r[0] = grad_like(e, g[0], detail::promote(g[0], n.saved[0]));
     if (gb) r[1] = grad_like(e, g[0], detail::promote(g[0], n.saved[ga ? 1 : 0]));
@@ -169,9 +191,14 @@ T div(Ctx& c, const T& a, const T& b, const char* what) {
   const bool gb = b->requires_grad;
   Saved saved{b};
   if (gb) saved.push_back(a);
+  // FLOPs: one divide per output element, reading both operands, writing out
+  detail::count_pointwise(c.e, FlopKind::kElementwise, s.numel().value, 1, 2, out.dtype());
   c.e.record("DivBackward0", {&a, &b}, {&out}, std::move(saved), [gb](Engine& e, Node& n, Grads& g) {
     Grads r(2);
     if (!g[0]) return r;
+    // FLOPs: grad / other (one kernel); other's -grad * self / (other * other) takes three more
+    const uint64_t gn = g[0].shape().numel().value;
+    for (int i = 0; i < (gb ? 4 : 1); ++i) detail::count_pointwise(e, FlopKind::kElementwise, gn, 1, 2, g[0].dtype());
     r[0] = grad_like(e, g[0], g[0].dtype());  // grad / other
     if (gb) {
       // -grad * self / (other * other): two temporaries then the result
@@ -187,6 +214,8 @@ T div(Ctx& c, const T& a, const T& b, const char* what) {
 
 T add_scalar(Ctx& c, const T& a, const char* what) {
   T out = result_like(c, a, a.dtype(), what);
+  // FLOPs: one add per element, reading a, writing out
+  detail::count_pointwise(c.e, FlopKind::kElementwise, a.shape().numel().value, 1, 1, a.dtype());
   c.e.record("AddBackward1", {&a}, {&out}, {}, [](Engine&, Node&, Grads& g) {
     return Grads{g[0]};  // passthrough
   });
@@ -206,8 +235,14 @@ T silu(Ctx& c, const T& a, const char* what) { return unary(c, "SiluBackward0", 
 T pow_scalar(Ctx& c, const T& a0, const char* what) {
   const T a = autocast_fp32(c, a0);  // pow is on autocast's fp32 list
   T out = result_like(c, a, a.dtype(), what);
+  // FLOPs: one pow per element, reading a, writing out
+  detail::count_pointwise(c.e, FlopKind::kElementwise, a.shape().numel().value, 1, 1, a.dtype());
   c.e.record("PowBackward0", {&a}, {&out}, {a}, [](Engine& e, Node& n, Grads& g) {
     if (!g[0]) return Grads{T()};
+    // FLOPs: self.pow(exp - 1), exp * that, grad * that: three kernels of one per element
+    for (int i = 0; i < 3; ++i) {
+      detail::count_pointwise(e, FlopKind::kElementwise, g[0].shape().numel().value, 1, 2, g[0].dtype());
+    }
     // pow_backward: grad * (exp * self.pow(exp - 1)): self.pow(exp-1) and exp*that are live until the end
     // of the expression.
     T t1 = grad_like(e, n.saved[0], n.saved[0].dtype());
@@ -220,8 +255,14 @@ T pow_scalar(Ctx& c, const T& a0, const char* what) {
 T rsqrt(Ctx& c, const T& a0, const char* what) {
   const T a = autocast_fp32(c, a0);  // rsqrt is on autocast's fp32 list
   T out = result_like(c, a, a.dtype(), what);
+  // FLOPs: one rsqrt per element, reading a, writing out
+  detail::count_pointwise(c.e, FlopKind::kElementwise, a.shape().numel().value, 1, 1, a.dtype());
   c.e.record("RsqrtBackward0", {&a}, {&out}, {out}, [](Engine& e, Node& n, Grads& g) {
     if (!g[0]) return Grads{T()};
+    // FLOPs: -0.5 * grad, result.pow(3), their product: three kernels of one per element
+    for (int i = 0; i < 3; ++i) {
+      detail::count_pointwise(e, FlopKind::kElementwise, g[0].shape().numel().value, 1, 2, g[0].dtype());
+    }
     // -0.5 * grad * result.pow(3): (-0.5 * grad) and result.pow(3) live until the product is made.
     T t1 = grad_like(e, g[0], g[0].dtype());
     T t2 = grad_like(e, n.saved[0], n.saved[0].dtype());
@@ -234,9 +275,13 @@ T mean_last(Ctx& c, const T& a, const char* what) {
   const Shape s = detail::with_last(a.shape(), 1);
   T out = c.e.empty(s, a.dtype(), Category::kActivations, c.L(what));
   const Shape in = a.shape();
+  // FLOPs: one add per input element (the reduction), reading a
+  c.e.count(FlopKind::kElementwise, in.numel().value, detail::nbytes(in.numel().value, a.dtype()), a.dtype());
   // mean_backward: grad.expand(sizes) / numel: a new full-size tensor.
   c.e.record("MeanBackward1", {&a}, {&out}, {}, [in](Engine& e, Node&, Grads& g) {
     if (!g[0]) return Grads{T()};
+    // FLOPs: one divide per element of the full-size result, written
+    e.count(FlopKind::kElementwise, in.numel().value, detail::nbytes(in.numel().value, g[0].dtype()), g[0].dtype());
     return Grads{detail::grad_empty(e, in, g[0].dtype(), g[0]->label)};
   });
   return out;
@@ -251,17 +296,33 @@ T dropout(Ctx& c, const T& a, double p, const char* what) {
   T mask = c.e.empty_strided(a.shape(), dense_strides_like(a.shape(), a->strides), DType::kBool,
                              Category::kActivations, c.L("dropout mask"));
   T out = result_like(c, a, a.dtype(), what);
+  // FLOPs: a random draw, a compare and a scaled multiply per element (3), reading a, writing out and the mask
+  const uint64_t dn = a.shape().numel().value;
+  c.e.count(FlopKind::kElementwise, detail::sat_mul(dn, 3),
+            detail::sat_add(detail::nbytes(detail::sat_mul(dn, 2), a.dtype()), detail::nbytes(dn, DType::kBool)),
+            a.dtype());
   c.e.record("NativeDropoutBackward0", {&a}, {&out}, {mask}, [](Engine& e, Node&, Grads& g) {
-    return Grads{g[0] ? grad_like(e, g[0], g[0].dtype()) : T()};
+    if (!g[0]) return Grads{T()};
+    // FLOPs: grad * mask * scale, two per element, reading grad and the mask, writing the result
+    const uint64_t n = g[0].shape().numel().value;
+    e.count(FlopKind::kElementwise, detail::sat_mul(n, 2),
+            detail::sat_add(detail::nbytes(detail::sat_mul(n, 2), g[0].dtype()), detail::nbytes(n, DType::kBool)),
+            g[0].dtype());
+    return Grads{grad_like(e, g[0], g[0].dtype())};
   });
   return out;
 }
 
 T masked_fill(Ctx& c, const T& a, const T& mask, const char* what) {
   T out = result_like(c, a, a.dtype(), what);
+  // FLOPs: one select per element, reading a (and the mask, counted as a tensor of a's dtype), writing out
+  detail::count_pointwise(c.e, FlopKind::kElementwise, a.shape().numel().value, 1, 2, a.dtype());
   // MaskedFillBackward0 saves the mask; backward grad.masked_fill(mask, 0) is one new tensor.
   c.e.record("MaskedFillBackward0", {&a}, {&out}, {mask}, [](Engine& e, Node&, Grads& g) {
-    return Grads{g[0] ? grad_like(e, g[0], g[0].dtype()) : T()};
+    if (!g[0]) return Grads{T()};
+    // FLOPs: as forward
+    detail::count_pointwise(e, FlopKind::kElementwise, g[0].shape().numel().value, 1, 2, g[0].dtype());
+    return Grads{grad_like(e, g[0], g[0].dtype())};
   });
   return out;
 }

@@ -141,6 +141,14 @@ T gather_last(Ctx& c, const T& x, const T& index, const char* what) {
 
 T grouped_mm(Ctx& c, const T& x, const T& w, const T& offs, const char* what) {
   T out = c.e.empty(Shape{x.shape()[0], w.shape()[2]}, x.dtype(), Category::kActivations, c.L(what));
+  // FLOPs: each of the S routed rows goes through its own expert only: 2·S·in·out (only routed tokens count);
+  // the kernel reads the rows, every expert's (in, out) weight, and writes (S, out)
+  const uint64_t S = x.shape()[0], in = w.shape()[1], outf = w.shape()[2], E = w.shape()[0];
+  const uint64_t wbytes = detail::nbytes(detail::sat_mul(E, detail::sat_mul(in, outf)), x.dtype());
+  c.e.count(FlopKind::kMatmul, detail::product_flops(1, S, outf, in),
+            detail::sat_add(
+                detail::nbytes(detail::sat_add(detail::sat_mul(S, in), detail::sat_mul(S, outf)), x.dtype()), wbytes),
+            x.dtype());
   const bool gx = x->requires_grad, gw = w->requires_grad;
   Saved saved;
   if (gw) saved.push_back(x);
@@ -153,13 +161,26 @@ T grouped_mm(Ctx& c, const T& x, const T& w, const T& offs, const char* what) {
   // column-order for efficiency": at::_grouped_mm(grad.transpose(-2, -1), mat1, offs).transpose(-2, -1), mat2's
   // layout, so the parameter's TransposeBackward0 hands AccumulateGrad a contiguous tensor it can keep;
   // _grouped_mm_mat1_backward for a row-major mat1: at::_grouped_mm(grad, mat2.transpose(-2, -1), offs).
-  c.e.record("GroupedMmBackward0", {&x, &w}, {&out}, std::move(saved), [gx, gw, xs, ws, wst](Engine& e, Node&, Grads& g) {
-    Grads r(2);
-    if (!g[0]) return r;
-    if (gw) r[1] = e.empty_strided(ws, wst, g[0].dtype(), Category::kBackward, g[0]->label);
-    if (gx) r[0] = grad_empty(e, xs, g[0].dtype(), g[0]->label);
-    return r;
-  });
+  c.e.record("GroupedMmBackward0", {&x, &w}, {&out}, std::move(saved),
+             [gx, gw, xs, ws, wst, S, in, outf, wbytes](Engine& e, Node&, Grads& g) {
+               Grads r(2);
+               if (!g[0]) return r;
+               const DType gd = g[0].dtype();
+               const uint64_t fl = detail::product_flops(1, S, outf, in);
+               const uint64_t by = detail::sat_add(
+                   detail::nbytes(detail::sat_add(detail::sat_mul(S, in), detail::sat_mul(S, outf)), gd), wbytes);
+               if (gw) {
+                 r[1] = e.empty_strided(ws, wst, g[0].dtype(), Category::kBackward, g[0]->label);
+                 // FLOPs: per expert grad^T @ x over its rows: 2·S·in·out in all
+                 e.count(FlopKind::kMatmul, fl, by, gd);
+               }
+               if (gx) {
+                 r[0] = grad_empty(e, xs, g[0].dtype(), g[0]->label);
+                 // FLOPs: per row grad @ W_e^T: 2·S·in·out in all
+                 e.count(FlopKind::kMatmul, fl, by, gd);
+               }
+               return r;
+             });
   return out;
 }
 

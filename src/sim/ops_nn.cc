@@ -25,6 +25,8 @@ T layer_norm(Ctx& c, const T& x0, const T* w0, const T* b0, const char* what) {
   const Shape rows{detail::rows_of(x.shape()).value};
   T mean = c.e.empty(rows, DType::kF32, Category::kActivations, c.L("layer_norm mean"));
   T rstd = c.e.empty(rows, DType::kF32, Category::kActivations, c.L("layer_norm rstd"));
+  // FLOPs: layer_norm's kernel, ~8 per element (mean, variance, normalise, scale, shift), reading x and writing y
+  detail::count_pointwise(c.e, FlopKind::kNorm, x.shape().numel().value, 8, 1, x.dtype());
   Saved saved{x, mean, rstd};
   if (w) saved.push_back(w);
   if (b) saved.push_back(b);
@@ -41,6 +43,8 @@ T layer_norm(Ctx& c, const T& x0, const T* w0, const T* b0, const char* what) {
                // layer_norm_backward_cuda: auto X = input.expect_contiguous() again, alive until it returns
                T x_copy;
                if (strided) x_copy = e.empty(xs, xd, Category::kTemporaries, g[0]->label);
+               // FLOPs: layer_norm_backward, ~8 per element, reading grad and x, writing dX
+               detail::count_pointwise(e, FlopKind::kNorm, xs.numel().value, 8, 2, xd);
                if (gx) r[0] = grad_empty(e, xs, xd, g[0]->label);  // dX = empty_like(*X)
                if (hw) r[1] = grad_empty(e, ws, wd, g[0]->label);  // dgamma
                if (hb) r[2] = grad_empty(e, ws, wd, g[0]->label);  // dbeta
@@ -64,9 +68,13 @@ T softmax_like(Ctx& c, const T& x0, std::optional<DType> dtype, bool log, const 
   T out = c.e.empty_strided(x.shape(), dense_strides_like(x.shape(), x->strides), out_dt, Category::kActivations,
                             c.L(what));
   const DType in_dt = x.dtype();
+  // FLOPs: softmax's kernel, ~5 per element (max, exp, sum, divide; log for log_softmax), reading x, writing out
+  detail::count_pointwise(c.e, FlopKind::kNorm, x.shape().numel().value, 5, 1, out_dt);
   c.e.record(log ? "LogSoftmaxBackward0" : "SoftmaxBackward0", {&x}, {&out}, {out},
              [in_dt, log](Engine& e, Node& n, Grads& g) {
                if (!g[0]) return Grads{T()};
+               // FLOPs: softmax_backward, ~4 per element, reading grad and output, writing the input's gradient
+               detail::count_pointwise(e, FlopKind::kNorm, g[0].shape().numel().value, 4, 2, g[0].dtype());
                T gi = grad_like(e, g[0], in_dt);  // the gradient in the input's dtype
                if (!log) {
                  // softmax_backward_cuda_out: "Tensor tmp = grad * output;" before the kernel. CUDA only, and
@@ -101,10 +109,16 @@ T cross_entropy(Ctx& c, const T& logits, const T& target) {
   T total_weight = c.e.empty(Shape{}, x.dtype(), Category::kActivations, c.L("nll total_weight"));
   const Shape xs = x.shape();
   const DType xd = x.dtype();
+  // FLOPs: nll_loss reads one log-probability per row and reduces them: one per row
+  const uint64_t nll_rows = detail::rows_of(xs).value;
+  c.e.count(FlopKind::kElementwise, nll_rows, detail::nbytes(nll_rows, xd), xd);
   c.e.record("NllLossBackward0", {&x}, {&loss}, {x, target, total_weight},
              [xs, xd](Engine& e, Node&, Grads& g) {
                // nll_loss_backward: a zero-filled gradient the size of the log-probabilities.
-               return Grads{g[0] ? grad_empty(e, xs, xd, Label{"nll_loss grad"}) : T()};
+               if (!g[0]) return Grads{T()};
+               // FLOPs: the zero fill and one write per row: a write of the whole gradient
+               e.count(FlopKind::kElementwise, detail::rows_of(xs).value, detail::nbytes(xs.numel().value, xd), xd);
+               return Grads{grad_empty(e, xs, xd, Label{"nll_loss grad"})};
              });
   return loss;
 }
@@ -226,8 +240,27 @@ T sdpa(Ctx& c, const T& q0, const T& k0, const T& v0, const T* mask0, double dro
   // backward. Only 2.11 is measured; earlier releases keep flash's CPU tensors here.
   const bool philox = dropout_p == 0.0 && (!flash || cudnn_first);
   T out, lse, seed, offset;
+  // FLOPs (flops.h): QK^T and AV over the (query, key) pairs the kernel computes. Causal: the fused kernels skip
+  // the tiles above the diagonal, counted as the pairs on or below it (bottom-right aligned when L < S, as
+  // flash-attention >= 2.1 aligns it); otherwise every pair.
+  const uint64_t pairs_per_head = is_causal && L <= S
+      ? detail::sat_add(detail::sat_mul(L, S - L), detail::sat_mul(L, L + 1) / 2)
+      : detail::sat_mul(L, S);
+  const uint64_t pairs = detail::sat_mul(detail::sat_mul(B, H), pairs_per_head);
+  const DType adt = q.dtype();
+  // bytes: q, out (B, H, L, D) and k, v (B, Hk, S, D) once each, and the float32 logsumexp
+  const uint64_t qo_bytes = detail::nbytes(detail::sat_mul(detail::sat_mul(B, H), detail::sat_mul(L, D)), adt);
+  const uint64_t kv_bytes = detail::nbytes(detail::sat_mul(detail::sat_mul(B, Hk),
+                                                       detail::sat_mul(S, detail::sat_add(D, Dv))), adt);
+  const uint64_t lse_bytes = detail::nbytes(detail::sat_mul(detail::sat_mul(B, H), L), DType::kF32);
   // the op's outputs (output, logsumexp, philox seed and offset) are what selective checkpointing keeps
   c.e.sac_op(SacOp::kSdpa, {&out, &lse, &seed, &offset}, [&] {
+    // FLOPs: 2·pairs·D for QK^T and 2·pairs·Dv for AV
+    c.e.count(FlopKind::kAttention,
+              detail::sat_add(detail::sat_mul(2, detail::sat_mul(pairs, D)),
+                          detail::sat_mul(2, detail::sat_mul(pairs, Dv))),
+              detail::sat_add(detail::sat_mul(qo_bytes, 2), detail::sat_add(kv_bytes, lse_bytes)),
+              adt);
     // where cuDNN is first (2.11, sm_90/sm_100) the traces show the two philox tensors before the output and
     // the logsumexp; the flash and efficient kernels make them after
     auto make_philox = [&] {
@@ -262,9 +295,19 @@ T sdpa(Ctx& c, const T& q0, const T& k0, const T& v0, const T* mask0, double dro
              : flash                    ? "ScaledDotProductFlashAttentionBackward0"
                                         : "ScaledDotProductEfficientAttentionBackward0",
              {&q, &k, &v}, {&out}, std::move(saved),
-             [flash, B, H, L, D, Hk, S, dt](Engine& e, Node& n, Grads& g) {
+             [flash, B, H, L, D, Hk, S, dt, pairs, Dv, qo_bytes, kv_bytes, lse_bytes](Engine& e, Node& n, Grads& g) {
                Grads r(3);
                if (!g[0]) return r;
+               // FLOPs: FlashAttention-2's backward (Dao 2023, Algorithm 2; the memory-efficient kernel does the
+               // same products): it recomputes S = QK^T (2·pairs·D), then dV = P^T dO (2·pairs·Dv), dP = dO V^T
+               // (2·pairs·Dv), dQ = dS K and dK = dS^T Q (2·pairs·D each). Bytes: q, k, v, out, dO, lse read;
+               // dq, dk, dv written.
+               e.count(FlopKind::kAttention,
+                       detail::sat_add(detail::sat_mul(6, detail::sat_mul(pairs, D)),
+                                   detail::sat_mul(4, detail::sat_mul(pairs, Dv))),
+                       detail::sat_add(detail::sat_mul(qo_bytes, 4),
+                                   detail::sat_add(detail::sat_mul(kv_bytes, 2), lse_bytes)),
+                       dt);
                // dq, dk, dv = empty_like(q, k, v): q, k, v are the first three saved tensors
                auto like_saved = [&](size_t i) {
                  const T& t = n.saved[i];

@@ -38,6 +38,9 @@ T product_2d(Ctx& c, const T& x, const T& w, const T* b, uint64_t out_f, bool lt
   c.e.sac_op(has_b && lt ? SacOp::kAddmm : SacOp::kMm, {&out}, [&] {
     out = c.e.empty(detail::with_last(x.shape(), out_f), x.dtype(), Category::kActivations, c.L(what));
     c.e.gemm(lt);  // the output is allocated first, then cuBLAS takes the thread's handle (and workspace)
+    // FLOPs: x (M, in) @ W^T (in, out): 2·M·out·in; a fused bias is cuBLASLt's epilogue, not a kernel of its own
+    c.e.count(FlopKind::kMatmul, detail::product_flops(1, m2[0], out_f, in),
+              detail::product_bytes(1, m2[0], out_f, in, x.dtype()), x.dtype());
   });
   Saved saved;
   const bool gx = x->requires_grad, gw = w->requires_grad;
@@ -49,19 +52,31 @@ T product_2d(Ctx& c, const T& x, const T& w, const T* b, uint64_t out_f, bool lt
   // engine delivers (and queues the bias's AccumulateGrad, which runs first: DDP's gradient-ready order,
   // validate/cpu/ddp.py) in that order.
   const size_t ix = has_b ? 1 : 0, iw = ix + 1;
-  auto fn = [gx, gw, xs, ws, g2, has_b, ix, iw](Engine& e, Node&, Grads& g) {
+  const uint64_t in_f = in;
+  auto fn = [gx, gw, xs, ws, g2, has_b, ix, iw, in_f](Engine& e, Node&, Grads& g) {
     Grads r(3);
     if (!g[0]) return r;
     T gm = grad_as(e, g[0], g2);
+    const DType gd = g[0].dtype();
     if (gw) {
       r[iw] = grad_empty(e, ws, g[0].dtype(), g[0]->label);  // mm_mat2_backward: (out, in) like the weight
       e.gemm(false);
+      // FLOPs: grad^T (out, M) @ x (M, in): 2·M·out·in
+      e.count(FlopKind::kMatmul, detail::product_flops(1, g2[1], in_f, g2[0]),
+              detail::product_bytes(1, g2[1], in_f, g2[0], gd), gd);
     }
     if (gx) {
       r[ix] = grad_empty(e, xs, g[0].dtype(), g[0]->label);  // mm_mat1_backward
       e.gemm(false);
+      // FLOPs: grad (M, out) @ W (out, in): 2·M·out·in
+      e.count(FlopKind::kMatmul, detail::product_flops(1, g2[0], in_f, g2[1]),
+              detail::product_bytes(1, g2[0], in_f, g2[1], gd), gd);
     }
-    if (has_b) r[0] = g[0];  // maybe_multiply(grad, beta) is grad itself; validate_outputs reduces it
+    if (has_b) {
+      r[0] = g[0];  // maybe_multiply(grad, beta) is grad itself; validate_outputs reduces it
+      // FLOPs: validate_outputs' sum_to over the M rows: one add per gradient element
+      detail::count_pointwise(e, FlopKind::kElementwise, detail::sat_mul(g2[0], g2[1]), 1, 0, gd);
+    }
     return r;
   };
   if (has_b) {
@@ -237,22 +252,32 @@ T matmul(Ctx& c, const T& a0, const T& b0, const char* what) {
   c.e.sac_op(SacOp::kBmm, {&out3}, [&] {
     out3 = c.e.empty(Shape{batch, m, n}, a.dtype(), Category::kActivations, c.L(what));
     c.e.gemm(false);
+    // FLOPs: batch products of (m, k) @ (k, n): eager attention's QK^T and AV count here
+    c.e.count(FlopKind::kMatmul, detail::product_flops(batch, m, n, k),
+              detail::product_bytes(batch, m, n, k, a.dtype()), a.dtype());
   });
   Saved saved;
   const bool ga = a->requires_grad, gb = b->requires_grad;
   if (gb) saved.push_back(a3);
   if (ga) saved.push_back(b3);
   c.e.record("BmmBackward0", {&a, &b}, {&out3}, std::move(saved),
-             [ga, gb, as, bs](Engine& e, Node&, Grads& g) {
+             [ga, gb, as, bs, batch, m, k, n](Engine& e, Node&, Grads& g) {
                Grads r(2);
                if (!g[0]) return r;
+               const DType gd = g[0].dtype();
                if (gb) {
                  r[1] = grad_empty(e, bs, g[0].dtype(), g[0]->label);
                  e.gemm(false);
+                 // FLOPs: a^T (k, m) @ grad (m, n), batch times
+                 e.count(FlopKind::kMatmul, detail::product_flops(batch, k, n, m),
+                         detail::product_bytes(batch, k, n, m, gd), gd);
                }
                if (ga) {
                  r[0] = grad_empty(e, as, g[0].dtype(), g[0]->label);
                  e.gemm(false);
+                 // FLOPs: grad (m, n) @ b^T (n, k), batch times
+                 e.count(FlopKind::kMatmul, detail::product_flops(batch, m, k, n),
+                         detail::product_bytes(batch, m, k, n, gd), gd);
                }
                return r;
              });
@@ -269,12 +294,22 @@ T embedding(Ctx& c, const T& weight, const T& ids, const char* what) {
   os.d[os.n++] = C;
   T out = c.e.empty(os, weight.dtype(), Category::kActivations, c.L(what));
   const uint64_t N = ids.shape().numel().value;
+  // FLOPs: a gather, no arithmetic; it reads N rows of C and the ids, writes N rows
+  c.e.count(FlopKind::kElementwise, 0,
+            detail::sat_add(detail::nbytes(detail::sat_mul(detail::sat_mul(N, C), 2), weight.dtype()),
+                        detail::nbytes(N, DType::kI64)),
+            weight.dtype());
   const Shape ws = weight.shape();
   // EmbeddingBackward0 saves the indices; embedding_dense_backward (Embedding.cu,
   // EmbeddingBackwardKernel.cu) builds the (V, C) gradient, sorting the indices first when there are more
   // than 3072 of them.
   c.e.record("EmbeddingBackward0", {&weight}, {&out}, {ids}, [N, V, C, ws](Engine& e, Node&, Grads& g) {
     if (!g[0]) return Grads{T()};
+    // FLOPs: embedding_dense_backward zero-fills the (V, C) gradient and accumulates N rows of C into it
+    e.count(FlopKind::kElementwise, detail::sat_mul(N, C),
+            detail::sat_add(detail::nbytes(detail::sat_mul(V, C), g[0].dtype()),
+                        detail::nbytes(detail::sat_mul(detail::sat_mul(N, C), 2), g[0].dtype())),
+            g[0].dtype());
     constexpr uint64_t kSortThreshold = 3072;  // "num_indices <= 3072 && !scale_grad_by_freq"
     constexpr uint64_t kRowsPerThread = 10;    // NROWS_PER_THREAD
     const DType gd = g[0].dtype();

@@ -198,6 +198,18 @@ STATE = ("live_bytes", "live_total_bytes", "allocated_bytes", "reserved_bytes", 
          "max_reserved_bytes", "peak_live", "peak_allocated", "peak_reserved", "oom")
 
 
+def numbers(x):
+    """JSON as JavaScript reads it: a number is a double (0.0 and 0 are one number), so the CLI's JSON is read
+    the same way before the two are compared."""
+    if isinstance(x, dict):
+        return {k: numbers(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [numbers(v) for v in x]
+    if isinstance(x, float) and x.is_integer() and abs(x) < 2**53:
+        return int(x)
+    return x
+
+
 def free_runs(timeline):
     out, run = [], []
 
@@ -229,7 +241,8 @@ def compare(c, name, page, trainmem, fields, cwd, b):
     c.eq(f"{name} estimate table", page["estimate_table"], cli(trainmem, "estimate", fields, cwd, "table"))
     c.eq(f"{name} pictures drawn", (page["timeline_svg"], page["breakdown_svg"]), (True, True))
     # behind what is shown: the library's whole answer, and the pictures' text, as the CLI's
-    c.eq(f"{name} estimate JSON", json.dumps(page["answer"]["estimate"], sort_keys=True), json.dumps(est, sort_keys=True))
+    c.eq(f"{name} estimate JSON", json.dumps(numbers(page["answer"]["estimate"]), sort_keys=True),
+         json.dumps(numbers(est), sort_keys=True))
     for sub, key in (("timeline", "timeline"), ("estimate", "breakdown")):
         svg = os.path.join(cwd, f"{key}.svg")
         cli(trainmem, sub, {**fields, "plot": svg}, cwd, "table")
@@ -255,7 +268,8 @@ def compare(c, name, page, trainmem, fields, cwd, b):
         print(f"{name}: page fit largest {page['fit_largest']}, CLI {f['largest']}")
         c.eq(f"{name} fit largest", page["fit_largest"], f["largest"] if f["largest"] is not None else "none")
         c.eq(f"{name} fit table", page["fit_table"], cli(trainmem, "fit", fit_fields, cwd, "table"))
-        c.eq(f"{name} fit JSON", json.dumps(page["fit_answer"]["fit"], sort_keys=True), json.dumps(f, sort_keys=True))
+        c.eq(f"{name} fit JSON", json.dumps(numbers(page["fit_answer"]["fit"]), sort_keys=True),
+             json.dumps(numbers(f), sort_keys=True))
     else:
         c.eq(f"{name} verdict", page["verdict"], None)
 

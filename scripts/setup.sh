@@ -15,6 +15,8 @@ PACKAGES=(
   llvm                           # llvm-symbolizer: file:line in the sanitizers' reports
   pybind11-dev python3-dev       # the Python module trainmem (python/), built for the system python3
   python3-pytest                 # the Python module's tests (python/tests), run by ctest
+  emscripten                     # make web: the library compiled to WebAssembly for the web page (web/)
+  chromium python3-websocket     # the web page's test: headless Chromium over its DevTools protocol (tests/web)
 )
 
 missing=()

@@ -23,6 +23,8 @@ struct ModelListing {
   std::string source;
 };
 
+// Every preset (trainmem models): its name, model_type, parameter count and source.
+std::vector<ModelListing> model_listings();
 std::string render_models_table(const std::vector<ModelListing>& models);
 std::string render_models_json(const std::vector<ModelListing>& models);
 std::string render_gpus_table(const std::vector<GpuSpec>& gpus);

@@ -6,7 +6,9 @@
 
 #include <bit>
 #include <cctype>
+#include <cerrno>
 #include <charconv>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -16,6 +18,25 @@
 namespace trainmem {
 
 namespace {
+
+// std::from_chars of a double: the whole text, a decimal or "inf"/"nan", or false. libc++ before 17 (emscripten
+// 3.1's, make web) has only the integer overloads; there strtod reads it, with what from_chars refuses and
+// strtod takes (leading space, '+', hexadecimal) refused first.
+bool parse_double(const std::string& v, double& x) {
+#if defined(__cpp_lib_to_chars)
+  auto r = std::from_chars(v.data(), v.data() + v.size(), x);
+  return r.ec == std::errc() && r.ptr == v.data() + v.size();
+#else
+  if (v.empty() || std::isspace(static_cast<unsigned char>(v[0])) || v[0] == '+' ||
+      v.find_first_of("xX") != std::string::npos) {
+    return false;
+  }
+  char* end = nullptr;
+  errno = 0;
+  x = std::strtod(v.c_str(), &end);
+  return end == v.c_str() + v.size() && errno != ERANGE;
+#endif
+}
 
 // lexArgs: ',', ':', '[' and ']' are tokens of their own; spaces are dropped.
 std::vector<std::string> lex(std::string_view s) {
@@ -58,8 +79,7 @@ class Parser {
       } else if (key == "garbage_collection_threshold") {
         const std::string v = value(key);
         double x = 0;
-        auto r = std::from_chars(v.data(), v.data() + v.size(), x);
-        if (r.ec != std::errc() || r.ptr != v.data() + v.size()) fail(fmt::format("Error, expecting {} value", key));
+        if (!parse_double(v, x)) fail(fmt::format("Error, expecting {} value", key));
         // TORCH_CHECK(val1 > 0, ...): written so that NaN fails it too, as it does in PyTorch
         if (!(x > 0.0)) fail("garbage_collect_threshold too small, set it 0.0~1.0");
         if (x >= 1.0) fail("garbage_collect_threshold too big, set it 0.0~1.0");

@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <bit>
 #include <memory>
+#if __has_include(<memory_resource>)
 #include <memory_resource>
+#endif
 #include <set>
 #include <tuple>
 #include <unordered_map>
@@ -79,10 +81,23 @@ struct BySizeAddr {
   }
 };
 
+// Simulation bookkeeping: the free sets' tree nodes come from one pool arena where the standard library has
+// one; libc++ before 16 (emscripten 3.1's, make web) has no <memory_resource>, and there they come from the
+// heap. Only the simulator's speed differs.
+#if __has_include(<memory_resource>)
+using Arena = std::pmr::unsynchronized_pool_resource;
+using FreeSet = std::pmr::set<Block*, BySizeAddr>;
+#else
+struct Arena {};
+struct FreeSet : std::set<Block*, BySizeAddr> {
+  explicit FreeSet(Arena*) {}
+};
+#endif
+
 struct Pool {
-  explicit Pool(std::pmr::memory_resource* r) : free(r) {}
+  explicit Pool(Arena* r) : free(r) {}
   bool small = false;
-  std::pmr::set<Block*, BySizeAddr> free;  // tree nodes come from the allocator's arena
+  FreeSet free;  // tree nodes come from the allocator's arena
   // expandable segments: one growing segment per pool; `mapped_end` is where its mapped pages stop
   Block* exp_last = nullptr;  // the block at the end of the mapped range
   uint64_t exp_base = 0, exp_mapped = 0;
@@ -394,7 +409,7 @@ class Allocator {
   std::vector<std::unique_ptr<Block[]>> block_chunks_;
   size_t chunk_used_ = 0;
   std::vector<Block*> spare_blocks_;
-  std::pmr::unsynchronized_pool_resource arena_;
+  Arena arena_;
   // one small and one large pool per stream (the BlockPools' blocks of that stream)
   static_assert(kStreamCount == 3);
   Pool small_[kStreamCount] = {Pool{&arena_}, Pool{&arena_}, Pool{&arena_}};

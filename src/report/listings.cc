@@ -6,8 +6,20 @@
 #include "json_text.h"
 #include "text_table.h"
 #include "trainmem/report.h"
+#include "trainmem/scenario.h"
 
 namespace trainmem {
+
+std::vector<ModelListing> model_listings() {
+  std::vector<ModelListing> rows;
+  for (const Preset& p : presets()) {
+    Scenario s;
+    s.model.model = std::string(p.name);
+    const ResolvedScenario r = resolve_model(s, DiskFileReader());
+    rows.push_back({r.model.name, r.model.model_type, parameter_count(r.inventory), r.model.source});
+  }
+  return rows;
+}
 
 std::string render_models_table(const std::vector<ModelListing>& models) {
   report::TextTable t({{"preset", report::TextTable::kLeft},

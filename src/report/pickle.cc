@@ -106,7 +106,8 @@ class Writer {
   }
   void put(double d, size_t) {
     byte(kBinFloat);
-    const auto bits = std::bit_cast<uint64_t>(d);
+    uint64_t bits = 0;  // memcpy, not std::bit_cast: libc++ 14 (emscripten 3.1's, make web) has no bit_cast
+    std::memcpy(&bits, &d, sizeof bits);
     for (int i = 7; i >= 0; --i) byte(static_cast<uint8_t>(bits >> (8 * i)));  // big-endian
   }
   void put(const std::string& s, size_t) {
@@ -225,7 +226,9 @@ class Reader {
         case kBinFloat: {
           uint64_t bits = 0;
           for (int k = 0; k < 8; ++k) bits = (bits << 8) | u8_checked(at);
-          push(PyValue(std::bit_cast<double>(bits)));
+          double d = 0;  // memcpy, not std::bit_cast: libc++ 14 (emscripten 3.1's, make web) has no bit_cast
+          std::memcpy(&d, &bits, sizeof d);
+          push(PyValue(d));
           break;
         }
         case kShortBinUnicode: str(le(1, at), at); break;

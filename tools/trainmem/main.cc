@@ -23,6 +23,7 @@
 #include "trainmem/report.h"
 #include "trainmem/scenario.h"
 #include "trainmem/snapshot.h"
+#include "serve.h"
 
 namespace {
 
@@ -40,6 +41,7 @@ struct Flags {
   std::string solve = "batch", margin = "5%";
   std::string plot;  // --plot FILE: the step as an SVG picture
   std::string snapshot;  // diff --snapshot FILE: a measured run's snapshot pickle or measurement JSON
+  cli::ServeOptions serve;  // trainmem serve
 };
 
 // Short spellings, kept from earlier versions of the CLI.
@@ -99,13 +101,7 @@ bool json_format(const Flags& f) {
 }
 
 int run_models(const Flags& f) {
-  std::vector<ModelListing> rows;
-  for (const Preset& p : presets()) {
-    Scenario s;
-    s.model.model = std::string(p.name);
-    const ResolvedScenario r = resolve_model(s, DiskFileReader());
-    rows.push_back({r.model.name, r.model.model_type, parameter_count(r.inventory), r.model.source});
-  }
+  const std::vector<ModelListing> rows = model_listings();
   std::cout << (json_format(f) ? render_models_json(rows) : render_models_table(rows));
   return 0;
 }
@@ -296,6 +292,12 @@ int main(int argc, char** argv) {
       ->required();
   add_format_flag(diffc, f);
 
+  auto* srv = app.add_subcommand("serve", "serve the web page (make web builds it) on this machine over HTTP");
+  srv->add_option("--port", f.serve.port, "TCP port (0: any free port)")->capture_default_str();
+  srv->add_option("--host", f.serve.host, "address to listen on")->capture_default_str();
+  srv->add_option("--root", f.serve.root, "the page's folder (default: web/ beside this executable, where make web "
+                                          "puts it)");
+
   // A first word that names no subcommand: say so (CLI11 would ask for a subcommand instead).
   auto known = [&](const char* name) {
     for (const CLI::App* sub : app.get_subcommands({})) {
@@ -305,7 +307,7 @@ int main(int argc, char** argv) {
   };
   if (argc > 1 && argv[1][0] != '-' && !known(argv[1])) {
     std::cerr << fmt::format("trainmem: unknown subcommand \"{}\"; expected models, gpus, params, formulas, "
-                             "estimate, timeline, fit or diff (trainmem --help)\n", argv[1]);
+                             "estimate, timeline, fit, diff or serve (trainmem --help)\n", argv[1]);
     return kExitBadInput;
   }
   try {
@@ -325,6 +327,10 @@ int main(int argc, char** argv) {
     if (tl->parsed()) return run_timeline(f);
     if (fitc->parsed()) return run_fit(f);
     if (diffc->parsed()) return run_diff(f);
+    if (srv->parsed()) {
+      if (f.serve.root.empty()) f.serve.root = cli::default_web_root(argc > 0 ? argv[0] : nullptr);
+      cli::serve(f.serve);
+    }
   } catch (const Error& e) {
     std::cerr << "trainmem: " << error_message(e) << "\n";
     return kExitBadInput;

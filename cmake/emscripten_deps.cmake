@@ -1,0 +1,21 @@
+# The library's two dependencies when compiling to WebAssembly with emscripten (make web). emscripten's
+# toolchain searches its own sysroot only, and /usr/include must not be on its include path (glibc's headers
+# would shadow its libc), so Debian's header-only copies are reached through a folder holding just them:
+#   fmt            Debian's libfmt-dev headers, with FMT_HEADER_ONLY (no libfmt.so for wasm32)
+#   nlohmann_json  Debian's nlohmann-json3-dev (header-only)
+set(TRAINMEM_WASM_HEADERS ${PROJECT_BINARY_DIR}/debian-headers)
+foreach(dir fmt nlohmann)
+  if(NOT EXISTS /usr/include/${dir})
+    message(FATAL_ERROR "make web: /usr/include/${dir} not found; install the dependencies with bash scripts/setup.sh")
+  endif()
+  file(MAKE_DIRECTORY ${TRAINMEM_WASM_HEADERS})
+  file(CREATE_LINK /usr/include/${dir} ${TRAINMEM_WASM_HEADERS}/${dir} SYMBOLIC)
+endforeach()
+add_library(trainmem_wasm_fmt INTERFACE)
+target_include_directories(trainmem_wasm_fmt SYSTEM INTERFACE ${TRAINMEM_WASM_HEADERS})
+target_compile_definitions(trainmem_wasm_fmt INTERFACE FMT_HEADER_ONLY)
+add_library(fmt::fmt ALIAS trainmem_wasm_fmt)
+add_library(trainmem_wasm_json INTERFACE)
+target_include_directories(trainmem_wasm_json SYSTEM INTERFACE ${TRAINMEM_WASM_HEADERS})
+add_library(nlohmann_json::nlohmann_json ALIAS trainmem_wasm_json)
+add_compile_options(-fexceptions)  # trainmem::Error is thrown and caught (emscripten aborts on a throw by default)

@@ -179,7 +179,7 @@ T log_softmax(Ctx& c, const T& x, std::optional<DType> dtype, const char* what);
 
 // ---- attention -----------------------------------------------------------------------------------------
 enum class SdpaBackend { kFlash, kEfficient, kMath, kCudnn };
-SdpaBackend sdpa_backend(const Ctx& c, const T& q, bool has_mask, double dropout_p);
+SdpaBackend sdpa_backend(const Ctx& c, const T& q, const T& v, bool has_mask, double dropout_p);
 // F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p, is_causal) with q, k, v (B, H, T, D).
 // enable_gqa=false with fewer key/value heads than query heads (Falcon's multi-query SDPA call): no fused kernel
 // takes it (sdp_utils.h check_batch_size_and_num_heads_dense: "the same num_heads"), so the math kernel runs and

@@ -125,18 +125,42 @@ T cross_entropy(Ctx& c, const T& logits, const T& target) {
 
 // ---- scaled dot product attention ------------------------------------------------------------------------
 
-SdpaBackend sdpa_backend(const Ctx& c, const T& q, bool has_mask, double dropout_p) {
+// On sm_90 and sm_100 recent PyTorch's sdp_utils.cpp (check_prefer_cudnn_attention) puts cuDNN attention first
+// in the priority order; measured in 2.11 only (the H100/H200 traces of validate/measured/).
+namespace {
+bool cudnn_attention_first(const Ctx& c) {
+  const uint32_t sm = c.rt().sm;
+  return c.rt().torch >= TorchVersion{2, 11} && (sm == 90 || sm == 100);
+}
+}  // namespace
+
+SdpaBackend sdpa_backend(const Ctx& c, const T& q, const T& v, bool has_mask, double dropout_p) {
   (void)dropout_p;
-  const uint64_t D = q.shape().back();
+  const uint64_t D = q.shape().back(), Dv = v.shape().back();
   const DType dt = c.autocast ? c.ac_dtype : q.dtype();
   const uint32_t sm = c.rt().sm;
   // sdp_utils.cpp: flash needs fp16/bf16, sm80+, no attention mask, a head dim that is a multiple of 8 and
   // at most 256; memory-efficient attention also takes float32 and masks.
+  SdpaBackend be = SdpaBackend::kMath;
   if ((dt == DType::kF16 || dt == DType::kBF16) && sm >= 80 && !has_mask && D % 8 == 0 && D <= 256) {
-    return SdpaBackend::kFlash;
+    be = SdpaBackend::kFlash;
+  } else if (sm >= 50 && D % 8 == 0 && (dt != DType::kBF16 || sm >= 80)) {
+    be = SdpaBackend::kEfficient;
   }
-  if (sm >= 50 && D % 8 == 0 && (dt != DType::kBF16 || sm >= 80)) return SdpaBackend::kEfficient;
-  return SdpaBackend::kMath;
+  // A value head dim other than the query's (DeepSeek-V3's MLA: qk_head_dim 192, v_head_dim 128): sdp_utils.cpp
+  // check_head_dim_size_flash wants query, key and value of one last dim; check_head_dim_size_mem_efficient
+  // wants query and key equal and both last dims multiples of the alignment (8 here, as above).
+  if (Dv != D && be == SdpaBackend::kFlash) be = SdpaBackend::kEfficient;
+  if (be == SdpaBackend::kEfficient && Dv % 8 != 0) be = SdpaBackend::kMath;
+  // With a mask where cuDNN attention comes first, it takes the call (fp16/bf16, head dims equal, a multiple of 8
+  // up to 128); its output follows the query's layout like flash's, as the H200 trace of the masked Phi-3-mini
+  // run shows (the output copy of `.transpose(1, 2).contiguous()` behind a cat-built query). Its backward is
+  // modelled as flash's (cuDNN's own workspace is not).
+  if (has_mask && cudnn_attention_first(c) && be == SdpaBackend::kEfficient && Dv == D && Dv % 8 == 0 && Dv <= 128 &&
+      (dt == DType::kBF16 || dt == DType::kF16)) {
+    be = SdpaBackend::kCudnn;
+  }
+  return be;
 }
 
 namespace {
@@ -190,24 +214,9 @@ T sdpa(Ctx& c, const T& q0, const T& k0, const T& v0, const T* mask0, double dro
   const T q = autocast_lowp(c, q0);
   if (!c.training) dropout_p = 0.0;
   const bool broadcast_kv = !enable_gqa && k.shape()[1] != q.shape()[1];
-  SdpaBackend be = broadcast_kv ? SdpaBackend::kMath : sdpa_backend(c, q, mask != nullptr, dropout_p);
-  // A value head dim other than the query's (DeepSeek-V3's MLA: qk_head_dim 192, v_head_dim 128): sdp_utils.cpp
-  // check_head_dim_size_flash wants query, key and value of one last dim; check_head_dim_size_mem_efficient
-  // wants query and key equal and both last dims multiples of the alignment (8 here, as above).
+  const SdpaBackend be = broadcast_kv ? SdpaBackend::kMath : sdpa_backend(c, q, v, mask != nullptr, dropout_p);
   const uint64_t Dv = v.shape()[3];
-  if (Dv != q.shape()[3] && be == SdpaBackend::kFlash) be = SdpaBackend::kEfficient;
-  if (be == SdpaBackend::kEfficient && Dv % 8 != 0) be = SdpaBackend::kMath;
-  // With a mask on sm_90 / sm_100 in 2.11, cuDNN attention, first in the priority order there
-  // (check_prefer_cudnn_attention), takes it (fp16/bf16, head dims equal, a multiple of 8 up to 128); its
-  // output follows the query's layout like flash's, as the H200 trace of the masked Phi-3-mini run shows (the
-  // output copy of `.transpose(1, 2).contiguous()` behind a cat-built query). Its backward is modelled as
-  // flash's (cuDNN's own workspace is not).
-  const uint32_t sm = c.rt().sm;
-  const bool cudnn_first = c.rt().torch >= TorchVersion{2, 11} && (sm == 90 || sm == 100);
-  if (mask && cudnn_first && be == SdpaBackend::kEfficient && Dv == q.shape()[3] && Dv % 8 == 0 && Dv <= 128 &&
-      (q.dtype() == DType::kBF16 || q.dtype() == DType::kF16)) {
-    be = SdpaBackend::kCudnn;
-  }
+  const bool cudnn_first = cudnn_attention_first(c);
   // attention.cpp scaled_dot_product_attention: after choosing the backend, convert_boolean_attn_mask turns a
   // bool mask into `at::where(attn_mask, 0.0, -inf)` in the query's dtype: two 0-dim scalars, then a new
   // tensor of the mask's (expanded) shape, which the kernel saves for backward (the H200 Phi-3-mini trace shows

@@ -249,8 +249,16 @@ DeviceVerdict device_verdict(const Estimate& e, const GpuSpec& gpu, const Alloca
 
 // The step time of `e` on `gpu`: a roofline over the simulated step's kernels, launch overheads and the
 // collectives (src/pipeline/step_time.cc). nullopt when the catalog has no peaks for the GPU, or for what it
-// does not model: pipeline, context and expert parallelism, ZeRO-3 and offload.
+// does not model: context and expert parallelism, ZeRO-3 and offload.
+// With --pp, the pipeline's step (pipeline_step_time), which estimate() computed from every rank.
 std::optional<StepTime> step_time(const Estimate& e, const GpuSpec& gpu);
+
+// --pp > 1: the step of the whole pipeline from every rank's simulated step (ranks[r] is rank r's, as
+// estimate() simulates them): the schedule over each rank's forward and backward per micro-batch, the
+// stage-to-stage sends on the fill and drain, FSDP2's collectives and the optimizer (src/pipeline/step_time.cc
+// says how). The kernel and communication figures are rank f.shown's. nullopt as step_time.
+std::optional<StepTime> pipeline_step_time(const std::vector<Estimate>& ranks, const PpFigures& f,
+                                           const GpuSpec& gpu);
 
 // The name of a timeline label in the model's own names ("model.layers.3 attn softmax", a parameter's name).
 std::string label_name(const Label& l, const ModelSpec& m);

@@ -19,6 +19,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -85,6 +86,23 @@ struct GpuPerf {
   bool known() const { return fp32_tflops > 0 && hbm_gbps > 0; }
 };
 
+// --pp > 1: how the pipeline's schedule turns every rank's kernels into one step (step_time.cc
+// pipeline_step_time). Per micro-batch figures are a rank's kernels and blocking tensor-parallel collectives over
+// its stages, divided by the micro-batches.
+struct PipelineTime {
+  std::string schedule;             // gpipe, 1f1b, interleaved-1f1b
+  uint64_t ranks = 1, micro_batches = 1, virtual_stages = 1;
+  uint64_t slowest_rank = 0;        // the rank with the largest forward + backward per micro-batch
+  double forward_seconds = 0;       // the slowest rank's, per micro-batch
+  double backward_seconds = 0;      // the slowest rank's backward and recomputation, per micro-batch
+  double steady_seconds = 0;        // micro-batches x the slowest rank's forward + backward
+  double bubble_seconds = 0;        // the other ranks' forward + backward on the fill and drain (/ virtual stages)
+  double send_seconds = 0;          // stage-to-stage sends on the fill and drain
+  double gather_seconds = 0;        // FSDP2's exposed all-gathers on the fill (every rank's first forward)
+  double tail_seconds = 0;          // the slowest rank's reduce-scatters and optimizer after its last backward
+  std::vector<double> rank_seconds; // per rank: forward + backward per micro-batch
+};
+
 // How the step's kernels and collectives are turned into seconds (trainmem's model, each constant cited
 // where it is defined in src/core/step_time.cc).
 struct StepTime {
@@ -105,6 +123,9 @@ struct StepTime {
   std::array<std::array<uint64_t, kFlopKinds>, kWorkPhases> flops_by{}, bytes_by{};  // the ledger's, [phase][kind]
   uint64_t kernels = 0;
   std::vector<std::string> notes;    // assumptions that apply to this run
+  // --pp > 1: the schedule's figures; the kernel, phase and communication figures above are then the shown
+  // rank's, model_flops the pipeline ranks' mean, and step_seconds the schedule's (not their sum)
+  std::optional<PipelineTime> pipeline;
 };
 
 }  // namespace trainmem

@@ -125,6 +125,7 @@ std::string render_verdict(const DeviceVerdict& v, const GpuSpec* gpu);
 std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu);
 
 // The step time (flops.h) as text lines for estimate and fit, and as the JSON `time` object.
-std::string render_step_time(const StepTime& t, const GpuSpec& gpu, const TrainSetup& s);
+// With --pp, `shown_rank` names the rank whose kernels and collectives the lines after the pipeline line show.
+std::string render_step_time(const StepTime& t, const GpuSpec& gpu, const TrainSetup& s, uint64_t shown_rank = 0);
 
 }  // namespace trainmem

@@ -387,8 +387,10 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
       ranks.push_back(std::move(e));
     }
     f.shown = s.rank.value_or(f.worst);
+    std::optional<StepTime> time = gpu ? pipeline_step_time(ranks, f, *gpu) : std::nullopt;
     Estimate out = std::move(ranks[f.shown]);
     out.pp = std::move(f);
+    out.time = std::move(time);
     return out;
   }
   validate_setup(m, s);

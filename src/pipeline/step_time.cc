@@ -7,6 +7,7 @@
 
 #include "trainmem/estimate.h"
 #include "trainmem/error.h"
+#include "trainmem/names.h"
 
 namespace trainmem {
 
@@ -43,9 +44,88 @@ double all_gather_seconds(double full_bytes, uint64_t n, double bw) {
   return n <= 1 ? 0.0 : static_cast<double>(n - 1) / static_cast<double>(n) * full_bytes / bw;
 }
 
+// The roofline over one ledger's kernels: each at the slower of its FLOPs (products at the measured share of
+// their dtype's peak, the rest on the CUDA cores at the FP32 peak) and its bytes (at the memory bandwidth), plus
+// a launch each; by bound and by phase.
+struct KernelSeconds {
+  double compute_bound = 0, memory_bound = 0, launch = 0;
+  std::array<double, kWorkPhases> phase{};
+  double total() const { return compute_bound + memory_bound + launch; }
+};
+KernelSeconds kernel_seconds(const FlopLedger& L, const GpuPerf& g) {
+  KernelSeconds k;
+  const double hbm = g.hbm_gbps * 1e9;
+  for (const KernelRow& r : L.rows) {
+    const bool product = r.kind == FlopKind::kMatmul || r.kind == FlopKind::kAttention;
+    // products at the measured achievable share of the peak; the rest on the CUDA cores at the FP32 peak
+    const double peak = product ? product_peak(g, r.dtype) * g.matmul_efficiency : g.fp32_tflops * 1e12;
+    const double tf = static_cast<double>(r.flops) / peak;
+    const double tb = static_cast<double>(r.bytes) / hbm;
+    const double n = static_cast<double>(r.count);
+    (tf >= tb ? k.compute_bound : k.memory_bound) += std::max(tf, tb) * n;
+    k.launch += kLaunchSeconds * n;
+    k.phase[static_cast<size_t>(r.phase)] += (std::max(tf, tb) + kLaunchSeconds) * n;
+  }
+  return k;
+}
+
+// Tensor parallelism's collectives of one phase (transformers' tp_plan): each blocks the op after it.
+double tp_seconds(const FlopLedger& L, WorkPhase p, uint64_t tp, double bw) {
+  if (tp <= 1) return 0.0;
+  const size_t i = static_cast<size_t>(p);
+  return all_reduce_seconds(static_cast<double>(L.tp_all_reduce_bytes[i]), tp, bw) +
+         all_gather_seconds(static_cast<double>(L.tp_all_gather_bytes[i]), tp, bw);
+}
+
+// FSDP2's collectives per pass over the units: the all-gathers before the forward, those again before the
+// backward (units resharded after their forward, not the root), the reduce-scatters; `first` is the first unit's
+// all-gather, which nothing hides.
+struct FsdpSeconds {
+  double ag_fwd = 0, ag_bwd = 0, rs = 0, first = 0;
+};
+FsdpSeconds fsdp_seconds(const FsdpFigures& f, uint64_t dp, double bw) {
+  const FsdpOptions& o = f.options;
+  FsdpSeconds x;
+  for (const FsdpUnit& u : f.units) {
+    const double full = static_cast<double>(u.shard_numel) * static_cast<double>(dp);
+    const double a = all_gather_seconds(full * static_cast<double>(itemsize(o.param_dtype)), dp, bw);
+    if (x.first == 0) x.first = a;
+    x.ag_fwd += a;
+    if (u.reshard_after_forward && u.kind != FsdpUnit::kRoot) x.ag_bwd += a;
+    x.rs += all_gather_seconds(full * static_cast<double>(itemsize(o.reduce_dtype)), dp, bw);
+  }
+  return x;
+}
+
+// Model FLOPs (PaLM, Chowdhery et al. 2022, appendix B: MFU counts the model's forward and backward, not
+// rematerialisation): the simulated products of the forward and backward, per rank.
+uint64_t model_flops(const FlopLedger& L) {
+  uint64_t model = 0;
+  for (WorkPhase p : {WorkPhase::kForward, WorkPhase::kBackward}) {
+    for (FlopKind k : {FlopKind::kMatmul, FlopKind::kAttention}) {
+      model = checked_add(model, L.flops[static_cast<size_t>(p)][static_cast<size_t>(k)], "model FLOPs");
+    }
+  }
+  return model;
+}
+
+// The notes every step time carries where they apply.
+void common_notes(StepTime& t, const GpuSpec& gpu, const TrainSetup& s) {
+  if (gpu.perf.matmul_efficiency >= 1) {
+    t.notes.push_back(fmt::format("{}: no measured matmul efficiency in the catalog; products at the datasheet peak",
+                                  gpu.name));
+  }
+  if (s.optimizer != Optimizer::kAdamW && s.optimizer != Optimizer::kAdam && s.optimizer != Optimizer::kSgd &&
+      s.optimizer != Optimizer::kSgdMomentum && s.optimizer != Optimizer::kNone) {
+    t.notes.push_back("this optimizer's update is not counted");
+  }
+}
+
 }  // namespace
 
 std::optional<StepTime> step_time(const Estimate& e, const GpuSpec& gpu) {
+  // --pp: the pipeline's step, computed from every rank by estimate() (pipeline_step_time)
+  if (e.pp) return e.time;
   const GpuPerf& g = gpu.perf;
   if (!g.known() || !e.sim) return std::nullopt;
   const TrainSetup& s = e.setup;
@@ -62,18 +142,11 @@ std::optional<StepTime> step_time(const Estimate& e, const GpuSpec& gpu) {
   t.flops_by = L.flops;
   t.bytes_by = L.bytes;
   t.kernels = L.kernels;
-  const double hbm = g.hbm_gbps * 1e9;
-  for (const KernelRow& r : L.rows) {
-    const bool product = r.kind == FlopKind::kMatmul || r.kind == FlopKind::kAttention;
-    // products at the measured achievable share of the peak; the rest on the CUDA cores at the FP32 peak
-    const double peak = product ? product_peak(g, r.dtype) * g.matmul_efficiency : g.fp32_tflops * 1e12;
-    const double tf = static_cast<double>(r.flops) / peak;
-    const double tb = static_cast<double>(r.bytes) / hbm;
-    const double n = static_cast<double>(r.count);
-    (tf >= tb ? t.compute_bound_seconds : t.memory_bound_seconds) += std::max(tf, tb) * n;
-    t.launch_seconds += kLaunchSeconds * n;
-    t.phase_seconds[static_cast<size_t>(r.phase)] += (std::max(tf, tb) + kLaunchSeconds) * n;
-  }
+  const KernelSeconds k = kernel_seconds(L, g);
+  t.compute_bound_seconds = k.compute_bound;
+  t.memory_bound_seconds = k.memory_bound;
+  t.launch_seconds = k.launch;
+  t.phase_seconds = k.phase;
   const double compute = t.compute_bound_seconds + t.memory_bound_seconds + t.launch_seconds;
   const uint64_t micro = s.task == Task::kTrain ? std::max<uint64_t>(s.grad_accum, 1) : 1;
   const double fwd = t.phase_seconds[static_cast<size_t>(WorkPhase::kForward)] / static_cast<double>(micro);
@@ -87,8 +160,7 @@ std::optional<StepTime> step_time(const Estimate& e, const GpuSpec& gpu) {
   // overlapped.
   if (s.tp > 1) {
     for (size_t p = 0; p < kWorkPhases; ++p) {
-      const double c = all_reduce_seconds(static_cast<double>(L.tp_all_reduce_bytes[p]), s.tp, bw) +
-                       all_gather_seconds(static_cast<double>(L.tp_all_gather_bytes[p]), s.tp, bw);
+      const double c = tp_seconds(L, static_cast<WorkPhase>(p), s.tp, bw);
       total += c;
       exposed += c;
     }
@@ -120,16 +192,7 @@ std::optional<StepTime> step_time(const Estimate& e, const GpuSpec& gpu) {
     // micro-batch). The next unit's all-gather is prefetched behind the current unit's compute (implicit
     // forward prefetch, backward prefetch by default): exposed is the first unit's gather and what each pass's
     // compute cannot hide.
-    const FsdpOptions& o = e.fsdp->options;
-    double ag_fwd = 0, ag_bwd = 0, rs = 0, first = 0;
-    for (const FsdpUnit& u : e.fsdp->units) {
-      const double full = static_cast<double>(u.shard_numel) * static_cast<double>(dp);
-      const double a = all_gather_seconds(full * static_cast<double>(itemsize(o.param_dtype)), dp, bw);
-      if (first == 0) first = a;
-      ag_fwd += a;
-      if (u.reshard_after_forward && u.kind != FsdpUnit::kRoot) ag_bwd += a;
-      rs += all_gather_seconds(full * static_cast<double>(itemsize(o.reduce_dtype)), dp, bw);
-    }
+    const auto [ag_fwd, ag_bwd, rs, first] = fsdp_seconds(*e.fsdp, dp, bw);
     const double m = static_cast<double>(micro);
     total += (ag_fwd + ag_bwd) * m + rs;
     exposed += (first + std::max(0.0, ag_fwd - first - fwd) + std::max(0.0, ag_bwd - bwd)) * m +
@@ -152,25 +215,149 @@ std::optional<StepTime> step_time(const Estimate& e, const GpuSpec& gpu) {
   if (s.task == Task::kInference && s.generate > 0) tokens = checked_mul(s.batch, s.generate, "tokens");
   t.tokens = tokens;
   t.tokens_per_second = t.step_seconds > 0 ? static_cast<double>(tokens) / t.step_seconds : 0;
-  // Model FLOPs (PaLM, Chowdhery et al. 2022, appendix B: MFU counts the model's forward and backward, not
-  // rematerialisation): the simulated products of the forward and backward, per rank.
-  uint64_t model = 0;
-  for (WorkPhase p : {WorkPhase::kForward, WorkPhase::kBackward}) {
-    for (FlopKind k : {FlopKind::kMatmul, FlopKind::kAttention}) {
-      model = checked_add(model, L.flops[static_cast<size_t>(p)][static_cast<size_t>(k)], "model FLOPs");
-    }
-  }
+  const uint64_t model = model_flops(L);
   t.model_flops = model;
   t.peak_tflops = product_peak(g, compute_dtype(s.precision)) / 1e12;
   t.mfu = t.step_seconds > 0 ? static_cast<double>(model) / (t.step_seconds * t.peak_tflops * 1e12) : 0;
-  if (g.matmul_efficiency >= 1) {
-    t.notes.push_back(fmt::format("{}: no measured matmul efficiency in the catalog; products at the datasheet peak",
-                                  gpu.name));
+  common_notes(t, gpu, s);
+  return t;
+}
+
+// --pp > 1. The pipeline's step from every rank's simulated step (ranks[r] is rank r's Estimate, its ledger over
+// its stages and every micro-batch):
+//   step = G + M·max_r(f_r + b_r) + Σ_{r ≠ slowest}(f_r + b_r) / v + S + max_r(rs_r + o_r)
+// f_r, b_r: rank r's forward and backward (with recomputation) per micro-batch, kernels and blocking
+// tensor-parallel collectives; M micro-batches; v stages per rank. For p equal stages the middle terms are
+// (m + p - 1)(t_f + t_b) for GPipe and 1F1B, whose pipeline bubble is (p - 1)(t_f + t_b), a fraction (p - 1)/m of
+// the ideal m(t_f + t_b) (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters
+// Using Megatron-LM", SC'21, section 2.2.1), and the interleaved schedule divides the bubble by v (section
+// 2.2.2). With unequal stages the slowest stage sets the steady pace and every other stage's forward and
+// backward of one micro-batch lies on the fill and drain once.
+// S: the sends of the stage outputs (B, T, C) forward and their gradients backward, point to point at the link
+// bandwidth; on the critical path on the fill and drain only (2(p·v - 1) sends: the first micro-batch's
+// forward crosses every stage boundary, the last one's backward too); in the steady phase each send overlaps
+// the other micro-batches' compute.
+// G: FSDP2 under torchtitan's pipeline keeps the parameters unsharded across the micro-batches
+// (reshard_after_forward False; src/sim/fsdp.cc pp_*): each unit is all-gathered once, by the rank's first
+// forward (the root's pre-forward hook; the next unit prefetched behind the current one's compute), and the
+// first micro-batch reaches rank r only after rank r - 1's first forward: the exposed all-gathers of every rank
+// add up along the fill.
+// rs_r, o_r: the reduce-scatters, once after the last backward (pp_post_backward), and the optimizer; each rank
+// steps on its own, the step ends with the last (an upper bound: ranks past the first end their last backward
+// before rank 0 does).
+std::optional<StepTime> pipeline_step_time(const std::vector<Estimate>& ranks, const PpFigures& f,
+                                           const GpuSpec& gpu) {
+  const GpuPerf& g = gpu.perf;
+  if (!g.known() || ranks.size() != f.ranks || ranks.empty()) return std::nullopt;
+  const TrainSetup& s = ranks[0].setup;
+  // not modelled beside the pipeline: as step_time
+  if (s.cp > 1 || s.ep > 1 || s.offload_optimizer || s.offload_params || s.task != Task::kTrain) return std::nullopt;
+  for (const Estimate& e : ranks) {
+    if (!e.sim || e.sim->flops.overflow || (e.zero && e.zero->options.stage == 3)) return std::nullopt;
   }
-  if (s.optimizer != Optimizer::kAdamW && s.optimizer != Optimizer::kAdam && s.optimizer != Optimizer::kSgd &&
-      s.optimizer != Optimizer::kSgdMomentum && s.optimizer != Optimizer::kNone) {
-    t.notes.push_back("this optimizer's update is not counted");
+  const double bw = g.link_gbps * 1e9;
+  const double M = static_cast<double>(std::max<uint64_t>(f.micro_batches, 1));
+  const uint64_t v = std::max<uint64_t>(f.virtual_stages, 1);
+  const uint64_t dp = s.dp;
+  PipelineTime pt;
+  pt.schedule = std::string(name_of(f.schedule));
+  pt.ranks = f.ranks;
+  pt.micro_batches = f.micro_batches;
+  pt.virtual_stages = v;
+  StepTime t;
+  std::vector<double> fwd(ranks.size()), bwd(ranks.size());
+  uint64_t model_sum = 0;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const Estimate& e = ranks[r];
+    const FlopLedger& L = e.sim->flops;
+    const KernelSeconds k = kernel_seconds(L, g);
+    const double tpf = tp_seconds(L, WorkPhase::kForward, s.tp, bw);
+    const double tpb = tp_seconds(L, WorkPhase::kBackward, s.tp, bw) + tp_seconds(L, WorkPhase::kRecompute, s.tp, bw);
+    const double tpo = tp_seconds(L, WorkPhase::kOptimizer, s.tp, bw);
+    fwd[r] = (k.phase[static_cast<size_t>(WorkPhase::kForward)] + tpf) / M;
+    bwd[r] = (k.phase[static_cast<size_t>(WorkPhase::kBackward)] + k.phase[static_cast<size_t>(WorkPhase::kRecompute)] +
+              tpb) / M;
+    const double opt = k.phase[static_cast<size_t>(WorkPhase::kOptimizer)] + tpo;
+    double gather = 0, rs = 0, comm = tpf + tpb + tpo;
+    if (e.fsdp && dp > 1) {
+      const FsdpSeconds x = fsdp_seconds(*e.fsdp, dp, bw);
+      // one gather per unit per step (no unit reshards after its forward under the pipeline, so ag_bwd is 0)
+      gather = x.first + std::max(0.0, x.ag_fwd - x.first - fwd[r]) + std::max(0.0, x.ag_bwd - bwd[r]);
+      rs = x.rs;
+      comm += x.ag_fwd + x.ag_bwd + x.rs;
+    }
+    pt.gather_seconds += gather;
+    pt.tail_seconds = std::max(pt.tail_seconds, rs + opt);
+    pt.rank_seconds.push_back(fwd[r] + bwd[r]);
+    model_sum = checked_add(model_sum, model_flops(L), "model FLOPs");
+    if (r == f.shown) {
+      t.flops = L.total_flops();
+      t.flops_by = L.flops;
+      t.bytes_by = L.bytes;
+      t.kernels = L.kernels;
+      t.compute_bound_seconds = k.compute_bound;
+      t.memory_bound_seconds = k.memory_bound;
+      t.launch_seconds = k.launch;
+      t.phase_seconds = k.phase;
+      t.comm_seconds = comm;
+      t.comm_exposed_seconds = tpf + tpb + tpo + gather + rs;
+    }
   }
+  size_t slow = 0;
+  for (size_t r = 1; r < ranks.size(); ++r) {
+    if (fwd[r] + bwd[r] > fwd[slow] + bwd[slow]) slow = r;
+  }
+  double others = 0;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    if (r != slow) others += fwd[r] + bwd[r];
+  }
+  pt.slowest_rank = slow;
+  pt.forward_seconds = fwd[slow];
+  pt.backward_seconds = bwd[slow];
+  pt.steady_seconds = M * (fwd[slow] + bwd[slow]);
+  pt.bubble_seconds = others / static_cast<double>(v);
+  // the stage output each rank sends (loop.cc pp_hidden_dtype): FSDP2's param_dtype under its mixed precision,
+  // else the parameters' dtype
+  const Estimate& shown = ranks[f.shown];
+  const bool mixed = shown.fsdp && shown.fsdp->options.mixed;
+  const DType hidden_dtype = mixed ? shown.fsdp->options.param_dtype : param_dtype(s.precision);
+  const double hidden = static_cast<double>(s.batch) * static_cast<double>(s.seq) *
+                        static_cast<double>(shown.model.hidden) * static_cast<double>(itemsize(hidden_dtype));
+  const uint64_t boundaries = checked_mul(f.ranks, v, "pipeline stages") - 1;
+  pt.send_seconds = 2.0 * static_cast<double>(boundaries) * hidden / bw;
+  t.comm_seconds += pt.send_seconds;
+  t.comm_exposed_seconds += pt.send_seconds;
+  t.comm_overlapped_seconds = std::max(0.0, t.comm_seconds - t.comm_exposed_seconds);
+  t.step_seconds = pt.gather_seconds + pt.steady_seconds + pt.bubble_seconds + pt.send_seconds + pt.tail_seconds;
+  t.tokens = checked_mul(checked_mul(checked_mul(s.batch, s.seq, "tokens"), f.micro_batches, "tokens"),
+                         std::max<uint64_t>(dp, 1), "tokens");
+  t.tokens_per_second = t.step_seconds > 0 ? static_cast<double>(t.tokens) / t.step_seconds : 0;
+  // MFU over the pipeline's GPUs: every rank's model FLOPs over (step · peak · p); model_flops is their mean
+  t.model_flops = model_sum / f.ranks;
+  t.peak_tflops = product_peak(g, mixed ? shown.fsdp->options.param_dtype : compute_dtype(s.precision)) / 1e12;
+  t.mfu = t.step_seconds > 0 ? static_cast<double>(model_sum) /
+                                   (t.step_seconds * t.peak_tflops * 1e12 * static_cast<double>(f.ranks))
+                             : 0;
+  t.notes.push_back(fmt::format(
+      "pipeline ({}): micro-batches x the slowest rank's forward + backward, plus the other ranks' once on the fill "
+      "and drain{} (for equal stages the bubble (p - 1)(t_f + t_b){}, Narayanan et al. 2021, section 2.2); the {} "
+      "stage-to-stage sends of the fill and drain at the link bandwidth, every pair of neighbours alike; then the "
+      "longest of the ranks' reduce-scatters and optimizer",
+      pt.schedule, v > 1 ? fmt::format(" divided by the {} stages per rank", v) : std::string(),
+      v > 1 ? " / v" : "", 2 * boundaries));
+  if (dp > 1 && shown.fsdp) {
+    t.notes.push_back("FSDP2 under the pipeline: each unit all-gathered once per step, by the rank's first forward "
+                      "(the exposed gathers of every rank add up along the fill), and reduce-scattered once after the "
+                      "last backward, exposed");
+  }
+  const uint64_t world = checked_mul(checked_mul(f.ranks, s.tp, "ranks"), std::max<uint64_t>(dp, 1), "ranks");
+  if (world > kGpusPerNode) {
+    t.notes.push_back(fmt::format("more than {} ranks: collectives and sends timed at the node's link bandwidth "
+                                  "({} GB/s); the inter-node network is not in the catalog",
+                                  kGpusPerNode, g.link_gbps));
+  }
+  common_notes(t, gpu, s);
+  t.pipeline = std::move(pt);
   return t;
 }
 

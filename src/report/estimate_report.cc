@@ -477,7 +477,7 @@ std::string render_estimate_table(const Estimate& e, const GpuSpec* gpu) {
     out += '\n';
     out += render_verdict(*e.device, gpu);
   }
-  if (e.time && gpu) out += '\n' + render_step_time(*e.time, *gpu, e.setup);
+  if (e.time && gpu) out += '\n' + render_step_time(*e.time, *gpu, e.setup, e.pp ? e.pp->shown : 0);
   return out;
 }
 

@@ -119,7 +119,9 @@ std::string render_fit_table(const FitResult& r) {
   for (const FitProbe& p : r.probes) {
     if (r.largest && (by_batch ? p.batch : p.seq) == *r.largest) at_largest = &p;
   }
-  if (at_largest && at_largest->time) out += render_step_time(*at_largest->time, r.gpu, r.setup);
+  if (at_largest && at_largest->time) {
+    out += render_step_time(*at_largest->time, r.gpu, r.setup, at_largest->pp_worst_rank.value_or(0));
+  }
   using TT = report::TextTable;
   TT t({{by_batch ? "batch" : "seq", TT::kRight}, {"peak allocated", TT::kRight},
         {"reserved, no limit", TT::kRight}, {"reserved here", TT::kRight}, {"nvidia-smi", TT::kRight},

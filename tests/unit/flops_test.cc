@@ -130,9 +130,9 @@ TEST(StepTime, ZeroReduceScattersTheGradientsAndAllGathersTheParameters) {
 }
 
 TEST(StepTime, IsRefusedWhereNotModelled) {
-  // pipeline parallelism: the bubble and the stage-to-stage sends are not modelled
+  // context parallelism: ring attention's exchanges are not modelled (pipelines are: pp_time_test.cc)
   const Estimate e = testing::run(testing::scenario_of(
-      "tinyllama-1.1b", {{"overrides", "num_hidden_layers=2"}, {"batch", "1"}, {"seq", "32"}, {"pp", "2"}, {"precision", "bf16"},
+      "tinyllama-1.1b", {{"overrides", "num_hidden_layers=2"}, {"batch", "1"}, {"seq", "32"}, {"cp", "2"}, {"precision", "bf16"},
                          {"gpu", "h100-80gb"}}));
   EXPECT_FALSE(e.time);
 }

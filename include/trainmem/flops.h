@@ -67,6 +67,11 @@ struct FlopLedger {
   // buckets and units (step_time.cc).
   std::array<uint64_t, kWorkPhases> tp_all_reduces{}, tp_all_reduce_bytes{};
   std::array<uint64_t, kWorkPhases> tp_all_gathers{}, tp_all_gather_bytes{};  // bytes of the gathered output
+  // Data-parallel collectives the simulator issues where the framework does (DeepSpeed ZeRO-3's parameter
+  // all-gathers and gradient reduce-scatters, src/sim/loop.cc z3_gather / z3_reduce_ipg): per phase, how many,
+  // their bytes (the gathered output; the reduce-scatter's whole input) and the largest single all-gather.
+  std::array<uint64_t, kWorkPhases> dp_all_gathers{}, dp_all_gather_bytes{}, dp_largest_gather_bytes{};
+  std::array<uint64_t, kWorkPhases> dp_reduce_scatters{}, dp_reduce_scatter_bytes{};
   uint64_t total_flops() const;
   uint64_t total_bytes() const;
   uint64_t phase_flops(WorkPhase p) const;

@@ -129,10 +129,9 @@ std::optional<StepTime> step_time(const Estimate& e, const GpuSpec& gpu) {
   const GpuPerf& g = gpu.perf;
   if (!g.known() || !e.sim) return std::nullopt;
   const TrainSetup& s = e.setup;
-  // not modelled: the pipeline's bubble and sends, ring attention's exchanges, expert parallelism's all-to-alls,
-  // ZeRO-3's gathers, and the offloaded optimizer's host work
-  if (s.pp > 1 || s.cp > 1 || s.ep > 1 || (e.zero && e.zero->options.stage == 3) || s.offload_optimizer ||
-      s.offload_params) {
+  // not modelled: ring attention's exchanges, expert parallelism's all-to-alls, and the offloaded optimizer's and
+  // parameters' host work and copies; a pipeline's ranks (pipeline_step_time has them all)
+  if (s.pp > 1 || s.cp > 1 || s.ep > 1 || s.offload_optimizer || s.offload_params) {
     return std::nullopt;
   }
   const FlopLedger& L = e.sim->flops;
@@ -177,6 +176,33 @@ std::optional<StepTime> step_time(const Estimate& e, const GpuSpec& gpu) {
     if (!b.empty()) last = all_reduce_seconds(static_cast<double>(b.back()), dp, bw);
     total += all;
     exposed += std::max(all - bwd, last);
+  } else if (e.zero && e.zero->options.stage == 3 && dp > 1) {
+    // DeepSpeed ZeRO-3 (stage3.py, partitioned_param_coordinator.py): the simulator's own all-gathers and
+    // reduce-scatters where it issues them (FlopLedger::dp_*, loop.cc z3_gather / z3_reduce_ipg): each module's
+    // parameters gathered before its forward and, unless max_reuse_distance kept them, again before its backward
+    // (or recomputation), the next modules of the trace prefetched behind the current one's compute
+    // (stage3_prefetch_bucket_size); the gradients reduce-scattered per IPG bucket during every micro-batch's
+    // backward, overlapped with it when overlap_comm (True for stage 3). Exposed per micro-batch: the largest
+    // gather of each pass (the embedding's, the first of the forward, in the Llama-shaped models), which
+    // nothing prefetches, and what each pass's compute cannot hide.
+    auto gather = [&](WorkPhase p) {
+      return all_gather_seconds(static_cast<double>(L.dp_all_gather_bytes[static_cast<size_t>(p)]), dp, bw);
+    };
+    auto largest = [&](WorkPhase p) {
+      return all_gather_seconds(static_cast<double>(L.dp_largest_gather_bytes[static_cast<size_t>(p)]), dp, bw);
+    };
+    const double m = static_cast<double>(micro);
+    const double ag_fwd = gather(WorkPhase::kForward) / m;
+    const double ag_bwd = (gather(WorkPhase::kBackward) + gather(WorkPhase::kRecompute)) / m;
+    const double first_fwd = largest(WorkPhase::kForward);
+    const double first_bwd = std::max(largest(WorkPhase::kBackward), largest(WorkPhase::kRecompute));
+    double rs_bytes = 0;
+    for (uint64_t x : L.dp_reduce_scatter_bytes) rs_bytes += static_cast<double>(x);
+    const double rs = all_gather_seconds(rs_bytes, dp, bw) / m;
+    total += (ag_fwd + ag_bwd + rs) * m;
+    exposed += (first_fwd + std::max(0.0, ag_fwd - first_fwd - fwd) + first_bwd +
+                std::max(0.0, ag_bwd - first_bwd - bwd) + (e.zero->options.overlap_comm ? std::max(0.0, rs - bwd) : rs)) *
+               m;
   } else if (e.zero && dp > 1) {
     // DeepSpeed ZeRO-1/2: the gradients are reduce-scattered during the synced backward (overlapped when
     // overlap_comm), then the updated bit16 partitions are all-gathered after the step (all_gather_dp_groups),

@@ -436,6 +436,20 @@ void Engine::count_tp_collective(bool all_gather, uint64_t bytes) {
   }
 }
 
+void Engine::count_dp_collective(bool all_gather, uint64_t bytes) {
+  const std::optional<WorkPhase> wp = work_phase();
+  if (!wp) return;
+  const auto pi = static_cast<size_t>(*wp);
+  auto& n = all_gather ? flops_.dp_all_gathers : flops_.dp_reduce_scatters;
+  auto& b = all_gather ? flops_.dp_all_gather_bytes : flops_.dp_reduce_scatter_bytes;
+  ++n[pi];
+  if (__builtin_add_overflow(b[pi], bytes, &b[pi])) {
+    b[pi] = UINT64_MAX;
+    flops_.overflow = true;
+  }
+  if (all_gather) flops_.dp_largest_gather_bytes[pi] = std::max(flops_.dp_largest_gather_bytes[pi], bytes);
+}
+
 void Engine::count(FlopKind k, uint64_t flops, uint64_t bytes, DType dt) {
   const std::optional<WorkPhase> wp = work_phase();
   if (!wp) return;

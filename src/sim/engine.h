@@ -491,6 +491,9 @@ class Engine {
   // A tensor-parallel collective over `bytes` (the all-reduced tensor, or an all-gather's output), counted like
   // a kernel (flops.h FlopLedger::tp_all_reduces).
   void count_tp_collective(bool all_gather, uint64_t bytes);
+  // A data-parallel collective over `bytes` (an all-gather's output, a reduce-scatter's input), counted the same
+  // way (FlopLedger::dp_all_gathers).
+  void count_dp_collective(bool all_gather, uint64_t bytes);
   const FlopLedger& flops() const { return flops_; }
 
  private:

@@ -1162,6 +1162,7 @@ struct Loop {
     if (todo.empty()) return;
     for (int32_t r : todo) z3_available += static_cast<int64_t>(inv.parameters[static_cast<size_t>(r)].elems.value);
     const uint64_t gathered = checked_mul(per_rank, zopt.ranks, "ZeRO-3 gather");
+    e.count_dp_collective(true, bytes_of(Elems(gathered), bit16).value);  // the step time's (step_time.cc)
     // offload_param: the inputs are `p.ds_tensor.to(device)` copies of the CPU partitions, alive until the
     // all-gather's input is assembled (a persistent parameter's ds_tensor is on the device already)
     auto host_copies = [&] {
@@ -1255,6 +1256,10 @@ struct Loop {
     std::vector<uint64_t> numels;
     for (int32_t r : z3_ipg_rows) numels.push_back(inv.parameters[static_cast<size_t>(r)].elems.value);
     {
+      // the collective's input: world x the partitions, whether the flat buffer is a cat or a view
+      uint64_t parts = 0;
+      for (int32_t r : z3_ipg_rows) parts = checked_add(parts, z3_part[static_cast<size_t>(r)], "ZeRO-3 reduce-scatter");
+      e.count_dp_collective(false, bytes_of(Elems(checked_mul(parts, zopt.ranks, "ZeRO-3 reduce-scatter")), bit16).value);
       const uint64_t flat = zero3_reduce_scatter_flat(numels, zopt.ranks);
       T buf = flat ? e.empty(Shape{flat}, bit16, Category::kZeroBuckets, Label{"ZeRO-3 reduce_scatter_coalesced cat"}) : T();
       for (int32_t r : z3_ipg_rows) {

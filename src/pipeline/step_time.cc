@@ -7,6 +7,7 @@
 
 #include "trainmem/estimate.h"
 #include "trainmem/error.h"
+#include "trainmem/plan.h"
 
 namespace trainmem {
 
@@ -170,6 +171,16 @@ std::optional<StepTime> step_time(const Estimate& e, const GpuSpec& gpu) {
   if (s.optimizer != Optimizer::kAdamW && s.optimizer != Optimizer::kAdam && s.optimizer != Optimizer::kSgd &&
       s.optimizer != Optimizer::kSgdMomentum && s.optimizer != Optimizer::kNone) {
     t.notes.push_back("this optimizer's update is not counted");
+  }
+  return t;
+}
+
+// plan.h: the products alone, at the rate step_time() gives them (the lower bound plan prunes with).
+double products_seconds(const FlopLedger& l, const GpuPerf& g) {
+  double t = 0;
+  for (const KernelRow& r : l.rows) {
+    if (r.kind != FlopKind::kMatmul && r.kind != FlopKind::kAttention) continue;
+    t += static_cast<double>(r.flops) * static_cast<double>(r.count) / (product_peak(g, r.dtype) * g.matmul_efficiency);
   }
   return t;
 }

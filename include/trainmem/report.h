@@ -13,6 +13,7 @@
 #include "trainmem/formulas.h"
 #include "trainmem/gpu.h"
 #include "trainmem/inventory.h"
+#include "trainmem/plan.h"
 
 namespace trainmem {
 
@@ -114,6 +115,8 @@ std::string cli_words(const FitSuggestion& sg);
 std::string error_message(const Error& e);
 
 std::string render_fit_table(const FitResult& r);
+std::string render_plan_table(const PlanResult& r);
+std::string render_plan_json(const PlanResult& r);
 std::string render_fit_json(const FitResult& r);
 
 // NCCL's communicators of a rank (nccl.h), one line each, for the estimate's and fit's GPU lines ("" for none).

@@ -8,6 +8,7 @@
 #include "trainmem/estimate.h"
 #include "trainmem/error.h"
 #include "trainmem/names.h"
+#include "trainmem/plan.h"
 
 namespace trainmem {
 
@@ -384,6 +385,16 @@ std::optional<StepTime> pipeline_step_time(const std::vector<Estimate>& ranks, c
   }
   common_notes(t, gpu, s);
   t.pipeline = std::move(pt);
+  return t;
+}
+
+// plan.h: the products alone, at the rate step_time() gives them (the lower bound plan prunes with).
+double products_seconds(const FlopLedger& l, const GpuPerf& g) {
+  double t = 0;
+  for (const KernelRow& r : l.rows) {
+    if (r.kind != FlopKind::kMatmul && r.kind != FlopKind::kAttention) continue;
+    t += static_cast<double>(r.flops) * static_cast<double>(r.count) / (product_peak(g, r.dtype) * g.matmul_efficiency);
+  }
   return t;
 }
 

@@ -429,8 +429,9 @@ void Engine::count_tp_collective(bool all_gather, uint64_t bytes) {
   const auto pi = static_cast<size_t>(*wp);
   auto& n = all_gather ? flops_.tp_all_gathers : flops_.tp_all_reduces;
   auto& b = all_gather ? flops_.tp_all_gather_bytes : flops_.tp_all_reduce_bytes;
-  ++n[pi];
-  if (__builtin_add_overflow(b[pi], bytes, &b[pi])) {
+  uint64_t w_bytes = 0;
+  if (__builtin_add_overflow(n[pi], count_weight, &n[pi]) || __builtin_mul_overflow(bytes, count_weight, &w_bytes) ||
+      __builtin_add_overflow(b[pi], w_bytes, &b[pi])) {
     b[pi] = UINT64_MAX;
     flops_.overflow = true;
   }
@@ -442,8 +443,11 @@ void Engine::count_dp_collective(bool all_gather, uint64_t bytes) {
   const auto pi = static_cast<size_t>(*wp);
   auto& n = all_gather ? flops_.dp_all_gathers : flops_.dp_reduce_scatters;
   auto& b = all_gather ? flops_.dp_all_gather_bytes : flops_.dp_reduce_scatter_bytes;
-  ++n[pi];
-  if (__builtin_add_overflow(b[pi], bytes, &b[pi])) {
+  // count_weight times, as count_tp_collective (a persistent parameter's gather, made by the first micro-batch
+  // only, is counted for each micro-batch it stands for: elements under stage3_param_persistence_threshold)
+  uint64_t w_bytes = 0;
+  if (__builtin_add_overflow(n[pi], count_weight, &n[pi]) || __builtin_mul_overflow(bytes, count_weight, &w_bytes) ||
+      __builtin_add_overflow(b[pi], w_bytes, &b[pi])) {
     b[pi] = UINT64_MAX;
     flops_.overflow = true;
   }
@@ -462,14 +466,19 @@ void Engine::count(FlopKind k, uint64_t flops, uint64_t bytes, DType dt) {
       flops_.overflow = true;
     }
   };
-  add(flops_.flops[pi][ki], flops);
-  add(flops_.bytes[pi][ki], bytes);
-  ++flops_.kernels;
+  // each kernel counted count_weight times (the micro-batches it stands for)
+  auto times = [this](uint64_t x) {
+    uint64_t out = 0;
+    return x == UINT64_MAX || __builtin_mul_overflow(x, count_weight, &out) ? UINT64_MAX : out;
+  };
+  add(flops_.flops[pi][ki], times(flops));
+  add(flops_.bytes[pi][ki], times(bytes));
+  add(flops_.kernels, count_weight);
   const FlopKey key{flops, bytes, (static_cast<uint32_t>(k) << 16) | (static_cast<uint32_t>(p) << 8) |
                                       static_cast<uint32_t>(dt)};
   auto [it, fresh] = flop_index_.try_emplace(key, static_cast<uint32_t>(flops_.rows.size()));
   if (fresh) flops_.rows.push_back(KernelRow{k, p, dt, flops, bytes, 0});
-  ++flops_.rows[it->second].count;
+  add(flops_.rows[it->second].count, count_weight);
 }
 
 // ---- autograd ----------------------------------------------------------------------------------------

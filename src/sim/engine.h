@@ -488,6 +488,10 @@ class Engine {
   void count(FlopKind k, uint64_t flops, uint64_t bytes, DType dt);
   std::optional<WorkPhase> work_phase() const;  // where count() attributes work now; nullopt: not counted
   int64_t count_step = -1;
+  // How many launches each counted kernel stands for: the training loop simulates at most two micro-batches of a
+  // step, and the first stands for every micro-batch before the last (loop.cc train), so its kernels count
+  // grad_accum - 1 times and the ledger is the whole step's.
+  uint64_t count_weight = 1;
   // A tensor-parallel collective over `bytes` (the all-reduced tensor, or an all-gather's output), counted like
   // a kernel (flops.h FlopLedger::tp_all_reduces).
   void count_tp_collective(bool all_gather, uint64_t bytes);

@@ -191,12 +191,16 @@ struct Loop {
           // memory_allocated() just before the next step's forward
           r.steady = Moment{e.event_count() == 0 ? 0 : e.event_count() - 1, Phase::kForward, step, micro, e.live()};
         }
+        // micro-batch 1 stands for the grad_accum - 1 micro-batches before the last (the same ops; only the last
+        // synchronises the gradients): its kernels count that many times in the FLOP ledger (Engine::count_weight)
+        e.count_weight = micro == 1 && s.grad_accum > 2 ? s.grad_accum - 1 : 1;
         micro_batch(step, micro, r, step == o.steps && micro == micros);
         if (zopt.on && z3) {
           z3_epilogue();  // ZeRO-3: the bucket's remainder reduced, the last modules released
         } else if (zopt.on) {
           zero_epilogue(micro == micros);  // the last gradient hook of the backward runs it
         }
+        e.count_weight = 1;
       }
       if (step == o.steps) {  // which parameters the backward reached: they have gradients and optimizer state
         r.param_has_grad.assign(inv.parameters.size(), 0);

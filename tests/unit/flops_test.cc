@@ -51,6 +51,20 @@ TEST(Flops, EagerGpt2ProductsAreThreeForwardsAndMatchSeed002PlusTheHead) {
   EXPECT_EQ(s.six_n_tokens, 6 * N * 2 * 64);
 }
 
+// The loop simulates two micro-batches of a step (the first for every one before the last), so a step of 5 must
+// still count five micro-batches' products, and the step time five micro-batches' tokens.
+TEST(Flops, GradientAccumulationCountsEveryMicroBatchOfTheStep) {
+  const uint64_t fwd = kL * layer_forward(2, 64) + head_forward(2, 64);
+  for (const char* accum : {"1", "2", "5"}) {
+    const Estimate e = gpt2({{"attention", "eager"}, {"grad_accum", accum}, {"gpu", "h100-80gb"}});
+    const uint64_t m = std::stoull(accum);
+    EXPECT_EQ(products(e.sim->flops, WorkPhase::kForward), m * fwd) << accum;
+    EXPECT_EQ(products(e.sim->flops, WorkPhase::kBackward), 2 * m * fwd) << accum;
+    ASSERT_TRUE(e.time) << accum;
+    EXPECT_EQ(e.time->tokens, m * 2 * 64) << accum;
+  }
+}
+
 TEST(Flops, FullCheckpointingRecomputesEachLayersForwardOnce) {
   const Estimate e = gpt2({{"attention", "eager"}, {"checkpointing", "full"}});
   const FlopLedger& l = e.sim->flops;

@@ -41,6 +41,7 @@ struct Flags {
   std::string solve = "batch", margin = "5%";
   std::string plot;  // --plot FILE: the step as an SVG picture
   std::string snapshot;  // diff --snapshot FILE: a measured run's snapshot pickle or measurement JSON
+  std::string global_batch, nodes, top = "10";  // trainmem plan
   cli::ServeOptions serve;  // trainmem serve
 };
 
@@ -70,13 +71,15 @@ void add_format_flag(CLI::App* c, Flags& f, std::string_view choices = "table | 
   c->add_option("--format,-f", f.format, std::string(choices))->capture_default_str();
 }
 
-Scenario scenario_from(const Flags& f) {
+std::vector<FieldChange> given_fields(const Flags& f) {
   std::vector<FieldChange> given;
   for (const auto& [name, values] : f.fields) {
     for (const std::string& v : values) given.push_back({name, v});
   }
-  return trainmem::scenario_from(given);
+  return given;
 }
+
+Scenario scenario_from(const Flags& f) { return trainmem::scenario_from(given_fields(f)); }
 
 ResolvedScenario resolved_from(const Flags& f) { return resolve(scenario_from(f)); }
 
@@ -236,6 +239,15 @@ int run_fit(const Flags& f) {
   return res.largest ? 0 : kExitDoesNotFit;
 }
 
+int run_plan(const Flags& f) {
+  const bool json = json_format(f);
+  const PlanRequest req = plan_request(f.global_batch, f.nodes, f.top, f.margin);
+  const PlanResult res = plan(given_fields(f), req, DiskFileReader());
+  warn(res.warnings);
+  std::cout << (json ? render_plan_json(res) : render_plan_table(res));
+  return res.rows.empty() ? kExitDoesNotFit : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -284,6 +296,17 @@ int main(int argc, char** argv) {
   fitc->add_option("--margin", f.margin, "memory kept free: a share of the GPU (5%) or a size (2GiB)")
       ->capture_default_str();
 
+  auto* planc = app.add_subcommand("plan", "the fastest setups that fit a cluster: parallel sizes, sharding, "
+                                           "checkpointing, precision and micro-batch, ranked by predicted tokens/s");
+  add_fields(planc, f, {kModel, kTraining, kRuntime});
+  add_format_flag(planc, f);
+  planc->add_option("--global-batch", f.global_batch, "sequences per optimizer step over the whole cluster "
+                                                      "(required)");
+  planc->add_option("--nodes", f.nodes, "nodes the --gpus are spread over (sets --gpus-per-node to N / nodes)");
+  planc->add_option("--top", f.top, "setups ranked")->capture_default_str();
+  planc->add_option("--margin", f.margin, "memory kept free on every GPU: a share (5%) or a size (2GiB)")
+      ->capture_default_str();
+
   auto* diffc = app.add_subcommand("diff", "a measured run (a torch.cuda.memory._snapshot() pickle or a "
                                            "measurement JSON) against the simulated one, category by category");
   add_fields(diffc, f, {kModel, kTraining, kRuntime});
@@ -307,7 +330,7 @@ int main(int argc, char** argv) {
   };
   if (argc > 1 && argv[1][0] != '-' && !known(argv[1])) {
     std::cerr << fmt::format("trainmem: unknown subcommand \"{}\"; expected models, gpus, params, formulas, "
-                             "estimate, timeline, fit, diff or serve (trainmem --help)\n", argv[1]);
+                             "estimate, timeline, fit, plan, diff or serve (trainmem --help)\n", argv[1]);
     return kExitBadInput;
   }
   try {
@@ -327,6 +350,7 @@ int main(int argc, char** argv) {
     if (tl->parsed()) return run_timeline(f);
     if (fitc->parsed()) return run_fit(f);
     if (diffc->parsed()) return run_diff(f);
+    if (planc->parsed()) return run_plan(f);
     if (srv->parsed()) {
       if (f.serve.root.empty()) f.serve.root = cli::default_web_root(argc > 0 ? argv[0] : nullptr);
       cli::serve(f.serve);

@@ -1,0 +1,625 @@
+// trainmem plan (plan.h): enumerate the ways to run a step on a cluster, simulate those that can fit, rank by the
+// step time. Every rule lives in resolve(), estimate() and step_time(); this file only chooses setups, bounds the
+// search and orders the answers.
+#include "trainmem/plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <tuple>
+
+#include <fmt/format.h>
+
+#include "trainmem/error.h"
+#include "trainmem/estimate.h"
+#include "trainmem/units.h"
+
+namespace trainmem {
+
+namespace {
+
+// The work one plan may do, in simulated events over all its estimates (a pipeline's ranks each count): about
+// fit's bound on work (kFitEventBudget, fit.h) for a handful of fits. A 70B step at 80 layers is about 40,000
+// events, so this is some 800 rank simulations, a minute on two cores; the README's 70B plan uses a small share
+// of it. Reaching it ends the search, and the families not tried are listed as such.
+inline constexpr uint64_t kPlanEventBudget = uint64_t{1} << 25;  // 33,554,432
+
+// The fields plan chooses. A user who gives one keeps it in every setup (the search is over the rest); the
+// data-parallel size and the accumulation follow from --gpus and --global-batch and cannot be given.
+constexpr std::string_view kChosen[] = {"tp", "pp", "cp", "sharding", "checkpointing", "precision",
+                                        "optimizer_impl", "pp_schedule", "pp_virtual_stages", "batch"};
+constexpr std::string_view kDerived[] = {"dp", "grad_accum", "micro_batches", "gpu"};
+// Fields of a data-parallel or pipeline layout, left out of the reference simulation (one rank, one micro-batch),
+// where resolve() refuses them (they apply with --dp or --pp above 1).
+constexpr std::string_view kLayoutFields[] = {
+    "gpus", "sharding", "bucket_cap_mb", "gradient_as_bucket_view", "find_unused_parameters", "reduce_bucket_size",
+    "overlap_comm", "offload", "param_persistence_threshold", "prefetch_bucket_size", "max_live_parameters",
+    "max_reuse_distance", "reshard_after_forward", "pp", "pp_schedule", "micro_batches", "pp_virtual_stages",
+    "rank", "batch", "nccl_channels", "nccl_nvls", "gpus_per_node"};
+
+bool contains(std::span<const std::string_view> names, std::string_view f) {
+  return std::find(names.begin(), names.end(), f) != names.end();
+}
+
+std::vector<uint64_t> divisors(uint64_t n) {
+  std::vector<uint64_t> out;
+  for (uint64_t d = 1; d <= n && d <= (uint64_t{1} << 32); ++d) {
+    if (n % d == 0) out.push_back(d);
+    if (d > 1 && d * d > n) break;
+  }
+  // the small ones found up to sqrt(n); their partners complete the list
+  const size_t k = out.size();
+  for (size_t i = 0; i < k; ++i) {
+    const uint64_t p = n / out[i];
+    if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<uint64_t> powers_of_two_dividing(uint64_t n, uint64_t max) {
+  std::vector<uint64_t> out;
+  for (uint64_t v = 1; v <= max && n % v == 0; v *= 2) out.push_back(v);
+  return out;
+}
+
+// One simulated setup.
+struct Probe {
+  bool fits = false;
+  int64_t headroom = 0;
+  Bytes reserved, device_total;
+  std::optional<uint64_t> worst;
+  std::optional<StepTime> time;
+  std::string failure;
+};
+
+struct Refusal {
+  std::string field;  // empty: a plain Error
+  std::string detail;
+};
+
+class Planner {
+ public:
+  Planner(std::vector<FieldChange> given, const PlanRequest& r, const FileReader& files)
+      : given_(std::move(given)), req_(r), files_(files) {}
+
+  PlanResult run();
+
+ private:
+  bool given(std::string_view f) const {
+    return std::any_of(given_.begin(), given_.end(), [&](const FieldChange& c) { return c.field == f; });
+  }
+  std::string given_value(std::string_view f) const {
+    std::string v;
+    for (const FieldChange& c : given_) {
+      if (c.field == f) v = c.value;
+    }
+    return v;
+  }
+  // The user's fields with plan's on top (a field the user gave is never overridden: it was held fixed).
+  // The reference of a compute class (one rank, one micro-batch of one sequence) drops the user's layout fields.
+  Scenario scenario(const std::vector<FieldChange>& changes, bool reference = false) const {
+    std::vector<FieldChange> all;
+    for (const FieldChange& c : given_) {
+      if (reference && contains(kLayoutFields, c.field)) continue;
+      all.push_back(c);
+    }
+    for (const FieldChange& c : changes) {
+      if (!given(c.field) || (reference && contains(kLayoutFields, c.field))) all.push_back(c);
+    }
+    return scenario_from(all);
+  }
+  void search(PlanFamily& f, std::vector<PlanRow>& rows);
+  Probe simulate(const PlanSetup& p);
+  double bound_seconds(const PlanSetup& p, uint64_t micro_batch);
+  std::optional<double> class_seconds_per_sequence(const PlanSetup& p);
+
+  std::vector<FieldChange> given_;
+  PlanRequest req_;
+  const FileReader& files_;
+  GpuSpec gpu_;
+  Bytes margin_;
+  uint64_t seq_ = 0, rank_batch_ = 0;
+  uint64_t events_ = 0, simulations_ = 0, references_ = 0;
+  // the products of one sequence on one rank, per compute class (tp, cp, checkpointing, precision)
+  std::map<std::tuple<uint64_t, uint64_t, Checkpointing, Precision>, std::optional<double>> classes_;
+};
+
+Probe Planner::simulate(const PlanSetup& p) {
+  const ResolvedScenario r = resolve(scenario(p.changes()), files_);
+  const bool pipeline = r.setup.pp > 1;
+  // as fit probes: without the device limit, then the verdict replayed with it (a pipeline decides its worst
+  // rank on the device, so it is given the GPU)
+  const Estimate e = pipeline ? estimate(r.model, r.inventory, r.setup, r.options, r.alloc, &gpu_, margin_)
+                              : estimate(r.model, r.inventory, r.setup, r.options, r.alloc);
+  const uint64_t ranks = pipeline ? e.pp->ranks : 1;
+  events_ = checked_add(events_, checked_mul(e.sim->timeline.events.size(), ranks, "events"), "events");
+  simulations_ += ranks;
+  const DeviceVerdict v = pipeline ? *e.device : device_verdict(e, gpu_, r.alloc, margin_);
+  Probe out;
+  out.fits = v.fits;
+  out.headroom = v.headroom;
+  if (pipeline) out.worst = e.pp->worst;
+  if (v.fits) {
+    out.reserved = v.peak_reserved;
+    out.device_total = v.peak_reserved + gpu_.context + v.nccl.total;
+    out.time = e.time ? e.time : step_time(e, gpu_);
+  } else if (v.oom) {
+    out.failure = fmt::format("out of memory in {}", v.oom->tensor);
+  }
+  return out;
+}
+
+// The products (matmuls and attention) of one sequence on a rank of this compute class, in seconds at the
+// roofline's product rate: one reference simulation of a single micro-batch of one sequence on one data-parallel
+// rank (the products do not depend on the sharding, and their FLOPs are linear in the micro-batch). Under a
+// pipeline the class is the whole model's (the stages together compute what one rank does without it); its mixed
+// precision is FSDP's bf16 parameters, whose products are autocast's. Empty when the reference is refused: the
+// family is then tried without a bound.
+std::optional<double> Planner::class_seconds_per_sequence(const PlanSetup& p) {
+  const Precision compute = p.pp > 1 && p.precision == Precision::kFp32 && p.dp > 1 ? Precision::kBf16Amp : p.precision;
+  const auto key = std::make_tuple(p.tp, p.cp, p.checkpointing, compute);
+  auto it = classes_.find(key);
+  if (it != classes_.end()) return it->second;
+  std::optional<double> out;
+  try {
+    std::vector<FieldChange> changes = {{"gpu", gpu_.name},
+                                        {"tp", std::to_string(p.tp)},
+                                        {"cp", std::to_string(p.cp)},
+                                        {"checkpointing", std::string(name_of(p.checkpointing))},
+                                        {"precision", std::string(precision_name(compute))},
+                                        {"batch", "1"},
+                                        {"grad_accum", "1"}};
+    const ResolvedScenario r = resolve(scenario(changes, /*reference=*/true), files_);
+    const Estimate e = estimate(r.model, r.inventory, r.setup, r.options, r.alloc);
+    events_ = checked_add(events_, e.sim->timeline.events.size(), "events");
+    ++references_;
+    if (!e.sim->flops.overflow) out = products_seconds(e.sim->flops, gpu_.perf);
+  } catch (const Error&) {
+    // refused as a reference (a rule that depends on the layout): no bound for the class
+  }
+  classes_.emplace(key, out);
+  return out;
+}
+
+// The least time a step of setup `p` at micro-batch `micro_batch` can take (plan.h).
+double Planner::bound_seconds(const PlanSetup& p, uint64_t micro_batch) {
+  const std::optional<double> per_seq = class_seconds_per_sequence(p);
+  if (!per_seq) return 0;
+  const double l = static_cast<double>(rank_batch_);
+  if (p.pp <= 1) return *per_seq * l;
+  // step_time's pipeline: M * max_r(f_r + b_r) + sum of the other ranks' (f_r + b_r) >= (M - 1 + p) / p of one
+  // micro-batch of the whole model, M = L / micro-batch
+  const double pp = static_cast<double>(p.pp), mb = static_cast<double>(micro_batch);
+  return *per_seq * (l + (pp - 1) * mb) / pp;
+}
+
+
+double tokens_per_second(uint64_t global_batch, uint64_t seq, double seconds) {
+  return seconds > 0 ? static_cast<double>(global_batch) * static_cast<double>(seq) / seconds
+                     : std::numeric_limits<double>::infinity();
+}
+
+// Why the first row is first: how much faster than the second, and where the second spends the time the first
+// does not (the step time's parts: forward, backward, recompute, optimizer kernels, exposed communication and
+// what else the schedule adds).
+std::string best_reason(const PlanResult& r) {
+  if (r.rows.empty()) return "";
+  const PlanRow& a = r.rows[0];
+  if (r.rows.size() == 1) return "the only setup that fits and is timed";
+  const PlanRow& b = r.rows[1];
+  auto parts = [](const StepTime& t) {
+    std::vector<std::pair<std::string, double>> v = {
+        {"forward", t.phase_seconds[0]},
+        {"backward", t.phase_seconds[1]},
+        {"recompute", t.phase_seconds[2]},
+        {"the optimizer step", t.phase_seconds[3]},
+        {"exposed communication", t.comm_exposed_seconds}};
+    double rest = t.step_seconds;
+    for (const auto& [name, sec] : v) rest -= sec;
+    v.push_back({"the pipeline's bubble and sends", std::max(0.0, rest)});
+    return v;
+  };
+  const auto pa = parts(a.time), pb = parts(b.time);
+  std::vector<std::pair<double, std::string>> diffs;
+  for (size_t i = 0; i < pa.size(); ++i) {
+    const double d = pb[i].second - pa[i].second;
+    if (d * 1e3 >= 0.05) diffs.push_back({d, pa[i].first});
+  }
+  std::sort(diffs.rbegin(), diffs.rend());
+  std::string why;
+  for (size_t i = 0; i < diffs.size() && i < 2; ++i) {
+    why += fmt::format("{}{:.1f} ms more in {}", i ? ", " : "", diffs[i].first * 1e3, diffs[i].second);
+  }
+  const double pct = (a.time.tokens_per_second / b.time.tokens_per_second - 1) * 100;
+  return fmt::format("{:.1f}% more tokens/s than #2 ({}, micro-batch {} x {}{}){}", pct, plan_family_name(b.setup),
+                     b.setup.batch, b.setup.accumulation,
+                     b.setup.optimizer_impl == OptimizerImpl::kForeach ? ", foreach" : "",
+                     why.empty() ? "" : ", which spends " + why);
+}
+
+// One family: the micro-batches searched from 1 up (a family that does not fit one sequence costs one
+// simulation), by doubling and bisection over the divisors of the rank's batch, as fit searches; its best timed
+// setup becomes a row.
+void Planner::search(PlanFamily& f, std::vector<PlanRow>& rows) {
+  const PlanSetup base = f.setup;
+  std::vector<uint64_t> sizes;
+  if (given("batch")) {
+    sizes = {base.batch};
+  } else {
+    for (uint64_t d : divisors(rank_batch_)) {
+      // a pipeline's schedule needs at least as many micro-batches as stages (PipelineScheduleSingle raises)
+      if (base.pp > 1 && base.schedule != PpSchedule::kInterleaved1f1b && rank_batch_ / d < base.pp) continue;
+      sizes.push_back(d);
+    }
+  }
+  std::map<uint64_t, Probe> probes;
+  auto probe = [&](size_t i) -> const Probe& {
+    const uint64_t b = sizes[i];
+    auto it = probes.find(b);
+    if (it != probes.end()) return it->second;
+    PlanSetup p = base;
+    p.batch = b;
+    p.accumulation = rank_batch_ / b;
+    return probes.emplace(b, simulate(p)).first->second;
+  };
+  try {
+    if (!probe(0).fits) {
+      // Memory grows with the micro-batch but for accumulation's own buffers: accelerate's FSDP2 keeps every
+      // unsharded gradient under no_sync from the first micro-batch to the last (fsdp.h), which one micro-batch
+      // of the whole rank batch (no accumulation) does not; that one is tried too.
+      if (base.sharding == Sharding::kFsdp2 && base.pp <= 1 && base.dp > 1 && sizes.size() > 1) probe(sizes.size() - 1);
+    } else {
+      size_t lo = 0, hi = sizes.size();  // lo fits; hi (when < size) does not
+      for (size_t next = 1; next < sizes.size(); next = std::min(sizes.size() - 1, next * 2)) {
+        if (!probe(next).fits) {
+          hi = next;
+          break;
+        }
+        lo = next;
+        if (next == sizes.size() - 1) break;
+      }
+      while (hi < sizes.size() && hi - lo > 1) {
+        const size_t mid = lo + (hi - lo) / 2;
+        (probe(mid).fits ? lo : hi) = mid;
+      }
+      if (base.sharding == Sharding::kFsdp2 && base.pp <= 1 && base.dp > 1 && lo + 1 < sizes.size()) {
+        probe(sizes.size() - 1);  // no accumulation (above)
+      }
+    }
+  } catch (const FieldError& e) {
+    f.verdict = PlanVerdict::kRefused;
+    f.why_field = e.field();
+    f.why = e.detail();
+    return;
+  } catch (const Error& e) {
+    f.verdict = PlanVerdict::kRefused;
+    f.why = e.what();
+    return;
+  }
+  std::optional<PlanRow> found;
+  bool fits = false;
+  for (const auto& [b, p] : probes) {
+    if (!p.fits) continue;
+    fits = true;
+    if (!p.time) continue;
+    PlanRow row;
+    row.setup = base;
+    row.setup.batch = b;
+    row.setup.accumulation = rank_batch_ / b;
+    row.peak_reserved = p.reserved;
+    row.device_total = p.device_total;
+    row.headroom = p.headroom;
+    row.pp_worst_rank = p.worst;
+    row.time = *p.time;
+    row.bound_tokens_per_second = tokens_per_second(req_.global_batch, seq_, bound_seconds(row.setup, b));
+    if (!found || row.time.tokens_per_second > found->time.tokens_per_second) found = row;
+  }
+  const Probe& first = probes.begin()->second;
+  if (!fits) {
+    f.verdict = PlanVerdict::kDoesNotFit;
+    f.best_headroom = first.headroom;
+    f.why = first.failure;
+    return;
+  }
+  if (!found) {
+    f.verdict = PlanVerdict::kNoTime;
+    f.why = "it fits, but step_time has no model of this setup's communication yet";
+    return;
+  }
+  f.verdict = PlanVerdict::kRanked;
+  f.setup = found->setup;
+  rows.push_back(*found);
+  // The same setup with torch.optim's foreach code path (the fused kernels are what plan searches with): a
+  // setup whose fused update does not fit would not fit foreach's either (the same state, and the foreach
+  // update's intermediates on top: torch/optim/adamw.py _multi_tensor_adamw), so only the best is tried.
+  if (!given("optimizer_impl") && base.optimizer_impl == OptimizerImpl::kFused) {
+    PlanSetup p = found->setup;
+    p.optimizer_impl = OptimizerImpl::kForeach;
+    try {
+      const Probe q = simulate(p);
+      if (q.fits && q.time) {
+        PlanRow row = *found;
+        row.setup = p;
+        row.peak_reserved = q.reserved;
+        row.device_total = q.device_total;
+        row.headroom = q.headroom;
+        row.pp_worst_rank = q.worst;
+        row.time = *q.time;
+        rows.push_back(row);
+      }
+    } catch (const Error&) {
+      // foreach refused for this setup: the fused row stands alone
+    }
+  }
+}
+
+PlanResult Planner::run() {
+  for (std::string_view f : kDerived) {
+    if (given(f)) {
+      throw FieldError(std::string(f), fmt::format("{}: plan derives it (--gpus gives the GPU and the ranks, "
+                                                   "--global-batch the accumulation); leave it out",
+                                                   given_value(f)));
+    }
+  }
+  if (!given("gpus")) throw FieldError("gpus", "missing: plan needs the cluster, like --gpus 64xh100-80gb");
+  if (req_.global_batch == 0) {
+    throw FieldError("global_batch", "missing: plan needs the sequences per optimizer step over the cluster");
+  }
+  const Scenario user = scenario({});
+  if (user.train.task != Task::kTrain) {
+    throw FieldError("task", fmt::format("{}: plan ranks training setups", name_of(user.train.task)));
+  }
+  // "64xh100-80gb" (set_field checked its form)
+  const size_t x = user.gpus.find_first_of("xX");
+  const uint64_t n = std::stoull(user.gpus.substr(0, x));
+  gpu_ = resolve_gpu(user.gpus.substr(x + 1));
+  margin_ = req_.margin.of(gpu_);
+  seq_ = user.train.seq;
+  uint64_t per_node = user.train.nccl.gpus_per_node;
+  if (req_.nodes > 0) {
+    if (given("gpus_per_node")) {
+      throw FieldError("nodes", fmt::format("{}: give --nodes or --gpus-per-node, not both", req_.nodes));
+    }
+    if (n % req_.nodes != 0) {
+      throw FieldError("nodes", fmt::format("{}: {} GPUs do not spread evenly over {} nodes", req_.nodes, n, req_.nodes));
+    }
+    per_node = n / req_.nodes;
+    given_.push_back({"gpus_per_node", std::to_string(per_node)});
+  }
+  const ResolvedScenario model = resolve_model(user, files_);
+  const uint64_t layers = model.model.layers;
+
+  PlanResult out;
+  out.model = model.model.name;
+  out.gpu = gpu_;
+  out.gpus = n;
+  out.gpus_per_node = per_node;
+  out.global_batch = req_.global_batch;
+  out.seq = seq_;
+  out.margin = margin_;
+  out.given = given_;
+  for (std::string_view f : kChosen) {
+    if (given(f)) out.fixed.push_back(fmt::format("{} {}", f, given_value(f)));
+  }
+
+  // The families, in the enumeration's order (the least parallel first: the tie-break among equal bounds).
+  std::vector<PlanFamily> families;
+  const bool torch_optim = is_torch_optim(user.train.optimizer);
+  const std::vector<uint64_t> tps = given("tp") ? std::vector<uint64_t>{user.train.tp} : powers_of_two_dividing(n, per_node);
+  for (uint64_t tp : tps) {
+    if (n % tp != 0) continue;
+    const std::vector<uint64_t> pps =
+        given("pp") ? std::vector<uint64_t>{user.train.pp} : powers_of_two_dividing(n / tp, std::min(n / tp, layers));
+    for (uint64_t pp : pps) {
+      if ((n / tp) % pp != 0) continue;
+      const std::vector<uint64_t> cps =
+          given("cp") ? std::vector<uint64_t>{user.train.cp} : powers_of_two_dividing(n / tp / pp, per_node);
+      for (uint64_t cp : cps) {
+        if ((n / tp / pp) % cp != 0) continue;
+        const uint64_t dp = n / tp / pp / cp;
+        std::vector<Sharding> shardings = {Sharding::kDdp};
+        if (dp > 1 && given("sharding")) shardings = {user.train.sharding};
+        if (dp > 1 && !given("sharding")) {
+          shardings = {Sharding::kDdp, Sharding::kZero1, Sharding::kZero2, Sharding::kFsdp2, Sharding::kZero3};
+        }
+        std::vector<Precision> precisions = {Precision::kBf16Amp, Precision::kBf16};
+        if (given("precision")) precisions = {user.train.precision};
+        std::vector<Checkpointing> ckpts = {Checkpointing::kNone, Checkpointing::kSelective, Checkpointing::kFull};
+        if (given("checkpointing")) ckpts = {user.train.checkpointing};
+        std::vector<std::pair<PpSchedule, uint64_t>> schedules = {{PpSchedule::k1f1b, 1}};
+        if (pp > 1 && given("pp_schedule")) {
+          schedules = {{user.train.pp_schedule, user.train.pp_schedule == PpSchedule::kInterleaved1f1b
+                                                    ? std::max<uint64_t>(user.train.pp_virtual_stages, 2) : 1}};
+        } else if (pp > 1 && dp == 1) {
+          schedules.push_back({PpSchedule::kInterleaved1f1b, 2});
+        }
+        for (Sharding sh : shardings) {
+          for (Precision pr : precisions) {
+            for (Checkpointing ck : ckpts) {
+              for (const auto& [schedule, v] : (pp > 1 ? schedules : decltype(schedules){{PpSchedule::k1f1b, 1}})) {
+                PlanFamily f;
+                PlanSetup& p = f.setup;
+                p.dp = dp;
+                p.tp = tp;
+                p.pp = pp;
+                p.cp = cp;
+                p.sharding = sh;
+                p.checkpointing = ck;
+                p.precision = pr;
+                // torchtitan's mixed precision under a pipeline is FSDP2's MixedPrecisionPolicy over float32
+                // parameters (--precision fp32 with --sharding fsdp2; estimate refuses autocast there)
+                if (pp > 1 && !given("precision") && pr == Precision::kBf16Amp && dp > 1) p.precision = Precision::kFp32;
+                p.schedule = schedule;
+                p.virtual_stages = v;
+                // torch.optim's fused kernels where the optimizer is torch's own (DeepSpeed ZeRO runs its own)
+                const bool zero = dp > 1 && (sh == Sharding::kZero1 || sh == Sharding::kZero2 || sh == Sharding::kZero3);
+                if (given("optimizer_impl")) {
+                  p.optimizer_impl = user.train.optimizer_impl;
+                } else if (torch_optim && !zero) {
+                  p.optimizer_impl = OptimizerImpl::kFused;
+                }
+                p.batch = given("batch") ? user.train.batch : 1;
+                families.push_back(f);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+
+  // The rank batch and the bound of each family, then the families best bound first.
+  for (PlanFamily& f : families) {
+    PlanSetup& p = f.setup;
+    if (req_.global_batch % p.dp != 0) {
+      f.verdict = PlanVerdict::kBatch;
+      f.why = fmt::format("the global batch of {} sequences does not divide into {} data-parallel ranks",
+                          req_.global_batch, p.dp);
+      continue;
+    }
+    const uint64_t l = req_.global_batch / p.dp;
+    if (l % p.batch != 0) {
+      f.verdict = PlanVerdict::kBatch;
+      f.why = fmt::format("{} sequences per data-parallel rank do not divide into micro-batches of {}", l, p.batch);
+      continue;
+    }
+    if (p.pp > 1 && p.schedule != PpSchedule::kInterleaved1f1b && l / p.batch < p.pp) {
+      f.verdict = PlanVerdict::kBatch;
+      f.why = fmt::format("{} micro-batches per step are fewer than the {} pipeline stages (the schedule needs at "
+                          "least one per stage)", l / p.batch, p.pp);
+      continue;
+    }
+    p.accumulation = l / p.batch;
+    rank_batch_ = l;
+    f.bound_tokens_per_second = tokens_per_second(req_.global_batch, seq_, bound_seconds(p, p.batch));
+  }
+  std::stable_sort(families.begin(), families.end(), [](const PlanFamily& a, const PlanFamily& b) {
+    const bool ra = a.verdict == PlanVerdict::kRanked, rb = b.verdict == PlanVerdict::kRanked;
+    if (ra != rb) return ra;
+    return a.bound_tokens_per_second > b.bound_tokens_per_second;
+  });
+
+  std::vector<PlanRow> rows;
+  for (PlanFamily& f : families) {
+    if (f.verdict != PlanVerdict::kRanked) continue;  // kBatch: decided above
+    // the N-th best found so far: a family whose bound is below it cannot enter the top N (nor can any after it,
+    // their bounds being lower)
+    std::vector<double> speeds;
+    for (const PlanRow& r : rows) speeds.push_back(r.time.tokens_per_second);
+    std::sort(speeds.rbegin(), speeds.rend());
+    if (speeds.size() >= req_.top && f.bound_tokens_per_second < speeds[req_.top - 1]) {
+      f.verdict = PlanVerdict::kPruned;
+      f.why = fmt::format("at most {:.0f} tokens/s, below the {}th best found ({:.0f})", f.bound_tokens_per_second,
+                          req_.top, speeds[req_.top - 1]);
+      continue;
+    }
+    if (events_ >= kPlanEventBudget) {
+      f.verdict = PlanVerdict::kBudget;
+      f.why = fmt::format("the search simulated {} events, its bound on work", with_commas(events_));
+      continue;
+    }
+    rank_batch_ = req_.global_batch / f.setup.dp;
+    search(f, rows);
+  }
+  std::stable_sort(rows.begin(), rows.end(), [](const PlanRow& a, const PlanRow& b) {
+    return a.time.tokens_per_second > b.time.tokens_per_second;
+  });
+  out.ranked_total = rows.size();
+  if (rows.size() > req_.top) rows.resize(req_.top);
+  out.rows = std::move(rows);
+  out.families = std::move(families);
+  out.simulations = simulations_;
+  out.reference_simulations = references_;
+  out.best_reason = best_reason(out);
+  out.notes.push_back(fmt::format(
+      "searched: tensor, pipeline and context parallel sizes in powers of two (tensor and context parallel within "
+      "a node of {} GPUs), every sharding of the data-parallel ranks, checkpointing none, selective and full, "
+      "precision bf16-amp and bf16, each family's micro-batches from 1 by doubling and bisection; fields given "
+      "are kept", per_node));
+  if (!given("precision")) {
+    out.notes.push_back("bf16 is pure bfloat16 training (weights, gradients and AdamW states in bfloat16): faster and "
+                        "smaller, but not the numerics of mixed precision; --precision bf16-amp searches mixed "
+                        "precision only (under a pipeline, torchtitan's: fp32 parameters with FSDP2's bf16 policy)");
+  }
+  out.notes.push_back("not searched: GPipe (1F1B has its bubble and keeps fewer micro-batches in flight), "
+                      "interleaved 1F1B with FSDP2 and zero-bubble schedules (not simulated), sizes other than "
+                      "powers of two");
+  return out;
+}
+
+}  // namespace
+
+PlanResult plan(std::span<const FieldChange> given, const PlanRequest& r, const FileReader& files) {
+  return Planner(std::vector<FieldChange>(given.begin(), given.end()), r, files).run();
+}
+
+PlanRequest plan_request(std::string_view global_batch, std::string_view nodes, std::string_view top,
+                         std::string_view margin) {
+  auto number = [](std::string_view field, std::string_view s, uint64_t max, bool zero_ok) -> uint64_t {
+    if (s.empty() && zero_ok) return 0;
+    const std::string expected = fmt::format("an integer in [{}, {}]", zero_ok ? 0 : 1, max);
+    if (s.empty() || s.size() > 12 || s.find_first_not_of("0123456789") != std::string_view::npos) {
+      throw FieldError(std::string(field), fmt::format("\"{}\": expected {}", s, expected));
+    }
+    const uint64_t v = std::stoull(std::string(s));
+    if (v > max || (v == 0 && !zero_ok)) throw FieldError(std::string(field), fmt::format("\"{}\": expected {}", s, expected));
+    return v;
+  };
+  PlanRequest r;
+  // at most a million sequences per step and 65,536 nodes: beyond any cluster, and every product of them fits
+  // 64 bits with the sequence
+  r.global_batch = global_batch.empty() ? 0 : number("global_batch", global_batch, uint64_t{1} << 20, false);
+  r.nodes = number("nodes", nodes, uint64_t{1} << 16, true);
+  r.top = number("top", top, 1000, false);
+  r.margin = parse_margin(margin);
+  return r;
+}
+
+std::vector<FieldChange> PlanSetup::changes() const {
+  std::vector<FieldChange> c = {{"tp", std::to_string(tp)},
+                                {"pp", std::to_string(pp)},
+                                {"cp", std::to_string(cp)}};
+  if (dp > 1) c.push_back({"sharding", std::string(name_of(sharding))});
+  c.push_back({"checkpointing", std::string(name_of(checkpointing))});
+  c.push_back({"precision", std::string(precision_name(precision))});
+  if (optimizer_impl != OptimizerImpl::kAuto) c.push_back({"optimizer_impl", std::string(name_of(optimizer_impl))});
+  c.push_back({"batch", std::to_string(batch)});
+  if (pp > 1) {
+    c.push_back({"pp_schedule", std::string(name_of(schedule))});
+    if (schedule == PpSchedule::kInterleaved1f1b) c.push_back({"pp_virtual_stages", std::to_string(virtual_stages)});
+    c.push_back({"micro_batches", std::to_string(accumulation)});
+  } else {
+    c.push_back({"grad_accum", std::to_string(accumulation)});
+  }
+  return c;
+}
+
+std::string plan_family_name(const PlanSetup& s) {
+  std::string out = fmt::format("tp{} pp{}", s.tp, s.pp);
+  if (s.cp > 1) out += fmt::format(" cp{}", s.cp);
+  out += fmt::format(" dp{}", s.dp);
+  if (s.dp > 1) out += fmt::format(" {}", name_of(s.sharding));
+  if (s.pp > 1) {
+    out += fmt::format(" {}", name_of(s.schedule));
+    if (s.schedule == PpSchedule::kInterleaved1f1b) out += fmt::format("x{}", s.virtual_stages);
+  }
+  out += fmt::format(" {} {}", name_of(s.checkpointing), precision_name(s.precision));
+  return out;
+}
+
+std::string_view plan_verdict_name(PlanVerdict v) {
+  switch (v) {
+    case PlanVerdict::kRanked: return "ranked";
+    case PlanVerdict::kDoesNotFit: return "does not fit";
+    case PlanVerdict::kRefused: return "not simulated";
+    case PlanVerdict::kNoTime: return "no step time";
+    case PlanVerdict::kBatch: return "batch does not divide";
+    case PlanVerdict::kPruned: return "pruned by the bound";
+    case PlanVerdict::kBudget: return "not tried (bound on work)";
+  }
+  return "";
+}
+
+}  // namespace trainmem

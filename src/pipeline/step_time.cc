@@ -70,6 +70,18 @@ KernelSeconds kernel_seconds(const FlopLedger& L, const GpuPerf& g) {
   return k;
 }
 
+// The ledger's totals and its kernels' roofline into `t`.
+void set_kernels(StepTime& t, const FlopLedger& L, const KernelSeconds& k) {
+  t.flops = L.total_flops();
+  t.flops_by = L.flops;
+  t.bytes_by = L.bytes;
+  t.kernels = L.kernels;
+  t.compute_bound_seconds = k.compute_bound;
+  t.memory_bound_seconds = k.memory_bound;
+  t.launch_seconds = k.launch;
+  t.phase_seconds = k.phase;
+}
+
 // Tensor parallelism's collectives of one phase (transformers' tp_plan): each blocks the op after it.
 double tp_seconds(const FlopLedger& L, WorkPhase p, uint64_t tp, double bw) {
   if (tp <= 1) return 0.0;
@@ -138,15 +150,7 @@ std::optional<StepTime> step_time(const Estimate& e, const GpuSpec& gpu) {
   const FlopLedger& L = e.sim->flops;
   if (L.overflow) return std::nullopt;  // FLOPs beyond 2^64: no figure to time
   StepTime t;
-  t.flops = L.total_flops();
-  t.flops_by = L.flops;
-  t.bytes_by = L.bytes;
-  t.kernels = L.kernels;
-  const KernelSeconds k = kernel_seconds(L, g);
-  t.compute_bound_seconds = k.compute_bound;
-  t.memory_bound_seconds = k.memory_bound;
-  t.launch_seconds = k.launch;
-  t.phase_seconds = k.phase;
+  set_kernels(t, L, kernel_seconds(L, g));
   const double compute = t.compute_bound_seconds + t.memory_bound_seconds + t.launch_seconds;
   const uint64_t micro = s.task == Task::kTrain ? std::max<uint64_t>(s.grad_accum, 1) : 1;
   const double fwd = t.phase_seconds[static_cast<size_t>(WorkPhase::kForward)] / static_cast<double>(micro);
@@ -318,14 +322,7 @@ std::optional<StepTime> pipeline_step_time(const std::vector<Estimate>& ranks, c
     pt.rank_seconds.push_back(fwd[r] + bwd[r]);
     model_sum = checked_add(model_sum, model_flops(L), "model FLOPs");
     if (r == f.shown) {
-      t.flops = L.total_flops();
-      t.flops_by = L.flops;
-      t.bytes_by = L.bytes;
-      t.kernels = L.kernels;
-      t.compute_bound_seconds = k.compute_bound;
-      t.memory_bound_seconds = k.memory_bound;
-      t.launch_seconds = k.launch;
-      t.phase_seconds = k.phase;
+      set_kernels(t, L, k);
       t.comm_seconds = comm;
       t.comm_exposed_seconds = tpf + tpb + tpo + gather + rs;
     }

@@ -423,34 +423,34 @@ std::optional<WorkPhase> Engine::work_phase() const {
   }
 }
 
+// One collective of `bytes` in phase `pi`, counted `weight` times into `n` (how many) and `b` (bytes); a sum past
+// 2^64 - 1 saturates and marks the ledger.
+static void count_collective(FlopLedger& l, std::array<uint64_t, kWorkPhases>& n, std::array<uint64_t, kWorkPhases>& b,
+                             size_t pi, uint64_t bytes, uint64_t weight) {
+  uint64_t w_bytes = 0;
+  if (__builtin_add_overflow(n[pi], weight, &n[pi]) || __builtin_mul_overflow(bytes, weight, &w_bytes) ||
+      __builtin_add_overflow(b[pi], w_bytes, &b[pi])) {
+    b[pi] = UINT64_MAX;
+    l.overflow = true;
+  }
+}
+
 void Engine::count_tp_collective(bool all_gather, uint64_t bytes) {
   const std::optional<WorkPhase> wp = work_phase();
   if (!wp) return;
   const auto pi = static_cast<size_t>(*wp);
-  auto& n = all_gather ? flops_.tp_all_gathers : flops_.tp_all_reduces;
-  auto& b = all_gather ? flops_.tp_all_gather_bytes : flops_.tp_all_reduce_bytes;
-  uint64_t w_bytes = 0;
-  if (__builtin_add_overflow(n[pi], count_weight, &n[pi]) || __builtin_mul_overflow(bytes, count_weight, &w_bytes) ||
-      __builtin_add_overflow(b[pi], w_bytes, &b[pi])) {
-    b[pi] = UINT64_MAX;
-    flops_.overflow = true;
-  }
+  count_collective(flops_, all_gather ? flops_.tp_all_gathers : flops_.tp_all_reduces,
+                   all_gather ? flops_.tp_all_gather_bytes : flops_.tp_all_reduce_bytes, pi, bytes, count_weight);
 }
 
 void Engine::count_dp_collective(bool all_gather, uint64_t bytes) {
   const std::optional<WorkPhase> wp = work_phase();
   if (!wp) return;
   const auto pi = static_cast<size_t>(*wp);
-  auto& n = all_gather ? flops_.dp_all_gathers : flops_.dp_reduce_scatters;
-  auto& b = all_gather ? flops_.dp_all_gather_bytes : flops_.dp_reduce_scatter_bytes;
   // count_weight times, as count_tp_collective (a persistent parameter's gather, made by the first micro-batch
   // only, is counted for each micro-batch it stands for: elements under stage3_param_persistence_threshold)
-  uint64_t w_bytes = 0;
-  if (__builtin_add_overflow(n[pi], count_weight, &n[pi]) || __builtin_mul_overflow(bytes, count_weight, &w_bytes) ||
-      __builtin_add_overflow(b[pi], w_bytes, &b[pi])) {
-    b[pi] = UINT64_MAX;
-    flops_.overflow = true;
-  }
+  count_collective(flops_, all_gather ? flops_.dp_all_gathers : flops_.dp_reduce_scatters,
+                   all_gather ? flops_.dp_all_gather_bytes : flops_.dp_reduce_scatter_bytes, pi, bytes, count_weight);
   if (all_gather) flops_.dp_largest_gather_bytes[pi] = std::max(flops_.dp_largest_gather_bytes[pi], bytes);
 }
 

@@ -249,7 +249,7 @@ DeviceVerdict device_verdict(const Estimate& e, const GpuSpec& gpu, const Alloca
 
 // The step time of `e` on `gpu`: a roofline over the simulated step's kernels, launch overheads and the
 // collectives (src/pipeline/step_time.cc). nullopt when the catalog has no peaks for the GPU, or for what it
-// does not model: context and expert parallelism, ZeRO-3 and offload.
+// does not model: context and expert parallelism and offload.
 // With --pp, the pipeline's step (pipeline_step_time), which estimate() computed from every rank.
 std::optional<StepTime> step_time(const Estimate& e, const GpuSpec& gpu);
 

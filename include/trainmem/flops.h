@@ -63,8 +63,8 @@ struct FlopLedger {
   bool overflow = false;
   std::vector<KernelRow> rows;  // by first appearance
   // Collectives the ops issue themselves (tensor parallelism's all-reduces and all-gathers, tp_ops.cc): per
-  // phase, how many and their bytes (the tensor each rank holds). DDP's, ZeRO's and FSDP's are timed from their
-  // buckets and units (step_time.cc).
+  // phase, how many and their bytes (the tensor each rank holds). DDP's, ZeRO-1/2's and FSDP's are timed from
+  // their buckets and units (step_time.cc), ZeRO-3's from the dp_* counts below.
   std::array<uint64_t, kWorkPhases> tp_all_reduces{}, tp_all_reduce_bytes{};
   std::array<uint64_t, kWorkPhases> tp_all_gathers{}, tp_all_gather_bytes{};  // bytes of the gathered output
   // Data-parallel collectives the simulator issues where the framework does (DeepSpeed ZeRO-3's parameter

@@ -1,6 +1,7 @@
 // The step time of a simulated step on a GPU (trainmem/flops.h): a roofline per counted kernel, a launch
 // overhead per kernel, and the data-parallel and tensor-parallel collectives over the catalog's link bandwidth,
-// overlapped with compute as the frameworks overlap them. Nothing here is fitted to a measurement.
+// overlapped with compute as the frameworks overlap them; under a pipeline, the schedule over every rank's
+// step (pipeline_step_time). Nothing here is fitted to a measurement.
 #include <algorithm>
 
 #include <fmt/format.h>

@@ -263,8 +263,10 @@ std::optional<StepTime> step_time(const Estimate& e, const GpuSpec& gpu) {
 // (m + p - 1)(t_f + t_b) for GPipe and 1F1B, whose pipeline bubble is (p - 1)(t_f + t_b), a fraction (p - 1)/m of
 // the ideal m(t_f + t_b) (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters
 // Using Megatron-LM", SC'21, section 2.2.1), and the interleaved schedule divides the bubble by v (section
-// 2.2.2). With unequal stages the slowest stage sets the steady pace and every other stage's forward and
-// backward of one micro-batch lies on the fill and drain once.
+// 2.2.2; arXiv 2104.04473). The bubble's share of the whole step, (p - 1)/(m + p - 1), is what Huawei's CANN 7.0
+// large-model training guide states for 1F1B (hiascend.com, page PT_LMTMOG_000086, pipeline bubble analysis).
+// With unequal stages the slowest stage sets the steady pace and every other stage's forward and backward of one
+// micro-batch lies on the fill and drain once.
 // S: the sends of the stage outputs (B, T, C) forward and their gradients backward, point to point at the link
 // bandwidth; on the critical path on the fill and drain only (2(p·v - 1) sends: the first micro-batch's
 // forward crosses every stage boundary, the last one's backward too); in the steady phase each send overlaps

@@ -121,6 +121,21 @@ class Planner {
     return scenario_from(all);
   }
   std::optional<PlanRow> search(PlanFamily& f);
+  // Whether resolve() refuses the family at its smallest micro-batch (then its verdict says why).
+  bool refused(PlanFamily& f) const {
+    try {
+      resolve(scenario(f.setup.changes()), files_);
+      return false;
+    } catch (const FieldError& e) {
+      f.verdict = PlanVerdict::kRefused;
+      f.why_field = e.field();
+      f.why = e.detail();
+    } catch (const Error& e) {
+      f.verdict = PlanVerdict::kRefused;
+      f.why = e.what();
+    }
+    return true;
+  }
   // sequences per data-parallel rank per step
   uint64_t rank_batch(const PlanSetup& p) const { return req_.global_batch / p.dp; }
   void try_foreach(PlanRow& row);
@@ -440,7 +455,8 @@ PlanResult Planner::run() {
     per_node = n / req_.nodes;
     given_.push_back({"gpus_per_node", std::to_string(per_node)});
   }
-  const ResolvedScenario model = resolve_model(user, files_);
+  // the model alone (one rank: a layout the user fixed, --tp 2 over the default DDP, is the search's to refuse)
+  const ResolvedScenario model = resolve_model(scenario({}, /*reference=*/true), files_);
   const uint64_t layers = model.model.layers;
 
   PlanResult out;
@@ -625,6 +641,9 @@ PlanResult Planner::run() {
         if (j == least) continue;
         done[j] = true;
         PlanFamily& f = families[j];
+        // a variant resolve() refuses (selective checkpointing under context parallelism) is refused, not
+        // "does not fit"
+        if (refused(f)) continue;
         f.verdict = PlanVerdict::kDoesNotFit;
         f.best_headroom = l.best_headroom;
         f.smallest_batch = l.smallest_batch;

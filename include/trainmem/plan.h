@@ -107,7 +107,9 @@ struct PlanResult {
   std::vector<PlanFamily> families; // in the order tried
   std::vector<std::string> fixed;   // fields the user gave, kept in every setup
   std::vector<FieldChange> given;   // the user's fields (the model, the sequence, ...), for the command to run
-  std::string best_reason;          // why the first row is first
+  // why the first row is first: its summary, then against the fastest row differing in each dimension (tp, pp,
+  // cp, sharding, checkpointing, precision), or what the other values did on its layout
+  std::vector<std::string> best_reason;
   uint64_t simulations = 0;         // estimates run (a pipeline's counts each rank)
   uint64_t reference_simulations = 0;
   std::vector<std::string> notes;   // assumptions of the search

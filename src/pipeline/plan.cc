@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <map>
 #include <tuple>
@@ -252,27 +253,24 @@ double tokens_per_second(uint64_t global_batch, uint64_t seq, double seconds) {
                      : std::numeric_limits<double>::infinity();
 }
 
-// Why the first row is first: how much faster than the second, and where the second spends the time the first
-// does not (the step time's parts: forward, backward, recompute, optimizer kernels, exposed communication and
-// what else the schedule adds).
-std::string best_reason(const PlanResult& r) {
-  if (r.rows.empty()) return "";
-  const PlanRow& a = r.rows[0];
-  if (r.rows.size() == 1) return "the only setup that fits and is timed";
-  const PlanRow& b = r.rows[1];
+// Why the first row is first, dimension by dimension: against the fastest row that differs from it in each searched
+// dimension, how much slower that one is and where it spends the time the first does not (the step time's parts:
+// forward, backward, recompute, optimizer kernels, exposed communication, and what else the schedule adds); where
+// no row differs in checkpointing or sharding, what became of the lighter checkpointing and the other shardings of
+// the first row's layout (does not fit, refused, no time).
+std::string time_difference(const StepTime& a, const StepTime& b) {
   auto parts = [](const StepTime& t) {
-    std::vector<std::pair<std::string, double>> v = {
-        {"forward", t.phase_seconds[0]},
-        {"backward", t.phase_seconds[1]},
-        {"recompute", t.phase_seconds[2]},
-        {"the optimizer step", t.phase_seconds[3]},
-        {"exposed communication", t.comm_exposed_seconds}};
+    std::vector<std::pair<std::string, double>> v = {{"forward", t.phase_seconds[0]},
+                                                     {"backward", t.phase_seconds[1]},
+                                                     {"recompute", t.phase_seconds[2]},
+                                                     {"the optimizer step", t.phase_seconds[3]},
+                                                     {"exposed communication", t.comm_exposed_seconds}};
     double rest = t.step_seconds;
     for (const auto& [name, sec] : v) rest -= sec;
     v.push_back({"the pipeline's bubble and sends", std::max(0.0, rest)});
     return v;
   };
-  const auto pa = parts(a.time), pb = parts(b.time);
+  const auto pa = parts(a), pb = parts(b);
   std::vector<std::pair<double, std::string>> diffs;
   for (size_t i = 0; i < pa.size(); ++i) {
     const double d = pb[i].second - pa[i].second;
@@ -283,10 +281,73 @@ std::string best_reason(const PlanResult& r) {
   for (size_t i = 0; i < diffs.size() && i < 2; ++i) {
     why += fmt::format("{}{:.1f} ms more in {}", i ? ", " : "", diffs[i].first * 1e3, diffs[i].second);
   }
-  const double pct = (a.time.tokens_per_second / b.time.tokens_per_second - 1) * 100;
-  return fmt::format("{} more tokens/s than #2 ({}, micro-batch {} x {}){}",
-                     pct >= 0.1 ? fmt::format("{:.1f}%", pct) : fmt::format("{:.3f}%", pct), plan_family_name(b.setup),
-                     b.setup.batch, b.setup.accumulation, why.empty() ? "" : ", which spends " + why);
+  return why;
+}
+
+std::vector<std::string> best_reasons(const PlanResult& r) {
+  std::vector<std::string> out;
+  if (r.rows.empty()) return out;
+  const PlanRow& a = r.rows[0];
+  out.push_back(fmt::format("{}, micro-batch {} x {}: the fastest of {} setups that fit, {} tokens/s, MFU {:.1f}%",
+                            plan_family_name(a.setup), a.setup.batch, a.setup.accumulation, r.ranked_total,
+                            with_commas(static_cast<uint64_t>(a.time.tokens_per_second + 0.5)), a.time.mfu * 100));
+  using Dim = std::pair<const char*, std::function<std::string(const PlanSetup&)>>;
+  const std::vector<Dim> dims = {
+      {"tp", [](const PlanSetup& p) { return std::to_string(p.tp); }},
+      {"pp", [](const PlanSetup& p) { return std::to_string(p.pp); }},
+      {"cp", [](const PlanSetup& p) { return std::to_string(p.cp); }},
+      {"sharding", [](const PlanSetup& p) { return p.dp > 1 ? std::string(name_of(p.sharding)) : "none"; }},
+      {"checkpointing", [](const PlanSetup& p) { return std::string(name_of(p.checkpointing)); }},
+      {"precision", [](const PlanSetup& p) { return plan_precision_name(p); }},
+  };
+  // the same as `a` but in dimension `d` (precision aside when d is the sharding: DeepSpeed's bf16 is its mixed
+  // precision)
+  auto differs_only_in = [&](const PlanSetup& p, size_t d) {
+    if (dims[d].second(p) == dims[d].second(a.setup)) return false;
+    for (size_t i = 0; i < dims.size(); ++i) {
+      if (i == d || (std::string_view(dims[d].first) == "sharding" && std::string_view(dims[i].first) == "precision")) {
+        continue;
+      }
+      if (dims[i].second(p) != dims[i].second(a.setup)) return false;
+    }
+    return true;
+  };
+  for (size_t d = 0; d < dims.size(); ++d) {
+    const auto& [dim, value] = dims[d];
+    bool found = false;
+    for (size_t k = 1; k < r.rows.size() && !found; ++k) {
+      const PlanRow& b = r.rows[k];
+      if (!differs_only_in(b.setup, d)) continue;
+      found = true;
+      const double pct = (1 - b.time.tokens_per_second / a.time.tokens_per_second) * 100;
+      const std::string why = time_difference(a.time, b.time);
+      out.push_back(fmt::format("against {} {} (#{}, micro-batch {} x {}): {} fewer tokens/s{}", dim, value(b.setup),
+                                k + 1, b.setup.batch, b.setup.accumulation,
+                                pct >= 0.1 ? fmt::format("{:.1f}%", pct) : fmt::format("{:.3f}%", pct),
+                                why.empty() ? "" : "; it spends " + why));
+    }
+    // the other values of this dimension that have no row
+    std::vector<std::string> others;
+    for (const PlanFamily& f : r.families) {
+      if (f.verdict == PlanVerdict::kRanked || !differs_only_in(f.setup, d)) continue;
+      std::string what(plan_verdict_name(f.verdict));
+      if (f.verdict == PlanVerdict::kDoesNotFit) {
+        what = fmt::format("short by {} at micro-batch {}", format_bytes(Bytes(static_cast<uint64_t>(-f.best_headroom))),
+                           f.smallest_batch);
+      }
+      // one entry per value (DDP's pure and mixed variants say the same)
+      const std::string v = value(f.setup);
+      if (std::none_of(others.begin(), others.end(), [&](const std::string& o) { return o.rfind(v + " ", 0) == 0; })) {
+        others.push_back(fmt::format("{} {}", v, what));
+      }
+    }
+    if (!others.empty()) {
+      std::string list;
+      for (const std::string& o : others) list += (list.empty() ? "" : ", ") + o;
+      out.push_back(fmt::format("{} otherwise: {}", dim, list));
+    }
+  }
+  return out;
 }
 
 // One family: the micro-batches searched from 1 up (a family that does not fit one sequence costs one
@@ -672,7 +733,7 @@ PlanResult Planner::run() {
   out.families = std::move(families);
   out.simulations = simulations_;
   out.reference_simulations = references_;
-  out.best_reason = best_reason(out);
+  out.best_reason = best_reasons(out);
   out.notes.push_back(fmt::format(
       "searched: tensor, pipeline and context parallel sizes in powers of two (tensor and context parallel within "
       "a node of {} GPUs), every sharding of the data-parallel ranks, checkpointing none, selective and full, "

@@ -92,7 +92,8 @@ std::string render_plan_table(const PlanResult& r) {
              format_bytes(Bytes(static_cast<uint64_t>(std::max<int64_t>(row.headroom, 0))))});
     }
     out += t.str();
-    out += "\nbest: " + r.best_reason + "\n";
+    out += "\nbest: " + r.best_reason.front() + "\n";
+    for (size_t i = 1; i < r.best_reason.size(); ++i) out += "  " + r.best_reason[i] + "\n";
     std::vector<FieldChange> run = r.given;
     for (const FieldChange& c : r.rows[0].setup.changes()) {
       if (std::none_of(run.begin(), run.end(), [&](const FieldChange& g) { return g.field == c.field; })) run.push_back(c);

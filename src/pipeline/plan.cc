@@ -11,6 +11,7 @@
 #include <tuple>
 #include <atomic>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 #include <fmt/format.h>
@@ -715,7 +716,11 @@ PlanResult Planner::run() {
   {
     const unsigned workers = std::max(1u, std::min(std::thread::hardware_concurrency(), kPlanThreads));
     std::vector<std::thread> pool;
-    for (unsigned w = 1; w < workers; ++w) pool.emplace_back(screen);
+    try {
+      for (unsigned w = 1; w < workers; ++w) pool.emplace_back(screen);
+    } catch (const std::system_error&) {
+      // no threads here (WebAssembly without pthreads): the calling thread screens every layout
+    }
     screen();
     for (std::thread& t : pool) t.join();
   }

@@ -9,6 +9,7 @@
 #include "trainmem/fit.h"
 #include "trainmem/gpu.h"
 #include "trainmem/inventory.h"
+#include "trainmem/plan.h"
 #include "trainmem/sim.h"
 #include "trainmem/tp.h"
 
@@ -213,6 +214,27 @@ void BM_FitGpt2SmallA100(benchmark::State& state) {
   state.counters["probes"] = static_cast<double>(probes);
 }
 BENCHMARK(BM_FitGpt2SmallA100)->Unit(benchmark::kMillisecond);
+
+// `trainmem plan` (issue 13's done-when): Llama 3 70B on 64 H100 80GB, a global batch of 512 sequences of 8,192
+// tokens: every layout enumerated, screened and ranked (arg 0), and the same with tensor and pipeline sizes given
+// (arg 1: --tp 8 --pp 1), the search a user narrows.
+void BM_Plan70B_64xH100(benchmark::State& state) {
+  std::vector<FieldChange> given = {{"model", "llama-3-70b"}, {"gpus", "64xh100-80gb"}, {"seq", "8192"}};
+  if (state.range(0) == 1) given.insert(given.end(), {{"tp", "8"}, {"pp", "1"}});
+  PlanRequest r;
+  r.global_batch = 512;
+  uint64_t sims = 0;
+  size_t families = 0;
+  for (auto _ : state) {
+    const PlanResult p = plan(given, r, NoFiles());
+    sims = p.simulations + p.reference_simulations;
+    families = p.families.size();
+    benchmark::DoNotOptimize(p.rows.data());
+  }
+  state.counters["simulations"] = static_cast<double>(sims);
+  state.counters["families"] = static_cast<double>(families);
+}
+BENCHMARK(BM_Plan70B_64xH100)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->Iterations(1);
 
 }  // namespace
 

@@ -15,6 +15,7 @@
 #include "trainmem/estimate.h"
 #include "trainmem/fit.h"
 #include "trainmem/gpu.h"
+#include "trainmem/plan.h"
 #include "trainmem/plot.h"
 #include "trainmem/report.h"
 #include "trainmem/scenario.h"
@@ -99,6 +100,17 @@ std::pair<std::string, std::vector<std::string>> run_fit(
   return {render_fit_json(res), res.warnings};
 }
 
+// `trainmem plan --global-batch <n> --nodes <n> --top <n> --margin <m> --format json`, and its warnings
+std::pair<std::string, std::vector<std::string>> run_plan(
+    const Fields& fields, const std::optional<std::pair<std::string, std::string>>& config,
+    const std::string& global_batch, const std::string& nodes, const std::string& top, const std::string& margin) {
+  const PlanRequest req = plan_request(global_batch, nodes, top, margin);
+  std::vector<FieldChange> given;
+  for (const auto& [name, value] : fields) given.push_back({name, value});
+  const PlanResult res = plan(given, req, ConfigReader(config_of(config)));
+  return {render_plan_json(res), res.warnings};
+}
+
 // `trainmem params --dtype <dtype> --format json`, and the warnings the CLI prints
 std::pair<std::string, std::vector<std::string>> run_params(
     const Fields& fields, const std::optional<std::pair<std::string, std::string>>& config, const std::string& dtype) {
@@ -175,6 +187,8 @@ PYBIND11_MODULE(_core, m) {
   m.def("estimate", &run_estimate, py::arg("fields"), py::arg("config"), py::call_guard<py::gil_scoped_release>());
   m.def("fit", &run_fit, py::arg("fields"), py::arg("config"), py::arg("solve"), py::arg("margin"),
         py::call_guard<py::gil_scoped_release>());
+  m.def("plan", &run_plan, py::arg("fields"), py::arg("config"), py::arg("global_batch"), py::arg("nodes"),
+        py::arg("top"), py::arg("margin"), py::call_guard<py::gil_scoped_release>());
   m.def("params", &run_params, py::arg("fields"), py::arg("config"), py::arg("dtype"),
         py::call_guard<py::gil_scoped_release>());
   m.def("gpus", [] { return render_gpus_json(gpu_catalog()); });

@@ -9,7 +9,7 @@ Every block in README.md written as
     ```
 
 holds the real output of that command (run from the repository root with build/trainmem). A command may end in
-`| tail -N`: the block then holds the output's last N lines. With --write the blocks are regenerated; with --check
+`| tail -N` or `| head -N`: the block then holds the output's last (first) N lines. With --write the blocks are regenerated; with --check
 (a ctest) the script fails when any block is stale.
 
 A picture the README shows is made the same way: a line
@@ -31,6 +31,7 @@ PLOT = re.compile(r"<!-- plot: (?P<cmd>trainmem [^>]*?--plot (?P<path>\S+)[^>]*?
 
 def run(cmd: str, exe: Path) -> str:
     cmd, _, tail = cmd.partition(" | tail -")
+    cmd, _, head = cmd.partition(" | head -")
     args = cmd.split()
     assert args[0] == "trainmem", cmd
     proc = subprocess.run([str(exe)] + args[1:], cwd=ROOT, capture_output=True, text=True)
@@ -38,7 +39,10 @@ def run(cmd: str, exe: Path) -> str:
     if proc.returncode not in (0, 1, 2):  # 1: with --gpu, the step does not fit
         raise SystemExit(f"readme: `{cmd}` exited {proc.returncode}:\n{out}")
     out = out if out.endswith("\n") else out + "\n"
-    return "".join(out.splitlines(keepends=True)[-int(tail):]) if tail else out
+    lines = out.splitlines(keepends=True)
+    if head:
+        lines = lines[:int(head)]
+    return "".join(lines[-int(tail):] if tail else lines)
 
 
 def draw(cmd: str, path: str, exe: Path) -> bytes:

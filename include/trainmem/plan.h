@@ -41,6 +41,7 @@ struct PlanSetup {
   Sharding sharding = Sharding::kDdp;
   Checkpointing checkpointing = Checkpointing::kNone;
   Precision precision = Precision::kBf16Amp;
+  bool mixed = true;          // mixed precision (fp32 master weights) as the framework runs it, or pure bf16
   OptimizerImpl optimizer_impl = OptimizerImpl::kAuto;  // kAuto: the code's own (DeepSpeed's optimizer)
   PpSchedule schedule = PpSchedule::k1f1b;
   uint64_t virtual_stages = 1;
@@ -51,6 +52,9 @@ struct PlanSetup {
 };
 // "tp8 pp1 dp8 fsdp2 full": the family of a setup (everything but the micro-batch and the optimizer's code path)
 std::string plan_family_name(const PlanSetup& s);
+// "mixed bf16" (autocast, DeepSpeed's bf16 with fp32 master partitions, torchtitan's fp32 + FSDP2 bf16 policy) or
+// "pure bf16" (bf16 weights, gradients and optimizer states)
+std::string plan_precision_name(const PlanSetup& s);
 
 struct PlanRow {
   PlanSetup setup;
@@ -60,6 +64,14 @@ struct PlanRow {
   std::optional<uint64_t> pp_worst_rank;
   StepTime time;
   double bound_tokens_per_second = 0;  // the family's throughput bound, for the record (>= time's)
+  // The same setup with torch.optim's foreach update instead of the fused one (empty: not tried, as for
+  // DeepSpeed's own optimizer or an implementation given)
+  struct Foreach {
+    bool fits = false;
+    Bytes peak_reserved;
+    std::optional<double> step_seconds;
+  };
+  std::optional<Foreach> foreach;
 };
 
 // Why a family has no row: each family the enumeration made ends in exactly one of these.
@@ -80,7 +92,8 @@ struct PlanFamily {
   std::string why_field;    // kRefused by a FieldError: the field it names
   std::string why;          // the library's message, the shortfall, the bound
   double bound_tokens_per_second = 0;
-  int64_t best_headroom = 0;  // kDoesNotFit: the headroom at micro-batch 1 (negative: short by)
+  int64_t best_headroom = 0;  // kDoesNotFit: the headroom at the smallest micro-batch tried (negative: short by)
+  uint64_t smallest_batch = 1;  // kDoesNotFit: that micro-batch
 };
 
 struct PlanResult {
@@ -94,7 +107,9 @@ struct PlanResult {
   std::vector<PlanFamily> families; // in the order tried
   std::vector<std::string> fixed;   // fields the user gave, kept in every setup
   std::vector<FieldChange> given;   // the user's fields (the model, the sequence, ...), for the command to run
-  std::string best_reason;          // why the first row is first
+  // why the first row is first: its summary, then against the fastest row differing in each dimension (tp, pp,
+  // cp, sharding, checkpointing, precision), or what the other values did on its layout
+  std::vector<std::string> best_reason;
   uint64_t simulations = 0;         // estimates run (a pipeline's counts each rank)
   uint64_t reference_simulations = 0;
   std::vector<std::string> notes;   // assumptions of the search

@@ -83,6 +83,21 @@ def test_fit_that_finds_nothing_is_the_clis():
     assert f.json == cli_json("fit", *cli_args(fields))
 
 
+def test_plan_document_is_the_clis():
+    # issue 13's plan from Python: the same search, the same document
+    fields = dict(model="gpt2", gpus="8xh100-80gb", seq=1024)
+    p = trainmem.plan(global_batch=64, top=3, **fields)
+    assert p.json == cli_json("plan", *cli_args(fields), "--global-batch", "64", "--top", "3")
+    assert len(p.rows) == 3 and p.rows[0].time.tokens_per_second >= p.rows[1].time.tokens_per_second
+
+
+def test_plan_names_the_missing_global_batch():
+    with pytest.raises(TypeError):
+        trainmem.plan(model="gpt2", gpus="8xh100-80gb")  # a required keyword
+    with pytest.raises(trainmem.Error, match="--global-batch"):
+        trainmem.plan(model="gpt2", gpus="8xh100-80gb", global_batch=0)
+
+
 def test_params_document_is_the_clis():
     p = trainmem.params(model="phi-2", dtype="bfloat16", lora="r=4")
     assert p.json == cli_json("params", "--model", "phi-2", "--dtype", "bfloat16", "--lora", "r=4")

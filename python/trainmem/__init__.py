@@ -20,8 +20,8 @@ from . import _core
 from ._core import Error
 
 __all__ = [
-    "Error", "TrainmemWarning", "Scenario", "estimate", "fit", "params", "gpus", "fields",
-    "Estimate", "Fit", "Params", "Timeline", "Component", "Verdict", "Section",
+    "Error", "TrainmemWarning", "Scenario", "estimate", "fit", "plan", "params", "gpus", "fields",
+    "Estimate", "Fit", "Plan", "Params", "Timeline", "Component", "Verdict", "Section",
 ]
 
 # trainmem.Error: bad input, with the CLI's message (what `trainmem` prints after "trainmem: "). `field` names
@@ -155,6 +155,14 @@ class Scenario:
         _say(warns)
         return Fit(json.loads(text), warns)
 
+    def plan(self, global_batch, nodes=None, top=10, margin="5%"):
+        """trainmem plan: see trainmem.plan."""
+        text, warns = _core.plan(self._pairs, self._config, _text("global_batch", global_batch),
+                                 "" if nodes is None else _text("nodes", nodes), _text("top", top),
+                                 _text("margin", margin))
+        _say(warns)
+        return Plan(json.loads(text), warns)
+
     def params(self, dtype="float32"):
         """trainmem params: see trainmem.params."""
         text, warns = _core.params(self._pairs, self._config, str(dtype))
@@ -188,6 +196,13 @@ def fit(scenario=None, *, config=None, solve="batch", margin="5%", **fields):
     """The largest micro-batch (solve="batch") or sequence (solve="seq") whose step fits the GPU, keeping
     `margin` free ("5%", "2GiB"), as `trainmem fit --format json`: a Fit. Needs gpu= or gpus=."""
     return _scenario(scenario, config, fields).fit(solve=solve, margin=margin)
+
+
+def plan(scenario=None, *, config=None, global_batch, nodes=None, top=10, margin="5%", **fields):
+    """The fastest setups that fit a cluster (gpus="64xh100-80gb"), as `trainmem plan --format json`: a Plan, whose
+    rows are ranked by predicted tokens/s and whose families say why each other setup has no row. Fields given
+    (tp=8, checkpointing="full") are kept in every setup."""
+    return _scenario(scenario, config, fields).plan(global_batch, nodes=nodes, top=top, margin=margin)
 
 
 def params(scenario=None, *, config=None, dtype="float32", **fields):
@@ -421,6 +436,17 @@ class Fit(_Document):
     def __repr__(self):
         gpu = (self._d.get('gpu') or {}).get('name')
         return f"trainmem.Fit(solve={self._d.get('solve')!r}, largest={self._d.get('largest')}, gpu={gpu!r})"
+
+
+class Plan(_Document):
+    """`trainmem plan --format json` as attributes: rows (fastest first, each with its fields, memory and time),
+    best_reason, families (each with its verdict and why), simulations, notes. `warnings` as the CLI prints them."""
+
+    __slots__ = ()
+
+    def __repr__(self):
+        best = self._d["rows"][0]["family"] if self._d.get("rows") else None
+        return f"trainmem.Plan(model={self._d.get('model')!r}, gpus={self._d.get('gpus')}, best={best!r})"
 
 
 class Params(_Document):

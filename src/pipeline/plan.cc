@@ -5,9 +5,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <map>
 #include <tuple>
+#include <atomic>
+#include <mutex>
+#include <system_error>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -24,6 +29,13 @@ namespace {
 // events, so this is some 800 rank simulations, a minute on two cores; the README's 70B plan uses a small share
 // of it. Reaching it ends the search, and the families not tried are listed as such.
 inline constexpr uint64_t kPlanEventBudget = uint64_t{1} << 25;  // 33,554,432
+// A pipeline's estimate simulates every stage over every micro-batch (the schedule's receive buffers and output
+// chunks are one per micro-batch, so no micro-batch stands for another): plan tries only splits of at most this
+// many stage micro-batches (stages x micro-batches), about a third of a second of simulation for a 70B model. A
+// pipeline of more than 8 stages needs more even at the fewest micro-batches its schedule takes (one per stage).
+inline constexpr uint64_t kPlanPipelineWork = 64;
+// Worker threads of the screening pass (at most the machine's cores).
+inline constexpr unsigned kPlanThreads = 4;
 
 // The fields plan chooses. A user who gives one keeps it in every setup (the search is over the rest); the
 // data-parallel size and the accumulation follow from --gpus and --global-batch and cannot be given.
@@ -110,7 +122,25 @@ class Planner {
     }
     return scenario_from(all);
   }
-  void search(PlanFamily& f, std::vector<PlanRow>& rows);
+  std::optional<PlanRow> search(PlanFamily& f);
+  // Whether resolve() refuses the family at its smallest micro-batch (then its verdict says why).
+  bool refused(PlanFamily& f) const {
+    try {
+      resolve(scenario(f.setup.changes()), files_);
+      return false;
+    } catch (const FieldError& e) {
+      f.verdict = PlanVerdict::kRefused;
+      f.why_field = e.field();
+      f.why = e.detail();
+    } catch (const Error& e) {
+      f.verdict = PlanVerdict::kRefused;
+      f.why = e.what();
+    }
+    return true;
+  }
+  // sequences per data-parallel rank per step
+  uint64_t rank_batch(const PlanSetup& p) const { return req_.global_batch / p.dp; }
+  void try_foreach(PlanRow& row);
   Probe simulate(const PlanSetup& p);
   double bound_seconds(const PlanSetup& p, uint64_t micro_batch);
   std::optional<double> class_seconds_per_sequence(const PlanSetup& p);
@@ -120,8 +150,10 @@ class Planner {
   const FileReader& files_;
   GpuSpec gpu_;
   Bytes margin_;
-  uint64_t seq_ = 0, rank_batch_ = 0;
-  uint64_t events_ = 0, simulations_ = 0, references_ = 0;
+  uint64_t seq_ = 0;
+  // counted by every simulation, from the worker threads too
+  std::atomic<uint64_t> events_ = 0, simulations_ = 0, references_ = 0;
+  std::mutex classes_mu_;
   // the products of one sequence on one rank, per compute class (tp, cp, checkpointing, precision)
   std::map<std::tuple<uint64_t, uint64_t, Checkpointing, Precision>, std::optional<double>> classes_;
 };
@@ -134,7 +166,7 @@ Probe Planner::simulate(const PlanSetup& p) {
   const Estimate e = pipeline ? estimate(r.model, r.inventory, r.setup, r.options, r.alloc, &gpu_, margin_)
                               : estimate(r.model, r.inventory, r.setup, r.options, r.alloc);
   const uint64_t ranks = pipeline ? e.pp->ranks : 1;
-  events_ = checked_add(events_, checked_mul(e.sim->timeline.events.size(), ranks, "events"), "events");
+  events_ += checked_mul(e.sim->timeline.events.size(), ranks, "events");
   simulations_ += ranks;
   const DeviceVerdict v = pipeline ? *e.device : device_verdict(e, gpu_, r.alloc, margin_);
   Probe out;
@@ -160,8 +192,11 @@ Probe Planner::simulate(const PlanSetup& p) {
 std::optional<double> Planner::class_seconds_per_sequence(const PlanSetup& p) {
   const Precision compute = p.pp > 1 && p.precision == Precision::kFp32 && p.dp > 1 ? Precision::kBf16Amp : p.precision;
   const auto key = std::make_tuple(p.tp, p.cp, p.checkpointing, compute);
-  auto it = classes_.find(key);
-  if (it != classes_.end()) return it->second;
+  {
+    std::lock_guard<std::mutex> lock(classes_mu_);
+    auto it = classes_.find(key);
+    if (it != classes_.end()) return it->second;
+  }
   std::optional<double> out;
   try {
     std::vector<FieldChange> changes = {{"gpu", gpu_.name},
@@ -173,12 +208,13 @@ std::optional<double> Planner::class_seconds_per_sequence(const PlanSetup& p) {
                                         {"grad_accum", "1"}};
     const ResolvedScenario r = resolve(scenario(changes, /*reference=*/true), files_);
     const Estimate e = estimate(r.model, r.inventory, r.setup, r.options, r.alloc);
-    events_ = checked_add(events_, e.sim->timeline.events.size(), "events");
+    events_ += e.sim->timeline.events.size();
     ++references_;
     if (!e.sim->flops.overflow) out = products_seconds(e.sim->flops, gpu_.perf);
   } catch (const Error&) {
     // refused as a reference (a rule that depends on the layout): no bound for the class
   }
+  std::lock_guard<std::mutex> lock(classes_mu_);
   classes_.emplace(key, out);
   return out;
 }
@@ -187,7 +223,7 @@ std::optional<double> Planner::class_seconds_per_sequence(const PlanSetup& p) {
 double Planner::bound_seconds(const PlanSetup& p, uint64_t micro_batch) {
   const std::optional<double> per_seq = class_seconds_per_sequence(p);
   if (!per_seq) return 0;
-  const double l = static_cast<double>(rank_batch_);
+  const double l = static_cast<double>(rank_batch(p));
   if (p.pp <= 1) return *per_seq * l;
   // step_time's pipeline: M * max_r(f_r + b_r) + sum of the other ranks' (f_r + b_r) >= (M - 1 + p) / p of one
   // micro-batch of the whole model, M = L / micro-batch
@@ -196,32 +232,46 @@ double Planner::bound_seconds(const PlanSetup& p, uint64_t micro_batch) {
 }
 
 
+// The precisions searched for a layout, each as its framework spells mixed and pure bf16 training:
+// - DeepSpeed ZeRO: bf16 {enabled: true} is its mixed precision (bf16 parameters, fp32 master partitions in the
+//   optimizer; estimate refuses autocast under it), and it has no pure bf16 mode;
+// - torchtitan under a pipeline with FSDP2: training.dtype float32 with FSDP2's bf16 MixedPrecisionPolicy
+//   (--precision fp32; autocast and bf16 are refused there); without FSDP2 only training.dtype bf16, pure;
+// - otherwise torch.autocast(bf16) over fp32 weights (mixed) and model.to(bfloat16) (pure).
+std::vector<Precision> precision_choices(bool zero, uint64_t pp, uint64_t dp) {
+  if (zero) return {Precision::kBf16};
+  if (pp > 1) return {dp > 1 ? Precision::kFp32 : Precision::kBf16};
+  return {Precision::kBf16Amp, Precision::kBf16};
+}
+bool is_mixed(Precision p, bool zero, uint64_t pp, uint64_t dp) {
+  if (p == Precision::kBf16Amp || p == Precision::kFp16Amp) return true;
+  if (p == Precision::kBf16 && zero) return true;
+  return p == Precision::kFp32 && pp > 1 && dp > 1;
+}
+
 double tokens_per_second(uint64_t global_batch, uint64_t seq, double seconds) {
   return seconds > 0 ? static_cast<double>(global_batch) * static_cast<double>(seq) / seconds
                      : std::numeric_limits<double>::infinity();
 }
 
-// Why the first row is first: how much faster than the second, and where the second spends the time the first
-// does not (the step time's parts: forward, backward, recompute, optimizer kernels, exposed communication and
-// what else the schedule adds).
-std::string best_reason(const PlanResult& r) {
-  if (r.rows.empty()) return "";
-  const PlanRow& a = r.rows[0];
-  if (r.rows.size() == 1) return "the only setup that fits and is timed";
-  const PlanRow& b = r.rows[1];
+// Why the first row is first, dimension by dimension: against the fastest row that differs from it in each searched
+// dimension, how much slower that one is and where it spends the time the first does not (the step time's parts:
+// forward, backward, recompute, optimizer kernels, exposed communication, and what else the schedule adds); where
+// no row differs in checkpointing or sharding, what became of the lighter checkpointing and the other shardings of
+// the first row's layout (does not fit, refused, no time).
+std::string time_difference(const StepTime& a, const StepTime& b) {
   auto parts = [](const StepTime& t) {
-    std::vector<std::pair<std::string, double>> v = {
-        {"forward", t.phase_seconds[0]},
-        {"backward", t.phase_seconds[1]},
-        {"recompute", t.phase_seconds[2]},
-        {"the optimizer step", t.phase_seconds[3]},
-        {"exposed communication", t.comm_exposed_seconds}};
+    std::vector<std::pair<std::string, double>> v = {{"forward", t.phase_seconds[0]},
+                                                     {"backward", t.phase_seconds[1]},
+                                                     {"recompute", t.phase_seconds[2]},
+                                                     {"the optimizer step", t.phase_seconds[3]},
+                                                     {"exposed communication", t.comm_exposed_seconds}};
     double rest = t.step_seconds;
     for (const auto& [name, sec] : v) rest -= sec;
     v.push_back({"the pipeline's bubble and sends", std::max(0.0, rest)});
     return v;
   };
-  const auto pa = parts(a.time), pb = parts(b.time);
+  const auto pa = parts(a), pb = parts(b);
   std::vector<std::pair<double, std::string>> diffs;
   for (size_t i = 0; i < pa.size(); ++i) {
     const double d = pb[i].second - pa[i].second;
@@ -232,27 +282,104 @@ std::string best_reason(const PlanResult& r) {
   for (size_t i = 0; i < diffs.size() && i < 2; ++i) {
     why += fmt::format("{}{:.1f} ms more in {}", i ? ", " : "", diffs[i].first * 1e3, diffs[i].second);
   }
-  const double pct = (a.time.tokens_per_second / b.time.tokens_per_second - 1) * 100;
-  return fmt::format("{:.1f}% more tokens/s than #2 ({}, micro-batch {} x {}{}){}", pct, plan_family_name(b.setup),
-                     b.setup.batch, b.setup.accumulation,
-                     b.setup.optimizer_impl == OptimizerImpl::kForeach ? ", foreach" : "",
-                     why.empty() ? "" : ", which spends " + why);
+  return why;
+}
+
+std::vector<std::string> best_reasons(const PlanResult& r) {
+  std::vector<std::string> out;
+  if (r.rows.empty()) return out;
+  const PlanRow& a = r.rows[0];
+  out.push_back(fmt::format("{}, micro-batch {} x {}: the fastest of {} setups that fit, {} tokens/s, MFU {:.1f}%",
+                            plan_family_name(a.setup), a.setup.batch, a.setup.accumulation, r.ranked_total,
+                            with_commas(static_cast<uint64_t>(a.time.tokens_per_second + 0.5)), a.time.mfu * 100));
+  using Dim = std::pair<const char*, std::function<std::string(const PlanSetup&)>>;
+  const std::vector<Dim> dims = {
+      {"tp", [](const PlanSetup& p) { return std::to_string(p.tp); }},
+      {"pp", [](const PlanSetup& p) { return std::to_string(p.pp); }},
+      {"cp", [](const PlanSetup& p) { return std::to_string(p.cp); }},
+      {"sharding", [](const PlanSetup& p) { return p.dp > 1 ? std::string(name_of(p.sharding)) : "none"; }},
+      {"checkpointing", [](const PlanSetup& p) { return std::string(name_of(p.checkpointing)); }},
+      {"precision", [](const PlanSetup& p) { return plan_precision_name(p); }},
+  };
+  // the same as `a` but in dimension `d` (precision aside when d is the sharding: DeepSpeed's bf16 is its mixed
+  // precision)
+  auto differs_only_in = [&](const PlanSetup& p, size_t d) {
+    if (dims[d].second(p) == dims[d].second(a.setup)) return false;
+    for (size_t i = 0; i < dims.size(); ++i) {
+      if (i == d || (std::string_view(dims[d].first) == "sharding" && std::string_view(dims[i].first) == "precision")) {
+        continue;
+      }
+      if (dims[i].second(p) != dims[i].second(a.setup)) return false;
+    }
+    return true;
+  };
+  for (size_t d = 0; d < dims.size(); ++d) {
+    const auto& [dim, value] = dims[d];
+    bool found = false;
+    for (size_t k = 1; k < r.rows.size() && !found; ++k) {
+      const PlanRow& b = r.rows[k];
+      if (!differs_only_in(b.setup, d)) continue;
+      found = true;
+      const double pct = (1 - b.time.tokens_per_second / a.time.tokens_per_second) * 100;
+      const std::string why = time_difference(a.time, b.time);
+      out.push_back(fmt::format("against {} {} (#{}, micro-batch {} x {}): {} fewer tokens/s{}", dim, value(b.setup),
+                                k + 1, b.setup.batch, b.setup.accumulation,
+                                pct >= 0.1 ? fmt::format("{:.1f}%", pct) : fmt::format("{:.3f}%", pct),
+                                why.empty() ? "" : "; it spends " + why));
+    }
+    // the other values of this dimension that have no row
+    std::vector<std::string> others;
+    for (const PlanFamily& f : r.families) {
+      if (f.verdict == PlanVerdict::kRanked || !differs_only_in(f.setup, d)) continue;
+      std::string what(plan_verdict_name(f.verdict));
+      if (f.verdict == PlanVerdict::kDoesNotFit) {
+        what = fmt::format("short by {} at micro-batch {}", format_bytes(Bytes(static_cast<uint64_t>(-f.best_headroom))),
+                           f.smallest_batch);
+      }
+      // one entry per value (DDP's pure and mixed variants say the same)
+      const std::string v = value(f.setup);
+      if (std::none_of(others.begin(), others.end(), [&](const std::string& o) { return o.rfind(v + " ", 0) == 0; })) {
+        others.push_back(fmt::format("{} {}", v, what));
+      }
+    }
+    if (!others.empty()) {
+      std::string list;
+      for (const std::string& o : others) list += (list.empty() ? "" : ", ") + o;
+      out.push_back(fmt::format("{} otherwise: {}", dim, list));
+    }
+  }
+  return out;
 }
 
 // One family: the micro-batches searched from 1 up (a family that does not fit one sequence costs one
 // simulation), by doubling and bisection over the divisors of the rank's batch, as fit searches; its best timed
 // setup becomes a row.
-void Planner::search(PlanFamily& f, std::vector<PlanRow>& rows) {
+std::optional<PlanRow> Planner::search(PlanFamily& f) {
   const PlanSetup base = f.setup;
+  const uint64_t rank_batch_ = rank_batch(base);
   std::vector<uint64_t> sizes;
+  uint64_t cut = 0;  // the largest micro-batch left out for the pipeline's work (0: none)
   if (given("batch")) {
     sizes = {base.batch};
   } else {
     for (uint64_t d : divisors(rank_batch_)) {
       // a pipeline's schedule needs at least as many micro-batches as stages (PipelineScheduleSingle raises)
       if (base.pp > 1 && base.schedule != PpSchedule::kInterleaved1f1b && rank_batch_ / d < base.pp) continue;
+      // and every rank simulates every micro-batch (the receive buffers are one per micro-batch, so they cannot be
+      // extrapolated): micro-batches too small for plan's bound on a pipeline's work are left to estimate
+      if (base.pp > 1 && checked_mul(base.pp, rank_batch_ / d, "pipeline work") > kPlanPipelineWork) {
+        cut = d;
+        continue;
+      }
       sizes.push_back(d);
     }
+  }
+  if (sizes.empty()) {
+    f.verdict = PlanVerdict::kBudget;
+    f.why = fmt::format("every split of its {} sequences per rank into micro-batches needs more than {} stage "
+                        "micro-batches ({} stages x micro-batches), plan's bound on a pipeline's work",
+                        rank_batch_, kPlanPipelineWork, base.pp);
+    return std::nullopt;
   }
   std::map<uint64_t, Probe> probes;
   auto probe = [&](size_t i) -> const Probe& {
@@ -292,11 +419,11 @@ void Planner::search(PlanFamily& f, std::vector<PlanRow>& rows) {
     f.verdict = PlanVerdict::kRefused;
     f.why_field = e.field();
     f.why = e.detail();
-    return;
+    return std::nullopt;
   } catch (const Error& e) {
     f.verdict = PlanVerdict::kRefused;
     f.why = e.what();
-    return;
+    return std::nullopt;
   }
   std::optional<PlanRow> found;
   bool fits = false;
@@ -321,37 +448,39 @@ void Planner::search(PlanFamily& f, std::vector<PlanRow>& rows) {
     f.verdict = PlanVerdict::kDoesNotFit;
     f.best_headroom = first.headroom;
     f.why = first.failure;
-    return;
+    if (cut > 0) {
+      f.why += fmt::format("; micro-batches of {} and smaller, more than {} stage micro-batches, not simulated",
+                           cut, kPlanPipelineWork);
+    }
+    f.smallest_batch = probes.begin()->first;
+    return std::nullopt;
   }
   if (!found) {
     f.verdict = PlanVerdict::kNoTime;
     f.why = "it fits, but step_time has no model of this setup's communication yet";
-    return;
+    return std::nullopt;
   }
   f.verdict = PlanVerdict::kRanked;
   f.setup = found->setup;
-  rows.push_back(*found);
-  // The same setup with torch.optim's foreach code path (the fused kernels are what plan searches with): a
-  // setup whose fused update does not fit would not fit foreach's either (the same state, and the foreach
-  // update's intermediates on top: torch/optim/adamw.py _multi_tensor_adamw), so only the best is tried.
-  if (!given("optimizer_impl") && base.optimizer_impl == OptimizerImpl::kFused) {
-    PlanSetup p = found->setup;
-    p.optimizer_impl = OptimizerImpl::kForeach;
-    try {
-      const Probe q = simulate(p);
-      if (q.fits && q.time) {
-        PlanRow row = *found;
-        row.setup = p;
-        row.peak_reserved = q.reserved;
-        row.device_total = q.device_total;
-        row.headroom = q.headroom;
-        row.pp_worst_rank = q.worst;
-        row.time = *q.time;
-        rows.push_back(row);
-      }
-    } catch (const Error&) {
-      // foreach refused for this setup: the fused row stands alone
-    }
+  return found;
+}
+
+// The same setup with torch.optim's foreach code path (plan searches with the fused kernels): a setup whose fused
+// update does not fit would not fit foreach's either (the same state, and the foreach update's intermediates on
+// top: torch/optim/adamw.py _multi_tensor_adamw), so it is tried for the ranked rows only.
+void Planner::try_foreach(PlanRow& row) {
+  if (given("optimizer_impl") || row.setup.optimizer_impl != OptimizerImpl::kFused) return;
+  PlanSetup p = row.setup;
+  p.optimizer_impl = OptimizerImpl::kForeach;
+  try {
+    const Probe q = simulate(p);
+    PlanRow::Foreach f;
+    f.fits = q.fits;
+    f.peak_reserved = q.reserved;
+    if (q.time) f.step_seconds = q.time->step_seconds;
+    row.foreach = f;
+  } catch (const Error&) {
+    // foreach refused for this setup: the fused row stands alone
   }
 }
 
@@ -388,7 +517,8 @@ PlanResult Planner::run() {
     per_node = n / req_.nodes;
     given_.push_back({"gpus_per_node", std::to_string(per_node)});
   }
-  const ResolvedScenario model = resolve_model(user, files_);
+  // the model alone (one rank: a layout the user fixed, --tp 2 over the default DDP, is the search's to refuse)
+  const ResolvedScenario model = resolve_model(scenario({}, /*reference=*/true), files_);
   const uint64_t layers = model.model.layers;
 
   PlanResult out;
@@ -424,8 +554,6 @@ PlanResult Planner::run() {
         if (dp > 1 && !given("sharding")) {
           shardings = {Sharding::kDdp, Sharding::kZero1, Sharding::kZero2, Sharding::kFsdp2, Sharding::kZero3};
         }
-        std::vector<Precision> precisions = {Precision::kBf16Amp, Precision::kBf16};
-        if (given("precision")) precisions = {user.train.precision};
         std::vector<Checkpointing> ckpts = {Checkpointing::kNone, Checkpointing::kSelective, Checkpointing::kFull};
         if (given("checkpointing")) ckpts = {user.train.checkpointing};
         std::vector<std::pair<PpSchedule, uint64_t>> schedules = {{PpSchedule::k1f1b, 1}};
@@ -436,7 +564,9 @@ PlanResult Planner::run() {
           schedules.push_back({PpSchedule::kInterleaved1f1b, 2});
         }
         for (Sharding sh : shardings) {
-          for (Precision pr : precisions) {
+          const bool zero = dp > 1 && (sh == Sharding::kZero1 || sh == Sharding::kZero2 || sh == Sharding::kZero3);
+          for (Precision pr : given("precision") ? std::vector<Precision>{user.train.precision}
+                                                 : precision_choices(zero, pp, dp)) {
             for (Checkpointing ck : ckpts) {
               for (const auto& [schedule, v] : (pp > 1 ? schedules : decltype(schedules){{PpSchedule::k1f1b, 1}})) {
                 PlanFamily f;
@@ -448,13 +578,10 @@ PlanResult Planner::run() {
                 p.sharding = sh;
                 p.checkpointing = ck;
                 p.precision = pr;
-                // torchtitan's mixed precision under a pipeline is FSDP2's MixedPrecisionPolicy over float32
-                // parameters (--precision fp32 with --sharding fsdp2; estimate refuses autocast there)
-                if (pp > 1 && !given("precision") && pr == Precision::kBf16Amp && dp > 1) p.precision = Precision::kFp32;
+                p.mixed = is_mixed(pr, zero, pp, dp);
                 p.schedule = schedule;
                 p.virtual_stages = v;
                 // torch.optim's fused kernels where the optimizer is torch's own (DeepSpeed ZeRO runs its own)
-                const bool zero = dp > 1 && (sh == Sharding::kZero1 || sh == Sharding::kZero2 || sh == Sharding::kZero3);
                 if (given("optimizer_impl")) {
                   p.optimizer_impl = user.train.optimizer_impl;
                 } else if (torch_optim && !zero) {
@@ -492,7 +619,6 @@ PlanResult Planner::run() {
       continue;
     }
     p.accumulation = l / p.batch;
-    rank_batch_ = l;
     f.bound_tokens_per_second = tokens_per_second(req_.global_batch, seq_, bound_seconds(p, p.batch));
   }
   std::stable_sort(families.begin(), families.end(), [](const PlanFamily& a, const PlanFamily& b) {
@@ -502,10 +628,13 @@ PlanResult Planner::run() {
   });
 
   std::vector<PlanRow> rows;
-  for (PlanFamily& f : families) {
-    if (f.verdict != PlanVerdict::kRanked) continue;  // kBatch: decided above
-    // the N-th best found so far: a family whose bound is below it cannot enter the top N (nor can any after it,
-    // their bounds being lower)
+  // (bytes, not vector<bool>'s shared bits: the screening workers below set their own groups' entries)
+  std::vector<uint8_t> done(families.size(), 0);
+  for (size_t i = 0; i < families.size(); ++i) done[i] = families[i].verdict != PlanVerdict::kRanked;  // kBatch
+  auto try_family = [&](size_t i) {
+    PlanFamily& f = families[i];
+    done[i] = true;
+    // the N-th best found so far: a family whose bound is below it cannot enter the top N
     std::vector<double> speeds;
     for (const PlanRow& r : rows) speeds.push_back(r.time.tokens_per_second);
     std::sort(speeds.rbegin(), speeds.rend());
@@ -513,26 +642,103 @@ PlanResult Planner::run() {
       f.verdict = PlanVerdict::kPruned;
       f.why = fmt::format("at most {:.0f} tokens/s, below the {}th best found ({:.0f})", f.bound_tokens_per_second,
                           req_.top, speeds[req_.top - 1]);
-      continue;
+      return;
     }
     if (events_ >= kPlanEventBudget) {
       f.verdict = PlanVerdict::kBudget;
-      f.why = fmt::format("the search simulated {} events, its bound on work", with_commas(events_));
-      continue;
+      f.why = fmt::format("the search simulated {} events, its bound on work", with_commas(events_.load()));
+      return;
     }
-    rank_batch_ = req_.global_batch / f.setup.dp;
-    search(f, rows);
+    if (std::optional<PlanRow> row = search(f)) rows.push_back(*row);
+  };
+  // Pass 1, one layout at a time (the families equal but for checkpointing and precision), best bound first: the
+  // variant that keeps the least (full checkpointing keeps only each layer's input, selective more, none every
+  // saved tensor; pure bf16 keeps 2-byte weights, gradients and states where mixed precision keeps fp32 ones) at
+  // the layout's smallest micro-batch. When it does not fit, no variant of the layout does, and they are not
+  // simulated.
+  auto keeps = [](const PlanSetup& p) {
+    const int ck = p.checkpointing == Checkpointing::kFull ? 0 : p.checkpointing == Checkpointing::kSelective ? 1 : 2;
+    return std::make_pair(ck, p.mixed ? 1 : 0);
+  };
+  auto layout = [](const PlanSetup& p) {
+    return std::make_tuple(p.tp, p.pp, p.cp, p.dp, p.sharding, p.schedule, p.virtual_stages, p.optimizer_impl);
+  };
+  std::vector<std::vector<size_t>> groups;
+  std::vector<bool> screened(families.size(), false);
+  for (size_t i = 0; i < families.size(); ++i) {
+    if (done[i] || screened[i]) continue;
+    std::vector<size_t> group;
+    for (size_t j = i; j < families.size(); ++j) {
+      if (!done[j] && layout(families[j].setup) == layout(families[i].setup)) group.push_back(j);
+    }
+    for (size_t j : group) screened[j] = true;
+    size_t least = group.front();
+    for (size_t j : group) {
+      if (keeps(families[j].setup) < keeps(families[least].setup)) least = j;
+    }
+    std::swap(*std::find(group.begin(), group.end(), least), group.front());
+    groups.push_back(group);
+  }
+  // The layouts are independent, so they are screened on every core (each simulation is single-threaded and
+  // touches only its own estimate); no family is pruned in this pass, whose rows arrive in any order.
+  std::mutex rows_mu;
+  std::atomic<size_t> next = 0;
+  auto screen = [&] {
+    for (size_t g = next++; g < groups.size(); g = next++) {
+      const size_t least = groups[g].front();
+      done[least] = true;
+      PlanFamily& l = families[least];
+      if (events_ >= kPlanEventBudget) {
+        l.verdict = PlanVerdict::kBudget;
+        l.why = "the search reached its bound on work";
+        continue;
+      }
+      std::optional<PlanRow> row = search(l);
+      if (row) {
+        std::lock_guard<std::mutex> lock(rows_mu);
+        rows.push_back(*row);
+      }
+      if (l.verdict != PlanVerdict::kDoesNotFit) continue;
+      for (size_t j : groups[g]) {
+        if (j == least) continue;
+        done[j] = true;
+        PlanFamily& f = families[j];
+        // a variant resolve() refuses (selective checkpointing under context parallelism) is refused, not
+        // "does not fit"
+        if (refused(f)) continue;
+        f.verdict = PlanVerdict::kDoesNotFit;
+        f.best_headroom = l.best_headroom;
+        f.smallest_batch = l.smallest_batch;
+        f.why = fmt::format("at least: it keeps more than {}, which does not fit", plan_family_name(l.setup));
+      }
+    }
+  };
+  {
+    const unsigned workers = std::max(1u, std::min(std::thread::hardware_concurrency(), kPlanThreads));
+    std::vector<std::thread> pool;
+    try {
+      for (unsigned w = 1; w < workers; ++w) pool.emplace_back(screen);
+    } catch (const std::system_error&) {
+      // no threads here (WebAssembly without pthreads): the calling thread screens every layout
+    }
+    screen();
+    for (std::thread& t : pool) t.join();
+  }
+  // Pass 2: the other variants of the layouts that may fit, best bound first.
+  for (size_t i = 0; i < families.size(); ++i) {
+    if (!done[i]) try_family(i);
   }
   std::stable_sort(rows.begin(), rows.end(), [](const PlanRow& a, const PlanRow& b) {
     return a.time.tokens_per_second > b.time.tokens_per_second;
   });
   out.ranked_total = rows.size();
   if (rows.size() > req_.top) rows.resize(req_.top);
+  for (PlanRow& row : rows) try_foreach(row);
   out.rows = std::move(rows);
   out.families = std::move(families);
   out.simulations = simulations_;
   out.reference_simulations = references_;
-  out.best_reason = best_reason(out);
+  out.best_reason = best_reasons(out);
   out.notes.push_back(fmt::format(
       "searched: tensor, pipeline and context parallel sizes in powers of two (tensor and context parallel within "
       "a node of {} GPUs), every sharding of the data-parallel ranks, checkpointing none, selective and full, "
@@ -605,8 +811,12 @@ std::string plan_family_name(const PlanSetup& s) {
     out += fmt::format(" {}", name_of(s.schedule));
     if (s.schedule == PpSchedule::kInterleaved1f1b) out += fmt::format("x{}", s.virtual_stages);
   }
-  out += fmt::format(" {} {}", name_of(s.checkpointing), precision_name(s.precision));
+  out += fmt::format(" {} {}", name_of(s.checkpointing), plan_precision_name(s));
   return out;
+}
+
+std::string plan_precision_name(const PlanSetup& s) {
+  return fmt::format("{} {}", s.mixed ? "mixed" : "pure", s.precision == Precision::kFp32 && !s.mixed ? "fp32" : "bf16");
 }
 
 std::string_view plan_verdict_name(PlanVerdict v) {

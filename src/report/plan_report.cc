@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -24,15 +25,24 @@ std::string schedule_cell(const PlanSetup& s) {
   if (s.schedule == PpSchedule::kInterleaved1f1b) return fmt::format("{} x{}", name_of(s.schedule), s.virtual_stages);
   return std::string(name_of(s.schedule));
 }
-std::string optimizer_cell(const PlanSetup& s) {
-  return s.optimizer_impl == OptimizerImpl::kAuto ? "deepspeed" : std::string(name_of(s.optimizer_impl));
+// The optimizer's code path, and what foreach would cost instead of fused: "fused (foreach +4.8 ms)".
+std::string optimizer_cell(const PlanSetup& s, const PlanRow& row) {
+  std::string out = s.optimizer_impl == OptimizerImpl::kAuto ? "deepspeed" : std::string(name_of(s.optimizer_impl));
+  if (row.foreach) {
+    if (!row.foreach->fits) {
+      out += " (foreach: does not fit)";
+    } else if (row.foreach->step_seconds) {
+      out += fmt::format(" (foreach {:+.1f} ms)", (*row.foreach->step_seconds - row.time.step_seconds) * 1e3);
+    }
+  }
+  return out;
 }
 
 // A family's reason, as the CLI words errors (a field by its flag).
 std::string why_text(const PlanFamily& f) {
   if (f.verdict == PlanVerdict::kDoesNotFit) {
-    return fmt::format("short by {} at micro-batch 1{}", format_bytes(Bytes(static_cast<uint64_t>(-f.best_headroom))),
-                       f.why.empty() ? "" : " (" + f.why + ")");
+    return fmt::format("short by {} at micro-batch {}{}", format_bytes(Bytes(static_cast<uint64_t>(-f.best_headroom))),
+                       f.smallest_batch, f.why.empty() ? "" : " (" + f.why + ")");
   }
   if (!f.why_field.empty()) return cli_flag(f.why_field) + " " + f.why;
   return f.why;
@@ -77,12 +87,13 @@ std::string render_plan_table(const PlanResult& r) {
       t.row({std::to_string(i + 1), tokens(row.time.tokens_per_second), ms(row.time.step_seconds),
              fmt::format("{:.1f}%", row.time.mfu * 100), std::to_string(s.tp), std::to_string(s.pp),
              std::to_string(s.cp), std::to_string(s.dp), sharding_cell(s), schedule_cell(s),
-             std::string(name_of(s.checkpointing)), std::string(precision_name(s.precision)),
-             fmt::format("{} x {}", s.batch, s.accumulation), optimizer_cell(s), format_bytes(row.peak_reserved),
+             std::string(name_of(s.checkpointing)), plan_precision_name(s),
+             fmt::format("{} x {}", s.batch, s.accumulation), optimizer_cell(s, row), format_bytes(row.peak_reserved),
              format_bytes(Bytes(static_cast<uint64_t>(std::max<int64_t>(row.headroom, 0))))});
     }
     out += t.str();
-    out += "\nbest: " + r.best_reason + "\n";
+    out += "\nbest: " + r.best_reason.front() + "\n";
+    for (size_t i = 1; i < r.best_reason.size(); ++i) out += "  " + r.best_reason[i] + "\n";
     std::vector<FieldChange> run = r.given;
     for (const FieldChange& c : r.rows[0].setup.changes()) {
       if (std::none_of(run.begin(), run.end(), [&](const FieldChange& g) { return g.field == c.field; })) run.push_back(c);
@@ -95,14 +106,28 @@ std::string render_plan_table(const PlanResult& r) {
   for (const PlanFamily& f : r.families) {
     if (f.verdict == PlanVerdict::kRanked) continue;
     ++rejected;
-    const std::string key = f.verdict == PlanVerdict::kDoesNotFit || f.verdict == PlanVerdict::kPruned ? "" : why_text(f);
+    // one group per reason, its numbers aside (the same rule refusing tp 2 and tp 4); the first family's message
+    // is shown
+    std::string key;
+    if (f.verdict == PlanVerdict::kRefused && !f.why_field.empty()) {
+      key = f.why_field;  // one group per refusing field: its first message shows the rule
+    } else if (f.verdict != PlanVerdict::kDoesNotFit && f.verdict != PlanVerdict::kPruned) {
+      for (char ch : why_text(f)) {
+        if (!std::isdigit(static_cast<unsigned char>(ch))) {
+          key += ch;
+        } else if (key.empty() || key.back() != '#') {
+          key += '#';
+        }
+      }
+    }
     groups[{f.verdict, key}].push_back(&f);
   }
   out += fmt::format("\n{} families searched, {} with a row; {} without:\n", r.families.size(),
                      r.families.size() - rejected, rejected);
   for (const auto& [key, fams] : groups) {
     const auto& [verdict, why] = key;
-    out += fmt::format("  {} ({}){}\n", plan_verdict_name(verdict), fams.size(), why.empty() ? ":" : ": " + why);
+    out += fmt::format("  {} ({}){}\n", plan_verdict_name(verdict), fams.size(),
+                       why.empty() ? ":" : ": " + why_text(*fams.front()));
     const size_t shown = verdict == PlanVerdict::kDoesNotFit ? 6 : 3;
     std::vector<const PlanFamily*> list = fams;
     if (verdict == PlanVerdict::kDoesNotFit) {
@@ -129,11 +154,15 @@ std::string render_plan_json(const PlanResult& r) {
   auto setup_json = [](const PlanSetup& s) {
     nlohmann::json fields = nlohmann::json::object();
     for (const FieldChange& c : s.changes()) fields[c.field] = c.value;
-    return nlohmann::json{{"family", plan_family_name(s)}, {"dp", s.dp}, {"fields", fields}};
+    return nlohmann::json{{"family", plan_family_name(s)}, {"dp", s.dp}, {"precision", plan_precision_name(s)}, {"fields", fields}};
   };
   nlohmann::json rows = nlohmann::json::array();
   for (const PlanRow& row : r.rows) {
     nlohmann::json j = setup_json(row.setup);
+    if (row.foreach) {
+      j["foreach"] = {{"fits", row.foreach->fits}, {"peak_reserved_bytes", row.foreach->peak_reserved.value}};
+      if (row.foreach->step_seconds) j["foreach"]["step_seconds"] = *row.foreach->step_seconds;
+    }
     j["peak_reserved_bytes"] = row.peak_reserved.value;
     j["device_total_bytes"] = row.device_total.value;
     j["headroom_bytes"] = row.headroom;

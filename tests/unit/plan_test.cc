@@ -1,0 +1,198 @@
+// trainmem plan (plan.h): it only chooses, so every row must be what `estimate` says for its fields; the search's
+// bounds and shortcuts (the throughput bound, the screening by the variant that keeps the least) must never
+// change the answer; and what the user gives is kept.
+#include "trainmem/plan.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "test_util.h"
+
+namespace trainmem {
+namespace {
+
+using testing::MapFileReader;
+
+std::vector<FieldChange> fields(std::initializer_list<std::pair<const char*, std::string>> f) {
+  std::vector<FieldChange> out;
+  for (const auto& [k, v] : f) out.push_back({k, v});
+  return out;
+}
+
+PlanRequest request(uint64_t global_batch, size_t top = 10) {
+  PlanRequest r;
+  r.global_batch = global_batch;
+  r.top = top;
+  return r;
+}
+
+// TinyLlama on 8 A100 40GB: every sharding fits, so the ranking has many rows.
+const PlanResult& tinyllama() {
+  static const PlanResult r = plan(fields({{"model", "tinyllama-1.1b"}, {"gpus", "8xa100-40gb"}, {"seq", "2048"}}),
+                                   request(16), MapFileReader());
+  return r;
+}
+
+// Llama 3 8B at 8k on 8 A100 40GB: most families do not fit, which exercises the screening.
+const PlanResult& llama8b() {
+  static const PlanResult r = plan(fields({{"model", "llama-3-8b"}, {"gpus", "8xa100-40gb"}, {"seq", "8192"}}),
+                                   request(16), MapFileReader());
+  return r;
+}
+
+// The estimate a user gets by running a row's fields (the "run it" line).
+Estimate estimate_of(const PlanResult& r, const PlanSetup& s, const std::vector<FieldChange>& extra = {}) {
+  std::vector<FieldChange> all = r.given;
+  for (const FieldChange& c : s.changes()) all.push_back(c);
+  for (const FieldChange& c : extra) all.push_back(c);
+  return estimate(resolve(scenario_from(all), MapFileReader()));
+}
+
+TEST(Plan, EveryRowIsWhatEstimateSaysForItsFields) {
+  const PlanResult& r = tinyllama();
+  ASSERT_GE(r.rows.size(), 5u);
+  for (const PlanRow& row : r.rows) {
+    const Estimate e = estimate_of(r, row.setup);
+    ASSERT_TRUE(e.time && e.device) << plan_family_name(row.setup);
+    EXPECT_EQ(e.time->step_seconds, row.time.step_seconds) << plan_family_name(row.setup);
+    EXPECT_EQ(e.setup.dp * e.setup.batch * e.setup.grad_accum, 16u) << plan_family_name(row.setup);
+    EXPECT_TRUE(e.device->fits);
+  }
+}
+
+TEST(Plan, RowsAreFastestFirstAndNoFasterThanTheirBound) {
+  const PlanResult& r = tinyllama();
+  for (size_t i = 1; i < r.rows.size(); ++i) {
+    EXPECT_GE(r.rows[i - 1].time.tokens_per_second, r.rows[i].time.tokens_per_second);
+  }
+  for (const PlanRow& row : r.rows) {
+    EXPECT_GE(row.bound_tokens_per_second, row.time.tokens_per_second) << plan_family_name(row.setup);
+  }
+  EXPECT_GE(r.ranked_total, r.rows.size());
+  EXPECT_FALSE(r.best_reason.empty());
+}
+
+TEST(Plan, EveryFamilyEndsInOneVerdictAndRankedOnesAreRows) {
+  const PlanResult& r = tinyllama();
+  std::set<std::string> names;
+  size_t ranked = 0;
+  for (const PlanFamily& f : r.families) {
+    EXPECT_TRUE(names.insert(plan_family_name(f.setup)).second) << plan_family_name(f.setup);
+    if (f.verdict == PlanVerdict::kRanked) ++ranked;
+    if (f.verdict == PlanVerdict::kRefused) EXPECT_FALSE(f.why.empty()) << plan_family_name(f.setup);
+  }
+  EXPECT_EQ(ranked, r.ranked_total);
+  // the bound's reference simulations are counted apart from the searched ones
+  EXPECT_GT(r.reference_simulations, 0u);
+  EXPECT_GT(r.simulations, r.rows.size());
+}
+
+// The bound prunes only what cannot be in the top N: asking for one row gives the first row of ten, with fewer
+// simulations.
+TEST(Plan, PruningByTheBoundDoesNotChangeTheBest) {
+  const PlanResult one =
+      plan(fields({{"model", "tinyllama-1.1b"}, {"gpus", "8xa100-40gb"}, {"seq", "2048"}}), request(16, 1), MapFileReader());
+  const PlanResult& ten = tinyllama();
+  ASSERT_EQ(one.rows.size(), 1u);
+  EXPECT_EQ(plan_family_name(one.rows[0].setup), plan_family_name(ten.rows[0].setup));
+  EXPECT_EQ(one.rows[0].time.step_seconds, ten.rows[0].time.step_seconds);
+  size_t pruned = 0;
+  for (const PlanFamily& f : one.families) pruned += f.verdict == PlanVerdict::kPruned;
+  EXPECT_GT(pruned, 0u);
+  EXPECT_LT(one.simulations, ten.simulations);
+}
+
+// A family screened out because a variant of its layout that keeps less does not fit, simulated here: it does
+// not fit either (the screening's assumption, checked on every such family of the plan).
+TEST(Plan, AFamilyScreenedOutDoesNotFitWhenSimulated) {
+  const PlanResult& r = llama8b();
+  size_t checked = 0;
+  for (const PlanFamily& f : r.families) {
+    if (f.verdict != PlanVerdict::kDoesNotFit || f.why.rfind("at least", 0) != 0) continue;
+    PlanSetup s = f.setup;
+    s.batch = f.smallest_batch;
+    s.accumulation = 16 / s.dp / s.batch;
+    const Estimate e = estimate_of(r, s);
+    ASSERT_TRUE(e.device);
+    EXPECT_FALSE(e.device->fits) << plan_family_name(s);
+    ++checked;
+  }
+  EXPECT_GE(checked, 3u);
+}
+
+TEST(Plan, FieldsGivenAreKeptInEverySetup) {
+  const PlanResult r = plan(fields({{"model", "tinyllama-1.1b"}, {"gpus", "8xa100-40gb"}, {"seq", "2048"},
+                                    {"checkpointing", "full"}, {"tp", "2"}}),
+                            request(16), MapFileReader());
+  ASSERT_FALSE(r.rows.empty());
+  for (const PlanFamily& f : r.families) {
+    EXPECT_EQ(f.setup.checkpointing, Checkpointing::kFull);
+    EXPECT_EQ(f.setup.tp, 2u);
+  }
+  EXPECT_EQ(r.fixed, (std::vector<std::string>{"tp 2", "checkpointing full"}));
+}
+
+TEST(Plan, AGlobalBatchThatDoesNotDivideRejectsTheLayoutWithTheReason) {
+  const PlanResult r = plan(fields({{"model", "tinyllama-1.1b"}, {"gpus", "8xa100-40gb"}, {"seq", "2048"},
+                                    {"tp", "1"}, {"pp", "1"}, {"cp", "1"}}),
+                            request(12), MapFileReader());
+  EXPECT_TRUE(r.rows.empty());
+  for (const PlanFamily& f : r.families) {
+    EXPECT_EQ(f.verdict, PlanVerdict::kBatch);
+    EXPECT_NE(f.why.find("does not divide into 8 data-parallel ranks"), std::string::npos) << f.why;
+  }
+}
+
+TEST(Plan, NothingFitsListsEveryFamilyWithItsReason) {
+  const PlanResult r = plan(fields({{"model", "llama-2-13b"}, {"gpus", "2xt4"}, {"seq", "4096"}}), request(2),
+                            MapFileReader());
+  EXPECT_TRUE(r.rows.empty());
+  ASSERT_FALSE(r.families.empty());
+  for (const PlanFamily& f : r.families) {
+    EXPECT_NE(f.verdict, PlanVerdict::kRanked);
+    if (f.verdict == PlanVerdict::kDoesNotFit) EXPECT_LT(f.best_headroom, 0);
+  }
+}
+
+TEST(Plan, BadRequestsNameTheField) {
+  auto field_of = [](auto&& f) {
+    try {
+      f();
+    } catch (const FieldError& e) {
+      return e.field();
+    }
+    return std::string("none");
+  };
+  const MapFileReader files;
+  EXPECT_EQ(field_of([&] { plan(fields({{"model", "gpt2"}}), request(8), files); }), "gpus");
+  EXPECT_EQ(field_of([&] { plan(fields({{"model", "gpt2"}, {"gpus", "8xh100-80gb"}}), request(0), files); }),
+            "global_batch");
+  EXPECT_EQ(field_of([&] {
+              plan(fields({{"model", "gpt2"}, {"gpus", "8xh100-80gb"}, {"grad_accum", "4"}}), request(8), files);
+            }),
+            "grad_accum");
+  EXPECT_EQ(field_of([&] {
+              plan(fields({{"model", "gpt2"}, {"gpus", "8xh100-80gb"}, {"task", "inference"}}), request(8), files);
+            }),
+            "task");
+  PlanRequest nodes = request(8);
+  nodes.nodes = 3;
+  EXPECT_EQ(field_of([&] { plan(fields({{"model", "gpt2"}, {"gpus", "8xh100-80gb"}}), nodes, files); }), "nodes");
+  EXPECT_EQ(field_of([] { plan_request("-1", "", "10", "5%"); }), "global_batch");
+  EXPECT_EQ(field_of([] { plan_request("8", "", "0", "5%"); }), "top");
+  EXPECT_EQ(field_of([] { plan_request("8", "x", "10", "5%"); }), "nodes");
+}
+
+// --nodes spreads the GPUs: tensor parallelism stays within a node.
+TEST(Plan, TensorParallelismStaysWithinANode) {
+  PlanRequest r = request(16);
+  r.nodes = 4;  // 2 GPUs per node
+  const PlanResult p = plan(fields({{"model", "tinyllama-1.1b"}, {"gpus", "8xa100-40gb"}, {"seq", "2048"}}), r,
+                            MapFileReader());
+  EXPECT_EQ(p.gpus_per_node, 2u);
+  for (const PlanFamily& f : p.families) EXPECT_LE(f.setup.tp, 2u);
+}
+
+}  // namespace
+}  // namespace trainmem

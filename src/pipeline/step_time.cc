@@ -206,6 +206,9 @@ std::optional<StepTime> step_time(const Estimate& e, const GpuSpec& gpu) {
     for (uint64_t x : L.dp_reduce_scatter_bytes) rs_bytes += static_cast<double>(x);
     const double rs = all_gather_seconds(rs_bytes, dp, bw) / m;
     total += (ag_fwd + ag_bwd + rs) * m;
+    t.notes.push_back("ZeRO-3: the simulated all-gathers and reduce-scatters are timed; DeepSpeed's per-module hooks "
+                      "(fetch, prefetch, release: Python on the host between kernels) are not, nor ZeRO-3's own kernels "
+                      "around them (the gathers' copies, the gradients' partition copies)");
     exposed += (first_fwd + std::max(0.0, ag_fwd - first_fwd - fwd) + first_bwd +
                 std::max(0.0, ag_bwd - first_bwd - bwd) + (e.zero->options.overlap_comm ? std::max(0.0, rs - bwd) : rs)) *
                m;

@@ -8,7 +8,7 @@
 // - a throughput bound: the step of a family can be no faster than its products (matmuls and attention) at the
 //   roofline's product rate, taken from one reference simulation per compute class (tp, cp, checkpointing,
 //   precision) and scaled by the rank's tokens (exact: a product's FLOPs are linear in the micro-batch), and
-//   with a pipeline no faster than (M + p - 1) / (M p) of the whole model's products (step_time's schedule);
+//   with a pipeline no faster than (M + (p - 1) / v) / (M p) of the whole model's products (step_time's schedule);
 //   families are tried best bound first and a family whose bound cannot enter the top N is not simulated;
 // - the micro-batch search of one family starts at 1: a family that does not fit one sequence per micro-batch
 //   costs one or two simulations, and the sizes above are searched by doubling and bisection as fit does.

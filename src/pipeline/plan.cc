@@ -225,10 +225,11 @@ double Planner::bound_seconds(const PlanSetup& p, uint64_t micro_batch) {
   if (!per_seq) return 0;
   const double l = static_cast<double>(rank_batch(p));
   if (p.pp <= 1) return *per_seq * l;
-  // step_time's pipeline: M * max_r(f_r + b_r) + sum of the other ranks' (f_r + b_r) >= (M - 1 + p) / p of one
-  // micro-batch of the whole model, M = L / micro-batch
+  // step_time's pipeline (pipeline_step_time): M * max_r(f_r + b_r) + the other ranks' sum of (f_r + b_r) / v,
+  // at least (M + (p - 1) / v) / p of one micro-batch of the whole model (max >= the mean), M = L / micro-batch
   const double pp = static_cast<double>(p.pp), mb = static_cast<double>(micro_batch);
-  return *per_seq * (l + (pp - 1) * mb) / pp;
+  const double v = static_cast<double>(std::max<uint64_t>(p.virtual_stages, 1));
+  return *per_seq * (l + (pp - 1) * mb / v) / pp;
 }
 
 
@@ -292,6 +293,15 @@ std::vector<std::string> best_reasons(const PlanResult& r) {
   out.push_back(fmt::format("{}, micro-batch {} x {}: the fastest of {} setups that fit, {} tokens/s, MFU {:.1f}%",
                             plan_family_name(a.setup), a.setup.batch, a.setup.accumulation, r.ranked_total,
                             with_commas(static_cast<uint64_t>(a.time.tokens_per_second + 0.5)), a.time.mfu * 100));
+  if (r.rows.size() > 1) {
+    const PlanRow& b = r.rows[1];
+    const double pct = (1 - b.time.tokens_per_second / a.time.tokens_per_second) * 100;
+    const std::string why = time_difference(a.time, b.time);
+    out.push_back(fmt::format("against #2 ({}, micro-batch {} x {}): {} fewer tokens/s{}", plan_family_name(b.setup),
+                              b.setup.batch, b.setup.accumulation,
+                              pct >= 0.1 ? fmt::format("{:.1f}%", pct) : fmt::format("{:.3f}%", pct),
+                              why.empty() ? "" : "; it spends " + why));
+  }
   using Dim = std::pair<const char*, std::function<std::string(const PlanSetup&)>>;
   const std::vector<Dim> dims = {
       {"tp", [](const PlanSetup& p) { return std::to_string(p.tp); }},
@@ -320,6 +330,7 @@ std::vector<std::string> best_reasons(const PlanResult& r) {
       const PlanRow& b = r.rows[k];
       if (!differs_only_in(b.setup, d)) continue;
       found = true;
+      if (k == 1) continue;  // #2, said above
       const double pct = (1 - b.time.tokens_per_second / a.time.tokens_per_second) * 100;
       const std::string why = time_difference(a.time, b.time);
       out.push_back(fmt::format("against {} {} (#{}, micro-batch {} x {}): {} fewer tokens/s{}", dim, value(b.setup),

@@ -94,6 +94,7 @@ std::string render_plan_table(const PlanResult& r) {
     out += t.str();
     out += "\nbest: " + r.best_reason.front() + "\n";
     for (size_t i = 1; i < r.best_reason.size(); ++i) out += "  " + r.best_reason[i] + "\n";
+    for (const std::string& n : r.rows[0].time.notes) out += "  its step time: " + n + "\n";
     std::vector<FieldChange> run = r.given;
     for (const FieldChange& c : r.rows[0].setup.changes()) {
       if (std::none_of(run.begin(), run.end(), [&](const FieldChange& g) { return g.field == c.field; })) run.push_back(c);

@@ -43,6 +43,9 @@ constexpr Published kPublished[] = {
     {"llama-2-13b", 13'015'864'320, "arXiv:2502.13533 (LoRAM) Table 4, '#Orig. Params' of LLaMA-2-13B"},
     {"llama-3-8b", 8'030'261'248, "keras-hub llama3_presets.py@2f5dce1 llama3_8b_en"},
     {"llama-3.1-70b", 70'553'706'496, "Hugging Face Hub API meta-llama/Llama-3.3-70B-Instruct safetensors.total"},
+    // Llama 3 70B has Llama 3.1/3.3 70B's shapes (only the context length and rope scaling differ, which hold no
+    // parameters): the same published total
+    {"llama-3-70b", 70'553'706'496, "Hugging Face Hub API meta-llama/Llama-3.3-70B-Instruct safetensors.total (same shapes)"},
     {"mistral-7b", 7'241'732'096, "keras-hub mistral_presets.py@0e1444f mistral_7b_en"},
     {"mixtral-8x7b", 46'702'792'704, "keras-hub mixtral_presets.py@36ad74e mixtral_8_7b_en (all experts)"},
     {"qwen3-30b-a3b", 30'532'122'624, "keras-hub qwen3_moe_presets.py@79c5664 qwen3_moe_30b_a3b_en (all experts)"},

@@ -86,6 +86,10 @@ struct GpuPerf {
   double fp16_tflops = 0;     // FP16 tensor core with FP32 accumulate, dense
   double hbm_gbps = 0;        // device memory bandwidth, GB/s (10^9 bytes)
   double link_gbps = 0;       // GPU-to-GPU bandwidth inside a node, per direction, GB/s (NVLink; PCIe when none)
+  // Per-GPU inter-node bandwidth of the reference node the card ships in (DGX: one NIC per GPU), per direction,
+  // GB/s; 0: no such node in the catalog (PCIe cards), collectives across nodes then run at link_gbps (noted)
+  double net_gbps = 0;
+  std::string net_node, net_source;  // the reference node in a few words ("DGX H100/H200: ..."), the citation
   double matmul_efficiency = 1;  // measured achievable matmul FLOP/s over the datasheet peak (MAMF); 1: none
   std::string source, efficiency_source;
   bool known() const { return fp32_tflops > 0 && hbm_gbps > 0; }

@@ -63,6 +63,8 @@ struct NcclSetup {
   // than 2 GPUs of the communicator on the node).
   std::optional<bool> nvls;
   uint64_t gpus_per_node = 8;  // an HGX node's 8 GPUs; a group's ranks are consecutive (rank = node x this + local)
+  // --net-gbps: the per-GPU inter-node bandwidth, per direction, GB/s; empty: the GPU catalog's (GpuPerf::net_gbps)
+  std::optional<double> net_gbps;
 };
 
 // A process group of this rank, as the parallel layout makes it.
@@ -75,7 +77,13 @@ struct ProcessGroup {
   // The distance between consecutive members' global ranks: 1 for the innermost mesh dimension; the data-parallel
   // group under --tp T strides over the TP groups (T). Its members on this rank's node: ceil(gpus_per_node / stride).
   uint64_t stride = 1;
+  enum class Kind { kData, kContext, kTensor, kPipeline };
+  Kind kind = Kind::kData;
 };
+
+// The members of `g` on one node, ranks consecutive per node: ceil(gpus_per_node / stride), at most its size. Fewer
+// than g.ranks: the group spans nodes.
+uint64_t local_ranks(const ProcessGroup& g, uint64_t gpus_per_node);
 
 // What one communicator allocates on this rank.
 struct NcclCommunicator {

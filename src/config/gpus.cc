@@ -49,6 +49,11 @@ std::vector<GpuSpec> parse_catalog() {
       s.perf.fp16_tflops = number("peak_fp16_tflops");
       s.perf.hbm_gbps = number("hbm_gbps");
       s.perf.link_gbps = number("link_gbps");
+      if (g.contains("net_gbps")) {  // the reference node's network (trainmem/flops.h GpuPerf::net_gbps)
+        s.perf.net_gbps = number("net_gbps");
+        s.perf.net_node = r.text({"net_node"}, std::nullopt);
+        s.perf.net_source = r.text({"net_source"}, std::nullopt);
+      }
       s.perf.matmul_efficiency = number("matmul_efficiency");
       if (s.perf.matmul_efficiency <= 0 || s.perf.matmul_efficiency > 1) {
         throw Error(fmt::format("data/gpus/gpus.json: {}: \"matmul_efficiency\" must be in (0, 1]", s.name));

@@ -26,6 +26,10 @@ Connection p2p_connection(uint32_t sm) {
 
 }  // namespace nccl
 
+uint64_t local_ranks(const ProcessGroup& g, uint64_t gpus_per_node) {
+  return std::min(g.ranks, ceil_div(gpus_per_node, std::max<uint64_t>(g.stride, 1)));
+}
+
 std::vector<ProcessGroup> process_groups(const TrainSetup& s, std::optional<uint64_t> pp_rank) {
   std::vector<ProcessGroup> g;
   // one NCCL communicator per process group, created at its first collective (ProcessGroupNCCL::getNCCLComm)
@@ -35,15 +39,15 @@ std::vector<ProcessGroup> process_groups(const TrainSetup& s, std::optional<uint
     // under --tp T (FSDP2 over the TP-local model, fsdp.cc): accelerate's ParallelismConfig._get_mesh orders the
     // mesh ["dp_replicate", "dp_shard", "cp", "sp", "tp"], TP innermost, so the data-parallel group's members are
     // T ranks apart (on different nodes when T fills one)
-    g.push_back({name("data parallel", s.dp), s.dp, 0, s.tp});
+    g.push_back({name("data parallel", s.dp), s.dp, 0, s.tp, ProcessGroup::Kind::kData});
   }
   // --cp N: context_parallel's mesh["cp"] group (its all-gather and all-to-all: cp.h)
-  if (s.cp > 1) g.push_back({name("context parallel", s.cp), s.cp});
+  if (s.cp > 1) g.push_back({name("context parallel", s.cp), s.cp, 0, 1, ProcessGroup::Kind::kContext});
   // tensor parallelism (tp.h; with dp > 1 only under --sharding fsdp2, fsdp.cc): transformers' initialize_tensor_parallelism makes
   // init_device_mesh(device_type, (tp_size,)), a 1-D mesh over the world, whose group is the default one, where
   // _AllReduceForward / _AllReduceBackward / _AllGather run (device_mesh.get_group()); under a pipeline, the
   // group of the rank's stage
-  if (s.tp > 1) g.push_back({name("tensor parallel", s.tp), s.tp});
+  if (s.tp > 1) g.push_back({name("tensor parallel", s.tp), s.tp, 0, 1, ProcessGroup::Kind::kTensor});
   // the pipeline (pp.h): PipelineStage's batch_isend_irecv to the previous and the next stage's rank (the
   // interleaved schedule's stages wrap around: rank pp - 1 feeds rank 0's next stage)
   if (s.pp > 1) {
@@ -52,7 +56,7 @@ std::vector<ProcessGroup> process_groups(const TrainSetup& s, std::optional<uint
     if (!wraps && pp_rank && (*pp_rank == 0 || *pp_rank + 1 == s.pp)) peers = 1;
     // torchtitan's mesh ["pp", "dp_replicate", "dp_shard", "cp", "tp"]: pp outermost, so neighbours are dp x tp x
     // cp ranks apart (the P2P connections do not depend on it; the report's "on the node" does)
-    g.push_back({name("pipeline send/recv", s.pp), s.pp, peers, s.dp * s.tp * s.cp});
+    g.push_back({name("pipeline send/recv", s.pp), s.pp, peers, s.dp * s.tp * s.cp, ProcessGroup::Kind::kPipeline});
   }
   return g;
 }
@@ -78,7 +82,7 @@ NcclLedger nccl_ledger(const std::vector<ProcessGroup>& groups, const GpuSpec& g
     NcclCommunicator c;
     c.name = g.name;
     c.ranks = g.ranks;
-    c.local_ranks = std::min(g.ranks, ceil_div(setup.gpus_per_node, std::max<uint64_t>(g.stride, 1)));
+    c.local_ranks = local_ranks(g, setup.gpus_per_node);
     c.channels = channels;
     if (!l.known) {
       l.communicators.push_back(std::move(c));

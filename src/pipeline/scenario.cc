@@ -237,6 +237,9 @@ constexpr Field kFields[] = {
     {"nccl_nvls", "true | false: NCCL's NVLink SHARP buffers (NCCL_NVLS_ENABLE; default: on for sm_90 NVSwitch "
                   "cards when more than 2 GPUs of a communicator share a node)", FieldGroup::kRuntime},
     {"gpus_per_node", "GPUs per node, for the communicators' local ranks (default 8, an HGX node)", FieldGroup::kRuntime},
+    {"net_gbps", "per-GPU inter-node network bandwidth, per direction, in GB/s, for the step time of collectives "
+                 "whose group spans nodes (default: the GPU catalog's reference node: DGX H100/H200 50, DGX A100 25)",
+     FieldGroup::kRuntime},
     {"gpu",
      "GPU from the catalog (trainmem gpus, any case) or a memory size like 24GiB (a generic sm_80 card); "
      "sets the architecture (default sm_80)",
@@ -546,6 +549,17 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     s.train.nccl.nvls = boolean(f, v);
   } else if (f == "gpus_per_node") {
     s.train.nccl.gpus_per_node = count(f, v, kMaxRanks);
+  } else if (f == "net_gbps" && v.empty()) {
+    s.train.nccl.net_gbps.reset();  // the GPU catalog's
+  } else if (f == "net_gbps") {
+    // a decimal number of GB/s, digits and at most one point, as bucket_cap_mb
+    const std::string expected = "a decimal bandwidth in GB/s above 0 and at most 100000, like 50 or 12.5";
+    const size_t digits = static_cast<size_t>(std::count_if(v.begin(), v.end(), [](char ch) { return ch >= '0' && ch <= '9'; }));
+    const size_t points = static_cast<size_t>(std::count(v.begin(), v.end(), '.'));
+    if (v.size() > 24 || digits == 0 || points > 1 || digits + points != v.size()) bad(f, v, expected);
+    const double gbps = std::strtod(std::string(v).c_str(), nullptr);
+    if (!(gbps > 0) || gbps > 100000) bad(f, v, expected);
+    s.train.nccl.net_gbps = gbps;
   } else if (f == "gpu") {
     s.train.gpu = std::string(v);
   } else if (f == "gpus" && v.empty()) {
@@ -637,6 +651,7 @@ std::string field_text(const Scenario& s, std::string_view f) {
   if (f == "nccl_channels") return s.train.nccl.channels ? std::to_string(*s.train.nccl.channels) : "";
   if (f == "nccl_nvls") return optional_boolean_text(s.train.nccl.nvls);
   if (f == "gpus_per_node") return std::to_string(s.train.nccl.gpus_per_node);
+  if (f == "net_gbps") return s.train.nccl.net_gbps ? fmt::format("{}", *s.train.nccl.net_gbps) : "";
   if (f == "reduce_bucket_size") return s.train.reduce_bucket_size ? std::to_string(*s.train.reduce_bucket_size) : "";
   if (f == "overlap_comm") return optional_boolean_text(s.train.overlap_comm);
   if (f == "offload") {

@@ -9,6 +9,7 @@
 #include "trainmem/estimate.h"
 #include "trainmem/error.h"
 #include "trainmem/names.h"
+#include "trainmem/nccl.h"
 #include "trainmem/plan.h"
 
 namespace trainmem {
@@ -21,10 +22,6 @@ namespace {
 // every kernel (PyTorch eager launches each op's kernel from the host; CPU-side framework overhead is not
 // modelled, nor is the overlap of a launch with the previous kernel).
 constexpr double kLaunchSeconds = 4e-6;
-// A GPU node: NVLink (or PCIe) joins at most this many ranks; beyond, the inter-node network (InfiniBand, not in
-// the catalog) carries the collectives, which here are still timed at the node's link bandwidth (a note says so).
-// HGX/DGX A100 and H100 boards hold 8 GPUs (the catalog's nccl_source logs: 8 GPUs through NVSwitch).
-constexpr uint64_t kGpusPerNode = 8;
 
 // The FLOP/s a product in `dt` runs at: the tensor-core peak of its dtype. float32 products run on the CUDA
 // cores: torch.backends.cuda.matmul.allow_tf32 is False by default since PyTorch 1.12 (torch/backends/cuda
@@ -44,6 +41,69 @@ double all_reduce_seconds(double bytes, uint64_t n, double bw) {
 }
 double all_gather_seconds(double full_bytes, uint64_t n, double bw) {
   return n <= 1 ? 0.0 : static_cast<double>(n - 1) / static_cast<double>(n) * full_bytes / bw;
+}
+
+// Where the collectives run. The ranks are laid out as nccl.cc's process_groups() says (consecutive per node,
+// rank = node x gpus_per_node + local; tensor parallel innermost, then context, data, pipeline outermost:
+// torchtitan's mesh ["pp", "dp_replicate", "dp_shard", "cp", "tp"], accelerate's ["dp_replicate", "dp_shard", "cp",
+// "sp", "tp"]). A group all of whose members share a node runs its ring over the node's link (NVLink) at
+// link_gbps; a group that spans nodes runs it through each GPU's NIC: NCCL's ring crosses every node boundary over
+// the network, so its bus bandwidth (nccl-tests doc/PERFORMANCE.md: busBw, the per-rank link speed the ring's
+// 2(n-1)/n or (n-1)/n factor is measured against) is bounded by min(NVLink, NIC) = the NIC's. The NIC's: the
+// catalog's reference node (GpuPerf::net_gbps) or --net-gbps; a card with neither keeps link_gbps (noted).
+// Not modelled: NCCL's tree and NVLS/SHARP algorithms, rail-optimised versus other fabrics, congestion.
+struct Fabric {
+  std::vector<ProcessGroup> groups;
+  uint64_t per_node = 8;
+  double link = 0, net = 0;  // bytes/s
+  bool net_known = false;
+  std::string net_from;
+  std::vector<std::string> spanning;  // the timed groups (and sends) that cross nodes, for the note
+};
+Fabric fabric(const TrainSetup& s, const GpuPerf& g) {
+  Fabric f;
+  f.groups = process_groups(s);
+  f.per_node = std::max<uint64_t>(s.nccl.gpus_per_node, 1);
+  f.link = g.link_gbps * 1e9;
+  if (s.nccl.net_gbps) {
+    f.net = *s.nccl.net_gbps * 1e9;
+    f.net_known = true;
+    f.net_from = "--net-gbps";
+  } else if (g.net_gbps > 0) {
+    f.net = g.net_gbps * 1e9;
+    f.net_known = true;
+    f.net_from = g.net_node + ", data/gpus/gpus.json net_source";
+  }
+  return f;
+}
+// The bandwidth of the `kind` group's collectives; records the group when it spans nodes.
+double group_bw(Fabric& f, ProcessGroup::Kind kind, const char* what) {
+  for (const ProcessGroup& p : f.groups) {
+    if (p.kind != kind || p.ranks < 2) continue;
+    if (local_ranks(p, f.per_node) >= p.ranks) return f.link;
+    if (std::find(f.spanning.begin(), f.spanning.end(), what) == f.spanning.end()) f.spanning.push_back(what);
+    return f.net_known ? std::min(f.link, f.net) : f.link;
+  }
+  return f.link;
+}
+// The note on the groups that cross nodes (none: no note, the single-node output unchanged).
+void fabric_note(StepTime& t, const Fabric& f, const GpuSpec& gpu) {
+  if (f.spanning.empty()) return;
+  std::string what;
+  for (size_t i = 0; i < f.spanning.size(); ++i) {
+    what += (i == 0 ? "" : i + 1 == f.spanning.size() ? " and " : ", ") + f.spanning[i];
+  }
+  if (f.net_known) {
+    t.notes.push_back(fmt::format(
+        "{} span nodes ({} GPUs per node, ranks consecutive, tensor parallel innermost): timed at the network's {} GB/s "
+        "per GPU and direction ({}); groups within a node at the link's {} GB/s",
+        what, f.per_node, f.net / 1e9, f.net_from, gpu.perf.link_gbps));
+  } else {
+    t.notes.push_back(fmt::format(
+        "{} span nodes ({} GPUs per node): timed at the node's link bandwidth ({} GB/s); the {} has no reference "
+        "multi-node system in the catalog, so its inter-node network is unknown (pass --net-gbps)",
+        what, f.per_node, gpu.perf.link_gbps, gpu.name));
+  }
 }
 
 // The roofline over one ledger's kernels: each at the slower of its FLOPs (products at the measured share of
@@ -158,19 +218,21 @@ std::optional<StepTime> step_time(const Estimate& e, const GpuSpec& gpu) {
   const double bwd = (t.phase_seconds[static_cast<size_t>(WorkPhase::kBackward)] +
                       t.phase_seconds[static_cast<size_t>(WorkPhase::kRecompute)]) /
                      static_cast<double>(micro);
-  const double bw = g.link_gbps * 1e9;
+  Fabric fab = fabric(s, g);
   double exposed = 0, total = 0;
 
   // Tensor parallelism (transformers' tp_plan): each all-reduce and all-gather blocks the op after it; none is
   // overlapped.
   if (s.tp > 1) {
+    const double tp_bw = group_bw(fab, ProcessGroup::Kind::kTensor, "tensor-parallel groups");
     for (size_t p = 0; p < kWorkPhases; ++p) {
-      const double c = tp_seconds(L, static_cast<WorkPhase>(p), s.tp, bw);
+      const double c = tp_seconds(L, static_cast<WorkPhase>(p), s.tp, tp_bw);
       total += c;
       exposed += c;
     }
   }
   const uint64_t dp = s.dp;
+  const double bw = dp > 1 ? group_bw(fab, ProcessGroup::Kind::kData, "data-parallel groups") : fab.link;
   if (e.ddp && dp > 1) {
     // DDP: the Reducer all-reduces each bucket as soon as its gradients are ready, during the synced
     // micro-batch's backward (torch/csrc/distributed/c10d/reducer.cpp mark_bucket_ready ->
@@ -237,11 +299,7 @@ std::optional<StepTime> step_time(const Estimate& e, const GpuSpec& gpu) {
   t.comm_exposed_seconds = exposed;
   t.comm_overlapped_seconds = std::max(0.0, total - exposed);
   t.step_seconds = compute + exposed;
-  if (dp > kGpusPerNode || s.tp * dp > kGpusPerNode) {
-    t.notes.push_back(fmt::format("more than {} ranks: collectives timed at the node's link bandwidth ({} GB/s); the "
-                                  "inter-node network is not in the catalog",
-                                  kGpusPerNode, g.link_gbps));
-  }
+  fabric_note(t, fab, gpu);
   // tokens of one optimizer step over every data-parallel rank (a tensor-parallel group shares its tokens)
   uint64_t tokens = checked_mul(s.batch, s.seq, "tokens");
   if (s.task == Task::kTrain) {
@@ -292,10 +350,12 @@ std::optional<StepTime> pipeline_step_time(const std::vector<Estimate>& ranks, c
   for (const Estimate& e : ranks) {
     if (!e.sim || e.sim->flops.overflow || (e.zero && e.zero->options.stage == 3)) return std::nullopt;
   }
-  const double bw = g.link_gbps * 1e9;
+  Fabric fab = fabric(s, g);
+  const double tp_bw = s.tp > 1 ? group_bw(fab, ProcessGroup::Kind::kTensor, "tensor-parallel groups") : fab.link;
   const double M = static_cast<double>(std::max<uint64_t>(f.micro_batches, 1));
   const uint64_t v = std::max<uint64_t>(f.virtual_stages, 1);
   const uint64_t dp = s.dp;
+  const double dp_bw = dp > 1 ? group_bw(fab, ProcessGroup::Kind::kData, "data-parallel groups") : fab.link;
   PipelineTime pt;
   pt.schedule = std::string(name_of(f.schedule));
   pt.ranks = f.ranks;
@@ -308,16 +368,17 @@ std::optional<StepTime> pipeline_step_time(const std::vector<Estimate>& ranks, c
     const Estimate& e = ranks[r];
     const FlopLedger& L = e.sim->flops;
     const KernelSeconds k = kernel_seconds(L, g);
-    const double tpf = tp_seconds(L, WorkPhase::kForward, s.tp, bw);
-    const double tpb = tp_seconds(L, WorkPhase::kBackward, s.tp, bw) + tp_seconds(L, WorkPhase::kRecompute, s.tp, bw);
-    const double tpo = tp_seconds(L, WorkPhase::kOptimizer, s.tp, bw);
+    const double tpf = tp_seconds(L, WorkPhase::kForward, s.tp, tp_bw);
+    const double tpb =
+        tp_seconds(L, WorkPhase::kBackward, s.tp, tp_bw) + tp_seconds(L, WorkPhase::kRecompute, s.tp, tp_bw);
+    const double tpo = tp_seconds(L, WorkPhase::kOptimizer, s.tp, tp_bw);
     fwd[r] = (k.phase[static_cast<size_t>(WorkPhase::kForward)] + tpf) / M;
     bwd[r] = (k.phase[static_cast<size_t>(WorkPhase::kBackward)] + k.phase[static_cast<size_t>(WorkPhase::kRecompute)] +
               tpb) / M;
     const double opt = k.phase[static_cast<size_t>(WorkPhase::kOptimizer)] + tpo;
     double gather = 0, rs = 0, comm = tpf + tpb + tpo;
     if (e.fsdp && dp > 1) {
-      const FsdpSeconds x = fsdp_seconds(*e.fsdp, dp, bw);
+      const FsdpSeconds x = fsdp_seconds(*e.fsdp, dp, dp_bw);
       // one gather per unit per step (no unit reshards after its forward under the pipeline, so ag_bwd is 0)
       gather = x.first + std::max(0.0, x.ag_fwd - x.first - fwd[r]) + std::max(0.0, x.ag_bwd - bwd[r]);
       rs = x.rs;
@@ -354,7 +415,22 @@ std::optional<StepTime> pipeline_step_time(const std::vector<Estimate>& ranks, c
   const double hidden = static_cast<double>(s.batch) * static_cast<double>(s.seq) *
                         static_cast<double>(shown.model.hidden) * static_cast<double>(itemsize(hidden_dtype));
   const uint64_t boundaries = checked_mul(f.ranks, v, "pipeline stages") - 1;
-  pt.send_seconds = 2.0 * static_cast<double>(boundaries) * hidden / bw;
+  // each boundary's send at the link's bandwidth, or the network's where its two ranks sit on different nodes:
+  // stage k on pipeline rank k mod p, the pipeline's ranks `stride` apart (pp outermost, nccl.cc process_groups),
+  // taken for the pipeline group of global rank 0
+  uint64_t stride = 1;
+  for (const ProcessGroup& p : fab.groups) {
+    if (p.kind == ProcessGroup::Kind::kPipeline) stride = std::max<uint64_t>(p.stride, 1);
+  }
+  const double net_bw = fab.net_known ? std::min(fab.link, fab.net) : fab.link;
+  uint64_t crossing = 0;
+  for (uint64_t k = 0; k < boundaries; ++k) {
+    const uint64_t a = k % f.ranks, b = (k + 1) % f.ranks;
+    if (a * stride / fab.per_node != b * stride / fab.per_node) ++crossing;
+  }
+  if (crossing > 0) fab.spanning.push_back(fmt::format("{} of the {} stage boundaries", crossing, boundaries));
+  pt.send_seconds = 2.0 * static_cast<double>(boundaries - crossing) * hidden / fab.link +
+                    2.0 * static_cast<double>(crossing) * hidden / net_bw;
   t.comm_seconds += pt.send_seconds;
   t.comm_exposed_seconds += pt.send_seconds;
   t.comm_overlapped_seconds = std::max(0.0, t.comm_seconds - t.comm_exposed_seconds);
@@ -371,7 +447,7 @@ std::optional<StepTime> pipeline_step_time(const std::vector<Estimate>& ranks, c
   t.notes.push_back(fmt::format(
       "pipeline ({}): micro-batches x the slowest rank's forward + backward, plus the other ranks' once on the fill "
       "and drain{} (for equal stages the bubble (p - 1)(t_f + t_b){}, Narayanan et al. 2021, section 2.2); the {} "
-      "stage-to-stage sends of the fill and drain at the link bandwidth, every pair of neighbours alike; then the "
+      "stage-to-stage sends of the fill and drain at the link bandwidth (the network's between nodes); then the "
       "longest of the ranks' reduce-scatters and optimizer",
       pt.schedule, v > 1 ? fmt::format(" divided by the {} stages per rank", v) : std::string(),
       v > 1 ? " / v" : "", 2 * boundaries));
@@ -380,12 +456,7 @@ std::optional<StepTime> pipeline_step_time(const std::vector<Estimate>& ranks, c
                       "(the exposed gathers of every rank add up along the fill), and reduce-scattered once after the "
                       "last backward, exposed");
   }
-  const uint64_t world = checked_mul(checked_mul(f.ranks, s.tp, "ranks"), std::max<uint64_t>(dp, 1), "ranks");
-  if (world > kGpusPerNode) {
-    t.notes.push_back(fmt::format("more than {} ranks: collectives and sends timed at the node's link bandwidth "
-                                  "({} GB/s); the inter-node network is not in the catalog",
-                                  kGpusPerNode, g.link_gbps));
-  }
+  fabric_note(t, fab, gpu);
   common_notes(t, gpu, s);
   t.pipeline = std::move(pt);
   return t;

@@ -25,6 +25,14 @@ namespace {
   throw FieldError(std::string(field), fmt::format("\"{}\": expected {}", value, expected));
 }
 
+// A decimal number: digits and at most one point ("0x10", "1e3", " 5" are refused).
+double decimal(std::string_view field, std::string_view v, std::string_view expected) {
+  const size_t digits = static_cast<size_t>(std::count_if(v.begin(), v.end(), [](char ch) { return ch >= '0' && ch <= '9'; }));
+  const size_t points = static_cast<size_t>(std::count(v.begin(), v.end(), '.'));
+  if (v.size() > 24 || digits == 0 || points > 1 || digits + points != v.size()) bad(field, v, expected);
+  return std::strtod(std::string(v).c_str(), nullptr);
+}
+
 
 // Bounds of the sizes a request may ask for. Far above any real run; they keep every derived count within
 // 64 bits long before the checked arithmetic would have to say so.
@@ -474,10 +482,7 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     // a decimal number of MiB, digits and at most one point ("0x10", "1e3", " 5" are refused), of at least one
     // byte once DDP computes int(bucket_cap_mb * 1024 * 1024)
     const std::string expected = "a decimal size in MiB from 1/1048576 (one byte) to 1048576, like 25 or 0.5";
-    const size_t digits = static_cast<size_t>(std::count_if(v.begin(), v.end(), [](char ch) { return ch >= '0' && ch <= '9'; }));
-    const size_t points = static_cast<size_t>(std::count(v.begin(), v.end(), '.'));
-    if (v.size() > 24 || digits == 0 || points > 1 || digits + points != v.size()) bad(f, v, expected);
-    const double mb = std::strtod(std::string(v).c_str(), nullptr);
+    const double mb = decimal(f, v, expected);
     if (!(mb * 1024 * 1024 >= 1) || mb > 1048576) bad(f, v, expected);
     s.train.bucket_cap_mb = mb;
   } else if (f == "gradient_as_bucket_view") {
@@ -552,12 +557,8 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
   } else if (f == "net_gbps" && v.empty()) {
     s.train.nccl.net_gbps.reset();  // the GPU catalog's
   } else if (f == "net_gbps") {
-    // a decimal number of GB/s, digits and at most one point, as bucket_cap_mb
     const std::string expected = "a decimal bandwidth in GB/s above 0 and at most 100000, like 50 or 12.5";
-    const size_t digits = static_cast<size_t>(std::count_if(v.begin(), v.end(), [](char ch) { return ch >= '0' && ch <= '9'; }));
-    const size_t points = static_cast<size_t>(std::count(v.begin(), v.end(), '.'));
-    if (v.size() > 24 || digits == 0 || points > 1 || digits + points != v.size()) bad(f, v, expected);
-    const double gbps = std::strtod(std::string(v).c_str(), nullptr);
+    const double gbps = decimal(f, v, expected);
     if (!(gbps > 0) || gbps > 100000) bad(f, v, expected);
     s.train.nccl.net_gbps = gbps;
   } else if (f == "gpu") {

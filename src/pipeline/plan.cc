@@ -400,7 +400,15 @@ std::optional<PlanRow> Planner::search(PlanFamily& f) {
     PlanSetup p = base;
     p.batch = b;
     p.accumulation = rank_batch_ / b;
-    return probes.emplace(b, simulate(p)).first->second;
+    if (probes.empty()) return probes.emplace(b, simulate(p)).first->second;  // refused: the family is
+    // a larger micro-batch that the library refuses (its sizes past 64 bits, past a bound) does not fit, as in fit
+    Probe q;
+    try {
+      q = simulate(p);
+    } catch (const Error& e) {
+      q.failure = e.what();
+    }
+    return probes.emplace(b, q).first->second;
   };
   try {
     if (!probe(0).fits) {
@@ -530,6 +538,15 @@ PlanResult Planner::run() {
   }
   // the model alone (one rank: a layout the user fixed, --tp 2 over the default DDP, is the search's to refuse)
   const ResolvedScenario model = resolve_model(scenario({}, /*reference=*/true), files_);
+  // plan ranks by the step time: a card without datasheet peaks has none
+  if (!gpu_.perf.known()) {
+    throw FieldError("gpus", fmt::format("{}: plan ranks setups by their step time, and the catalog has no datasheet "
+                                         "peaks for {} (trainmem gpus --format json: perf); fit answers what fits it",
+                                         user.gpus, gpu_.name));
+  }
+  // what no layout changes (a sequence past the model's positions, a bad override) is the user's to fix: said
+  // up front, as estimate says it, rather than as every family's refusal
+  resolve(scenario({{"gpu", gpu_.name}, {"batch", "1"}, {"grad_accum", "1"}}, /*reference=*/true), files_);
   const uint64_t layers = model.model.layers;
 
   PlanResult out;

@@ -114,7 +114,7 @@ function showError(answer) {
 // The library's last answers as they came, for the browser's console (and the page's test):
 // trainmemPage.estimate / .fit are the C API's JSON (c_api.h); trainmemPage.call("trainmem_estimate_json",
 // {fields: {...}, timeline: {by: "event"}}) asks it anything.
-window.trainmemPage = {estimate: null, fit: null, call};
+window.trainmemPage = {estimate: null, fit: null, plan: null, call};
 
 function renderEstimate(answer) {
   window.trainmemPage.estimate = answer;
@@ -184,6 +184,34 @@ function renderFit(req) {
   $("fit-table").textContent = a.table;
 }
 
+// plan: the form's fields (less what plan chooses or derives) over the cluster named here; on request, as it
+// simulates many setups
+function runPlan() {
+  const req = request();
+  const planReq = {fields: {...req.fields, gpus: $("plan-gpus").value.trim()}, files: req.files,
+                   plan: {global_batch: $("plan-global-batch").value.trim()}};
+  for (const f of ["gpu", "batch", "grad_accum", "dp", "micro_batches"]) delete planReq.fields[f];
+  document.body.dataset.plan = "busy";
+  $("plan-answer").textContent = "Planning…";
+  setTimeout(() => {
+    const t0 = performance.now();
+    const a = call("trainmem_plan_json", planReq);
+    window.trainmemPage.plan = a;
+    if (!a.ok) {
+      $("plan-answer").textContent = `trainmem: ${a.error}`;
+      $("plan-table").textContent = "";
+      document.body.dataset.plan = "error";
+      return;
+    }
+    const best = a.plan.rows[0];
+    $("plan-answer").textContent = best
+        ? `Fastest of ${a.plan.ranked_total} setups that fit: ${best.family}, ${Math.round(best.time.tokens_per_second).toLocaleString("en-US")} tokens/s (planned in ${Math.round(performance.now() - t0)} ms).`
+        : "No setup fits: every family is listed below with its reason.";
+    $("plan-table").textContent = a.table;
+    document.body.dataset.plan = "ready";
+  }, 0);
+}
+
 function update() {
   const n = requested;
   const req = request();
@@ -229,6 +257,7 @@ async function main() {
     }
     $("more-fields").append(box);
   }
+  $("plan-run").addEventListener("click", runPlan);
   $("scenario").addEventListener("input", changed);
   $("scenario").addEventListener("change", changed);
   changed();

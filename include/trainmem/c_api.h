@@ -9,7 +9,9 @@
  *    "plots": ["breakdown", "timeline"],                                (estimate: the pictures to draw)
  *    "timeline": {"by": "event", "unit": "B", "min_bytes": "1MiB", "step": "2"},  (estimate: the timeline's rows,
  *                                                        as trainmem timeline's flags; each optional)
- *    "fit": {"solve": "batch", "margin": "5%"}}                         (fit: its options, as the CLI's flags)
+ *    "fit": {"solve": "batch", "margin": "5%"},                         (fit: its options, as the CLI's flags)
+ *    "plan": {"global_batch": "512", "nodes": "8", "top": "10", "margin": "5%"}}  (plan: its options; the fields
+ *                                                        name the cluster with "gpus")
  * Field values are the CLI's flag values as text (a JSON number or boolean is taken as its text); a repeatable
  * field (overrides, freeze) takes a list. Field names are scenario_fields()' ("optimizer_impl").
  *
@@ -18,6 +20,7 @@
  *             "svg": {"breakdown": ..., "timeline": ...} (estimate --plot, timeline --plot),
  *             "timeline" (trainmem timeline --format json, when asked)
  *   fit:      "fit" (trainmem fit --format json), "table" (its table), "warnings"
+ *   plan:     "plan" (trainmem plan --format json), "table" (its table), "warnings"
  *
  * Every returned text is NUL-terminated UTF-8 owned by the library, valid until the next call on the same
  * thread. No function throws.
@@ -31,6 +34,7 @@ extern "C" {
 
 const char* trainmem_estimate_json(const char* request_json);
 const char* trainmem_fit_json(const char* request_json);
+const char* trainmem_plan_json(const char* request_json);
 /* trainmem models / trainmem gpus --format json, wrapped: {"ok": true, "models": [...]} / {"ok": true, "gpus": [...]} */
 const char* trainmem_models_json(void);
 const char* trainmem_gpus_json(void);

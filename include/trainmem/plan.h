@@ -64,6 +64,7 @@ struct PlanRow {
   std::optional<uint64_t> pp_worst_rank;
   StepTime time;
   double bound_tokens_per_second = 0;  // the family's throughput bound, for the record (>= time's)
+  size_t order = 0;                    // its family's place in the search order (ties keep it)
   // The same setup with torch.optim's foreach update instead of the fused one (empty: not tried, as for
   // DeepSpeed's own optimizer or an implementation given)
   struct Foreach {

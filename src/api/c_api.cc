@@ -13,6 +13,7 @@
 #include "trainmem/fit.h"
 #include "trainmem/gpu.h"
 #include "trainmem/plot.h"
+#include "trainmem/plan.h"
 #include "trainmem/report.h"
 #include "trainmem/scenario.h"
 
@@ -40,6 +41,7 @@ class RequestFiles final : public FileReader {
 
 struct Request {
   Scenario scenario;
+  std::vector<FieldChange> given;  // the fields as given, in the table's order (plan sets its own on top)
   std::map<std::string, std::string> files;
   json options;  // the rest of the request ("plots", "fit")
 };
@@ -75,9 +77,13 @@ Request parse_request(const char* text) {
     if (it == fields.end()) continue;
     if (it->is_array()) {
       if (!f.repeatable) throw FieldError(std::string(f.name), "a list: this field takes one value");
-      for (const json& v : *it) set_field(r.scenario, f.name, value_text(f.name, v));
+      for (const json& v : *it) {
+        set_field(r.scenario, f.name, value_text(f.name, v));
+        r.given.push_back({std::string(f.name), value_text(f.name, v)});
+      }
     } else {
       set_field(r.scenario, f.name, value_text(f.name, *it));
+      r.given.push_back({std::string(f.name), value_text(f.name, *it)});
     }
   }
   const json files = j.value("files", json::object());
@@ -176,6 +182,23 @@ const char* trainmem_fit_json(const char* request_json) {
     const FitResult res = fit(req.scenario, fr, RequestFiles(req.files));
     out["fit"] = json::parse(render_fit_json(res));
     out["table"] = render_fit_table(res);
+    out["warnings"] = warnings_of(res.warnings);
+  });
+}
+
+const char* trainmem_plan_json(const char* request_json) {
+  using namespace trainmem;
+  return guarded([&](json& out) {
+    const Request req = parse_request(request_json);
+    const json o = req.options.value("plan", json::object());
+    auto text = [&](const char* key, const char* def) {
+      return o.contains(key) ? value_text(key, o[key]) : std::string(def);
+    };
+    const PlanRequest pr = plan_request(text("global_batch", ""), text("nodes", ""), text("top", "10"),
+                                        text("margin", "5%"));
+    const PlanResult res = plan(req.given, pr, RequestFiles(req.files));
+    out["plan"] = json::parse(render_plan_json(res));
+    out["table"] = render_plan_table(res);
     out["warnings"] = warnings_of(res.warnings);
   });
 }

@@ -400,7 +400,15 @@ std::optional<PlanRow> Planner::search(PlanFamily& f) {
     PlanSetup p = base;
     p.batch = b;
     p.accumulation = rank_batch_ / b;
-    return probes.emplace(b, simulate(p)).first->second;
+    if (probes.empty()) return probes.emplace(b, simulate(p)).first->second;  // refused: the family is
+    // a larger micro-batch that the library refuses (its sizes past 64 bits, past a bound) does not fit, as in fit
+    Probe q;
+    try {
+      q = simulate(p);
+    } catch (const Error& e) {
+      q.failure = e.what();
+    }
+    return probes.emplace(b, q).first->second;
   };
   try {
     if (!probe(0).fits) {
@@ -530,6 +538,15 @@ PlanResult Planner::run() {
   }
   // the model alone (one rank: a layout the user fixed, --tp 2 over the default DDP, is the search's to refuse)
   const ResolvedScenario model = resolve_model(scenario({}, /*reference=*/true), files_);
+  // plan ranks by the step time: a card without datasheet peaks has none
+  if (!gpu_.perf.known()) {
+    throw FieldError("gpus", fmt::format("{}: plan ranks setups by their step time, and the catalog has no datasheet "
+                                         "peaks for {} (trainmem gpus --format json: perf); fit answers what fits it",
+                                         user.gpus, gpu_.name));
+  }
+  // what no layout changes (a sequence past the model's positions, a bad override) is the user's to fix: said
+  // up front, as estimate says it, rather than as every family's refusal
+  resolve(scenario({{"gpu", gpu_.name}, {"batch", "1"}, {"grad_accum", "1"}}, /*reference=*/true), files_);
   const uint64_t layers = model.model.layers;
 
   PlanResult out;
@@ -540,7 +557,14 @@ PlanResult Planner::run() {
   out.global_batch = req_.global_batch;
   out.seq = seq_;
   out.margin = margin_;
+  // in the field table's order, as scenario_from applies them (every front end then words the same command)
   out.given = given_;
+  auto place = [](const std::string& name) {
+    const auto fs = scenario_fields();
+    return std::find_if(fs.begin(), fs.end(), [&](const Field& f) { return f.name == name; }) - fs.begin();
+  };
+  std::stable_sort(out.given.begin(), out.given.end(),
+                   [&](const FieldChange& a, const FieldChange& b) { return place(a.field) < place(b.field); });
   for (std::string_view f : kChosen) {
     if (given(f)) out.fixed.push_back(fmt::format("{} {}", f, given_value(f)));
   }
@@ -660,7 +684,10 @@ PlanResult Planner::run() {
       f.why = fmt::format("the search simulated {} events, its bound on work", with_commas(events_.load()));
       return;
     }
-    if (std::optional<PlanRow> row = search(f)) rows.push_back(*row);
+    if (std::optional<PlanRow> row = search(f)) {
+      row->order = i;
+      rows.push_back(*row);
+    }
   };
   // Pass 1, one layout at a time (the families equal but for checkpointing and precision), best bound first: the
   // variant that keeps the least (full checkpointing keeps only each layer's input, selective more, none every
@@ -706,6 +733,7 @@ PlanResult Planner::run() {
       }
       std::optional<PlanRow> row = search(l);
       if (row) {
+        row->order = least;
         std::lock_guard<std::mutex> lock(rows_mu);
         rows.push_back(*row);
       }
@@ -740,7 +768,9 @@ PlanResult Planner::run() {
     if (!done[i]) try_family(i);
   }
   std::stable_sort(rows.begin(), rows.end(), [](const PlanRow& a, const PlanRow& b) {
-    return a.time.tokens_per_second > b.time.tokens_per_second;
+    // equal times (ZeRO-1 and ZeRO-2 often are) in the enumeration's order, whatever order the workers found them in
+    if (a.time.tokens_per_second != b.time.tokens_per_second) return a.time.tokens_per_second > b.time.tokens_per_second;
+    return a.order < b.order;
   });
   out.ranked_total = rows.size();
   if (rows.size() > req_.top) rows.resize(req_.top);

@@ -27,7 +27,13 @@ std::string schedule_cell(const PlanSetup& s) {
 }
 // The optimizer's code path, and what foreach would cost instead of fused: "fused (foreach +4.8 ms)".
 std::string optimizer_cell(const PlanSetup& s, const PlanRow& row) {
-  std::string out = s.optimizer_impl == OptimizerImpl::kAuto ? "deepspeed" : std::string(name_of(s.optimizer_impl));
+  // kAuto: plan leaves the code path to the optimizer's own code (DeepSpeed's under ZeRO, bitsandbytes' for its
+  // optimizers)
+  const bool zero = s.dp > 1 && (s.sharding == Sharding::kZero1 || s.sharding == Sharding::kZero2 ||
+                                 s.sharding == Sharding::kZero3);
+  std::string out = s.optimizer_impl != OptimizerImpl::kAuto ? std::string(name_of(s.optimizer_impl))
+                    : zero                                   ? "deepspeed"
+                                                             : "its own";
   if (row.foreach) {
     if (!row.foreach->fits) {
       out += " (foreach: does not fit)";

@@ -2,6 +2,7 @@
 // the library's own calls (the CLI's path: set_field in the table's order, resolve, estimate/fit, render), every
 // error comes back as {"ok": false} with the CLI's wording, and only the request's files are read.
 #include "trainmem/c_api.h"
+#include "trainmem/plan.h"
 
 #include <gtest/gtest.h>
 
@@ -127,6 +128,22 @@ TEST(CApi, FitIsTheLibrarysAnswer) {
   EXPECT_EQ(a["fit"]["largest"], *res.largest);
   const json bad = call(trainmem_fit_json, {{"fields", {{"gpu", "t4"}}}, {"fit", {{"solve", "width"}}}});
   EXPECT_EQ(bad["error"], "--solve \"width\": expected batch or seq");
+}
+
+TEST(CApi, PlanIsTheLibrarysAnswer) {
+  const json a = call(trainmem_plan_json, {{"fields", {{"model", "gpt2"}, {"seq", "256"}, {"gpus", "8xh100-80gb"}}},
+                                           {"plan", {{"global_batch", 32}, {"top", "3"}}}});
+  ASSERT_TRUE(a["ok"]) << a.dump();
+  PlanRequest pr;
+  pr.global_batch = 32;
+  pr.top = 3;
+  const std::vector<FieldChange> given = {{"model", "gpt2"}, {"seq", "256"}, {"gpus", "8xh100-80gb"}};
+  const PlanResult res = plan(given, pr, testing::MapFileReader());
+  EXPECT_EQ(a["plan"], json::parse(render_plan_json(res)));
+  EXPECT_EQ(a["table"], render_plan_table(res));
+  EXPECT_EQ(a["plan"]["rows"].size(), 3u);
+  const json bad = call(trainmem_plan_json, {{"fields", {{"model", "gpt2"}, {"gpus", "8xh100-80gb"}}}});
+  EXPECT_EQ(bad["error"], "--global-batch missing: plan needs the sequences per optimizer step over the cluster");
 }
 
 TEST(CApi, ListingsAndTheFieldTable) {

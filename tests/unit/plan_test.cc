@@ -176,6 +176,8 @@ TEST(Plan, BadRequestsNameTheField) {
               plan(fields({{"model", "gpt2"}, {"gpus", "8xh100-80gb"}, {"task", "inference"}}), request(8), files);
             }),
             "task");
+  EXPECT_EQ(field_of([&] { plan(fields({{"model", "gpt2"}, {"gpus", "8xrtx-3090"}}), request(8), files); }),
+            "gpus");  // no datasheet peaks: no step time to rank by
   PlanRequest nodes = request(8);
   nodes.nodes = 3;
   EXPECT_EQ(field_of([&] { plan(fields({{"model", "gpt2"}, {"gpus", "8xh100-80gb"}}), nodes, files); }), "nodes");

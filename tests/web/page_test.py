@@ -310,6 +310,17 @@ def main():
              "trainmem estimate --model tinyllama-1.1b --batch 2 --seq 512 --precision bf16 --lora "
              "r=16,alpha=32,targets=q_proj,v_proj --gpu rtx-4090")
         b.screenshot(os.path.join(a.out, "screenshot.png"))
+        # 2b. plan over a cluster: the page's plan table is the CLI's
+        plan_fields = {"model": "tinyllama-1.1b", "seq": "512"}
+        set_and_read(b, plan_fields)
+        b.js("document.getElementById('plan-box').open = true; document.getElementById('plan-gpus').value = "
+             "'8xh100-80gb'; document.getElementById('plan-global-batch').value = '16'; "
+             "document.getElementById('plan-run').click(); true")
+        b.wait("['ready', 'error'].includes(document.body.dataset.plan)", "the plan")
+        page_plan = b.js("document.getElementById('plan-table').textContent")
+        want = subprocess.run([trainmem, "plan", "--model", "tinyllama-1.1b", "--seq", "512", "--gpus", "8xh100-80gb",
+                               "--global-batch", "16"], cwd=work, capture_output=True, text=True).stdout
+        c.eq("plan table", page_plan, want)
         # 3. a pasted config.json (the CLI reads the same text from a file of the same name)
         src = os.path.join(os.path.dirname(__file__), "..", "..", "data", "models", "opt-125m.json")
         with open(src) as f:

@@ -24,10 +24,11 @@ namespace trainmem {
 
 namespace {
 
-// The work one plan may do, in simulated events over all its estimates (a pipeline's ranks each count): about
-// fit's bound on work (kFitEventBudget, fit.h) for a handful of fits. A 70B step at 80 layers is about 40,000
-// events, so this is some 800 rank simulations, a minute on two cores; the README's 70B plan uses a small share
-// of it. Reaching it ends the search, and the families not tried are listed as such.
+// The work one plan may do, in simulated events over all its estimates (a pipeline's ranks each count): four times
+// fit's bound on work (kFitEventBudget, fit.h). A 70B estimate at 80 layers (two steps) is about 40,000 events, so
+// this is some 800 single-rank estimates (a pipeline rank's, with every micro-batch, takes several times more);
+// the README's 70B plan uses a small share of it. Reaching it ends the search, and the families not tried are
+// listed as such.
 inline constexpr uint64_t kPlanEventBudget = uint64_t{1} << 25;  // 33,554,432
 // A pipeline's estimate simulates every stage over every micro-batch (the schedule's receive buffers and output
 // chunks are one per micro-batch, so no micro-batch stands for another): plan tries only splits of at most this
@@ -84,11 +85,6 @@ struct Probe {
   std::optional<uint64_t> worst;
   std::optional<StepTime> time;
   std::string failure;
-};
-
-struct Refusal {
-  std::string field;  // empty: a plain Error
-  std::string detail;
 };
 
 class Planner {

@@ -140,6 +140,20 @@ std::string render_gpus_json(const std::vector<GpuSpec>& gpus) {
       out.back()["nccl_ring_channels"] = g.nccl_ring_channels;
       out.back()["nccl_source"] = g.nccl_source;
     }
+    // the step time's facts (flops.h GpuPerf): datasheet peaks and bandwidths with their sources, where catalogued
+    if (const GpuPerf& p = g.perf; p.known()) {
+      nlohmann::json perf = {{"fp32_tflops", p.fp32_tflops}, {"tf32_tflops", p.tf32_tflops},
+                             {"bf16_tflops", p.bf16_tflops}, {"fp16_tflops", p.fp16_tflops},
+                             {"hbm_gbps", p.hbm_gbps},       {"link_gbps", p.link_gbps},
+                             {"matmul_efficiency", p.matmul_efficiency}, {"source", p.source},
+                             {"efficiency_source", p.efficiency_source}};
+      if (p.net_gbps > 0) {
+        perf["net_gbps"] = p.net_gbps;
+        perf["net_node"] = p.net_node;
+        perf["net_source"] = p.net_source;
+      }
+      out.back()["perf"] = std::move(perf);
+    }
   }
   return report::json_text(out);
 }

@@ -58,9 +58,12 @@ std::string plan_precision_name(const PlanSetup& s);
 
 struct PlanRow {
   PlanSetup setup;
-  Bytes peak_reserved;    // max_memory_reserved on the device (the worst pipeline rank's)
+  // Memory as fit judges it: the caching allocator replayed with the margin kept free, releasing its cache and
+  // retrying before it gives up, as PyTorch does (estimate's "peak reserved" is the replay without a limit)
+  Bytes peak_reserved;    // max_memory_reserved on the device with the margin kept free (the worst pipeline rank's)
   Bytes device_total;     // what nvidia-smi shows
-  int64_t headroom = 0;   // usable - reserved
+  int64_t headroom = 0;   // usable - reserved, the margin already kept free
+  uint64_t alloc_retries = 0;  // > 0: it fits only because the allocator released its cache that many times
   std::optional<uint64_t> pp_worst_rank;
   StepTime time;
   double bound_tokens_per_second = 0;  // the family's throughput bound, for the record (>= time's)
@@ -95,6 +98,8 @@ struct PlanFamily {
   double bound_tokens_per_second = 0;
   int64_t best_headroom = 0;  // kDoesNotFit: the headroom at the smallest micro-batch tried (negative: short by)
   uint64_t smallest_batch = 1;  // kDoesNotFit: that micro-batch
+  bool screened = false;        // kDoesNotFit without a simulation of its own: a variant of its layout that keeps
+                                // less does not fit (best_headroom is that one's)
 };
 
 struct PlanResult {

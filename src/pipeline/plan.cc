@@ -80,6 +80,7 @@ std::vector<uint64_t> powers_of_two_dividing(uint64_t n, uint64_t max) {
 // One simulated setup.
 struct Probe {
   bool fits = false;
+  uint64_t retries = 0;  // times the allocator released its cache to stay within the limit
   int64_t headroom = 0;
   Bytes reserved, device_total;
   std::optional<uint64_t> worst;
@@ -105,17 +106,20 @@ class Planner {
     }
     return v;
   }
-  // The user's fields with plan's on top (a field the user gave is never overridden: it was held fixed).
-  // The reference of a compute class (one rank, one micro-batch of one sequence) drops the user's layout fields.
+  // The user's fields with plan's on top. A field the user gave was held fixed, so plan's value for it is the
+  // user's, or how its framework spells the same choice (--precision bf16-amp under ZeRO is DeepSpeed's bf16):
+  // plan's wins. The reference of a compute class (one rank, one micro-batch of one sequence) drops the user's
+  // layout fields.
   Scenario scenario(const std::vector<FieldChange>& changes, bool reference = false) const {
     std::vector<FieldChange> all;
     for (const FieldChange& c : given_) {
       if (reference && contains(kLayoutFields, c.field)) continue;
+      if (std::any_of(changes.begin(), changes.end(), [&](const FieldChange& p) { return p.field == c.field; })) {
+        continue;
+      }
       all.push_back(c);
     }
-    for (const FieldChange& c : changes) {
-      if (!given(c.field) || (reference && contains(kLayoutFields, c.field))) all.push_back(c);
-    }
+    all.insert(all.end(), changes.begin(), changes.end());
     return scenario_from(all);
   }
   std::optional<PlanRow> search(PlanFamily& f);
@@ -167,6 +171,7 @@ Probe Planner::simulate(const PlanSetup& p) {
   const DeviceVerdict v = pipeline ? *e.device : device_verdict(e, gpu_, r.alloc, margin_);
   Probe out;
   out.fits = v.fits;
+  out.retries = v.alloc_retries;
   out.headroom = v.headroom;
   if (pipeline) out.worst = e.pp->worst;
   if (v.fits) {
@@ -239,6 +244,14 @@ std::vector<Precision> precision_choices(bool zero, uint64_t pp, uint64_t dp) {
   if (zero) return {Precision::kBf16};
   if (pp > 1) return {dp > 1 ? Precision::kFp32 : Precision::kBf16};
   return {Precision::kBf16Amp, Precision::kBf16};
+}
+// --precision bf16-amp given: mixed precision, as each framework runs it (DeepSpeed's bf16 with fp32 masters under
+// ZeRO; torchtitan's fp32 parameters with FSDP2's bf16 policy under a pipeline); any other precision as given.
+Precision given_precision(Precision p, bool zero, uint64_t pp, uint64_t dp) {
+  if (p != Precision::kBf16Amp) return p;
+  if (zero) return Precision::kBf16;
+  if (pp > 1 && dp > 1) return Precision::kFp32;
+  return p;
 }
 bool is_mixed(Precision p, bool zero, uint64_t pp, uint64_t dp) {
   if (p == Precision::kBf16Amp || p == Precision::kFp16Amp) return true;
@@ -336,12 +349,21 @@ std::vector<std::string> best_reasons(const PlanResult& r) {
     }
     // the other values of this dimension that have no row
     std::vector<std::string> others;
+    std::vector<const PlanFamily*> candidates;  // the simulated ones first: their figure is their own
     for (const PlanFamily& f : r.families) {
+      if (!f.screened) candidates.push_back(&f);
+    }
+    for (const PlanFamily& f : r.families) {
+      if (f.screened) candidates.push_back(&f);
+    }
+    for (const PlanFamily* fp : candidates) {
+      const PlanFamily& f = *fp;
       if (f.verdict == PlanVerdict::kRanked || !differs_only_in(f.setup, d)) continue;
       std::string what(plan_verdict_name(f.verdict));
       if (f.verdict == PlanVerdict::kDoesNotFit) {
-        what = fmt::format("short by {} at micro-batch {}", format_bytes(Bytes(static_cast<uint64_t>(-f.best_headroom))),
-                           f.smallest_batch);
+        what = fmt::format("{}short by {} at micro-batch {}", f.screened ? "does not fit (a lighter variant is " : "",
+                           format_bytes(Bytes(static_cast<uint64_t>(-f.best_headroom))), f.smallest_batch);
+        if (f.screened) what += ")";
       }
       // one entry per value (DDP's pure and mixed variants say the same)
       const std::string v = value(f.setup);
@@ -454,20 +476,25 @@ std::optional<PlanRow> Planner::search(PlanFamily& f) {
     row.device_total = p.device_total;
     row.headroom = p.headroom;
     row.pp_worst_rank = p.worst;
+    row.alloc_retries = p.retries;
     row.time = *p.time;
     row.bound_tokens_per_second = tokens_per_second(req_.global_batch, seq_, bound_seconds(row.setup, b));
     if (!found || row.time.tokens_per_second > found->time.tokens_per_second) found = row;
   }
   const Probe& first = probes.begin()->second;
   if (!fits) {
-    f.verdict = PlanVerdict::kDoesNotFit;
     f.best_headroom = first.headroom;
-    f.why = first.failure;
-    if (cut > 0) {
-      f.why += fmt::format("; micro-batches of {} and smaller, more than {} stage micro-batches, not simulated",
-                           cut, kPlanPipelineWork);
-    }
     f.smallest_batch = probes.begin()->first;
+    if (cut > 0) {
+      // the smaller micro-batches that might fit were not simulated: not a "does not fit"
+      f.verdict = PlanVerdict::kBudget;
+      f.why = fmt::format("does not fit at micro-batch {} (short by {}); micro-batches of {} and less, more than {} "
+                          "stage micro-batches, were not simulated", f.smallest_batch,
+                          format_bytes(Bytes(static_cast<uint64_t>(-f.best_headroom))), cut, kPlanPipelineWork);
+      return std::nullopt;
+    }
+    f.verdict = PlanVerdict::kDoesNotFit;
+    f.why = first.failure;
     return std::nullopt;
   }
   if (!found) {
@@ -518,8 +545,19 @@ PlanResult Planner::run() {
   // "64xh100-80gb" (set_field checked its form)
   const size_t x = user.gpus.find_first_of("xX");
   const uint64_t n = std::stoull(user.gpus.substr(0, x));
-  gpu_ = resolve_gpu(user.gpus.substr(x + 1));
+  try {
+    gpu_ = resolve_gpu(user.gpus.substr(x + 1));
+  } catch (const FieldError& e) {
+    throw FieldError("gpus", fmt::format("{}: {}", user.gpus, e.detail()));
+  }
   margin_ = req_.margin.of(gpu_);
+  // as fit refuses it: a margin that leaves the caching allocator nothing (before NCCL's buffers, which depend on
+  // the layout) is the request's mistake, not every family's
+  if (usable_bytes(gpu_, margin_).value == 0) {
+    throw FieldError("margin", fmt::format("{}: with the {} CUDA context it leaves nothing of the {}'s {} for "
+                                           "PyTorch", req_.margin.describe(), format_bytes(gpu_.context), gpu_.name,
+                                           format_bytes(gpu_.runtime_total)));
+  }
   seq_ = user.train.seq;
   uint64_t per_node = user.train.nccl.gpus_per_node;
   if (req_.nodes > 0) {
@@ -549,7 +587,7 @@ PlanResult Planner::run() {
   out.model = model.model.name;
   out.gpu = gpu_;
   out.gpus = n;
-  out.gpus_per_node = per_node;
+  out.gpus_per_node = std::min(per_node, n);  // a cluster smaller than a node fills part of one
   out.global_batch = req_.global_batch;
   out.seq = seq_;
   out.margin = margin_;
@@ -568,9 +606,10 @@ PlanResult Planner::run() {
   // The families, in the enumeration's order (the least parallel first: the tie-break among equal bounds).
   std::vector<PlanFamily> families;
   const bool torch_optim = is_torch_optim(user.train.optimizer);
+  // tensor (and context) parallel groups of consecutive ranks stay within a node only when they divide it
   const std::vector<uint64_t> tps = given("tp") ? std::vector<uint64_t>{user.train.tp} : powers_of_two_dividing(n, per_node);
   for (uint64_t tp : tps) {
-    if (n % tp != 0) continue;
+    if (n % tp != 0 || (!given("tp") && per_node % tp != 0)) continue;
     const std::vector<uint64_t> pps =
         given("pp") ? std::vector<uint64_t>{user.train.pp} : powers_of_two_dividing(n / tp, std::min(n / tp, layers));
     for (uint64_t pp : pps) {
@@ -578,7 +617,7 @@ PlanResult Planner::run() {
       const std::vector<uint64_t> cps =
           given("cp") ? std::vector<uint64_t>{user.train.cp} : powers_of_two_dividing(n / tp / pp, per_node);
       for (uint64_t cp : cps) {
-        if ((n / tp / pp) % cp != 0) continue;
+        if ((n / tp / pp) % cp != 0 || (!given("cp") && per_node % (tp * cp) != 0)) continue;
         const uint64_t dp = n / tp / pp / cp;
         std::vector<Sharding> shardings = {Sharding::kDdp};
         if (dp > 1 && given("sharding")) shardings = {user.train.sharding};
@@ -591,12 +630,15 @@ PlanResult Planner::run() {
         if (pp > 1 && given("pp_schedule")) {
           schedules = {{user.train.pp_schedule, user.train.pp_schedule == PpSchedule::kInterleaved1f1b
                                                     ? std::max<uint64_t>(user.train.pp_virtual_stages, 2) : 1}};
+        } else if (pp > 1 && given("pp_virtual_stages")) {
+          // stages per rank given: the interleaved schedule is the one that takes them
+          schedules = {{PpSchedule::kInterleaved1f1b, user.train.pp_virtual_stages}};
         } else if (pp > 1 && dp == 1) {
           schedules.push_back({PpSchedule::kInterleaved1f1b, 2});
         }
         for (Sharding sh : shardings) {
           const bool zero = dp > 1 && (sh == Sharding::kZero1 || sh == Sharding::kZero2 || sh == Sharding::kZero3);
-          for (Precision pr : given("precision") ? std::vector<Precision>{user.train.precision}
+          for (Precision pr : given("precision") ? std::vector<Precision>{given_precision(user.train.precision, zero, pp, dp)}
                                                  : precision_choices(zero, pp, dp)) {
             for (Checkpointing ck : ckpts) {
               for (const auto& [schedule, v] : (pp > 1 ? schedules : decltype(schedules){{PpSchedule::k1f1b, 1}})) {
@@ -722,11 +764,8 @@ PlanResult Planner::run() {
       const size_t least = groups[g].front();
       done[least] = true;
       PlanFamily& l = families[least];
-      if (events_ >= kPlanEventBudget) {
-        l.verdict = PlanVerdict::kBudget;
-        l.why = "the search reached its bound on work";
-        continue;
-      }
+      // (no bound on work here: which layouts a shared budget would leave out would depend on the threads' timing;
+      // each screening costs a few simulations, and pass 2 keeps to the bound)
       std::optional<PlanRow> row = search(l);
       if (row) {
         row->order = least;
@@ -742,9 +781,10 @@ PlanResult Planner::run() {
         // "does not fit"
         if (refused(f)) continue;
         f.verdict = PlanVerdict::kDoesNotFit;
-        f.best_headroom = l.best_headroom;
+        f.screened = true;
+        f.best_headroom = l.best_headroom;  // its lighter variant's (the report says whose)
         f.smallest_batch = l.smallest_batch;
-        f.why = fmt::format("at least: it keeps more than {}, which does not fit", plan_family_name(l.setup));
+        f.why = fmt::format("not simulated: it keeps more than {}, which", plan_family_name(l.setup));
       }
     }
   };
@@ -780,7 +820,7 @@ PlanResult Planner::run() {
       "searched: tensor, pipeline and context parallel sizes in powers of two (tensor and context parallel within "
       "a node of {} GPUs), every sharding of the data-parallel ranks, checkpointing none, selective and full, "
       "precision bf16-amp and bf16, each family's micro-batches from 1 by doubling and bisection; fields given "
-      "are kept", per_node));
+      "are kept", std::min(per_node, n)));
   if (!given("precision")) {
     out.notes.push_back("bf16 is pure bfloat16 training (weights, gradients and AdamW states in bfloat16): faster and "
                         "smaller, but not the numerics of mixed precision; --precision bf16-amp searches mixed "
@@ -814,7 +854,7 @@ PlanRequest plan_request(std::string_view global_batch, std::string_view nodes, 
   // at most a million sequences per step and 65,536 nodes: beyond any cluster, and every product of them fits
   // 64 bits with the sequence
   r.global_batch = global_batch.empty() ? 0 : number("global_batch", global_batch, uint64_t{1} << 20, false);
-  r.nodes = number("nodes", nodes, uint64_t{1} << 16, true);
+  r.nodes = nodes.empty() ? 0 : number("nodes", nodes, uint64_t{1} << 16, false);  // empty: not given
   r.top = number("top", top, 1000, false);
   r.margin = parse_margin(margin);
   return r;

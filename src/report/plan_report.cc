@@ -47,8 +47,10 @@ std::string optimizer_cell(const PlanSetup& s, const PlanRow& row) {
 // A family's reason, as the CLI words errors (a field by its flag).
 std::string why_text(const PlanFamily& f) {
   if (f.verdict == PlanVerdict::kDoesNotFit) {
-    return fmt::format("short by {} at micro-batch {}{}", format_bytes(Bytes(static_cast<uint64_t>(-f.best_headroom))),
-                       f.smallest_batch, f.why.empty() ? "" : " (" + f.why + ")");
+    const std::string short_by = format_bytes(Bytes(static_cast<uint64_t>(-f.best_headroom)));
+    if (f.screened) return fmt::format("{}, short by {} at micro-batch {}", f.why, short_by, f.smallest_batch);
+    return fmt::format("short by {} at micro-batch {}{}", short_by, f.smallest_batch,
+                       f.why.empty() ? "" : " (" + f.why + ")");
   }
   if (!f.why_field.empty()) return cli_flag(f.why_field) + " " + f.why;
   return f.why;
@@ -58,7 +60,8 @@ std::string why_text(const PlanFamily& f) {
 
 std::string render_plan_table(const PlanResult& r) {
   std::string out = fmt::format(
-      "{} on {} x {} ({} per node): global batch {} x {} tokens = {} tokens per step, {} kept free per GPU\n",
+      "{} on {} x {} ({} per node): global batch {} x {} tokens = {} tokens per step, {} kept free per GPU (in "
+      "every fit, headroom and shortfall below)\n",
       r.model, r.gpus, r.gpu.name, r.gpus_per_node, r.global_batch, r.seq,
       with_commas(r.global_batch * r.seq), format_bytes(r.margin));
   if (!r.fixed.empty()) {
@@ -95,16 +98,26 @@ std::string render_plan_table(const PlanResult& r) {
              std::to_string(s.cp), std::to_string(s.dp), sharding_cell(s), schedule_cell(s),
              std::string(name_of(s.checkpointing)), plan_precision_name(s),
              fmt::format("{} x {}", s.batch, s.accumulation), optimizer_cell(s, row), format_bytes(row.peak_reserved),
-             format_bytes(Bytes(static_cast<uint64_t>(std::max<int64_t>(row.headroom, 0))))});
+             format_bytes(Bytes(static_cast<uint64_t>(std::max<int64_t>(row.headroom, 0)))) +
+                 (row.alloc_retries > 0 ? " *" : "")});
     }
     out += t.str();
+    if (std::any_of(r.rows.begin(), r.rows.end(), [](const PlanRow& row) { return row.alloc_retries > 0; })) {
+      out += "  * fits only because the caching allocator releases its cache to stay under the limit (slower; "
+             "estimate's peak reserved, without a limit, is higher)\n";
+    }
     out += "\nbest: " + r.best_reason.front() + "\n";
     for (size_t i = 1; i < r.best_reason.size(); ++i) out += "  " + r.best_reason[i] + "\n";
     for (const std::string& n : r.rows[0].time.notes) out += "  its step time: " + n + "\n";
-    std::vector<FieldChange> run = r.given;
-    for (const FieldChange& c : r.rows[0].setup.changes()) {
-      if (std::none_of(run.begin(), run.end(), [&](const FieldChange& g) { return g.field == c.field; })) run.push_back(c);
+    // the user's fields, then plan's (which win: a field the user fixed is plan's in its framework's words)
+    const std::vector<FieldChange> chosen = r.rows[0].setup.changes();
+    std::vector<FieldChange> run;
+    for (const FieldChange& g : r.given) {
+      if (std::none_of(chosen.begin(), chosen.end(), [&](const FieldChange& c) { return c.field == g.field; })) {
+        run.push_back(g);
+      }
     }
+    run.insert(run.end(), chosen.begin(), chosen.end());
     out += "  run it: trainmem estimate " + cli_words(run) + "\n";
   }
   // the families without a row, grouped by verdict and reason
@@ -173,6 +186,7 @@ std::string render_plan_json(const PlanResult& r) {
     j["peak_reserved_bytes"] = row.peak_reserved.value;
     j["device_total_bytes"] = row.device_total.value;
     j["headroom_bytes"] = row.headroom;
+    j["alloc_retries"] = row.alloc_retries;
     if (row.pp_worst_rank) j["pp_worst_rank"] = *row.pp_worst_rank;
     j["time"] = step_time_json(row.time);
     j["bound_tokens_per_second"] = row.bound_tokens_per_second;
@@ -184,7 +198,11 @@ std::string render_plan_json(const PlanResult& r) {
     j["verdict"] = plan_verdict_name(f.verdict);
     j["why"] = why_text(f);
     j["bound_tokens_per_second"] = f.bound_tokens_per_second;
-    if (f.verdict == PlanVerdict::kDoesNotFit) j["headroom_bytes"] = f.best_headroom;
+    if (f.verdict == PlanVerdict::kDoesNotFit) {
+      // screened: not simulated; the headroom is its lighter variant's (it does not fit either)
+      j[f.screened ? "lighter_variant_headroom_bytes" : "headroom_bytes"] = f.best_headroom;
+      j["screened"] = f.screened;
+    }
     families.push_back(j);
   }
   nlohmann::json out = {{"model", r.model},

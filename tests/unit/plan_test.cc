@@ -41,23 +41,37 @@ const PlanResult& llama8b() {
   return r;
 }
 
-// The estimate a user gets by running a row's fields (the "run it" line).
-Estimate estimate_of(const PlanResult& r, const PlanSetup& s, const std::vector<FieldChange>& extra = {}) {
+// The estimate a user gets by running a row's fields (the "run it" line), and its verdict with plan's margin kept
+// free (as fit judges a fit).
+struct RowRun {
+  Estimate e;
+  DeviceVerdict with_margin;
+};
+RowRun run_of(const PlanResult& r, const PlanSetup& s) {
   std::vector<FieldChange> all = r.given;
   for (const FieldChange& c : s.changes()) all.push_back(c);
-  for (const FieldChange& c : extra) all.push_back(c);
-  return estimate(resolve(scenario_from(all), MapFileReader()));
+  const ResolvedScenario rs = resolve(scenario_from(all), MapFileReader());
+  Estimate e = estimate(rs);
+  // a pipeline's estimate carries its worst rank's verdict; plan replays it with the margin
+  const DeviceVerdict v = s.pp > 1 ? *estimate(rs.model, rs.inventory, rs.setup, rs.options, rs.alloc, &*rs.gpu,
+                                               r.margin).device
+                                   : device_verdict(e, *rs.gpu, rs.alloc, r.margin);
+  return {std::move(e), v};
 }
 
 TEST(Plan, EveryRowIsWhatEstimateSaysForItsFields) {
   const PlanResult& r = tinyllama();
   ASSERT_GE(r.rows.size(), 5u);
   for (const PlanRow& row : r.rows) {
-    const Estimate e = estimate_of(r, row.setup);
-    ASSERT_TRUE(e.time && e.device) << plan_family_name(row.setup);
-    EXPECT_EQ(e.time->step_seconds, row.time.step_seconds) << plan_family_name(row.setup);
-    EXPECT_EQ(e.setup.dp * e.setup.batch * e.setup.grad_accum, 16u) << plan_family_name(row.setup);
-    EXPECT_TRUE(e.device->fits);
+    const RowRun run = run_of(r, row.setup);
+    ASSERT_TRUE(run.e.time && run.e.device) << plan_family_name(row.setup);
+    EXPECT_EQ(run.e.time->step_seconds, row.time.step_seconds) << plan_family_name(row.setup);
+    EXPECT_EQ(run.e.setup.dp * run.e.setup.batch * run.e.setup.grad_accum, 16u) << plan_family_name(row.setup);
+    // memory as fit judges it: with the margin kept free
+    EXPECT_TRUE(run.with_margin.fits) << plan_family_name(row.setup);
+    EXPECT_EQ(run.with_margin.peak_reserved.value, row.peak_reserved.value) << plan_family_name(row.setup);
+    EXPECT_EQ(run.with_margin.headroom, row.headroom) << plan_family_name(row.setup);
+    EXPECT_EQ(run.with_margin.alloc_retries, row.alloc_retries) << plan_family_name(row.setup);
   }
 }
 
@@ -109,13 +123,12 @@ TEST(Plan, AFamilyScreenedOutDoesNotFitWhenSimulated) {
   const PlanResult& r = llama8b();
   size_t checked = 0;
   for (const PlanFamily& f : r.families) {
-    if (f.verdict != PlanVerdict::kDoesNotFit || f.why.rfind("at least", 0) != 0) continue;
+    if (f.verdict != PlanVerdict::kDoesNotFit || !f.screened) continue;
     PlanSetup s = f.setup;
     s.batch = f.smallest_batch;
     s.accumulation = 16 / s.dp / s.batch;
-    const Estimate e = estimate_of(r, s);
-    ASSERT_TRUE(e.device);
-    EXPECT_FALSE(e.device->fits) << plan_family_name(s);
+    const RowRun run = run_of(r, s);
+    EXPECT_FALSE(run.with_margin.fits) << plan_family_name(s);
     ++checked;
   }
   EXPECT_GE(checked, 3u);
@@ -178,12 +191,47 @@ TEST(Plan, BadRequestsNameTheField) {
             "task");
   EXPECT_EQ(field_of([&] { plan(fields({{"model", "gpt2"}, {"gpus", "8xrtx-3090"}}), request(8), files); }),
             "gpus");  // no datasheet peaks: no step time to rank by
+  PlanRequest margin = request(8);
+  margin.margin = parse_margin("100GiB");  // more than the card
+  EXPECT_EQ(field_of([&] { plan(fields({{"model", "gpt2"}, {"gpus", "2xa100-80gb"}}), margin, files); }), "margin");
+  EXPECT_EQ(field_of([&] { plan(fields({{"model", "gpt2"}, {"gpus", "2xnope"}}), request(8), files); }), "gpus");
+  EXPECT_EQ(field_of([] { plan_request("8", "0", "10", "5%"); }), "nodes");
+  EXPECT_EQ(plan_request("8", "", "10", "5%").nodes, 0u);  // not given
   PlanRequest nodes = request(8);
   nodes.nodes = 3;
   EXPECT_EQ(field_of([&] { plan(fields({{"model", "gpt2"}, {"gpus", "8xh100-80gb"}}), nodes, files); }), "nodes");
   EXPECT_EQ(field_of([] { plan_request("-1", "", "10", "5%"); }), "global_batch");
   EXPECT_EQ(field_of([] { plan_request("8", "", "0", "5%"); }), "top");
   EXPECT_EQ(field_of([] { plan_request("8", "x", "10", "5%"); }), "nodes");
+}
+
+// Fields given next to the ones plan chooses: stages per rank pick the interleaved schedule; bf16-amp is each
+// framework's mixed precision (DeepSpeed's bf16, torchtitan's fp32 with FSDP2's bf16 policy under a pipeline).
+TEST(Plan, GivenFieldsAreReadAsEachFrameworkRunsThem) {
+  const PlanResult v = plan(fields({{"model", "tinyllama-1.1b"}, {"gpus", "2xh100-80gb"}, {"seq", "2048"},
+                                    {"pp", "2"}, {"pp_virtual_stages", "4"}}),
+                            request(8), MapFileReader());
+  for (const PlanFamily& f : v.families) {
+    EXPECT_EQ(f.setup.schedule, PpSchedule::kInterleaved1f1b);
+    EXPECT_EQ(f.setup.virtual_stages, 4u);
+  }
+  const PlanResult m = plan(fields({{"model", "tinyllama-1.1b"}, {"gpus", "8xh100-80gb"}, {"seq", "2048"},
+                                    {"precision", "bf16-amp"}}),
+                            request(16), MapFileReader());
+  bool pipeline_fsdp = false, zero = false;
+  for (const PlanFamily& f : m.families) {
+    EXPECT_TRUE(f.setup.mixed) << plan_family_name(f.setup);
+    if (f.setup.pp > 1 && f.setup.dp > 1 && f.setup.cp == 1 && f.setup.sharding == Sharding::kFsdp2) {
+      pipeline_fsdp = true;
+      EXPECT_EQ(f.setup.precision, Precision::kFp32);
+      EXPECT_NE(f.verdict, PlanVerdict::kRefused) << plan_family_name(f.setup) << ": " << f.why;
+    }
+    if (f.setup.dp > 1 && f.setup.sharding == Sharding::kZero2) {
+      zero = true;
+      EXPECT_EQ(f.setup.precision, Precision::kBf16);
+    }
+  }
+  EXPECT_TRUE(pipeline_fsdp && zero);
 }
 
 // --nodes spreads the GPUs: tensor parallelism stays within a node.
@@ -194,6 +242,13 @@ TEST(Plan, TensorParallelismStaysWithinANode) {
                             MapFileReader());
   EXPECT_EQ(p.gpus_per_node, 2u);
   for (const PlanFamily& f : p.families) EXPECT_LE(f.setup.tp, 2u);
+  // 12 GPUs a node: groups of 8 consecutive ranks would straddle two nodes, so tp and tp x cp divide 12
+  PlanRequest twelve = request(48);
+  twelve.nodes = 2;
+  const PlanResult q = plan(fields({{"model", "tinyllama-1.1b"}, {"gpus", "24xh100-80gb"}, {"seq", "1024"},
+                                    {"pp", "1"}, {"sharding", "fsdp2"}, {"checkpointing", "full"}, {"precision", "bf16"}}),
+                            twelve, MapFileReader());
+  for (const PlanFamily& f : q.families) EXPECT_EQ(12 % (f.setup.tp * f.setup.cp), 0u) << plan_family_name(f.setup);
 }
 
 }  // namespace

@@ -49,7 +49,12 @@ struct PlanSetup {
   uint64_t accumulation = 1;  // micro-batches per step: --grad-accum, or the pipeline's --micro-batches
   // The fields, as a front end would give them (--tp 8 --sharding fsdp2 ...): what the user runs `estimate` with.
   std::vector<FieldChange> changes() const;
+  bool deepspeed() const;  // sharded by DeepSpeed ZeRO (its own optimizer and precision)
 };
+// The fields of a setup's `trainmem estimate` command: the user's, less those plan chose, then plan's. A field the
+// user gave was held fixed, so plan's value for it is the user's, or how its framework spells the same choice
+// (--precision bf16-amp under ZeRO is DeepSpeed's bf16): plan's wins.
+std::vector<FieldChange> plan_fields(std::span<const FieldChange> given, std::span<const FieldChange> chosen);
 // "tp8 pp1 dp8 fsdp2 full": the family of a setup (everything but the micro-batch and the optimizer's code path)
 std::string plan_family_name(const PlanSetup& s);
 // "mixed bf16" (autocast, DeepSpeed's bf16 with fp32 master partitions, torchtitan's fp32 + FSDP2 bf16 policy) or

@@ -77,6 +77,18 @@ std::vector<uint64_t> powers_of_two_dividing(uint64_t n, uint64_t max) {
   return out;
 }
 
+// A family the library refuses: its verdict with the library's words (a FieldError's field apart, for the front
+// end to name as its flag).
+void refuse(PlanFamily& f, const Error& e) {
+  f.verdict = PlanVerdict::kRefused;
+  if (const auto* fe = dynamic_cast<const FieldError*>(&e)) {
+    f.why_field = fe->field();
+    f.why = fe->detail();
+  } else {
+    f.why = e.what();
+  }
+}
+
 // One simulated setup.
 struct Probe {
   bool fits = false;
@@ -106,21 +118,14 @@ class Planner {
     }
     return v;
   }
-  // The user's fields with plan's on top. A field the user gave was held fixed, so plan's value for it is the
-  // user's, or how its framework spells the same choice (--precision bf16-amp under ZeRO is DeepSpeed's bf16):
-  // plan's wins. The reference of a compute class (one rank, one micro-batch of one sequence) drops the user's
-  // layout fields.
+  // The user's fields with plan's on top (plan_fields). The reference of a compute class (one rank, one
+  // micro-batch of one sequence) drops the user's layout fields.
   Scenario scenario(const std::vector<FieldChange>& changes, bool reference = false) const {
-    std::vector<FieldChange> all;
+    std::vector<FieldChange> user;
     for (const FieldChange& c : given_) {
-      if (reference && contains(kLayoutFields, c.field)) continue;
-      if (std::any_of(changes.begin(), changes.end(), [&](const FieldChange& p) { return p.field == c.field; })) {
-        continue;
-      }
-      all.push_back(c);
+      if (!reference || !contains(kLayoutFields, c.field)) user.push_back(c);
     }
-    all.insert(all.end(), changes.begin(), changes.end());
-    return scenario_from(all);
+    return scenario_from(plan_fields(user, changes));
   }
   std::optional<PlanRow> search(PlanFamily& f);
   // Whether resolve() refuses the family at its smallest micro-batch (then its verdict says why).
@@ -128,13 +133,8 @@ class Planner {
     try {
       resolve(scenario(f.setup.changes()), files_);
       return false;
-    } catch (const FieldError& e) {
-      f.verdict = PlanVerdict::kRefused;
-      f.why_field = e.field();
-      f.why = e.detail();
     } catch (const Error& e) {
-      f.verdict = PlanVerdict::kRefused;
-      f.why = e.what();
+      refuse(f, e);
     }
     return true;
   }
@@ -452,14 +452,8 @@ std::optional<PlanRow> Planner::search(PlanFamily& f) {
         probe(sizes.size() - 1);  // no accumulation (above)
       }
     }
-  } catch (const FieldError& e) {
-    f.verdict = PlanVerdict::kRefused;
-    f.why_field = e.field();
-    f.why = e.detail();
-    return std::nullopt;
   } catch (const Error& e) {
-    f.verdict = PlanVerdict::kRefused;
-    f.why = e.what();
+    refuse(f, e);
     return std::nullopt;
   }
   std::optional<PlanRow> found;
@@ -570,17 +564,17 @@ PlanResult Planner::run() {
     per_node = n / req_.nodes;
     given_.push_back({"gpus_per_node", std::to_string(per_node)});
   }
-  // the model alone (one rank: a layout the user fixed, --tp 2 over the default DDP, is the search's to refuse)
-  const ResolvedScenario model = resolve_model(scenario({}, /*reference=*/true), files_);
+  // One rank of one sequence, without the layout (a layout the user fixed, --tp 2 over the default DDP, is the
+  // search's to refuse): the model, and what no layout changes (a bad model, a sequence past the model's positions,
+  // a bad override), the user's to fix, said up front as estimate says it rather than as every family's refusal.
+  const ResolvedScenario model =
+      resolve(scenario({{"gpu", gpu_.name}, {"batch", "1"}, {"grad_accum", "1"}}, /*reference=*/true), files_);
   // plan ranks by the step time: a card without datasheet peaks has none
   if (!gpu_.perf.known()) {
     throw FieldError("gpus", fmt::format("{}: plan ranks setups by their step time, and the catalog has no datasheet "
                                          "peaks for {} (trainmem gpus --format json: perf); fit answers what fits it",
                                          user.gpus, gpu_.name));
   }
-  // what no layout changes (a sequence past the model's positions, a bad override) is the user's to fix: said
-  // up front, as estimate says it, rather than as every family's refusal
-  resolve(scenario({{"gpu", gpu_.name}, {"batch", "1"}, {"grad_accum", "1"}}, /*reference=*/true), files_);
   const uint64_t layers = model.model.layers;
 
   PlanResult out;
@@ -637,7 +631,7 @@ PlanResult Planner::run() {
           schedules.push_back({PpSchedule::kInterleaved1f1b, 2});
         }
         for (Sharding sh : shardings) {
-          const bool zero = dp > 1 && (sh == Sharding::kZero1 || sh == Sharding::kZero2 || sh == Sharding::kZero3);
+          const bool zero = PlanSetup{.dp = dp, .sharding = sh}.deepspeed();
           for (Precision pr : given("precision") ? std::vector<Precision>{given_precision(user.train.precision, zero, pp, dp)}
                                                  : precision_choices(zero, pp, dp)) {
             for (Checkpointing ck : ckpts) {
@@ -858,6 +852,21 @@ PlanRequest plan_request(std::string_view global_batch, std::string_view nodes, 
   r.top = number("top", top, 1000, false);
   r.margin = parse_margin(margin);
   return r;
+}
+
+bool PlanSetup::deepspeed() const {
+  return dp > 1 && (sharding == Sharding::kZero1 || sharding == Sharding::kZero2 || sharding == Sharding::kZero3);
+}
+
+std::vector<FieldChange> plan_fields(std::span<const FieldChange> given, std::span<const FieldChange> chosen) {
+  std::vector<FieldChange> out;
+  for (const FieldChange& g : given) {
+    if (std::none_of(chosen.begin(), chosen.end(), [&](const FieldChange& c) { return c.field == g.field; })) {
+      out.push_back(g);
+    }
+  }
+  out.insert(out.end(), chosen.begin(), chosen.end());
+  return out;
 }
 
 std::vector<FieldChange> PlanSetup::changes() const {

@@ -29,10 +29,8 @@ std::string schedule_cell(const PlanSetup& s) {
 std::string optimizer_cell(const PlanSetup& s, const PlanRow& row) {
   // kAuto: plan leaves the code path to the optimizer's own code (DeepSpeed's under ZeRO, bitsandbytes' for its
   // optimizers)
-  const bool zero = s.dp > 1 && (s.sharding == Sharding::kZero1 || s.sharding == Sharding::kZero2 ||
-                                 s.sharding == Sharding::kZero3);
   std::string out = s.optimizer_impl != OptimizerImpl::kAuto ? std::string(name_of(s.optimizer_impl))
-                    : zero                                   ? "deepspeed"
+                    : s.deepspeed()                          ? "deepspeed"
                                                              : "its own";
   if (row.foreach) {
     if (!row.foreach->fits) {
@@ -109,15 +107,7 @@ std::string render_plan_table(const PlanResult& r) {
     out += "\nbest: " + r.best_reason.front() + "\n";
     for (size_t i = 1; i < r.best_reason.size(); ++i) out += "  " + r.best_reason[i] + "\n";
     for (const std::string& n : r.rows[0].time.notes) out += "  its step time: " + n + "\n";
-    // the user's fields, then plan's (which win: a field the user fixed is plan's in its framework's words)
-    const std::vector<FieldChange> chosen = r.rows[0].setup.changes();
-    std::vector<FieldChange> run;
-    for (const FieldChange& g : r.given) {
-      if (std::none_of(chosen.begin(), chosen.end(), [&](const FieldChange& c) { return c.field == g.field; })) {
-        run.push_back(g);
-      }
-    }
-    run.insert(run.end(), chosen.begin(), chosen.end());
+    const std::vector<FieldChange> run = plan_fields(r.given, r.rows[0].setup.changes());
     out += "  run it: trainmem estimate " + cli_words(run) + "\n";
   }
   // the families without a row, grouped by verdict and reason

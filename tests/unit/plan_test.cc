@@ -41,16 +41,14 @@ const PlanResult& llama8b() {
   return r;
 }
 
-// The estimate a user gets by running a row's fields (the "run it" line), and its verdict with plan's margin kept
+// The estimate a user gets by running a row's fields (the "run it" line's), and its verdict with plan's margin kept
 // free (as fit judges a fit).
 struct RowRun {
   Estimate e;
   DeviceVerdict with_margin;
 };
 RowRun run_of(const PlanResult& r, const PlanSetup& s) {
-  std::vector<FieldChange> all = r.given;
-  for (const FieldChange& c : s.changes()) all.push_back(c);
-  const ResolvedScenario rs = resolve(scenario_from(all), MapFileReader());
+  const ResolvedScenario rs = resolve(scenario_from(plan_fields(r.given, s.changes())), MapFileReader());
   Estimate e = estimate(rs);
   // a pipeline's estimate carries its worst rank's verdict; plan replays it with the margin
   const DeviceVerdict v = s.pp > 1 ? *estimate(rs.model, rs.inventory, rs.setup, rs.options, rs.alloc, &*rs.gpu,

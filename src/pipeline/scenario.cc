@@ -199,6 +199,8 @@ constexpr Field kFields[] = {
     {"sharding", "ddp | fsdp2 | zero1 | zero2 | zero3: how the --dp ranks share the model (DDP, FSDP2's fully_shard "
                  "through accelerate, DeepSpeed ZeRO-1/2/3 under the Trainer; fsdp1: not simulated yet)",
      FieldGroup::kTraining},
+    {"dp_rank", "with --dp: the data-parallel rank whose shards are simulated (default: the one holding the most, "
+                "rank 0, or under ZeRO-1/2 the rank whose partition keeps the most gradients)", FieldGroup::kTraining},
     {"bucket_cap_mb", "DDP's bucket_cap_mb, in MiB (default: what the loop passes: none, so DDP's 25 with a 1 MiB "
                       "first bucket)", FieldGroup::kTraining},
     {"gradient_as_bucket_view", "true | false: DDP's gradient_as_bucket_view (default false, as DDP, the Trainer "
@@ -469,6 +471,10 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     s.train.generate = v == "0" ? 0 : count(f, v, kMaxGenerate);
   } else if (f == "dp") {
     s.train.dp = count(f, v, kMaxRanks);
+  } else if (f == "dp_rank" && v.empty()) {
+    s.train.dp_rank.reset();
+  } else if (f == "dp_rank") {
+    s.train.dp_rank = v == "0" ? 0 : count(f, v, kMaxRanks);
   } else if (f == "cp") {
     s.train.cp = count(f, v, kMaxRanks);
   } else if (f == "sharding") {
@@ -639,6 +645,7 @@ std::string field_text(const Scenario& s, std::string_view f) {
   if (f == "generate") return std::to_string(s.train.generate);
   if (f == "dp") return std::to_string(s.train.dp);
   if (f == "sharding") return std::string(name_of(s.train.sharding));
+  if (f == "dp_rank") return s.train.dp_rank ? std::to_string(*s.train.dp_rank) : "";
   if (f == "cp") return std::to_string(s.train.cp);
   if (f == "pp") return std::to_string(s.train.pp);
   if (f == "pp_schedule") return std::string(name_of(s.train.pp_schedule));
@@ -1025,9 +1032,10 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   // without --dp above 1 would change nothing (refused, not ignored)
   if (r.setup.dp <= 1) {
     const TrainSetup& t = s.train;
-    for (std::string_view f : {"sharding", "bucket_cap_mb", "gradient_as_bucket_view", "find_unused_parameters"}) {
+    for (std::string_view f : {"sharding", "dp_rank", "bucket_cap_mb", "gradient_as_bucket_view", "find_unused_parameters"}) {
       // (an empty value given to an optional setting means "not given": what the loop passes)
       const bool set = f == "sharding"                  ? s.was_given(f)
+                       : f == "dp_rank"                 ? t.dp_rank.has_value()
                        : f == "bucket_cap_mb"           ? t.bucket_cap_mb.has_value()
                        : f == "gradient_as_bucket_view" ? t.gradient_as_bucket_view.has_value()
                                                         : t.find_unused_parameters.has_value();
@@ -1036,6 +1044,9 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
                                                      field_text(s, f)));
       }
     }
+  } else if (s.train.dp_rank && *s.train.dp_rank >= r.setup.dp) {
+    throw FieldError("dp_rank", fmt::format("{}: the data-parallel group has ranks 0 to {}", *s.train.dp_rank,
+                                            r.setup.dp - 1));
   }
   // Pipeline parallelism (pp.h): its settings apply with --pp above 1 (refused, not ignored, otherwise);
   // n_microbatches defaults to the stages (the fewest PipelineScheduleSingle accepts)

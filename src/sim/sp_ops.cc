@@ -37,14 +37,19 @@ T gather_seq(Engine& e, const T& local, uint64_t tp, Category cat, const Label& 
 }
 
 // Partial -> Shard(1) of a (B, T, C) tensor: torch.cat(torch.chunk(x, tp, dim=1)) (a whole copy), then
-// reduce_scatter_tensor's (B, T/tp, C)
-T scatter_seq(Engine& e, const T& whole, uint64_t tp, Category cat, const Label& copy, const Label& out, bool grad) {
+// reduce_scatter_tensor's (B, T/tp, C). The collective's work keeps its input (the copy) until wait_tensor, at
+// the output's first use (an AsyncCollectiveTensor: RowwiseParallel redistributes with async_op=True): dropped
+// here at once, which is exact where nothing is allocated before that use (the residual add after o_proj and
+// down_proj; the next backward node); `pending`, when given, receives the copy for the caller to drop at the use.
+T scatter_seq(Engine& e, const T& whole, uint64_t tp, Category cat, const Label& copy, const Label& out, bool grad,
+              T* pending = nullptr) {
   const Shape ws = whole.shape();
   T b = e.empty(stacked(seq_scaled(ws, 1, tp), tp), whole.dtype(), Category::kTemporaries, copy);
   detail::count_pointwise(e, FlopKind::kElementwise, ws.numel().value, 0, 1, whole.dtype());
   T r = grad ? detail::grad_empty(e, seq_scaled(ws, 1, tp), whole.dtype(), out)
              : e.empty(seq_scaled(ws, 1, tp), whole.dtype(), cat, out);
   e.count_tp_collective(true, whole.bytes().value);  // a ring reduce-scatter of the whole tensor (see above)
+  if (pending) *pending = std::move(b);
   return r;
 }
 
@@ -93,7 +98,7 @@ T sp_all_gather_last(Ctx& c, const T& x, uint64_t tp, const char* what) {
   return out;
 }
 
-T sp_vocab_embedding(Ctx& c, const T& weight, const T& ids, uint64_t tp, const char* what) {
+T sp_vocab_embedding(Ctx& c, const T& weight, const T& ids, uint64_t tp, const char* what, T& pending) {
   const Shape is = ids.shape();
   T mask, masked;
   {
@@ -109,9 +114,17 @@ T sp_vocab_embedding(Ctx& c, const T& weight, const T& ids, uint64_t tp, const c
   }
   T local = embedding(c, weight, masked, what);  // EmbeddingBackward0 saves `masked`
   masked.reset();
-  // _reduce_shard_value: mask_buffer.apply_mask(tensor) in place, release_mask(), then Shard(1)'s reduce-scatter
-  T out = sp_reduce_scatter_seq(c, local, tp, "embed_tokens reduce_scatter (MaskPartial -> Shard(1))");
+  // _reduce_shard_value: mask_buffer.apply_mask(tensor) (`tensor[mask, :] = 0.0`, in place), release_mask(), then
+  // Shard(1)'s reduce-scatter. The two boolean-mask index_put_ calls' nonzero() index buffers (at most 16 bytes
+  // per token, as many as the ids outside this rank's rows: data-dependent) are not simulated.
   mask.reset();
+  T out = scatter_seq(c.e, local, tp, Category::kActivations, c.L("embed_tokens reduce_scatter torch.cat copy"),
+                      c.L("embed_tokens reduce_scatter (MaskPartial -> Shard(1))"), false, &pending);
+  c.e.record("RedistributeBackward", {&local}, {&out}, {}, [tp](Engine& e, Node&, Grads& g) {
+    if (!g[0]) return Grads{T()};
+    return Grads{gather_seq(e, g[0], tp, Category::kTemporaries, Label{"sp all_gather(grad) buffer"},
+                            Label{"sp all_gather(grad) torch.cat"}, true)};
+  });
   local.reset();
   return out;
 }

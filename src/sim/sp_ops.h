@@ -44,7 +44,9 @@ T sp_all_gather_last(Ctx& c, const T& x, uint64_t tp, const char* what);
 // temporaries, then the (B, T) bool mask, kept in the placement's MaskBuffer until the reduction);
 // masked = ids.clone() - offset (the clone dies; the difference is what the embedding saves); masked[mask] = 0
 // and the reduction's apply_mask zero rows in place (see sp.cc for the index_put_ assumption); the local (B, T, C)
-// lookup, then _reduce_shard_value's reduce-scatter to (B, T/tp, C).
-T sp_vocab_embedding(Ctx& c, const T& weight, const T& ids, uint64_t tp, const char* what);
+// lookup, then _reduce_shard_value's reduce-scatter to (B, T/tp, C). `pending` receives the reduce-scatter's input
+// copy, which its work keeps until the output's first use (wait_tensor): the first decoder layer's norm, after
+// LlamaModel's rotary table; the caller drops it there.
+T sp_vocab_embedding(Ctx& c, const T& weight, const T& ids, uint64_t tp, const char* what, T& pending);
 
 }  // namespace trainmem::sim

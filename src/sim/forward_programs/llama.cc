@@ -359,9 +359,10 @@ T llama_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
   const uint64_t B = shaped.shape()[0], Tn = shaped.shape()[1];
   c.layer = -1;
   if (c.pp.first) (void)fsdp_pre_forward(c, kFsdpUnitEmbed, T());  // FSDP2: the embedding's unit (its input ids need no grad)
+  T rs_pending;  // sequence parallelism: the embedding's reduce-scatter input, kept by its work until the first norm
   T inputs_embeds = !c.pp.first ? *c.pp.input
-                    : m.sp       ? sp_vocab_embedding(c, w.p("model.embed_tokens.weight"), ids, m.tp, "embed_tokens (this rank's V/tp)")
-                                 : embedding(c, w.p("model.embed_tokens.weight"), ids, "embed_tokens");
+                    : m.sp ? sp_vocab_embedding(c, w.p("model.embed_tokens.weight"), ids, m.tp, "embed_tokens (this rank's V/tp)", rs_pending)
+                           : embedding(c, w.p("model.embed_tokens.weight"), ids, "embed_tokens");
   if (c.pp.first && m.embed.scaled_by_sqrt_hidden) {
     // GemmaTextScaledWordEmbedding: super().forward(ids) * self.embed_scale.to(self.weight.dtype)
     T scale = to(c, w.buf("model.embed_tokens.embed_scale"), w.p("model.embed_tokens.weight").dtype(), "embed_scale.to()");
@@ -389,6 +390,7 @@ T llama_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
   T hidden = inputs_embeds;
   const Rotary rot = rotary_embedding(c, w.buf("model.rotary_emb.inv_freq"), Tn, hidden.dtype());
   if (c.pp.first) hidden = dropout(c, hidden, m.dropout.embd, "embd dropout");
+  rs_pending.reset();  // wait_tensor at the first norm's first op (SequenceParallel's DTensor.from_local)
   hidden = run_layers(c, m.layers, std::move(hidden), LayerArgs{mask, rot.cos, rot.sin, position_ids},
                       [&](uint64_t l, T h, const LayerArgs& a) {
                         return decoder_layer(c, m, Layer{w, l}, h, Rotary{a.cos, a.sin}, a.mask ? &a.mask : nullptr);

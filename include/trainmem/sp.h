@@ -13,10 +13,12 @@
 //   norm: SequenceParallel(); lm_head ("output"): ColwiseParallel(input_layouts=Shard(1),
 //     output_layouts=Shard(-1) if loss_parallel else Replicate(), use_local_output=not loss_parallel)
 // The same styles and layouts as torchtitan's own Llama3 apply_tp (models/llama3/infra/parallelize.py, before
-// @76d5c72e2). Simulated with loss_parallel off (--parallelism.disable_loss_parallel at that commit): lm_head
-// gathers the whole logits and transformers' loss runs on them; the training step is trainmem's transformers
-// program otherwise (LlamaForCausalLM.forward with labels, its loop), with position_ids (1, T) passed in as the
-// backend's model.forward does (torch.arange(local_seq_len).unsqueeze(0)).
+// @76d5c72e2). Simulated with loss_parallel on (torchtitan's default: disable_loss_parallel = False,
+// config/configs.py @9810191bb): lm_head keeps its (B, T, V/tp) Shard(-1) logits and trainer.py's loss_fn
+// (components/loss.py cross_entropy_loss, reduction="sum", then / global_valid_tokens) runs under
+// loss_parallel() on them (sp_ops.h); position_ids (1, T) are passed in as the backend's model.forward does
+// (torch.arange(local_seq_len).unsqueeze(0)). The rest of the step is trainmem's transformers training loop
+// (autocast, AdamW foreach, clip_grad_norm_), not torchtitan's trainer (its fused AdamW, its clip_grad_norm_).
 //
 // Not this program: transformers 5.x's own "sequence_parallel" style (tensor_parallel.py SequenceParallel:
 // all_gather / reduce_scatter on the LAST dim, no model's tp_plan uses it) and Megatron-LM's SP.

@@ -237,7 +237,7 @@ constexpr Field kFields[] = {
     {"tp", "tensor-parallel ranks: transformers' tp_plan=\"auto\" (Llama-shaped decoders); estimate simulates one "
            "rank's local model (default 1)", FieldGroup::kTraining},
     {"sequence_parallel", "true | false: sequence parallelism with --tp (torchtitan's TP + SP plan on transformers' "
-                          "modules, loss_parallel off; default false: transformers' tp_plan)",
+                          "modules, with its loss_parallel cross-entropy; default false: transformers' tp_plan)",
      FieldGroup::kTraining},
     {"ep", "expert-parallel ranks: transformers' DistributedConfig(tp_size=N, ep_size=N) (mixtral, qwen3_moe): "
            "E/N local experts, attention under --tp N; estimate simulates rank 0 (default 1)", FieldGroup::kTraining},
@@ -892,8 +892,9 @@ void check_sp_setup(const Scenario& s, ResolvedScenario& r) {
   r.warnings.push_back(fmt::format(
       "--sequence-parallel: simulated as PyTorch-native TP + SP with torchtitan's plan on transformers' modules "
       "(SequenceParallel norms, PrepareModuleInput all-gathers, Shard(1) reduce-scattered o_proj/down_proj, "
-      "vocabulary-parallel embed_tokens) with loss_parallel off (lm_head gathers the whole logits for "
-      "transformers' loss); torchtitan's default loss_parallel and Megatron-LM's SP are not simulated"));
+      "vocabulary-parallel embed_tokens, lm_head's Shard(-1) logits) and torchtitan's cross_entropy_loss under "
+      "loss_parallel, inside trainmem's transformers training step (autocast, optimizer, loop); Megatron-LM's SP "
+      "is not simulated"));
 }
 
 // What --tp and --sequence-parallel compose with so far (tp.h); everything else is refused, said why.

@@ -79,25 +79,6 @@ T sp_reduce_scatter_seq(Ctx& c, const T& x, uint64_t tp, const char* what) {
   return out;
 }
 
-T sp_all_gather_last(Ctx& c, const T& x, uint64_t tp, const char* what) {
-  const Shape ls = x.shape();
-  const uint64_t n = ls.back();
-  T out;
-  {
-    T b = c.e.empty(stacked(ls, tp), x.dtype(), Category::kTemporaries, c.L("sp all_gather_into_tensor buffer"));
-    out = c.e.empty(detail::with_last(ls, n * tp), x.dtype(), Category::kActivations, c.L(what));
-    detail::count_pointwise(c.e, FlopKind::kElementwise, out.shape().numel().value, 0, 1, out.dtype());
-  }
-  c.e.count_tp_collective(true, out.bytes().value);
-  c.e.record("RedistributeBackward", {&x}, {&out}, {}, [ls](Engine& e, Node&, Grads& g) {
-    if (!g[0]) return Grads{T()};
-    // Replicate -> Shard(-1): shards[rank].clone() of a torch.chunk view, no communication
-    detail::count_pointwise(e, FlopKind::kElementwise, ls.numel().value, 0, 1, g[0].dtype());
-    return Grads{detail::grad_empty(e, ls, g[0].dtype(), Label{"sp Replicate->Shard(-1) grad chunk.clone()"})};
-  });
-  return out;
-}
-
 T sp_vocab_embedding(Ctx& c, const T& weight, const T& ids, uint64_t tp, const char* what, T& pending) {
   const Shape is = ids.shape();
   T mask, masked;
@@ -127,6 +108,138 @@ T sp_vocab_embedding(Ctx& c, const T& weight, const T& ids, uint64_t tp, const c
   });
   local.reset();
   return out;
+}
+
+}  // namespace trainmem::sim
+
+namespace trainmem::sim {
+
+T sp_loss_parallel_cross_entropy(Ctx& c, const T& logits, const T& labels, uint64_t tp) {
+  const uint64_t N = logits.shape()[0] * logits.shape()[1], Vl = logits.shape()[2];
+  const Shape nv{N, Vl}, n1{N, 1}, n{N};
+  auto tmp = [&](const Shape& s, DType dt, const char* what) { return c.e.empty(s, dt, Category::kTemporaries, c.L(what)); };
+  auto act = [&](const Shape& s, DType dt, const char* what) { return c.e.empty(s, dt, Category::kActivations, c.L(what)); };
+  // pred.flatten(0, 1).float(): a float32 copy (ToCopyBackward0 casts its gradient back)
+  const T x = to(c, view(c, logits, nv), DType::kF32, "pred.flatten(0, 1).float()");
+  const T target = view(c, labels, n);  // labels.flatten(0, 1)
+  // _log_softmax: x.to(float32, contiguous_format) is x itself
+  T result;
+  {
+    // the function's locals (x_max, shifted, shifted_sumexp, shifted_logsumexp) die when it returns; each
+    // rebinding drops the tensor it replaced
+    T x_max;
+    {
+      T amax = tmp(n1, DType::kF32, "loss_parallel amax");
+      x_max = tmp(n1, DType::kF32, "loss_parallel all_reduce(MAX)");  // funcol.all_reduce: a clone, reduced
+    }
+    T shifted = tmp(nv, DType::kF32, "loss_parallel shifted = x - x_max");
+    T sumexp;
+    {
+      T e = tmp(nv, DType::kF32, "loss_parallel torch.exp(shifted)");
+      T s = tmp(n1, DType::kF32, "loss_parallel sum(exp)");
+      sumexp = tmp(n1, DType::kF32, "loss_parallel all_reduce(SUM)");
+    }
+    T lse = tmp(n1, DType::kF32, "loss_parallel log(sumexp)");
+    result = act(nv, DType::kF32, "log_softmax (loss_parallel)");
+    // FLOPs: amax, subtract, exp, sum, subtract: five passes over the (N, V/tp) logits
+    detail::count_pointwise(c.e, FlopKind::kElementwise, nv.numel().value, 5, 1, DType::kF32);
+  }
+  c.e.count_tp_collective(false, 2 * N * 4);  // the two (N, 1) float32 all-reduces
+  T log_probs = result;
+  c.e.record("LogSoftmaxBackward0", {&x}, {&log_probs}, {result}, [](Engine&, Node&, Grads& g) {
+    return Grads{g[0]};  // _log_softmax_backward_handler: grad_output.to(input_dtype), the same tensor
+  });
+  result.reset();
+  // _nll_loss_forward: safe_target = torch.where(target != ignore_index, target, 0); the MaskPartial's mask and
+  // masked target; torch.gather (N, 1); apply_mask in place; all_reduce (a clone); -squeeze; torch.where; sum
+  T loss_sum, total_weight;
+  {
+    // locals until the function returns: safe_target, the masked target, the gathered and reduced values;
+    // `result` is rebound (-squeeze, where, sum), each rebinding dropping the tensor it replaced
+    T safe;
+    {
+      T ne = tmp(n, DType::kBool, "target != ignore_index");
+      safe = tmp(n, DType::kI64, "safe_target");
+    }
+    T mask;
+    T masked;
+    {
+      T lt = tmp(n1, DType::kBool, "MaskPartial target < offset");
+      T ge = tmp(n1, DType::kBool, "MaskPartial target >= offset + V/tp");
+      mask = tmp(n1, DType::kBool, "MaskPartial mask_buffer");
+    }
+    {
+      T cl = tmp(n1, DType::kI64, "MaskPartial target.clone()");
+      masked = tmp(n1, DType::kI64, "MaskPartial masked target");
+    }
+    T gathered = tmp(n1, DType::kF32, "loss_parallel gather");
+    mask.reset();  // _reduce_value: apply_mask in place, release_mask(), then the all-reduce
+    T reduced = tmp(n1, DType::kF32, "loss_parallel all_reduce(SUM) of the gathered");
+    T negated = tmp(n, DType::kF32, "-result_reduced");
+    T where;
+    {
+      T ne2 = tmp(n, DType::kBool, "target != ignore_index");
+      where = tmp(n, DType::kF32, "torch.where(target != ignore_index, result, 0)");
+    }
+    negated.reset();
+    {
+      T ne3 = tmp(n, DType::kBool, "target != ignore_index");
+      T sum = tmp(Shape{}, DType::kI64, "(target != ignore_index).sum()");
+      total_weight = act(Shape{}, DType::kF32, "nll total_weight");
+    }
+    loss_sum = act(Shape{}, DType::kF32, "loss_sum");
+  }
+  c.e.count_tp_collective(false, N * 4);  // the gathered log-probabilities' all-reduce
+  c.e.record("NllLossBackward0", {&log_probs}, {&loss_sum}, {log_probs, target, total_weight},
+             [nv, n, n1, Vl](Engine& e, Node&, Grads& g) {
+    if (!g[0]) return Grads{T()};
+    auto t = [&](const Shape& s, DType dt, const char* what) { return e.empty(s, dt, Category::kTemporaries, Label{what}); };
+    // _nll_loss_and_log_softmax_backward: grad_input = torch.zeros_like(x); the MaskPartial of the flattened
+    // safe target; grad_update = mask.to(float32) - 1.0; torch.arange(N); grad_input[arange, masked] =
+    // grad_update; grad_output = torch.where(target != ignore_index, grad_output, 0) (N, 1);
+    // (grad_input + torch.exp(x)) * grad_output
+    T safe;
+    {
+      T ne = t(n1, DType::kBool, "target != ignore_index");
+      safe = t(n1, DType::kI64, "safe_target");
+    }
+    T grad_input = t(nv, DType::kF32, "loss_parallel zeros_like(x)");
+    T mask, masked, update, arange;
+    {
+      T lt = t(n, DType::kBool, "MaskPartial target < offset");
+      T ge = t(n, DType::kBool, "MaskPartial target >= offset + V/tp");
+      mask = t(n, DType::kBool, "MaskPartial mask_buffer");
+    }
+    {
+      T cl = t(n, DType::kI64, "MaskPartial target.clone()");
+      masked = t(n, DType::kI64, "MaskPartial masked target");
+    }
+    {
+      T f = t(n, DType::kF32, "mask.to(float32)");
+      update = t(n, DType::kF32, "grad_update");
+    }
+    arange = t(n, DType::kI64, "torch.arange(N)");
+    T w;
+    {
+      T ne = t(n1, DType::kBool, "target != ignore_index");
+      w = t(n1, DType::kF32, "torch.where(target != ignore_index, grad_output, 0)");
+    }
+    T sum;
+    {
+      T ex = t(nv, DType::kF32, "loss_parallel torch.exp(x)");
+      sum = t(nv, DType::kF32, "loss_parallel grad_input + exp(x)");
+    }
+    T out = detail::grad_empty(e, nv, DType::kF32, Label{"loss_parallel (grad_input + exp(x)) * grad_output"});
+    // FLOPs: the zero fill, exp, add, multiply over (N, V/tp)
+    detail::count_pointwise(e, FlopKind::kElementwise, nv.numel().value, 3, 1, DType::kF32);
+    (void)Vl;
+    return Grads{out};  // the locals (grad_input, the sum, the masks) die here
+  });
+  // trainer.py: loss = loss_sum / global_valid_tokens (a float32 0-dim tensor: (labels != IGNORE_INDEX).sum()
+  // .float(), made before the forward in the trainer; allocated here)
+  T gvt = act(Shape{}, DType::kF32, "global_valid_tokens");
+  (void)tp;
+  return div(c, loss_sum, gvt, "loss = loss_sum / global_valid_tokens");
 }
 
 }  // namespace trainmem::sim

@@ -33,11 +33,6 @@ T sp_all_gather_seq(Ctx& c, const T& x, uint64_t tp, const char* what);
 // Replicate of the (B, T/tp, C) gradient: the all_gather_into_tensor buffer and the (B, T, C) torch.cat.
 T sp_reduce_scatter_seq(Ctx& c, const T& x, uint64_t tp, const char* what);
 
-// Shard(-1) -> Replicate of a colwise linear's (B, T, V/tp) output (ColwiseParallel(output_layouts=Replicate())):
-// the (tp*B, T, V/tp) buffer, then the (B, T, V) torch.cat. Backward: Replicate -> Shard(-1) of the gradient,
-// Shard._replicate_to_shard: torch.chunk, then _select_shard's shards[rank].clone(): a (B, T, V/tp) copy.
-T sp_all_gather_last(Ctx& c, const T& x, uint64_t tp, const char* what);
-
 // RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)) on nn.Embedding (the vocabulary-parallel
 // embedding): `weight` holds V/tp rows. The DTensor embedding op's MaskPartial (placement_types.py
 // MaskPartial._partition_value / _mask_tensor): mask = (ids < offset) | (ids >= offset + V/tp) (two bool
@@ -48,5 +43,19 @@ T sp_all_gather_last(Ctx& c, const T& x, uint64_t tp, const char* what);
 // copy, which its work keeps until the output's first use (wait_tensor): the first decoder layer's norm, after
 // LlamaModel's rotary table; the caller drops it there.
 T sp_vocab_embedding(Ctx& c, const T& weight, const T& ids, uint64_t tp, const char* what, T& pending);
+
+}  // namespace trainmem::sim
+
+namespace trainmem::sim {
+
+// torchtitan's loss under loss_parallel() (the default with TP): cross_entropy_loss(pred, labels) =
+// F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1), reduction="sum", ignore_index=-100) on the
+// lm_head's (B, T, V/tp) Shard(-1) logits, through DTensor's custom handlers (torch/distributed/tensor/parallel/
+// loss.py): _log_softmax (amax, all_reduce(MAX), x - max, exp, sum, all_reduce(SUM), log, shifted - logsumexp:
+// the shifted logits and exp(shifted) beside the result), _nll_loss_forward (a MaskPartial gather and an
+// all_reduce of (N, 1)), and in backward _nll_loss_and_log_softmax_backward (zeros_like(x), then
+// (grad_input + exp(x)) * grad_output; _log_softmax_backward_handler returns its gradient as is). Then
+// trainer.py's `loss = loss_sum / global_valid_tokens`. Returns the loss.
+T sp_loss_parallel_cross_entropy(Ctx& c, const T& logits, const T& labels, uint64_t tp);
 
 }  // namespace trainmem::sim

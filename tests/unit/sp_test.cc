@@ -117,11 +117,28 @@ TEST(Sp, CollectiveBytesPerStepFollowThePlan) {
   const FlopLedger& l = e.sim->flops;
   const auto fw = static_cast<size_t>(WorkPhase::kForward), bw = static_cast<size_t>(WorkPhase::kBackward);
   // forward: embed_tokens' reduce-scatter, per layer two all-gathers and two reduce-scatters, lm_head's input
-  // all-gather, and the logits' Shard(-1) -> Replicate all-gather
-  EXPECT_EQ(l.tp_all_gather_bytes[fw], 2 * B * T * C * (1 + 4 * L + 1) + 2 * B * T * V);
-  // backward: each reversed (the logits' Replicate -> Shard(-1) is a local clone, no communication)
+  // all-gather (the logits stay Shard(-1) under loss_parallel)
+  EXPECT_EQ(l.tp_all_gather_bytes[fw], 2 * B * T * C * (1 + 4 * L + 1));
+  // backward: each reversed
   EXPECT_EQ(l.tp_all_gather_bytes[bw], 2 * B * T * C * (1 + 4 * L + 1));
-  for (size_t p = 0; p < kWorkPhases; ++p) EXPECT_EQ(l.tp_all_reduce_bytes[p], 0u) << p;  // no all-reduce
+  // loss_parallel's three (N, 1) float32 all-reduces (max, sum of exp, the gathered target log-probabilities),
+  // forward only: its fused backward needs none
+  EXPECT_EQ(l.tp_all_reduce_bytes[fw], 3 * B * T * 4);
+  for (size_t p = 1; p < kWorkPhases; ++p) EXPECT_EQ(l.tp_all_reduce_bytes[p], 0u) << p;
+  (void)V;
+}
+
+TEST(Sp, LossParallelSavesTheRanksFloat32LogProbabilitiesOnly) {
+  // LogSoftmaxBackward0 saves the (N, V/t) float32 result, NllLossBackward0 the same tensor; the .float() copy
+  // and the bf16 logits are not saved: with bf16 weights (no autocast copies) the vocabulary changes the saved
+  // bytes by 4 N dV / t alone (the lm_head's saved input does not depend on it)
+  auto saved = [](uint64_t vocab) {
+    Scenario s = llama({{"precision", "bf16"}, {"tp", "4"}, {"batch", "2"}, {"seq", "512"}, {"sequence_parallel", "true"}});
+    set_field(s, "overrides", "num_hidden_layers=1");
+    set_field(s, "overrides", fmt::format("vocab_size={}", vocab));
+    return testing::run(s).peak.saved_activations.value;
+  };
+  EXPECT_EQ(saved(128256) - saved(64000), 4u * 2 * 512 * (128256 - 64000) / 4);
 }
 
 TEST(Sp, EmbeddingAndLmHeadAreVocabShardsNormsReplicated) {

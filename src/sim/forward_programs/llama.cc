@@ -413,16 +413,18 @@ ForwardOut llama_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const
     return chunked_causal_lm(c, w, std::move(hidden), "lm_head.weight", "model.embed_tokens.weight", "lm_head", labels);
   }
   if (m.sp) {
-    // sequence parallelism (sp.h): lm_head is ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())
-    // (loss_parallel off): the final norm's (B, T/tp, C) all-gathered (saved by the product), this rank's
-    // (B, T, V/tp), then Shard(-1) -> Replicate's whole (B, T, V) logits for transformers' loss
+    // sequence parallelism (sp.h): the backend's forward runs lm_head on the model's last_hidden_state, a
+    // ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False) under
+    // loss_parallel: the final norm's (B, T/tp, C) all-gathered (the product saves it, or its autocast copy),
+    // this rank's (B, T, V/tp) logits kept sharded, and torchtitan's cross_entropy_loss on them (sp_ops.h); the
+    // trainer drops `pred` before backward
     T gathered = sp_all_gather_seq(c, hidden, m.tp, "lm_head input all_gather (Shard(1) -> Replicate)");
-    hidden.reset();
-    T local = linear(c, gathered, w.p("lm_head.weight"), nullptr, "lm_head (this rank's V/tp)");
+    ForwardOut out;
+    out.logits = linear(c, gathered, w.p("lm_head.weight"), nullptr, "lm_head (this rank's V/tp, Shard(-1))");
     gathered.reset();
-    T logits = sp_all_gather_last(c, local, m.tp, "lm_head all_gather (Shard(-1) -> Replicate)");
-    local.reset();
-    return causal_lm_output(c, std::move(logits), labels);
+    hidden.reset();
+    if (labels) out.loss = sp_loss_parallel_cross_entropy(c, out.logits, *labels, m.tp);
+    return out;
   }
   if (m.tp > 1) {
     // LlamaForCausalLM.forward: logits = self.lm_head(hidden_states[:, slice_indices, :]), lm_head being

@@ -53,6 +53,25 @@ T scatter_seq(Engine& e, const T& whole, uint64_t tp, Category cat, const Label&
   return r;
 }
 
+// MaskPartial._partition_value of integer indices `s` (placement_types.py MaskPartial._mask_tensor): mask =
+// (tensor < local_offset_on_dim) | (tensor >= local_offset_on_dim + local_shard_size) (two bool temporaries,
+// then the mask the MaskBuffer keeps); masked_tensor = tensor.clone() - local_offset_on_dim (the clone dies);
+// masked_tensor[mask] = 0 in place. `kept`: the category of the mask and of the masked indices.
+struct Masked {
+  T mask, indices;
+};
+Masked mask_partial(Engine& e, const Shape& s, Category kept, int32_t layer) {
+  Masked m;
+  {
+    T lt = e.empty(s, DType::kBool, Category::kTemporaries, Label{"MaskPartial indices < offset", layer, -1});
+    T ge = e.empty(s, DType::kBool, Category::kTemporaries, Label{"MaskPartial indices >= offset + V/tp", layer, -1});
+    m.mask = e.empty(s, DType::kBool, kept, Label{"MaskPartial mask_buffer", layer, -1});
+  }
+  T cl = e.empty(s, DType::kI64, Category::kTemporaries, Label{"MaskPartial indices.clone()", layer, -1});
+  m.indices = e.empty(s, DType::kI64, kept, Label{"MaskPartial masked indices", layer, -1});
+  return m;  // the clone dies here
+}
+
 }  // namespace
 
 T sp_all_gather_seq(Ctx& c, const T& x0, uint64_t tp, const char* what) {
@@ -80,20 +99,15 @@ T sp_reduce_scatter_seq(Ctx& c, const T& x, uint64_t tp, const char* what) {
 }
 
 T sp_vocab_embedding(Ctx& c, const T& weight, const T& ids, uint64_t tp, const char* what, T& pending) {
-  const Shape is = ids.shape();
-  T mask, masked;
-  {
-    // mask = (tensor < local_offset_on_dim) | (tensor >= local_offset_on_dim + local_shard_size)
-    T lt = c.e.empty(is, DType::kBool, Category::kTemporaries, c.L("MaskPartial ids < offset"));
-    T ge = c.e.empty(is, DType::kBool, Category::kTemporaries, c.L("MaskPartial ids >= offset + V/tp"));
-    mask = c.e.empty(is, DType::kBool, Category::kActivations, c.L("MaskPartial mask_buffer"));
-  }
-  {
-    // masked_tensor = tensor.clone() - local_offset_on_dim; masked_tensor[mask] = 0
-    T cl = c.e.empty(is, DType::kI64, Category::kTemporaries, c.L("MaskPartial ids.clone()"));
-    masked = c.e.empty(is, DType::kI64, Category::kActivations, c.L("MaskPartial masked ids"));
-  }
-  T local = embedding(c, weight, masked, what);  // EmbeddingBackward0 saves `masked`
+  // The DTensor embedding (_embedding_ops.py embedding_strategy, rowwise [MaskPartial, Shard(0), MaskPartial]):
+  // the Replicate ids become MaskPartial inside the dispatch, the lookup runs on the masked local indices, which
+  // die when the op returns; autograd sits above the dispatch, so EmbeddingBackward0 saves the ids themselves.
+  // Its backward: embedding_dense_backward_strategy has no rowwise rule (all-replicate, colwise, batch, partial
+  // only); the gradient arrives Replicate (the all-gather below) with Replicate ids, so the all-replicate
+  // strategy, which needs no redistribution, is taken and every rank builds the whole (V, C) weight gradient: a
+  // Replicate DTensor that AccumulateGrad keeps as the Shard(0) weight's .grad (their global shapes agree).
+  auto [mask, masked] = mask_partial(c.e, ids.shape(), Category::kTemporaries, c.layer);
+  T local = embedding_grad_rows(c, weight, ids, weight.shape()[0] * tp, what);
   masked.reset();
   // _reduce_shard_value: mask_buffer.apply_mask(tensor) (`tensor[mask, :] = 0.0`, in place), release_mask(), then
   // Shard(1)'s reduce-scatter. The two boolean-mask index_put_ calls' nonzero() index buffers (at most 16 bytes
@@ -161,17 +175,7 @@ T sp_loss_parallel_cross_entropy(Ctx& c, const T& logits, const T& labels, uint6
       T ne = tmp(n, DType::kBool, "target != ignore_index");
       safe = tmp(n, DType::kI64, "safe_target");
     }
-    T mask;
-    T masked;
-    {
-      T lt = tmp(n1, DType::kBool, "MaskPartial target < offset");
-      T ge = tmp(n1, DType::kBool, "MaskPartial target >= offset + V/tp");
-      mask = tmp(n1, DType::kBool, "MaskPartial mask_buffer");
-    }
-    {
-      T cl = tmp(n1, DType::kI64, "MaskPartial target.clone()");
-      masked = tmp(n1, DType::kI64, "MaskPartial masked target");
-    }
+    auto [mask, masked] = mask_partial(c.e, n1, Category::kTemporaries, c.layer);
     T gathered = tmp(n1, DType::kF32, "loss_parallel gather");
     mask.reset();  // _reduce_value: apply_mask in place, release_mask(), then the all-reduce
     T reduced = tmp(n1, DType::kF32, "loss_parallel all_reduce(SUM) of the gathered");
@@ -204,16 +208,8 @@ T sp_loss_parallel_cross_entropy(Ctx& c, const T& logits, const T& labels, uint6
       safe = t(n1, DType::kI64, "safe_target");
     }
     T grad_input = t(nv, DType::kF32, "loss_parallel zeros_like(x)");
-    T mask, masked, update, arange;
-    {
-      T lt = t(n, DType::kBool, "MaskPartial target < offset");
-      T ge = t(n, DType::kBool, "MaskPartial target >= offset + V/tp");
-      mask = t(n, DType::kBool, "MaskPartial mask_buffer");
-    }
-    {
-      T cl = t(n, DType::kI64, "MaskPartial target.clone()");
-      masked = t(n, DType::kI64, "MaskPartial masked target");
-    }
+    Masked mp = mask_partial(e, n, Category::kTemporaries, -1);
+    T update, arange;
     {
       T f = t(n, DType::kF32, "mask.to(float32)");
       update = t(n, DType::kF32, "grad_update");

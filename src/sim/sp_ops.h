@@ -33,15 +33,19 @@ T sp_all_gather_seq(Ctx& c, const T& x, uint64_t tp, const char* what);
 // Replicate of the (B, T/tp, C) gradient: the all_gather_into_tensor buffer and the (B, T, C) torch.cat.
 T sp_reduce_scatter_seq(Ctx& c, const T& x, uint64_t tp, const char* what);
 
+// embedding() whose backward builds a (grad_rows, C) weight gradient (ops_products.cc): the DTensor embedding
+// of a vocabulary shard, whose embedding_dense_backward runs on the whole vocabulary (sp_vocab_embedding)
+T embedding_grad_rows(Ctx& c, const T& weight, const T& ids, uint64_t grad_rows, const char* what);
+
 // RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)) on nn.Embedding (the vocabulary-parallel
-// embedding): `weight` holds V/tp rows. The DTensor embedding op's MaskPartial (placement_types.py
-// MaskPartial._partition_value / _mask_tensor): mask = (ids < offset) | (ids >= offset + V/tp) (two bool
-// temporaries, then the (B, T) bool mask, kept in the placement's MaskBuffer until the reduction);
-// masked = ids.clone() - offset (the clone dies; the difference is what the embedding saves); masked[mask] = 0
-// and the reduction's apply_mask zero rows in place (see sp.cc for the index_put_ assumption); the local (B, T, C)
-// lookup, then _reduce_shard_value's reduce-scatter to (B, T/tp, C). `pending` receives the reduce-scatter's input
-// copy, which its work keeps until the output's first use (wait_tensor): the first decoder layer's norm, after
-// LlamaModel's rotary table; the caller drops it there.
+// embedding): `weight` holds V/tp rows, its gradient is the whole (V, C) (sp_ops.cc). The DTensor embedding op's
+// MaskPartial (placement_types.py MaskPartial._partition_value / _mask_tensor): mask = (ids < offset) | (ids >=
+// offset + V/tp) (two bool temporaries, then the (B, T) mask kept in the placement's MaskBuffer until the
+// reduction); masked = ids.clone() - offset (the clone dies; the lookup's indices die after it); masked[mask] = 0
+// and the reduction's apply_mask zero rows in place (their nonzero() index buffers are not simulated, sp_ops.cc);
+// the local (B, T, C) lookup, then _reduce_shard_value's reduce-scatter to (B, T/tp, C). `pending` receives the
+// reduce-scatter's input copy, which its work keeps until the output's first use (wait_tensor): the first decoder
+// layer's norm, after LlamaModel's rotary table; the caller drops it there.
 T sp_vocab_embedding(Ctx& c, const T& weight, const T& ids, uint64_t tp, const char* what, T& pending);
 
 }  // namespace trainmem::sim

@@ -9,6 +9,7 @@
 
 #include "test_util.h"
 #include "trainmem/inventory.h"
+#include "trainmem/report.h"
 #include "trainmem/sp.h"
 #include "trainmem/tp.h"
 
@@ -154,6 +155,27 @@ TEST(Sp, EmbeddingAndLmHeadAreVocabShardsNormsReplicated) {
   EXPECT_EQ(embed->tp_dim, 0);
   // SequenceParallel replicates the norms: 2 per layer and the final one, h each
   EXPECT_EQ(tp_split(r.model).replicated, (2 * 32 + 1) * 4096u);
+}
+
+TEST(Sp, TheEmbeddingGradientIsTheWholeVocabulary) {
+  // embedding_dense_backward has no rowwise strategy: with its Replicate gradient and ids, every rank builds the
+  // (V, C) gradient (a Replicate DTensor kept as the Shard(0) weight's .grad); every other gradient is the
+  // rank's shard. float32 gradients (bf16 autocast over float32 weights): at clip_grad_norm_, 4 bytes per local
+  // parameter element plus 4 (V - V/t) C
+  Scenario s = llama({{"tp", "4"}, {"batch", "1"}, {"seq", "256"}, {"sequence_parallel", "true"}});
+  set_field(s, "overrides", "num_hidden_layers=1");
+  const Estimate e = testing::run(s);
+  const uint64_t local = parameter_count(resolve(s, MapFileReader()).inventory).value, V = 128256, C = 4096;
+  TimelineOptions o;
+  o.granularity = TimelineGranularity::kPhase;
+  o.step = 1;  // llama() simulates one step
+  bool seen = false;
+  for (const TimelineRow& r : timeline_rows(e, o)) {
+    if (r.phase != Phase::kGradClip) continue;
+    seen = true;
+    EXPECT_EQ(r.live.by_category[static_cast<size_t>(Category::kGradients)].value, 4 * local + 4 * (V - V / 4) * C);
+  }
+  EXPECT_TRUE(seen);
 }
 
 TEST(Sp, RefusesWhatIsNotSimulatedNamingIt) {

@@ -87,8 +87,8 @@ T sp_all_gather_seq(Ctx& c, const T& x0, uint64_t tp, const char* what) {
   return out;
 }
 
-T sp_reduce_scatter_seq(Ctx& c, const T& x, uint64_t tp, const char* what) {
-  T out = scatter_seq(c.e, x, tp, Category::kActivations, c.L("sp reduce_scatter torch.cat copy"), c.L(what), false);
+T sp_reduce_scatter_seq(Ctx& c, const T& x, uint64_t tp, const char* what, T* pending) {
+  T out = scatter_seq(c.e, x, tp, Category::kActivations, c.L("sp reduce_scatter torch.cat copy"), c.L(what), false, pending);
   const int32_t layer = c.layer;
   c.e.record("RedistributeBackward", {&x}, {&out}, {}, [tp, layer](Engine& e, Node&, Grads& g) {
     if (!g[0]) return Grads{T()};
@@ -113,13 +113,7 @@ T sp_vocab_embedding(Ctx& c, const T& weight, const T& ids, uint64_t tp, const c
   // Shard(1)'s reduce-scatter. The two boolean-mask index_put_ calls' nonzero() index buffers (at most 16 bytes
   // per token, as many as the ids outside this rank's rows: data-dependent) are not simulated.
   mask.reset();
-  T out = scatter_seq(c.e, local, tp, Category::kActivations, c.L("embed_tokens reduce_scatter torch.cat copy"),
-                      c.L("embed_tokens reduce_scatter (MaskPartial -> Shard(1))"), false, &pending);
-  c.e.record("RedistributeBackward", {&local}, {&out}, {}, [tp](Engine& e, Node&, Grads& g) {
-    if (!g[0]) return Grads{T()};
-    return Grads{gather_seq(e, g[0], tp, Category::kTemporaries, Label{"sp all_gather(grad) buffer"},
-                            Label{"sp all_gather(grad) torch.cat"}, true)};
-  });
+  T out = sp_reduce_scatter_seq(c, local, tp, "embed_tokens reduce_scatter (MaskPartial -> Shard(1))", &pending);
   local.reset();
   return out;
 }

@@ -31,7 +31,9 @@ T sp_all_gather_seq(Ctx& c, const T& x, uint64_t tp, const char* what);
 // Partial -> Shard(1) of a rowwise linear's (B, T, C) partial output (RowwiseParallel(output_layouts=Shard(1))):
 // the (tp*B, T/tp, C) torch.cat copy, then the (B, T/tp, C) reduce_scatter_tensor output. Backward: Shard(1) ->
 // Replicate of the (B, T/tp, C) gradient: the all_gather_into_tensor buffer and the (B, T, C) torch.cat.
-T sp_reduce_scatter_seq(Ctx& c, const T& x, uint64_t tp, const char* what);
+// `pending`, when given, receives the torch.cat copy, which the collective's work keeps until the output's first
+// use, for the caller to drop there (sp_ops.cc scatter_seq).
+T sp_reduce_scatter_seq(Ctx& c, const T& x, uint64_t tp, const char* what, T* pending = nullptr);
 
 // embedding() whose backward builds a (grad_rows, C) weight gradient (ops_products.cc): the DTensor embedding
 // of a vocabulary shard, whose embedding_dense_backward runs on the whole vocabulary (sp_vocab_embedding)

@@ -866,14 +866,15 @@ void resolve_cp(const Scenario& s, ResolvedScenario& r) {
 }  // namespace
 
 // What --sequence-parallel true composes with (sp.h): one TP group (no data-parallel, pipeline, context or expert
-// ranks), training, the whole logits, no selective checkpointing; the model's own limits in sp_check.
+// ranks), training, every position's logits, no selective checkpointing; the model's own limits in sp_check.
 void check_sp_setup(const Scenario& s, ResolvedScenario& r) {
   const TrainSetup& t = s.train;
   auto refuse = [&](const char* field, const std::string& why) {
     throw FieldError(field, fmt::format("{}: not simulated with --sequence-parallel true ({})", field_text(s, field), why));
   };
   if (r.setup.dp > 1) {
-    refuse(s.gpus.empty() ? "dp" : "gpus", "FSDP2 or DDP over the sequence-parallel model (torchtitan's 2-D mesh) is not simulated yet");
+    refuse(s.gpus.empty() ? "dp" : "gpus",
+           "FSDP2 or DDP over the sequence-parallel model (torchtitan's 2-D mesh) is not simulated yet");
   }
   if (t.pp > 1) refuse("pp", "pipeline stages of the sequence-parallel model are not simulated yet");
   if (t.cp > 1) refuse("cp", "context parallelism shares the sequence dimension with it and is not simulated with it");
@@ -889,12 +890,12 @@ void check_sp_setup(const Scenario& s, ResolvedScenario& r) {
   } catch (const Error& e) {
     throw FieldError("sequence_parallel", fmt::format("true: {}", e.what()));
   }
-  r.warnings.push_back(fmt::format(
+  r.warnings.push_back(
       "--sequence-parallel: simulated as PyTorch-native TP + SP with torchtitan's plan on transformers' modules "
       "(SequenceParallel norms, PrepareModuleInput all-gathers, Shard(1) reduce-scattered o_proj/down_proj, "
       "vocabulary-parallel embed_tokens, lm_head's Shard(-1) logits) and torchtitan's cross_entropy_loss under "
       "loss_parallel, inside trainmem's transformers training step (autocast, optimizer, loop); Megatron-LM's SP "
-      "is not simulated"));
+      "is not simulated");
 }
 
 // What --tp and --sequence-parallel compose with so far (tp.h); everything else is refused, said why.

@@ -186,7 +186,8 @@ struct TrainSetup {
   // FSDP2's fully_shard settings (fsdp.h); empty: accelerate's FullyShardedDataParallelPlugin defaults
   std::optional<bool> reshard_after_forward;   // reshard_after_forward
   // Tensor-parallel ranks (tp.h): transformers 5.x tp_plan="auto" over `tp` GPUs; estimate simulates one rank's
-  // local model. 1: none. sequence_parallel: torchtitan's SequenceParallel norms (not simulated yet: refused).
+  // local model. 1: none. sequence_parallel: PyTorch-native TP + SP with torchtitan's plan in place of
+  // transformers' (sp.h).
   uint64_t tp = 1;
   bool sequence_parallel = false;
   // Expert-parallel ranks (ep.h): DistributedConfig(tp_size=ep, ep_size=ep); resolve() sets tp = ep. 1: none.

@@ -49,6 +49,20 @@ std::string render_tp_note(const Estimate& e) {
         m.ep, m.ep, m.ep, with_commas(t.sharded), m.moe.experts / m.ep, m.moe.experts, m.attn.heads,
         m.attn.kv_heads, m.embed.vocab_size / m.tp, with_commas(t.replicated));
   }
+  if (m.sp) {
+    // --sequence-parallel (sp.h): PyTorch-native TP + SP, torchtitan's plan on transformers' modules
+    return fmt::format(
+        "tensor + sequence parallel, rank 0 of {} (torch.distributed.tensor.parallel, torchtitan's plan and\n"
+        "  loss_parallel): {} parameters in shards (q/k/v/gate/up colwise: {} heads, {} kv heads, ffn {} here;\n"
+        "  o_proj/down_proj rowwise; embed_tokens and lm_head {} vocabulary rows), {} replicated (norms). The\n"
+        "  residual stream, norms and adds hold seq / {} tokens. Simulated: each PrepareModuleInput all-gather (the\n"
+        "  all_gather_into_tensor buffer, then torch.cat's whole sequence, which q/k/v and gate/up save or cast), each\n"
+        "  rowwise reduce-scatter (torch.cat copy, then the shard), the vocabulary-parallel embedding's MaskPartial,\n"
+        "  lm_head's input gather, loss_parallel's log_softmax and fused backward on the (B*T, V/tp) logits, and the\n"
+        "  collectives' backward (reduce-scatter <-> all-gather). NCCL's buffers of the TP group: with the GPU, below.\n",
+        m.tp, with_commas(t.sharded), m.attn.heads, m.attn.kv_heads, m.mlp.ffn, m.embed.vocab_size / m.tp,
+        with_commas(t.replicated), m.tp);
+  }
   return fmt::format(
       "tensor parallel, rank 0 of {} (transformers tp_plan=\"auto\"): {} parameters in shards (q/k/v/gate/up\n"
       "  colwise: {} heads, {} kv heads, ffn {} here; o_proj/down_proj rowwise; lm_head {} vocabulary rows), {}\n"
@@ -77,6 +91,8 @@ std::string headline(const Estimate& e) {
   if (e.fsdp) accum += fmt::format("; per rank, {} ranks (FSDP2)", e.fsdp->options.ranks);
   if (m.tp > 1 && m.ep > 1) {
     accum += fmt::format("; per rank, {} expert-parallel ranks (ep_size = tp_size)", m.ep);
+  } else if (m.sp) {
+    accum += fmt::format("; per rank, {} tensor + sequence parallel ranks (seq {} per rank between blocks)", m.tp, s.seq / m.tp);
   } else if (m.tp > 1) {
     accum += fmt::format("; per rank, {} tensor-parallel ranks (tp_plan=\"auto\")", m.tp);
   }
@@ -564,7 +580,8 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
   if (s.cp > 1) out["setup"]["cp_seq"] = s.cp_seq;
   if (e.model.tp > 1) {  // tensor parallelism (tp.h): this rank's local model
     const TpSplit t = tp_split(e.model);
-    out["tp"] = {{"ranks", e.model.tp}, {"sequence_parallel", false}, {"plan", "transformers tp_plan=auto"},
+    out["tp"] = {{"ranks", e.model.tp}, {"sequence_parallel", e.model.sp},
+                 {"plan", e.model.sp ? "torchtitan TP+SP (parallelize_module), loss_parallel" : "transformers tp_plan=auto"},
                  {"sharded_parameters", t.sharded}, {"replicated_parameters", t.replicated}};
     if (e.model.ep > 1) {  // expert parallelism (ep.h): ep = tp, the experts' Shard(0)
       out["ep"] = {{"ranks", e.model.ep}, {"local_experts", e.model.moe.experts / e.model.ep},

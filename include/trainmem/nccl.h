@@ -73,6 +73,12 @@ inline constexpr uint64_t kChannelStructAllocs = 3;
 inline constexpr uint64_t kNvlsChannelStructAllocs = 1;
 // paths.cc ncclTopoComputeP2pChannels: the channels initChannel sets up, pow2Up of the coll channels (at most 64).
 uint64_t initialised_channels(uint64_t coll_channels);
+// What NCCL's first collective takes from cudaMemGetInfo beyond its own allocations, once per process (NCCL's
+// device code: enqueue.cc ncclInitKernelsForDevice queries every kernel, which loads it), measured on an H100:
+// 184,549,376 B both with cuMem (591,396,864 - 194 x 2 MiB of structures) and without (723,517,440 - 512 MiB of
+// net.cc's shared buffer - 2 MiB of structures), validate/measured/nccl/h100-80gb-hbm3_nccl2.28.9_one_rank.json.
+// NCCL 2.28.9 (torch 2.11's cu13 wheel), the version measured; 2.27.5's code is taken to be the same size. sm_90 only.
+inline constexpr uint64_t kProcessCodeBytesSm90 = 184549376;
 
 // One P2P connection's two ends as this rank holds them, per channel (p2p.cc p2pSendSetup/p2pRecvSetup):
 // the receiving end holds every protocol's buffer, except Simple when P2P read is on, which the sending end
@@ -160,8 +166,10 @@ struct NcclLedger {
   std::string channel_source;  // where the channel count came from
   bool known = true;           // false: no channel count for this GPU (nothing counted; the report says so)
   std::vector<NcclCommunicator> communicators;
-  Bytes total;  // on the GPU, all communicators
+  Bytes total;  // on the GPU, all communicators and `code`
   Bytes host;   // pinned host memory (net buffers without GDR)
+  Bytes code;   // once per process with any communicator: NCCL's device code (kProcessCodeBytesSm90; 0 elsewhere)
+  bool code_known = true;  // false: communicators on a GPU without a measured code size (the report says so)
 };
 
 // The process groups a rank of `s` runs collectives in: the data-parallel group (the world, which DDP,

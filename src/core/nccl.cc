@@ -166,11 +166,15 @@ NcclLedger nccl_ledger(const std::vector<ProcessGroup>& groups, const GpuSpec& g
     // ranks the ring enters from, unless the group has one member per node, where the ring's own net connection
     // is taken to be shared with one of them (with 2 nodes, the one peer is both ring neighbours).
     uint64_t tree = c.local_ranks > 2 ? checked_mul(channels, conn.total(), "NCCL tree buffers") : 0;
+    uint64_t tree_host = 0;
     if (c.nodes > 1) {
       const uint64_t peers = std::min<uint64_t>(3, c.nodes - 1) - (c.local_ranks == 1 ? 1 : 0);
-      tree += checked_mul(checked_mul(c.net_channels, peers, "NCCL tree"), net.gpu.total(), "NCCL tree net buffers");
+      const uint64_t conns = checked_mul(c.net_channels, peers, "NCCL tree");
+      tree += checked_mul(conns, net.gpu.total(), "NCCL tree net buffers");
+      tree_host = checked_mul(conns, net.host.total(), "NCCL tree host buffers");
     }
     (setup.tree.value_or(false) ? c.tree : c.tree_uncounted) = Bytes(tree);
+    if (setup.tree.value_or(false)) c.host += Bytes(tree_host);
     // NVLS (nvls.cc ncclNvlsInit): off for 2 or fewer GPUs ("gpuCount <= 2"), else on where the device has
     // multicast (CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED: NVSwitch systems of sm_90 and newer); one head per
     // local rank (graph/search.cc: the NVLS graph's maxChannels = min(NCCL_MAX_NVLS_ARITY, GPUs), "NVLS channels
@@ -185,6 +189,14 @@ NcclLedger nccl_ledger(const std::vector<ProcessGroup>& groups, const GpuSpec& g
     l.total += c.gpu_total();
     l.host += c.host;
     l.communicators.push_back(std::move(c));
+  }
+  // NCCL's device code, loaded once per process at the first collective (measured on sm_90 only)
+  if (l.known && !l.communicators.empty()) {
+    l.code_known = gpu.sm == 90;
+    if (l.code_known) {
+      l.code = Bytes(nccl::kProcessCodeBytesSm90);
+      l.total += l.code;
+    }
   }
   return l;
 }

@@ -151,8 +151,10 @@ std::string render_nccl(const NcclLedger& l) {
                                   format_bytes(c.ring)));
     }
     if (c.net_channels > 0) {
-      parts.push_back(fmt::format("{} {} channels x {} = {}", p2p_channels > 0 ? "net" : "ring over the network",
-                                  c.net_channels, format_bytes(Bytes(c.net.value / c.net_channels)), format_bytes(c.net)));
+      const char* what = p2p_channels > 0 ? "net" : "ring over the network";
+      parts.push_back(c.net.value == 0 ? fmt::format("{} {} channels in host memory", what, c.net_channels)
+                                       : fmt::format("{} {} channels x {} = {}", what, c.net_channels,
+                                                     format_bytes(Bytes(c.net.value / c.net_channels)), format_bytes(c.net)));
     }
     if (c.nvls.value > 0) parts.push_back(fmt::format("NVLS {}", format_bytes(c.nvls)));
     if (c.tree.value > 0) parts.push_back(fmt::format("tree {}", format_bytes(c.tree)));
@@ -166,6 +168,11 @@ std::string render_nccl(const NcclLedger& l) {
   for (const NcclCommunicator& c : l.communicators) {
     tree_uncounted += c.tree_uncounted;
     host += c.host;
+  }
+  if (l.known && !l.communicators.empty()) {
+    out += l.code_known ? fmt::format("  NCCL's device code, once per process: {} (its first collective on an H100, NCCL "
+                                      "2.28.9, beyond its allocations)\n", format_bytes(l.code))
+                        : std::string("  NCCL's device code, once per process: not counted (measured on an H100 only)\n");
   }
   if (l.known && tree_uncounted.value > 0) {
     out += fmt::format("    not counted: the tree's {} (connected at the first all-reduce NCCL's tuner gives Tree; "
@@ -701,7 +708,8 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
                        {"host_bytes", c.host.value}});
     }
     d["nccl"] = {{"version", v.nccl.version}, {"counted", v.nccl.known}, {"channel_source", v.nccl.channel_source},
-                 {"communicators", comms}, {"total_bytes", v.nccl.total.value}, {"host_bytes", v.nccl.host.value}};
+                 {"communicators", comms}, {"total_bytes", v.nccl.total.value}, {"host_bytes", v.nccl.host.value},
+                 {"code_bytes", v.nccl.code.value}, {"code_counted", v.nccl.code_known}};
     if (v.oom) {
       const DeviceVerdict::Oom& o = *v.oom;
       nlohmann::json live = nlohmann::json::array();

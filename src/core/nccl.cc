@@ -1,4 +1,7 @@
-// NCCL 2.27.5's buffers per communicator (nccl.h).
+// NCCL 2.27.5's buffers per communicator (nccl.h). PyTorch 2.9's CUDA 13 wheels ship nvidia-nccl-cu13 2.27.7
+// instead; `git diff v2.27.5-1 v2.27.7-1` touches none of the files these rules come from (transport/nvls.cc,
+// p2p.cc, net.cc, channel.cc, include/device.h, comm.h, alloc.h, graph/connect.cc; init.cc and enqueue.cc only in
+// ncclCommDestroy/ncclCommAbort and kernel attribute queries), so the same constants hold for both wheels.
 #include "trainmem/nccl.h"
 
 #include <fmt/format.h>

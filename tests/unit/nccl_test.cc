@@ -206,6 +206,19 @@ TEST(Nccl, APipelineRankConnectsToItsNeighboursOnly) {
   EXPECT_EQ(process_groups(s, 0)[1].p2p_peers, 2u);
 }
 
+TEST(Nccl, TreeAndGdrAreScenarioFields) {
+  EXPECT_THROW(testing::scenario_of("gpt2", {{"nccl_tree", "maybe"}}), Error);
+  EXPECT_THROW(testing::scenario_of("gpt2", {{"nccl_gdr", "2"}}), Error);
+  const Estimate e = run(testing::scenario_of(
+      "gpt2", {{"batch", "1"}, {"seq", "128"}, {"gpus", "16xh100-80gb"}, {"nccl_tree", "true"}, {"nccl_gdr", "false"}}));
+  ASSERT_TRUE(e.device);
+  const NcclCommunicator& c = e.device->nccl.communicators.at(0);
+  EXPECT_EQ(c.tree.value, 384u << 20);  // the chain in the node; the net part moved to host memory
+  EXPECT_EQ(c.net.value, 0u);
+  // ring's 4 crossing channels and the tree's 4 head channels x 1 peer, each both ends in host memory
+  EXPECT_EQ(e.device->nccl.host.value, 8u * (2u * 9633792u + 4u * 4096u));
+}
+
 TEST(Nccl, ChannelsAreBoundedByNcclsMaxchannels) {
   EXPECT_THROW(testing::scenario_of("gpt2", {{"nccl_channels", "65"}}), Error);
   EXPECT_THROW(testing::scenario_of("gpt2", {{"nccl_channels", "0"}}), Error);

@@ -310,6 +310,29 @@ T Engine::parameter_unallocated(const Shape& s, DType dt, int32_t index, Bytes s
   return make_parameter(T(p), index, true);
 }
 
+T Engine::empty_unallocated(const Shape& s, DType dt, Bytes storage, Category c, Label l) {
+  TensorImpl* p = new_impl();
+  p->shape = s;
+  p->dtype = dt;
+  p->strides = contiguous_strides(s);
+  p->label = l;
+  p->storage = storages_.size();
+  storages_.push_back(StorageInfo{storage, c, 0, l, true, stream});
+  retain(p->storage);
+  return T(p);
+}
+
+T Engine::parameter_view(const T& base, const Shape& s, int32_t index, Label l) {
+  TensorImpl* p = new_impl();
+  p->shape = s;
+  p->dtype = base->dtype;
+  p->strides = contiguous_strides(s);
+  p->label = l;
+  p->storage = base->storage;
+  retain(p->storage);
+  return make_parameter(T(p), index, true);
+}
+
 T Engine::make_parameter(T t, int32_t index, bool requires_grad) {
   t->is_param = true;
   if (static_cast<size_t>(index) >= params_.size()) {

@@ -57,7 +57,8 @@ Fsdp1Options resolve_fsdp1(const TrainSetup& s, const ModelSpec& m, LoopKind loo
     // the Trainer's gradient_checkpointing (transformers' GradientCheckpointingLayer inside the FSDP-wrapped layer):
     // the recompute runs _use_unsharded_views again in the pre-backward (BACKWARD_PRE) and the FlatParameter's
     // views become tensors saved by the recomputed graph, not simulated here
-    refuse("checkpointing", "activation checkpointing under FSDP1 is not simulated (use --sharding fsdp2)");
+    refuse("checkpointing", fmt::format("{}: activation checkpointing under FSDP1 is not simulated (fsdp2 is)",
+                                        name_of(s.checkpointing)));
   }
   if (s.grad_accum > 1) {
     // accelerate's no_sync under FSDP1 keeps each unit's unsharded flat gradient (_should_free_in_backward's

@@ -19,7 +19,12 @@ namespace trainmem {
 
 Fsdp1Options resolve_fsdp1(const TrainSetup& s, const ModelSpec& m, LoopKind loop, TorchVersion torch) {
   Fsdp1Options f;
-  if (s.dp <= 1 || s.sharding != Sharding::kFsdp1) return f;
+  if (s.dp <= 1 || s.sharding != Sharding::kFsdp1) {
+    if (s.backward_prefetch_pre) {
+      throw FieldError("backward_prefetch", "FSDP1's setting: it takes --dp N (N > 1) with --sharding fsdp1");
+    }
+    return f;
+  }
   const auto refuse = [](const char* field, const std::string& what) { throw FieldError(field, what); };
   if (s.task != Task::kTrain) refuse("task", "FSDP1 is simulated for training");
   if (loop != LoopKind::kHf) {
@@ -88,7 +93,7 @@ Fsdp1Options resolve_fsdp1(const TrainSetup& s, const ModelSpec& m, LoopKind loo
   // when given (the plugin's default True). The rate limiter only makes the CPU wait on GPU events: with frees
   // replayed where the program makes them (allocator.h), it changes no allocation.
   f.use_orig_params = true;
-  f.backward_prefetch = false;
+  f.backward_prefetch = s.backward_prefetch_pre.value_or(false);
   switch (s.precision) {
     case Precision::kBf16Amp:
       // bf16=True is accelerate's mixed_precision "bf16": AcceleratorState calls fsdp_plugin.set_mixed_precision,

@@ -203,6 +203,29 @@ TEST(Fsdp1Sim, BuffersByNameSizeAndStream) {
   EXPECT_EQ(live.by_category[static_cast<size_t>(Category::kOptimizer)].value, 8u * 26936);
 }
 
+// backward_prefetch BACKWARD_PRE: each pre-backward hook all-gathers the unit before it in post-forward order
+// (_ExecOrderData.get_handle_to_backward_prefetch: index - 1); the root's, on the loss, the last layer's. So the
+// root, the running layer and the prefetched one are unsharded at once; the step gathers each layer once in the
+// backward all the same.
+TEST(Fsdp1Sim, BackwardPrePrefetchesOneUnitAhead) {
+  const Estimate e = run(tiny({{"backward_prefetch", "backward_pre"}}));
+  ASSERT_TRUE(e.fsdp1->options.backward_prefetch);
+  uint64_t now = 0, most = 0, gathers = 0;
+  for (const Event& ev : e.sim->timeline.events) {
+    const std::string_view w = ev.label.what;
+    if (w != "FSDP1 unsharded flat parameter" && w != "FSDP1 unsharded flat parameter (model (root))") continue;
+    now += ev.kind == Event::kAlloc ? 1 : 0;
+    now -= ev.kind == Event::kFree ? 1 : 0;
+    if (ev.phase == Phase::kBackward) most = std::max(most, now);
+    if (ev.kind == Event::kAlloc && ev.step == 2 && ev.phase == Phase::kBackward) ++gathers;
+  }
+  EXPECT_EQ(most, 3u);
+  EXPECT_EQ(gathers, 2u);
+  const Estimate none = run(tiny({{"backward_prefetch", "none"}}));
+  EXPECT_GT(e.memory.peak_allocated.value, none.memory.peak_allocated.value - 1);
+  EXPECT_THROW(run(tiny({{"backward_prefetch", "backward_post"}})), Error);
+}
+
 TEST(Fsdp1Report, NamesTheFlatParametersAndTheJson) {
   const Estimate e = run(tiny());
   const std::string t = render_estimate_table(e, nullptr);

@@ -21,7 +21,7 @@ Fsdp1Options resolve_fsdp1(const TrainSetup& s, const ModelSpec& m, LoopKind loo
   Fsdp1Options f;
   if (s.dp <= 1 || s.sharding != Sharding::kFsdp1) {
     if (s.backward_prefetch_pre) {
-      throw FieldError("backward_prefetch", "FSDP1's setting: it takes --dp N (N > 1) with --sharding fsdp1");
+      throw FieldError("fsdp1_prefetch", "FSDP1's setting: it takes --dp N (N > 1) with --sharding fsdp1");
     }
     return f;
   }

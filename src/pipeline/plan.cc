@@ -48,7 +48,7 @@ constexpr std::string_view kDerived[] = {"dp", "grad_accum", "micro_batches", "g
 constexpr std::string_view kLayoutFields[] = {
     "gpus", "sharding", "bucket_cap_mb", "gradient_as_bucket_view", "find_unused_parameters", "reduce_bucket_size",
     "overlap_comm", "offload", "param_persistence_threshold", "prefetch_bucket_size", "max_live_parameters",
-    "max_reuse_distance", "reshard_after_forward", "backward_prefetch", "pp", "pp_schedule", "micro_batches", "pp_virtual_stages",
+    "max_reuse_distance", "reshard_after_forward", "fsdp1_prefetch", "pp", "pp_schedule", "micro_batches", "pp_virtual_stages",
     "rank", "batch", "nccl_channels", "nccl_nvls", "gpus_per_node"};
 
 bool contains(std::span<const std::string_view> names, std::string_view f) {

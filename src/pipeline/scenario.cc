@@ -233,7 +233,7 @@ constexpr Field kFields[] = {
     {"reshard_after_forward", "true | false: FSDP2's reshard_after_forward for the decoder layers and the embedding "
                               "(default true, accelerate's for fsdp_version 2; the tail [norm, lm_head] keeps false)",
      FieldGroup::kTraining},
-    {"backward_prefetch", "none | backward_pre: FSDP1's backward_prefetch (default none, the Trainer's NO_PREFETCH; "
+    {"fsdp1_prefetch", "none | backward_pre: FSDP1's backward_prefetch (default none, the Trainer's NO_PREFETCH; "
                           "backward_pre: the next unit all-gathered at each unit's pre-backward)", FieldGroup::kTraining},
     {"tp", "tensor-parallel ranks: transformers' tp_plan=\"auto\" (Llama-shaped decoders); estimate simulates one "
            "rank's local model (default 1)", FieldGroup::kTraining},
@@ -539,7 +539,7 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     } else {
       s.train.reshard_after_forward = boolean(f, v);
     }
-  } else if (f == "backward_prefetch") {
+  } else if (f == "fsdp1_prefetch") {
     if (v.empty() || v == "none") {
       s.train.backward_prefetch_pre = v.empty() ? std::nullopt : std::optional<bool>(false);
     } else if (v == "backward_pre") {
@@ -679,7 +679,7 @@ std::string field_text(const Scenario& s, std::string_view f) {
   if (f == "reshard_after_forward") {
     return optional_boolean_text(s.train.reshard_after_forward);
   }
-  if (f == "backward_prefetch") {
+  if (f == "fsdp1_prefetch") {
     return s.train.backward_prefetch_pre ? (*s.train.backward_prefetch_pre ? "backward_pre" : "none") : "";
   }
   if (f == "tp") return std::to_string(s.train.tp);

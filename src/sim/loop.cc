@@ -1348,7 +1348,40 @@ struct Loop {
     }
   }
 
+  // FSDP1: accelerate's clip_grad_norm_ calls FullyShardedDataParallel.clip_grad_norm_ (fully_sharded_data_parallel.py,
+  // not torch.nn.utils' foreach path): _get_grad_norm's per-gradient torch.linalg.vector_norm(grad, dtype=float32)
+  // scalars, their torch.stack and its vector_norm (local_sharded_norm, bound until the method returns), then
+  // total_norm = local_sharded_norm ** norm_type (all-reduced in place) and ** (1 / norm_type), clip_coef =
+  // max_norm / (total_norm + 1e-6), clip_coef_clamped = torch.clamp(clip_coef, max=1.0); each grad.mul_ in place
+  // (clip_coef_clamped.to(grad's device and dtype): float32 already, no copy)
+  void fsdp1_clip_grad_norm() {
+    e.phase = Phase::kGradClip;
+    uint64_t n = 0;
+    for (size_t i = 0; i < inv.parameters.size(); ++i) n += e.grad(static_cast<int32_t>(i)) ? 1 : 0;
+    if (n == 0) return;  // `if len(params_with_grad) == 0: return zero`
+    const Label l{"FSDP1 clip_grad_norm_"};
+    T local;
+    {
+      std::vector<T> norms;
+      for (uint64_t k = 0; k < n; ++k) norms.push_back(e.empty(Shape{}, DType::kF32, Category::kTemporaries, l));
+      T stacked = e.empty(Shape{n}, DType::kF32, Category::kTemporaries, l);
+      local = e.empty(Shape{}, DType::kF32, Category::kTemporaries, l);
+    }
+    T total = e.empty(Shape{}, DType::kF32, Category::kTemporaries, l);  // ** norm_type
+    total = e.empty(Shape{}, DType::kF32, Category::kTemporaries, l);    // ** (1.0 / norm_type), rebound
+    T coef;
+    {
+      T plus = e.empty(Shape{}, DType::kF32, Category::kTemporaries, l);  // total_norm + 1e-6
+      coef = e.empty(Shape{}, DType::kF32, Category::kTemporaries, l);    // max_norm / (...)
+    }
+    T clamped = e.empty(Shape{}, DType::kF32, Category::kTemporaries, l);
+  }
+
   void clip_grad_norm() {
+    if (fsdp1) {
+      fsdp1_clip_grad_norm();
+      return;
+    }
     // torch.nn.utils.clip_grad_norm_(params, 1.0), foreach path: _foreach_norm (one partial per 64Ki-element
     // chunk of every tensor, then one float per tensor), torch.stack of the norms, the total norm, the
     // clip coefficient; the grads are scaled in place.
@@ -1361,7 +1394,7 @@ struct Loop {
       if (!e.grad(static_cast<int32_t>(i))) continue;
       ++n;
       // (FSDP2: torch.nn.utils.clip_grad_norm_ over the sharded DTensor gradients, accelerate's clip_grad_norm_)
-      const uint64_t elems = fsdp || fsdp1 ? e.grad(static_cast<int32_t>(i)).shape().numel().value : inv.parameters[i].elems.value;
+      const uint64_t elems = fsdp ? e.grad(static_cast<int32_t>(i)).shape().numel().value : inv.parameters[i].elems.value;
       max_chunks = std::max(max_chunks, ceil_div(elems, kForeachChunkElems));
     }
     T norms;

@@ -208,7 +208,7 @@ TEST(Fsdp1Sim, BuffersByNameSizeAndStream) {
 // root, the running layer and the prefetched one are unsharded at once; the step gathers each layer once in the
 // backward all the same.
 TEST(Fsdp1Sim, BackwardPrePrefetchesOneUnitAhead) {
-  const Estimate e = run(tiny({{"backward_prefetch", "backward_pre"}}));
+  const Estimate e = run(tiny({{"fsdp1_prefetch", "backward_pre"}}));
   ASSERT_TRUE(e.fsdp1->options.backward_prefetch);
   uint64_t now = 0, most = 0, gathers = 0;
   for (const Event& ev : e.sim->timeline.events) {
@@ -221,9 +221,9 @@ TEST(Fsdp1Sim, BackwardPrePrefetchesOneUnitAhead) {
   }
   EXPECT_EQ(most, 3u);
   EXPECT_EQ(gathers, 2u);
-  const Estimate none = run(tiny({{"backward_prefetch", "none"}}));
+  const Estimate none = run(tiny({{"fsdp1_prefetch", "none"}}));
   EXPECT_GT(e.memory.peak_allocated.value, none.memory.peak_allocated.value - 1);
-  EXPECT_THROW(run(tiny({{"backward_prefetch", "backward_post"}})), Error);
+  EXPECT_THROW(run(tiny({{"fsdp1_prefetch", "backward_post"}})), Error);
 }
 
 TEST(Fsdp1Report, NamesTheFlatParametersAndTheJson) {

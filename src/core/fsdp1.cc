@@ -8,7 +8,11 @@
 // TrainingArguments._process_fsdp_args (the fsdp_config defaults for version 1).
 #include "trainmem/fsdp1.h"
 
+#include "trainmem/fsdp.h"
+
 #include <fmt/format.h>
+
+#include <tuple>
 
 #include "../families/registry.h"
 #include "trainmem/error.h"
@@ -18,14 +22,12 @@
 namespace trainmem {
 
 Fsdp1Options resolve_fsdp1(const TrainSetup& s, const ModelSpec& m, LoopKind loop, TorchVersion torch) {
-  Fsdp1Options f;
-  if (s.dp <= 1 || s.sharding != Sharding::kFsdp1) {
-    if (s.backward_prefetch_pre) {
-      throw FieldError("fsdp1_prefetch", "FSDP1's setting: it takes --dp N (N > 1) with --sharding fsdp1");
-    }
-    return f;
-  }
   const auto refuse = [](const char* field, const std::string& what) { throw FieldError(field, what); };
+  const bool wanted = s.dp > 1 && s.sharding == Sharding::kFsdp1;
+  if (!wanted && s.backward_prefetch_pre) {
+    refuse("fsdp1_prefetch", "FSDP1's setting: it takes --dp N (N > 1) with --sharding fsdp1");
+  }
+  if (!wanted) return Fsdp1Options{};
   if (s.task != Task::kTrain) refuse("task", "FSDP1 is simulated for training");
   if (loop != LoopKind::kHf) {
     refuse("loop", fmt::format("{}: FSDP1 is simulated as the transformers Trainer runs it through accelerate "
@@ -37,26 +39,14 @@ Fsdp1Options resolve_fsdp1(const TrainSetup& s, const ModelSpec& m, LoopKind loo
                                 "padding, _flat_param.py)", torch_version_name(torch)));
   }
   // The root unit's forward hooks sit in the llama family's program (kFsdpUnitEmbed / kFsdpUnitTail), the
-  // decoder layers' in run_layers (src/sim/layers.h)
-  if (m.family != Family::kLlama || m.impl != Impl::kHf) {
-    refuse("sharding", fmt::format("fsdp1: simulated for the llama family's transformers models (llama, mistral, "
-                                   "qwen2, ...); {} ({}) has no FSDP unit hooks yet", m.model_type,
-                                   family_descriptor(m.family).name));
-  }
+  // decoder layers' in run_layers (src/sim/layers.h); the other rules FSDP2 shares (fsdp.cc)
+  refuse_under_accelerate_fsdp(s, m, "FSDP1", "fsdp1", "FullyShardedDataParallel");
   if (m.embed.tied) {
     refuse("sharding", "fsdp1: tied input/output embeddings (one shared parameter in the root FlatParameter) are not "
                        "simulated");
   }
-  if (m.head != Head::kCausalLm) refuse("head", "FSDP1 is simulated for the causal-LM head only");
   if (s.loss != LossKind::kCe) refuse("loss", "FSDP1 is simulated with transformers' cross-entropy (--loss ce)");
-  if (s.optimizer != Optimizer::kAdamW && s.optimizer != Optimizer::kAdam) {
-    refuse("optimizer", fmt::format("{}: FSDP1 is simulated with torch AdamW/Adam over the sharded views",
-                                    name_of(s.optimizer)));
-  }
-  if (s.optimizer_in_backward) refuse("optimizer_in_backward", "true: not simulated under FSDP1");
   if (s.lora.on) refuse("lora", "LoRA under FSDP1 is not simulated (mixed requires_grad within a FlatParameter)");
-  if (s.quant.type != Quantize::kNone) refuse("quantize", "quantized base weights are not simulated under FSDP1");
-  if (!s.freeze.empty()) refuse("freeze", "frozen parameters are not simulated under FSDP1");
   if (s.input_require_grads.value_or(false)) refuse("input_require_grads", "true: not simulated under FSDP1");
   if (s.checkpointing != Checkpointing::kNone) {
     // the Trainer's gradient_checkpointing (transformers' GradientCheckpointingLayer inside the FSDP-wrapped layer):
@@ -78,12 +68,7 @@ Fsdp1Options resolve_fsdp1(const TrainSetup& s, const ModelSpec& m, LoopKind loo
   if (s.reshard_after_forward) {
     refuse("reshard_after_forward", "an FSDP2 setting; FSDP1 is simulated with the Trainer's FULL_SHARD");
   }
-  const auto not_ddp = [&](const char* field) {
-    refuse(field, "a DDP setting; --sharding fsdp1 runs FullyShardedDataParallel, which builds no DDP Reducer");
-  };
-  if (s.bucket_cap_mb) not_ddp("bucket_cap_mb");
-  if (s.gradient_as_bucket_view) not_ddp("gradient_as_bucket_view");
-  if (s.find_unused_parameters) not_ddp("find_unused_parameters");
+  Fsdp1Options f;
   f.on = true;
   f.ranks = s.dp;
   f.rank = 0;
@@ -94,28 +79,12 @@ Fsdp1Options resolve_fsdp1(const TrainSetup& s, const ModelSpec& m, LoopKind loo
   // replayed where the program makes them (allocator.h), it changes no allocation.
   f.use_orig_params = true;
   f.backward_prefetch = s.backward_prefetch_pre.value_or(false);
-  switch (s.precision) {
-    case Precision::kBf16Amp:
-      // bf16=True is accelerate's mixed_precision "bf16": AcceleratorState calls fsdp_plugin.set_mixed_precision,
-      // MixedPrecision(param_dtype=bf16, reduce_dtype=bf16, buffer_dtype=bf16); prepare_model upcasts every
-      // low-precision FlatParameter to float32 ("we follow DeepSpeed's strategy to hold the parameters in full
-      // precision") and still wraps the forward in autocast (native_amp)
-      f.orig_dtype = DType::kF32;
-      f.mixed = true;
-      f.param_dtype = DType::kBF16;
-      f.reduce_dtype = DType::kBF16;
-      break;
-    case Precision::kFp32:
-    case Precision::kBf16:
-      // mixed_precision "no": no MixedPrecision; the flat parameters keep the model's dtype
-      f.orig_dtype = param_dtype(s.precision);
-      f.param_dtype = f.orig_dtype;
-      f.reduce_dtype = f.orig_dtype;
-      break;
-    default:
-      refuse("precision", fmt::format("{}: fp16 under FSDP1 needs ShardedGradScaler, not simulated (bf16-amp, bf16 "
-                                      "and fp32 are)", name_of(s.precision)));
-  }
+  // bf16=True is accelerate's mixed_precision "bf16": AcceleratorState calls fsdp_plugin.set_mixed_precision,
+  // MixedPrecision(param_dtype=bf16, reduce_dtype=bf16, buffer_dtype=bf16); prepare_model upcasts every
+  // low-precision FlatParameter to float32 ("we follow DeepSpeed's strategy to hold the parameters in full
+  // precision") and still wraps the forward in autocast (native_amp). mixed_precision "no": no MixedPrecision.
+  const FsdpDtypes d = accelerate_fsdp_dtypes(s.precision, "FSDP1");
+  std::tie(f.orig_dtype, f.param_dtype, f.reduce_dtype, f.mixed) = std::tuple(d.orig, d.param, d.reduce, d.mixed);
   return f;
 }
 

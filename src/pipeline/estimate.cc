@@ -514,6 +514,14 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
     st.optimizer_state = f.optimizer_state;
     e.zero = std::move(f);
   }
+  // FSDP's per-rank model states: the rank's shards, its sharded gradients, the optimizer's state over them
+  const auto set_sharded_states = [&st](Bytes weights, Bytes grads, Bytes moments, Bytes steps) {
+    st.weights = weights;
+    st.gradients = grads;
+    st.optimizer_moments = moments;
+    st.optimizer_steps = steps;
+    st.optimizer_state = moments + steps;
+  };
   if (fopt.on) {
     // one rank's model states, from the same shards the simulator allocates (fsdp_shard): the padded parameter
     // shards and the padded reduce-scatter results in the orig dtype, AdamW's state over the unpadded local shards
@@ -535,11 +543,7 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
       }
     }
     f.sharded_grads = f.sharded_params;  // grad_output: one padded flat tensor per unit, the orig dtype
-    st.weights = f.sharded_params;
-    st.gradients = f.sharded_grads;
-    st.optimizer_moments = moments;
-    st.optimizer_steps = steps;
-    st.optimizer_state = f.optimizer_state;
+    set_sharded_states(f.sharded_params, f.sharded_grads, moments, steps);
     e.fsdp = std::move(f);
   }
   if (f1opt.on) {
@@ -568,11 +572,7 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
     }
     f.sharded_params = bytes_of(Elems(f.shard_elems), f1opt.orig_dtype);
     f.sharded_grads = f.sharded_params;
-    st.weights = f.sharded_params;
-    st.gradients = f.sharded_grads;
-    st.optimizer_moments = moments;
-    st.optimizer_steps = steps;
-    st.optimizer_state = f.optimizer_state;
+    set_sharded_states(f.sharded_params, f.sharded_grads, moments, steps);
     e.fsdp1 = std::move(f);
   }
   if (const DdpOptions& d = ddp; d.on) {

@@ -1,6 +1,8 @@
 // `trainmem estimate`: the breakdown table and the JSON contract.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "json_text.h"
@@ -340,6 +342,17 @@ std::string render_zero_note(const Estimate& e) {
   return out;
 }
 
+// The index of the first unit of each kind, in the kinds' order (FSDP's units of one kind are alike).
+template <typename Unit, typename Kind>
+std::vector<size_t> first_unit_of_each(const std::vector<Unit>& units, std::initializer_list<Kind> kinds) {
+  std::vector<size_t> out;
+  for (Kind k : kinds) {
+    const auto it = std::find_if(units.begin(), units.end(), [k](const Unit& u) { return u.kind == k; });
+    if (it != units.end()) out.push_back(static_cast<size_t>(it - units.begin()));
+  }
+  return out;
+}
+
 // --sharding fsdp2: the units, the per-rank sharded states, the gathered and reduce-scatter buffers per unit.
 std::string render_fsdp_note(const Estimate& e) {
   const FsdpFigures& f = *e.fsdp;
@@ -379,15 +392,7 @@ std::string render_fsdp_note(const Estimate& e) {
                      format_bytes(f.sharded_params + f.sharded_grads + f.optimizer_state), with_commas(f.local_elems),
                      with_commas(p_all), with_commas(f.padding_elems));
   // per distinct unit shape: the embedding, one decoder layer (they are alike), the tail (those the rank holds)
-  std::vector<size_t> shown;
-  for (FsdpUnit::Kind k : {FsdpUnit::kEmbed, FsdpUnit::kLayer, FsdpUnit::kTail}) {
-    for (size_t i = 0; i < f.units.size(); ++i) {
-      if (f.units[i].kind != k) continue;
-      shown.push_back(i);
-      break;
-    }
-  }
-  for (size_t i : shown) {
+  for (size_t i : first_unit_of_each(f.units, {FsdpUnit::kEmbed, FsdpUnit::kLayer, FsdpUnit::kTail})) {
     const FsdpUnit& u = f.units[i];
     const uint64_t gathered = u.shard_numel * o.ranks;
     out += fmt::format("  {}{}: {} parameters; all-gather output {} ({}){}, unsharded parameters {}; reduce-scatter "
@@ -441,15 +446,7 @@ std::string render_fsdp1_note(const Estimate& e) {
                      format_bytes(f.sharded_params + f.sharded_grads + f.optimizer_state), with_commas(f.shard_elems),
                      with_commas(f.local_elems), with_commas(f.padding_elems));
   // one decoder layer (they are alike) and the root
-  std::vector<size_t> shown;
-  for (Fsdp1Unit::Kind k : {Fsdp1Unit::kLayer, Fsdp1Unit::kRoot}) {
-    for (size_t i = 0; i < f.units.size(); ++i) {
-      if (f.units[i].kind != k) continue;
-      shown.push_back(i);
-      break;
-    }
-  }
-  for (size_t i : shown) {
+  for (size_t i : first_unit_of_each(f.units, {Fsdp1Unit::kLayer, Fsdp1Unit::kRoot})) {
     const Fsdp1Unit& u = f.units[i];
     const Fsdp1Layout& l = u.layout;
     out += fmt::format("  {}{}: flat {} = {} parameters + {} alignment + {} world-size padding; shard S {} ({}); "
@@ -698,13 +695,6 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
   }
   if (const auto& f = e.fsdp1) {
     const Fsdp1Options& o = f->options;
-    nlohmann::json& j = out["fsdp1"];
-    j = {{"ranks", o.ranks}, {"rank", o.rank}, {"per_rank", true},
-         {"framework", "accelerate FullyShardedDataParallel (fsdp_version 1)"}, {"sharding_strategy", "FULL_SHARD"},
-         {"use_orig_params", o.use_orig_params}, {"backward_prefetch", o.backward_prefetch ? "BACKWARD_PRE" : "None"},
-         {"limit_all_gathers", true}, {"orig_dtype", dtype_name(o.orig_dtype)},
-         {"param_dtype", dtype_name(o.param_dtype)}, {"reduce_dtype", dtype_name(o.reduce_dtype)},
-         {"mixed_precision", o.mixed}};
     nlohmann::json units = nlohmann::json::array();
     for (const Fsdp1Unit& u : f->units) {
       const Fsdp1Layout& l = u.layout;
@@ -716,14 +706,16 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
                        {"unsharded_flat_grad_bytes", bytes_of(Elems(l.unpadded_numel), o.param_dtype).value},
                        {"sharded_grad_bytes", bytes_of(Elems(l.shard_numel), o.orig_dtype).value}});
     }
-    j["units"] = std::move(units);
-    j["sharded_param_bytes"] = f->sharded_params.value;
-    j["sharded_grad_bytes"] = f->sharded_grads.value;
-    j["optimizer_state_bytes"] = f->optimizer_state.value;
-    j["local_elems"] = f->local_elems;
-    j["shard_elems"] = f->shard_elems;
-    j["padding_elems"] = f->padding_elems;
-    j["nccl_buffers"] = "outside the caching allocator: device.nccl (with a GPU)";
+    out["fsdp1"] = {
+        {"ranks", o.ranks}, {"rank", o.rank}, {"per_rank", true},
+        {"framework", "accelerate FullyShardedDataParallel (fsdp_version 1)"}, {"sharding_strategy", "FULL_SHARD"},
+        {"use_orig_params", o.use_orig_params}, {"backward_prefetch", o.backward_prefetch ? "BACKWARD_PRE" : "None"},
+        {"limit_all_gathers", true}, {"orig_dtype", dtype_name(o.orig_dtype)}, {"param_dtype", dtype_name(o.param_dtype)},
+        {"reduce_dtype", dtype_name(o.reduce_dtype)}, {"mixed_precision", o.mixed}, {"units", std::move(units)},
+        {"sharded_param_bytes", f->sharded_params.value}, {"sharded_grad_bytes", f->sharded_grads.value},
+        {"optimizer_state_bytes", f->optimizer_state.value}, {"local_elems", f->local_elems},
+        {"shard_elems", f->shard_elems}, {"padding_elems", f->padding_elems},
+        {"nccl_buffers", "outside the caching allocator: device.nccl (with a GPU)"}};
   }
   out["setup"]["generate"] = s.generate;
   if (const auto& g = e.generation) {

@@ -18,15 +18,20 @@
 
 #include <fmt/format.h>
 
+#include <string>
+#include <string_view>
+
 #include "trainmem/error.h"
 
 namespace trainmem::sim {
 
 namespace {
-// A decoder layer's buffers are named after the layer by the timeline's label (Label::layer); the root's carry
-// its name.
-const char* unit_label(const char* what, const Fsdp1Unit& u) {
-  return u.layer >= 0 ? intern_name(fmt::format("FSDP1 {}", what)) : intern_name(fmt::format("FSDP1 {} ({})", what, u.name));
+// "FSDP1 <what>", with the unit's name unless it is a decoder layer (the timeline's Label::layer names those)
+const char* flat_label(const Fsdp1Unit& u, std::string_view what) {
+  std::string text = "FSDP1 ";
+  text += what;
+  if (u.layer < 0) text += " (" + u.name + ")";
+  return intern_name(text);
 }
 }  // namespace
 
@@ -74,7 +79,7 @@ void Fsdp1::load(LoadedModel& w, DType model_dtype) {
     const Fsdp1Layout& l = u.spec.layout;
     u.full = e_.empty_unallocated(Shape{l.padded_unsharded_numel}, o_.param_dtype,
                                   bytes_of(Elems(l.padded_unsharded_numel), o_.param_dtype), Category::kFsdpBuffers,
-                                  Label{unit_label("unsharded flat parameter", u.spec), u.spec.layer, -1});
+                                  Label{flat_label(u.spec, "unsharded flat parameter"), u.spec.layer, -1});
   }
   // The model's buffers reach the device with the root (nn.Module._apply order kept); the parameters as the
   // original-parameter views into their unit's flat parameter (no bytes of their own)
@@ -115,7 +120,7 @@ void Fsdp1::load(LoadedModel& w, DType model_dtype) {
     }
     if (l.unpadded_numel > prev_end) pad(l.unpadded_numel - prev_end);
     T flat = e_.empty(Shape{l.unpadded_numel}, model_dtype, Category::kWeights,
-                      Label{unit_label("FlatParameter (unsharded, at wrap)", u.spec), u.spec.layer, -1});
+                      Label{flat_label(u.spec, "FlatParameter (unsharded, at wrap)"), u.spec.layer, -1});
     moved.clear();
     pads.clear();
     // _get_shard: chunks[rank].clone(), then F.pad to chunks[0].numel() when short (the last ranks)
@@ -123,9 +128,9 @@ void Fsdp1::load(LoadedModel& w, DType model_dtype) {
     const uint64_t chunk = start >= l.unpadded_numel ? 0 : std::min(l.shard_numel, l.unpadded_numel - start);
     if (chunk < l.shard_numel) {
       T cloned = e_.empty(Shape{chunk}, model_dtype, Category::kTemporaries, Label{"FSDP1 shard clone", u.spec.layer, -1});
-      u.local = e_.empty(Shape{l.shard_numel}, model_dtype, Category::kWeights, Label{unit_label("sharded FlatParameter", u.spec), u.spec.layer, -1});
+      u.local = e_.empty(Shape{l.shard_numel}, model_dtype, Category::kWeights, Label{flat_label(u.spec, "sharded FlatParameter"), u.spec.layer, -1});
     } else {
-      u.local = e_.empty(Shape{l.shard_numel}, model_dtype, Category::kWeights, Label{unit_label("sharded FlatParameter", u.spec), u.spec.layer, -1});
+      u.local = e_.empty(Shape{l.shard_numel}, model_dtype, Category::kWeights, Label{flat_label(u.spec, "sharded FlatParameter"), u.spec.layer, -1});
     }
     flat.reset();  // flat_param._typed_storage()._resize_(0); flat_param.set_(sharded_flat_param)
     // _use_sharded_views: each original parameter a 1-d view of its elements in the shard (none: size 0)
@@ -156,7 +161,7 @@ void Fsdp1::lazy_init() {
     if (o_.mixed) {
       // _mp_shard = torch.empty_like(_local_shard, dtype=_fwd_bwd_param_dtype); _free_storage(_mp_shard)
       u.mp = e_.empty(Shape{l.shard_numel}, o_.param_dtype, Category::kFsdpBuffers,
-                      Label{unit_label("low-precision shard (_mp_shard)", u.spec), u.spec.layer, -1});
+                      Label{flat_label(u.spec, "low-precision shard (_mp_shard)"), u.spec.layer, -1});
       e_.resize_storage(u.mp->storage, false);
     }
     // _full_param_padded = torch.empty(padded_unsharded_numel, dtype=unsharded_param_dtype); _free_storage
@@ -165,7 +170,7 @@ void Fsdp1::lazy_init() {
     if (o_.mixed) {
       // _full_prec_full_param_padded = torch.empty(padded_unsharded_numel, dtype=flat_param.dtype); _free_storage
       T full_prec = e_.empty(Shape{l.padded_unsharded_numel}, o_.orig_dtype, Category::kFsdpBuffers,
-                             Label{unit_label("full-precision unsharded flat parameter (init)", u.spec), u.spec.layer, -1});
+                             Label{flat_label(u.spec, "full-precision unsharded flat parameter (init)"), u.spec.layer, -1});
     }
   }
 }
@@ -278,7 +283,7 @@ void Fsdp1::grad_ready(int32_t row) {
   // of them, and AccumulateGrad makes it flat_param.grad; the views' gradients die with the node's input buffer.
   // (The zeros it cats for the padding slices are below 16 elements each, not simulated.)
   T flat = e_.empty(Shape{u.spec.layout.unpadded_numel}, o_.param_dtype, Category::kFsdpBuffers,
-                    Label{unit_label("unsharded flat gradient", u.spec), u.spec.layer, -1});
+                    Label{flat_label(u.spec, "unsharded flat gradient"), u.spec.layer, -1});
   for (int32_t r : u.spec.rows) e_.grad(r).reset();
   // FlatParameter's AccumulateGrad post-hook: _post_backward_hook
   u.post_backward_done = true;
@@ -294,17 +299,17 @@ void Fsdp1::grad_ready(int32_t row) {
     T padded;
     if (l.padded_unsharded_numel > l.unpadded_numel) {
       padded = e_.empty(Shape{l.padded_unsharded_numel}, o_.reduce_dtype, Category::kFsdpBuffers,
-                        Label{unit_label("padded unsharded gradient (F.pad)", u.spec), u.spec.layer, -1});
+                        Label{flat_label(u.spec, "padded unsharded gradient (F.pad)"), u.spec.layer, -1});
     }
     T sharded = e_.empty(Shape{l.shard_numel}, o_.reduce_dtype,
                          o_.reduce_dtype == o_.orig_dtype ? Category::kGradients : Category::kFsdpBuffers,
-                         Label{unit_label(o_.reduce_dtype == o_.orig_dtype ? "sharded gradient" : "new_sharded_grad", u.spec),
+                         Label{flat_label(u.spec, o_.reduce_dtype == o_.orig_dtype ? "sharded gradient" : "new_sharded_grad"),
                                u.spec.layer, -1});
     // _accumulate_sharded_grad -> _cast_grad_to_param_dtype: `sharded_grad.data = sharded_grad.data.to(param.dtype)`
     // when they differ (the bf16 reduce under an fp32 FlatParameter); the low-precision one freed at return
     if (o_.reduce_dtype != o_.orig_dtype) {
       T cast = e_.empty(Shape{l.shard_numel}, o_.orig_dtype, Category::kGradients,
-                        Label{unit_label("sharded gradient", u.spec), u.spec.layer, -1});
+                        Label{flat_label(u.spec, "sharded gradient"), u.spec.layer, -1});
       sharded = std::move(cast);
     }
     // _saved_grad_shard = sharded_grad (the first backward of the step: no accumulation)

@@ -15,28 +15,28 @@ namespace trainmem::sim {
 class Fsdp1 : public FsdpHooks {
  public:
   Fsdp1(Engine& e, const Inventory& inv, const Fsdp1Options& o, std::vector<Fsdp1Unit> units);
-  // The Trainer leaves the model on the CPU (place_model_on_device False under FSDP) and accelerate's prepare_model
-  // wraps FSDP(model, device_id=...): per unit, in wrapping order, the parameters moved to the device, flattened and
-  // sharded. Loads the buffers and the model's parameter handles into `w`.
-  void load(LoadedModel& w, DType model_dtype);
-  // The root FSDP's forward (FullyShardedDataParallel.forward) starts at kFsdpUnitEmbed's pre-forward; the layers'
-  // at theirs; kFsdpUnitTail's hooks are the root's own module code (no unit boundary).
-  T pre_forward(Ctx& c, int32_t unit, T input) override;
-  T post_forward(Ctx& c, int32_t unit, T output) override;
-  // The root's _post_forward once the model's forward returns (its unsharded flat parameter is kept for backward)
-  void root_post_forward();
-  // The root's pre-backward hook on the loss: queues the final callback, clears the flat gradients' info, and with
-  // BACKWARD_PRE prefetches the last unit of the forward.
-  void root_pre_backward();
+  // The optimizer's view of row i: its elements in this rank's shard (0: not in the shard, no .grad, no state).
+  uint64_t numel_in_shard(size_t row) const { return in_shard_[row]; }
   // The engine's post_accumulate_grad: row r's gradient reached its AccumulateGrad. When every row of a unit has
   // its gradient, the unit's FlatParameter gets its flat gradient (SplitWithSizesBackward's cat) and its
   // post-backward hook runs.
   void grad_ready(int32_t row);
+  // The root's pre-backward hook on the loss: queues the final callback, clears the flat gradients' info, and with
+  // BACKWARD_PRE prefetches the last unit of the forward.
+  void root_pre_backward();
   // _post_backward_final_callback -> _finalize_params: the sharded gradients become the original parameters'
   // .grad views for the optimizer (use_orig_params: _use_sharded_grad_views).
   void final_callback();
-  // The optimizer's view of row i: its elements in this rank's shard (0: not in the shard, no .grad, no state).
-  uint64_t numel_in_shard(size_t row) const { return in_shard_[row]; }
+  // The root's _post_forward once the model's forward returns (its unsharded flat parameter is kept for backward)
+  void root_post_forward();
+  // The root FSDP's forward (FullyShardedDataParallel.forward) starts at kFsdpUnitEmbed's pre-forward; the layers'
+  // at theirs; kFsdpUnitTail's hooks are the root's own module code (no unit boundary).
+  T post_forward(Ctx& c, int32_t unit, T output) override;
+  T pre_forward(Ctx& c, int32_t unit, T input) override;
+  // The Trainer leaves the model on the CPU (place_model_on_device False under FSDP) and accelerate's prepare_model
+  // wraps FSDP(model, device_id=...): per unit, in wrapping order, the parameters moved to the device, flattened and
+  // sharded. Loads the buffers and the model's parameter handles into `w`.
+  void load(LoadedModel& w, DType model_dtype);
 
  private:
   struct Unit {

@@ -196,8 +196,9 @@ constexpr Field kFields[] = {
      FieldGroup::kTraining},
     {"dp", "data-parallel ranks (GPUs): estimate simulates one rank of --sharding; trainmem formulas prints ZeRO's "
            "and DeepSpeed's per-rank closed forms for them (default 1)", FieldGroup::kTraining},
-    {"sharding", "ddp | fsdp2 | zero1 | zero2 | zero3: how the --dp ranks share the model (DDP, FSDP2's fully_shard "
-                 "through accelerate, DeepSpeed ZeRO-1/2/3 under the Trainer; fsdp1: not simulated yet)",
+    {"sharding", "ddp | fsdp1 | fsdp2 | zero1 | zero2 | zero3: how the --dp ranks share the model (DDP, FSDP1's "
+                 "FullyShardedDataParallel and FSDP2's fully_shard through accelerate, DeepSpeed ZeRO-1/2/3 under the "
+                 "Trainer)",
      FieldGroup::kTraining},
     {"bucket_cap_mb", "DDP's bucket_cap_mb, in MiB (default: what the loop passes: none, so DDP's 25 with a 1 MiB "
                       "first bucket)", FieldGroup::kTraining},

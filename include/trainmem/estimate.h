@@ -148,6 +148,18 @@ struct ZeroFigures {
   Bytes ipg_buffers;         // buf_0 (+ buf_1), allocated per backward
   Bytes fp32_grad;           // single_grad_partition at the step (transient, the largest group)
   Bytes deepspeed_estimate;  // estimate_zero2_model_states_mem_needs (no offload): 2P + int(18P / N)
+  ZeroFullestRank fullest;    // stages 1/2: the rank whose params_in_partition hold the most
+  // Stages 1/2 without --dp-rank: each class of alike ranks (zero_rank_classes) simulated, fullest first, at most
+  // kZeroRanksSimulated of them; this estimate is the worst one's (the least headroom on the GPU, else the highest
+  // peak reserved). Empty when --dp-rank named the rank or dp is beyond kZeroRanksSearched (then the fullest).
+  struct RankRow {
+    uint64_t rank = 0, ranks = 0, in_partition_numel = 0;
+    Bytes peak_allocated, peak_reserved;
+    bool fits = true;
+  };
+  std::vector<RankRow> rank_rows;
+  uint64_t rank_classes = 0;  // classes in all (those past kZeroRanksSimulated not simulated)
+  size_t worst = 0;           // index in rank_rows
   // --- ZeRO-3 (stage 3) and offload: this rank's model states where DeepSpeed puts them ---
   uint64_t persistent_params = 0, persistent_numel = 0;  // mark_persistent_parameters
   uint64_t partition_padding = 0;    // elements of padding in this rank's ds_tensors (the last rank's, summed)
@@ -200,6 +212,7 @@ struct FsdpFigures {
   Bytes optimizer_state;       // AdamW over the local (unpadded) shards
   uint64_t padding_elems = 0;  // padded minus unpadded elements on this rank
   uint64_t local_elems = 0;    // this rank's unpadded parameter elements
+  uint64_t first_rank_elems = 0, last_rank_elems = 0;  // ranks 0's and W - 1's unpadded elements: most, fewest
   bool torchtitan_pp = false;  // torchtitan's apply_fsdp on a pipeline stage (resolve_pp_fsdp), not accelerate's
 };
 

@@ -23,7 +23,7 @@ struct PpStagePart;
 struct FsdpOptions {
   bool on = false;
   uint64_t ranks = 1;   // the data-parallel mesh size W (--dp or --gpus N)
-  uint64_t rank = 0;    // the simulated rank (0)
+  uint64_t rank = 0;    // the simulated rank (--dp-rank, default 0)
   bool reshard_after_forward = true;  // FullyShardedDataParallelPlugin.reshard_after_forward (FSDP2: True)
   DType orig_dtype = DType::kF32;     // the sharded parameters' dtype (accelerate upcasts to float32)
   bool mixed = false;                 // MixedPrecisionPolicy.param_dtype set

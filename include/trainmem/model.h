@@ -199,6 +199,9 @@ struct ModelSpec {
   // Tensor-parallel ranks (tp.h): >1 when this spec is one rank's local model under transformers' tp_plan="auto"
   // (heads, kv_heads, ffn already divided; lm_head holds vocab_size / tp rows). 1: no tensor parallelism.
   uint64_t tp = 1;
+  // Sequence parallelism with tp (sp.h): PyTorch-native TP + SP (torchtitan's plan on transformers' modules); the
+  // residual stream holds seq / tp tokens, embed_tokens vocab_size / tp rows. false: transformers' tp_plan.
+  bool sp = false;
   // Expert-parallel ranks (ep.h): >1 when this spec is one rank's local model under DistributedConfig(tp_size=ep,
   // ep_size=ep): moe.experts stays the global E (the replicated router's), the experts' tensors hold E / ep.
   uint64_t ep = 1;

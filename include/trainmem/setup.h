@@ -164,6 +164,10 @@ struct TrainSetup {
   // `trainmem formulas` prints ZeRO's and DeepSpeed's per-rank closed forms for them.
   uint64_t dp = 1;
   Sharding sharding = Sharding::kDdp;  // how the dp ranks share the model (DDP, DeepSpeed ZeRO-1/2)
+  // The data-parallel rank simulated (0 to dp - 1). Empty: the one holding the most. FSDP2: rank 0 (every shard
+  // padded alike, torch.chunk's short chunks on the last ranks, whose optimizer state is smaller); ZeRO-1/2: the
+  // rank whose params_in_partition hold the most (zero_fullest_rank); DDP's and ZeRO-3's ranks are alike.
+  std::optional<uint64_t> dp_rank;
   // DistributedDataParallel's arguments (ddp.h); empty: what the modelled loop passes (resolve_ddp)
   std::optional<double> bucket_cap_mb;          // bucket_cap_mb (MiB despite the name)
   std::optional<bool> gradient_as_bucket_view;  // gradient_as_bucket_view
@@ -184,7 +188,8 @@ struct TrainSetup {
   // FSDP1's backward_prefetch (fsdp1.h; field fsdp1_prefetch): true BACKWARD_PRE, false None; empty: the Trainer's "NO_PREFETCH"
   std::optional<bool> backward_prefetch_pre;
   // Tensor-parallel ranks (tp.h): transformers 5.x tp_plan="auto" over `tp` GPUs; estimate simulates one rank's
-  // local model. 1: none. sequence_parallel: torchtitan's SequenceParallel norms (not simulated yet: refused).
+  // local model. 1: none. sequence_parallel: PyTorch-native TP + SP with torchtitan's plan in place of
+  // transformers' (sp.h).
   uint64_t tp = 1;
   bool sequence_parallel = false;
   // Expert-parallel ranks (ep.h): DistributedConfig(tp_size=ep, ep_size=ep); resolve() sets tp = ep. 1: none.

@@ -20,7 +20,7 @@ struct ZeroOptions {
   bool on = false;
   uint32_t stage = 0;              // 1 or 2
   uint64_t ranks = 1;              // dp: the data-parallel world size
-  uint64_t rank = 0;               // the simulated rank (0)
+  uint64_t rank = 0;               // the simulated rank (--dp-rank, default 0)
   uint64_t reduce_bucket_elems = 0;     // reduce_bucket_size, in elements
   uint64_t allgather_bucket_elems = 0;  // allgather_bucket_size, in elements
   bool overlap_comm = false;       // a second IPG buffer (buf_1)
@@ -83,6 +83,30 @@ ZeroGroupLayout zero_group_layout(const std::vector<uint64_t>& numels, uint64_t 
 // rows of the weight-decayed group, then the rest (in_decay_group), in named_parameters() order; an empty group
 // is left out (__init__ reads bit16_groups[i][0].dtype).
 std::vector<std::vector<int32_t>> zero_param_groups(const Inventory& inv);
+// The rank whose params_in_partition hold the most elements over `groups` (each group's trainable numels, in
+// order; boundary parameters in full, as zero_group_layout counts them), and that count. It is the only allocation
+// of ZeRO-1/2 whose size depends on the rank (copy_grads_in_partition's grads_in_partition, stage 1's kept
+// .grad of the partition's parameters): estimate simulates this rank unless --dp-rank names one. Ties: the lowest.
+struct ZeroFullestRank {
+  uint64_t rank = 0;
+  uint64_t in_partition_numel = 0;
+};
+// Each zero_param_groups group's numels, in order.
+std::vector<std::vector<uint64_t>> zero_group_numels(const Inventory& inv);
+ZeroFullestRank zero_fullest_rank(const std::vector<std::vector<uint64_t>>& groups, uint64_t dp);
+
+// The ranks of a ZeRO-1/2 group sorted into classes whose steps are alike: the same params_in_partition, the same
+// slices of them (get_flat_partition: the first from first_offset, the last cut at the partition's end, zeros
+// padding a short one), which is all of the layout that depends on the rank. Ranks of one class are simulated
+// once. Sorted by in_partition_numel, most first (ties: the lowest rank). Only for dp <= kZeroRanksSearched (the
+// work is O(dp x parameters)).
+struct ZeroRankClass {
+  uint64_t rank = 0;                // the lowest rank of the class
+  uint64_t ranks = 0;               // how many ranks are alike
+  uint64_t in_partition_numel = 0;  // over the groups
+};
+inline constexpr uint64_t kZeroRanksSearched = 4096;
+std::vector<ZeroRankClass> zero_rank_classes(const std::vector<std::vector<uint64_t>>& groups, uint64_t dp);
 
 // averaged_gradients[i] of `layout`'s rank at the boundary (get_flat_partition, return_tensor_list=True): the
 // element counts of the narrowed gradients of params_in_partition (the first from first_offset, the last cut at

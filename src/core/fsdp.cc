@@ -128,7 +128,9 @@ FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop,
   }
   f.on = true;
   f.ranks = s.dp;
-  f.rank = 0;
+  // --dp-rank: the rank whose shards are simulated (rank 0 unless given; torch.chunk leaves the last ones short)
+  f.rank = s.dp_rank.value_or(0);
+  if (f.rank >= f.ranks) throw FieldError("dp_rank", fmt::format("{}: the data-parallel group has ranks 0 to {}", f.rank, f.ranks - 1));
   // FullyShardedDataParallelPlugin.__post_init__: reshard_after_forward None -> env FSDP_RESHARD_AFTER_FORWARD,
   // default "true" for fsdp_version 2
   f.reshard_after_forward = s.reshard_after_forward.value_or(true);
@@ -261,7 +263,9 @@ FsdpOptions resolve_pp_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind lo
                                               "\"float32\" with mixed_precision_param bfloat16 applied by "
                                               "fully_shard: use --precision fp32", precision_name(s.precision)));
   }
-  return fsdp_torchtitan_pp_options(s.dp);
+  FsdpOptions f = fsdp_torchtitan_pp_options(s.dp);
+  f.rank = checked.rank;  // --dp-rank (resolve_fsdp checked it)
+  return f;
 }
 
 std::vector<FsdpUnit> fsdp_stage_units(const Inventory& stage_inv, const std::vector<PpStagePart>& parts,

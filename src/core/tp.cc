@@ -114,6 +114,8 @@ void mark_tp_shards(const ModelSpec& local, Inventory& inv) {
       case TpStyle::kColwiseGatherOutput: r.tp_dim = 0; break;  // Shard(-2) of (out, in); a bias Shard(-1) = dim 0
       case TpStyle::kRowwise: r.tp_dim = bias ? -1 : 1; break;   // Shard(-1) of (out, in); the bias replicated
     }
+    // sequence parallelism (sp.h): embed_tokens is RowwiseParallel on nn.Embedding, Shard(0) of its (V, C) weight
+    if (local.sp && r.name == "model.embed_tokens.weight") r.tp_dim = 0;
   }
 }
 

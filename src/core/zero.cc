@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 
 #include "trainmem/error.h"
 #include "trainmem/sim.h"
@@ -125,7 +126,9 @@ ZeroOptions resolve_zero(const TrainSetup& s, LoopKind loop, TorchVersion torch)
     }
   }
   z.ranks = s.dp;
-  z.rank = 0;
+  // --dp-rank: the rank whose partitions are simulated (rank 0 unless given; the last holds the padding)
+  z.rank = s.dp_rank.value_or(0);
+  if (z.rank >= z.ranks) throw FieldError("dp_rank", fmt::format("{}: the data-parallel group has ranks 0 to {}", z.rank, z.ranks - 1));
   // reduce_bucket_size: DeepSpeedZeroConfig's Field(pp_int(5e8)) when the config leaves it out. The Trainer's
   // "auto" (transformers integrations/deepspeed.py HfTrainerDeepSpeedConfig.trainer_config_finalize:
   // hidden_size * hidden_size) applies only to configs that say "auto": pass --reduce-bucket-size for those.
@@ -276,6 +279,64 @@ std::vector<std::vector<int32_t>> zero_param_groups(const Inventory& inv) {
     if (!g->empty()) groups.push_back(std::move(*g));
   }
   return groups;
+}
+
+std::vector<std::vector<uint64_t>> zero_group_numels(const Inventory& inv) {
+  std::vector<std::vector<uint64_t>> out;
+  for (const std::vector<int32_t>& rows : zero_param_groups(inv)) {
+    out.emplace_back();
+    for (int32_t row : rows) out.back().push_back(inv.parameters[static_cast<size_t>(row)].elems.value);
+  }
+  return out;
+}
+
+ZeroFullestRank zero_fullest_rank(const std::vector<std::vector<uint64_t>>& groups, uint64_t dp) {
+  if (dp == 0) throw Error("internal: ZeRO partitions over an empty world");
+  // per rank, the sum over groups of in_partition_numel: each parameter counts for the partition it starts in and
+  // for every partition whose start lies inside it (get_partition_info's two tests), O(parameters + dp) in all
+  std::vector<uint64_t> held(dp, 0);
+  for (const std::vector<uint64_t>& numels : groups) {
+    const ZeroGroupLayout g = zero_group_layout(numels, dp, 0);
+    uint64_t current = 0;
+    for (uint64_t n : numels) {
+      for (uint64_t pid = current / g.partition_size; pid < dp && (pid == current / g.partition_size ||
+                                                                   g.partition_size * pid < current + n); ++pid) {
+        held[pid] = checked_add(held[pid], n, "ZeRO partition elements");
+      }
+      current += n;
+    }
+  }
+  ZeroFullestRank f;
+  for (uint64_t r = 0; r < dp; ++r) {
+    if (held[r] > f.in_partition_numel) f = {r, held[r]};
+  }
+  return f;
+}
+
+std::vector<ZeroRankClass> zero_rank_classes(const std::vector<std::vector<uint64_t>>& groups, uint64_t dp) {
+  if (dp == 0 || dp > kZeroRanksSearched) throw Error("internal: ZeRO rank classes over too many ranks");
+  std::map<std::vector<uint64_t>, size_t> seen;
+  std::vector<ZeroRankClass> out;
+  for (uint64_t r = 0; r < dp; ++r) {
+    std::vector<uint64_t> key;
+    uint64_t held = 0;
+    for (const std::vector<uint64_t>& numels : groups) {
+      const ZeroGroupLayout g = zero_group_layout(numels, dp, r);
+      key.insert(key.end(), g.in_partition.begin(), g.in_partition.end());
+      key.push_back(UINT64_MAX);  // (positions are below it: a separator)
+      const std::vector<uint64_t> slices = zero_partition_slices(g);
+      key.insert(key.end(), slices.begin(), slices.end());
+      key.push_back(UINT64_MAX);
+      held = checked_add(held, g.in_partition_numel, "ZeRO partition elements");
+    }
+    auto [it, fresh] = seen.emplace(std::move(key), out.size());
+    if (fresh) out.push_back({r, 0, held});
+    ++out[it->second].ranks;
+  }
+  std::stable_sort(out.begin(), out.end(), [](const ZeroRankClass& a, const ZeroRankClass& b) {
+    return a.in_partition_numel > b.in_partition_numel;
+  });
+  return out;
 }
 
 // --- ZeRO-3 -----------------------------------------------------------------------------------------------

@@ -268,6 +268,42 @@ ZeroFigures zero3_figures(const Inventory& inv, const ZeroOptions& z, const Trai
 // --pp N (pp.h): each rank's stage simulated in turn, the worst named; the estimate is that rank's (or --rank's).
 namespace {
 
+// --sharding zero1/zero2 over dp ranks without --dp-rank: each class of alike ranks (zero_rank_classes) simulated,
+// the fullest partitions first, at most kZeroRanksSimulated; the worst one's estimate, with every class's row.
+// Beyond kZeroRanksSearched ranks the classes are not enumerated: the fullest partition's rank (zero_fullest_rank).
+constexpr size_t kZeroRanksSimulated = 64;
+Estimate estimate_zero_ranks(const ModelSpec& m, const Inventory& inv, const TrainSetup& s, const SimOptions& o0,
+                             const AllocatorConfig& ac, const GpuSpec* gpu, Bytes margin) {
+  const std::vector<std::vector<uint64_t>> groups = zero_group_numels(inv);
+  TrainSetup one = s;
+  if (s.dp > kZeroRanksSearched) {
+    one.dp_rank = zero_fullest_rank(groups, s.dp).rank;
+    return estimate(m, inv, one, o0, ac, gpu, margin);
+  }
+  const std::vector<ZeroRankClass> classes = zero_rank_classes(groups, s.dp);
+  std::vector<ZeroFigures::RankRow> rows;
+  std::optional<Estimate> worst;
+  size_t worst_at = 0;
+  for (size_t i = 0; i < classes.size() && i < kZeroRanksSimulated; ++i) {
+    one.dp_rank = classes[i].rank;
+    Estimate e = estimate(m, inv, one, o0, ac, gpu, margin);
+    ZeroFigures::RankRow row{classes[i].rank, classes[i].ranks, classes[i].in_partition_numel,
+                             e.memory.peak_allocated, e.memory.peak_reserved, e.device ? e.device->fits : true};
+    rows.push_back(row);
+    const bool worse = !worst || (gpu ? e.device->headroom < worst->device->headroom
+                                      : row.peak_reserved > worst->memory.peak_reserved);
+    if (worse) {
+      worst = std::move(e);
+      worst_at = i;
+    }
+  }
+  if (!worst || !worst->zero) throw Error("internal: no ZeRO rank simulated");
+  worst->zero->rank_rows = std::move(rows);
+  worst->zero->rank_classes = classes.size();
+  worst->zero->worst = worst_at;
+  return std::move(*worst);
+}
+
 // What the pipeline simulation covers; anything else is refused with its reason.
 void check_pipeline(const ModelSpec& m, const TrainSetup& s, LoopKind loop, TorchVersion torch) {
   auto no = [](const std::string& why) { throw Error("--pp: " + why); };
@@ -394,6 +430,13 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
     return out;
   }
   validate_setup(m, s);
+  // --sharding zero1/zero2 without --dp-rank: the ranks' partitions hold different parameters (params_in_partition
+  // and their slices), so their steps differ, by a third of the peak on some layouts: every class of alike ranks
+  // is simulated and the worst named, as for a pipeline. (FSDP2's rank 0 holds the most; DDP's and ZeRO-3's ranks
+  // are alike.)
+  if (s.dp > 1 && !s.dp_rank && (s.sharding == Sharding::kZero1 || s.sharding == Sharding::kZero2)) {
+    return estimate_zero_ranks(m, inv, s, o0, ac, gpu, margin);
+  }
   SimOptions o = o0;
   // dp > 1: one rank of DistributedDataParallel (ddp.h); refuses what it does not simulate
   const LoopKind loop = resolved(o0, m).loop;
@@ -473,6 +516,7 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
     // one rank's model states, from the same layout the simulator allocates (zero_group_layout)
     ZeroFigures f;
     f.options = z;
+    f.fullest = zero_fullest_rank(zero_group_numels(inv), z.ranks);
     Bytes in_partition, largest_partition;
     for (const std::vector<int32_t>& rows : zero_param_groups(inv)) {
       std::vector<uint64_t> numels;
@@ -535,6 +579,9 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
       f.sharded_params += bytes_of(Elems(sh.padded_numel), fopt.orig_dtype);
       f.padding_elems = checked_add(f.padding_elems, sh.padded_numel - sh.local_numel, "FSDP padding");
       f.local_elems = checked_add(f.local_elems, sh.local_numel, "FSDP shard");
+      // (torch.chunk: rank 0's chunk is the longest, the last rank's the shortest)
+      f.first_rank_elems = checked_add(f.first_rank_elems, fsdp_shard(r.shape, fopt.ranks, 0).local_numel, "FSDP shard");
+      f.last_rank_elems = checked_add(f.last_rank_elems, fsdp_shard(r.shape, fopt.ranks, fopt.ranks - 1).local_numel, "FSDP shard");
       for (const StateTensor& t : optimizer_state_tensors(s.optimizer, e.setup.optimizer_impl, sh.local_shape,
                                                           fopt.orig_dtype, bnb_block_size(s.optimizer_version))) {
         const Bytes b = bytes_of(numel(t.shape), t.dtype);

@@ -314,8 +314,9 @@ void suggest(const Candidate& base, const FitProbe& original, std::optional<uint
     all.setup.checkpointing = Checkpointing::kFull;
     all_changes.push_back({"checkpointing", "full"});
     // torchtitan's selective AC: between none and full, keeping the matmul and attention outputs. Not part
-    // of "all of the above", which takes full; not with a 4-bit base, which resolve() refuses for selective.
-    if (base.setup.quant.type == Quantize::kNone) {
+    // of "all of the above", which takes full; not with a 4-bit base, which resolve() refuses for selective,
+    // nor under sequence parallelism (sp.h), whose selective policy resolve() refuses too.
+    if (base.setup.quant.type == Quantize::kNone && !base.model.sp) {
       Candidate sel = base;
       sel.setup.checkpointing = Checkpointing::kSelective;
       sel.setup.checkpoint_reentrant = false;
@@ -454,6 +455,11 @@ FitResult fit(const Scenario& s0, const FitRequest& r, const FileReader& files) 
   if (r.solve == FitDimension::kSeq && s.was_given("seq")) {
     throw FieldError("seq", fmt::format("{}: when solving for seq, fit finds the sequence length; leave it out",
                                         s.train.seq));
+  }
+  if (r.solve == FitDimension::kSeq && s.train.sequence_parallel) {
+    // sequence parallelism (sp.h) simulates sequences that divide by --tp; the search tries every length
+    throw FieldError("sequence_parallel", "true: fit's search over sequence lengths is not simulated with sequence "
+                                          "parallelism (the lengths must divide by --tp); solve for batch at a given --seq");
   }
   if (r.solve == FitDimension::kSeq && !s.was_given("batch")) s.train.batch = 1;
   (r.solve == FitDimension::kBatch ? s.train.batch : s.train.seq) = 1;  // checked at the smallest size

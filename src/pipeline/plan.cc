@@ -48,8 +48,8 @@ constexpr std::string_view kDerived[] = {"dp", "grad_accum", "micro_batches", "g
 constexpr std::string_view kLayoutFields[] = {
     "gpus", "sharding", "bucket_cap_mb", "gradient_as_bucket_view", "find_unused_parameters", "reduce_bucket_size",
     "overlap_comm", "offload", "param_persistence_threshold", "prefetch_bucket_size", "max_live_parameters",
-    "max_reuse_distance", "reshard_after_forward", "fsdp1_prefetch", "pp", "pp_schedule", "micro_batches", "pp_virtual_stages",
-    "rank", "batch", "nccl_channels", "nccl_nvls", "gpus_per_node"};
+    "max_reuse_distance", "reshard_after_forward", "fsdp1_prefetch", "pp", "pp_schedule", "micro_batches",
+    "pp_virtual_stages", "rank", "dp_rank", "batch", "nccl_channels", "nccl_nvls", "gpus_per_node"};
 
 bool contains(std::span<const std::string_view> names, std::string_view f) {
   return std::find(names.begin(), names.end(), f) != names.end();
@@ -161,11 +161,31 @@ class Planner {
 Probe Planner::simulate(const PlanSetup& p) {
   const ResolvedScenario r = resolve(scenario(p.changes()), files_);
   const bool pipeline = r.setup.pp > 1;
+  // ZeRO-1/2: estimate simulates every class of alike ranks to name the worst (estimate.cc estimate_zero_ranks).
+  // One rank that does not fit already rules the setup out, so the fullest partition's rank is tried first and
+  // the others only when it fits; a setup ruled out so shows that rank's shortfall (the worst rank's is no less).
+  const TrainSetup& s = r.setup;
+  if (s.dp > 1 && !s.dp_rank && (s.sharding == Sharding::kZero1 || s.sharding == Sharding::kZero2)) {
+    TrainSetup fullest = s;
+    fullest.dp_rank = zero_fullest_rank(zero_group_numels(r.inventory), s.dp).rank;
+    const Estimate e = estimate(r.model, r.inventory, fullest, r.options, r.alloc);
+    events_ += e.sim->timeline.events.size();
+    ++simulations_;
+    const DeviceVerdict v = device_verdict(e, gpu_, r.alloc, margin_);
+    if (!v.fits) {
+      Probe out;
+      out.fits = false;
+      out.retries = v.alloc_retries;
+      out.headroom = v.headroom;
+      if (v.oom) out.failure = fmt::format("out of memory in {} on rank {}", v.oom->tensor, *fullest.dp_rank);
+      return out;
+    }
+  }
   // as fit probes: without the device limit, then the verdict replayed with it (a pipeline decides its worst
   // rank on the device, so it is given the GPU)
   const Estimate e = pipeline ? estimate(r.model, r.inventory, r.setup, r.options, r.alloc, &gpu_, margin_)
                               : estimate(r.model, r.inventory, r.setup, r.options, r.alloc);
-  const uint64_t ranks = pipeline ? e.pp->ranks : 1;
+  const uint64_t ranks = pipeline ? e.pp->ranks : e.zero && !e.zero->rank_rows.empty() ? e.zero->rank_rows.size() : 1;
   events_ += checked_mul(e.sim->timeline.events.size(), ranks, "events");
   simulations_ += ranks;
   const DeviceVerdict v = pipeline ? *e.device : device_verdict(e, gpu_, r.alloc, margin_);

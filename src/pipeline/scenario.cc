@@ -12,6 +12,7 @@
 #include "trainmem/error.h"
 #include "trainmem/family.h"
 #include "trainmem/ep.h"
+#include "trainmem/sp.h"
 #include "trainmem/tp.h"
 
 #include "../config/key_reader.h"
@@ -200,6 +201,8 @@ constexpr Field kFields[] = {
                  "FullyShardedDataParallel and FSDP2's fully_shard through accelerate, DeepSpeed ZeRO-1/2/3 under the "
                  "Trainer)",
      FieldGroup::kTraining},
+    {"dp_rank", "with --dp: the data-parallel rank whose shards are simulated (default: the one holding the most, "
+                "rank 0, or under ZeRO-1/2 the rank whose partition keeps the most gradients)", FieldGroup::kTraining},
     {"bucket_cap_mb", "DDP's bucket_cap_mb, in MiB (default: what the loop passes: none, so DDP's 25 with a 1 MiB "
                       "first bucket)", FieldGroup::kTraining},
     {"gradient_as_bucket_view", "true | false: DDP's gradient_as_bucket_view (default false, as DDP, the Trainer "
@@ -238,7 +241,8 @@ constexpr Field kFields[] = {
                           "backward_pre: the next unit all-gathered at each unit's pre-backward)", FieldGroup::kTraining},
     {"tp", "tensor-parallel ranks: transformers' tp_plan=\"auto\" (Llama-shaped decoders); estimate simulates one "
            "rank's local model (default 1)", FieldGroup::kTraining},
-    {"sequence_parallel", "true | false: sequence parallelism with --tp (torchtitan's plan; not simulated yet)",
+    {"sequence_parallel", "true | false: sequence parallelism with --tp (torchtitan's TP + SP plan on transformers' "
+                          "modules, with its loss_parallel cross-entropy; default false: transformers' tp_plan)",
      FieldGroup::kTraining},
     {"ep", "expert-parallel ranks: transformers' DistributedConfig(tp_size=N, ep_size=N) (mixtral, qwen3_moe): "
            "E/N local experts, attention under --tp N; estimate simulates rank 0 (default 1)", FieldGroup::kTraining},
@@ -472,6 +476,10 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     s.train.generate = v == "0" ? 0 : count(f, v, kMaxGenerate);
   } else if (f == "dp") {
     s.train.dp = count(f, v, kMaxRanks);
+  } else if (f == "dp_rank" && v.empty()) {
+    s.train.dp_rank.reset();
+  } else if (f == "dp_rank") {
+    s.train.dp_rank = v == "0" ? 0 : count(f, v, kMaxRanks);
   } else if (f == "cp") {
     s.train.cp = count(f, v, kMaxRanks);
   } else if (f == "sharding") {
@@ -650,6 +658,7 @@ std::string field_text(const Scenario& s, std::string_view f) {
   if (f == "generate") return std::to_string(s.train.generate);
   if (f == "dp") return std::to_string(s.train.dp);
   if (f == "sharding") return std::string(name_of(s.train.sharding));
+  if (f == "dp_rank") return s.train.dp_rank ? std::to_string(*s.train.dp_rank) : "";
   if (f == "cp") return std::to_string(s.train.cp);
   if (f == "pp") return std::to_string(s.train.pp);
   if (f == "pp_schedule") return std::string(name_of(s.train.pp_schedule));
@@ -877,14 +886,45 @@ void resolve_cp(const Scenario& s, ResolvedScenario& r) {
 
 }  // namespace
 
+// What --sequence-parallel true composes with (sp.h): one TP group (no data-parallel, pipeline, context or expert
+// ranks), training, every position's logits, no selective checkpointing; the model's own limits in sp_check.
+void check_sp_setup(const Scenario& s, ResolvedScenario& r) {
+  const TrainSetup& t = s.train;
+  auto refuse = [&](const char* field, const std::string& why) {
+    throw FieldError(field, fmt::format("{}: not simulated with --sequence-parallel true ({})", field_text(s, field), why));
+  };
+  if (r.setup.dp > 1) {
+    refuse(s.gpus.empty() ? "dp" : "gpus",
+           "FSDP2 or DDP over the sequence-parallel model (torchtitan's 2-D mesh) is not simulated yet");
+  }
+  if (t.pp > 1) refuse("pp", "pipeline stages of the sequence-parallel model are not simulated yet");
+  if (t.cp > 1) refuse("cp", "context parallelism shares the sequence dimension with it and is not simulated with it");
+  if (t.ep > 1) refuse("ep", "expert parallelism's plan has no sequence-parallel form here");
+  if (t.task != Task::kTrain) refuse("task", "the simulated program is torchtitan's training step");
+  if (r.setup.checkpointing == Checkpointing::kSelective) {
+    refuse("checkpointing", "torchtitan's selective policy saves the reduce-scatter outputs (_c10d_functional."
+                            "reduce_scatter_tensor in its save list), which is not simulated; none and full are");
+  }
+  if (t.logits_to_keep != 0) refuse("logits_to_keep", "the lm_head's gathered input is the whole sequence");
+  try {
+    sp_check(r.model, t.tp, r.setup.seq);
+  } catch (const Error& e) {
+    throw FieldError("sequence_parallel", fmt::format("true: {}", e.what()));
+  }
+  r.warnings.push_back(
+      "--sequence-parallel: simulated as PyTorch-native TP + SP with torchtitan's plan on transformers' modules "
+      "(SequenceParallel norms, PrepareModuleInput all-gathers, Shard(1) reduce-scattered o_proj/down_proj, "
+      "vocabulary-parallel embed_tokens, lm_head's Shard(-1) logits) and torchtitan's cross_entropy_loss under "
+      "loss_parallel, inside trainmem's transformers training step (autocast, optimizer, loop); Megatron-LM's SP "
+      "is not simulated");
+}
+
 // What --tp and --sequence-parallel compose with so far (tp.h); everything else is refused, said why.
 void check_tp_setup(const Scenario& s, const ResolvedScenario& r) {
   const TrainSetup& t = s.train;
-  if (t.sequence_parallel) {
-    throw FieldError("sequence_parallel", "true: sequence parallelism (torchtitan's SequenceParallel norms, "
-                                          "PrepareModuleInput all-gathers, reduce-scattered rowwise outputs, "
-                                          "loss_parallel) is not simulated yet; transformers' own tp_plan=\"auto\" "
-                                          "(--sequence-parallel false) is");
+  if (t.sequence_parallel && t.tp <= 1) {
+    throw FieldError("sequence_parallel", "true: sequence parallelism shards the sequence over the tensor-parallel "
+                                          "ranks; it applies with --tp above 1");
   }
   if (s.was_given("sequence_parallel") && t.tp <= 1) {
     throw FieldError("sequence_parallel", "false: a tensor-parallel setting; it applies with --tp above 1");
@@ -965,6 +1005,7 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
         apply_expert_parallel(r.model, s.train.ep);  // the attention's TP plan and the experts' ep_plan (ep.h)
       } else {
         apply_tensor_parallel(r.model, s.train.tp);
+        r.model.sp = s.train.sequence_parallel;  // sequence parallelism (sp.h): the embedding's V/tp rows
       }
     } catch (const FieldError&) {
       throw;
@@ -1013,6 +1054,7 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   }
   validate_setup(r.model, r.setup);
   check_tp_setup(s, r);
+  if (s.train.sequence_parallel) check_sp_setup(s, r);  // sp.h
   // (under --pp the FSDP2 policy is torchtitan's apply_fsdp on the stage: resolve_pp_fsdp, no such choice)
   if (r.setup.dp > 1 && s.train.tp > 1 && r.setup.pp <= 1) {
     // transformers' own DistributedConfig(tp_size, fsdp_size) path (distributed/fsdp.py
@@ -1039,9 +1081,10 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   // without --dp above 1 would change nothing (refused, not ignored)
   if (r.setup.dp <= 1) {
     const TrainSetup& t = s.train;
-    for (std::string_view f : {"sharding", "bucket_cap_mb", "gradient_as_bucket_view", "find_unused_parameters"}) {
+    for (std::string_view f : {"sharding", "dp_rank", "bucket_cap_mb", "gradient_as_bucket_view", "find_unused_parameters"}) {
       // (an empty value given to an optional setting means "not given": what the loop passes)
       const bool set = f == "sharding"                  ? s.was_given(f)
+                       : f == "dp_rank"                 ? t.dp_rank.has_value()
                        : f == "bucket_cap_mb"           ? t.bucket_cap_mb.has_value()
                        : f == "gradient_as_bucket_view" ? t.gradient_as_bucket_view.has_value()
                                                         : t.find_unused_parameters.has_value();
@@ -1050,6 +1093,9 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
                                                      field_text(s, f)));
       }
     }
+  } else if (s.train.dp_rank && *s.train.dp_rank >= r.setup.dp) {
+    throw FieldError("dp_rank", fmt::format("{}: the data-parallel group has ranks 0 to {}", *s.train.dp_rank,
+                                            r.setup.dp - 1));
   }
   // Pipeline parallelism (pp.h): its settings apply with --pp above 1 (refused, not ignored, otherwise);
   // n_microbatches defaults to the stages (the fewest PipelineScheduleSingle accepts)

@@ -51,6 +51,20 @@ std::string render_tp_note(const Estimate& e) {
         m.ep, m.ep, m.ep, with_commas(t.sharded), m.moe.experts / m.ep, m.moe.experts, m.attn.heads,
         m.attn.kv_heads, m.embed.vocab_size / m.tp, with_commas(t.replicated));
   }
+  if (m.sp) {
+    // --sequence-parallel (sp.h): PyTorch-native TP + SP, torchtitan's plan on transformers' modules
+    return fmt::format(
+        "tensor + sequence parallel, rank 0 of {} (torch.distributed.tensor.parallel, torchtitan's plan and\n"
+        "  loss_parallel): {} parameters in shards (q/k/v/gate/up colwise: {} heads, {} kv heads, ffn {} here;\n"
+        "  o_proj/down_proj rowwise; embed_tokens and lm_head {} vocabulary rows), {} replicated (norms). The\n"
+        "  residual stream, norms and adds hold seq / {} tokens. Simulated: each PrepareModuleInput all-gather (the\n"
+        "  all_gather_into_tensor buffer, then torch.cat's whole sequence, which q/k/v and gate/up save or cast), each\n"
+        "  rowwise reduce-scatter (torch.cat copy, then the shard), the vocabulary-parallel embedding's MaskPartial,\n"
+        "  lm_head's input gather, loss_parallel's log_softmax and fused backward on the (B*T, V/tp) logits, and the\n"
+        "  collectives' backward (reduce-scatter <-> all-gather). NCCL's buffers of the TP group: with the GPU, below.\n",
+        m.tp, with_commas(t.sharded), m.attn.heads, m.attn.kv_heads, m.mlp.ffn, m.embed.vocab_size / m.tp,
+        with_commas(t.replicated), m.tp);
+  }
   return fmt::format(
       "tensor parallel, rank 0 of {} (transformers tp_plan=\"auto\"): {} parameters in shards (q/k/v/gate/up\n"
       "  colwise: {} heads, {} kv heads, ffn {} here; o_proj/down_proj rowwise; lm_head {} vocabulary rows), {}\n"
@@ -80,6 +94,8 @@ std::string headline(const Estimate& e) {
   if (e.fsdp1) accum += fmt::format("; per rank, {} ranks (FSDP1)", e.fsdp1->options.ranks);
   if (m.tp > 1 && m.ep > 1) {
     accum += fmt::format("; per rank, {} expert-parallel ranks (ep_size = tp_size)", m.ep);
+  } else if (m.sp) {
+    accum += fmt::format("; per rank, {} tensor + sequence parallel ranks (seq {} per rank between blocks)", m.tp, s.seq / m.tp);
   } else if (m.tp > 1) {
     accum += fmt::format("; per rank, {} tensor-parallel ranks (tp_plan=\"auto\")", m.tp);
   }
@@ -215,7 +231,7 @@ std::string render_ddp_note(const DdpFigures& d) {
   auto largest = [](const std::vector<uint64_t>& v) { return v.empty() ? Bytes{} : Bytes(*std::max_element(v.begin(), v.end())); };
   std::string out = fmt::format(
       "DDP, per rank of {}: bucket_cap_mb {} (first bucket {}), gradient_as_bucket_view {}, "
-      "find_unused_parameters {}\n",
+      "find_unused_parameters {} (every rank alike)\n",
       d.ranks, format_bytes(Bytes(d.bucket_cap_bytes)), format_bytes(Bytes(d.first_bucket_cap_bytes)),
       d.gradient_as_bucket_view ? "true" : "false", d.find_unused_parameters ? "true" : "false");
   out += fmt::format("  construction: {} bucket(s), {} in all (largest {})\n", d.initial_buckets.size(),
@@ -284,8 +300,8 @@ std::string render_zero3_note(const Estimate& e) {
       o.rank, o.ranks, o.reduce_bucket_elems, o.param_persistence_threshold,
       o.offload_optimizer && o.offload_params ? "optimizer,params" : o.offload_optimizer ? "optimizer"
       : o.offload_params ? "params" : "none");
-  out += fmt::format("  partitions: ceil(numel / {}) elements per parameter ({} elements of padding on the last rank); "
-                     "{} persistent parameters ({} elements) kept whole\n",
+  out += fmt::format("  partitions: ceil(numel / {}) elements per parameter ({} elements of padding on the last rank, "
+                     "inside its partitions: every rank alike); {} persistent parameters ({} elements) kept whole\n",
                      o.ranks, z.partition_padding, z.persistent_params, z.persistent_numel);
   out += fmt::format("  model states per rank: bf16 partitions {}{} + persistent {} + grad partitions {}{} + fp32 {}{} + "
                      "optimizer {}{}; IPG buffer {}\n",
@@ -336,6 +352,41 @@ std::string render_zero_note(const Estimate& e) {
   out += o.stage == 2 ? fmt::format("; DeepSpeed's estimate_zero2_model_states_mem_needs (2P + 18P/N): {}\n",
                                     format_bytes(z.deepspeed_estimate))
                       : std::string("\n");
+  // --dp-rank: the partitions are alike in size; the parameters each holds (params_in_partition, boundary ones in
+  // full) differ by rank, and with them grads_in_partition: the default is the rank that holds the most
+  uint64_t here = 0;
+  for (uint64_t n : z.group_in_partition) here = checked_add(here, n, "ZeRO partition elements");
+  if (z.rank_rows.empty()) {
+    out += fmt::format("  other ranks: partitions alike in size; params_in_partition hold {} elements here, the most {} "
+                       "on rank {}{}\n",
+                       with_commas(here), with_commas(z.fullest.in_partition_numel), z.fullest.rank,
+                       z.fullest.rank == o.rank ? " (this one)" : "");
+    if (o.ranks > kZeroRanksSearched) {
+      out += fmt::format("  (over {} ranks the layouts are not searched: the fullest partition's rank is shown; --dp-rank "
+                         "picks another)\n", kZeroRanksSearched);
+    }
+  } else {
+    // every class of alike ranks simulated (estimate_zero_ranks), the worst shown
+    uint64_t simulated = 0;
+    for (const ZeroFigures::RankRow& r : z.rank_rows) simulated += r.ranks;
+    out += fmt::format("  ranks: {} layouts of params_in_partition over {} ranks, {} simulated ({} ranks); the worst, "
+                       "shown: rank {}{}\n",
+                       z.rank_classes, o.ranks, z.rank_rows.size(), simulated, o.rank,
+                       z.rank_rows.size() < z.rank_classes ? " (of the fullest simulated)" : "");
+    std::vector<size_t> order(z.rank_rows.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return z.rank_rows[a].peak_reserved > z.rank_rows[b].peak_reserved;
+    });
+    std::string list;
+    for (size_t k = 0; k < order.size() && k < 4; ++k) {
+      const ZeroFigures::RankRow& r = z.rank_rows[order[k]];
+      list += fmt::format("{}rank {}{}: {} held, peak {} reserved", k ? "; " : "", r.rank,
+                          r.ranks > 1 ? fmt::format(" (+{} alike)", r.ranks - 1) : "", with_commas(r.in_partition_numel),
+                          format_bytes(r.peak_reserved));
+    }
+    out += fmt::format("    {}{}\n", list, order.size() > 4 ? "; ..." : "");
+  }
   out += fmt::format("  IPG buffers per backward: {}; NCCL's buffers are outside the caching allocator (with --gpu, "
                      "under the verdict)\n",
                      format_bytes(z.ipg_buffers));
@@ -391,6 +442,11 @@ std::string render_fsdp_note(const Estimate& e) {
                      format_bytes(f.sharded_params), format_bytes(f.sharded_grads), format_bytes(f.optimizer_state),
                      format_bytes(f.sharded_params + f.sharded_grads + f.optimizer_state), with_commas(f.local_elems),
                      with_commas(p_all), with_commas(f.padding_elems));
+  // --dp-rank: every rank's shards are padded alike; torch.chunk leaves the real rows short on the last ranks, whose
+  // optimizer state (over the unpadded local shards) is the smallest
+  out += fmt::format("  other ranks (--dp-rank): shards padded alike; real elements {} on rank 0, {} on rank {}: rank 0 "
+                     "holds the most\n",
+                     with_commas(f.first_rank_elems), with_commas(f.last_rank_elems), o.ranks - 1);
   // per distinct unit shape: the embedding, one decoder layer (they are alike), the tail (those the rank holds)
   for (size_t i : first_unit_of_each(f.units, {FsdpUnit::kEmbed, FsdpUnit::kLayer, FsdpUnit::kTail})) {
     const FsdpUnit& u = f.units[i];
@@ -573,7 +629,8 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
   if (s.cp > 1) out["setup"]["cp_seq"] = s.cp_seq;
   if (e.model.tp > 1) {  // tensor parallelism (tp.h): this rank's local model
     const TpSplit t = tp_split(e.model);
-    out["tp"] = {{"ranks", e.model.tp}, {"sequence_parallel", false}, {"plan", "transformers tp_plan=auto"},
+    out["tp"] = {{"ranks", e.model.tp}, {"sequence_parallel", e.model.sp},
+                 {"plan", e.model.sp ? "torchtitan TP+SP (parallelize_module), loss_parallel" : "transformers tp_plan=auto"},
                  {"sharded_parameters", t.sharded}, {"replicated_parameters", t.replicated}};
     if (e.model.ep > 1) {  // expert parallelism (ep.h): ep = tp, the experts' Shard(0)
       out["ep"] = {{"ranks", e.model.ep}, {"local_experts", e.model.moe.experts / e.model.ep},
@@ -615,6 +672,19 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
         {"deepspeed_estimate_bytes", z->deepspeed_estimate}};
     for (const auto& [key, b] : bytes) j[key] = b.value;
     j["nccl_buffers"] = "outside the caching allocator: device.nccl (with a GPU)";
+    if (o.stage < 3) {
+      // the rank shown and how it was chosen: every class of alike ranks simulated (rank_rows), or the fullest
+      j["fullest_rank"] = z->fullest.rank;
+      j["fullest_in_partition_numel"] = z->fullest.in_partition_numel;
+      nlohmann::json rows = nlohmann::json::array();
+      for (const ZeroFigures::RankRow& r : z->rank_rows) {
+        rows.push_back({{"rank", r.rank}, {"alike_ranks", r.ranks}, {"in_partition_numel", r.in_partition_numel},
+                        {"peak_allocated_bytes", r.peak_allocated.value}, {"peak_reserved_bytes", r.peak_reserved.value},
+                        {"fits", r.fits}});
+      }
+      j["rank_classes"] = z->rank_classes;
+      j["ranks_simulated"] = std::move(rows);
+    }
     if (o.stage == 3) {
       // ZeRO-3 and offload: added keys only
       j["offload_optimizer"] = o.offload_optimizer;
@@ -691,6 +761,8 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
     j["optimizer_state_bytes"] = f->optimizer_state.value;
     j["local_elems"] = f->local_elems;
     j["padding_elems"] = f->padding_elems;
+    j["rank0_local_elems"] = f->first_rank_elems;  // --dp-rank: rank 0 holds the most real elements,
+    j["last_rank_local_elems"] = f->last_rank_elems;  // the last rank the fewest
     j["nccl_buffers"] = "outside the caching allocator: device.nccl (with a GPU)";
   }
   if (const auto& f = e.fsdp1) {

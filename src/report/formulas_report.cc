@@ -48,7 +48,7 @@ std::string zero_tables(const ZeroPaperStates& z, const DeepSpeedEstimates& d) {
                      d.gpus_per_node * d.nodes, with_commas(d.largest_layer_params.value), gib2(d.largest_layer_memory)) +
          ds.str();
   out += "model states only: no activations, buffers, workspaces or communication buffers (trainmem estimate "
-         "--dp N simulates DDP per rank; ZeRO and FSDP are not simulated yet)\n";
+         "--dp N --sharding ddp|zero1|zero2|zero3|fsdp2 simulates a rank, --dp-rank which)\n";
   return out;
 }
 
@@ -95,6 +95,11 @@ FormulaReport formula_report(const ResolvedScenario& r) {
   if (q.was_given("dp") && q.train.task != Task::kTrain) {
     throw FieldError("dp", fmt::format("{}: ZeRO's and DeepSpeed's closed forms are of training (model states); "
                                        "leave --dp out for --task inference", q.train.dp));
+  }
+  if (q.train.dp_rank) {
+    throw FieldError("dp_rank", fmt::format("{}: ZeRO's and DeepSpeed's closed forms split the model states evenly over "
+                                            "the ranks; `trainmem estimate` simulates one rank's shards",
+                                            *q.train.dp_rank));
   }
   for (std::string_view f : {"tp", "sequence_parallel", "pp", "pp_schedule", "micro_batches", "pp_virtual_stages", "rank"}) {
     // tensor parallelism (tp.h), pipeline parallelism (pp.h)

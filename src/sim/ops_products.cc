@@ -4,6 +4,7 @@
 // operand's gradient first (seed 000's trace: the weight gradient before the input gradient).
 // B=micro-batch T=seq M=rows (B*T) V=vocab C=hidden
 #include "ops_util.h"
+#include "sp_ops.h"
 #include "trainmem/error.h"
 
 namespace trainmem::sim {
@@ -289,7 +290,11 @@ T matmul(Ctx& c, const T& a0, const T& b0, const char* what) {
 }
 
 T embedding(Ctx& c, const T& weight, const T& ids, const char* what) {
-  const uint64_t V = weight.shape()[0], C = weight.shape()[1];
+  return embedding_grad_rows(c, weight, ids, weight.shape()[0], what);
+}
+
+T embedding_grad_rows(Ctx& c, const T& weight, const T& ids, uint64_t grad_rows, const char* what) {
+  const uint64_t V = grad_rows, C = weight.shape()[1];
   Shape os = ids.shape();
   os.d[os.n++] = C;
   T out = c.e.empty(os, weight.dtype(), Category::kActivations, c.L(what));
@@ -299,11 +304,11 @@ T embedding(Ctx& c, const T& weight, const T& ids, const char* what) {
             detail::sat_add(detail::nbytes(detail::sat_mul(detail::sat_mul(N, C), 2), weight.dtype()),
                         detail::nbytes(N, DType::kI64)),
             weight.dtype());
-  const Shape ws = weight.shape();
+  const Shape ws{V, C};
   // EmbeddingBackward0 saves the indices; embedding_dense_backward (Embedding.cu,
   // EmbeddingBackwardKernel.cu) builds the (V, C) gradient, sorting the indices first when there are more
   // than 3072 of them.
-  c.e.record("EmbeddingBackward0", {&weight}, {&out}, {ids}, [N, V, C, ws](Engine& e, Node&, Grads& g) {
+  Node* node = c.e.record("EmbeddingBackward0", {&weight}, {&out}, {ids}, [N, V, C, ws](Engine& e, Node&, Grads& g) {
     if (!g[0]) return Grads{T()};
     // FLOPs: embedding_dense_backward zero-fills the (V, C) gradient and accumulates N rows of C into it
     e.count(FlopKind::kElementwise, detail::sat_mul(N, C),
@@ -333,6 +338,9 @@ T embedding(Ctx& c, const T& weight, const T& ids, const char* what) {
     { T per_segment = e.empty(Shape{max_partial, C}, acc, Category::kTemporaries, Label{"embedding bwd grad_weight_per_segment"}); }
     return Grads{grad_weight};
   });
+  // a DTensor weight's input metadata is its global shape: the (grad_rows, C) gradient passes validate_outputs
+  // as it is (sp_ops.h)
+  if (node && grad_rows != weight.shape()[0]) node->in_meta[0].shape = ws;
   // enable_input_require_grads: a forward hook on the input embeddings does output.requires_grad_(True), so
   // that layer 0 records a graph even when the embedding is frozen (PEFT, gradient checkpointing)
   if (c.input_embedding_row >= 0 && weight->label.row == c.input_embedding_row && !out->requires_grad &&

@@ -164,7 +164,8 @@ void rotary_buffers(const std::string& prefix, uint64_t rotary_dim, Table& t) {
 
 void llama_tensors(const ModelSpec& m, Table& t) {
   const uint64_t C = m.hidden, V = m.embed.vocab_size;
-  t.param("model.embed_tokens.weight", {V, C});
+  // under sequence parallelism (sp.h) embed_tokens is RowwiseParallel: this rank's V / tp rows
+  t.param("model.embed_tokens.weight", {m.sp ? V / m.tp : V, C});
   if (m.embed.scaled_by_sqrt_hidden) {
     // Gemma's GemmaTextScaledWordEmbedding: register_buffer("embed_scale", torch.tensor(hidden**0.5),
     // persistent=False), a 0-dim float32 tensor.

@@ -125,6 +125,15 @@ TEST(Fsdp1Units, TrainerUnitsAndRankZeroStatesByHand) {
             std::tuple(4u * 26936, 4u * 26936, 8u * 26936, 4u * 26936));
 }
 
+// --dp-rank 7, the last rank: its shard of each layer ends with the 4 elements of alignment padding before
+// post_attention_layernorm and the 4 of world-size padding ([41,692, 47,648)), the root's with its 4 of world-size
+// padding: 26,936 - 2 x 8 - 4 = 26,916 parameter elements, the same padded S per unit.
+TEST(Fsdp1Units, TheLastRankHoldsThePadding) {
+  const Fsdp1Figures f = run(tiny({{"dp_rank", "7"}})).fsdp1.value();
+  EXPECT_EQ(std::tuple(f.options.rank, f.shard_elems, f.local_elems), std::tuple(uint64_t{7}, uint64_t{26936}, uint64_t{26916}));
+  EXPECT_EQ(f.optimizer_state.value, 8u * 26916);
+}
+
 // How many flat parameters (the root's and the layers') are unsharded at once in the backward.
 uint64_t most_unsharded_in_backward(const Estimate& e) {
   uint64_t now = 0, most = 0;

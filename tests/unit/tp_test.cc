@@ -103,7 +103,7 @@ TEST(Tp, RefusesWhatIsNotSimulatedNamingIt) {
   EXPECT_NE(msg(scenario_of("qwen2-0.5b", {{"tp", "2"}})).find("tie_word_embeddings"), std::string::npos);
   // Llama-3-8B has 8 kv heads: 16 ranks would get uneven (empty) shards
   EXPECT_NE(msg(scenario_of("llama-3-8b", {{"tp", "16"}})).find("num_key_value_heads"), std::string::npos);
-  EXPECT_NE(msg(scenario_of("llama-3-8b", {{"tp", "2"}, {"sequence_parallel", "true"}})).find("sequence"),
+  EXPECT_NE(msg(scenario_of("llama-3-8b", {{"tp", "2"}, {"sequence_parallel", "true"}, {"attention", "eager"}})).find("sequence"),
             std::string::npos);
   EXPECT_NE(msg(scenario_of("llama-3-8b", {{"sequence_parallel", "false"}})).find("--tp"), std::string::npos);
   EXPECT_NE(msg(scenario_of("llama-3-8b", {{"tp", "2"}, {"dp", "2"}})).find("data parallel"), std::string::npos);

@@ -133,9 +133,10 @@ TEST(ZeroTutorial, AdamStatesOf1_5BOnEightRanks) {
   EXPECT_EQ(12 * g.partition_size, 2250000000u);
 }
 
+// Rank 0 (--dp-rank 0): the hand figures below are its partitions'.
 Scenario zero_scenario(std::initializer_list<std::pair<const char*, std::string>> more = {}) {
   Scenario s = testing::scenario_of("gpt2", {{"overrides", "n_layer=2"}, {"batch", "1"}, {"seq", "32"}, {"dp", "8"},
-                                             {"sharding", "zero2"}, {"precision", "bf16"}});
+                                             {"sharding", "zero2"}, {"precision", "bf16"}, {"dp_rank", "0"}});
   for (const auto& [f, v] : more) set_field(s, f, v);
   return s;
 }

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "../layers.h"
+#include "../sp_ops.h"
 #include "../tp_ops.h"
 #include "hf_common.h"
 #include "trainmem/error.h"
@@ -183,7 +184,9 @@ AttnOut attention(Ctx& c, const ModelSpec& m, const Layer& L, const T& x, const 
     const bool norm_before = m.attn.qk_norm && !qk_norm_after_transpose(m);
     // Under tensor parallelism (tp.h) q/k/v are colwise: each module's pre-hook (ColwiseParallel._prepare_input_fn)
     // passes all_reduce_backward(input), a view of x whose backward all-reduces a clone of its gradient
-    auto colwise_in = [&]() { return m.tp > 1 ? tp_all_reduce_backward(c, x) : x; };
+    // Under sequence parallelism (sp.h) x is PrepareModuleInput's gathered Replicate DTensor: torch's
+    // ColwiseParallel._prepare_input_fn finds it in its desired layout and adds nothing
+    auto colwise_in = [&]() { return m.tp > 1 && !m.sp ? tp_all_reduce_backward(c, x) : x; };
     q = view(c, linear(c, colwise_in(), L.p("self_attn.q_proj.weight"), L.o("self_attn.q_proj.bias"), "attn.q_proj"), qs);
     if (norm_before) q = rms_norm(c, m, q, L.p("self_attn.q_norm.weight"), "attn.q_norm");
     q = transpose(c, q, 1, 2);
@@ -211,6 +214,13 @@ AttnOut attention(Ctx& c, const ModelSpec& m, const Layer& L, const T& x, const 
   v.reset();
   // attn_output.reshape(*input_shape, -1).contiguous(); self.o_proj(attn_output)
   a.output = contiguous(c, reshape(c, a.output, Shape{B, Tn, H * D}), "attn output contiguous");
+  if (m.sp) {
+    // RowwiseParallel(output_layouts=Shard(1)): the local product is Partial, reduce-scattered over the sequence
+    // (sp_ops.h); the partial sums die with the output hook's frame. sp_check refuses a biased o_proj.
+    T partial = linear(c, a.output, L.p("self_attn.o_proj.weight"), nullptr, "attn.o_proj");
+    a.output = sp_reduce_scatter_seq(c, partial, m.tp, "attn.o_proj reduce_scatter (Partial -> Shard(1))");
+    return a;
+  }
   if (m.tp > 1) {
     a.output = rowwise_linear(c, a.output, L.p("self_attn.o_proj.weight"), L.o("self_attn.o_proj.bias"), "attn.o_proj");
     return a;
@@ -240,12 +250,17 @@ T mlp(Ctx& c, const ModelSpec& m, const Layer& L, const T& x) {
   }
   // LlamaMLP: down_proj(act_fn(gate_proj(x)) * up_proj(x)); under tensor parallelism gate/up are colwise (each
   // input through its pre-hook's all_reduce_backward) and down rowwise (tp.h)
-  auto colwise_in = [&]() { return m.tp > 1 ? tp_all_reduce_backward(c, x) : x; };
+  auto colwise_in = [&]() { return m.tp > 1 && !m.sp ? tp_all_reduce_backward(c, x) : x; };
   T h;
   {
     T a = activation(c, m.mlp.act, linear(c, colwise_in(), L.p("mlp.gate_proj.weight"), L.o("mlp.gate_proj.bias"), "mlp.gate_proj"));
     T u = linear(c, colwise_in(), L.p("mlp.up_proj.weight"), L.o("mlp.up_proj.bias"), "mlp.up_proj");
     h = mul(c, a, u, "mlp act(gate) * up");
+  }
+  if (m.sp) {  // RowwiseParallel(output_layouts=Shard(1)), as o_proj (attention above)
+    T partial = linear(c, h, L.p("mlp.down_proj.weight"), nullptr, "mlp.down_proj");
+    h.reset();
+    return sp_reduce_scatter_seq(c, partial, m.tp, "mlp.down_proj reduce_scatter (Partial -> Shard(1))");
   }
   if (m.tp > 1) return rowwise_linear(c, h, L.p("mlp.down_proj.weight"), L.o("mlp.down_proj.bias"), "mlp.down_proj");
   return linear(c, h, L.p("mlp.down_proj.weight"), L.o("mlp.down_proj.bias"), "mlp.down_proj");
@@ -257,7 +272,16 @@ T decoder_layer(Ctx& c, const ModelSpec& m, const Layer& L, T hidden, const Rota
   hidden = block_norm(c, m, hidden, L.p("input_layernorm.weight"), L.o("input_layernorm.bias"), "input_layernorm");
   // `hidden_states, _ = self.self_attn(...)`: `_` keeps the attention weights (eager) bound until the layer
   // returns; under no_grad (a reentrant checkpoint's first forward) nothing else keeps them
-  AttnOut a = attention(c, m, L, hidden, rot, mask);
+  AttnOut a;
+  if (m.sp) {
+    // sequence parallelism (sp.h): input_layernorm ran on the rank's (B, T/tp, C) (SequenceParallel); self_attn's
+    // PrepareModuleInput all-gathers hidden_states to Replicate (B, T, C), which q/k/v save; the layer's
+    // `hidden_states` keeps the norm's shard until the attention returns
+    T gathered = sp_all_gather_seq(c, hidden, m.tp, "self_attn PrepareModuleInput all_gather (Shard(1) -> Replicate)");
+    a = attention(c, m, L, gathered, rot, mask);
+  } else {
+    a = attention(c, m, L, hidden, rot, mask);
+  }
   hidden = std::move(a.output);
   if (sandwich) hidden = rms_norm(c, m, hidden, L.p("post_attention_layernorm.weight"), "post_attention_layernorm");
   hidden = add(c, residual, dropout(c, hidden, m.dropout.resid, "resid_attn_dropout"), "residual + attn");
@@ -280,6 +304,10 @@ T decoder_layer(Ctx& c, const ModelSpec& m, const Layer& L, T hidden, const Rota
                               L.o("mlp.shared_expert.down_proj.weight"), L.o("mlp.shared_expert_gate.weight")};
     hidden = sparse_moe_block(c, m, MoeParams{L.p("mlp.gate.weight"), L.p("mlp.experts.gate_up_proj"),
                                               L.p("mlp.experts.down_proj"), shared}, hidden);
+  } else if (m.sp) {
+    // mlp's PrepareModuleInput(Shard(1) -> Replicate): gate_proj and up_proj share the gathered (B, T, C)
+    T gathered = sp_all_gather_seq(c, hidden, m.tp, "mlp PrepareModuleInput all_gather (Shard(1) -> Replicate)");
+    hidden = mlp(c, m, L, gathered);
   } else {
     hidden = mlp(c, m, L, hidden);
   }
@@ -331,7 +359,10 @@ T llama_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
   const uint64_t B = shaped.shape()[0], Tn = shaped.shape()[1];
   c.layer = -1;
   if (c.pp.first) (void)fsdp_pre_forward(c, kFsdpUnitEmbed, T());  // FSDP2: the embedding's unit (its input ids need no grad)
-  T inputs_embeds = c.pp.first ? embedding(c, w.p("model.embed_tokens.weight"), ids, "embed_tokens") : *c.pp.input;
+  T rs_pending;  // sequence parallelism: the embedding's reduce-scatter input, kept by its work until the first norm
+  T inputs_embeds = !c.pp.first ? *c.pp.input
+                    : m.sp ? sp_vocab_embedding(c, w.p("model.embed_tokens.weight"), ids, m.tp, "embed_tokens (this rank's V/tp)", rs_pending)
+                           : embedding(c, w.p("model.embed_tokens.weight"), ids, "embed_tokens");
   if (c.pp.first && m.embed.scaled_by_sqrt_hidden) {
     // GemmaTextScaledWordEmbedding: super().forward(ids) * self.embed_scale.to(self.weight.dtype)
     T scale = to(c, w.buf("model.embed_tokens.embed_scale"), w.p("model.embed_tokens.weight").dtype(), "embed_scale.to()");
@@ -339,6 +370,11 @@ T llama_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
   }
   if (c.pp.first) inputs_embeds = fsdp_post_forward(c, kFsdpUnitEmbed, std::move(inputs_embeds));
   T position_ids = model_position_ids(c, Tn);
+  // sequence parallelism (sp.h): position_ids (1, T) come from the caller (the backend's forward passes
+  // torch.arange(seq).unsqueeze(0)); LlamaModel still makes cache_position = torch.arange(0, inputs_embeds.shape[1])
+  // over the rank's T / tp embeddings, alive until it returns
+  T cache_position;
+  if (m.sp) cache_position = c.e.empty(Shape{Tn / m.tp}, DType::kI64, Category::kActivations, c.L("cache_position (T/tp)"));
   if (!m.attn.sliding_layers.empty()) return gemma3_text_model(c, m, w, std::move(inputs_embeds), position_ids);
   T mask;
   if (m.attn_impl == AttnImpl::kEager) {
@@ -354,6 +390,7 @@ T llama_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
   T hidden = inputs_embeds;
   const Rotary rot = rotary_embedding(c, w.buf("model.rotary_emb.inv_freq"), Tn, hidden.dtype());
   if (c.pp.first) hidden = dropout(c, hidden, m.dropout.embd, "embd dropout");
+  rs_pending.reset();  // wait_tensor at the first norm's first op (SequenceParallel's DTensor.from_local)
   hidden = run_layers(c, m.layers, std::move(hidden), LayerArgs{mask, rot.cos, rot.sin, position_ids},
                       [&](uint64_t l, T h, const LayerArgs& a) {
                         return decoder_layer(c, m, Layer{w, l}, h, Rotary{a.cos, a.sin}, a.mask ? &a.mask : nullptr);
@@ -374,6 +411,20 @@ ForwardOut llama_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const
   }
   if (c.loss_chunks) {  // resolve() refuses gemma2 (softcapping) with it
     return chunked_causal_lm(c, w, std::move(hidden), "lm_head.weight", "model.embed_tokens.weight", "lm_head", labels);
+  }
+  if (m.sp) {
+    // sequence parallelism (sp.h): the backend's forward runs lm_head on the model's last_hidden_state, a
+    // ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False) under
+    // loss_parallel: the final norm's (B, T/tp, C) all-gathered (the product saves it, or its autocast copy),
+    // this rank's (B, T, V/tp) logits kept sharded, and torchtitan's cross_entropy_loss on them (sp_ops.h); the
+    // trainer drops `pred` before backward
+    T gathered = sp_all_gather_seq(c, hidden, m.tp, "lm_head input all_gather (Shard(1) -> Replicate)");
+    ForwardOut out;
+    out.logits = linear(c, gathered, w.p("lm_head.weight"), nullptr, "lm_head (this rank's V/tp, Shard(-1))");
+    gathered.reset();
+    hidden.reset();
+    if (labels) out.loss = sp_loss_parallel_cross_entropy(c, out.logits, *labels, m.tp);
+    return out;
   }
   if (m.tp > 1) {
     // LlamaForCausalLM.forward: logits = self.lm_head(hidden_states[:, slice_indices, :]), lm_head being

@@ -1,4 +1,7 @@
-// NCCL 2.27.5's buffers per communicator (nccl.h).
+// NCCL 2.27.5's buffers per communicator (nccl.h). PyTorch 2.9's CUDA 13 wheels ship nvidia-nccl-cu13 2.27.7
+// instead; `git diff v2.27.5-1 v2.27.7-1` touches none of the files these rules come from (transport/nvls.cc,
+// p2p.cc, net.cc, channel.cc, include/device.h, comm.h, alloc.h, graph/connect.cc; init.cc and enqueue.cc only in
+// ncclCommDestroy/ncclCommAbort and kernel attribute queries), so the same constants hold for both wheels.
 #include "trainmem/nccl.h"
 
 #include <fmt/format.h>
@@ -22,6 +25,48 @@ Connection p2p_connection(uint32_t sm) {
   c.send = round_up(kConnHeaderBytes + (read ? kSimpleBytes : 0), kIpcMinBytes);
   c.recv = round_up(kConnHeaderBytes + kLlBytes + kLl128Bytes + (read ? 0 : kSimpleBytes), kIpcMinBytes);
   return c;
+}
+
+NetConnection net_connection(bool gdr) {
+  NetConnection c;
+  // net.cc sendProxyConnect: NCCL_NET_MAP_ADD_POINTER(map, 0, p != NCCL_PROTO_LL && useGdr, buffSizes[p], ..);
+  // the device bank ALIGN_SIZE'd to CUDA_IPC_MIN (ncclP2pAllocateShareableBuffer); ncclSendMem/ncclRecvMem (4 KiB
+  // each) in host memory
+  const uint64_t send_dev = kLl128Bytes + kSimpleBytes;
+  const uint64_t send_host = kLlBytes + 2 * kConnHeaderBytes;
+  // recvProxyConnect: every protocol in the device bank with GDR (cuMem-aligned by ncclP2pAllocateShareableBuffer)
+  const uint64_t recv_dev = kLlBytes + kLl128Bytes + kSimpleBytes;
+  const uint64_t recv_host = 2 * kConnHeaderBytes;
+  if (gdr) {
+    c.gpu = {round_up(recv_dev, kIpcMinBytes), round_up(send_dev, kIpcMinBytes)};
+    c.host = {recv_host, send_host};
+  } else {
+    c.host = {recv_dev + recv_host, send_dev + send_host};
+  }
+  return c;
+}
+
+uint64_t nvls_bytes(NvlsRule rule, uint64_t coll_channels, uint64_t heads) {
+  const uint64_t chunk_steps = kNvlsChunkBytes * kSteps;  // buffSize = nvlsStepSize x NCCL_STEPS
+  switch (rule) {
+    case NvlsRule::k2_18:
+      return round_up(checked_mul(coll_channels * 2 * (kSimpleBytes + kNvlsMemAlignBytes), heads, "NVLS buffers"),
+                      kCuMemGranularity);
+    case NvlsRule::k2_21:
+      return round_up(checked_mul(coll_channels * 2 * (chunk_steps + kNvlsMemAlignBytes), heads, "NVLS buffers"),
+                      kCuMemGranularity);
+    case NvlsRule::k2_22:
+      break;
+  }
+  const uint64_t buffers = round_up(checked_mul(kNvlsChannelsSm90 * 2 * chunk_steps, heads, "NVLS buffers"), kCuMemGranularity);
+  const uint64_t credits = round_up(checked_mul(coll_channels * 2 * kNvlsCreditBytes, heads, "NVLS credits"), kCuMemGranularity);
+  return buffers + credits;
+}
+
+uint64_t initialised_channels(uint64_t coll_channels) {
+  uint64_t p = 1;
+  while (p < coll_channels) p *= 2;  // pow2Up
+  return std::min<uint64_t>(p, 64);  // NCCL_MAX_P2P_NCHANNELS default MAXCHANNELS 64
 }
 
 }  // namespace nccl
@@ -91,30 +136,70 @@ NcclLedger nccl_ledger(const std::vector<ProcessGroup>& groups, const GpuSpec& g
     // The ring: on every channel a rank receives from its predecessor and sends to its successor, two
     // connections "regardless of the scale" (sjeaugey, NVIDIA/nccl#864). Connections that cross nodes go over
     // the network transport instead (net.cc), counted here like NVLink ones.
+    // Device structures (init.cc devCommSetup, channel.cc initChannel on every initialised channel, and
+    // initNvlsChannel when NVLS is on), each a cuMem allocation of the 2 MiB granularity
+    const uint64_t struct_allocs = nccl::kCommStructAllocs + nccl::kChannelStructAllocs * nccl::initialised_channels(channels);
+    c.structures = Bytes(checked_mul(struct_allocs, nccl::kCuMemGranularity, "NCCL structures"));
     if (g.p2p_peers > 0) {
       // send/recv: a connection to each neighbour on each of its "p2p channels per peer", which NVSwitch nodes log
       // equal to the coll channels ("16 coll channels, ... 16 p2p channels, 16 p2p channels per peer", 8 x H800,
-      // NVIDIA/nccl#892; 32 per pair of H100s, #1685); p2p.cc sizes them as the ring's
+      // NVIDIA/nccl#892; 32 per pair of H100s, #1685); p2p.cc sizes them as the ring's. Neighbours on another
+      // node would use net.cc's shared P2P buffers instead (NCCL_NET_SHARED_BUFFERS): counted as NVLink ones.
       c.p2p_peers = g.p2p_peers;
       c.p2p = Bytes(checked_mul(checked_mul(g.p2p_peers, channels, "NCCL p2p"), conn.total(), "NCCL p2p buffers"));
-      l.total += c.p2p;
+      l.total += c.gpu_total();
       l.communicators.push_back(std::move(c));
       continue;
     }
-    c.ring = Bytes(checked_mul(channels, conn.total(), "NCCL ring buffers"));
+    // A group spanning nodes: on each channel one rank per node sends the ring off the node and one receives it
+    // (graph/connect.cc: the ring leaves a node at its last local rank); a rank holds channels / local ranks of
+    // each, net connections (net.cc) in their P2P ends' place.
+    c.nodes = ceil_div(g.ranks, std::max<uint64_t>(c.local_ranks, 1));
+    c.net_channels = c.nodes > 1 ? std::min(channels, ceil_div(channels, c.local_ranks)) : 0;
+    const nccl::NetConnection net = nccl::net_connection(setup.gdr.value_or(true));
+    c.ring = Bytes(checked_mul(channels - c.net_channels, conn.total(), "NCCL ring buffers"));
+    c.net = Bytes(checked_mul(c.net_channels, net.gpu.total(), "NCCL net buffers"));
+    c.host = Bytes(checked_mul(c.net_channels, net.host.total(), "NCCL net host buffers"));
+    // The tree (transport.cc ncclTransportTreeConnect: on every channel, send and receive with the tree's up and
+    // down peers, connIndex 0, so a peer the ring already connects is shared). In a node the tree is a chain: a
+    // rank inside it adds a receiving end from its down peer and a sending end to its up peer beyond the ring's
+    // (none with 2 local ranks: the one peer is both). Across nodes, the node's head rank (a channel's first local
+    // rank: channels / local ranks of them) connects to up to 3 other nodes in the double binary tree (graph/
+    // trees.cc ncclGetDtree: a parent and two children), both ways, over the network: other nodes' heads, not the
+    // ranks the ring enters from, unless the group has one member per node, where the ring's own net connection
+    // is taken to be shared with one of them (with 2 nodes, the one peer is both ring neighbours).
+    uint64_t tree = c.local_ranks > 2 ? checked_mul(channels, conn.total(), "NCCL tree buffers") : 0;
+    uint64_t tree_host = 0;
+    if (c.nodes > 1) {
+      const uint64_t peers = std::min<uint64_t>(3, c.nodes - 1) - (c.local_ranks == 1 ? 1 : 0);
+      const uint64_t conns = checked_mul(c.net_channels, peers, "NCCL tree");
+      tree += checked_mul(conns, net.gpu.total(), "NCCL tree net buffers");
+      tree_host = checked_mul(conns, net.host.total(), "NCCL tree host buffers");
+    }
+    (setup.tree.value_or(false) ? c.tree : c.tree_uncounted) = Bytes(tree);
+    if (setup.tree.value_or(false)) c.host += Bytes(tree_host);
     // NVLS (nvls.cc ncclNvlsInit): off for 2 or fewer GPUs ("gpuCount <= 2"), else on where the device has
     // multicast (CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED: NVSwitch systems of sm_90 and newer); one head per
-    // local rank (the "NVLS Head" lines of NVIDIA/nccl#1453's 8-GPU nodes).
+    // local rank (graph/search.cc: the NVLS graph's maxChannels = min(NCCL_MAX_NVLS_ARITY, GPUs), "NVLS channels
+    // correspond to GPUs pulling from NVLS"; the "NVLS Head" lines of NVIDIA/nccl#1453's 8-GPU nodes).
     const bool nvls = setup.nvls.value_or(gpu.sm >= 90 && gpu.nvswitch) && c.local_ranks > 2;
     if (nvls) {
       if (gpu.sm >= 100) throw FieldError("nccl_nvls", "true: NVLS on sm_100 and newer is not modelled (pass false)");
-      const uint64_t per_rank = nccl::kNvlsChannelsSm90 * 2 * nccl::kNvlsChunkBytes * nccl::kSteps;
-      c.nvls = Bytes(round_up(checked_mul(per_rank, c.local_ranks, "NVLS buffers"), nccl::kIpcMinBytes));
-      // ncclNvlsSetup's credits: nChannels (the ring's) x 2 x 64 B x nHeads, its own aligned allocation
-      c.nvls += Bytes(round_up(checked_mul(channels * 2 * 64, c.local_ranks, "NVLS credits"), nccl::kIpcMinBytes));
+      c.nvls = Bytes(nccl::nvls_bytes(nccl::NvlsRule::k2_22, channels, c.local_ranks));
+      // nvls.cc ncclNvlsSetup -> channel.cc initNvlsChannel on every coll channel: nvlsDevPeers
+      c.structures += Bytes(checked_mul(channels * nccl::kNvlsChannelStructAllocs, nccl::kCuMemGranularity, "NVLS structures"));
     }
-    l.total += c.ring + c.nvls;
+    l.total += c.gpu_total();
+    l.host += c.host;
     l.communicators.push_back(std::move(c));
+  }
+  // NCCL's device code, loaded once per process at the first collective (measured on sm_90 only)
+  if (l.known && !l.communicators.empty()) {
+    l.code_known = gpu.sm == 90;
+    if (l.code_known) {
+      l.code = Bytes(nccl::kProcessCodeBytesSm90);
+      l.total += l.code;
+    }
   }
   return l;
 }

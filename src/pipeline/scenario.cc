@@ -252,6 +252,10 @@ constexpr Field kFields[] = {
     {"nccl_nvls", "true | false: NCCL's NVLink SHARP buffers (NCCL_NVLS_ENABLE; default: on for sm_90 NVSwitch "
                   "cards when more than 2 GPUs of a communicator share a node)", FieldGroup::kRuntime},
     {"gpus_per_node", "GPUs per node, for the communicators' local ranks (default 8, an HGX node)", FieldGroup::kRuntime},
+    {"nccl_tree", "true | false: count NCCL's tree connections (all-reduce's Tree algorithm, connected at the first "
+                  "all-reduce the tuner gives it; default false)", FieldGroup::kRuntime},
+    {"nccl_gdr", "true | false: GPUDirect RDMA for NCCL's connections to other nodes, their buffers on the GPU "
+                 "(false: in pinned host memory; default true, HGX/DGX nodes)", FieldGroup::kRuntime},
     {"net_gbps", "per-GPU inter-node network bandwidth, per direction, in GB/s, for the step time of collectives "
                  "whose group spans nodes (default: the GPU catalog's reference node: DGX H100/H200 50, DGX A100 25)",
      FieldGroup::kRuntime},
@@ -571,6 +575,14 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     s.train.nccl.nvls.reset();
   } else if (f == "nccl_nvls") {
     s.train.nccl.nvls = boolean(f, v);
+  } else if (f == "nccl_tree" && v.empty()) {
+    s.train.nccl.tree.reset();
+  } else if (f == "nccl_tree") {
+    s.train.nccl.tree = boolean(f, v);
+  } else if (f == "nccl_gdr" && v.empty()) {
+    s.train.nccl.gdr.reset();
+  } else if (f == "nccl_gdr") {
+    s.train.nccl.gdr = boolean(f, v);
   } else if (f == "gpus_per_node") {
     s.train.nccl.gpus_per_node = count(f, v, kMaxRanks);
   } else if (f == "net_gbps" && v.empty()) {
@@ -671,6 +683,8 @@ std::string field_text(const Scenario& s, std::string_view f) {
   }
   if (f == "nccl_channels") return s.train.nccl.channels ? std::to_string(*s.train.nccl.channels) : "";
   if (f == "nccl_nvls") return optional_boolean_text(s.train.nccl.nvls);
+  if (f == "nccl_tree") return optional_boolean_text(s.train.nccl.tree);
+  if (f == "nccl_gdr") return optional_boolean_text(s.train.nccl.gdr);
   if (f == "gpus_per_node") return std::to_string(s.train.nccl.gpus_per_node);
   if (f == "net_gbps") return s.train.nccl.net_gbps ? fmt::format("{}", *s.train.nccl.net_gbps) : "";
   if (f == "reduce_bucket_size") return s.train.reduce_bucket_size ? std::to_string(*s.train.reduce_bucket_size) : "";

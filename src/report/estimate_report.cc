@@ -162,10 +162,43 @@ std::string render_nccl(const NcclLedger& l) {
                          format_bytes(c.p2p));
       continue;
     }
-    out += fmt::format("  NCCL {}: {}, {} ranks ({} on the node): ring {} channels x {} = {}", l.version, c.name,
-                       c.ranks, c.local_ranks, c.channels, format_bytes(c.channels == 0 ? Bytes{} : Bytes(c.ring.value / c.channels)),
-                       format_bytes(c.ring));
-    out += c.nvls.value > 0 ? fmt::format(", NVLS {}\n", format_bytes(c.nvls)) : std::string("\n");
+    // the ring's P2P (NVLink) channels, then those whose ends cross nodes (net), NVLS, the tree, the structures
+    const uint64_t p2p_channels = c.channels - c.net_channels;
+    std::vector<std::string> parts;
+    if (p2p_channels > 0) {
+      parts.push_back(fmt::format("ring {} channels x {} = {}", p2p_channels, format_bytes(Bytes(c.ring.value / p2p_channels)),
+                                  format_bytes(c.ring)));
+    }
+    if (c.net_channels > 0) {
+      const char* what = p2p_channels > 0 ? "net" : "ring over the network";
+      parts.push_back(c.net.value == 0 ? fmt::format("{} {} channels in host memory", what, c.net_channels)
+                                       : fmt::format("{} {} channels x {} = {}", what, c.net_channels,
+                                                     format_bytes(Bytes(c.net.value / c.net_channels)), format_bytes(c.net)));
+    }
+    if (c.nvls.value > 0) parts.push_back(fmt::format("NVLS {}", format_bytes(c.nvls)));
+    if (c.tree.value > 0) parts.push_back(fmt::format("tree {}", format_bytes(c.tree)));
+    if (c.structures.value > 0) parts.push_back(fmt::format("structures {}", format_bytes(c.structures)));
+    out += fmt::format("  NCCL {}: {}, {} ranks ({} on the node): ", l.version, c.name, c.ranks, c.local_ranks);
+    for (size_t i = 0; i < parts.size(); ++i) out += (i > 0 ? ", " : "") + parts[i];
+    out += "\n";
+  }
+  // What the ledger leaves out, by name (nccl.h): the tree unless --nccl-tree true, and host memory
+  Bytes tree_uncounted, host;
+  for (const NcclCommunicator& c : l.communicators) {
+    tree_uncounted += c.tree_uncounted;
+    host += c.host;
+  }
+  if (l.known && !l.communicators.empty()) {
+    out += l.code_known ? fmt::format("  NCCL's device code, once per process: {} (its first collective on an H100, NCCL "
+                                      "2.28.9, beyond its allocations)\n", format_bytes(l.code))
+                        : std::string("  NCCL's device code, once per process: not counted (measured on an H100 only)\n");
+  }
+  if (l.known && tree_uncounted.value > 0) {
+    out += fmt::format("    not counted: the tree's {} (connected at the first all-reduce NCCL's tuner gives Tree; "
+                       "--nccl-tree true counts it)\n", format_bytes(tree_uncounted));
+  }
+  if (l.known && host.value > 0) {
+    out += fmt::format("    pinned host memory (not on the GPU): {} of net buffers (--nccl-gdr false puts them all there)\n", format_bytes(host));
   }
   if (l.known && !l.communicators.empty()) {
     out += fmt::format("    channels: {}{}\n", l.channel_source == "--nccl-channels" ? "" : "the GPU catalog's NCCL log (trainmem "
@@ -814,10 +847,14 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
     for (const NcclCommunicator& c : v.nccl.communicators) {
       comms.push_back({{"group", c.name}, {"ranks", c.ranks}, {"local_ranks", c.local_ranks}, {"channels", c.channels},
                        {"ring_bytes", c.ring.value}, {"nvls_bytes", c.nvls.value}, {"p2p_peers", c.p2p_peers},
-                       {"p2p_bytes", c.p2p.value}});
+                       {"p2p_bytes", c.p2p.value}, {"nodes", c.nodes}, {"net_channels", c.net_channels},
+                       {"net_bytes", c.net.value}, {"tree_bytes", c.tree.value},
+                       {"tree_not_counted_bytes", c.tree_uncounted.value}, {"structures_bytes", c.structures.value},
+                       {"host_bytes", c.host.value}});
     }
     d["nccl"] = {{"version", v.nccl.version}, {"counted", v.nccl.known}, {"channel_source", v.nccl.channel_source},
-                 {"communicators", comms}, {"total_bytes", v.nccl.total.value}};
+                 {"communicators", comms}, {"total_bytes", v.nccl.total.value}, {"host_bytes", v.nccl.host.value},
+                 {"code_bytes", v.nccl.code.value}, {"code_counted", v.nccl.code_known}};
     if (v.oom) {
       const DeviceVerdict::Oom& o = *v.oom;
       nlohmann::json live = nlohmann::json::array();

@@ -66,6 +66,15 @@ PLAN = [
      "--model falcon-rw-1b --attention sdpa --batch 2 --seq 1024 --precision bf16-amp"),
     ("hf_family_phi3_4layers_sdpa_b2_t2048_bf16amp",
      "--model phi-3-mini --set num_hidden_layers=4 --attention sdpa --batch 2 --seq 2048 --precision bf16-amp"),
+    # (tag "scale") whole models and long sequences: Gemma-3's sliding-window layers (whole 1B, never measured),
+    # TinyLlama whole at 4k with full checkpointing, Mistral-7B's shapes at 4k in pure bf16 with fused AdamW
+    ("hf_scale_gemma3_1b_sdpa_b2_t2048_bf16amp",
+     "--model gemma-3-1b-it --attention sdpa --batch 2 --seq 2048 --precision bf16-amp"),
+    ("hf_scale_tinyllama_sdpa_b4_t4096_bf16amp_ckpt",
+     "--model tinyllama-1.1b --attention sdpa --batch 4 --seq 4096 --precision bf16-amp --checkpointing full"),
+    ("hf_scale_mistral7b_4layers_sdpa_b2_t4096_bf16_fused",
+     "--model mistral-7b --set num_hidden_layers=4 --attention sdpa --batch 2 --seq 4096 --precision bf16 "
+     "--optimizer-impl fused"),
 ]
 
 

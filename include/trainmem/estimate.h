@@ -16,6 +16,7 @@
 #include "trainmem/units.h"
 #include "trainmem/zero.h"
 #include "trainmem/fsdp.h"
+#include "trainmem/fsdp1.h"
 
 namespace trainmem {
 
@@ -215,6 +216,18 @@ struct FsdpFigures {
   bool torchtitan_pp = false;  // torchtitan's apply_fsdp on a pipeline stage (resolve_pp_fsdp), not accelerate's
 };
 
+// --dp N --sharding fsdp1: one rank of FSDP1 (FullyShardedDataParallel) under accelerate, as simulated (fsdp1.h).
+struct Fsdp1Figures {
+  Fsdp1Options options;           // the resolved settings (resolve_fsdp1)
+  std::vector<Fsdp1Unit> units;   // in wrapping order: the decoder layers, then the root
+  Bytes sharded_params;           // every unit's _local_shard (S elements, padding included), orig dtype
+  Bytes sharded_grads;            // every unit's _saved_grad_shard (S elements), orig dtype
+  Bytes optimizer_state;          // AdamW over the original parameters' shard views (padding excluded)
+  uint64_t local_elems = 0;       // this rank's parameter elements (numel_in_shard, summed)
+  uint64_t shard_elems = 0;       // the S of every unit, summed
+  uint64_t padding_elems = 0;     // alignment and world-size padding in the flat parameters (all ranks)
+};
+
 // The estimate of one step, in its natural parts; the timeline and the allocator's per-event figures are
 // shared (an Estimate copies cheaply, and a binding can hand them out without copying them).
 struct Estimate {
@@ -230,6 +243,7 @@ struct Estimate {
   std::optional<ZeroFigures> zero;              // --sharding zero1|zero2: per rank
   std::optional<PpFigures> pp;                  // --pp > 1: every rank; the rest is rank pp->shown's
   std::optional<FsdpFigures> fsdp;              // --sharding fsdp2: per rank
+  std::optional<Fsdp1Figures> fsdp1;            // --sharding fsdp1: per rank
   std::optional<StepTime> time;                 // with a GPU whose catalog row has its peaks (flops.h)
   std::shared_ptr<const SimResult> sim;
   std::shared_ptr<const AllocatorReplay> alloc;

@@ -31,6 +31,19 @@ struct FsdpOptions {
   DType reduce_dtype = DType::kF32;   // reduce-scatter dtype (the gradients' when not mixed)
 };
 
+// What FSDP2 and FSDP1 (fsdp1.h) refuse alike under accelerate: other families (no unit hooks), other heads,
+// optimizers other than torch AdamW/Adam, quantized or frozen weights, DDP's settings. `v` "FSDP2"/"FSDP1", `flag`
+// "fsdp2"/"fsdp1", `wrapper` what the sharding runs ("fully_shard", "FullyShardedDataParallel").
+void refuse_under_accelerate_fsdp(const TrainSetup& s, const ModelSpec& m, const char* v, const char* flag,
+                                  const char* wrapper);
+// accelerate's mixed precision for both versions: bf16-amp -> float32 shards, bf16 gathers and reduces; fp32 and
+// bf16 -> the model's dtype throughout; fp16 refused (a sharded gradient scaler).
+struct FsdpDtypes {
+  DType orig = DType::kF32, param = DType::kF32, reduce = DType::kF32;
+  bool mixed = false;
+};
+FsdpDtypes accelerate_fsdp_dtypes(Precision p, const char* v);
+
 // The defaults of the code that runs (cited in fsdp.cc); throws trainmem::Error for what is not simulated.
 // Off unless dp > 1 and --sharding fsdp2.
 FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop, TorchVersion torch);

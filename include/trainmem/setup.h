@@ -185,6 +185,8 @@ struct TrainSetup {
   std::optional<uint64_t> prefetch_bucket_size, max_live_parameters, max_reuse_distance;
   // FSDP2's fully_shard settings (fsdp.h); empty: accelerate's FullyShardedDataParallelPlugin defaults
   std::optional<bool> reshard_after_forward;   // reshard_after_forward
+  // FSDP1's backward_prefetch (fsdp1.h; field fsdp1_prefetch): true BACKWARD_PRE, false None; empty: the Trainer's "NO_PREFETCH"
+  std::optional<bool> backward_prefetch_pre;
   // Tensor-parallel ranks (tp.h): transformers 5.x tp_plan="auto" over `tp` GPUs; estimate simulates one rank's
   // local model. 1: none. sequence_parallel: PyTorch-native TP + SP with torchtitan's plan in place of
   // transformers' (sp.h).

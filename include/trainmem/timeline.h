@@ -65,8 +65,12 @@ enum class Stream : uint8_t {
   kDefault,                // the current (default) stream: the model, autograd and the optimizer
   kFsdpAllGatherCopyIn,    // FSDP2's all_gather_copy_in_stream: the copy-in buffer and the all-gather output
   kFsdpReduceScatter,      // FSDP2's reduce_scatter_stream: the reduce-scatter output and its upcast
+  // FSDP1's streams (_runtime_utils.py _init_streams, shared by every unit of the root):
+  kFsdp1Unshard,           // _unshard_stream: the all-gather destination _full_param_padded
+  kFsdp1PostBackward,      // _post_backward_stream: new_sharded_grad and its cast to the parameter dtype
+  kFsdp1PreUnshard,        // _pre_unshard_stream: the low-precision shard _mp_shard
 };
-inline constexpr size_t kStreamCount = 3;
+inline constexpr size_t kStreamCount = 6;
 
 struct Event {
   enum Kind : uint8_t { kAlloc, kFree, kRecategorize, kEmptyCache } kind;  // kEmptyCache: torch.cuda.empty_cache()

@@ -16,7 +16,7 @@ namespace trainmem {
 namespace {
 constexpr NameRow<Sharding> kShardings[] = {
     {Sharding::kDdp, "ddp", "DistributedDataParallel: a full replica per rank, gradients all-reduced in buckets"},
-    {Sharding::kFsdp1, "fsdp1", "FullyShardedDataParallel (flat parameters): not simulated yet"},
+    {Sharding::kFsdp1, "fsdp1", "FullyShardedDataParallel (a FlatParameter per unit) under accelerate (fsdp1.h)"},
     {Sharding::kFsdp2, "fsdp2", "fully_shard (per-parameter DTensor shards) under accelerate (fsdp.h)"},
     {Sharding::kZero1, "zero1", "DeepSpeed ZeRO stage 1: optimizer state partitioned (zero.h)"},
     {Sharding::kZero2, "zero2", "DeepSpeed ZeRO stage 2: optimizer state and gradients partitioned (zero.h)"},
@@ -37,13 +37,9 @@ DdpOptions resolve_ddp(const TrainSetup& s, LoopKind loop, TorchVersion torch) {
   // DeepSpeed ZeRO stages 1 and 2: resolve_zero (zero.cc)
   if (s.sharding == Sharding::kZero1 || s.sharding == Sharding::kZero2 || s.sharding == Sharding::kZero3) return d;
   if (s.sharding == Sharding::kFsdp2) return d;  // fully_shard: resolve_fsdp (fsdp.cc)
-  if (s.sharding == Sharding::kFsdp1) {
-    throw FieldError("sharding", "fsdp1: FullyShardedDataParallel (FSDP1's FlatParameter per unit, padded to the world "
-                                 "size, limit_all_gathers' rate limiter) is not simulated yet; fsdp2 (fully_shard, what "
-                                 "accelerate runs for fsdp_version 2) is");
-  }
+  if (s.sharding == Sharding::kFsdp1) return d;  // FullyShardedDataParallel: resolve_fsdp1 (fsdp1.cc)
   if (s.sharding != Sharding::kDdp) {
-    throw FieldError("sharding", fmt::format("{}: not simulated yet (ddp, fsdp2, zero1, zero2 and zero3 are)", name_of(s.sharding)));
+    throw FieldError("sharding", fmt::format("{}: not simulated yet (ddp, fsdp1, fsdp2, zero1, zero2 and zero3 are)", name_of(s.sharding)));
   }
   if (loop == LoopKind::kSeed000) {
     throw FieldError("loop", "seed000: DDP is not simulated for the seed 000 fork (its zero_grad(set_to_none=False) "

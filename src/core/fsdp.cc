@@ -16,6 +16,63 @@
 
 namespace trainmem {
 
+// What both FSDP versions refuse alike under accelerate (fsdp1.h, resolve_fsdp); `v` is "FSDP2" or "FSDP1", `flag`
+// "fsdp2" or "fsdp1", `wrapper` what that sharding runs.
+void refuse_under_accelerate_fsdp(const TrainSetup& s, const ModelSpec& m, const char* v, const char* flag,
+                                  const char* wrapper) {
+  const auto refuse = [](const char* field, const std::string& what) { throw FieldError(field, what); };
+  if (m.family != Family::kLlama || m.impl != Impl::kHf) {
+    refuse("sharding", fmt::format("{}: simulated for the llama family's transformers models (llama, mistral, "
+                                   "qwen2, ...); {} ({}) has no FSDP unit hooks yet", flag, m.model_type,
+                                   family_descriptor(m.family).name));
+  }
+  if (m.head != Head::kCausalLm) refuse("head", fmt::format("{} is simulated for the causal-LM head only", v));
+  if (s.optimizer != Optimizer::kAdamW && s.optimizer != Optimizer::kAdam) {
+    refuse("optimizer", fmt::format("{}: {} is simulated with torch AdamW/Adam over the sharded parameters",
+                                    name_of(s.optimizer), v));
+  }
+  if (s.optimizer_in_backward) refuse("optimizer_in_backward", fmt::format("true: not simulated under {}", v));
+  if (s.quant.type != Quantize::kNone) {
+    refuse("quantize", fmt::format("quantized base weights are not simulated under {}", v));
+  }
+  if (!s.freeze.empty()) refuse("freeze", fmt::format("frozen parameters are not simulated under {}", v));
+  const auto not_ddp = [&](const char* field) {
+    refuse(field, fmt::format("a DDP setting; --sharding {} runs {}, which builds no DDP Reducer", flag, wrapper));
+  };
+  if (s.bucket_cap_mb) not_ddp("bucket_cap_mb");
+  if (s.gradient_as_bucket_view) not_ddp("gradient_as_bucket_view");
+  if (s.find_unused_parameters) not_ddp("find_unused_parameters");
+}
+
+FsdpDtypes accelerate_fsdp_dtypes(Precision p, const char* v) {
+  FsdpDtypes d;
+  switch (p) {
+    case Precision::kBf16Amp:
+      // The Trainer's bf16=True is accelerate's mixed_precision "bf16": fsdp2_prepare_model upcasts every trainable
+      // parameter to float32 ("Upcast to fp32 master weights; MixedPrecisionPolicy.param_dtype handles compute
+      // cast"), and FullyShardedDataParallelPlugin.set_mixed_precision builds MixedPrecisionPolicy(param_dtype=bf16,
+      // reduce_dtype=bf16, output_dtype=bf16). Accelerator.prepare_model still wraps forward in autocast (native_amp).
+      // (FSDP1: MixedPrecision(param_dtype=bf16, reduce_dtype=bf16, buffer_dtype=bf16) and prepare_model's upcast of
+      // every low-precision FlatParameter, fsdp1.cc.)
+      d.orig = DType::kF32;
+      d.mixed = true;
+      d.param = DType::kBF16;
+      d.reduce = DType::kBF16;
+      break;
+    case Precision::kFp32:
+    case Precision::kBf16:
+      // mixed_precision "no": MixedPrecisionPolicy() (all None); the parameters stay in the model's dtype
+      d.orig = param_dtype(p);
+      d.param = d.orig;
+      d.reduce = d.orig;
+      break;
+    default:
+      throw FieldError("precision", fmt::format("{}: fp16 under {} needs a sharded gradient scaler, not simulated "
+                                                "(bf16-amp, bf16 and fp32 are)", name_of(p), v));
+  }
+  return d;
+}
+
 FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop, TorchVersion torch) {
   FsdpOptions f;
   if (s.dp <= 1 || s.sharding != Sharding::kFsdp2) {
@@ -36,11 +93,7 @@ FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop,
   }
   // The forward hooks of the embedding and the tail [final norm, lm_head] sit in the llama family's program
   // (src/sim/forward_programs/llama.cc); the decoder layers' in run_layers (src/sim/layers.h).
-  if (m.family != Family::kLlama || m.impl != Impl::kHf) {
-    refuse("sharding", fmt::format("fsdp2: simulated for the llama family's transformers models (llama, mistral, "
-                                   "qwen2, ...); {} ({}) has no FSDP unit hooks yet", m.model_type,
-                                   family_descriptor(m.family).name));
-  }
+  if (m.family != Family::kLlama || m.impl != Impl::kHf) refuse_under_accelerate_fsdp(s, m, "FSDP2", "fsdp2", "fully_shard");
   // --tp T with --sharding fsdp2, as accelerate's examples/torch_native_parallelism/nd_parallel.py runs it
   // (16cb6eb): ParallelismConfig(dp_shard_size=D, tp_size=T), FullyShardedDataParallelPlugin(fsdp_version=2),
   // mixed_precision="bf16", from_pretrained(tp_plan="auto", device_mesh=accelerator.torch_device_mesh) shards the
@@ -56,19 +109,12 @@ FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop,
     refuse("sharding", "fsdp2: tied input/output embeddings (accelerate's tail unit then holds the shared weight, "
                        "gathered at the start of the forward) are not simulated");
   }
-  if (m.head != Head::kCausalLm) refuse("head", "FSDP2 is simulated for the causal-LM head only");
+  refuse_under_accelerate_fsdp(s, m, "FSDP2", "fsdp2", "fully_shard");
   if (s.loss != LossKind::kCe) {
     refuse("loss", "FSDP2 is simulated with transformers' cross-entropy (--loss ce): the chunked and fused heads "
                    "run lm_head outside the tail unit's hooks");
   }
-  if (s.optimizer != Optimizer::kAdamW && s.optimizer != Optimizer::kAdam) {
-    refuse("optimizer", fmt::format("{}: FSDP2 is simulated with torch AdamW/Adam over the sharded parameters",
-                                    name_of(s.optimizer)));
-  }
-  if (s.optimizer_in_backward) refuse("optimizer_in_backward", "true: not simulated under FSDP2");
   if (s.lora.on) refuse("lora", "LoRA under FSDP2 is not simulated (mixed requires_grad within a unit)");
-  if (s.quant.type != Quantize::kNone) refuse("quantize", "quantized base weights are not simulated under FSDP2");
-  if (!s.freeze.empty()) refuse("freeze", "frozen parameters are not simulated under FSDP2");
   if (s.input_require_grads.value_or(false)) {
     refuse("input_require_grads", "true: not simulated under FSDP2 (the embedding unit's post-backward would run "
                                   "in the backward instead of the final callback)");
@@ -80,12 +126,6 @@ FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop,
     refuse("checkpoint_reentrant", "true: reentrant checkpointing under FSDP2 is not simulated (use_reentrant=False is "
                                    "transformers 5.x's default)");
   }
-  const auto not_ddp = [&](const char* field) {
-    refuse(field, "a DDP setting; --sharding fsdp2 runs fully_shard, which builds no DDP Reducer");
-  };
-  if (s.bucket_cap_mb) not_ddp("bucket_cap_mb");
-  if (s.gradient_as_bucket_view) not_ddp("gradient_as_bucket_view");
-  if (s.find_unused_parameters) not_ddp("find_unused_parameters");
   f.on = true;
   f.ranks = s.dp;
   // --dp-rank: the rank whose shards are simulated (rank 0 unless given; torch.chunk leaves the last ones short)
@@ -94,28 +134,11 @@ FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop,
   // FullyShardedDataParallelPlugin.__post_init__: reshard_after_forward None -> env FSDP_RESHARD_AFTER_FORWARD,
   // default "true" for fsdp_version 2
   f.reshard_after_forward = s.reshard_after_forward.value_or(true);
-  switch (s.precision) {
-    case Precision::kBf16Amp:
-      // The Trainer's bf16=True is accelerate's mixed_precision "bf16": fsdp2_prepare_model upcasts every trainable
-      // parameter to float32 ("Upcast to fp32 master weights; MixedPrecisionPolicy.param_dtype handles compute
-      // cast"), and FullyShardedDataParallelPlugin.set_mixed_precision builds MixedPrecisionPolicy(param_dtype=bf16,
-      // reduce_dtype=bf16, output_dtype=bf16). Accelerator.prepare_model still wraps forward in autocast (native_amp).
-      f.orig_dtype = DType::kF32;
-      f.mixed = true;
-      f.param_dtype = DType::kBF16;
-      f.reduce_dtype = DType::kBF16;
-      break;
-    case Precision::kFp32:
-    case Precision::kBf16:
-      // mixed_precision "no": MixedPrecisionPolicy() (all None); the parameters stay in the model's dtype
-      f.orig_dtype = param_dtype(s.precision);
-      f.param_dtype = f.orig_dtype;
-      f.reduce_dtype = f.orig_dtype;
-      break;
-    default:
-      refuse("precision", fmt::format("{}: fp16 under FSDP2 needs a sharded gradient scaler, not simulated (bf16-amp, "
-                                      "bf16 and fp32 are)", name_of(s.precision)));
-  }
+  const FsdpDtypes d = accelerate_fsdp_dtypes(s.precision, "FSDP2");
+  f.orig_dtype = d.orig;
+  f.mixed = d.mixed;
+  f.param_dtype = d.param;
+  f.reduce_dtype = d.reduce;
   return f;
 }
 

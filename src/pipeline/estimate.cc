@@ -444,6 +444,7 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
   const ZeroOptions zopt = resolve_zero(s, loop, o0.torch);  // --sharding zero2 (zero.h)
   // --sharding fsdp2 (fsdp.h): accelerate's policy, or torchtitan's on a pipeline stage
   const FsdpOptions fopt = o0.pp.on ? resolve_pp_fsdp(s, m, loop, o0.torch) : resolve_fsdp(s, m, loop, o0.torch);
+  const Fsdp1Options f1opt = resolve_fsdp1(s, m, loop, o0.torch);  // --sharding fsdp1 (fsdp1.h)
   if (gpu) o.sm = gpu->sm;  // the device decides the kernels: an H100 is simulated as sm_90
   Estimate e;
   e.model = m;
@@ -557,6 +558,14 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
     st.optimizer_state = f.optimizer_state;
     e.zero = std::move(f);
   }
+  // FSDP's per-rank model states: the rank's shards, its sharded gradients, the optimizer's state over them
+  const auto set_sharded_states = [&st](Bytes weights, Bytes grads, Bytes moments, Bytes steps) {
+    st.weights = weights;
+    st.gradients = grads;
+    st.optimizer_moments = moments;
+    st.optimizer_steps = steps;
+    st.optimizer_state = moments + steps;
+  };
   if (fopt.on) {
     // one rank's model states, from the same shards the simulator allocates (fsdp_shard): the padded parameter
     // shards and the padded reduce-scatter results in the orig dtype, AdamW's state over the unpadded local shards
@@ -581,12 +590,37 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
       }
     }
     f.sharded_grads = f.sharded_params;  // grad_output: one padded flat tensor per unit, the orig dtype
-    st.weights = f.sharded_params;
-    st.gradients = f.sharded_grads;
-    st.optimizer_moments = moments;
-    st.optimizer_steps = steps;
-    st.optimizer_state = f.optimizer_state;
+    set_sharded_states(f.sharded_params, f.sharded_grads, moments, steps);
     e.fsdp = std::move(f);
+  }
+  if (f1opt.on) {
+    // one rank's model states, from the layouts the simulator allocates: each unit's padded shard S in the orig
+    // dtype (_local_shard, and _saved_grad_shard after the backward), AdamW's state over the original parameters'
+    // shard views (use_orig_params: numel_in_shard elements each, the padding excluded)
+    Fsdp1Figures f;
+    Bytes moments, steps;
+    f.options = f1opt;
+    f.units = fsdp1_units(m, inv, f1opt);
+    for (const Fsdp1Unit& u : f.units) {
+      const Fsdp1Layout& l = u.layout;
+      f.shard_elems = checked_add(f.shard_elems, l.shard_numel, "FSDP1 shard");
+      f.padding_elems = checked_add(f.padding_elems, l.padded_unsharded_numel - l.params, "FSDP1 padding");
+      for (size_t p = 0; p < u.rows.size(); ++p) {
+        const uint64_t n = fsdp1_numel_in_shard(l, p, f1opt.rank);
+        if (n == 0) continue;  // not in this rank's shard: no .grad, no state
+        f.local_elems = checked_add(f.local_elems, n, "FSDP1 shard");
+        for (const StateTensor& t : optimizer_state_tensors(s.optimizer, e.setup.optimizer_impl, {n}, f1opt.orig_dtype,
+                                                            bnb_block_size(s.optimizer_version))) {
+          const Bytes b = bytes_of(numel(t.shape), t.dtype);
+          f.optimizer_state += b;
+          (std::string_view(t.what) == "step" ? steps : moments) += b;
+        }
+      }
+    }
+    f.sharded_params = bytes_of(Elems(f.shard_elems), f1opt.orig_dtype);
+    f.sharded_grads = f.sharded_params;
+    set_sharded_states(f.sharded_params, f.sharded_grads, moments, steps);
+    e.fsdp1 = std::move(f);
   }
   if (const DdpOptions& d = ddp; d.on) {
     DdpFigures f;

@@ -11,6 +11,7 @@
 
 #include "trainmem/error.h"
 #include "trainmem/fsdp.h"
+#include "trainmem/fsdp1.h"
 #include "trainmem/zero.h"
 #include "trainmem/family.h"
 
@@ -342,6 +343,8 @@ void suggest(const Candidate& base, const FitProbe& original, std::optional<uint
         {Sharding::kZero2, "zero2", true, "DeepSpeed ZeRO-2: optimizer state and gradients partitioned over the ranks"},
         {Sharding::kFsdp2, "fsdp2", false, "FSDP2 (accelerate's fully_shard): parameters, gradients and optimizer "
                                            "state sharded per parameter, each layer gathered when it runs"},
+        {Sharding::kFsdp1, "fsdp1", false, "FSDP1 (accelerate's FullyShardedDataParallel): one flat parameter per "
+                                           "layer and the root, sharded, each gathered when it runs"},
         {Sharding::kZero3, "zero3", true, "DeepSpeed ZeRO-3: parameters, gradients and optimizer state partitioned, "
                                           "gathered per module"},
     };
@@ -356,6 +359,8 @@ void suggest(const Candidate& base, const FitProbe& original, std::optional<uint
       try {
         if (rung.sharding == Sharding::kFsdp2) {
           (void)resolve_fsdp(c.setup, c.model, c.options.loop, c.options.torch);
+        } else if (rung.sharding == Sharding::kFsdp1) {
+          (void)resolve_fsdp1(c.setup, c.model, c.options.loop, c.options.torch);
         } else {
           (void)resolve_zero(c.setup, c.options.loop, c.options.torch);
         }

@@ -48,8 +48,9 @@ constexpr std::string_view kDerived[] = {"dp", "grad_accum", "micro_batches", "g
 constexpr std::string_view kLayoutFields[] = {
     "gpus", "sharding", "bucket_cap_mb", "gradient_as_bucket_view", "find_unused_parameters", "reduce_bucket_size",
     "overlap_comm", "offload", "param_persistence_threshold", "prefetch_bucket_size", "max_live_parameters",
-    "max_reuse_distance", "reshard_after_forward", "pp", "pp_schedule", "micro_batches", "pp_virtual_stages",
-    "rank", "dp_rank", "batch", "nccl_channels", "nccl_nvls", "gpus_per_node", "nccl_tree", "nccl_gdr"};
+    "max_reuse_distance", "reshard_after_forward", "fsdp1_prefetch", "pp", "pp_schedule", "micro_batches",
+    "pp_virtual_stages", "rank", "dp_rank", "batch", "nccl_channels", "nccl_nvls", "gpus_per_node", "nccl_tree",
+    "nccl_gdr"};
 
 bool contains(std::span<const std::string_view> names, std::string_view f) {
   return std::find(names.begin(), names.end(), f) != names.end();

@@ -197,8 +197,9 @@ constexpr Field kFields[] = {
      FieldGroup::kTraining},
     {"dp", "data-parallel ranks (GPUs): estimate simulates one rank of --sharding; trainmem formulas prints ZeRO's "
            "and DeepSpeed's per-rank closed forms for them (default 1)", FieldGroup::kTraining},
-    {"sharding", "ddp | fsdp2 | zero1 | zero2 | zero3: how the --dp ranks share the model (DDP, FSDP2's fully_shard "
-                 "through accelerate, DeepSpeed ZeRO-1/2/3 under the Trainer; fsdp1: not simulated yet)",
+    {"sharding", "ddp | fsdp1 | fsdp2 | zero1 | zero2 | zero3: how the --dp ranks share the model (DDP, FSDP1's "
+                 "FullyShardedDataParallel and FSDP2's fully_shard through accelerate, DeepSpeed ZeRO-1/2/3 under the "
+                 "Trainer)",
      FieldGroup::kTraining},
     {"dp_rank", "with --dp: the data-parallel rank whose shards are simulated (default: the one holding the most, "
                 "rank 0, or under ZeRO-1/2 the rank whose partition keeps the most gradients)", FieldGroup::kTraining},
@@ -236,6 +237,8 @@ constexpr Field kFields[] = {
     {"reshard_after_forward", "true | false: FSDP2's reshard_after_forward for the decoder layers and the embedding "
                               "(default true, accelerate's for fsdp_version 2; the tail [norm, lm_head] keeps false)",
      FieldGroup::kTraining},
+    {"fsdp1_prefetch", "none | backward_pre: FSDP1's backward_prefetch (default none, the Trainer's NO_PREFETCH; "
+                          "backward_pre: the next unit all-gathered at each unit's pre-backward)", FieldGroup::kTraining},
     {"tp", "tensor-parallel ranks: transformers' tp_plan=\"auto\" (Llama-shaped decoders); estimate simulates one "
            "rank's local model (default 1)", FieldGroup::kTraining},
     {"sequence_parallel", "true | false: sequence parallelism with --tp (torchtitan's TP + SP plan on transformers' "
@@ -549,6 +552,14 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     } else {
       s.train.reshard_after_forward = boolean(f, v);
     }
+  } else if (f == "fsdp1_prefetch") {
+    if (v.empty() || v == "none") {
+      s.train.backward_prefetch_pre = v.empty() ? std::nullopt : std::optional<bool>(false);
+    } else if (v == "backward_pre") {
+      s.train.backward_prefetch_pre = true;
+    } else {
+      throw FieldError(std::string(f), fmt::format("\"{}\": expected none or backward_pre (BACKWARD_POST is not simulated)", v));
+    }
   } else if (f == "tp") {
     s.train.tp = count(f, v, kMaxRanks);
   } else if (f == "sequence_parallel") {
@@ -691,6 +702,9 @@ std::string field_text(const Scenario& s, std::string_view f) {
   }
   if (f == "reshard_after_forward") {
     return optional_boolean_text(s.train.reshard_after_forward);
+  }
+  if (f == "fsdp1_prefetch") {
+    return s.train.backward_prefetch_pre ? (*s.train.backward_prefetch_pre ? "backward_pre" : "none") : "";
   }
   if (f == "tp") return std::to_string(s.train.tp);
   if (f == "ep") return std::to_string(s.train.ep);

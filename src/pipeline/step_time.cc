@@ -295,6 +295,28 @@ std::optional<StepTime> step_time(const Estimate& e, const GpuSpec& gpu) {
     exposed += (first + std::max(0.0, ag_fwd - first - fwd) + std::max(0.0, ag_bwd - bwd)) * m +
                std::max(0.0, rs - bwd);
   }
+  if (e.fsdp1 && dp > 1) {
+    // FSDP1 (FullyShardedDataParallel, FULL_SHARD): each FlatParameter all-gathered (W x S, param_dtype) before its
+    // forward, the layers' again before their backward (the root stays unsharded), each unit's flat gradient
+    // reduce-scattered (reduce_dtype) in its post-backward. Forward: the CPU issues the next unit's all-gather on the
+    // unshard stream while the GPU computes (first exposed, the rest behind the forward's compute). Backward:
+    // BACKWARD_PRE issues the next unit's all-gather at the current unit's pre-backward (behind the backward's
+    // compute); without backward prefetch (the Trainer's NO_PREFETCH) each is issued at its own unit's pre-backward
+    // and waited on at once: exposed.
+    const Fsdp1Options& o = e.fsdp1->options;
+    double ag_fwd = 0, ag_bwd = 0, rs = 0, first = 0;
+    for (const Fsdp1Unit& u : e.fsdp1->units) {
+      const double full = static_cast<double>(u.layout.padded_unsharded_numel);
+      const double a = all_gather_seconds(full * static_cast<double>(itemsize(o.param_dtype)), dp, bw);
+      if (u.kind == Fsdp1Unit::kRoot) first = a;  // the root's, before the embedding
+      ag_fwd += a;
+      if (u.kind != Fsdp1Unit::kRoot) ag_bwd += a;
+      rs += all_gather_seconds(full * static_cast<double>(itemsize(o.reduce_dtype)), dp, bw);
+    }
+    total += ag_fwd + ag_bwd + rs;
+    exposed += first + std::max(0.0, ag_fwd - first - fwd) +
+               (o.backward_prefetch ? std::max(0.0, ag_bwd - bwd) : ag_bwd) + std::max(0.0, rs - bwd);
+  }
   t.comm_seconds = total;
   t.comm_exposed_seconds = exposed;
   t.comm_overlapped_seconds = std::max(0.0, total - exposed);

@@ -1,6 +1,8 @@
 // `trainmem estimate`: the breakdown table and the JSON contract.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "json_text.h"
@@ -89,6 +91,7 @@ std::string headline(const Estimate& e) {
                          pp_stage_modules(e.pp->rows[e.pp->shown].parts), e.pp->micro_batches, name_of(e.pp->schedule));
   }
   if (e.fsdp) accum += fmt::format("; per rank, {} ranks (FSDP2)", e.fsdp->options.ranks);
+  if (e.fsdp1) accum += fmt::format("; per rank, {} ranks (FSDP1)", e.fsdp1->options.ranks);
   if (m.tp > 1 && m.ep > 1) {
     accum += fmt::format("; per rank, {} expert-parallel ranks (ep_size = tp_size)", m.ep);
   } else if (m.sp) {
@@ -423,6 +426,17 @@ std::string render_zero_note(const Estimate& e) {
   return out;
 }
 
+// The index of the first unit of each kind, in the kinds' order (FSDP's units of one kind are alike).
+template <typename Unit, typename Kind>
+std::vector<size_t> first_unit_of_each(const std::vector<Unit>& units, std::initializer_list<Kind> kinds) {
+  std::vector<size_t> out;
+  for (Kind k : kinds) {
+    const auto it = std::find_if(units.begin(), units.end(), [k](const Unit& u) { return u.kind == k; });
+    if (it != units.end()) out.push_back(static_cast<size_t>(it - units.begin()));
+  }
+  return out;
+}
+
 // --sharding fsdp2: the units, the per-rank sharded states, the gathered and reduce-scatter buffers per unit.
 std::string render_fsdp_note(const Estimate& e) {
   const FsdpFigures& f = *e.fsdp;
@@ -467,15 +481,7 @@ std::string render_fsdp_note(const Estimate& e) {
                      "holds the most\n",
                      with_commas(f.first_rank_elems), with_commas(f.last_rank_elems), o.ranks - 1);
   // per distinct unit shape: the embedding, one decoder layer (they are alike), the tail (those the rank holds)
-  std::vector<size_t> shown;
-  for (FsdpUnit::Kind k : {FsdpUnit::kEmbed, FsdpUnit::kLayer, FsdpUnit::kTail}) {
-    for (size_t i = 0; i < f.units.size(); ++i) {
-      if (f.units[i].kind != k) continue;
-      shown.push_back(i);
-      break;
-    }
-  }
-  for (size_t i : shown) {
+  for (size_t i : first_unit_of_each(f.units, {FsdpUnit::kEmbed, FsdpUnit::kLayer, FsdpUnit::kTail})) {
     const FsdpUnit& u = f.units[i];
     const uint64_t gathered = u.shard_numel * o.ranks;
     out += fmt::format("  {}{}: {} parameters; all-gather output {} ({}){}, unsharded parameters {}; reduce-scatter "
@@ -505,6 +511,48 @@ std::string render_fsdp_note(const Estimate& e) {
   out += "  streams: the copy-in and all-gather output come from the all-gather copy-in stream's pool, the reduce-scatter "
          "output and the sharded gradients from the reduce-scatter stream's; the caching allocator reuses a block on its "
          "own stream only\n"
+         "  NCCL's communicator buffers are outside the caching allocator (with --gpu, under the verdict)\n";
+  return out;
+}
+
+// --sharding fsdp1: the FlatParameters, the per-rank sharded states, the unsharded flat buffers per unit.
+std::string render_fsdp1_note(const Estimate& e) {
+  const Fsdp1Figures& f = *e.fsdp1;
+  const Fsdp1Options& o = f.options;
+  const auto dt = [](DType d) { return std::string(dtype_name(d)); };
+  std::string out = fmt::format(
+      "FSDP1 (FullyShardedDataParallel through accelerate, fsdp_config version 1), rank {} of {}: {} FlatParameters "
+      "({} decoder layers by TRANSFORMER_BASED_WRAP, the root with model.embed_tokens, model.norm, lm_head); "
+      "FULL_SHARD, use_orig_params true, backward_prefetch {}, forward_prefetch false, limit_all_gathers true\n",
+      o.rank, o.ranks, f.units.size(), f.units.size() - 1, o.backward_prefetch ? "BACKWARD_PRE" : "None (the Trainer's NO_PREFETCH)");
+  out += o.mixed ? fmt::format("  MixedPrecision: param_dtype {}, reduce_dtype {}, buffer_dtype {} over {} flat parameters "
+                               "(accelerate's mixed_precision \"bf16\"; autocast still wraps the forward)\n",
+                               dt(o.param_dtype), dt(o.reduce_dtype), dt(o.param_dtype), dt(o.orig_dtype))
+                 : fmt::format("  no MixedPrecision: {} flat parameters, gathers and reduce-scatters\n", dt(o.orig_dtype));
+  out += fmt::format("  sharded states per rank: parameters {} + gradients {} + optimizer {} = {} ({} shard elements, {} "
+                     "of them parameters; {} padding elements over all ranks)\n",
+                     format_bytes(f.sharded_params), format_bytes(f.sharded_grads), format_bytes(f.optimizer_state),
+                     format_bytes(f.sharded_params + f.sharded_grads + f.optimizer_state), with_commas(f.shard_elems),
+                     with_commas(f.local_elems), with_commas(f.padding_elems));
+  // one decoder layer (they are alike) and the root
+  for (size_t i : first_unit_of_each(f.units, {Fsdp1Unit::kLayer, Fsdp1Unit::kRoot})) {
+    const Fsdp1Unit& u = f.units[i];
+    const Fsdp1Layout& l = u.layout;
+    out += fmt::format("  {}{}: flat {} = {} parameters + {} alignment + {} world-size padding; shard S {} ({}); "
+                       "unsharded flat parameter W x S {} ({}){}; unsharded flat gradient {} ({}), sharded gradient {}\n",
+                       u.name, u.kind == Fsdp1Unit::kLayer ? " (each layer)" : "", with_commas(l.unpadded_numel),
+                       with_commas(l.params), with_commas(l.align_padding), with_commas(l.world_padding),
+                       with_commas(l.shard_numel), format_bytes(bytes_of(Elems(l.shard_numel), o.orig_dtype)),
+                       with_commas(l.padded_unsharded_numel), format_bytes(bytes_of(Elems(l.padded_unsharded_numel), o.param_dtype)),
+                       o.mixed ? fmt::format(" with a {} _mp_shard", format_bytes(bytes_of(Elems(l.shard_numel), o.param_dtype))) : "",
+                       format_bytes(bytes_of(Elems(l.unpadded_numel), o.param_dtype)), dt(o.param_dtype),
+                       format_bytes(bytes_of(Elems(l.shard_numel), o.orig_dtype)));
+  }
+  out += "  the root's flat parameter stays unsharded from its forward to its post-backward (the last), and each unit's "
+         "views' gradients wait in the backward until its last one arrives; the sharded gradients stay allocated until "
+         "the next forward (_reset_flat_param_grad_info_if_needed)\n"
+         "  streams: _full_param_padded from the unshard stream's pool, _mp_shard from the pre-unshard stream's, the "
+         "sharded gradients from the post-backward stream's; record_stream frees are replayed where the program frees\n"
          "  NCCL's communicator buffers are outside the caching allocator (with --gpu, under the verdict)\n";
   return out;
 }
@@ -561,6 +609,7 @@ std::string render_estimate_table(const Estimate& e, const GpuSpec* gpu) {
   if (e.zero) out += '\n' + render_zero_note(e);
   if (e.pp) out += '\n' + render_pp_note(*e.pp);
   if (e.fsdp) out += '\n' + render_fsdp_note(e);
+  if (e.fsdp1) out += '\n' + render_fsdp1_note(e);
   if (e.model.tp > 1) out += '\n' + render_tp_note(e);
   if (e.device) {
     out += '\n';
@@ -748,6 +797,30 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
     j["rank0_local_elems"] = f->first_rank_elems;  // --dp-rank: rank 0 holds the most real elements,
     j["last_rank_local_elems"] = f->last_rank_elems;  // the last rank the fewest
     j["nccl_buffers"] = "outside the caching allocator: device.nccl (with a GPU)";
+  }
+  if (const auto& f = e.fsdp1) {
+    const Fsdp1Options& o = f->options;
+    nlohmann::json units = nlohmann::json::array();
+    for (const Fsdp1Unit& u : f->units) {
+      const Fsdp1Layout& l = u.layout;
+      units.push_back({{"name", u.name}, {"params", l.params}, {"flat_numel", l.unpadded_numel},
+                       {"align_padding", l.align_padding}, {"world_padding", l.world_padding},
+                       {"shard_numel", l.shard_numel}, {"padded_unsharded_numel", l.padded_unsharded_numel},
+                       {"unsharded_flat_param_bytes", bytes_of(Elems(l.padded_unsharded_numel), o.param_dtype).value},
+                       {"mp_shard_bytes", o.mixed ? bytes_of(Elems(l.shard_numel), o.param_dtype).value : 0},
+                       {"unsharded_flat_grad_bytes", bytes_of(Elems(l.unpadded_numel), o.param_dtype).value},
+                       {"sharded_grad_bytes", bytes_of(Elems(l.shard_numel), o.orig_dtype).value}});
+    }
+    out["fsdp1"] = {
+        {"ranks", o.ranks}, {"rank", o.rank}, {"per_rank", true},
+        {"framework", "accelerate FullyShardedDataParallel (fsdp_version 1)"}, {"sharding_strategy", "FULL_SHARD"},
+        {"use_orig_params", o.use_orig_params}, {"backward_prefetch", o.backward_prefetch ? "BACKWARD_PRE" : "None"},
+        {"limit_all_gathers", true}, {"orig_dtype", dtype_name(o.orig_dtype)}, {"param_dtype", dtype_name(o.param_dtype)},
+        {"reduce_dtype", dtype_name(o.reduce_dtype)}, {"mixed_precision", o.mixed}, {"units", std::move(units)},
+        {"sharded_param_bytes", f->sharded_params.value}, {"sharded_grad_bytes", f->sharded_grads.value},
+        {"optimizer_state_bytes", f->optimizer_state.value}, {"local_elems", f->local_elems},
+        {"shard_elems", f->shard_elems}, {"padding_elems", f->padding_elems},
+        {"nccl_buffers", "outside the caching allocator: device.nccl (with a GPU)"}};
   }
   out["setup"]["generate"] = s.generate;
   if (const auto& g = e.generation) {

@@ -299,6 +299,10 @@ T Engine::parameter(const Shape& s, DType dt, int32_t index, Label l, bool requi
 }
 
 T Engine::parameter_unallocated(const Shape& s, DType dt, int32_t index, Bytes storage, Category c, Label l) {
+  return make_parameter(empty_unallocated(s, dt, storage, c, l), index, true);
+}
+
+T Engine::empty_unallocated(const Shape& s, DType dt, Bytes storage, Category c, Label l) {
   TensorImpl* p = new_impl();
   p->shape = s;
   p->dtype = dt;
@@ -306,6 +310,17 @@ T Engine::parameter_unallocated(const Shape& s, DType dt, int32_t index, Bytes s
   p->label = l;
   p->storage = storages_.size();
   storages_.push_back(StorageInfo{storage, c, 0, l, true, stream});
+  retain(p->storage);
+  return T(p);
+}
+
+T Engine::parameter_view(const T& base, const Shape& s, int32_t index, Label l) {
+  TensorImpl* p = new_impl();
+  p->shape = s;
+  p->dtype = base->dtype;
+  p->strides = contiguous_strides(s);
+  p->label = l;
+  p->storage = base->storage;
   retain(p->storage);
   return make_parameter(T(p), index, true);
 }

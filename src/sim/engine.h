@@ -367,6 +367,12 @@ class Engine {
   // alloc_storage (torch/distributed/fsdp/_fully_shard/_fsdp_common.py) do to an unsharded parameter: the views
   // and the references autograd saved keep the storage, not its bytes. A no-op when already so.
   void resize_storage(uint64_t id, bool allocated);
+  // FSDP1's padded unsharded flat parameter (fsdp1.h): a storage of `storage` bytes that starts resized to 0 (no
+  // event), allocated and freed by resize_storage (_alloc_storage / _free_storage in torch/distributed/utils.py).
+  T empty_unallocated(const Shape& s, DType dt, Bytes storage, Category c, Label l);
+  // A parameter (inventory row `index`, with its AccumulateGrad) viewing `base`'s storage: FSDP1's original
+  // parameters as views into the unsharded flat parameter (use_orig_params=True, _use_unsharded_views).
+  T parameter_view(const T& base, const Shape& s, int32_t index, Label l);
   // A buffer or an input (leaf without grad).
   T leaf(const Shape& s, DType dt, Category c, Label l);
 

@@ -10,6 +10,7 @@
 #include "../families/registry.h"
 #include "forward.h"
 #include "fsdp.h"
+#include "fsdp1.h"
 #include "ops_util.h"
 #include "trainmem/ddp.h"
 #include "trainmem/error.h"
@@ -96,7 +97,11 @@ struct Loop {
   FsdpOptions fsdp_opt;
   std::unique_ptr<Fsdp2> fsdp;
   // The optimizer state's shape of row i: the local shard's under FSDP2 (zeros_like of the DTensor)
+  // FSDP1 (fsdp1.h): this rank's FullyShardedDataParallel units
+  std::unique_ptr<Fsdp1> fsdp1;
   std::vector<uint64_t> state_shape(size_t i) const {
+    // FSDP1 with use_orig_params: the optimizer steps each original parameter's 1-d view of its shard elements
+    if (fsdp1) return {fsdp1->numel_in_shard(i)};
     return fsdp ? fsdp_shard(inv.parameters[i].shape, fsdp_opt.ranks, fsdp_opt.rank).local_shape : inv.parameters[i].shape;
   }
 
@@ -421,6 +426,7 @@ struct Loop {
       } else {
         out = run_forward(&Y);
         if (fsdp) fsdp->root_post_forward();  // FSDP2: the root's post-forward, once the model's forward returns
+        if (fsdp1) fsdp1->root_post_forward();  // FSDP1: the root FullyShardedDataParallel's _post_forward
         if (o.loop == LoopKind::kNanoGpt) kept_logits = std::move(out.logits);  // `logits, loss = model(X, Y)`
       }
       e.phase = Phase::kLoss;
@@ -445,8 +451,10 @@ struct Loop {
                   "grad_fn\": no trainable parameter is reached from the loss (everything before it is frozen, or "
                   "reentrant checkpointing without --input-require-grads true cut the graph)");
     }
+    if (fsdp1) fsdp1->root_pre_backward();  // FSDP1: the root's pre-backward hook on the loss
     e.backward(scaled);
     if (fsdp) fsdp->final_callback();  // FSDP2's queued _root_post_backward_final_callback
+    if (fsdp1) fsdp1->final_callback();  // FSDP1's queued _post_backward_final_callback
   }
 
   // --- DistributedDataParallel -------------------------------------------------------------------------
@@ -1340,7 +1348,40 @@ struct Loop {
     }
   }
 
+  // FSDP1: accelerate's clip_grad_norm_ calls FullyShardedDataParallel.clip_grad_norm_ (fully_sharded_data_parallel.py,
+  // not torch.nn.utils' foreach path): _get_grad_norm's per-gradient torch.linalg.vector_norm(grad, dtype=float32)
+  // scalars, their torch.stack and its vector_norm (local_sharded_norm, bound until the method returns), then
+  // total_norm = local_sharded_norm ** norm_type (all-reduced in place) and ** (1 / norm_type), clip_coef =
+  // max_norm / (total_norm + 1e-6), clip_coef_clamped = torch.clamp(clip_coef, max=1.0); each grad.mul_ in place
+  // (clip_coef_clamped.to(grad's device and dtype): float32 already, no copy)
+  void fsdp1_clip_grad_norm() {
+    e.phase = Phase::kGradClip;
+    uint64_t n = 0;
+    for (size_t i = 0; i < inv.parameters.size(); ++i) n += e.grad(static_cast<int32_t>(i)) ? 1 : 0;
+    if (n == 0) return;  // `if len(params_with_grad) == 0: return zero`
+    const Label l{"FSDP1 clip_grad_norm_"};
+    T local;
+    {
+      std::vector<T> norms;
+      for (uint64_t k = 0; k < n; ++k) norms.push_back(e.empty(Shape{}, DType::kF32, Category::kTemporaries, l));
+      T stacked = e.empty(Shape{n}, DType::kF32, Category::kTemporaries, l);
+      local = e.empty(Shape{}, DType::kF32, Category::kTemporaries, l);
+    }
+    T total = e.empty(Shape{}, DType::kF32, Category::kTemporaries, l);  // ** norm_type
+    total = e.empty(Shape{}, DType::kF32, Category::kTemporaries, l);    // ** (1.0 / norm_type), rebound
+    T coef;
+    {
+      T plus = e.empty(Shape{}, DType::kF32, Category::kTemporaries, l);  // total_norm + 1e-6
+      coef = e.empty(Shape{}, DType::kF32, Category::kTemporaries, l);    // max_norm / (...)
+    }
+    T clamped = e.empty(Shape{}, DType::kF32, Category::kTemporaries, l);
+  }
+
   void clip_grad_norm() {
+    if (fsdp1) {
+      fsdp1_clip_grad_norm();
+      return;
+    }
     // torch.nn.utils.clip_grad_norm_(params, 1.0), foreach path: _foreach_norm (one partial per 64Ki-element
     // chunk of every tensor, then one float per tensor), torch.stack of the norms, the total norm, the
     // clip coefficient; the grads are scaled in place.
@@ -1907,6 +1948,13 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
     loop.z3_init();
     loop.w = sim::load_model(e, inv, param_dtype(s.precision), {},
                              [&loop](size_t i, sim::T& p) { loop.z3_partition_at_load(i, p); });
+  } else if (const Fsdp1Options f1 = resolve_fsdp1(s, m, o.loop, o.torch); f1.on) {
+    // FSDP1 (fsdp1.h): accelerate's prepare_model wraps FSDP(model, ...) in Trainer.train(); the grad hook counts
+    // each unit's gradients (its FlatParameter's AccumulateGrad post-hook)
+    loop.fsdp1 = std::make_unique<sim::Fsdp1>(e, inv, f1, fsdp1_units(m, inv, f1));
+    loop.fsdp1->load(loop.w, param_dtype(s.precision));
+    loop.c.fsdp = loop.fsdp1.get();
+    e.post_accumulate_grad = [&loop](int32_t i) { loop.fsdp1->grad_ready(i); };
   } else if (loop.fsdp_opt.on) {
     loop.fsdp = std::make_unique<sim::Fsdp2>(e, inv, loop.fsdp_opt, o.pp.on ? fsdp_stage_units(inv, o.pp.parts, loop.fsdp_opt)
                                                                            : fsdp_units(m, inv, loop.fsdp_opt));

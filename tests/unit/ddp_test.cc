@@ -229,9 +229,9 @@ TEST(DdpRefusals, OtherShardingsAndTheSeed000LoopAreNotSimulated) {
   Scenario s = testing::scenario_of("gpt2", {{"overrides", "n_layer=2"}, {"dp", "2"}, {"sharding", "fsdp1"}});
   try {
     run(s);
-    FAIL() << "fsdp1 is not simulated";
+    FAIL() << "fsdp1 is not simulated for gpt2";
   } catch (const Error& err) {
-    EXPECT_NE(std::string(err.what()).find("not simulated yet"), std::string::npos) << err.what();
+    EXPECT_NE(std::string(err.what()).find("no FSDP unit hooks yet"), std::string::npos) << err.what();
   }
   Scenario n = testing::scenario_of("gpt2", {{"overrides", "n_layer=2"}, {"dp", "2"}, {"loop", "seed000"}});
   EXPECT_THROW(run(n), Error);

@@ -122,8 +122,9 @@ void estimate_70b_hf(benchmark::State& state, Shape shape, uint64_t tp = 1) {
   }
 }
 
-// One rank of a 70B model over 64 data-parallel ranks at T=8192: DDP's buckets (construction and the rebuild at
-// step 2), DeepSpeed ZeRO-2's partitions (the layout of every parameter over 64 partitions, the IPG buckets) and
+// A 70B model over 64 data-parallel ranks at T=8192: one rank of DDP (buckets at construction and the rebuild at
+// step 2), every class of alike ZeRO-2 ranks (64 partition layouts, each simulated: estimate_zero_ranks; the layout
+// of every parameter over 64 partitions, the IPG buckets), and one rank of
 // FSDP2's units (every parameter's dim-0 shard, the all-gathers, reshards and reduce-scatters of 82 units).
 // Arg 3: the 64 GPUs as --tp 8 x FSDP2 over 8 data-parallel ranks (--gpus 64xh100-80gb --tp 8 --sharding fsdp2):
 // the TP-local model's shards, its units' gathers, and the TP collectives' buffers.

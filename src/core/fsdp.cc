@@ -128,9 +128,9 @@ FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop,
   }
   f.on = true;
   f.ranks = s.dp;
-  // --dp-rank: the rank whose shards are simulated (rank 0 unless given; torch.chunk leaves the last ones short)
+  // --dp-rank: the rank whose shards are simulated (validate_setup checked it; rank 0 unless given, since
+  // torch.chunk leaves the last ones short)
   f.rank = s.dp_rank.value_or(0);
-  if (f.rank >= f.ranks) throw FieldError("dp_rank", fmt::format("{}: the data-parallel group has ranks 0 to {}", f.rank, f.ranks - 1));
   // FullyShardedDataParallelPlugin.__post_init__: reshard_after_forward None -> env FSDP_RESHARD_AFTER_FORWARD,
   // default "true" for fsdp_version 2
   f.reshard_after_forward = s.reshard_after_forward.value_or(true);

@@ -71,10 +71,9 @@ Fsdp1Options resolve_fsdp1(const TrainSetup& s, const ModelSpec& m, LoopKind loo
   Fsdp1Options f;
   f.on = true;
   f.ranks = s.dp;
-  // --dp-rank: the rank whose shards are simulated (rank 0 unless given: it holds full chunks of parameters, the
-  // world-size padding sits at the end, on the last ranks)
+  // --dp-rank: the rank whose shards are simulated (validate_setup checked it; rank 0 unless given: it holds full
+  // chunks of parameters, the world-size padding sits at the end, on the last ranks)
   f.rank = s.dp_rank.value_or(0);
-  if (f.rank >= f.ranks) throw FieldError("dp_rank", fmt::format("{}: the data-parallel group has ranks 0 to {}", f.rank, f.ranks - 1));
   // training_args.py _process_fsdp_args, version 1: reshard_after_forward "full_shard" (accelerate:
   // ShardingStrategy.FULL_SHARD), forward_prefetch "false", backward_prefetch "NO_PREFETCH" (the plugin's
   // __post_init__ turns it into None), use_orig_params "true", sync_module_states "true"; limit_all_gathers only

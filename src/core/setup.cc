@@ -279,6 +279,10 @@ void validate_setup(const ModelSpec& m, const TrainSetup& s) {
   if (s.batch == 0) throw FieldError("batch", "0: expected a micro-batch of at least 1 sequence");
   if (s.seq == 0) throw FieldError("seq", "0: expected at least 1 token per sequence");
   if (s.grad_accum == 0) throw FieldError("grad_accum", "0: expected at least 1 micro-batch per optimizer step");
+  // --dp-rank, for every sharding (resolve() refuses it without --dp above 1, with its own message)
+  if (s.dp > 1 && s.dp_rank && *s.dp_rank >= s.dp) {
+    throw FieldError("dp_rank", fmt::format("{}: the data-parallel group has ranks 0 to {}", *s.dp_rank, s.dp - 1));
+  }
   if (s.optimizer == Optimizer::kNone && s.optimizer_impl != OptimizerImpl::kAuto) {
     throw FieldError("optimizer_impl", fmt::format("{}: there is no optimizer (the optimizer is none)",
                                                    optimizer_impl_name(s.optimizer_impl)));

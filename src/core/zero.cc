@@ -126,9 +126,9 @@ ZeroOptions resolve_zero(const TrainSetup& s, LoopKind loop, TorchVersion torch)
     }
   }
   z.ranks = s.dp;
-  // --dp-rank: the rank whose partitions are simulated (rank 0 unless given; the last holds the padding)
+  // --dp-rank: the rank whose partitions are simulated (validate_setup checked it; estimate picks the worst when
+  // it is not given)
   z.rank = s.dp_rank.value_or(0);
-  if (z.rank >= z.ranks) throw FieldError("dp_rank", fmt::format("{}: the data-parallel group has ranks 0 to {}", z.rank, z.ranks - 1));
   // reduce_bucket_size: DeepSpeedZeroConfig's Field(pp_int(5e8)) when the config leaves it out. The Trainer's
   // "auto" (transformers integrations/deepspeed.py HfTrainerDeepSpeedConfig.trainer_config_finalize:
   // hidden_size * hidden_size) applies only to configs that say "auto": pass --reduce-bucket-size for those.

@@ -516,11 +516,10 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
     // one rank's model states, from the same layout the simulator allocates (zero_group_layout)
     ZeroFigures f;
     f.options = z;
-    f.fullest = zero_fullest_rank(zero_group_numels(inv), z.ranks);
     Bytes in_partition, largest_partition;
-    for (const std::vector<int32_t>& rows : zero_param_groups(inv)) {
-      std::vector<uint64_t> numels;
-      for (int32_t row : rows) numels.push_back(inv.parameters[static_cast<size_t>(row)].elems.value);
+    const std::vector<std::vector<uint64_t>> groups = zero_group_numels(inv);
+    f.fullest = zero_fullest_rank(groups, z.ranks);
+    for (const std::vector<uint64_t>& numels : groups) {
       const ZeroGroupLayout l = zero_group_layout(numels, z.ranks, z.rank);
       f.group_numel.push_back(l.numel);
       f.group_aligned.push_back(l.aligned_numel);

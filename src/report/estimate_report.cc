@@ -387,9 +387,9 @@ std::string render_zero_note(const Estimate& e) {
                       : std::string("\n");
   // --dp-rank: the partitions are alike in size; the parameters each holds (params_in_partition, boundary ones in
   // full) differ by rank, and with them grads_in_partition: the default is the rank that holds the most
-  uint64_t here = 0;
-  for (uint64_t n : z.group_in_partition) here = checked_add(here, n, "ZeRO partition elements");
   if (z.rank_rows.empty()) {
+    uint64_t here = 0;
+    for (uint64_t n : z.group_in_partition) here = checked_add(here, n, "ZeRO partition elements");
     out += fmt::format("  other ranks: partitions alike in size; params_in_partition hold {} elements here, the most {} "
                        "on rank {}{}\n",
                        with_commas(here), with_commas(z.fullest.in_partition_numel), z.fullest.rank,

@@ -173,5 +173,24 @@ TEST(DpRank, OutsideTheGroupIsRefusedNamingTheField) {
   EXPECT_THROW(rank_estimate("ddp", 1, 1), FieldError);  // no data-parallel group to pick from
 }
 
+// The library checks the rank too (validate_setup), for every sharding, when a setup bypasses resolve().
+TEST(DpRank, EstimateRefusesARankOutsideTheGroupWithoutResolve) {
+  for (const char* sharding : {"ddp", "zero2", "zero3", "fsdp1", "fsdp2"}) {
+    SCOPED_TRACE(sharding);
+    std::vector<FieldChange> f = {{"model", "tinyllama-1.1b"}, {"overrides", "num_hidden_layers=2"}, {"batch", "1"},
+                                  {"seq", "64"}, {"dp", "3"}, {"sharding", sharding}};
+    if (std::string(sharding).rfind("zero", 0) == 0) f.push_back({"precision", "bf16"});
+    ResolvedScenario r = resolve(scenario_from(f), MapFileReader());
+    r.setup.dp_rank = 3;
+    try {
+      estimate(r);
+      FAIL() << "rank 3 of 3 accepted";
+    } catch (const FieldError& e) {
+      EXPECT_EQ(e.field(), "dp_rank");
+      EXPECT_NE(std::string(e.what()).find("ranks 0 to 2"), std::string::npos) << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace trainmem

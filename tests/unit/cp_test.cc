@@ -159,7 +159,7 @@ TEST(CpRefusals, WhatIsNotSimulatedIsRefusedWithTheField) {
       {tiny(100, {{"cp", "4"}}), "seq"},
       {tiny(256, {{"cp", "2"}, {"tp", "2"}}), "tp"},
       {tiny(256, {{"cp", "2"}, {"pp", "2"}}), "pp"},
-      {tiny(256, {{"cp", "2"}, {"sharding", "fsdp2"}}), "sharding"},
+      {tiny(256, {{"cp", "2"}, {"sharding", "fsdp1"}}), "sharding"},
       {tiny(256, {{"cp", "4"}, {"gpus", "6xh100-80gb"}}), "gpus"},
       {testing::scenario_of("gpt2", {{"overrides", "n_layer=2"}, {"seq", "64"}, {"cp", "2"}}), "cp"},
   };

@@ -14,6 +14,7 @@
 #include "test_util.h"
 #include "trainmem/error.h"
 #include "trainmem/estimate.h"
+#include "trainmem/fit.h"
 #include "trainmem/fsdp.h"
 #include "trainmem/nccl.h"
 #include "trainmem/scenario.h"
@@ -175,6 +176,27 @@ TEST(CpFsdpSim, CommunicatorsAreTheFlattenedMeshAndTheCpGroup) {
   ASSERT_EQ(g.size(), 2u);
   EXPECT_EQ(g[0].ranks, 4u);
   EXPECT_EQ(g[1].ranks, 4u);
+}
+
+// fit with --cp N and replicated weights offers FSDP2 over the CP ranks (and not selective checkpointing, which
+// resolve_cp refuses); its figure at micro-batch 1 is estimate's for --sharding fsdp2.
+TEST(CpFsdpFit, FitOffersFsdp2OverTheCpRanks) {
+  Scenario s = testing::scenario_of("tinyllama-1.1b", {{"overrides", "num_hidden_layers=2"}, {"seq", "256"},
+                                                       {"precision", "bf16-amp"}, {"cp", "4"}, {"gpu", "h100-80gb"}});
+  const FitResult r = fit(s, FitRequest{}, testing::MapFileReader());
+  bool offered = false;
+  for (const FitSuggestion& sug : r.suggestions) {
+    EXPECT_FALSE(sug.changes.front().field == "checkpointing" && sug.changes.front().value == "selective");
+    if (sug.changes.front().field != "sharding") continue;
+    ASSERT_EQ(sug.changes.size(), 1u);
+    EXPECT_EQ(sug.changes.front().value, "fsdp2");
+    ASSERT_TRUE(sug.at_one.has_value());
+    const Estimate e = run(tiny(256, {{"cp", "4"}, {"sharding", "fsdp2"}, {"gpu", "h100-80gb"}}));
+    EXPECT_EQ(sug.at_one->peak_reserved.value, e.memory.peak_reserved.value);
+    offered = true;
+  }
+  EXPECT_TRUE(offered);
+  EXPECT_EQ(r.smallest_sharding, "fsdp2");
 }
 
 TEST(CpFsdpRefusals, OtherShardingsAndLayoutsAreRefusedWithTheField) {

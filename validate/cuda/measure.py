@@ -284,9 +284,8 @@ def run_inference(args, cfg, impl, model, env, context, smi_before, cuda):
     default DynamicCache and generation config (pad_token_id = eos when the config has none), once, inside one
     autocast region under --precision *-amp. A forward pre-hook on the model reads the allocator when the second
     forward (the first decode step) starts: max_memory_allocated() then is the prefill's peak (and its token's
-    ops), memory_allocated() is what trainmem calls "after prefill" plus the second step's model_inputs (the
-    clones of one token's ids and position ids: small blocks, carried as uncertainty_bytes); the peak statistics
-    are then reset, so max_memory_allocated() at the end is the decode steps' peak."""
+    ops), memory_allocated() is what trainmem calls "after prefill" plus what the second step made before its
+    forward (prepare_inputs_for_generation's model_inputs); the peak statistics are then reset, so max_memory_allocated() at the end is the decode steps' peak."""
     if impl != "hf":
         raise SystemExit("--task inference: only with --impl hf")
     if args.lora or args.checkpointing != "none" or args.grad_accum != 1:
@@ -345,8 +344,8 @@ def run_inference(args, cfg, impl, model, env, context, smi_before, cuda):
                 torch.cuda.reset_peak_memory_stats()
 
         hook = model.register_forward_pre_hook(pre_hook)
+        rec.mark("before generate", 1, 1)  # the model alone, as trainmem's "before generate"
         X = ids_cpu.to(device)
-        rec.mark("before generate", 1, 1)
         with autocast():
             out_ids = model.generate(X, max_new_tokens=args.generate, do_sample=False)
         rec.mark("after generate", args.generate, 1)
@@ -360,12 +359,9 @@ def run_inference(args, cfg, impl, model, env, context, smi_before, cuda):
         if cuda:
             before, pre = rec.at("before generate", 1), calls["prefill"]
             decode_peak = torch.cuda.max_memory_allocated()
-            # step 2's model_inputs: input_ids[:, -1:].clone() and position_ids[..., -1:].clone() (and whatever
-            # else prepare_inputs_for_generation makes of B elements): small-pool blocks of 512 bytes each
-            small = 8 * 512
             figures.update({
                 "steady_state_allocated_bytes": exact(before["allocated_bytes"]),
-                "after_forward_allocated_bytes": {"bytes": int(pre["allocated_bytes"]), "uncertainty_bytes": small},
+                "after_forward_allocated_bytes": exact(pre["allocated_bytes"]),
                 "prefill_peak_allocated_bytes": exact(pre["max_allocated_bytes"]),
                 "decode_peak_allocated_bytes": exact(decode_peak),
                 "peak_allocated_bytes": exact(max(pre["max_allocated_bytes"], decode_peak)),

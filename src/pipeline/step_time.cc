@@ -252,7 +252,8 @@ std::optional<StepTime> step_time(const Estimate& e, const GpuSpec& gpu) {
     total += c;
     exposed += c;
     t.notes.push_back("context parallel: the ring's K/V all-gathers and dK/dV permutes are timed as exposed (an upper "
-                      "bound: the causal first block and each next step's backward can hide part of them)");
+                      "bound: the causal first block and each next step's backward can hide part of them); the ring's "
+                      "kernels at the roofline, not validated: torchtitan's measured tokens/s fall faster with cp");
   }
   // FSDP2 under --cp shards over dp x cp ranks (fsdp.h fsdp2_mesh_ranks): its collectives run over all of them
   const uint64_t dp = e.fsdp ? e.fsdp->options.ranks : s.dp;

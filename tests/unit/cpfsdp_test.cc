@@ -27,14 +27,9 @@ namespace {
 using testing::run;
 
 // TinyLlama's shapes (hidden 2048, 32 heads and 4 KV heads of 64, intermediate 5632, vocabulary 32000), two
-// layers, as cp_test.cc runs them.
+// layers, bf16 autocast, as cp_test.cc runs them (test_util.h tiny_llama).
 Scenario tiny(uint64_t seq, std::initializer_list<std::pair<const char*, std::string>> extra = {}) {
-  Scenario s = testing::scenario_of("tinyllama-1.1b", {{"overrides", "num_hidden_layers=2"},
-                                                       {"batch", "1"},
-                                                       {"seq", std::to_string(seq)},
-                                                       {"precision", "bf16-amp"}});
-  for (const auto& [k, v] : extra) set_field(s, k, v);
-  return s;
+  return testing::tiny_llama(seq, extra);
 }
 
 // One category's events in the order the step allocates and frees them: (event kind, label, bytes, stream)
@@ -225,27 +220,6 @@ TEST(CpFsdpPublished, TorchtitanTable2PeakIsFlatAtEqualTokensPerRankAndMesh) {
     hi = std::max(hi, e.memory.peak_allocated.value);
   }
   EXPECT_LE(hi - lo, 7ull * (1ull << 30) / 10);
-}
-
-TEST(CpFsdpRefusals, OtherShardingsAndLayoutsAreRefusedWithTheField) {
-  const std::pair<Scenario, const char*> cases[] = {
-      {tiny(256, {{"cp", "4"}, {"dp", "2"}}), "dp"},                                  // DDP: pure replicate
-      {tiny(256, {{"cp", "4"}, {"dp", "2"}, {"sharding", "fsdp1"}}), "sharding"},      // accelerate: FSDP2 only
-      {tiny(256, {{"cp", "4"}, {"dp", "2"}, {"sharding", "zero2"}}), "sharding"},
-      {tiny(256, {{"cp", "4"}, {"dp", "2"}, {"sharding", "zero3"}}), "sharding"},
-      {tiny(256, {{"cp", "4"}, {"dp", "2"}, {"sharding", "ddp"}}), "sharding"},
-      {tiny(256, {{"cp", "2"}, {"tp", "2"}, {"sharding", "fsdp2"}}), "tp"},
-      {tiny(256, {{"cp", "2"}, {"pp", "2"}, {"dp", "2"}, {"sharding", "fsdp2"}}), "pp"},
-      {tiny(256, {{"cp", "2"}, {"sharding", "fsdp2"}, {"dp_rank", "1"}}), "dp_rank"},  // only CP rank 0
-  };
-  for (const auto& [s, field] : cases) {
-    try {
-      run(s);
-      ADD_FAILURE() << field << " was accepted with --cp";
-    } catch (const FieldError& e) {
-      EXPECT_EQ(e.field(), field) << e.what();
-    }
-  }
 }
 
 }  // namespace

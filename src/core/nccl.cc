@@ -80,7 +80,19 @@ std::vector<ProcessGroup> process_groups(const TrainSetup& s, std::optional<uint
   // one NCCL communicator per process group, created at its first collective (ProcessGroupNCCL::getNCCLComm)
   const uint64_t world = s.dp * s.tp * s.pp * s.cp;  // resolve() bounded each factor and their product
   auto name = [&](const char* what, uint64_t n) { return fmt::format("{}{}", what, n == world ? " (the world group)" : ""); };
-  if (s.dp > 1) {
+  // HSDP (--sharding fsdp2 --dp-shard K < dp, fsdp.h): fully_shard's 2-D mesh (dp_replicate, dp_shard) makes one
+  // group per dimension (DeviceMesh._init_process_groups: a new_group / split_group per mesh dimension), the
+  // all-gathers and reduce-scatters in the dp_shard group (HSDPMeshInfo.shard_process_group), the all-reduce in the
+  // dp_replicate group (replicate_process_group). dp_shard is inside dp_replicate in both frameworks' mesh orders
+  // (accelerate ["dp_replicate", "dp_shard", "cp", "sp", "tp"], torchtitan ["pp", "dp_replicate", "dp_shard", "cp",
+  // "tp"]): a shard group's members are T ranks apart, a replicate group's K x T (on other nodes when K x T fills one)
+  if (s.dp > 1 && s.sharding == Sharding::kFsdp2 && s.dp_shard && *s.dp_shard < s.dp && *s.dp_shard > 1 &&
+      s.dp % *s.dp_shard == 0) {
+    const uint64_t k = *s.dp_shard;
+    g.push_back({name("data parallel shard (HSDP dp_shard)", k), k, 0, s.tp, ProcessGroup::Kind::kData});
+    g.push_back({name("data parallel replicate (HSDP dp_replicate)", s.dp / k), s.dp / k, 0, checked_mul(k, s.tp, "HSDP stride"),
+                 ProcessGroup::Kind::kDataReplicate});
+  } else if (s.dp > 1) {
     // under --tp T (FSDP2 over the TP-local model, fsdp.cc): accelerate's ParallelismConfig._get_mesh orders the
     // mesh ["dp_replicate", "dp_shard", "cp", "sp", "tp"], TP innermost, so the data-parallel group's members are
     // T ranks apart (on different nodes when T fills one)

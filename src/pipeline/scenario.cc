@@ -1117,6 +1117,10 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
                                                      field_text(s, f)));
       }
     }
+  } else if (s.train.dp_shard && s.train.sharding != Sharding::kFsdp2) {
+    // HSDP is fully_shard over a 2-D mesh (fsdp.h apply_hsdp_mesh); the other shardings take no shard degree
+    throw FieldError("dp_shard", fmt::format("{}: HSDP's shard degree; it applies with --sharding fsdp2 (--sharding is {})",
+                                             *s.train.dp_shard, name_of(s.train.sharding)));
   } else if (s.train.dp_rank && *s.train.dp_rank >= r.setup.dp) {
     throw FieldError("dp_rank", fmt::format("{}: the data-parallel group has ranks 0 to {}", *s.train.dp_rank,
                                             r.setup.dp - 1));

@@ -623,10 +623,12 @@ PlanResult Planner::run() {
 
   // HSDP (--sharding fsdp2 --dp-shard K, fsdp.h): each FSDP2 family of a layout gets a twin sharded within a node
   // and replicated across nodes, K = the data-parallel ranks of one node (per_node / (tp x cp): tensor and context
-  // parallel are the inner mesh dimensions), where 1 < K < dp and K divides dp, placed right after it. The search
-  // grows by at most one FSDP2 family per layout: with 5 shardings of a multi-node dp, 6 (x 1.2). A --dp-shard K
-  // the user gives keeps the FSDP2 families whose dp K divides (K = dp: FSDP2 over the whole dp), and only them.
-  const auto add_hsdp = [&](std::vector<PlanFamily>& fams, size_t first, uint64_t dp, uint64_t inner) {
+  // parallel are the inner mesh dimensions), where 1 < K < dp and K divides dp, placed right after it; without a
+  // pipeline only (estimate simulates HSDP under one, with --dp-shard given: each pipeline family's probes simulate
+  // every stage, and the twins' would spend plan's bound on work that FSDP2's own layouts need). The search grows
+  // by one FSDP2 family per multi-node layout without a pipeline: its 5 shardings become 6. A --dp-shard K the user
+  // gives keeps the FSDP2 families whose dp K divides (K = dp: FSDP2 over the whole dp), and only them.
+  const auto add_hsdp = [&](std::vector<PlanFamily>& fams, size_t first, uint64_t dp, uint64_t inner, uint64_t pp) {
     if (dp <= 1) return;
     if (given("dp_shard")) {
       const uint64_t k = user.train.dp_shard.value_or(0);
@@ -640,7 +642,7 @@ PlanResult Planner::run() {
       return;
     }
     const uint64_t k = per_node / inner;
-    if (k <= 1 || k >= dp || dp % k != 0) return;
+    if (pp > 1 || k <= 1 || k >= dp || dp % k != 0) return;
     std::vector<PlanFamily> out(fams.begin(), fams.begin() + static_cast<std::ptrdiff_t>(first));
     for (size_t i = first; i < fams.size(); ++i) {
       out.push_back(fams[i]);
@@ -715,7 +717,7 @@ PlanResult Planner::run() {
             }
           }
         }
-        add_hsdp(families, first_of_layout, dp, tp * cp);
+        add_hsdp(families, first_of_layout, dp, tp * cp, pp);
       }
     }
   }
@@ -767,6 +769,26 @@ PlanResult Planner::run() {
                           req_.top, speeds[req_.top - 1]);
       return;
     }
+    // HSDP's twin (add_hsdp) comes after its FSDP2 sibling (the same family over all the dp ranks: an equal bound,
+    // enumerated first); when that one does not fit, neither does the twin, which keeps more (pass 1 below)
+    if (f.setup.dp_shard > 0) {
+      for (const PlanFamily& g : families) {
+        const PlanSetup& a = g.setup;
+        const PlanSetup& b = f.setup;
+        if (a.dp_shard != 0 || g.verdict != PlanVerdict::kDoesNotFit || a.tp != b.tp || a.pp != b.pp || a.cp != b.cp ||
+            a.dp != b.dp || a.sharding != b.sharding || a.schedule != b.schedule ||
+            a.virtual_stages != b.virtual_stages || a.optimizer_impl != b.optimizer_impl ||
+            a.checkpointing != b.checkpointing || a.precision != b.precision || a.mixed != b.mixed) {
+          continue;
+        }
+        f.verdict = PlanVerdict::kDoesNotFit;
+        f.screened = true;
+        f.best_headroom = g.best_headroom;
+        f.smallest_batch = g.smallest_batch;
+        f.why = fmt::format("not simulated: it keeps more than {}, which", plan_family_name(a));
+        return;
+      }
+    }
     if (events_ >= kPlanEventBudget) {
       f.verdict = PlanVerdict::kBudget;
       f.why = fmt::format("the search simulated {} events, its bound on work", with_commas(events_.load()));
@@ -782,12 +804,15 @@ PlanResult Planner::run() {
   // saved tensor; pure bf16 keeps 2-byte weights, gradients and states where mixed precision keeps fp32 ones) at
   // the layout's smallest micro-batch. When it does not fit, no variant of the layout does, and they are not
   // simulated.
+  // HSDP's twin of an FSDP2 layout (add_hsdp) is screened with it: sharded over K < dp ranks it keeps larger
+  // shards of every state than FSDP2 over the dp ranks (the gathered layers alike, up to torch.chunk's padding
+  // rows), so it ranks after them, and when FSDP2's lightest variant does not fit, HSDP's are not simulated.
   auto keeps = [](const PlanSetup& p) {
     const int ck = p.checkpointing == Checkpointing::kFull ? 0 : p.checkpointing == Checkpointing::kSelective ? 1 : 2;
-    return std::make_pair(ck, p.mixed ? 1 : 0);
+    return std::make_tuple(ck, p.mixed ? 1 : 0, p.dp_shard > 0 ? 1 : 0);
   };
   auto layout = [](const PlanSetup& p) {
-    return std::make_tuple(p.tp, p.pp, p.cp, p.dp, p.sharding, p.dp_shard, p.schedule, p.virtual_stages, p.optimizer_impl);
+    return std::make_tuple(p.tp, p.pp, p.cp, p.dp, p.sharding, p.schedule, p.virtual_stages, p.optimizer_impl);
   };
   std::vector<std::vector<size_t>> groups;
   std::vector<bool> screened(families.size(), false);

@@ -12,8 +12,10 @@
 #include "test_util.h"
 #include "trainmem/error.h"
 #include "trainmem/estimate.h"
+#include "trainmem/fit.h"
 #include "trainmem/fsdp.h"
 #include "trainmem/nccl.h"
+#include "trainmem/plan.h"
 #include "trainmem/report.h"
 #include "trainmem/scenario.h"
 
@@ -89,6 +91,7 @@ TEST(HsdpEquivalence, TwoReplicasOfEightHoldWhatFsdp2OverEightHolds) {
   EXPECT_EQ(a.fsdp->sharded_grads, b.fsdp->sharded_grads);
   EXPECT_EQ(a.fsdp->optimizer_state, b.fsdp->optimizer_state);
   EXPECT_EQ(a.sim->peak.live.total, b.sim->peak.live.total);
+  ASSERT_GT(a.sim->timeline.events.size(), 100u);
   ASSERT_EQ(a.sim->timeline.events.size(), b.sim->timeline.events.size());
   for (size_t i = 0; i < a.sim->timeline.events.size(); ++i) {
     const Event& x = a.sim->timeline.events[i];
@@ -212,6 +215,82 @@ TEST(HsdpNccl, ShardAndReplicateGroups) {
   g = process_groups(s);
   EXPECT_EQ(g[0].ranks, 8u);
   EXPECT_EQ(g[1].kind, ProcessGroup::Kind::kTensor);
+}
+
+// Step time: HSDP runs its gathers and reduce-scatters in the 8-rank shard group, within a node (NVLink), and
+// all-reduces each unit's reduced shard over the 2-rank replicate group through the NIC; FSDP2 over 16 ranks runs
+// everything across the nodes. The all-reduce's time is 2 (R - 1) / R x the shards' bytes / the network's bandwidth
+// (nccl-tests' bus bandwidth), computed here from the units.
+TEST(HsdpTime, AllReduceOverTheReplicateGroupAtTheNetwork) {
+  Scenario h = tiny("16", {{"dp_shard", "8"}, {"gpu", "h100-80gb"}});
+  Scenario f = tiny("16", {{"gpu", "h100-80gb"}});
+  Scenario k = tiny("8", {{"gpu", "h100-80gb"}});
+  const Estimate eh = run(h), ef = run(f), ek = run(k);
+  ASSERT_TRUE(eh.time && ef.time && ek.time);
+  // the gathers and reduce-scatters of HSDP (2, 8) are FSDP2 (8)'s, on the node's link: the difference is the
+  // all-reduce (its exposed part is what the backward does not hide)
+  uint64_t shards = 0;
+  for (const FsdpUnit& u : eh.fsdp->units) shards += u.shard_numel;
+  const double net = 50e9;  // DGX H100's 400 Gb/s ConnectX-7 per GPU (data/gpus/gpus.json)
+  const double ar = 2.0 * (2 - 1) / 2 * static_cast<double>(shards * 2) / net;
+  EXPECT_NEAR(eh.time->comm_seconds - ek.time->comm_seconds, ar, 1e-12);
+  bool noted = false;
+  for (const std::string& n : eh.time->notes) noted = noted || n.find("HSDP replicate groups span nodes") != std::string::npos;
+  EXPECT_TRUE(noted);
+  // FSDP2 over 16 ranks crosses the nodes with every gather: more communication than HSDP's
+  EXPECT_GT(ef.time->comm_seconds, eh.time->comm_seconds);
+}
+
+// plan: on 2 nodes of 8, each FSDP2 family without a pipeline whose data-parallel ranks span nodes has one HSDP
+// twin sharded over the node's data-parallel ranks (8 / (tp x cp)); every HSDP row is what estimate says for its
+// fields.
+TEST(HsdpPlan, TwinsShardWithinANodeAndRowsAreEstimates) {
+  PlanRequest req;
+  req.global_batch = 16;
+  req.top = 40;
+  const std::vector<FieldChange> given = {{"model", "tinyllama-1.1b"}, {"gpus", "16xa100-80gb"}, {"seq", "1024"},
+                                          {"checkpointing", "full"}, {"precision", "bf16"}};
+  const PlanResult r = plan(given, req, testing::MapFileReader());
+  size_t fsdp2_spanning = 0, twins = 0;
+  for (const PlanFamily& f : r.families) {
+    const PlanSetup& p = f.setup;
+    if (p.sharding == Sharding::kFsdp2 && p.dp_shard == 0 && p.pp == 1 && p.dp > 8 / (p.tp * p.cp) &&
+        8 / (p.tp * p.cp) > 1) {
+      ++fsdp2_spanning;
+    }
+    if (p.dp_shard == 0) continue;
+    ++twins;
+    EXPECT_EQ(p.pp, 1u);
+    EXPECT_EQ(p.sharding, Sharding::kFsdp2);
+    EXPECT_EQ(p.dp_shard, 8 / (p.tp * p.cp)) << plan_family_name(p);
+    EXPECT_LT(p.dp_shard, p.dp);
+  }
+  EXPECT_GT(twins, 0u);
+  EXPECT_EQ(twins, fsdp2_spanning);
+  size_t hsdp_rows = 0;
+  for (const PlanRow& row : r.rows) {
+    if (row.setup.dp_shard == 0) continue;
+    ++hsdp_rows;
+    const Estimate e = estimate(resolve(scenario_from(plan_fields(r.given, row.setup.changes())), testing::MapFileReader()));
+    ASSERT_TRUE(e.time && e.fsdp);
+    EXPECT_EQ(e.fsdp->options.replicate * e.fsdp->options.ranks, row.setup.dp);
+    EXPECT_EQ(e.time->step_seconds, row.time.step_seconds) << plan_family_name(row.setup);
+  }
+  EXPECT_GT(hsdp_rows, 0u);
+}
+
+// fit: with DDP ranks spanning nodes, HSDP (sharded over a node) is the rung before FSDP2 over every rank.
+TEST(HsdpFit, TheRungBeforeFsdp2) {
+  Scenario s = testing::scenario_of("llama-3-8b", {{"gpus", "16xh100-80gb"}, {"seq", "2048"}});
+  const FitResult r = fit(s, FitRequest{}, testing::MapFileReader());
+  std::vector<std::string> ladder;
+  for (const FitResult::ShardingTry& t : r.sharding_ladder) ladder.push_back(t.sharding);
+  EXPECT_EQ(ladder, (std::vector<std::string>{"zero1", "zero2", "fsdp2 --dp-shard 8", "fsdp2", "fsdp1", "zero3"}));
+  // one node: no HSDP rung
+  Scenario one = testing::scenario_of("llama-3-8b", {{"gpus", "8xh100-80gb"}, {"seq", "2048"}});
+  for (const FitResult::ShardingTry& t : fit(one, FitRequest{}, testing::MapFileReader()).sharding_ladder) {
+    EXPECT_EQ(t.sharding.find("dp-shard"), std::string::npos);
+  }
 }
 
 }  // namespace

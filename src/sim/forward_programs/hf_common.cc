@@ -336,7 +336,7 @@ void kv_update(Ctx& c, uint64_t layer, T& k, T& v) {
   if (c.kv->dtype.size() <= layer) c.kv->dtype.resize(layer + 1);
   if (c.kv->keys.size() <= layer || !c.kv->keys[layer]) c.kv->dtype[layer] = k.dtype();
   const DType init = c.kv->dtype[layer];
-  auto grow = [&](std::vector<T>& slot, T& x, const char* what) {
+  auto grow = [&](std::vector<T>& slot, const T& x, const char* what) {
     if (slot.size() <= layer) slot.resize(layer + 1);
     Shape s = x.shape();
     s.d[2] = checked_add(slot[layer] ? slot[layer].shape()[2] : 0, s[2], "the KV cache's length");
@@ -344,10 +344,15 @@ void kv_update(Ctx& c, uint64_t layer, T& k, T& v) {
     const DType dt = cached == x.dtype() ? cached : DType::kF32;  // float32 with anything, fp16 with bf16
     T grown = c.e.empty(s, dt, Category::kKvCache, c.L(what));
     slot[layer] = grown;
-    x = std::move(grown);
+    return grown;
   };
-  grow(c.kv->keys, k, "past_key_values keys (torch.cat)");
-  grow(c.kv->values, v, "past_key_values values (torch.cat)");
+  // `key_states, value_states = past_key_values.update(...)`: both are rebound after update returns, so the
+  // rotated keys and the projected values die after both torch.cat (the H100 trace of validate/measured/
+  // (Mistral-7B shapes, generate) allocates both grown tensors before either is freed)
+  T keys = grow(c.kv->keys, k, "past_key_values keys (torch.cat)");
+  T values = grow(c.kv->values, v, "past_key_values values (torch.cat)");
+  k = std::move(keys);
+  v = std::move(values);
 }
 
 T model_position_ids(Ctx& c, uint64_t Tn) {
@@ -390,15 +395,22 @@ Rotary rotary_embedding(Ctx& c, const T& inv_freq, uint64_t Tn, DType x_dtype) {
   T pos = c.e.empty(Shape{rows, 1, Tn}, DType::kF32, Category::kActivations, c.L("position_ids.float()"));
   T freqs = transpose(c, matmul(c, inv_e, pos, "rotary freqs"), 1, 2);
   T emb = cat_last(c, {freqs, freqs}, "rotary emb");
-  freqs.reset();
+  T cos = mul_scalar(c, mul_scalar(c, emb, "emb.cos()"), "cos * attention_scaling");
+  T sin = mul_scalar(c, mul_scalar(c, emb, "emb.sin()"), "sin * attention_scaling");
   Rotary r;
-  {
-    T cos = mul_scalar(c, mul_scalar(c, emb, "emb.cos()"), "cos * attention_scaling");
-    T sin = mul_scalar(c, mul_scalar(c, emb, "emb.sin()"), "sin * attention_scaling");
-    emb.reset();
-    r.cos = to(c, cos, x_dtype, "cos.to(x.dtype)");
-    r.sin = to(c, sin, x_dtype, "sin.to(x.dtype)");
-  }
+  r.cos = to(c, cos, x_dtype, "cos.to(x.dtype)");
+  r.sin = to(c, sin, x_dtype, "sin.to(x.dtype)");
+  // `return cos.to(...), sin.to(...)`: freqs, emb, cos and sin are the function's locals, freed when it returns,
+  // in the order CPython clears a frame's locals (co_varnames: inv_freq_expanded, position_ids_expanded, freqs,
+  // emb, cos, sin). The H100 trace of validate/measured/open/*_hf_gen_llama3_* (transformers 5.17) frees the
+  // (B, 64) inverse frequencies, the positions, freqs, emb, cos and sin together after both casts.
+  inv_e.reset();
+  inv.reset();
+  pos.reset();
+  freqs.reset();
+  emb.reset();
+  cos.reset();
+  sin.reset();
   c.e.grad_mode = grad;
   c.autocast = ac;
   return r;

@@ -22,8 +22,13 @@ struct PpStagePart;
 // fully_shard's settings as accelerate passes them, resolved.
 struct FsdpOptions {
   bool on = false;
-  uint64_t ranks = 1;   // the data-parallel mesh size W (--dp or --gpus N)
-  uint64_t rank = 0;    // the simulated rank (--dp-rank, default 0)
+  uint64_t ranks = 1;   // the shard mesh size W: --dp (or --gpus N), or HSDP's dp_shard (--dp-shard K)
+  uint64_t rank = 0;    // the simulated rank's index in its shard group (--dp-rank mod W, default 0)
+  // HSDP (--dp-shard K < dp): fully_shard's 2-D mesh (dp_replicate, dp_shard) = (replicate, ranks); each unit's
+  // reduce-scatter over the shard group is followed by an all-reduce over the replicate group (foreach_reduce).
+  // 1: plain FSDP2 (a 1-D mesh).
+  uint64_t replicate = 1;
+  uint64_t replicate_rank = 0;  // the simulated rank's replicate group index (--dp-rank / W)
   bool reshard_after_forward = true;  // FullyShardedDataParallelPlugin.reshard_after_forward (FSDP2: True)
   DType orig_dtype = DType::kF32;     // the sharded parameters' dtype (accelerate upcasts to float32)
   bool mixed = false;                 // MixedPrecisionPolicy.param_dtype set
@@ -59,6 +64,11 @@ uint64_t fsdp2_mesh_rank(const TrainSetup& s);
 // The defaults of the code that runs (cited in fsdp.cc); throws trainmem::Error for what is not simulated.
 // Off unless --sharding fsdp2 over more than one rank (fsdp2_mesh_ranks: dp, or dp x cp under --cp).
 FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop, TorchVersion torch);
+
+// HSDP's mesh from --dp D and --dp-shard K (fsdp.cc cites the rules): K must divide D, 2 <= K <= D (K = D is plain
+// FSDP2); throws FieldError("dp_shard") otherwise. Sets ranks = K, replicate = D / K and the rank's coordinates
+// (dp_shard innermost: --dp-rank d is shard rank d mod K of replicate group d / K).
+void apply_hsdp_mesh(FsdpOptions& f, const TrainSetup& s);
 
 // One parameter's dim-0 shard (FSDPParam._init_sharded_param: chunks = _chunk_with_empty(tensor, W, dim=0);
 // padded_sharded_size = chunks[0].size(); sharded_param = chunks[rank], a view of the padded buffer).

@@ -132,7 +132,9 @@ struct ProcessGroup {
   // The distance between consecutive members' global ranks: 1 for the innermost mesh dimension; the data-parallel
   // group under --tp T strides over the TP groups (T). Its members on this rank's node: ceil(gpus_per_node / stride).
   uint64_t stride = 1;
-  enum class Kind { kData, kContext, kTensor, kPipeline };
+  // kDataReplicate: HSDP's dp_replicate group (--dp-shard K < dp), whose all-reduce follows each unit's
+  // reduce-scatter; kData is then the dp_shard group
+  enum class Kind { kData, kContext, kTensor, kPipeline, kDataReplicate };
   Kind kind = Kind::kData;
 };
 

@@ -39,6 +39,7 @@ struct PlanRequest {
 struct PlanSetup {
   uint64_t dp = 1, tp = 1, pp = 1, cp = 1;
   Sharding sharding = Sharding::kDdp;
+  uint64_t dp_shard = 0;  // HSDP: fsdp2's shard degree (--dp-shard K; 0: FSDP2 over the whole dp)
   Checkpointing checkpointing = Checkpointing::kNone;
   Precision precision = Precision::kBf16Amp;
   bool mixed = true;          // mixed precision (fp32 master weights) as the framework runs it, or pure bf16

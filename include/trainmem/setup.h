@@ -168,6 +168,10 @@ struct TrainSetup {
   // padded alike, torch.chunk's short chunks on the last ranks, whose optimizer state is smaller); ZeRO-1/2: the
   // rank whose params_in_partition hold the most (zero_fullest_rank); DDP's and ZeRO-3's ranks are alike.
   std::optional<uint64_t> dp_rank;
+  // HSDP (--sharding fsdp2 --dp-shard K): fully_shard over a (dp_replicate, dp_shard) = (dp / K, K) mesh, the
+  // states sharded over the K ranks of a shard group and replicated over the dp / K groups (fsdp.h). Empty: K = dp,
+  // FSDP2 over the whole data-parallel group.
+  std::optional<uint64_t> dp_shard;
   // DistributedDataParallel's arguments (ddp.h); empty: what the modelled loop passes (resolve_ddp)
   std::optional<double> bucket_cap_mb;          // bucket_cap_mb (MiB despite the name)
   std::optional<bool> gradient_as_bucket_view;  // gradient_as_bucket_view

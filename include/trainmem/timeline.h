@@ -69,8 +69,9 @@ enum class Stream : uint8_t {
   kFsdp1Unshard,           // _unshard_stream: the all-gather destination _full_param_padded
   kFsdp1PostBackward,      // _post_backward_stream: new_sharded_grad and its cast to the parameter dtype
   kFsdp1PreUnshard,        // _pre_unshard_stream: the low-precision shard _mp_shard
+  kFsdpAllReduce,          // FSDP2's all_reduce_stream under HSDP: the post-reduce upcast of the sharded gradients
 };
-inline constexpr size_t kStreamCount = 6;
+inline constexpr size_t kStreamCount = 7;
 
 struct Event {
   enum Kind : uint8_t { kAlloc, kFree, kRecategorize, kEmptyCache } kind;  // kEmptyCache: torch.cuda.empty_cache()

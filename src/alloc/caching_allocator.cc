@@ -411,9 +411,11 @@ class Allocator {
   std::vector<Block*> spare_blocks_;
   Arena arena_;
   // one small and one large pool per stream (the BlockPools' blocks of that stream)
-  static_assert(kStreamCount == 6);
-  Pool small_[kStreamCount] = {Pool{&arena_}, Pool{&arena_}, Pool{&arena_}, Pool{&arena_}, Pool{&arena_}, Pool{&arena_}};
-  Pool large_[kStreamCount] = {Pool{&arena_}, Pool{&arena_}, Pool{&arena_}, Pool{&arena_}, Pool{&arena_}, Pool{&arena_}};
+  static_assert(kStreamCount == 7);
+  Pool small_[kStreamCount] = {Pool{&arena_}, Pool{&arena_}, Pool{&arena_}, Pool{&arena_},
+                               Pool{&arena_}, Pool{&arena_}, Pool{&arena_}};
+  Pool large_[kStreamCount] = {Pool{&arena_}, Pool{&arena_}, Pool{&arena_}, Pool{&arena_},
+                               Pool{&arena_}, Pool{&arena_}, Pool{&arena_}};
   Pool& pool_of(bool small, Stream s) { return (small ? small_ : large_)[static_cast<size_t>(s)]; }
   Stream pool_stream(const Pool& p) const {
     const Pool* base = p.small ? small_ : large_;

@@ -81,8 +81,58 @@ uint64_t fsdp2_mesh_rank(const TrainSetup& s) {
   return checked_mul(s.dp_rank.value_or(0), std::max<uint64_t>(s.cp, 1), "FSDP2 mesh rank");
 }
 
+// HSDP (fsdp.h). Sources: accelerate 16cb6eb parallelism_config.py ParallelismConfig (dp_replicate_size x
+// dp_shard_size = the data-parallel size; "dp_replicate_size > 1 and dp_shard_size == 1 is an invalid
+// configuration, to use pure DP, use DistributedDataParallelKwargs instead"; _get_mesh's order ["dp_replicate",
+// "dp_shard", "cp", "sp", "tp"]; fsdp_dim_names ["dp_replicate", "dp_shard_cp"]) and utils/fsdp_utils.py
+// fsdp2_prepare_model (`"mesh": mesh[tuple(accelerator.parallelism_config.fsdp_dim_names)]`); torchtitan v0.2.0
+// parallel_dims.py (dp_replicate * dp_shard * cp * tp * pp == world_size; mesh ["pp", "dp_replicate", ...,
+// "dp_shard_..", "cp", "tp"]) and models/llama3/infra/parallelize.py (`dp_mesh_dim_names = ("dp_replicate",
+// "dp_shard_cp")` when dp_replicate_enabled). fully_shard on a 2-D mesh is HSDP (torch _fully_shard/
+// _fully_shard.py: `elif mesh.ndim == 2: mesh_info = HSDPMeshInfo(mesh, shard_mesh_dim=1, replicate_mesh_dim=0)`):
+// the parameters are chunked over the shard dimension only (FSDPParam._init_sharded_param: shard_world_size).
+// Without --dp-shard the mesh is the flattened dp (x cp) one (fsdp2_mesh_ranks).
+void apply_hsdp_mesh(FsdpOptions& f, const TrainSetup& s) {
+  const uint64_t dp = s.dp;
+  f.ranks = fsdp2_mesh_ranks(s);
+  f.rank = fsdp2_mesh_rank(s);
+  f.replicate = 1;
+  if (s.dp_shard) {
+    if (s.cp > 1) {
+      // accelerate's fsdp_dim_names would be ("dp_replicate", "dp_shard_cp"): HSDP with the shard group over
+      // dp_shard x cp is not simulated
+      throw FieldError("dp_shard", fmt::format("{}: HSDP with --cp {} (a replicate x (dp_shard x cp) mesh) is not "
+                                               "simulated; FSDP2 over dp x cp is (leave --dp-shard out)",
+                                               *s.dp_shard, s.cp));
+    }
+    const uint64_t k = *s.dp_shard;
+    if (k < 2 || k > dp || dp % k != 0) {
+      std::string divisors;
+      for (uint64_t d = 2; d <= dp && divisors.size() < 80; ++d) {
+        if (dp % d == 0) divisors += fmt::format("{}{}", divisors.empty() ? "" : ", ", d);
+      }
+      throw FieldError("dp_shard", fmt::format(
+          "{}: expected a divisor of --dp {} from 2 to {} ({}; dp = dp_replicate x dp_shard){}", k, dp, dp,
+          divisors.empty() ? "none" : divisors,
+          k == 1 ? ". A shard degree of 1 replicates without sharding, which accelerate's ParallelismConfig refuses "
+                   "(dp_replicate_size > 1 with dp_shard_size 1): that is --sharding ddp"
+                 : ""));
+    }
+    f.ranks = k;
+    f.replicate = dp / k;
+    const uint64_t d = s.dp_rank.value_or(0);
+    f.rank = d % f.ranks;
+    f.replicate_rank = d / f.ranks;
+  }
+}
+
 FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop, TorchVersion torch) {
   FsdpOptions f;
+  if (s.dp_shard && (s.dp <= 1 || s.sharding != Sharding::kFsdp2)) {
+    throw FieldError("dp_shard", fmt::format("{}: HSDP's shard degree; it applies with --sharding fsdp2 and --dp above "
+                                             "1 (--sharding is {}, --dp {})",
+                                             *s.dp_shard, name_of(s.sharding), s.dp));
+  }
   if (fsdp2_mesh_ranks(s) <= 1 || s.sharding != Sharding::kFsdp2) {
     if (s.reshard_after_forward) {
       throw FieldError("reshard_after_forward", "FSDP2's setting: it takes --dp N (N > 1) or --cp N with --sharding fsdp2");
@@ -135,11 +185,11 @@ FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop,
                                    "transformers 5.x's default)");
   }
   f.on = true;
-  // the mesh: dp ranks, or dp x cp under --cp (fsdp2_mesh_ranks; resolve_cp refuses TP and PP with CP)
-  f.ranks = fsdp2_mesh_ranks(s);
-  // --dp-rank: the rank whose shards are simulated (validate_setup checked it; rank 0 unless given, since
-  // torch.chunk leaves the last ones short); under --cp its CP rank 0 in the flattened mesh (fsdp2_mesh_rank)
-  f.rank = fsdp2_mesh_rank(s);
+  // the mesh: dp ranks, or dp x cp under --cp (fsdp2_mesh_ranks; resolve_cp refuses TP and PP with CP), or the
+  // K-rank shard groups of HSDP (--dp-shard K); --dp-rank: the rank whose shards are simulated (validate_setup
+  // checked it; rank 0 unless given, since torch.chunk leaves the last ones short), under --cp its CP rank 0 in
+  // the flattened mesh (fsdp2_mesh_rank) (apply_hsdp_mesh)
+  apply_hsdp_mesh(f, s);
   // FullyShardedDataParallelPlugin.__post_init__: reshard_after_forward None -> env FSDP_RESHARD_AFTER_FORWARD,
   // default "true" for fsdp_version 2
   f.reshard_after_forward = s.reshard_after_forward.value_or(true);
@@ -272,8 +322,13 @@ FsdpOptions resolve_pp_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind lo
                                               "\"float32\" with mixed_precision_param bfloat16 applied by "
                                               "fully_shard: use --precision fp32", precision_name(s.precision)));
   }
+  // --dp-shard K: torchtitan's parallelize_llama shards over ("dp_replicate", "dp_shard_cp") when dp_replicate is
+  // enabled, the policy unchanged (apply_fsdp takes the 2-D mesh): HSDP over K ranks (apply_hsdp_mesh)
   FsdpOptions f = fsdp_torchtitan_pp_options(s.dp);
+  f.ranks = checked.ranks;
   f.rank = checked.rank;  // --dp-rank (resolve_fsdp checked it)
+  f.replicate = checked.replicate;
+  f.replicate_rank = checked.replicate_rank;
   return f;
 }
 

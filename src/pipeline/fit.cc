@@ -243,7 +243,10 @@ void suggest(const Candidate& base, const FitProbe& original, std::optional<uint
     // a sharding of the ranks: kept for the ladder, whatever the list below keeps
     const bool sharding = sug.changes.front().field == "sharding";
     if (sharding) {
-      out.sharding_ladder.push_back({sug.changes.front().value, sug.at_one->fits, std::nullopt});
+      std::string name = sug.changes.front().value;
+      // HSDP's rung: "fsdp2 --dp-shard K"
+      if (sug.changes.size() > 1 && sug.changes[1].field == "dp_shard") name += " --dp-shard " + sug.changes[1].value;
+      out.sharding_ladder.push_back({name, sug.at_one->fits, std::nullopt});
       if (sug.at_one->fits) out.sharding_ladder.back().largest = s.largest(cap_for(c, out.solve, r));
     }
     if (!answer && sug.saves <= 0 && !sug.at_one->fits) {
@@ -367,6 +370,19 @@ void suggest(const Candidate& base, const FitProbe& original, std::optional<uint
         }
       } catch (const Error&) {
         continue;  // not simulated for this setup
+      }
+      // HSDP (fsdp.h), the rung before FSDP2: the same fully_shard, sharded within a node (K = the node's
+      // data-parallel ranks, tensor and context parallel being the inner mesh dimensions) and replicated across
+      // nodes; offered where the data-parallel ranks span nodes in whole nodes (1 < K < dp, K divides dp)
+      const uint64_t per_node = base.setup.nccl.gpus_per_node / std::max<uint64_t>(base.setup.tp * base.setup.cp, 1);
+      if (rung.sharding == Sharding::kFsdp2 && per_node > 1 && per_node < c.setup.dp && c.setup.dp % per_node == 0) {
+        Candidate h = c;
+        h.setup.dp_shard = per_node;
+        add({{"sharding", "fsdp2"}, {"dp_shard", std::to_string(per_node)}},
+            fmt::format("HSDP (FSDP2 over a {} x {} dp_replicate x dp_shard mesh): parameters, gradients and optimizer "
+                        "state sharded over a node's {} ranks, replicated across the {} nodes",
+                        c.setup.dp / per_node, per_node, per_node, c.setup.dp / per_node),
+            h);
       }
       std::vector<FieldChange> changes{{"sharding", rung.name}};
       if (rung.bf16 && base.setup.precision != Precision::kBf16) changes.push_back({"precision", "bf16"});

@@ -40,7 +40,7 @@ inline constexpr unsigned kPlanThreads = 4;
 
 // The fields plan chooses. A user who gives one keeps it in every setup (the search is over the rest); the
 // data-parallel size and the accumulation follow from --gpus and --global-batch and cannot be given.
-constexpr std::string_view kChosen[] = {"tp", "pp", "cp", "sharding", "checkpointing", "precision",
+constexpr std::string_view kChosen[] = {"tp", "pp", "cp", "sharding", "dp_shard", "checkpointing", "precision",
                                         "optimizer_impl", "pp_schedule", "pp_virtual_stages", "batch"};
 constexpr std::string_view kDerived[] = {"dp", "grad_accum", "micro_batches", "gpu"};
 // Fields of a data-parallel or pipeline layout, left out of the reference simulation (one rank, one micro-batch),
@@ -50,7 +50,7 @@ constexpr std::string_view kLayoutFields[] = {
     "overlap_comm", "offload", "param_persistence_threshold", "prefetch_bucket_size", "max_live_parameters",
     "max_reuse_distance", "reshard_after_forward", "fsdp1_prefetch", "pp", "pp_schedule", "micro_batches",
     "pp_virtual_stages", "rank", "dp_rank", "batch", "nccl_channels", "nccl_nvls", "gpus_per_node", "nccl_tree",
-    "nccl_gdr"};
+    "nccl_gdr", "dp_shard"};
 
 bool contains(std::span<const std::string_view> names, std::string_view f) {
   return std::find(names.begin(), names.end(), f) != names.end();
@@ -337,7 +337,10 @@ std::vector<std::string> best_reasons(const PlanResult& r) {
       {"tp", [](const PlanSetup& p) { return std::to_string(p.tp); }},
       {"pp", [](const PlanSetup& p) { return std::to_string(p.pp); }},
       {"cp", [](const PlanSetup& p) { return std::to_string(p.cp); }},
-      {"sharding", [](const PlanSetup& p) { return p.sharded() ? std::string(name_of(p.sharding)) : "none"; }},
+      {"sharding", [](const PlanSetup& p) {
+         if (p.dp > 1 && p.dp_shard > 0) return fmt::format("hsdp {}x{}", p.dp / p.dp_shard, p.dp_shard);  // HSDP
+         return p.sharded() ? std::string(name_of(p.sharding)) : "none";
+       }},
       {"checkpointing", [](const PlanSetup& p) { return std::string(name_of(p.checkpointing)); }},
       {"precision", [](const PlanSetup& p) { return plan_precision_name(p); }},
   };
@@ -618,6 +621,38 @@ PlanResult Planner::run() {
     if (given(f)) out.fixed.push_back(fmt::format("{} {}", f, given_value(f)));
   }
 
+  // HSDP (--sharding fsdp2 --dp-shard K, fsdp.h): each FSDP2 family of a layout gets a twin sharded within a node
+  // and replicated across nodes, K = the data-parallel ranks of one node (per_node / (tp x cp): tensor and context
+  // parallel are the inner mesh dimensions), where 1 < K < dp and K divides dp, placed right after it; without a
+  // pipeline only (estimate simulates HSDP under one, with --dp-shard given: each pipeline family's probes simulate
+  // every stage, and the twins' would spend plan's bound on work that FSDP2's own layouts need). The search grows
+  // by one FSDP2 family per multi-node layout without a pipeline: its 5 shardings become 6. A --dp-shard K the user
+  // gives keeps the FSDP2 families whose dp K divides (K = dp: FSDP2 over the whole dp), and only them.
+  const auto add_hsdp = [&](std::vector<PlanFamily>& fams, size_t first, uint64_t dp, uint64_t inner, uint64_t pp) {
+    if (dp <= 1) return;
+    if (given("dp_shard")) {
+      const uint64_t k = user.train.dp_shard.value_or(0);
+      std::vector<PlanFamily> kept(fams.begin(), fams.begin() + static_cast<std::ptrdiff_t>(first));
+      for (size_t i = first; i < fams.size(); ++i) {
+        if (fams[i].setup.sharding != Sharding::kFsdp2 || k < 2 || k > dp || dp % k != 0) continue;
+        kept.push_back(fams[i]);
+        kept.back().setup.dp_shard = k;
+      }
+      fams = std::move(kept);
+      return;
+    }
+    const uint64_t k = per_node / inner;
+    if (pp > 1 || k <= 1 || k >= dp || dp % k != 0) return;
+    std::vector<PlanFamily> out(fams.begin(), fams.begin() + static_cast<std::ptrdiff_t>(first));
+    for (size_t i = first; i < fams.size(); ++i) {
+      out.push_back(fams[i]);
+      if (fams[i].setup.sharding != Sharding::kFsdp2) continue;
+      out.push_back(fams[i]);
+      out.back().setup.dp_shard = k;
+    }
+    fams = std::move(out);
+  };
+
   // The families, in the enumeration's order (the least parallel first: the tie-break among equal bounds).
   std::vector<PlanFamily> families;
   const bool torch_optim = is_torch_optim(user.train.optimizer);
@@ -659,6 +694,7 @@ PlanResult Planner::run() {
         } else if (pp > 1 && dp == 1) {
           schedules.push_back({PpSchedule::kInterleaved1f1b, 2});
         }
+        const size_t first_of_layout = families.size();
         for (Sharding sh : shardings) {
           const bool zero = PlanSetup{.dp = dp, .sharding = sh}.deepspeed();
           for (Precision pr : given("precision") ? std::vector<Precision>{given_precision(user.train.precision, zero, pp, dp)}
@@ -689,6 +725,7 @@ PlanResult Planner::run() {
             }
           }
         }
+        add_hsdp(families, first_of_layout, dp, tp * cp, pp);
       }
     }
   }
@@ -740,6 +777,26 @@ PlanResult Planner::run() {
                           req_.top, speeds[req_.top - 1]);
       return;
     }
+    // HSDP's twin (add_hsdp) comes after its FSDP2 sibling (the same family over all the dp ranks: an equal bound,
+    // enumerated first); when that one does not fit, neither does the twin, which keeps more (pass 1 below)
+    if (f.setup.dp_shard > 0) {
+      for (const PlanFamily& g : families) {
+        const PlanSetup& a = g.setup;
+        const PlanSetup& b = f.setup;
+        if (a.dp_shard != 0 || g.verdict != PlanVerdict::kDoesNotFit || a.tp != b.tp || a.pp != b.pp || a.cp != b.cp ||
+            a.dp != b.dp || a.sharding != b.sharding || a.schedule != b.schedule ||
+            a.virtual_stages != b.virtual_stages || a.optimizer_impl != b.optimizer_impl ||
+            a.checkpointing != b.checkpointing || a.precision != b.precision || a.mixed != b.mixed) {
+          continue;
+        }
+        f.verdict = PlanVerdict::kDoesNotFit;
+        f.screened = true;
+        f.best_headroom = g.best_headroom;
+        f.smallest_batch = g.smallest_batch;
+        f.why = fmt::format("not simulated: it keeps more than {}, which", plan_family_name(a));
+        return;
+      }
+    }
     if (events_ >= kPlanEventBudget) {
       f.verdict = PlanVerdict::kBudget;
       f.why = fmt::format("the search simulated {} events, its bound on work", with_commas(events_.load()));
@@ -755,9 +812,12 @@ PlanResult Planner::run() {
   // saved tensor; pure bf16 keeps 2-byte weights, gradients and states where mixed precision keeps fp32 ones) at
   // the layout's smallest micro-batch. When it does not fit, no variant of the layout does, and they are not
   // simulated.
+  // HSDP's twin of an FSDP2 layout (add_hsdp) is screened with it: sharded over K < dp ranks it keeps larger
+  // shards of every state than FSDP2 over the dp ranks (the gathered layers alike, up to torch.chunk's padding
+  // rows), so it ranks after them, and when FSDP2's lightest variant does not fit, HSDP's are not simulated.
   auto keeps = [](const PlanSetup& p) {
     const int ck = p.checkpointing == Checkpointing::kFull ? 0 : p.checkpointing == Checkpointing::kSelective ? 1 : 2;
-    return std::make_pair(ck, p.mixed ? 1 : 0);
+    return std::make_tuple(ck, p.mixed ? 1 : 0, p.dp_shard > 0 ? 1 : 0);
   };
   auto layout = [](const PlanSetup& p) {
     return std::make_tuple(p.tp, p.pp, p.cp, p.dp, p.sharding, p.schedule, p.virtual_stages, p.optimizer_impl);
@@ -903,6 +963,7 @@ std::vector<FieldChange> PlanSetup::changes() const {
                                 {"pp", std::to_string(pp)},
                                 {"cp", std::to_string(cp)}};
   if (sharded()) c.push_back({"sharding", std::string(name_of(sharding))});
+  if (dp > 1 && dp_shard > 0) c.push_back({"dp_shard", std::to_string(dp_shard)});  // HSDP
   c.push_back({"checkpointing", std::string(name_of(checkpointing))});
   c.push_back({"precision", std::string(precision_name(precision))});
   if (optimizer_impl != OptimizerImpl::kAuto) c.push_back({"optimizer_impl", std::string(name_of(optimizer_impl))});
@@ -922,6 +983,7 @@ std::string plan_family_name(const PlanSetup& s) {
   if (s.cp > 1) out += fmt::format(" cp{}", s.cp);
   out += fmt::format(" dp{}", s.dp);
   if (s.sharded()) out += fmt::format(" {}", name_of(s.sharding));
+  if (s.dp > 1 && s.dp_shard > 0) out += fmt::format(" hsdp{}x{}", s.dp / s.dp_shard, s.dp_shard);  // replicas x shard
   if (s.pp > 1) {
     out += fmt::format(" {}", name_of(s.schedule));
     if (s.schedule == PpSchedule::kInterleaved1f1b) out += fmt::format("x{}", s.virtual_stages);

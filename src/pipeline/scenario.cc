@@ -203,6 +203,10 @@ constexpr Field kFields[] = {
      FieldGroup::kTraining},
     {"dp_rank", "with --dp: the data-parallel rank whose shards are simulated (default: the one holding the most, "
                 "rank 0, or under ZeRO-1/2 the rank whose partition keeps the most gradients)", FieldGroup::kTraining},
+    {"dp_shard", "with --sharding fsdp2: HSDP's shard degree K, a divisor of --dp from 2 to --dp: fully_shard over a "
+                 "(dp_replicate, dp_shard) = (dp / K, K) mesh, the states sharded over K ranks and replicated over dp / "
+                 "K groups (accelerate's ParallelismConfig(dp_replicate_size, dp_shard_size); default: --dp, plain FSDP2)",
+     FieldGroup::kTraining},
     {"bucket_cap_mb", "DDP's bucket_cap_mb, in MiB (default: what the loop passes: none, so DDP's 25 with a 1 MiB "
                       "first bucket)", FieldGroup::kTraining},
     {"gradient_as_bucket_view", "true | false: DDP's gradient_as_bucket_view (default false, as DDP, the Trainer "
@@ -485,6 +489,10 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     s.train.dp_rank.reset();
   } else if (f == "dp_rank") {
     s.train.dp_rank = v == "0" ? 0 : count(f, v, kMaxRanks);
+  } else if (f == "dp_shard" && v.empty()) {
+    s.train.dp_shard.reset();
+  } else if (f == "dp_shard") {
+    s.train.dp_shard = v == "0" ? 0 : count(f, v, kMaxRanks);  // 0 reaches resolve_fsdp's message
   } else if (f == "cp") {
     s.train.cp = count(f, v, kMaxRanks);
   } else if (f == "sharding") {
@@ -672,6 +680,7 @@ std::string field_text(const Scenario& s, std::string_view f) {
   if (f == "dp") return std::to_string(s.train.dp);
   if (f == "sharding") return std::string(name_of(s.train.sharding));
   if (f == "dp_rank") return s.train.dp_rank ? std::to_string(*s.train.dp_rank) : "";
+  if (f == "dp_shard") return s.train.dp_shard ? std::to_string(*s.train.dp_shard) : "";
   if (f == "cp") return std::to_string(s.train.cp);
   if (f == "pp") return std::to_string(s.train.pp);
   if (f == "pp_schedule") return std::string(name_of(s.train.pp_schedule));
@@ -1113,11 +1122,12 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   // without --dp above 1 would change nothing (refused, not ignored)
   if (r.setup.dp <= 1) {
     const TrainSetup& t = s.train;
-    for (std::string_view f : {"sharding", "dp_rank", "bucket_cap_mb", "gradient_as_bucket_view", "find_unused_parameters"}) {
+    for (std::string_view f : {"sharding", "dp_rank", "dp_shard", "bucket_cap_mb", "gradient_as_bucket_view", "find_unused_parameters"}) {
       // (an empty value given to an optional setting means "not given": what the loop passes; --cp N with
       // --sharding fsdp2 shards over the CP ranks: resolve_cp checked it)
       const bool set = f == "sharding"                  ? s.was_given(f) && r.setup.cp <= 1
                        : f == "dp_rank"                 ? t.dp_rank.has_value()
+                       : f == "dp_shard"                ? t.dp_shard.has_value()
                        : f == "bucket_cap_mb"           ? t.bucket_cap_mb.has_value()
                        : f == "gradient_as_bucket_view" ? t.gradient_as_bucket_view.has_value()
                                                         : t.find_unused_parameters.has_value();
@@ -1126,6 +1136,10 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
                                                      field_text(s, f)));
       }
     }
+  } else if (s.train.dp_shard && s.train.sharding != Sharding::kFsdp2) {
+    // HSDP is fully_shard over a 2-D mesh (fsdp.h apply_hsdp_mesh); the other shardings take no shard degree
+    throw FieldError("dp_shard", fmt::format("{}: HSDP's shard degree; it applies with --sharding fsdp2 (--sharding is {})",
+                                             *s.train.dp_shard, name_of(s.train.sharding)));
   } else if (s.train.dp_rank && *s.train.dp_rank >= r.setup.dp) {
     throw FieldError("dp_rank", fmt::format("{}: the data-parallel group has ranks 0 to {}", *s.train.dp_rank,
                                             r.setup.dp - 1));

@@ -106,6 +106,11 @@ void fabric_note(StepTime& t, const Fabric& f, const GpuSpec& gpu) {
   }
 }
 
+double hsdp_ar_bw(Fabric& f, const FsdpFigures& fs) {
+  if (fs.options.replicate <= 1) return f.link;
+  return group_bw(f, ProcessGroup::Kind::kDataReplicate, "HSDP replicate groups");
+}
+
 // The roofline over one ledger's kernels: each at the slower of its FLOPs (products at the measured share of
 // their dtype's peak, the rest on the CUDA cores at the FP32 peak) and its bytes (at the memory bandwidth), plus
 // a launch each; by bound and by phase.
@@ -154,12 +159,19 @@ double tp_seconds(const FlopLedger& L, WorkPhase p, uint64_t tp, double bw) {
 // FSDP2's collectives per pass over the units: the all-gathers before the forward, those again before the
 // backward (units resharded after their forward, not the root), the reduce-scatters; `first` is the first unit's
 // all-gather, which nothing hides.
+// HSDP (--dp-shard K): the gathers and reduce-scatters run in the dp_shard group (K ranks, `bw`), and each unit's
+// reduced shard (reduce dtype) is all-reduced over the dp_replicate group (R ranks, `ar_bw`) after its
+// reduce-scatter (foreach_reduce: all_reduce_stream waits for the reduce-scatter stream); `ar` sums them.
+// `post_backward` is the reduce-scatters and all-reduces together: one after the other on one link (both groups on
+// NVLink, or both through the NIC), side by side when they use different links (the units pipeline: unit i's
+// all-reduce runs beside unit i-1's reduce-scatter).
 struct FsdpSeconds {
-  double ag_fwd = 0, ag_bwd = 0, rs = 0, first = 0;
+  double ag_fwd = 0, ag_bwd = 0, rs = 0, first = 0, ar = 0, post_backward = 0;
 };
-FsdpSeconds fsdp_seconds(const FsdpFigures& f, uint64_t dp, double bw) {
+FsdpSeconds fsdp_seconds(const FsdpFigures& f, uint64_t dp, double bw, double ar_bw = 0) {
   const FsdpOptions& o = f.options;
   FsdpSeconds x;
+  dp = o.ranks;  // the shard group: --dp, or HSDP's dp_shard
   for (const FsdpUnit& u : f.units) {
     const double full = static_cast<double>(u.shard_numel) * static_cast<double>(dp);
     const double a = all_gather_seconds(full * static_cast<double>(itemsize(o.param_dtype)), dp, bw);
@@ -167,9 +179,16 @@ FsdpSeconds fsdp_seconds(const FsdpFigures& f, uint64_t dp, double bw) {
     x.ag_fwd += a;
     if (u.reshard_after_forward && u.kind != FsdpUnit::kRoot) x.ag_bwd += a;
     x.rs += all_gather_seconds(full * static_cast<double>(itemsize(o.reduce_dtype)), dp, bw);
+    if (o.replicate > 1) {
+      x.ar += all_reduce_seconds(static_cast<double>(u.shard_numel) * static_cast<double>(itemsize(o.reduce_dtype)),
+                                 o.replicate, ar_bw);
+    }
   }
+  x.post_backward = ar_bw == bw ? x.rs + x.ar : std::max(x.rs, x.ar);
   return x;
 }
+// HSDP's replicate group's bandwidth (records it when it spans nodes); the link's without HSDP (unused then).
+double hsdp_ar_bw(Fabric& f, const FsdpFigures& fs);
 
 // Model FLOPs (PaLM, Chowdhery et al. 2022, appendix B: MFU counts the model's forward and backward, not
 // rematerialisation): the simulated products of the forward and backward, per rank.
@@ -314,11 +333,13 @@ std::optional<StepTime> step_time(const Estimate& e, const GpuSpec& gpu) {
     // micro-batch). The next unit's all-gather is prefetched behind the current unit's compute (implicit
     // forward prefetch, backward prefetch by default): exposed is the first unit's gather and what each pass's
     // compute cannot hide.
-    const auto [ag_fwd, ag_bwd, rs, first] = fsdp_seconds(*e.fsdp, dp, bw);
+    // HSDP (--dp-shard K): those in the dp_shard group, and each unit's all-reduce over dp_replicate after its
+    // reduce-scatter (fsdp_seconds), counted as the reduce-scatters are
+    const auto [ag_fwd, ag_bwd, rs, first, ar, post] = fsdp_seconds(*e.fsdp, dp, bw, hsdp_ar_bw(fab, *e.fsdp));
     const double m = static_cast<double>(micro);
-    total += (ag_fwd + ag_bwd) * m + rs;
+    total += (ag_fwd + ag_bwd) * m + rs + ar;
     exposed += (first + std::max(0.0, ag_fwd - first - fwd) + std::max(0.0, ag_bwd - bwd)) * m +
-               std::max(0.0, rs - bwd);
+               std::max(0.0, post - bwd);
   }
   if (e.fsdp1 && dp > 1) {
     // FSDP1 (FullyShardedDataParallel, FULL_SHARD): each FlatParameter all-gathered (W x S, param_dtype) before its
@@ -427,11 +448,11 @@ std::optional<StepTime> pipeline_step_time(const std::vector<Estimate>& ranks, c
     const double opt = k.phase[static_cast<size_t>(WorkPhase::kOptimizer)] + tpo;
     double gather = 0, rs = 0, comm = tpf + tpb + tpo;
     if (e.fsdp && dp > 1) {
-      const FsdpSeconds x = fsdp_seconds(*e.fsdp, dp, dp_bw);
+      const FsdpSeconds x = fsdp_seconds(*e.fsdp, dp, dp_bw, hsdp_ar_bw(fab, *e.fsdp));
       // one gather per unit per step (no unit reshards after its forward under the pipeline, so ag_bwd is 0)
       gather = x.first + std::max(0.0, x.ag_fwd - x.first - fwd[r]) + std::max(0.0, x.ag_bwd - bwd[r]);
-      rs = x.rs;
-      comm += x.ag_fwd + x.ag_bwd + x.rs;
+      rs = x.post_backward;  // HSDP: with the all-reduces over dp_replicate (fsdp_seconds)
+      comm += x.ag_fwd + x.ag_bwd + x.rs + x.ar;
     }
     pt.gather_seconds += gather;
     pt.tail_seconds = std::max(pt.tail_seconds, rs + opt);

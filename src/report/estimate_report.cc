@@ -90,7 +90,13 @@ std::string headline(const Estimate& e) {
     accum += fmt::format("; pipeline rank {} of {} ({}), {} micro-batches, {}", e.pp->shown, e.pp->ranks,
                          pp_stage_modules(e.pp->rows[e.pp->shown].parts), e.pp->micro_batches, name_of(e.pp->schedule));
   }
-  if (e.fsdp) accum += fmt::format("; per rank, {} ranks (FSDP2)", e.fsdp->options.ranks);
+  if (e.fsdp && e.fsdp->options.replicate > 1) {
+    // HSDP (--dp-shard K): the shard group and the replicate groups
+    accum += fmt::format("; per rank, HSDP over {} ranks: {} replicas x {}-rank shard groups (FSDP2)",
+                         e.fsdp->options.replicate * e.fsdp->options.ranks, e.fsdp->options.replicate, e.fsdp->options.ranks);
+  } else if (e.fsdp) {
+    accum += fmt::format("; per rank, {} ranks (FSDP2)", e.fsdp->options.ranks);
+  }
   if (e.fsdp1) accum += fmt::format("; per rank, {} ranks (FSDP1)", e.fsdp1->options.ranks);
   if (m.tp > 1 && m.ep > 1) {
     accum += fmt::format("; per rank, {} expert-parallel ranks (ep_size = tp_size)", m.ep);
@@ -471,6 +477,24 @@ std::string render_fsdp_note(const Estimate& e) {
                          e.setup.dp, e.setup.cp, e.setup.dp_rank.value_or(0));
     }
   }
+  if (o.replicate > 1) {
+    // HSDP (--dp-shard K, fsdp.h apply_hsdp_mesh; src/sim/fsdp.cc post_backward)
+    uint64_t held = 0;
+    for (const FsdpUnit& u : f.units) held = checked_add(held, u.shard_numel, "HSDP all-reduce");
+    const bool upcast = o.reduce_dtype != o.orig_dtype;
+    out += fmt::format("  HSDP mesh (dp_replicate, dp_shard) = ({}, {}): shard rank {} of replica {}; states sharded over the "
+                       "{} ranks of the shard group and replicated over the {} replicas; each unit's reduce-scatter "
+                       "(shard group) is followed by an in-place all-reduce of its {} output over the replicate group "
+                       "(all_reduce_stream){}\n",
+                       o.replicate, o.ranks, o.rank, o.replicate_rank, o.ranks, o.replicate, dt(o.reduce_dtype),
+                       upcast ? fmt::format("; FSDPParamGroup._all_reduce_state keeps each unit's {} output until the "
+                                            "final callback ({} for every unit), and its {} upcast comes from the "
+                                            "all-reduce stream's pool",
+                                            dt(o.reduce_dtype), format_bytes(bytes_of(Elems(held), o.reduce_dtype)),
+                                            dt(o.orig_dtype))
+                              : "; the output is the sharded gradient itself, kept by _all_reduce_state to the "
+                                "final callback at no extra cost");
+  }
   if (!f.torchtitan_pp) out += o.mixed ? fmt::format("  MixedPrecisionPolicy: param_dtype {}, reduce_dtype {}, output_dtype {} over {} shards "
                                "(accelerate's mixed_precision \"bf16\"; autocast still wraps the forward)\n",
                                dt(o.param_dtype), dt(o.reduce_dtype), dt(o.param_dtype), dt(o.orig_dtype))
@@ -780,6 +804,8 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
     const FsdpOptions& o = f->options;
     nlohmann::json& j = out["fsdp"];
     j = {{"ranks", o.ranks}, {"rank", o.rank}, {"per_rank", true},
+         // HSDP (--dp-shard K): the (dp_replicate, dp_shard) mesh; ranks and rank are the shard group's
+         {"dp_replicate", o.replicate}, {"dp_shard", o.ranks}, {"replica", o.replicate_rank},
          {"framework", f->torchtitan_pp ? "torchtitan apply_fsdp (pipeline stage)" : "accelerate fsdp2_prepare_model"},
          {"reshard_after_forward", o.reshard_after_forward}, {"orig_dtype", dtype_name(o.orig_dtype)},
          {"param_dtype", dtype_name(o.param_dtype)}, {"reduce_dtype", dtype_name(o.reduce_dtype)},
@@ -792,7 +818,9 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
                        {"all_gather_output_bytes", bytes_of(Elems(gathered), o.param_dtype).value},
                        {"all_gather_copy_in_bytes", o.mixed ? bytes_of(Elems(u.shard_numel), o.param_dtype).value : 0},
                        {"reduce_scatter_input_bytes", bytes_of(Elems(gathered), o.reduce_dtype).value},
-                       {"reduce_scatter_output_bytes", bytes_of(Elems(u.shard_numel), o.reduce_dtype).value}});
+                       {"reduce_scatter_output_bytes", bytes_of(Elems(u.shard_numel), o.reduce_dtype).value},
+                       // HSDP: the reduce-scatter output all-reduced over dp_replicate in place (0 without HSDP)
+                       {"all_reduce_bytes", o.replicate > 1 ? bytes_of(Elems(u.shard_numel), o.reduce_dtype).value : 0}});
     }
     j["units"] = std::move(units);
     j["sharded_param_bytes"] = f->sharded_params.value;

@@ -285,12 +285,27 @@ void Fsdp2::post_backward(Unit& u) {
   // stream's pool, so the sharded gradients' blocks live there until the optimizer frees them
   std::optional<StreamScope> rs_stream(std::in_place, e_, Stream::kFsdpReduceScatter);
   T reduce_output = e_.empty(Shape{n}, reduce, upcast ? Category::kFsdpBuffers : Category::kGradients,
-                             Label{unit_label(upcast ? "reduce-scatter output" : "sharded gradients (reduce-scatter output)", u.spec),
+                             Label{unit_label(upcast ? (o_.replicate > 1 ? "reduce-scatter output (all-reduced, held to the final callback)"
+                                                                         : "reduce-scatter output")
+                                                     : "sharded gradients (reduce-scatter output)", u.spec),
                                    u.spec.layer, -1});
+  // HSDP (o_.replicate > 1; foreach_reduce's `if all_reduce_group is not None` branch): dist.all_reduce(reduce_output)
+  // over the replicate group, in place, `with device_handle.stream(all_reduce_stream)`, and post_reduce_stream =
+  // all_reduce_stream, so the upcast below is allocated from that stream's pool. all_reduce_input = reduce_output is
+  // returned and kept in FSDPParamGroup._all_reduce_state until the unit's _wait_for_post_backward (its next
+  // post_backward, or finalize_backward in the final callback): the reduce-dtype buffer outlives foreach_reduce.
+  // (all_reduce_grads False, whose partial_reduce_output accumulates without the all-reduce, is
+  // FSDPModule.set_requires_all_reduce(False), which neither accelerate nor torchtitan calls; their no_sync,
+  // set_requires_gradient_sync(False), sets reduce_grads and all_reduce_grads False alike: no foreach_reduce at all.)
+  if (o_.replicate > 1) {
+    rs_stream.reset();
+    rs_stream.emplace(e_, Stream::kFsdpAllReduce);
+  }
   T grad_output = upcast ? e_.empty(Shape{n}, o_.orig_dtype, Category::kGradients,
                                     Label{unit_label("sharded gradients (reduce-scatter output upcast)", u.spec), u.spec.layer, -1})
                          : reduce_output;
   rs_stream.reset();
+  if (o_.replicate > 1) u.ar_state = reduce_output;
   for (int32_t r : with_grad) {
     const auto i = static_cast<size_t>(r);
     if (sgrad_[i]) continue;  // `sharded_param.grad._local_tensor += new_sharded_grad`: in place
@@ -306,7 +321,9 @@ void Fsdp2::final_callback() {
   for (Unit& u : units_) {
     if (u.state != State::kPostBackward) post_backward(u);
     u.state = State::kIdle;
-    // finalize_backward: a mistargeted prefetch's all-gather result is dropped
+    // finalize_backward: _wait_for_post_backward drops HSDP's _all_reduce_state; a mistargeted prefetch's
+    // all-gather result is dropped
+    u.ar_state.reset();
     u.ag_result.reset();
     u.post_forward_indices.clear();
   }

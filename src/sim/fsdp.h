@@ -53,6 +53,7 @@ class Fsdp2 : public FsdpHooks {
     State state = State::kIdle;
     bool unsharded = false;
     T ag_result;                         // _all_gather_result: the flat all-gather output until copy-out
+    T ar_state;                          // HSDP: _all_reduce_state's all_reduce_input (the reduce-dtype output)
     std::vector<size_t> post_forward_indices;  // _post_forward_indices
   };
   Unit& unit(int32_t id);

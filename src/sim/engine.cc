@@ -167,7 +167,7 @@ void Engine::delete_impl(TensorImpl* p) { impls_.put(p); }
 
 uint64_t Engine::alloc_storage(Bytes b, Category c, Label l) {
   if (recomputing_depth_ > 0 && l.row < 0) {
-    l.what = intern_name(std::string("recompute: ") + l.what);  // checkpointing's forward, run again in backward
+    l.what = prefixed("recompute: ", l.what);  // checkpointing's forward, run again in backward
   } else if (running_ && l.row == kRowNamedInBackward) {
     l = Label{l.what, running_->label.layer, -1};  // a backward allocation with a name of its own
   } else if (running_ && (c == Category::kBackward || c == Category::kTemporaries)) {
@@ -227,6 +227,12 @@ void Engine::free_storage(uint64_t id) noexcept {
     recording_ = false;
     lost_events_ = true;
   }
+}
+
+const char* Engine::prefixed(const char* prefix, const char* what) {
+  const char*& name = prefixed_[PrefixedKey{prefix, what}];
+  if (!name) name = intern_name(std::string(prefix) + what);
+  return name;
 }
 
 void Engine::emit(const Event& ev) {
@@ -626,7 +632,7 @@ void Engine::sac_push(SacOp op, std::initializer_list<T*> outs) {
     if (*o) {
       // named in the timeline (its free, in the layer's backward) as what the selective checkpoint kept
       Label& l = storages_[(*o)->storage].label;
-      l.what = intern_name(std::string("kept for recompute: ") + l.what);
+      l.what = prefixed("kept for recompute: ", l.what);
     }
     kept.push_back(*o);  // an output the op did not make keeps its empty slot
   }

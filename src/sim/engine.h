@@ -564,6 +564,20 @@ class Engine {
     }
   };
   std::unordered_map<FlopKey, uint32_t, FlopKeyHash> flop_index_;  // row of each distinct kernel
+  // intern_name(prefix + what) by (prefix, what): the same label recomputed in every layer and micro-batch is
+  // built and looked up in the process-wide table once per simulation (simulation bookkeeping only)
+  struct PrefixedKey {
+    const char* prefix;
+    const char* what;
+    bool operator==(const PrefixedKey&) const = default;
+  };
+  struct PrefixedKeyHash {
+    size_t operator()(const PrefixedKey& k) const noexcept {
+      return std::hash<const void*>()(k.what) * 0x9E3779B97F4A7C15ull ^ std::hash<const void*>()(k.prefix);
+    }
+  };
+  std::unordered_map<PrefixedKey, const char*, PrefixedKeyHash> prefixed_;
+  const char* prefixed(const char* prefix, const char* what);
 };
 
 inline StreamScope::StreamScope(Engine& e, Stream s) : e_(e), caller_(e.stream) { e.stream = s; }

@@ -335,7 +335,9 @@ class StreamScope {
 
 class Engine {
  public:
-  explicit Engine(Timeline* tl) : tl_(tl) {}
+  // About one storage for every two events: the timeline's capacity, reserved by the caller, sizes the storage
+  // table (only a capacity hint; growing by doubling copies and touches twice the memory)
+  explicit Engine(Timeline* tl) : tl_(tl) { storages_.reserve(tl->events.capacity() / 2 + 16); }
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;

@@ -24,12 +24,6 @@ Shape Shape::of(const std::vector<uint64_t>& dims) {
   return s;
 }
 
-Elems Shape::numel() const {
-  uint64_t e = 1;
-  for (uint8_t i = 0; i < n; ++i) e = checked_mul(e, d[i], "element count of a tensor");
-  return Elems(e);
-}
-
 Strides contiguous_strides(const Shape& s) {
   // PyTorch's strides are int64_t: a tensor of 2^63 elements or more has none (checked before it can wrap).
   Strides st{};

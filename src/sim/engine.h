@@ -34,7 +34,11 @@ struct Shape {
   static Shape of(const std::vector<uint64_t>& dims);  // an inventory row's or a state tensor's dims
   uint64_t operator[](size_t i) const { return d[i]; }
   uint64_t back() const { return d[n - 1]; }
-  Elems numel() const;
+  Elems numel() const {  // inline: the simulator asks for it at nearly every op
+    uint64_t e = 1;
+    for (uint8_t i = 0; i < n; ++i) e = checked_mul(e, d[i], "element count of a tensor");
+    return Elems(e);
+  }
 };
 
 // Element strides of a tensor, as PyTorch keeps them: whether an op must copy (reshape, contiguous, bmm,

@@ -40,6 +40,9 @@ FIGURES = {
                                     "reserved is whole segments (2 MiB / 20 MiB / rounded): within 1%"),
     "after_forward_reserved_bytes": (("memory", "after_forward_reserved_bytes"), 0.01, "within 1%"),
     "peak_reserved_bytes": (("memory", "peak_reserved_bytes"), 0.01, "max_memory_reserved() within 1%"),
+    # --generate N (validate/cuda/measure.py run_inference): the prompt's forward and the one-token forwards
+    "prefill_peak_allocated_bytes": (("generation", "prefill_peak_allocated_bytes"), 0.005, "as the peak: within 0.5%"),
+    "decode_peak_allocated_bytes": (("generation", "decode_peak_allocated_bytes"), 0.005, "as the peak: within 0.5%"),
     "device_total_bytes": (("memory", "device_total_bytes"), 0.03,
                            "nvidia-smi: reserved plus the catalog's CUDA context, one reading per GPU that "
                            "drivers move by tens of MiB: within 3%"),

@@ -33,6 +33,13 @@ struct RuntimeFacts {
   Bytes cublas_workspace;
   LtWorkspace lt_mode = LtWorkspace::kNone;
   Bytes cublaslt_workspace;
+  // Whether autocast keeps its cached 16-bit copy of an fp32 weight under torch.inference_mode() (autocast_mode.cpp
+  // cached_cast's can_try_cache). PR #165068 (fixing issue #158232, merged 2025-12-10) added
+  // `!c10::InferenceMode::is_enabled()`: every use casts anew and the copy dies after the op. Measured on an H100
+  // with torch 2.11.0+cu130 (validate/measured/h100-80gb-hbm3_hf_infer_qwen2_0.5b_*): no cached copies. Whether the
+  // 2.10 release branch took the PR is not settled here (its merge fell at the branch cut): 2.10 keeps caching.
+  // Under torch.no_grad() (generate()) the cache is kept in every version.
+  bool autocast_caches_in_inference_mode = true;
 };
 
 // aten/src/ATen/cuda/CublasHandlePool.cpp (2.x): "/* :4096:2:16:8 default, 32MiB for Hopper */"

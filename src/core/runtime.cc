@@ -40,6 +40,7 @@ RuntimeFacts runtime_facts(TorchVersion v, uint32_t sm) {
   // 2.0 (PR #89027 / #91564, Jan 2023): the :4096:2:16:8 default, 32 MiB on Hopper (major 9, minor 0).
   f.cublas_workspace = Bytes(sm == 90 ? kCublasWorkspaceSm90Bytes : kCublasWorkspaceBytes);
   f.cublaslt_workspace = Bytes(kCublasLtWorkspaceBytes);
+  f.autocast_caches_in_inference_mode = v < TorchVersion{2, 11};  // PR #165068 (runtime.h)
   if (v <= TorchVersion{2, 7}) {
     f.lt_mode = LtWorkspace::kPerCall;  // CUDABlas.cpp: allocator.allocate(workspaceSize) inside each Lt gemm
   } else {

@@ -242,6 +242,7 @@ struct Loop {
   void inference(SimResult& r) {
     r.micro_batches_simulated = 1;
     e.grad_mode = false;  // torch.inference_mode()
+    c.inference_mode = true;
     for (uint32_t step = 1; step <= o.steps; ++step) {
       e.step = step;
       e.micro = 1;

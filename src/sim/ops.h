@@ -66,6 +66,9 @@ struct Ctx {
   std::vector<T> ac_cache;  // cached casts, indexed by parameter row
   int32_t layer = -1;
   bool training = true;
+  // torch.inference_mode() around the forward (Loop::inference), not torch.no_grad(): from 2.11 autocast does not
+  // cache weight casts under it (RuntimeFacts::autocast_caches_in_inference_mode)
+  bool inference_mode = false;
   // The nanoGPT fork of seed 000 binds the layer-norm outputs of a block to locals, which keeps them alive
   // until the block returns (its trace frees both after the MLP's residual add).
   bool seed000_block_locals = false;

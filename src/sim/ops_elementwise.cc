@@ -116,8 +116,10 @@ T autocast_lowp(Ctx& c, const T& x) {
   if (!c.autocast || !x || !is_floating(x.dtype()) || x.dtype() == c.ac_dtype) return x;
   // cached_cast (autocast_mode.cpp): `arg.scalar_type() == at::kFloat && arg.requires_grad() && arg.is_leaf()
   // && !arg.is_view()` (trainable parameters) are cast once per autocast region, whatever the grad mode (a
-  // checkpointed layer's no_grad forward caches too). A frozen parameter is cast again at every use.
-  if (x->is_param && x->requires_grad && x.dtype() == DType::kF32) {
+  // checkpointed layer's no_grad forward caches too). A frozen parameter is cast again at every use, and so is
+  // every weight under torch.inference_mode() from 2.11 (`&& !c10::InferenceMode::is_enabled()`, runtime.h).
+  const bool cache = !c.inference_mode || c.rt().autocast_caches_in_inference_mode;
+  if (cache && x->is_param && x->requires_grad && x.dtype() == DType::kF32) {
     const size_t row = static_cast<size_t>(x->label.row);
     if (row >= c.ac_cache.size()) c.ac_cache.resize(row + 1);
     if (!c.ac_cache[row]) c.ac_cache[row] = to(c, x, c.ac_dtype, "autocast weight copy");

@@ -288,9 +288,17 @@ T sdpa(Ctx& c, const T& q0, const T& k0, const T& v0, const T* mask0, double dro
     out = c.e.view(out_blhd, os, ost);
     out_blhd.reset();
     // logsumexp, float32: flash (B, H, L) (flash_api.cpp); efficient pads L to a multiple of 32 (kAlignLSE).
+    // attention.cpp asks the efficient and cuDNN kernels for it only when should_compute_logsumexp(q, k, v):
+    // `any_inputs_require_grad && GradMode::is_enabled()`; without it the efficient kernel's is (B, H, 0) and
+    // cuDNN's is not made (the H100 trace of validate/measured/open/*_hf_gen_llama3_* under generate()'s no_grad:
+    // seed, offset and the output, no (B, H, L) float32). The flash kernel always makes one.
+    const bool cudnn_runs = be == SdpaBackend::kCudnn || (flash && cudnn_first);
+    const bool wants_lse = c.e.grad_mode && (q->requires_grad || k->requires_grad || v->requires_grad);
     constexpr uint64_t kAlignLse = 32;
-    lse = c.e.empty(Shape{B, H, flash ? L : round_up_to(L, kAlignLse)}, DType::kF32, Category::kActivations,
-                    c.L("sdpa logsumexp"));
+    if (wants_lse || (be == SdpaBackend::kFlash && !cudnn_runs)) {
+      lse = c.e.empty(Shape{B, H, flash ? L : round_up_to(L, kAlignLse)}, DType::kF32, Category::kActivations,
+                      c.L("sdpa logsumexp"));
+    }
     if (philox && !cudnn_first) make_philox();
   });
   Saved saved{q, k, v, out, lse};

@@ -77,7 +77,7 @@ def gpu_catalog_name(torch_name):
     return next((g["name"] for g in gpus if g["torch_name"] == torch_name), None)
 
 
-def build_model(cfg, impl, attention):
+def build_model(cfg, impl, attention, use_cache=False):
     if impl == "nanogpt":
         import nanogpt
         conf = nanogpt.GPTConfig(block_size=cfg.get("block_size", 1024), vocab_size=cfg.get("vocab_size", 50304),
@@ -88,7 +88,8 @@ def build_model(cfg, impl, attention):
     import transformers
     kwargs = {k: v for k, v in cfg.items() if k != "model_type"}
     config = transformers.AutoConfig.for_model(cfg["model_type"], **kwargs)
-    config.use_cache = False
+    # training never uses the KV cache; generate() does (its DynamicCache)
+    config.use_cache = use_cache
     # transformers 5.x takes `dtype`; 4.x named it `torch_dtype`
     major = int(transformers.__version__.split(".")[0])
     dtype_kw = "dtype" if major >= 5 else "torch_dtype"
@@ -205,6 +206,190 @@ def nvidia_smi():
     return mine, used, driver
 
 
+def collect_trace(args, env, cuda):
+    """After the run: nvidia-smi, the allocator's trace and segments; (trace, segments, smi, gpu catalog key)."""
+    gpu_key = None
+    trace, segments = None, None
+    smi = (None, None, None)
+    if cuda:
+        torch.cuda.synchronize()
+        smi = nvidia_smi()
+        env["driver"] = smi[2]
+        gpu_key = gpu_catalog_name(env["gpu"])
+        try:
+            snap = torch.cuda.memory._snapshot()
+            raw = snap.get("device_traces", [[]])[0]
+            events = []
+            for e in raw:
+                code = ACTIONS.get(e.get("action"))
+                if code is not None:
+                    # `size` of an alloc entry is the requested size (orig_size), not the block's
+                    events.append([code, int(e.get("size", 0)), int(e.get("addr", 0)), int(e.get("stream", 0))])
+            # the ring buffer keeps the last max_entries entries of every action: a full one lost the start
+            trace = {"actions": {v: k for k, v in ACTIONS.items()}, "events": events,
+                     "truncated": len(raw) >= args.trace_entries}
+            segments = [[int(s["address"]), int(s["total_size"]), s.get("segment_type", "")]
+                        for s in snap.get("segments", [])]
+        except Exception as exc:  # the private API changes between versions: keep the figures anyway
+            trace = {"error": repr(exc)}
+        torch.cuda.memory._record_memory_history(enabled=None)
+
+    return trace, segments, smi, gpu_key
+
+
+def add_device_total(figures, smi, smi_before):
+    """nvidia-smi's figure for this process (or the GPU's growth) as device_total_bytes; says where it came from."""
+    if smi[0] is not None:
+        # nvidia-smi reports whole MiB
+        figures["device_total_bytes"] = {"bytes": smi[0] * 1048576, "uncertainty_bytes": 1048576}
+        device_total_from = "nvidia-smi --query-compute-apps, this process"
+    elif smi[1] is not None and smi_before is not None:
+        # in a container the process list may not show our PID: the GPU's used memory grew by ours
+        figures["device_total_bytes"] = {"bytes": (smi[1] - smi_before) * 1048576,
+                                         "uncertainty_bytes": 2 * 1048576}
+        device_total_from = "nvidia-smi --query-gpu=memory.used, after minus before (PID not listed)"
+    else:
+        device_total_from = "not measured: nvidia-smi gave neither this process nor the GPU's usage"
+    return device_total_from
+
+
+def package(args, env, trainmem_args, figures, context, smi, smi_before, device_total_from, rec, segments, trace):
+    """The measurement file's object (format trainmem-measurement-v1)."""
+    cuda = args.device == "cuda"
+    return {
+        "format": FORMAT,
+        "name": args.name or os.path.splitext(os.path.basename(args.out or "measurement"))[0],
+        "source": "validate/cuda/measure.py, %s, %s" % (env.get("gpu", args.device),
+                                                       datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")),
+        "trainmem_args": trainmem_args,
+        "env": env,
+        "figures": figures,
+        "context_bytes": context,
+        "nvidia_smi": {"process_used_mib": smi[0], "gpu_used_mib": smi[1], "gpu_used_mib_before": smi_before,
+                       "device_total_from": device_total_from if cuda else None},
+        "points": rec.points,
+        "segments": segments,
+        "trace": trace,
+    }
+
+
+def run_inference(args, cfg, impl, model, env, context, smi_before, cuda):
+    """trainmem's --task inference loops (src/sim/loop.cc Loop::inference and Loop::generate), on the device.
+
+    Without --generate: `with torch.inference_mode(): outputs = model(input_ids)` in model.eval(), once per step;
+    `outputs` stays bound until the next call returns. The figures are read as for training: before the last
+    step's forward (the previous step's logits still bound), after it, and the peaks.
+
+    With --generate N: `model.generate(input_ids, max_new_tokens=N)`, greedy (do_sample=False), transformers'
+    default DynamicCache and generation config (pad_token_id = eos when the config has none), once, inside one
+    autocast region under --precision *-amp. A forward pre-hook on the model reads the allocator when the second
+    forward (the first decode step) starts: max_memory_allocated() then is the prefill's peak (and its token's
+    ops), memory_allocated() is what trainmem calls "after prefill" plus what the second step made before its
+    forward (prepare_inputs_for_generation's model_inputs); the peak statistics are then reset, so max_memory_allocated() at the end is the decode steps' peak."""
+    if impl != "hf":
+        raise SystemExit("--task inference: only with --impl hf")
+    if args.lora or args.checkpointing != "none" or args.grad_accum != 1:
+        raise SystemExit("--task inference: no --lora, --checkpointing or --grad-accum")
+    device = torch.device(args.device)
+    if args.precision in CAST:
+        model = model.to(CAST[args.precision])
+    model.eval()
+    params = sum(p.numel() for p in model.parameters())
+    rec = Recorder(cuda)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    model.to(device)
+    rec.mark("after model.to(device)")
+    vocab = cfg.get("vocab_size", 50304)
+    ids_cpu = torch.randint(0, vocab, (args.batch, args.seq), dtype=torch.long)
+
+    def autocast():
+        if args.precision in AUTOCAST:
+            return torch.autocast(args.device, dtype=AUTOCAST[args.precision])
+        return torch.autocast(args.device, enabled=False)
+
+    figures = {"parameters": {"count": params}}
+    exact = lambda b: {"bytes": int(b), "uncertainty_bytes": 0}
+    if args.generate == 0:
+        outputs = None
+        for step in range(1, args.steps + 1):
+            rec.mark("before forward", step, 1)
+            X = ids_cpu.to(device)
+            with torch.inference_mode(), autocast():
+                outputs = model(input_ids=X)
+            rec.mark("after forward", step, 1)
+        del outputs
+        if cuda:
+            steady, after_fwd = rec.at("before forward", args.steps), rec.at("after forward", args.steps)
+            figures.update({
+                "steady_state_allocated_bytes": exact(steady["allocated_bytes"]),
+                "steady_state_reserved_bytes": exact(steady["reserved_bytes"]),
+                "after_forward_allocated_bytes": exact(after_fwd["allocated_bytes"]),
+                "after_forward_reserved_bytes": exact(after_fwd["reserved_bytes"]),
+                "peak_allocated_bytes": exact(torch.cuda.max_memory_allocated()),
+                "peak_reserved_bytes": exact(torch.cuda.max_memory_reserved()),
+            })
+    else:
+        calls = {"n": 0, "prefill": None}
+
+        def pre_hook(module, inputs):
+            calls["n"] += 1
+            if calls["n"] == 2 and cuda:
+                torch.cuda.synchronize()
+                calls["prefill"] = {"allocated_bytes": torch.cuda.memory_allocated(),
+                                    "reserved_bytes": torch.cuda.memory_reserved(),
+                                    "max_allocated_bytes": torch.cuda.max_memory_allocated(),
+                                    "max_reserved_bytes": torch.cuda.max_memory_reserved()}
+                rec.points.append(dict(calls["prefill"], point="second forward starts", step=2, micro_batch=1))
+                torch.cuda.reset_peak_memory_stats()
+
+        hook = model.register_forward_pre_hook(pre_hook)
+        rec.mark("before generate", 1, 1)  # the model alone, as trainmem's "before generate"
+        X = ids_cpu.to(device)
+        with autocast():
+            out_ids = model.generate(X, max_new_tokens=args.generate, do_sample=False)
+        rec.mark("after generate", args.generate, 1)
+        hook.remove()
+        env["generated_tokens"] = int(out_ids.shape[1] - args.seq)
+        env["forwards"] = calls["n"]
+        if env["generated_tokens"] != args.generate:
+            raise SystemExit(f"generate() stopped after {env['generated_tokens']} of {args.generate} tokens (every "
+                             "sequence reached the eos): not the run trainmem simulates")
+        del out_ids
+        if cuda:
+            before, pre = rec.at("before generate", 1), calls["prefill"]
+            decode_peak = torch.cuda.max_memory_allocated()
+            figures.update({
+                "steady_state_allocated_bytes": exact(before["allocated_bytes"]),
+                "after_forward_allocated_bytes": exact(pre["allocated_bytes"]),
+                "prefill_peak_allocated_bytes": exact(pre["max_allocated_bytes"]),
+                "decode_peak_allocated_bytes": exact(decode_peak),
+                "peak_allocated_bytes": exact(max(pre["max_allocated_bytes"], decode_peak)),
+                # reserved memory never shrinks without empty_cache: the end's is the peak
+                "peak_reserved_bytes": exact(torch.cuda.memory_reserved()),
+            })
+    trace, segments, smi, gpu_key = collect_trace(args, env, cuda)
+    trainmem_args = ["--model", args.model]
+    for s in args.set:
+        trainmem_args += ["--set", s]
+    trainmem_args += ["--impl", impl, "--attention", args.attention, "--task", "inference", "--batch",
+                      str(args.batch), "--seq", str(args.seq), "--precision", args.precision,
+                      "--torch", ".".join(torch.__version__.split("+")[0].split(".")[:2])]
+    if args.generate:
+        trainmem_args += ["--generate", str(args.generate)]
+    else:
+        trainmem_args += ["--steps", str(args.steps)]
+    if args.alloc_conf:
+        trainmem_args += ["--alloc-conf", args.alloc_conf]
+    if args.moe_experts:
+        trainmem_args += ["--moe-experts", args.moe_experts]
+    if gpu_key:
+        trainmem_args += ["--gpu", gpu_key]
+    device_total_from = add_device_total(figures, smi, smi_before) if cuda else None
+    return package(args, env, trainmem_args, figures, context, smi, smi_before, device_total_from, rec, segments,
+                   trace)
+
+
 def run(args):
     cuda = args.device == "cuda"
     if args.alloc_conf:
@@ -236,7 +421,13 @@ def run(args):
         env["transformers"] = transformers.__version__
 
     torch.manual_seed(0)
-    model = build_model(cfg, impl, args.attention)
+    generating = args.task == "inference" and args.generate > 0
+    model = build_model(cfg, impl, args.attention, use_cache=generating)
+    env["experts_implementation"] = getattr(getattr(model, "config", None), "_experts_implementation", None)
+    if args.moe_experts and env["experts_implementation"] != args.moe_experts:
+        raise SystemExit(f"--moe-experts {args.moe_experts}: the model took {env['experts_implementation']!r}")
+    if args.task == "inference":
+        return run_inference(args, cfg, impl, model, env, context, smi_before, cuda)
     if args.precision in CAST:
         # on the CPU, then to the device: trainmem loads the model as such. Before LoRA, as from_pretrained(
         # dtype=...) then get_peft_model: peft's autocast_adapter_dtype keeps the adapters float32
@@ -317,33 +508,7 @@ def run(args):
         optimizer.zero_grad(set_to_none=True)
         rec.mark("after zero_grad", step)
 
-    gpu_key = None
-    trace, segments = None, None
-    smi = (None, None, None)
-    device_total_from = None
-    if cuda:
-        torch.cuda.synchronize()
-        smi = nvidia_smi()
-        env["driver"] = smi[2]
-        gpu_key = gpu_catalog_name(env["gpu"])
-        try:
-            snap = torch.cuda.memory._snapshot()
-            raw = snap.get("device_traces", [[]])[0]
-            events = []
-            for e in raw:
-                code = ACTIONS.get(e.get("action"))
-                if code is not None:
-                    # `size` of an alloc entry is the requested size (orig_size), not the block's
-                    events.append([code, int(e.get("size", 0)), int(e.get("addr", 0)), int(e.get("stream", 0))])
-            # the ring buffer keeps the last max_entries entries of every action: a full one lost the start
-            trace = {"actions": {v: k for k, v in ACTIONS.items()}, "events": events,
-                     "truncated": len(raw) >= args.trace_entries}
-            segments = [[int(s["address"]), int(s["total_size"]), s.get("segment_type", "")]
-                        for s in snap.get("segments", [])]
-        except Exception as exc:  # the private API changes between versions: keep the figures anyway
-            trace = {"error": repr(exc)}
-        torch.cuda.memory._record_memory_history(enabled=None)
-
+    trace, segments, smi, gpu_key = collect_trace(args, env, cuda)
     trainmem_args = ["--model", args.model]
     for s in args.set:
         trainmem_args += ["--set", s]
@@ -357,10 +522,13 @@ def run(args):
         trainmem_args += ["--checkpointing", args.checkpointing]
     if args.lora:
         trainmem_args += ["--lora", args.lora]
+    if args.moe_experts:
+        trainmem_args += ["--moe-experts", args.moe_experts]
     if gpu_key:
         trainmem_args += ["--gpu", gpu_key]
 
     figures = {"parameters": {"count": params}}
+    device_total_from = None
     if cuda:
         last = args.steps
         steady = rec.at("before forward", last)
@@ -374,33 +542,9 @@ def run(args):
             "peak_allocated_bytes": exact(torch.cuda.max_memory_allocated()),
             "peak_reserved_bytes": exact(torch.cuda.max_memory_reserved()),
         })
-        if smi[0] is not None:
-            # nvidia-smi reports whole MiB
-            figures["device_total_bytes"] = {"bytes": smi[0] * 1048576, "uncertainty_bytes": 1048576}
-            device_total_from = "nvidia-smi --query-compute-apps, this process"
-        elif smi[1] is not None and smi_before is not None:
-            # in a container the process list may not show our PID: the GPU's used memory grew by ours
-            figures["device_total_bytes"] = {"bytes": (smi[1] - smi_before) * 1048576,
-                                             "uncertainty_bytes": 2 * 1048576}
-            device_total_from = "nvidia-smi --query-gpu=memory.used, after minus before (PID not listed)"
-        else:
-            device_total_from = "not measured: nvidia-smi gave neither this process nor the GPU's usage"
-    out = {
-        "format": FORMAT,
-        "name": args.name or os.path.splitext(os.path.basename(args.out or "measurement"))[0],
-        "source": "validate/cuda/measure.py, %s, %s" % (env.get("gpu", args.device),
-                                                       datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")),
-        "trainmem_args": trainmem_args,
-        "env": env,
-        "figures": figures,
-        "context_bytes": context,
-        "nvidia_smi": {"process_used_mib": smi[0], "gpu_used_mib": smi[1], "gpu_used_mib_before": smi_before,
-                       "device_total_from": device_total_from if cuda else None},
-        "points": rec.points,
-        "segments": segments,
-        "trace": trace,
-    }
-    return out
+        device_total_from = add_device_total(figures, smi, smi_before)
+    return package(args, env, trainmem_args, figures, context, smi, smi_before, device_total_from, rec, segments,
+                   trace)
 
 
 def main(argv=None):
@@ -420,6 +564,11 @@ def main(argv=None):
     ap.add_argument("--checkpointing", choices=("none", "full"), default="none")
     ap.add_argument("--lora", help="peft LoRA as trainmem's --lora: r=16,alpha=32,targets=q_proj,v_proj")
     ap.add_argument("--alloc-conf", help="PYTORCH_CUDA_ALLOC_CONF for the run, e.g. expandable_segments:True")
+    ap.add_argument("--task", choices=("train", "inference"), default="train")
+    ap.add_argument("--generate", type=int, default=0, help="with --task inference: model.generate(max_new_tokens=N)")
+    ap.add_argument("--moe-experts", choices=("grouped_mm",),
+                    help="a mixture-of-experts model's experts_implementation, as trainmem's --moe-experts: "
+                         "grouped_mm is transformers 5.x's default; the run checks the model took it")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--trace-entries", type=int, default=200000)
     ap.add_argument("--name")

@@ -75,6 +75,23 @@ PLAN = [
     ("hf_scale_mistral7b_4layers_sdpa_b2_t4096_bf16_fused",
      "--model mistral-7b --set num_hidden_layers=4 --attention sdpa --batch 2 --seq 4096 --precision bf16 "
      "--optimizer-impl fused"),
+    # (tags "infer", "gen", "moe") what no GPU had measured: a forward under torch.inference_mode() (pure bf16 and
+    # bf16 autocast), greedy generate() with the DynamicCache (pure bf16; autocast, whose values cache is float32;
+    # a long prompt), and a mixture-of-experts block with transformers 5.x's default grouped_mm experts
+    ("hf_infer_llama3_4layers_sdpa_b4_t2048_bf16",
+     "--model llama-3-8b --set num_hidden_layers=4 --task inference --attention sdpa --batch 4 --seq 2048 --precision bf16"),
+    ("hf_infer_qwen2_0.5b_sdpa_b8_t2048_bf16amp",
+     "--model qwen2-0.5b --task inference --attention sdpa --batch 8 --seq 2048 --precision bf16-amp"),
+    ("hf_gen_tinyllama_sdpa_b4_t512_n64_bf16",
+     "--model tinyllama-1.1b --task inference --generate 64 --attention sdpa --batch 4 --seq 512 --precision bf16"),
+    ("hf_gen_qwen2_0.5b_sdpa_b8_t1024_n32_bf16amp",
+     "--model qwen2-0.5b --task inference --generate 32 --attention sdpa --batch 8 --seq 1024 --precision bf16-amp"),
+    ("hf_gen_llama3_4layers_sdpa_b2_t4096_n16_bf16",
+     "--model llama-3-8b --set num_hidden_layers=4 --task inference --generate 16 --attention sdpa --batch 2 "
+     "--seq 4096 --precision bf16"),
+    ("hf_moe_mixtral_2layers_sdpa_b2_t1024_bf16_grouped_mm",
+     "--model mixtral-8x7b --set num_hidden_layers=2 --attention sdpa --batch 2 --seq 1024 --precision bf16 "
+     "--moe-experts grouped_mm"),
 ]
 
 

@@ -390,15 +390,22 @@ Rotary rotary_embedding(Ctx& c, const T& inv_freq, uint64_t Tn, DType x_dtype) {
   T pos = c.e.empty(Shape{rows, 1, Tn}, DType::kF32, Category::kActivations, c.L("position_ids.float()"));
   T freqs = transpose(c, matmul(c, inv_e, pos, "rotary freqs"), 1, 2);
   T emb = cat_last(c, {freqs, freqs}, "rotary emb");
-  freqs.reset();
+  T cos = mul_scalar(c, mul_scalar(c, emb, "emb.cos()"), "cos * attention_scaling");
+  T sin = mul_scalar(c, mul_scalar(c, emb, "emb.sin()"), "sin * attention_scaling");
   Rotary r;
-  {
-    T cos = mul_scalar(c, mul_scalar(c, emb, "emb.cos()"), "cos * attention_scaling");
-    T sin = mul_scalar(c, mul_scalar(c, emb, "emb.sin()"), "sin * attention_scaling");
-    emb.reset();
-    r.cos = to(c, cos, x_dtype, "cos.to(x.dtype)");
-    r.sin = to(c, sin, x_dtype, "sin.to(x.dtype)");
-  }
+  r.cos = to(c, cos, x_dtype, "cos.to(x.dtype)");
+  r.sin = to(c, sin, x_dtype, "sin.to(x.dtype)");
+  // `return cos.to(...), sin.to(...)`: freqs, emb, cos and sin are the function's locals, freed when it returns,
+  // in the order CPython clears a frame's locals (co_varnames: inv_freq_expanded, position_ids_expanded, freqs,
+  // emb, cos, sin). The H100 trace of validate/measured/open/*_hf_gen_llama3_* (transformers 5.17) frees the
+  // (B, 64) inverse frequencies, the positions, freqs, emb, cos and sin together after both casts.
+  inv_e.reset();
+  inv.reset();
+  pos.reset();
+  freqs.reset();
+  emb.reset();
+  cos.reset();
+  sin.reset();
   c.e.grad_mode = grad;
   c.autocast = ac;
   return r;

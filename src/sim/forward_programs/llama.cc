@@ -209,9 +209,16 @@ AttnOut attention(Ctx& c, const ModelSpec& m, const Layer& L, const T& x, const 
   } else {
     a.output = sdpa_attention(c, q, k, v, H / KV, m.dropout.attn, mask);
   }
-  q.reset();
-  k.reset();
-  v.reset();
+  // query_states, key_states and value_states are the forward's locals: they live until it returns, after o_proj,
+  // and CPython frees them then in that order (what autograd saved lives on regardless). Under no_grad
+  // (inference, a checkpointed forward) that keeps q alive across o_proj: the H100 trace of
+  // validate/measured/open/*_hf_gen_llama3_* frees the sdpa output, the rotated query and the layer's normed
+  // input together after o_proj.
+  auto drop_qkv = [&] {
+    q.reset();
+    k.reset();
+    v.reset();
+  };
   // attn_output.reshape(*input_shape, -1).contiguous(); self.o_proj(attn_output)
   a.output = contiguous(c, reshape(c, a.output, Shape{B, Tn, H * D}), "attn output contiguous");
   if (m.sp) {
@@ -219,13 +226,16 @@ AttnOut attention(Ctx& c, const ModelSpec& m, const Layer& L, const T& x, const 
     // (sp_ops.h); the partial sums die with the output hook's frame. sp_check refuses a biased o_proj.
     T partial = linear(c, a.output, L.p("self_attn.o_proj.weight"), nullptr, "attn.o_proj");
     a.output = sp_reduce_scatter_seq(c, partial, m.tp, "attn.o_proj reduce_scatter (Partial -> Shard(1))");
+    drop_qkv();
     return a;
   }
   if (m.tp > 1) {
     a.output = rowwise_linear(c, a.output, L.p("self_attn.o_proj.weight"), L.o("self_attn.o_proj.bias"), "attn.o_proj");
+    drop_qkv();
     return a;
   }
   a.output = linear(c, a.output, L.p("self_attn.o_proj.weight"), L.o("self_attn.o_proj.bias"), "attn.o_proj");
+  drop_qkv();
   return a;
 }
 

@@ -206,6 +206,41 @@ def nvidia_smi():
     return mine, used, driver
 
 
+def autocast_ctx(args):
+    """torch.autocast for --precision *-amp, else a disabled one."""
+    if args.precision in AUTOCAST:
+        return torch.autocast(args.device, dtype=AUTOCAST[args.precision])
+    return torch.autocast(args.device, enabled=False)
+
+
+def place(model, device, cuda):
+    """Counts the parameters, resets the peak statistics and moves the model: (parameter count, Recorder)."""
+    params = sum(p.numel() for p in model.parameters())
+    rec = Recorder(cuda)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    model.to(device)
+    rec.mark("after model.to(device)")
+    return params, rec
+
+
+def exact(b):
+    return {"bytes": int(b), "uncertainty_bytes": 0}
+
+
+def step_figures(rec, step):
+    """The figures of a loop with a forward per step: before and after the last step's forward, and the peaks."""
+    steady, after_fwd = rec.at("before forward", step), rec.at("after forward", step)
+    return {
+        "steady_state_allocated_bytes": exact(steady["allocated_bytes"]),
+        "steady_state_reserved_bytes": exact(steady["reserved_bytes"]),
+        "after_forward_allocated_bytes": exact(after_fwd["allocated_bytes"]),
+        "after_forward_reserved_bytes": exact(after_fwd["reserved_bytes"]),
+        "peak_allocated_bytes": exact(torch.cuda.max_memory_allocated()),
+        "peak_reserved_bytes": exact(torch.cuda.max_memory_reserved()),
+    }
+
+
 def collect_trace(args, env, cuda):
     """After the run: nvidia-smi, the allocator's trace and segments; (trace, segments, smi, gpu catalog key)."""
     gpu_key = None
@@ -294,22 +329,12 @@ def run_inference(args, cfg, impl, model, env, context, smi_before, cuda):
     if args.precision in CAST:
         model = model.to(CAST[args.precision])
     model.eval()
-    params = sum(p.numel() for p in model.parameters())
-    rec = Recorder(cuda)
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    model.to(device)
-    rec.mark("after model.to(device)")
+    params, rec = place(model, device, cuda)
     vocab = cfg.get("vocab_size", 50304)
     ids_cpu = torch.randint(0, vocab, (args.batch, args.seq), dtype=torch.long)
-
-    def autocast():
-        if args.precision in AUTOCAST:
-            return torch.autocast(args.device, dtype=AUTOCAST[args.precision])
-        return torch.autocast(args.device, enabled=False)
+    autocast = lambda: autocast_ctx(args)
 
     figures = {"parameters": {"count": params}}
-    exact = lambda b: {"bytes": int(b), "uncertainty_bytes": 0}
     if args.generate == 0:
         outputs = None
         for step in range(1, args.steps + 1):
@@ -320,15 +345,7 @@ def run_inference(args, cfg, impl, model, env, context, smi_before, cuda):
             rec.mark("after forward", step, 1)
         del outputs
         if cuda:
-            steady, after_fwd = rec.at("before forward", args.steps), rec.at("after forward", args.steps)
-            figures.update({
-                "steady_state_allocated_bytes": exact(steady["allocated_bytes"]),
-                "steady_state_reserved_bytes": exact(steady["reserved_bytes"]),
-                "after_forward_allocated_bytes": exact(after_fwd["allocated_bytes"]),
-                "after_forward_reserved_bytes": exact(after_fwd["reserved_bytes"]),
-                "peak_allocated_bytes": exact(torch.cuda.max_memory_allocated()),
-                "peak_reserved_bytes": exact(torch.cuda.max_memory_reserved()),
-            })
+            figures.update(step_figures(rec, args.steps))
     else:
         calls = {"n": 0, "prefill": None}
 
@@ -444,12 +461,7 @@ def run(args):
         model, env["peft"] = apply_lora(model, args.lora)
         env["lora_adapter_dtype"] = str(next(p.dtype for n, p in model.named_parameters() if "lora_A" in n))
     model.train()
-    params = sum(p.numel() for p in model.parameters())
-    rec = Recorder(cuda)
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    model.to(device)
-    rec.mark("after model.to(device)")
+    params, rec = place(model, device, cuda)
     optimizer, opt_impl = make_optimizer(model, args, args.device)
     use_scaler = args.precision == "fp16-amp"
     scaler = torch.amp.GradScaler("cuda", enabled=use_scaler) if cuda else None
@@ -457,10 +469,7 @@ def run(args):
     ids_cpu = torch.randint(0, vocab, (args.batch, args.seq), dtype=torch.long)
     labels_cpu = torch.randint(0, vocab, (args.batch, args.seq), dtype=torch.long)
 
-    def autocast():
-        if args.precision in AUTOCAST:
-            return torch.autocast(args.device, dtype=AUTOCAST[args.precision])
-        return torch.autocast(args.device, enabled=False)
+    autocast = lambda: autocast_ctx(args)
 
     def backward(loss):
         (scaler.scale(loss) if scaler is not None and use_scaler else loss).backward()
@@ -530,18 +539,7 @@ def run(args):
     figures = {"parameters": {"count": params}}
     device_total_from = None
     if cuda:
-        last = args.steps
-        steady = rec.at("before forward", last)
-        after_fwd = rec.at("after forward", last)
-        exact = lambda b: {"bytes": int(b), "uncertainty_bytes": 0}
-        figures.update({
-            "steady_state_allocated_bytes": exact(steady["allocated_bytes"]),
-            "steady_state_reserved_bytes": exact(steady["reserved_bytes"]),
-            "after_forward_allocated_bytes": exact(after_fwd["allocated_bytes"]),
-            "after_forward_reserved_bytes": exact(after_fwd["reserved_bytes"]),
-            "peak_allocated_bytes": exact(torch.cuda.max_memory_allocated()),
-            "peak_reserved_bytes": exact(torch.cuda.max_memory_reserved()),
-        })
+        figures.update(step_figures(rec, args.steps))
         device_total_from = add_device_total(figures, smi, smi_before)
     return package(args, env, trainmem_args, figures, context, smi, smi_before, device_total_from, rec, segments,
                    trace)

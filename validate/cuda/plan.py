@@ -89,6 +89,20 @@ PLAN = [
     ("hf_gen_llama3_4layers_sdpa_b2_t4096_n16_bf16",
      "--model llama-3-8b --set num_hidden_layers=4 --task inference --generate 16 --attention sdpa --batch 2 "
      "--seq 4096 --precision bf16"),
+    ("hf_infer2_llama3_4layers_eager_b2_t2048_bf16",
+     "--model llama-3-8b --set num_hidden_layers=4 --task inference --attention eager --batch 2 --seq 2048 --precision bf16"),
+    ("hf_infer2_gpt2_eager_b8_t1024_fp32",
+     "--model gpt2 --task inference --attention eager --batch 8 --seq 1024 --precision fp32"),
+    ("hf_gen2_gpt2_sdpa_b8_t512_n64_fp32",
+     "--model gpt2 --task inference --generate 64 --attention sdpa --batch 8 --seq 512 --precision fp32"),
+    ("hf_gen2_mistral7b_4layers_sdpa_b1_t2048_n32_bf16",
+     "--model mistral-7b --set num_hidden_layers=4 --task inference --generate 32 --attention sdpa --batch 1 "
+     "--seq 2048 --precision bf16"),
+    ("hf_infer3_gemma3_1b_sdpa_b4_t2048_bf16",
+     "--model gemma-3-1b-it --task inference --attention sdpa --batch 4 --seq 2048 --precision bf16"),
+    ("hf_moe_qwen3moe_2layers_sdpa_b2_t1024_bf16_grouped_mm",
+     "--model qwen3-30b-a3b --set num_hidden_layers=2 --attention sdpa --batch 2 --seq 1024 --precision bf16 "
+     "--moe-experts grouped_mm"),
     ("hf_moe_mixtral_2layers_sdpa_b2_t1024_bf16_grouped_mm",
      "--model mixtral-8x7b --set num_hidden_layers=2 --attention sdpa --batch 2 --seq 1024 --precision bf16 "
      "--moe-experts grouped_mm"),

@@ -75,12 +75,21 @@ T gpt2_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
     h = layer_norm(c, h, &w.p(n("ln_1.weight")), &w.p(n("ln_1.bias")), "ln_1");
     // `attn_output, self_attn_weights = self.attn(...)`: both stay bound until the block returns (the
     // weights matter under no_grad, as in a reentrant checkpoint's first forward, where nothing else keeps them)
-    const AttnOut attn = gpt2_attention(c, m, w, l, h, a.mask ? &a.mask : nullptr);
+    AttnOut attn = gpt2_attention(c, m, w, l, h, a.mask ? &a.mask : nullptr);
     h = add(c, attn.output, residual, "attn_output + residual");
     residual = h;
     h = layer_norm(c, h, &w.p(n("ln_2.weight")), &w.p(n("ln_2.bias")), "ln_2");
-    h = gpt2_mlp(c, m, w, l, h);
-    h = add(c, residual, h, "residual + feed_forward");
+    // `feed_forward_hidden_states = self.mlp(hidden_states)`; `hidden_states = residual + feed_forward_hidden_states`:
+    // ln_2's output is dropped by that rebinding, after the add
+    T feed_forward = gpt2_mlp(c, m, w, l, h);
+    h = add(c, residual, feed_forward, "residual + feed_forward");
+    // the frame's locals die as the block returns, in CPython's order (co_varnames): residual, attn_output,
+    // self_attn_weights, feed_forward_hidden_states. The H100 trace of validate/measured/ (GPT-2 eager inference,
+    // fp32) frees them so; where nothing else holds them (no_grad) their order places the next layer's blocks.
+    residual.reset();
+    attn.output.reset();
+    attn.weights.reset();
+    feed_forward.reset();
     return h;
   });
   return layer_norm(c, hidden, &w.p("transformer.ln_f.weight"), &w.p("transformer.ln_f.bias"), "ln_f");

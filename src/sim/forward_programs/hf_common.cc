@@ -336,7 +336,7 @@ void kv_update(Ctx& c, uint64_t layer, T& k, T& v) {
   if (c.kv->dtype.size() <= layer) c.kv->dtype.resize(layer + 1);
   if (c.kv->keys.size() <= layer || !c.kv->keys[layer]) c.kv->dtype[layer] = k.dtype();
   const DType init = c.kv->dtype[layer];
-  auto grow = [&](std::vector<T>& slot, T& x, const char* what) {
+  auto grow = [&](std::vector<T>& slot, const T& x, const char* what) {
     if (slot.size() <= layer) slot.resize(layer + 1);
     Shape s = x.shape();
     s.d[2] = checked_add(slot[layer] ? slot[layer].shape()[2] : 0, s[2], "the KV cache's length");
@@ -344,10 +344,15 @@ void kv_update(Ctx& c, uint64_t layer, T& k, T& v) {
     const DType dt = cached == x.dtype() ? cached : DType::kF32;  // float32 with anything, fp16 with bf16
     T grown = c.e.empty(s, dt, Category::kKvCache, c.L(what));
     slot[layer] = grown;
-    x = std::move(grown);
+    return grown;
   };
-  grow(c.kv->keys, k, "past_key_values keys (torch.cat)");
-  grow(c.kv->values, v, "past_key_values values (torch.cat)");
+  // `key_states, value_states = past_key_values.update(...)`: both are rebound after update returns, so the
+  // rotated keys and the projected values die after both torch.cat (the H100 trace of validate/measured/
+  // (Mistral-7B shapes, generate) allocates both grown tensors before either is freed)
+  T keys = grow(c.kv->keys, k, "past_key_values keys (torch.cat)");
+  T values = grow(c.kv->values, v, "past_key_values values (torch.cat)");
+  k = std::move(keys);
+  v = std::move(values);
 }
 
 T model_position_ids(Ctx& c, uint64_t Tn) {

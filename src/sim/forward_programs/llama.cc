@@ -327,8 +327,8 @@ T decoder_layer(Ctx& c, const ModelSpec& m, const Layer& L, T hidden, const Rota
 
 // Gemma3TextModel.forward (5.x) from the masks on: causal_mask_mapping = {"full_attention":
 // create_causal_mask(...), "sliding_attention": create_sliding_window_causal_mask(...)} (both made, for eager
-// each a (B, 1, T, T) mask in the embeddings' dtype; sdpa runs is_causal without one, as for the other Llama-shaped
-// models); position_embeddings[layer_type] = self.rotary_emb(hidden_states, position_ids, layer_type) for each
+// each a (B, 1, T, T) mask in the embeddings' dtype; sdpa runs is_causal without one on the full-attention layers,
+// and on the sliding ones until the keys reach the window); position_embeddings[layer_type] = self.rotary_emb(hidden_states, position_ids, layer_type) for each
 // layer type; then decoder_layer(hidden_states, attention_mask=causal_mask_mapping[layer_types[i]],
 // position_embeddings=position_embeddings[layer_types[i]], position_ids=position_ids, ...).
 T gemma3_text_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, T inputs_embeds, const T& position_ids) {
@@ -337,6 +337,12 @@ T gemma3_text_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, T inputs_e
   if (m.attn_impl == AttnImpl::kEager) {
     full_mask = eager_mask(c, B, Tn, inputs_embeds.dtype());
     sliding_mask = eager_mask(c, B, Tn, inputs_embeds.dtype());
+  } else if (m.attn.sliding_window > 0 && (c.kv ? c.kv->past : 0) + Tn >= m.attn.sliding_window) {
+    // SDPA: create_sliding_window_causal_mask materializes the sliding layers' bool mask once kv_length reaches
+    // sliding_window (_ignore_causal_mask_sdpa skips it only below), as for Mistral (gemma3_text_model's caller);
+    // the full-attention layers keep is_causal. The H100 trace of validate/measured/open/ (whole Gemma-3 1B,
+    // window 512, T = 2048) shows its four (T, T) bool tensors right after the embeddings.
+    sliding_mask = sdpa_sliding_mask(c, B, Tn, m.attn.sliding_window);
   }
   T hidden = inputs_embeds;
   // set(config.layer_types): taken in order of first use (the tensor table's order)

@@ -28,7 +28,7 @@ enum class Category : uint8_t {
   kKvCache,        // transformers' KV cache (past_key_values) while generating
   kDdpBuckets,     // DistributedDataParallel's flat gradient buckets and its construction-time broadcast buffers
   kZeroBuckets,    // DeepSpeed ZeRO's IPG gradient buckets and the reduction's flattened copies
-  kFsdpBuffers,    // FSDP2's all-gather copy-in and output, unsharded parameters, reduce-scatter input and output
+  kFsdpBuffers,    // FSDP2's and FSDP1's all-gather copy-in and output, unsharded parameters, reduce-scatter input and output
 };
 inline constexpr size_t kCategoryCount = 14;
 std::string_view category_name(Category c);

@@ -31,7 +31,7 @@ const char* category_note(Category c) {
     // (NCCL's own buffers are outside the caching allocator: the DDP section under the table says so)
     case Category::kDdpBuckets: return "DDP's flat gradient buckets, all-reduced in place";
     case Category::kZeroBuckets: return "DeepSpeed ZeRO's IPG gradient buckets and reduction copies";
-    case Category::kFsdpBuffers: return "FSDP2's all-gather and reduce-scatter buffers, unsharded parameters";
+    case Category::kFsdpBuffers: return "FSDP's all-gather and reduce-scatter buffers, unsharded parameters";
   }
   return "";
 }

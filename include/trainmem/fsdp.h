@@ -44,8 +44,20 @@ struct FsdpDtypes {
 };
 FsdpDtypes accelerate_fsdp_dtypes(Precision p, const char* v);
 
+// --cp N with --sharding fsdp2 (context parallel under FSDP2): the FSDP mesh is dp_shard x cp, flattened.
+// accelerate 16cb6eb parallelism_config.py: fsdp_dim_names = [..., "dp_shard_cp"], dp_shard_cp_dim_names =
+// ["dp_shard", "cp"] (the enabled ones), build_device_mesh: device_mesh[dp_shard_cp_dim_names]._flatten(
+// "dp_shard_cp"); utils/fsdp_utils.py fsdp2_prepare_model: fully_shard(mesh=mesh[fsdp_dim_names]). torchtitan
+// b5bcd76 distributed/fsdp.py resolve_fsdp_mesh: shard axes ("dp_shard", "cp"). The mesh's size is dp x cp
+// (--dp is dp_shard_size; cp 1 without --cp).
+uint64_t fsdp2_mesh_ranks(const TrainSetup& s);
+// The simulated rank's index in that flattened mesh: the mesh order is [dp_shard, cp] (ParallelismConfig._get_mesh
+// mesh_order ["dp_replicate", "dp_shard", "cp", "sp", "tp"]) and DeviceMesh._flatten keeps row-major order, so
+// data-parallel rank d's CP rank c is d x cp + c; the CP rank simulated is 0 (cp_attention.cc), --dp-rank d.
+uint64_t fsdp2_mesh_rank(const TrainSetup& s);
+
 // The defaults of the code that runs (cited in fsdp.cc); throws trainmem::Error for what is not simulated.
-// Off unless dp > 1 and --sharding fsdp2.
+// Off unless --sharding fsdp2 over more than one rank (fsdp2_mesh_ranks: dp, or dp x cp under --cp).
 FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop, TorchVersion torch);
 
 // One parameter's dim-0 shard (FSDPParam._init_sharded_param: chunks = _chunk_with_empty(tensor, W, dim=0);

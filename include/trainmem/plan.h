@@ -50,6 +50,8 @@ struct PlanSetup {
   // The fields, as a front end would give them (--tp 8 --sharding fsdp2 ...): what the user runs `estimate` with.
   std::vector<FieldChange> changes() const;
   bool deepspeed() const;  // sharded by DeepSpeed ZeRO (its own optimizer and precision)
+  // whether `sharding` applies: data-parallel ranks, or --cp ranks under FSDP2 (sharded over dp x cp, fsdp.h)
+  bool sharded() const { return dp > 1 || (cp > 1 && sharding == Sharding::kFsdp2); }
 };
 // The fields of a setup's `trainmem estimate` command: the user's, less those plan chose, then plan's. A field the
 // user gave was held fixed, so plan's value for it is the user's, or how its framework spells the same choice

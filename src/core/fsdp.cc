@@ -73,11 +73,19 @@ FsdpDtypes accelerate_fsdp_dtypes(Precision p, const char* v) {
   return d;
 }
 
+uint64_t fsdp2_mesh_ranks(const TrainSetup& s) {
+  return checked_mul(s.dp, std::max<uint64_t>(s.cp, 1), "FSDP2 mesh (dp x cp)");
+}
+
+uint64_t fsdp2_mesh_rank(const TrainSetup& s) {
+  return checked_mul(s.dp_rank.value_or(0), std::max<uint64_t>(s.cp, 1), "FSDP2 mesh rank");
+}
+
 FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop, TorchVersion torch) {
   FsdpOptions f;
-  if (s.dp <= 1 || s.sharding != Sharding::kFsdp2) {
+  if (fsdp2_mesh_ranks(s) <= 1 || s.sharding != Sharding::kFsdp2) {
     if (s.reshard_after_forward) {
-      throw FieldError("reshard_after_forward", "FSDP2's setting: it takes --dp N (N > 1) with --sharding fsdp2");
+      throw FieldError("reshard_after_forward", "FSDP2's setting: it takes --dp N (N > 1) or --cp N with --sharding fsdp2");
     }
     return f;
   }
@@ -127,10 +135,11 @@ FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop,
                                    "transformers 5.x's default)");
   }
   f.on = true;
-  f.ranks = s.dp;
+  // the mesh: dp ranks, or dp x cp under --cp (fsdp2_mesh_ranks; resolve_cp refuses TP and PP with CP)
+  f.ranks = fsdp2_mesh_ranks(s);
   // --dp-rank: the rank whose shards are simulated (validate_setup checked it; rank 0 unless given, since
-  // torch.chunk leaves the last ones short)
-  f.rank = s.dp_rank.value_or(0);
+  // torch.chunk leaves the last ones short); under --cp its CP rank 0 in the flattened mesh (fsdp2_mesh_rank)
+  f.rank = fsdp2_mesh_rank(s);
   // FullyShardedDataParallelPlugin.__post_init__: reshard_after_forward None -> env FSDP_RESHARD_AFTER_FORWARD,
   // default "true" for fsdp_version 2
   f.reshard_after_forward = s.reshard_after_forward.value_or(true);

@@ -80,7 +80,15 @@ std::vector<ProcessGroup> process_groups(const TrainSetup& s, std::optional<uint
   // one NCCL communicator per process group, created at its first collective (ProcessGroupNCCL::getNCCLComm)
   const uint64_t world = s.dp * s.tp * s.pp * s.cp;  // resolve() bounded each factor and their product
   auto name = [&](const char* what, uint64_t n) { return fmt::format("{}{}", what, n == world ? " (the world group)" : ""); };
-  if (s.dp > 1) {
+  if (s.cp > 1 && s.sharding == Sharding::kFsdp2) {
+    // --cp N --sharding fsdp2 (fsdp.h fsdp2_mesh_ranks): fully_shard's all-gathers and reduce-scatters run on the
+    // flattened "dp_shard_cp" mesh's group of dp x cp ranks. DeviceMesh._flatten (_create_flatten_mesh) builds a
+    // new DeviceMesh with its own process group, also when dp is 1 and its ranks are the cp group's (it returns
+    // the mesh itself only when the flattened name is the 1-D mesh's own: "dp_shard_cp" is not "cp"). No
+    // collective of the model runs on the "dp_shard" group alone, so it gets no communicator.
+    const uint64_t w = s.dp * s.cp;
+    g.push_back({name("FSDP2 dp_shard x cp", w), w, 0, s.tp, ProcessGroup::Kind::kData});
+  } else if (s.dp > 1) {
     // under --tp T (FSDP2 over the TP-local model, fsdp.cc): accelerate's ParallelismConfig._get_mesh orders the
     // mesh ["dp_replicate", "dp_shard", "cp", "sp", "tp"], TP innermost, so the data-parallel group's members are
     // T ranks apart (on different nodes when T fills one)

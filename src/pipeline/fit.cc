@@ -315,8 +315,9 @@ void suggest(const Candidate& base, const FitProbe& original, std::optional<uint
     all_changes.push_back({"checkpointing", "full"});
     // torchtitan's selective AC: between none and full, keeping the matmul and attention outputs. Not part
     // of "all of the above", which takes full; not with a 4-bit base, which resolve() refuses for selective,
-    // nor under sequence parallelism (sp.h), whose selective policy resolve() refuses too.
-    if (base.setup.quant.type == Quantize::kNone && !base.model.sp) {
+    // nor under sequence parallelism (sp.h), whose selective policy resolve() refuses too, nor under --cp
+    // (resolve_cp refuses it: the ring-attention op under the selective policy is not simulated).
+    if (base.setup.quant.type == Quantize::kNone && !base.model.sp && base.setup.cp <= 1) {
       Candidate sel = base;
       sel.setup.checkpointing = Checkpointing::kSelective;
       sel.setup.checkpoint_reentrant = false;
@@ -375,6 +376,28 @@ void suggest(const Candidate& base, const FitProbe& original, std::optional<uint
       if (t.fits) {
         out.smallest_sharding = t.sharding;
         break;
+      }
+    }
+  }
+  // --cp N with the weights replicated on the CP ranks (accelerate's ACCELERATE_ALLOW_CP_STANDALONE path): FSDP2
+  // over the flattened dp x cp mesh, as accelerate and torchtitan run context parallel (fsdp.h fsdp2_mesh_ranks)
+  if (base.setup.cp > 1 && base.setup.sharding != Sharding::kFsdp2) {
+    Candidate c = base;
+    c.setup.sharding = Sharding::kFsdp2;
+    bool simulated = true;
+    try {
+      (void)resolve_fsdp(c.setup, c.model, c.options.loop, c.options.torch);
+    } catch (const Error&) {
+      simulated = false;  // not simulated for this setup
+    }
+    if (simulated) {
+      add({{"sharding", "fsdp2"}}, "FSDP2 over the dp x cp ranks (accelerate's dp_shard_cp mesh): parameters, "
+                                   "gradients and optimizer state sharded over the context-parallel ranks too", c);
+      for (const FitResult::ShardingTry& t : out.sharding_ladder) {
+        if (t.fits) {
+          out.smallest_sharding = t.sharding;
+          break;
+        }
       }
     }
   }

@@ -337,7 +337,7 @@ std::vector<std::string> best_reasons(const PlanResult& r) {
       {"tp", [](const PlanSetup& p) { return std::to_string(p.tp); }},
       {"pp", [](const PlanSetup& p) { return std::to_string(p.pp); }},
       {"cp", [](const PlanSetup& p) { return std::to_string(p.cp); }},
-      {"sharding", [](const PlanSetup& p) { return p.dp > 1 ? std::string(name_of(p.sharding)) : "none"; }},
+      {"sharding", [](const PlanSetup& p) { return p.sharded() ? std::string(name_of(p.sharding)) : "none"; }},
       {"checkpointing", [](const PlanSetup& p) { return std::string(name_of(p.checkpointing)); }},
       {"precision", [](const PlanSetup& p) { return plan_precision_name(p); }},
   };
@@ -454,7 +454,7 @@ std::optional<PlanRow> Planner::search(PlanFamily& f) {
       // Memory grows with the micro-batch but for accumulation's own buffers: accelerate's FSDP2 keeps every
       // unsharded gradient under no_sync from the first micro-batch to the last (fsdp.h), which one micro-batch
       // of the whole rank batch (no accumulation) does not; that one is tried too.
-      if (base.sharding == Sharding::kFsdp2 && base.pp <= 1 && base.dp > 1 && sizes.size() > 1) probe(sizes.size() - 1);
+      if (base.sharding == Sharding::kFsdp2 && base.pp <= 1 && base.sharded() && sizes.size() > 1) probe(sizes.size() - 1);
     } else {
       size_t lo = 0, hi = sizes.size();  // lo fits; hi (when < size) does not
       for (size_t next = 1; next < sizes.size(); next = std::min(sizes.size() - 1, next * 2)) {
@@ -469,7 +469,7 @@ std::optional<PlanRow> Planner::search(PlanFamily& f) {
         const size_t mid = lo + (hi - lo) / 2;
         (probe(mid).fits ? lo : hi) = mid;
       }
-      if (base.sharding == Sharding::kFsdp2 && base.pp <= 1 && base.dp > 1 && lo + 1 < sizes.size()) {
+      if (base.sharding == Sharding::kFsdp2 && base.pp <= 1 && base.sharded() && lo + 1 < sizes.size()) {
         probe(sizes.size() - 1);  // no accumulation (above)
       }
     }
@@ -638,6 +638,14 @@ PlanResult Planner::run() {
         if (dp > 1 && given("sharding")) shardings = {user.train.sharding};
         if (dp > 1 && !given("sharding")) {
           shardings = {Sharding::kDdp, Sharding::kZero1, Sharding::kZero2, Sharding::kFsdp2, Sharding::kZero3};
+        }
+        // --cp: FSDP2 over the dp x cp ranks, as accelerate and torchtitan run context parallel (fsdp.h
+        // fsdp2_mesh_ranks); the weights replicated on the CP ranks without data parallelism (accelerate's
+        // ACCELERATE_ALLOW_CP_STANDALONE path); DDP and ZeRO with CP are refused by resolve_cp, so not tried
+        if (cp > 1 && !given("sharding")) {
+          shardings = dp > 1 ? std::vector<Sharding>{Sharding::kFsdp2} : std::vector<Sharding>{Sharding::kDdp, Sharding::kFsdp2};
+        } else if (cp > 1 && dp == 1 && given("sharding")) {
+          shardings = {user.train.sharding};
         }
         std::vector<Checkpointing> ckpts = {Checkpointing::kNone, Checkpointing::kSelective, Checkpointing::kFull};
         if (given("checkpointing")) ckpts = {user.train.checkpointing};
@@ -894,7 +902,7 @@ std::vector<FieldChange> PlanSetup::changes() const {
   std::vector<FieldChange> c = {{"tp", std::to_string(tp)},
                                 {"pp", std::to_string(pp)},
                                 {"cp", std::to_string(cp)}};
-  if (dp > 1) c.push_back({"sharding", std::string(name_of(sharding))});
+  if (sharded()) c.push_back({"sharding", std::string(name_of(sharding))});
   c.push_back({"checkpointing", std::string(name_of(checkpointing))});
   c.push_back({"precision", std::string(precision_name(precision))});
   if (optimizer_impl != OptimizerImpl::kAuto) c.push_back({"optimizer_impl", std::string(name_of(optimizer_impl))});
@@ -913,7 +921,7 @@ std::string plan_family_name(const PlanSetup& s) {
   std::string out = fmt::format("tp{} pp{}", s.tp, s.pp);
   if (s.cp > 1) out += fmt::format(" cp{}", s.cp);
   out += fmt::format(" dp{}", s.dp);
-  if (s.dp > 1) out += fmt::format(" {}", name_of(s.sharding));
+  if (s.sharded()) out += fmt::format(" {}", name_of(s.sharding));
   if (s.pp > 1) {
     out += fmt::format(" {}", name_of(s.schedule));
     if (s.schedule == PpSchedule::kInterleaved1f1b) out += fmt::format("x{}", s.virtual_stages);

@@ -223,7 +223,8 @@ constexpr Field kFields[] = {
     {"max_reuse_distance", "ZeRO-3: keep a module reused within this many elements (default 1e9)", FieldGroup::kTraining},
     {"cp", "context-parallel ranks: torch's context_parallel as accelerate drives it (ring attention, the sequence "
            "sharded with the head-tail load balancer); estimate simulates CP rank 0 at --seq / N tokens with the "
-           "model states whole on the rank; Llama (model_type llama) with SDPA only (default 1)", FieldGroup::kTraining},
+           "model states whole on the rank, or with --sharding fsdp2 sharded over the dp x cp ranks (FSDP2's "
+           "dp_shard_cp mesh); Llama (model_type llama) with SDPA only (default 1)", FieldGroup::kTraining},
     {"pp", "pipeline-parallel ranks: each holds one stage (torchtitan's split); estimate simulates every rank and "
            "names the worst (default 1)", FieldGroup::kTraining},
     {"pp_schedule", "gpipe | 1f1b | interleaved-1f1b: torch.distributed.pipelining's schedule for --pp (default "
@@ -859,18 +860,28 @@ void resolve_cp(const Scenario& s, ResolvedScenario& r) {
   if (s.train.task == Task::kInference) {
     refuse("task", "context parallel is simulated for training steps only");
   }
-  if (r.setup.dp > 1) {
-    // accelerate ParallelismConfig.__post_init__ refuses cp with pure data parallelism (dp_replicate_size > 1,
-    // dp_shard_size == 1), and state.py asks for an FSDP2 plugin (dp_shard x cp); torchtitan shards over
-    // dp_shard x cp with FSDP (distributed/fsdp.py resolve_fsdp_mesh)
-    refuse("dp", "accelerate refuses context parallel with pure data parallelism (ParallelismConfig), and "
-                 "FSDP2 over dp x cp, the way accelerate and torchtitan compose them, is not simulated with CP yet");
+  // --sharding fsdp2: FSDP2 over the dp_shard x cp mesh (fsdp.h fsdp2_mesh_ranks), the way accelerate and
+  // torchtitan run context parallel; --dp D is ParallelismConfig's dp_shard_size (dp_replicate_size 1)
+  const bool fsdp2 = s.was_given("sharding") && s.train.sharding == Sharding::kFsdp2;
+  if (s.was_given("sharding") && !fsdp2) {
+    const Sharding sh = s.train.sharding;
+    // accelerate 16cb6eb state.py: "Using `cp_size>1` requires FSDP2, but the provided `fsdp_plugin` is using
+    // FSDP1"; ParallelismConfig.__post_init__: "Tensor/Context parallelism (tp/cp_size > 1) cannot be used with
+    // pure data parallelism (dp_replicate_size > 1 and dp_shard_size == 1)"
+    refuse("sharding", sh == Sharding::kFsdp1 ? "accelerate refuses FSDP1 with context parallel (state.py: \"Using "
+                                                "`cp_size>1` requires FSDP2\"); --sharding fsdp2 is simulated"
+                       : sh == Sharding::kDdp ? "accelerate runs context parallel under an FSDP2 plugin (state.py) "
+                                                "and refuses it with pure data parallelism (ParallelismConfig: "
+                                                "dp_replicate_size > 1 and dp_shard_size == 1); without --sharding "
+                                                "the weights are replicated, --sharding fsdp2 shards them over dp x cp"
+                                              : "DeepSpeed ZeRO composed with torch's context_parallel is not "
+                                                "simulated; --sharding fsdp2 (FSDP2 over dp x cp) is");
   }
-  if (s.was_given("sharding")) {
-    // accelerate's CP runs under FSDP2 sharded over dp_shard x cp (state.py, parallelism_config.py); torchtitan's
-    // FSDP mesh is dp_shard x cp (distributed/fsdp.py resolve_fsdp_mesh)
-    refuse("sharding", "FSDP2 / ZeRO sharded over dp x cp, the way accelerate and torchtitan run context parallel, "
-                       "is not composed with --cp yet (the model states are simulated whole on the rank)");
+  if (r.setup.dp > 1 && !fsdp2) {
+    // accelerate ParallelismConfig.__post_init__ refuses cp with pure data parallelism (dp_replicate_size > 1,
+    // dp_shard_size == 1); what accelerate and torchtitan run is FSDP2 over dp_shard x cp
+    refuse("dp", "accelerate refuses context parallel with pure data parallelism (ParallelismConfig); FSDP2 "
+                 "sharded over dp x cp is simulated: add --sharding fsdp2");
   }
   if (r.setup.pp > 1) refuse("pp", "pipeline parallelism composed with context parallelism is not simulated yet");
   if (r.setup.tp > 1) {
@@ -887,9 +898,16 @@ void resolve_cp(const Scenario& s, ResolvedScenario& r) {
   // accelerate state.py: cp_size > 1 without an FSDP2 plugin raises unless ACCELERATE_ALLOW_CP_STANDALONE=true;
   // its docs (concept_guides/context_parallelism.md): "context parallelism only works if you use
   // FullyShardedDataParallelPlugin ... with version set to 2"
-  r.warnings.push_back("--cp: the weights, gradients and optimizer state are simulated whole on every CP rank "
-                       "(accelerate's ACCELERATE_ALLOW_CP_STANDALONE=true path); accelerate and torchtitan shard them "
-                       "with FSDP2 over dp_shard x cp, which is not composed with --cp yet");
+  if (fsdp2) {
+    r.warnings.push_back(fmt::format(
+        "--cp {} --sharding fsdp2: one rank of FSDP2 over the flattened dp_shard x cp mesh ({} x {} = {} ranks: "
+        "accelerate's \"dp_shard_cp\", torchtitan's resolve_fsdp_mesh), its activations CP rank 0's (--seq / {} "
+        "tokens, ring attention)", n, r.setup.dp, n, r.setup.dp * n, n));
+  } else {
+    r.warnings.push_back("--cp: the weights, gradients and optimizer state are simulated whole on every CP rank "
+                         "(accelerate's ACCELERATE_ALLOW_CP_STANDALONE=true path); accelerate and torchtitan shard "
+                         "them with FSDP2 over dp_shard x cp: --sharding fsdp2");
+  }
   try {
     r.setup.cp_seq = r.setup.seq;
     r.setup.seq = cp_local_seq(r.setup.seq, n);
@@ -1096,8 +1114,9 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   if (r.setup.dp <= 1) {
     const TrainSetup& t = s.train;
     for (std::string_view f : {"sharding", "dp_rank", "bucket_cap_mb", "gradient_as_bucket_view", "find_unused_parameters"}) {
-      // (an empty value given to an optional setting means "not given": what the loop passes)
-      const bool set = f == "sharding"                  ? s.was_given(f)
+      // (an empty value given to an optional setting means "not given": what the loop passes; --cp N with
+      // --sharding fsdp2 shards over the CP ranks: resolve_cp checked it)
+      const bool set = f == "sharding"                  ? s.was_given(f) && r.setup.cp <= 1
                        : f == "dp_rank"                 ? t.dp_rank.has_value()
                        : f == "bucket_cap_mb"           ? t.bucket_cap_mb.has_value()
                        : f == "gradient_as_bucket_view" ? t.gradient_as_bucket_view.has_value()

@@ -203,9 +203,9 @@ std::optional<StepTime> step_time(const Estimate& e, const GpuSpec& gpu) {
   const GpuPerf& g = gpu.perf;
   if (!g.known() || !e.sim) return std::nullopt;
   const TrainSetup& s = e.setup;
-  // not modelled: ring attention's exchanges, expert parallelism's all-to-alls, and the offloaded optimizer's and
-  // parameters' host work and copies; a pipeline's ranks (pipeline_step_time has them all)
-  if (s.pp > 1 || s.cp > 1 || s.ep > 1 || s.offload_optimizer || s.offload_params) {
+  // not modelled: expert parallelism's all-to-alls, and the offloaded optimizer's and parameters' host work and
+  // copies; a pipeline's ranks (pipeline_step_time has them all)
+  if (s.pp > 1 || s.ep > 1 || s.offload_optimizer || s.offload_params) {
     return std::nullopt;
   }
   const FlopLedger& L = e.sim->flops;
@@ -231,7 +231,32 @@ std::optional<StepTime> step_time(const Estimate& e, const GpuSpec& gpu) {
       exposed += c;
     }
   }
-  const uint64_t dp = s.dp;
+  // Context parallel (cp.h, src/sim/cp_attention.cc): each ring-attention call's K/V all-gather (_AllGatherRotater,
+  // in forward, recompute and backward) and, in backward, one float32 dK/dV permute per ring step
+  // (_AllToAllRotater: ft_c.permute_tensor, each rank's buffer to its ring neighbour), as the simulated step
+  // allocated them (their buffers' bytes, the last step's). Timed as all exposed (an upper bound): the all-gather
+  // is issued before the first ring step and waited on at the second, so only the causal local block can hide
+  // it; each permute hides behind the next step's flash backward, the last one behind nothing.
+  if (s.cp > 1) {
+    const double cp_bw = group_bw(fab, ProcessGroup::Kind::kContext, "context-parallel groups");
+    uint32_t last = 0;
+    for (const Event& ev : e.sim->timeline.events) last = std::max(last, ev.step);
+    double c = 0;
+    for (const Event& ev : e.sim->timeline.events) {
+      if (ev.kind != Event::kAlloc || ev.step != last) continue;
+      std::string_view w(ev.label.what);
+      if (w.starts_with("recompute: ")) w.remove_prefix(11);  // full checkpointing's forward, run again
+      if (w == "cp kv all-gather") c += all_gather_seconds(static_cast<double>(ev.bytes.value), s.cp, cp_bw);
+      if (w == "cp grad kv all-to-all") c += static_cast<double>(ev.bytes.value) / cp_bw;
+    }
+    total += c;
+    exposed += c;
+    t.notes.push_back("context parallel: the ring's K/V all-gathers and dK/dV permutes are timed as exposed (an upper "
+                      "bound: the causal first block and each next step's backward can hide part of them); the ring's "
+                      "kernels at the roofline, not validated: torchtitan's measured tokens/s fall faster with cp");
+  }
+  // FSDP2 under --cp shards over dp x cp ranks (fsdp.h fsdp2_mesh_ranks): its collectives run over all of them
+  const uint64_t dp = e.fsdp ? e.fsdp->options.ranks : s.dp;
   const double bw = dp > 1 ? group_bw(fab, ProcessGroup::Kind::kData, "data-parallel groups") : fab.link;
   if (e.ddp && dp > 1) {
     // DDP: the Reducer all-reduces each bucket as soon as its gradients are ready, during the synced
@@ -322,10 +347,12 @@ std::optional<StepTime> step_time(const Estimate& e, const GpuSpec& gpu) {
   t.comm_overlapped_seconds = std::max(0.0, total - exposed);
   t.step_seconds = compute + exposed;
   fabric_note(t, fab, gpu);
-  // tokens of one optimizer step over every data-parallel rank (a tensor-parallel group shares its tokens)
+  // tokens of one optimizer step over every data-parallel rank (a tensor-parallel group shares its tokens; each
+  // of the cp ranks of a context-parallel group holds seq / cp of its sequences' tokens)
   uint64_t tokens = checked_mul(s.batch, s.seq, "tokens");
   if (s.task == Task::kTrain) {
-    tokens = checked_mul(checked_mul(tokens, micro, "tokens"), std::max<uint64_t>(dp, 1), "tokens");
+    tokens = checked_mul(checked_mul(tokens, micro, "tokens"),
+                         checked_mul(std::max<uint64_t>(s.dp, 1), std::max<uint64_t>(s.cp, 1), "tokens"), "tokens");
   }
   if (s.task == Task::kInference && s.generate > 0) tokens = checked_mul(s.batch, s.generate, "tokens");
   t.tokens = tokens;

@@ -464,6 +464,12 @@ std::string render_fsdp_note(const Estimate& e) {
       "FSDP2 (fully_shard through accelerate's fsdp2_prepare_model), rank {} of {}: {} units (the embedding, {} decoder "
       "layers, the tail [model.norm, lm_head]); reshard_after_forward {} (the tail: false)\n",
       o.rank, o.ranks, f.units.size(), f.units.size() - 2, o.reshard_after_forward ? "true" : "false");
+    // --cp N (fsdp.h fsdp2_mesh_ranks): the mesh is dp_shard x cp, flattened
+    if (e.setup.cp > 1) {
+      out += fmt::format("  mesh: accelerate's flattened \"dp_shard_cp\" ({} data-parallel x {} context-parallel ranks); "
+                         "this rank is data-parallel rank {}'s CP rank 0, its activations the CP rank's\n",
+                         e.setup.dp, e.setup.cp, e.setup.dp_rank.value_or(0));
+    }
   }
   if (!f.torchtitan_pp) out += o.mixed ? fmt::format("  MixedPrecisionPolicy: param_dtype {}, reduce_dtype {}, output_dtype {} over {} shards "
                                "(accelerate's mixed_precision \"bf16\"; autocast still wraps the forward)\n",
@@ -797,6 +803,7 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
     j["rank0_local_elems"] = f->first_rank_elems;  // --dp-rank: rank 0 holds the most real elements,
     j["last_rank_local_elems"] = f->last_rank_elems;  // the last rank the fewest
     j["nccl_buffers"] = "outside the caching allocator: device.nccl (with a GPU)";
+    if (s.cp > 1) j["mesh"] = {{"name", "dp_shard_cp"}, {"dp_shard", s.dp}, {"cp", s.cp}};  // --cp N (fsdp.h)
   }
   if (const auto& f = e.fsdp1) {
     const Fsdp1Options& o = f->options;

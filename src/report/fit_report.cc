@@ -179,10 +179,12 @@ std::string render_fit_table(const FitResult& r) {
                            t.fits ? fmt::format("fits (largest {} {})", dimension_word(r.solve), with_commas(*t.largest))
                                   : std::string("does not fit"));
     }
+    // (--cp N: FSDP2 shards over the dp x cp ranks)
+    const uint64_t ranks = r.setup.dp * std::max<uint64_t>(r.setup.cp, 1);
     out += r.smallest_sharding
                ? fmt::format("smallest sharding that fits the {} ranks: {} (tried, least sharded first: {})\n",
-                             r.setup.dp, *r.smallest_sharding, tried)
-               : fmt::format("no sharding of the {} ranks fits (tried, least sharded first: {})\n", r.setup.dp, tried);
+                             ranks, *r.smallest_sharding, tried)
+               : fmt::format("no sharding of the {} ranks fits (tried, least sharded first: {})\n", ranks, tried);
   }
   if (!r.not_helpful.empty()) {
     std::string names;

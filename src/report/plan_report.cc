@@ -19,7 +19,7 @@ namespace {
 std::string ms(double s) { return fmt::format("{:.1f} ms", s * 1e3); }
 std::string tokens(double t) { return with_commas(static_cast<uint64_t>(t + 0.5)); }
 
-std::string sharding_cell(const PlanSetup& s) { return s.dp > 1 ? std::string(name_of(s.sharding)) : "-"; }
+std::string sharding_cell(const PlanSetup& s) { return s.sharded() ? std::string(name_of(s.sharding)) : "-"; }
 std::string schedule_cell(const PlanSetup& s) {
   if (s.pp <= 1) return "-";
   if (s.schedule == PpSchedule::kInterleaved1f1b) return fmt::format("{} x{}", name_of(s.schedule), s.virtual_stages);

@@ -58,13 +58,9 @@ TEST(CpRules, TheAllGatheredKeysAndValuesAreTheWholeSequences) {
 }
 
 // TinyLlama's shapes (32 heads, 4 KV heads of 64), two layers, bf16 autocast: SDPA runs the flash kernel.
+using testing::tiny_llama;
 Scenario tiny(uint64_t seq, std::initializer_list<std::pair<const char*, std::string>> extra = {}) {
-  Scenario s = testing::scenario_of("tinyllama-1.1b", {{"overrides", "num_hidden_layers=2"},
-                                                       {"batch", "1"},
-                                                       {"seq", std::to_string(seq)},
-                                                       {"precision", "bf16-amp"}});
-  for (const auto& [k, v] : extra) set_field(s, k, v);
-  return s;
+  return tiny_llama(seq, extra);
 }
 
 uint64_t allocs_labelled(const Estimate& e, std::string_view what, uint64_t bytes) {
@@ -159,7 +155,15 @@ TEST(CpRefusals, WhatIsNotSimulatedIsRefusedWithTheField) {
       {tiny(100, {{"cp", "4"}}), "seq"},
       {tiny(256, {{"cp", "2"}, {"tp", "2"}}), "tp"},
       {tiny(256, {{"cp", "2"}, {"pp", "2"}}), "pp"},
-      {tiny(256, {{"cp", "2"}, {"sharding", "fsdp2"}}), "sharding"},
+      {tiny(256, {{"cp", "2"}, {"sharding", "fsdp1"}}), "sharding"},
+      // with FSDP2 over dp x cp (cpfsdp_test.cc): the other shardings, TP and PP, CP ranks other than 0
+      {tiny(256, {{"cp", "4"}, {"dp", "2"}, {"sharding", "fsdp1"}}), "sharding"},  // accelerate: FSDP2 only
+      {tiny(256, {{"cp", "4"}, {"dp", "2"}, {"sharding", "zero2"}}), "sharding"},
+      {tiny(256, {{"cp", "4"}, {"dp", "2"}, {"sharding", "zero3"}}), "sharding"},
+      {tiny(256, {{"cp", "4"}, {"dp", "2"}, {"sharding", "ddp"}}), "sharding"},    // pure replicate
+      {tiny(256, {{"cp", "2"}, {"tp", "2"}, {"sharding", "fsdp2"}}), "tp"},
+      {tiny(256, {{"cp", "2"}, {"pp", "2"}, {"dp", "2"}, {"sharding", "fsdp2"}}), "pp"},
+      {tiny(256, {{"cp", "2"}, {"sharding", "fsdp2"}, {"dp_rank", "1"}}), "dp_rank"},
       {tiny(256, {{"cp", "4"}, {"gpus", "6xh100-80gb"}}), "gpus"},
       {testing::scenario_of("gpt2", {{"overrides", "n_layer=2"}, {"seq", "64"}, {"cp", "2"}}), "cp"},
   };

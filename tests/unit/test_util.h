@@ -86,6 +86,17 @@ inline Scenario scenario_of(const std::string& model,
   return s;
 }
 
+// TinyLlama's shapes (32 heads, 4 KV heads of 64), two layers, batch 1 at `seq` tokens, bf16 autocast (SDPA runs
+// the flash kernel), then `extra` (the context-parallel tests: cp_test.cc, cpfsdp_test.cc).
+inline Scenario tiny_llama(uint64_t seq, std::initializer_list<std::pair<const char*, std::string>> extra = {}) {
+  Scenario s = scenario_of("tinyllama-1.1b", {{"overrides", "num_hidden_layers=2"},
+                                              {"batch", "1"},
+                                              {"seq", std::to_string(seq)},
+                                              {"precision", "bf16-amp"}});
+  for (const auto& [k, v] : extra) set_field(s, k, v);
+  return s;
+}
+
 // The pipeline of every front end: resolve, then estimate (presets from memory).
 inline Estimate run(const Scenario& s) { return estimate(resolve(s, MapFileReader())); }
 

@@ -3,6 +3,8 @@
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 
+#include <ctime>
+
 #include "trainmem/allocator.h"
 #include "trainmem/config.h"
 #include "trainmem/estimate.h"
@@ -105,8 +107,10 @@ BENCHMARK(BM_StepTime70B_T8192)->Unit(benchmark::kMicrosecond);
 
 // The two-step estimate of the 70B model at T=8192 under the Trainer's loop, with `s` shaped by `shape`; with
 // tp > 1, rank 0's local model of transformers' tp_plan (tp.h).
+// `ranks`: the rank steps one estimate simulates, one after the other (a pipeline's ranks, ZeRO-2's classes of
+// alike ranks); cpu_ms_per_rank is the process's CPU time per iteration divided by them.
 template <typename Shape>
-void estimate_70b_hf(benchmark::State& state, Shape shape, uint64_t tp = 1) {
+void estimate_70b_hf(benchmark::State& state, Shape shape, uint64_t tp = 1, uint64_t ranks = 1) {
   ModelSpec m = llama70b();
   if (tp > 1) apply_tensor_parallel(m, tp);
   Inventory inv = build_inventory(m);
@@ -116,10 +120,14 @@ void estimate_70b_hf(benchmark::State& state, Shape shape, uint64_t tp = 1) {
   SimOptions o = one_step();
   o.steps = 2;
   o.loop = LoopKind::kHf;
+  const std::clock_t cpu0 = std::clock();
   for (auto _ : state) {
     Estimate e = estimate(m, inv, s, o);
     benchmark::DoNotOptimize(e.memory.peak_reserved.value);
   }
+  const double cpu_ms = 1e3 * static_cast<double>(std::clock() - cpu0) / CLOCKS_PER_SEC;
+  state.counters["ranks"] = static_cast<double>(ranks);
+  state.counters["cpu_ms_per_rank"] = cpu_ms / static_cast<double>(state.iterations() * ranks);
 }
 
 // A 70B model over 64 data-parallel ranks at T=8192: one rank of DDP (buckets at construction and the rebuild at
@@ -136,7 +144,7 @@ void BM_EstimatePerRank70B_T8192(benchmark::State& state) {
     s.dp = 64 / tp;
     s.tp = tp;
     s.sharding = sharding;
-  }, tp);
+  }, tp, sharding == Sharding::kZero2 ? 64 : 1);
   state.SetLabel(tp > 1 ? "fsdp2 over tp 8, dp 8" : std::string(name_of(sharding)));
 }
 BENCHMARK(BM_EstimatePerRank70B_T8192)->Arg(0)->Arg(1)->Arg(2)->Arg(3)->Unit(benchmark::kMillisecond);
@@ -151,7 +159,7 @@ void BM_EstimatePp70B_T8192(benchmark::State& state) {
     s.micro_batches = 8;
     s.pp_schedule = interleaved ? PpSchedule::kInterleaved1f1b : PpSchedule::k1f1b;
     s.pp_virtual_stages = interleaved ? 2 : 1;
-  }, tp ? 8 : 1);
+  }, tp ? 8 : 1, 4);
   state.SetLabel(interleaved ? "interleaved-1f1b, 4 ranks x 2 stages" : tp ? "1f1b, 4 ranks, tp 8" : "1f1b, 4 ranks");
 }
 BENCHMARK(BM_EstimatePp70B_T8192)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond);
@@ -171,7 +179,7 @@ void BM_EstimatePpFsdp70B_T8192(benchmark::State& state) {
     s.pp_schedule = PpSchedule::k1f1b;
     s.dp = dp;
     s.sharding = Sharding::kFsdp2;
-  }, 8);
+  }, 8, 4);
   state.SetLabel(fmt::format("1f1b, 4 ranks, tp 8, fsdp2 dp {}", dp));
 }
 BENCHMARK(BM_EstimatePpFsdp70B_T8192)->Arg(2)->Arg(8)->Unit(benchmark::kMillisecond);

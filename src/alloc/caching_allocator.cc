@@ -6,11 +6,8 @@
 
 #include <algorithm>
 #include <bit>
+#include <iterator>
 #include <memory>
-#if __has_include(<memory_resource>)
-#include <memory_resource>
-#endif
-#include <set>
 #include <tuple>
 #include <unordered_map>
 #include <vector>
@@ -81,23 +78,37 @@ struct BySizeAddr {
   }
 };
 
-// Simulation bookkeeping: the free sets' tree nodes come from one pool arena where the standard library has
-// one; libc++ before 16 (emscripten 3.1's, make web) has no <memory_resource>, and there they come from the
-// heap. Only the simulator's speed differs.
-#if __has_include(<memory_resource>)
-using Arena = std::pmr::unsynchronized_pool_resource;
-using FreeSet = std::pmr::set<Block*, BySizeAddr>;
-#else
-struct Arena {};
-struct FreeSet : std::set<Block*, BySizeAddr> {
-  explicit FreeSet(Arena*) {}
+// A pool's cached blocks in BySizeAddr order: a sorted vector (simulation bookkeeping, not the modelled
+// allocator's: a pool holds tens to a few thousand free blocks, where a binary search and a short move beat a
+// tree's node allocations; the order and every lookup are std::set's).
+class FreeSet {
+ public:
+  using iterator = std::vector<Block*>::iterator;
+  using const_iterator = std::vector<Block*>::const_iterator;
+  iterator begin() { return v_.begin(); }
+  iterator end() { return v_.end(); }
+  const_iterator begin() const { return v_.begin(); }
+  const_iterator end() const { return v_.end(); }
+  std::reverse_iterator<iterator> rbegin() { return std::reverse_iterator<iterator>(end()); }
+  std::reverse_iterator<iterator> rend() { return std::reverse_iterator<iterator>(begin()); }
+  iterator lower_bound(const Block* key) { return std::lower_bound(v_.begin(), v_.end(), key, BySizeAddr{}); }
+  void insert(Block* b) {
+    const auto it = lower_bound(b);
+    if (it == v_.end() || BySizeAddr{}(b, *it)) v_.insert(it, b);
+  }
+  iterator erase(iterator it) { return v_.erase(it); }
+  void erase(const Block* b) {
+    const auto it = lower_bound(b);
+    if (it != v_.end() && !BySizeAddr{}(b, *it)) v_.erase(it);
+  }
+
+ private:
+  std::vector<Block*> v_;
 };
-#endif
 
 struct Pool {
-  explicit Pool(Arena* r) : free(r) {}
   bool small = false;
-  FreeSet free;  // tree nodes come from the allocator's arena
+  FreeSet free;
   // expandable segments: one growing segment per pool; `mapped_end` is where its mapped pages stop
   Block* exp_last = nullptr;  // the block at the end of the mapped range
   uint64_t exp_base = 0, exp_mapped = 0;
@@ -404,18 +415,14 @@ class Allocator {
   AllocatorConfig c_;
   TorchVersion torch_;
   std::optional<Bytes> capacity_;
-  // Simulation bookkeeping (not the modelled allocator's): blocks in chunks, set nodes from an arena.
+  // Simulation bookkeeping (not the modelled allocator's): blocks in chunks.
   static constexpr size_t kBlockChunk = 512;
   std::vector<std::unique_ptr<Block[]>> block_chunks_;
   size_t chunk_used_ = 0;
   std::vector<Block*> spare_blocks_;
-  Arena arena_;
   // one small and one large pool per stream (the BlockPools' blocks of that stream)
-  static_assert(kStreamCount == 7);
-  Pool small_[kStreamCount] = {Pool{&arena_}, Pool{&arena_}, Pool{&arena_}, Pool{&arena_},
-                               Pool{&arena_}, Pool{&arena_}, Pool{&arena_}};
-  Pool large_[kStreamCount] = {Pool{&arena_}, Pool{&arena_}, Pool{&arena_}, Pool{&arena_},
-                               Pool{&arena_}, Pool{&arena_}, Pool{&arena_}};
+  Pool small_[kStreamCount];
+  Pool large_[kStreamCount];
   Pool& pool_of(bool small, Stream s) { return (small ? small_ : large_)[static_cast<size_t>(s)]; }
   Stream pool_stream(const Pool& p) const {
     const Pool* base = p.small ? small_ : large_;

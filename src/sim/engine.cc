@@ -24,12 +24,6 @@ Shape Shape::of(const std::vector<uint64_t>& dims) {
   return s;
 }
 
-Elems Shape::numel() const {
-  uint64_t e = 1;
-  for (uint8_t i = 0; i < n; ++i) e = checked_mul(e, d[i], "element count of a tensor");
-  return Elems(e);
-}
-
 Strides contiguous_strides(const Shape& s) {
   // PyTorch's strides are int64_t: a tensor of 2^63 elements or more has none (checked before it can wrap).
   Strides st{};
@@ -167,7 +161,7 @@ void Engine::delete_impl(TensorImpl* p) { impls_.put(p); }
 
 uint64_t Engine::alloc_storage(Bytes b, Category c, Label l) {
   if (recomputing_depth_ > 0 && l.row < 0) {
-    l.what = intern_name(std::string("recompute: ") + l.what);  // checkpointing's forward, run again in backward
+    l.what = prefixed("recompute: ", l.what);  // checkpointing's forward, run again in backward
   } else if (running_ && l.row == kRowNamedInBackward) {
     l = Label{l.what, running_->label.layer, -1};  // a backward allocation with a name of its own
   } else if (running_ && (c == Category::kBackward || c == Category::kTemporaries)) {
@@ -227,6 +221,12 @@ void Engine::free_storage(uint64_t id) noexcept {
     recording_ = false;
     lost_events_ = true;
   }
+}
+
+const char* Engine::prefixed(const char* prefix, const char* what) {
+  const char*& name = prefixed_[PrefixedKey{prefix, what}];
+  if (!name) name = intern_name(std::string(prefix) + what);
+  return name;
 }
 
 void Engine::emit(const Event& ev) {
@@ -626,7 +626,7 @@ void Engine::sac_push(SacOp op, std::initializer_list<T*> outs) {
     if (*o) {
       // named in the timeline (its free, in the layer's backward) as what the selective checkpoint kept
       Label& l = storages_[(*o)->storage].label;
-      l.what = intern_name(std::string("kept for recompute: ") + l.what);
+      l.what = prefixed("kept for recompute: ", l.what);
     }
     kept.push_back(*o);  // an output the op did not make keeps its empty slot
   }

@@ -34,7 +34,11 @@ struct Shape {
   static Shape of(const std::vector<uint64_t>& dims);  // an inventory row's or a state tensor's dims
   uint64_t operator[](size_t i) const { return d[i]; }
   uint64_t back() const { return d[n - 1]; }
-  Elems numel() const;
+  Elems numel() const {  // inline: the simulator asks for it at nearly every op
+    uint64_t e = 1;
+    for (uint8_t i = 0; i < n; ++i) e = checked_mul(e, d[i], "element count of a tensor");
+    return Elems(e);
+  }
 };
 
 // Element strides of a tensor, as PyTorch keeps them: whether an op must copy (reshape, contiguous, bmm,
@@ -335,7 +339,9 @@ class StreamScope {
 
 class Engine {
  public:
-  explicit Engine(Timeline* tl) : tl_(tl) {}
+  // About one storage for every two events: the timeline's capacity, reserved by the caller, sizes the storage
+  // table (only a capacity hint; growing by doubling copies and touches twice the memory)
+  explicit Engine(Timeline* tl) : tl_(tl) { storages_.reserve(tl->events.capacity() / 2 + 16); }
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -564,6 +570,20 @@ class Engine {
     }
   };
   std::unordered_map<FlopKey, uint32_t, FlopKeyHash> flop_index_;  // row of each distinct kernel
+  // intern_name(prefix + what) by (prefix, what): the same label recomputed in every layer and micro-batch is
+  // built and looked up in the process-wide table once per simulation (simulation bookkeeping only)
+  struct PrefixedKey {
+    const char* prefix;
+    const char* what;
+    bool operator==(const PrefixedKey&) const = default;
+  };
+  struct PrefixedKeyHash {
+    size_t operator()(const PrefixedKey& k) const noexcept {
+      return std::hash<const void*>()(k.what) * 0x9E3779B97F4A7C15ull ^ std::hash<const void*>()(k.prefix);
+    }
+  };
+  std::unordered_map<PrefixedKey, const char*, PrefixedKeyHash> prefixed_;
+  const char* prefixed(const char* prefix, const char* what);
 };
 
 inline StreamScope::StreamScope(Engine& e, Stream s) : e_(e), caller_(e.stream) { e.stream = s; }

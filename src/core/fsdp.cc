@@ -98,7 +98,7 @@ void apply_hsdp_mesh(FsdpOptions& f, const TrainSetup& s) {
   f.rank = fsdp2_mesh_rank(s);
   f.replicate = 1;
   if (s.dp_shard) {
-    if (s.cp > 1) {
+    if (s.cp > 1 && *s.dp_shard != dp) {  // (K = dp is the flattened dp x cp mesh itself: one replica)
       // accelerate's fsdp_dim_names would be ("dp_replicate", "dp_shard_cp"): HSDP with the shard group over
       // dp_shard x cp is not simulated
       throw FieldError("dp_shard", fmt::format("{}: HSDP with --cp {} (a replicate x (dp_shard x cp) mesh) is not "
@@ -118,6 +118,7 @@ void apply_hsdp_mesh(FsdpOptions& f, const TrainSetup& s) {
                    "(dp_replicate_size > 1 with dp_shard_size 1): that is --sharding ddp"
                  : ""));
     }
+    if (s.cp > 1) return;  // K = dp under --cp: the flattened dp x cp mesh above, one replica
     f.ranks = k;
     f.replicate = dp / k;
     const uint64_t d = s.dp_rank.value_or(0);

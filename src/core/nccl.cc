@@ -86,7 +86,7 @@ std::vector<ProcessGroup> process_groups(const TrainSetup& s, std::optional<uint
     // new DeviceMesh with its own process group, also when dp is 1 and its ranks are the cp group's (it returns
     // the mesh itself only when the flattened name is the 1-D mesh's own: "dp_shard_cp" is not "cp"). No
     // collective of the model runs on the "dp_shard" group alone, so it gets no communicator.
-    const uint64_t w = s.dp * s.cp;
+    const uint64_t w = checked_mul(s.dp, s.cp, "FSDP2 dp x cp ranks");
     g.push_back({name("FSDP2 dp_shard x cp", w), w, 0, s.tp, ProcessGroup::Kind::kData});
   } else if (s.dp > 1 && s.sharding == Sharding::kFsdp2 && s.dp_shard && *s.dp_shard < s.dp && *s.dp_shard > 1 &&
       s.dp % *s.dp_shard == 0) {

@@ -1102,11 +1102,17 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
     // apply_fully_sharded_data_parallelism) shards at from_pretrained with MixedPrecisionPolicy(param_dtype=bf16,
     // reduce_dtype=float32) only when fsdp_mixed_precision, and without accelerate's fp32 upcast; accelerate's
     // fsdp2_prepare_model then returns the model as it is (is_type_fsdp)
+    // under HSDP (--dp-shard K) the config is ParallelismConfig(dp_replicate_size=dp/K, dp_shard_size=K, tp_size=T)
+    const std::string mesh = s.train.dp_shard && *s.train.dp_shard > 0 && r.setup.dp % *s.train.dp_shard == 0 &&
+                                     *s.train.dp_shard < r.setup.dp
+                                 ? fmt::format("dp_replicate_size={}, dp_shard_size={}", r.setup.dp / *s.train.dp_shard,
+                                               *s.train.dp_shard)
+                                 : fmt::format("dp_shard_size={}", r.setup.dp);
     r.warnings.push_back(fmt::format("--tp {} with --sharding fsdp2: simulated as accelerate's ND-parallel path "
-                                     "(ParallelismConfig(dp_shard_size={}, tp_size={}), fsdp2_prepare_model: fp32 shards, "
+                                     "(ParallelismConfig({}, tp_size={}), fsdp2_prepare_model: fp32 shards, "
                                      "bf16 gathers and reduce-scatters); transformers' DistributedConfig(tp_size, "
                                      "fsdp_size) applies its own fully_shard (no fp32 upcast, float32 reduce-scatters) "
-                                     "and is not simulated", s.train.tp, r.setup.dp, s.train.tp));
+                                     "and is not simulated", s.train.tp, mesh, s.train.tp));
   }
   check_ep_setup(s, r);
   if (r.model.moe.experts > 0 && r.model.moe.impl == MoeExperts::kGroupedMm && uses_autocast(r.setup.precision)) {

@@ -805,7 +805,8 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
     nlohmann::json& j = out["fsdp"];
     j = {{"ranks", o.ranks}, {"rank", o.rank}, {"per_rank", true},
          // HSDP (--dp-shard K): the (dp_replicate, dp_shard) mesh; ranks and rank are the shard group's
-         {"dp_replicate", o.replicate}, {"dp_shard", o.ranks}, {"replica", o.replicate_rank},
+         // (under --cp the flattened shard mesh is dp x cp ranks: "ranks"; "dp_shard" is the data-parallel factor)
+         {"dp_replicate", o.replicate}, {"dp_shard", s.dp_shard.value_or(s.dp)}, {"replica", o.replicate_rank},
          {"framework", f->torchtitan_pp ? "torchtitan apply_fsdp (pipeline stage)" : "accelerate fsdp2_prepare_model"},
          {"reshard_after_forward", o.reshard_after_forward}, {"orig_dtype", dtype_name(o.orig_dtype)},
          {"param_dtype", dtype_name(o.param_dtype)}, {"reduce_dtype", dtype_name(o.reduce_dtype)},

@@ -241,9 +241,9 @@ TEST(HsdpTime, AllReduceOverTheReplicateGroupAtTheNetwork) {
   EXPECT_GT(ef.time->comm_seconds, eh.time->comm_seconds);
 }
 
-// plan: on 2 nodes of 8, each FSDP2 family without a pipeline whose data-parallel ranks span nodes has one HSDP
-// twin sharded over the node's data-parallel ranks (8 / (tp x cp)); every HSDP row is what estimate says for its
-// fields.
+// plan: on 2 nodes of 8, each FSDP2 family without a pipeline or context parallel whose data-parallel ranks span
+// nodes has one HSDP twin sharded over the node's data-parallel ranks (8 / tp); every HSDP row is what estimate
+// says for its fields, and no family with cp > 1 is a twin.
 TEST(HsdpPlan, TwinsShardWithinANodeAndRowsAreEstimates) {
   PlanRequest req;
   req.global_batch = 16;
@@ -254,15 +254,17 @@ TEST(HsdpPlan, TwinsShardWithinANodeAndRowsAreEstimates) {
   size_t fsdp2_spanning = 0, twins = 0;
   for (const PlanFamily& f : r.families) {
     const PlanSetup& p = f.setup;
-    if (p.sharding == Sharding::kFsdp2 && p.dp_shard == 0 && p.pp == 1 && p.dp > 8 / (p.tp * p.cp) &&
-        8 / (p.tp * p.cp) > 1) {
+    // (HSDP with --cp is refused: a layout with context parallel gets no twin)
+    if (p.sharding == Sharding::kFsdp2 && p.dp_shard == 0 && p.pp == 1 && p.cp == 1 && p.dp > 8 / p.tp &&
+        8 / p.tp > 1) {
       ++fsdp2_spanning;
     }
     if (p.dp_shard == 0) continue;
     ++twins;
     EXPECT_EQ(p.pp, 1u);
     EXPECT_EQ(p.sharding, Sharding::kFsdp2);
-    EXPECT_EQ(p.dp_shard, 8 / (p.tp * p.cp)) << plan_family_name(p);
+    EXPECT_EQ(p.cp, 1u) << plan_family_name(p);
+    EXPECT_EQ(p.dp_shard, 8 / p.tp) << plan_family_name(p);
     EXPECT_LT(p.dp_shard, p.dp);
   }
   EXPECT_GT(twins, 0u);

@@ -69,6 +69,14 @@ FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop,
 // FSDP2); throws FieldError("dp_shard") otherwise. Sets ranks = K, replicate = D / K and the rank's coordinates
 // (dp_shard innermost: --dp-rank d is shard rank d mod K of replicate group d / K).
 void apply_hsdp_mesh(FsdpOptions& f, const TrainSetup& s);
+// HSDP's shard degree K when the setup runs fully_shard over a 2-D (dp_replicate, dp_shard) mesh: --sharding fsdp2,
+// --dp-shard K with 1 < K < dp and K dividing dp, no --cp (HSDP with CP is refused); 0 otherwise (apply_hsdp_mesh
+// refuses the invalid values).
+uint64_t hsdp_shard_degree(const TrainSetup& s);
+// The shard degree of HSDP sharded within a node, as fit and plan offer it: K = the node's data-parallel ranks
+// (gpus_per_node / (tp x cp): tensor and context parallel are the inner mesh dimensions) when 1 < K < dp, K divides
+// dp and cp is 1; 0 when no such HSDP exists.
+uint64_t hsdp_node_shard_degree(uint64_t dp, uint64_t tp, uint64_t cp, uint64_t gpus_per_node);
 
 // One parameter's dim-0 shard (FSDPParam._init_sharded_param: chunks = _chunk_with_empty(tensor, W, dim=0);
 // padded_sharded_size = chunks[0].size(); sharded_param = chunks[rank], a view of the padded buffer).

@@ -53,6 +53,7 @@ struct PlanSetup {
   bool deepspeed() const;  // sharded by DeepSpeed ZeRO (its own optimizer and precision)
   // whether `sharding` applies: data-parallel ranks, or --cp ranks under FSDP2 (sharded over dp x cp, fsdp.h)
   bool sharded() const { return dp > 1 || (cp > 1 && sharding == Sharding::kFsdp2); }
+  bool hsdp() const { return dp > 1 && dp_shard > 0; }  // FSDP2 over a (dp / dp_shard, dp_shard) mesh
 };
 // The fields of a setup's `trainmem estimate` command: the user's, less those plan chose, then plan's. A field the
 // user gave was held fixed, so plan's value for it is the user's, or how its framework spells the same choice
@@ -60,6 +61,9 @@ struct PlanSetup {
 std::vector<FieldChange> plan_fields(std::span<const FieldChange> given, std::span<const FieldChange> chosen);
 // "tp8 pp1 dp8 fsdp2 full": the family of a setup (everything but the micro-batch and the optimizer's code path)
 std::string plan_family_name(const PlanSetup& s);
+// The sharding as plan's tables name it: "hsdp RxK" (R replicas x K-rank shard groups), the sharding's name, or ""
+// when no sharding applies (one rank).
+std::string plan_sharding_name(const PlanSetup& s);
 // "mixed bf16" (autocast, DeepSpeed's bf16 with fp32 master partitions, torchtitan's fp32 + FSDP2 bf16 policy) or
 // "pure bf16" (bf16 weights, gradients and optimizer states)
 std::string plan_precision_name(const PlanSetup& s);

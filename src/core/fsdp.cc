@@ -127,6 +127,18 @@ void apply_hsdp_mesh(FsdpOptions& f, const TrainSetup& s) {
   }
 }
 
+uint64_t hsdp_shard_degree(const TrainSetup& s) {
+  if (s.sharding != Sharding::kFsdp2 || !s.dp_shard || s.cp > 1) return 0;
+  const uint64_t k = *s.dp_shard;
+  return k > 1 && k < s.dp && s.dp % k == 0 ? k : 0;
+}
+
+uint64_t hsdp_node_shard_degree(uint64_t dp, uint64_t tp, uint64_t cp, uint64_t gpus_per_node) {
+  if (cp > 1) return 0;
+  const uint64_t k = gpus_per_node / std::max<uint64_t>(tp, 1);
+  return k > 1 && k < dp && dp % k == 0 ? k : 0;
+}
+
 FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop, TorchVersion torch) {
   FsdpOptions f;
   if (s.dp_shard && (s.dp <= 1 || s.sharding != Sharding::kFsdp2)) {
@@ -152,7 +164,7 @@ FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop,
   }
   // The forward hooks of the embedding and the tail [final norm, lm_head] sit in the llama family's program
   // (src/sim/forward_programs/llama.cc); the decoder layers' in run_layers (src/sim/layers.h).
-  if (m.family != Family::kLlama || m.impl != Impl::kHf) refuse_under_accelerate_fsdp(s, m, "FSDP2", "fsdp2", "fully_shard");
+  refuse_under_accelerate_fsdp(s, m, "FSDP2", "fsdp2", "fully_shard");
   // --tp T with --sharding fsdp2, as accelerate's examples/torch_native_parallelism/nd_parallel.py runs it
   // (16cb6eb): ParallelismConfig(dp_shard_size=D, tp_size=T), FullyShardedDataParallelPlugin(fsdp_version=2),
   // mixed_precision="bf16", from_pretrained(tp_plan="auto", device_mesh=accelerator.torch_device_mesh) shards the
@@ -168,7 +180,6 @@ FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop,
     refuse("sharding", "fsdp2: tied input/output embeddings (accelerate's tail unit then holds the shared weight, "
                        "gathered at the start of the forward) are not simulated");
   }
-  refuse_under_accelerate_fsdp(s, m, "FSDP2", "fsdp2", "fully_shard");
   if (s.loss != LossKind::kCe) {
     refuse("loss", "FSDP2 is simulated with transformers' cross-entropy (--loss ce): the chunked and fused heads "
                    "run lm_head outside the tail unit's hooks");

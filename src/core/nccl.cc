@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "trainmem/error.h"
+#include "trainmem/fsdp.h"
 #include "trainmem/gpu.h"
 #include "trainmem/setup.h"
 #include "trainmem/units.h"
@@ -88,15 +89,13 @@ std::vector<ProcessGroup> process_groups(const TrainSetup& s, std::optional<uint
     // collective of the model runs on the "dp_shard" group alone, so it gets no communicator.
     const uint64_t w = checked_mul(s.dp, s.cp, "FSDP2 dp x cp ranks");
     g.push_back({name("FSDP2 dp_shard x cp", w), w, 0, s.tp, ProcessGroup::Kind::kData});
-  } else if (s.dp > 1 && s.sharding == Sharding::kFsdp2 && s.dp_shard && *s.dp_shard < s.dp && *s.dp_shard > 1 &&
-      s.dp % *s.dp_shard == 0) {
+  } else if (const uint64_t k = hsdp_shard_degree(s); k > 0) {
     // HSDP (--sharding fsdp2 --dp-shard K < dp, fsdp.h): fully_shard's 2-D mesh (dp_replicate, dp_shard) makes one
     // group per dimension (DeviceMesh._init_process_groups: a new_group / split_group per mesh dimension), the
     // all-gathers and reduce-scatters in the dp_shard group (HSDPMeshInfo.shard_process_group), the all-reduce in the
     // dp_replicate group (replicate_process_group). dp_shard is inside dp_replicate in both frameworks' mesh orders
     // (accelerate ["dp_replicate", "dp_shard", "cp", "sp", "tp"], torchtitan ["pp", "dp_replicate", "dp_shard", "cp",
     // "tp"]): a shard group's members are T ranks apart, a replicate group's K x T (on other nodes when K x T fills one)
-    const uint64_t k = *s.dp_shard;
     g.push_back({name("data parallel shard (HSDP dp_shard)", k), k, 0, s.tp, ProcessGroup::Kind::kData});
     g.push_back({name("data parallel replicate (HSDP dp_replicate)", s.dp / k), s.dp / k, 0, checked_mul(k, s.tp, "HSDP stride"),
                  ProcessGroup::Kind::kDataReplicate});

@@ -374,14 +374,14 @@ void suggest(const Candidate& base, const FitProbe& original, std::optional<uint
       // HSDP (fsdp.h), the rung before FSDP2: the same fully_shard, sharded within a node (K = the node's
       // data-parallel ranks, tensor and context parallel being the inner mesh dimensions) and replicated across
       // nodes; offered where the data-parallel ranks span nodes in whole nodes (1 < K < dp, K divides dp)
-      const uint64_t per_node = base.setup.nccl.gpus_per_node / std::max<uint64_t>(base.setup.tp * base.setup.cp, 1);
-      if (rung.sharding == Sharding::kFsdp2 && per_node > 1 && per_node < c.setup.dp && c.setup.dp % per_node == 0) {
+      const uint64_t k = hsdp_node_shard_degree(c.setup.dp, base.setup.tp, base.setup.cp, base.setup.nccl.gpus_per_node);
+      if (rung.sharding == Sharding::kFsdp2 && k > 0) {
         Candidate h = c;
-        h.setup.dp_shard = per_node;
-        add({{"sharding", "fsdp2"}, {"dp_shard", std::to_string(per_node)}},
+        h.setup.dp_shard = k;
+        add({{"sharding", "fsdp2"}, {"dp_shard", std::to_string(k)}},
             fmt::format("HSDP (FSDP2 over a {} x {} dp_replicate x dp_shard mesh): parameters, gradients and optimizer "
                         "state sharded over a node's {} ranks, replicated across the {} nodes",
-                        c.setup.dp / per_node, per_node, per_node, c.setup.dp / per_node),
+                        c.setup.dp / k, k, k, c.setup.dp / k),
             h);
       }
       std::vector<FieldChange> changes{{"sharding", rung.name}};

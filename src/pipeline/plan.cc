@@ -18,6 +18,7 @@
 
 #include "trainmem/error.h"
 #include "trainmem/estimate.h"
+#include "trainmem/fsdp.h"
 #include "trainmem/units.h"
 
 namespace trainmem {
@@ -338,8 +339,8 @@ std::vector<std::string> best_reasons(const PlanResult& r) {
       {"pp", [](const PlanSetup& p) { return std::to_string(p.pp); }},
       {"cp", [](const PlanSetup& p) { return std::to_string(p.cp); }},
       {"sharding", [](const PlanSetup& p) {
-         if (p.dp > 1 && p.dp_shard > 0) return fmt::format("hsdp {}x{}", p.dp / p.dp_shard, p.dp_shard);  // HSDP
-         return p.sharded() ? std::string(name_of(p.sharding)) : "none";
+         const std::string n = plan_sharding_name(p);
+         return n.empty() ? std::string("none") : n;
        }},
       {"checkpointing", [](const PlanSetup& p) { return std::string(name_of(p.checkpointing)); }},
       {"precision", [](const PlanSetup& p) { return plan_precision_name(p); }},
@@ -630,7 +631,7 @@ PlanResult Planner::run() {
   // gives keeps the FSDP2 families whose dp K divides (K = dp: FSDP2 over the whole dp), and only them.
   // HSDP with --cp is refused (fsdp.cc apply_hsdp_mesh: a replicate x (dp_shard x cp) mesh is not simulated), so a
   // layout with cp > 1 gets no twin; a given --dp-shard drops it, as it drops layouts without data parallelism.
-  const auto add_hsdp = [&](std::vector<PlanFamily>& fams, size_t first, uint64_t dp, uint64_t inner, uint64_t pp,
+  const auto add_hsdp = [&](std::vector<PlanFamily>& fams, size_t first, uint64_t dp, uint64_t tp, uint64_t pp,
                             uint64_t cp) {
     if (given("dp_shard") && (dp <= 1 || cp > 1)) {
       fams.resize(first);
@@ -648,8 +649,8 @@ PlanResult Planner::run() {
       fams = std::move(kept);
       return;
     }
-    const uint64_t k = per_node / inner;
-    if (pp > 1 || k <= 1 || k >= dp || dp % k != 0) return;
+    const uint64_t k = hsdp_node_shard_degree(dp, tp, cp, per_node);
+    if (pp > 1 || k == 0) return;
     std::vector<PlanFamily> out(fams.begin(), fams.begin() + static_cast<std::ptrdiff_t>(first));
     for (size_t i = first; i < fams.size(); ++i) {
       out.push_back(fams[i]);
@@ -732,7 +733,7 @@ PlanResult Planner::run() {
             }
           }
         }
-        add_hsdp(families, first_of_layout, dp, tp * cp, pp, cp);
+        add_hsdp(families, first_of_layout, dp, tp, pp, cp);
       }
     }
   }
@@ -970,7 +971,7 @@ std::vector<FieldChange> PlanSetup::changes() const {
                                 {"pp", std::to_string(pp)},
                                 {"cp", std::to_string(cp)}};
   if (sharded()) c.push_back({"sharding", std::string(name_of(sharding))});
-  if (dp > 1 && dp_shard > 0) c.push_back({"dp_shard", std::to_string(dp_shard)});  // HSDP
+  if (hsdp()) c.push_back({"dp_shard", std::to_string(dp_shard)});
   c.push_back({"checkpointing", std::string(name_of(checkpointing))});
   c.push_back({"precision", std::string(precision_name(precision))});
   if (optimizer_impl != OptimizerImpl::kAuto) c.push_back({"optimizer_impl", std::string(name_of(optimizer_impl))});
@@ -985,12 +986,17 @@ std::vector<FieldChange> PlanSetup::changes() const {
   return c;
 }
 
+std::string plan_sharding_name(const PlanSetup& s) {
+  if (s.hsdp()) return fmt::format("hsdp {}x{}", s.dp / s.dp_shard, s.dp_shard);
+  return s.sharded() ? std::string(name_of(s.sharding)) : "";
+}
+
 std::string plan_family_name(const PlanSetup& s) {
   std::string out = fmt::format("tp{} pp{}", s.tp, s.pp);
   if (s.cp > 1) out += fmt::format(" cp{}", s.cp);
   out += fmt::format(" dp{}", s.dp);
   if (s.sharded()) out += fmt::format(" {}", name_of(s.sharding));
-  if (s.dp > 1 && s.dp_shard > 0) out += fmt::format(" hsdp{}x{}", s.dp / s.dp_shard, s.dp_shard);  // replicas x shard
+  if (s.hsdp()) out += fmt::format(" hsdp{}x{}", s.dp / s.dp_shard, s.dp_shard);  // replicas x shard
   if (s.pp > 1) {
     out += fmt::format(" {}", name_of(s.schedule));
     if (s.schedule == PpSchedule::kInterleaved1f1b) out += fmt::format("x{}", s.virtual_stages);

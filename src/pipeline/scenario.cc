@@ -11,6 +11,7 @@
 #include "trainmem/cp.h"
 #include "trainmem/error.h"
 #include "trainmem/family.h"
+#include "trainmem/fsdp.h"
 #include "trainmem/ep.h"
 #include "trainmem/sp.h"
 #include "trainmem/tp.h"
@@ -1103,11 +1104,9 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
     // reduce_dtype=float32) only when fsdp_mixed_precision, and without accelerate's fp32 upcast; accelerate's
     // fsdp2_prepare_model then returns the model as it is (is_type_fsdp)
     // under HSDP (--dp-shard K) the config is ParallelismConfig(dp_replicate_size=dp/K, dp_shard_size=K, tp_size=T)
-    const std::string mesh = s.train.dp_shard && *s.train.dp_shard > 0 && r.setup.dp % *s.train.dp_shard == 0 &&
-                                     *s.train.dp_shard < r.setup.dp
-                                 ? fmt::format("dp_replicate_size={}, dp_shard_size={}", r.setup.dp / *s.train.dp_shard,
-                                               *s.train.dp_shard)
-                                 : fmt::format("dp_shard_size={}", r.setup.dp);
+    const uint64_t k = hsdp_shard_degree(r.setup);
+    const std::string mesh = k > 0 ? fmt::format("dp_replicate_size={}, dp_shard_size={}", r.setup.dp / k, k)
+                                   : fmt::format("dp_shard_size={}", r.setup.dp);
     r.warnings.push_back(fmt::format("--tp {} with --sharding fsdp2: simulated as accelerate's ND-parallel path "
                                      "(ParallelismConfig({}, tp_size={}), fsdp2_prepare_model: fp32 shards, "
                                      "bf16 gathers and reduce-scatters); transformers' DistributedConfig(tp_size, "

@@ -106,6 +106,7 @@ void fabric_note(StepTime& t, const Fabric& f, const GpuSpec& gpu) {
   }
 }
 
+// HSDP's replicate group's bandwidth (records it when it spans nodes); the link's without HSDP (unused then).
 double hsdp_ar_bw(Fabric& f, const FsdpFigures& fs) {
   if (fs.options.replicate <= 1) return f.link;
   return group_bw(f, ProcessGroup::Kind::kDataReplicate, "HSDP replicate groups");
@@ -168,10 +169,10 @@ double tp_seconds(const FlopLedger& L, WorkPhase p, uint64_t tp, double bw) {
 struct FsdpSeconds {
   double ag_fwd = 0, ag_bwd = 0, rs = 0, first = 0, ar = 0, post_backward = 0;
 };
-FsdpSeconds fsdp_seconds(const FsdpFigures& f, uint64_t dp, double bw, double ar_bw = 0) {
+FsdpSeconds fsdp_seconds(const FsdpFigures& f, double bw, double ar_bw) {
   const FsdpOptions& o = f.options;
   FsdpSeconds x;
-  dp = o.ranks;  // the shard group: --dp, or HSDP's dp_shard
+  const uint64_t dp = o.ranks;  // the shard group: --dp (x cp), or HSDP's dp_shard
   for (const FsdpUnit& u : f.units) {
     const double full = static_cast<double>(u.shard_numel) * static_cast<double>(dp);
     const double a = all_gather_seconds(full * static_cast<double>(itemsize(o.param_dtype)), dp, bw);
@@ -187,8 +188,6 @@ FsdpSeconds fsdp_seconds(const FsdpFigures& f, uint64_t dp, double bw, double ar
   x.post_backward = ar_bw == bw ? x.rs + x.ar : std::max(x.rs, x.ar);
   return x;
 }
-// HSDP's replicate group's bandwidth (records it when it spans nodes); the link's without HSDP (unused then).
-double hsdp_ar_bw(Fabric& f, const FsdpFigures& fs);
 
 // Model FLOPs (PaLM, Chowdhery et al. 2022, appendix B: MFU counts the model's forward and backward, not
 // rematerialisation): the simulated products of the forward and backward, per rank.
@@ -335,7 +334,7 @@ std::optional<StepTime> step_time(const Estimate& e, const GpuSpec& gpu) {
     // compute cannot hide.
     // HSDP (--dp-shard K): those in the dp_shard group, and each unit's all-reduce over dp_replicate after its
     // reduce-scatter (fsdp_seconds), counted as the reduce-scatters are
-    const auto [ag_fwd, ag_bwd, rs, first, ar, post] = fsdp_seconds(*e.fsdp, dp, bw, hsdp_ar_bw(fab, *e.fsdp));
+    const auto [ag_fwd, ag_bwd, rs, first, ar, post] = fsdp_seconds(*e.fsdp, bw, hsdp_ar_bw(fab, *e.fsdp));
     const double m = static_cast<double>(micro);
     total += (ag_fwd + ag_bwd) * m + rs + ar;
     exposed += (first + std::max(0.0, ag_fwd - first - fwd) + std::max(0.0, ag_bwd - bwd)) * m +
@@ -448,7 +447,7 @@ std::optional<StepTime> pipeline_step_time(const std::vector<Estimate>& ranks, c
     const double opt = k.phase[static_cast<size_t>(WorkPhase::kOptimizer)] + tpo;
     double gather = 0, rs = 0, comm = tpf + tpb + tpo;
     if (e.fsdp && dp > 1) {
-      const FsdpSeconds x = fsdp_seconds(*e.fsdp, dp, dp_bw, hsdp_ar_bw(fab, *e.fsdp));
+      const FsdpSeconds x = fsdp_seconds(*e.fsdp, dp_bw, hsdp_ar_bw(fab, *e.fsdp));
       // one gather per unit per step (no unit reshards after its forward under the pipeline, so ag_bwd is 0)
       gather = x.first + std::max(0.0, x.ag_fwd - x.first - fwd[r]) + std::max(0.0, x.ag_bwd - bwd[r]);
       rs = x.post_backward;  // HSDP: with the all-reduces over dp_replicate (fsdp_seconds)

@@ -20,9 +20,8 @@ std::string ms(double s) { return fmt::format("{:.1f} ms", s * 1e3); }
 std::string tokens(double t) { return with_commas(static_cast<uint64_t>(t + 0.5)); }
 
 std::string sharding_cell(const PlanSetup& s) {
-  // HSDP: "hsdp 2x8", replicas x shard degree
-  if (s.dp > 1 && s.dp_shard > 0) return fmt::format("hsdp {}x{}", s.dp / s.dp_shard, s.dp_shard);
-  return s.sharded() ? std::string(name_of(s.sharding)) : "-";
+  const std::string n = plan_sharding_name(s);
+  return n.empty() ? "-" : n;
 }
 std::string schedule_cell(const PlanSetup& s) {
   if (s.pp <= 1) return "-";

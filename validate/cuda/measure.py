@@ -288,6 +288,26 @@ def add_device_total(figures, smi, smi_before):
     return device_total_from
 
 
+def trainmem_flags(args, impl, gpu_key, run_flags):
+    """The trainmem flags describing the run: the model, `run_flags` (the loop's), the torch version, the options."""
+    flags = ["--model", args.model]
+    for s in args.set:
+        flags += ["--set", s]
+    flags += ["--impl", impl, "--attention", args.attention] + run_flags
+    flags += ["--torch", ".".join(torch.__version__.split("+")[0].split(".")[:2])]
+    if args.alloc_conf:
+        flags += ["--alloc-conf", args.alloc_conf]
+    if args.checkpointing != "none":
+        flags += ["--checkpointing", args.checkpointing]
+    if args.lora:
+        flags += ["--lora", args.lora]
+    if args.moe_experts:
+        flags += ["--moe-experts", args.moe_experts]
+    if gpu_key:
+        flags += ["--gpu", gpu_key]
+    return flags
+
+
 def package(args, env, trainmem_args, figures, context, smi, smi_before, device_total_from, rec, segments, trace):
     """The measurement file's object (format trainmem-measurement-v1)."""
     cuda = args.device == "cuda"
@@ -386,22 +406,9 @@ def run_inference(args, cfg, impl, model, env, context, smi_before, cuda):
                 "peak_reserved_bytes": exact(torch.cuda.memory_reserved()),
             })
     trace, segments, smi, gpu_key = collect_trace(args, env, cuda)
-    trainmem_args = ["--model", args.model]
-    for s in args.set:
-        trainmem_args += ["--set", s]
-    trainmem_args += ["--impl", impl, "--attention", args.attention, "--task", "inference", "--batch",
-                      str(args.batch), "--seq", str(args.seq), "--precision", args.precision,
-                      "--torch", ".".join(torch.__version__.split("+")[0].split(".")[:2])]
-    if args.generate:
-        trainmem_args += ["--generate", str(args.generate)]
-    else:
-        trainmem_args += ["--steps", str(args.steps)]
-    if args.alloc_conf:
-        trainmem_args += ["--alloc-conf", args.alloc_conf]
-    if args.moe_experts:
-        trainmem_args += ["--moe-experts", args.moe_experts]
-    if gpu_key:
-        trainmem_args += ["--gpu", gpu_key]
+    trainmem_args = trainmem_flags(args, impl, gpu_key, [
+        "--task", "inference", "--batch", str(args.batch), "--seq", str(args.seq), "--precision", args.precision]
+        + (["--generate", str(args.generate)] if args.generate else ["--steps", str(args.steps)]))
     device_total_from = add_device_total(figures, smi, smi_before) if cuda else None
     return package(args, env, trainmem_args, figures, context, smi, smi_before, device_total_from, rec, segments,
                    trace)
@@ -518,23 +525,9 @@ def run(args):
         rec.mark("after zero_grad", step)
 
     trace, segments, smi, gpu_key = collect_trace(args, env, cuda)
-    trainmem_args = ["--model", args.model]
-    for s in args.set:
-        trainmem_args += ["--set", s]
-    trainmem_args += ["--impl", impl, "--attention", args.attention, "--batch", str(args.batch),
-                      "--seq", str(args.seq), "--precision", args.precision, "--optimizer", args.optimizer,
-                      "--optimizer-impl", opt_impl, "--grad-accum", str(A), "--loop", args.loop,
-                      "--steps", str(args.steps), "--torch", ".".join(torch.__version__.split("+")[0].split(".")[:2])]
-    if args.alloc_conf:
-        trainmem_args += ["--alloc-conf", args.alloc_conf]
-    if args.checkpointing != "none":
-        trainmem_args += ["--checkpointing", args.checkpointing]
-    if args.lora:
-        trainmem_args += ["--lora", args.lora]
-    if args.moe_experts:
-        trainmem_args += ["--moe-experts", args.moe_experts]
-    if gpu_key:
-        trainmem_args += ["--gpu", gpu_key]
+    trainmem_args = trainmem_flags(args, impl, gpu_key, [
+        "--batch", str(args.batch), "--seq", str(args.seq), "--precision", args.precision, "--optimizer", args.optimizer,
+        "--optimizer-impl", opt_impl, "--grad-accum", str(A), "--loop", args.loop, "--steps", str(args.steps)])
 
     figures = {"parameters": {"count": params}}
     device_total_from = None

@@ -136,10 +136,10 @@ void T::release_impl(TensorImpl* p) {
 
 Engine::~Engine() {
   // Drop every reference before the storages go: nodes (saved tensors), grads, parameters.
-  for (Node* n : nodes_) {
-    n->saved.clear();
-    n->inbuf.clear();
-    n->fn.reset();
+  for (const LiveNode& l : nodes_) {
+    l.node->saved.clear();
+    l.node->inbuf.clear();
+    l.node->fn.reset();
   }
   for (Node* n : acc_nodes_) {
     if (n) n->inbuf.clear();
@@ -367,7 +367,7 @@ T Engine::requires_grad_leaf(const T& x, bool held_by_graph) {
   // timeline). Not a saved tensor: saved_bytes() skips AccumulateGrad nodes.
   if (held_by_graph) acc->saved.push_back(t);
   acc->graph = graph;
-  nodes_.push_back(acc);  // freed with the graph that reaches it
+  nodes_.push_back({acc, graph});  // freed with the graph that reaches it
   return t;
 }
 
@@ -379,7 +379,8 @@ T& Engine::grad(int32_t index) { return grads_[index]; }
 
 Bytes Engine::saved_bytes() const {
   std::vector<uint64_t> ids;
-  for (const auto& n : nodes_) {
+  for (const LiveNode& l : nodes_) {
+    const Node* n = l.node;
     if (n->frame) {  // a non-reentrant checkpoint's inputs, which it saves (save_inputs)
       for (const T& t : n->frame->inputs) {
         if (t) ids.push_back(t->storage);
@@ -502,6 +503,7 @@ Node* Engine::new_node(const char* name, std::initializer_list<const T*> inputs,
                        Saved saved) {
   if (!grad_mode) return nullptr;
   if (outputs.size() > kMaxEdges) throw Error("internal: an op with more outputs than kMaxEdges");
+  if (inputs.size() > kMaxInputs) throw Error("internal: an op with more differentiable inputs than kMaxInputs");
   bool any = false;
   for (const T* in : inputs) any = any || (in && *in && (*in)->requires_grad);
   if (!any) return nullptr;
@@ -520,7 +522,9 @@ Node* Engine::new_node(const char* name, std::initializer_list<const T*> inputs,
     node->in_meta[node->n_next] = in && *in ? InputMeta{(*in)->shape, (*in)->dtype} : InputMeta{};
     ++node->n_next;
   }
-  node->inbuf = Grads(outputs.size());
+  // Grads(outputs.size()): a node's inbuf is empty beyond its count (a recycled node's was cleared)
+  node->inbuf.clear();
+  node->inbuf.n = static_cast<uint8_t>(outputs.size());
   node->label = Label{name, -1, -1};
   for (T* out : outputs) {
     if (out && *out) {
@@ -539,7 +543,7 @@ Node* Engine::new_node(const char* name, std::initializer_list<const T*> inputs,
   node->frame.reset();
   node->holder_slots = 0;
   node->graph = graph;
-  nodes_.push_back(node);
+  nodes_.push_back({node, graph});
   if (filling_) {
     // _recomputation_hook's pack: the recomputed tensor goes to the frame, in the order the forward saved;
     // this node itself is never run.
@@ -769,8 +773,9 @@ void Engine::backward(const T& loss, T seed) {
     std::pop_heap(ready.begin(), ready.end(), ReadyOrder());
     Node* n = ready.back();
     ready.pop_back();
-    Grads in = std::move(n->inbuf);
-    n->inbuf = Grads(in.size());
+    // the incoming gradients, taken: the node's inbuf is left empty with its count (Grads(in.size()))
+    Grads in(n->inbuf.size());
+    for (size_t i = 0; i < in.size(); ++i) in[i] = std::move(n->inbuf[i]);
     if (n->is_accumulate) {
       if (n->leaf >= 0) {
         accumulate_leaf(*n, std::move(in[0]));
@@ -797,7 +802,7 @@ void Engine::backward(const T& loss, T seed) {
   if (depth_ == 1 && loss->grad_fn.node->graph != 0) {
     // one of several live graphs (Engine::graph): its nodes go, the others stay
     const uint32_t g = loss->grad_fn.node->graph;
-    recycle_where([g](const Node* n) { return n->graph == g; });
+    recycle_where([g](const LiveNode& l) { return l.graph == g; });
     if (nodes_.empty()) leaf_grads_.clear();
   } else if (depth_ == 1) {
     recycle_nodes();
@@ -805,22 +810,22 @@ void Engine::backward(const T& loss, T seed) {
     for (Node* n : seen) {
       if (n->param < 0) n->deps = kRecycled;  // AccumulateGrad of a parameter is persistent
     }
-    recycle_where([](const Node* n) { return n->deps == kRecycled; });
+    recycle_where([](const LiveNode& l) { return l.node->deps == kRecycled; });
   }
   --depth_;
 }  // the seed is released here, after the graph (torch.autograd.backward's grad_tensors list)
 
 template <typename Pred>
 void Engine::recycle_where(Pred pred) {
-  std::vector<Node*> keep;
-  for (Node* n : nodes_) {
-    if (pred(n)) {
-      recycle(n);
+  size_t kept = 0;
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    if (pred(nodes_[i])) {
+      recycle(nodes_[i].node);
     } else {
-      keep.push_back(n);
+      nodes_[kept++] = nodes_[i];
     }
   }
-  nodes_.swap(keep);
+  nodes_.resize(kept);
 }
 
 void Engine::recycle(Node* n) {
@@ -833,7 +838,7 @@ void Engine::recycle(Node* n) {
 }
 
 void Engine::recycle_nodes() {
-  for (Node* n : nodes_) recycle(n);
+  for (const LiveNode& l : nodes_) recycle(l.node);
   nodes_.clear();
   leaf_grads_.clear();  // the .grad of leaves the graph held (an embedding output made to require grad)
 }

@@ -155,7 +155,7 @@ struct TensorList {
   const T* begin() const { return v.data(); }
   const T* end() const { return v.data() + n; }
 };
-// Differentiable inputs (and forward outputs) of one op: 16 for torch.chunk's SplitBackward0, which has one
+// Forward outputs of one op (the gradients into its node): 16 for torch.chunk's SplitBackward0, which has one
 // output per chunk (torchtune's chunked output head splits the hidden states into up to 16 chunks here).
 inline constexpr size_t kMaxEdges = 16;
 using Grads = TensorList<kMaxEdges>;
@@ -231,24 +231,32 @@ enum class SacOp : uint8_t {
 // Thrown inside a recompute once every holder is filled (_StopRecomputationError, early_stop=True).
 struct StopRecomputation {};
 
+// The differentiable inputs of one op: at most 3 in every op simulated (addmm's bias, input and weight; layer
+// norm's input, weight and bias; sdpa's q, k and v), so a node holds 4 inline (Engine::new_node checks).
+inline constexpr size_t kMaxInputs = 4;
+
+// Fields in the order the engine touches them: the backward's dependency walk reads deps, n_next and next, so
+// they share the node's first cache line; the rest is read when the node is recorded and when it runs. Nodes are
+// created by the thousand per step and a pipeline rank keeps several micro-batches' graphs alive: a compact
+// node keeps them in cache.
 struct Node {
-  const char* name = "";  // e.g. "AddmmBackward0"
-  Label label;            // the forward op's (first) output: names what this node's backward allocates
-  uint64_t seq = 0;       // creation order; the engine runs the highest ready sequence number first
-  Saved saved;            // tensors saved for backward (released after the node runs)
-  std::array<GradEdge, kMaxEdges> next{};     // one per differentiable input
-  std::array<InputMeta, kMaxEdges> in_meta{};  // one per differentiable input
-  uint8_t n_next = 0;
-  Grads inbuf;            // incoming gradients, one slot per forward output
   uint32_t deps = 0;      // incoming edges not yet delivered during the current backward
-  BackwardFn fn;
+  uint8_t n_next = 0;
   bool is_accumulate = false;
-  int32_t param = -1;     // AccumulateGrad: the parameter index
-  int32_t leaf = -1;      // AccumulateGrad of a leaf that is not a parameter (requires_grad_leaf)
-  std::shared_ptr<CheckpointFrame> frame;  // recorded inside a non-reentrant checkpoint: saved tensors are holders
-  uint32_t holder = 0;    // the frame's index of the first of them
   uint8_t holder_slots = 0;  // which `saved` slots they fill (bit i: slot i)
   uint32_t graph = 0;     // the graph it belongs to (Engine::graph when recorded)
+  int32_t param = -1;     // AccumulateGrad: the parameter index
+  int32_t leaf = -1;      // AccumulateGrad of a leaf that is not a parameter (requires_grad_leaf)
+  uint32_t holder = 0;    // the frame's index of the first of them
+  uint64_t seq = 0;       // creation order; the engine runs the highest ready sequence number first
+  std::array<GradEdge, kMaxInputs> next{};     // one per differentiable input
+  const char* name = "";  // e.g. "AddmmBackward0"
+  Label label;            // the forward op's (first) output: names what this node's backward allocates
+  std::shared_ptr<CheckpointFrame> frame;  // recorded inside a non-reentrant checkpoint: saved tensors are holders
+  std::array<InputMeta, kMaxInputs> in_meta{};  // one per differentiable input
+  Saved saved;            // tensors saved for backward (released after the node runs)
+  Grads inbuf;            // incoming gradients, one slot per forward output
+  BackwardFn fn;
 };
 
 // Objects allocated in chunks and recycled through a free list: the simulator creates tens of thousands of
@@ -535,7 +543,13 @@ class Engine {
   Pool<Node> node_pool_;
   Timeline* tl_;
   std::vector<StorageInfo> storages_;
-  std::vector<Node*> nodes_;      // live graph nodes of the current forward/backward
+  // live graph nodes of the current forward/backward, in creation order, each with its graph (Node::graph), so
+  // that freeing one graph of several (a pipeline's micro-batches) picks its nodes without reading the others
+  struct LiveNode {
+    Node* node;
+    uint32_t graph;
+  };
+  std::vector<LiveNode> nodes_;
   std::vector<Node*> acc_nodes_;  // one AccumulateGrad per parameter (persistent)
   std::vector<T> params_;   // the parameters themselves (weak in spirit: the model holds them)
   std::vector<T> grads_;    // .grad per parameter

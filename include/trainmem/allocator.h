@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "trainmem/buffer_cache.h"
 #include "trainmem/runtime.h"
 #include "trainmem/timeline.h"
 #include "trainmem/units.h"
@@ -54,8 +55,8 @@ uint64_t allocation_size(uint64_t rounded);
 
 // What the caching allocator's statistics read after each event of a timeline.
 struct AllocatorReplay {
-  std::vector<uint64_t> allocated;  // allocated_bytes.all.current after each event (block sizes)
-  std::vector<uint64_t> reserved;   // reserved_bytes.all.current after each event (segments)
+  ReuseVector<uint64_t> allocated;  // allocated_bytes.all.current after each event (block sizes)
+  ReuseVector<uint64_t> reserved;   // reserved_bytes.all.current after each event (segments)
   Bytes peak_allocated;             // max_memory_allocated
   size_t peak_allocated_event = 0;
   Bytes peak_reserved;              // max_memory_reserved

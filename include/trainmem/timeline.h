@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "trainmem/buffer_cache.h"
 #include "trainmem/units.h"
 
 namespace trainmem {
@@ -87,7 +88,7 @@ struct Event {
 };
 
 struct Timeline {
-  std::vector<Event> events;
+  ReuseVector<Event> events;  // megabytes for a large model: the buffer is reused (buffer_cache.h)
 };
 
 // Live bytes per category at one moment.

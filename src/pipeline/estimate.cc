@@ -46,7 +46,7 @@ GenerationFigures generation_figures(const SimResult& sim, const AllocatorReplay
   // every layer's cache is (B, KV, tokens, D): linear in the tokens
   if (g.kv_cache_end.value % g.cached_tokens != 0) throw Error("internal: a KV cache not linear in its tokens");
   g.kv_per_token = Bytes(g.kv_cache_end.value / g.cached_tokens);
-  const std::vector<Event>& ev = sim.timeline.events;
+  const auto& ev = sim.timeline.events;
   for (size_t i = 0; i < ev.size() && i < a.allocated.size(); ++i) {
     if (ev[i].phase != Phase::kForward) continue;
     Bytes& peak = ev[i].step <= 1 ? g.prefill_peak_allocated : g.decode_peak_allocated;

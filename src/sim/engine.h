@@ -542,7 +542,7 @@ class Engine {
   Pool<TensorImpl> impls_;
   Pool<Node> node_pool_;
   Timeline* tl_;
-  std::vector<StorageInfo> storages_;
+  ReuseVector<StorageInfo> storages_;
   // live graph nodes of the current forward/backward, in creation order, each with its graph (Node::graph), so
   // that freeing one graph of several (a pipeline's micro-batches) picks its nodes without reading the others
   struct LiveNode {

@@ -117,7 +117,7 @@ TEST(Generation, EndsWithTheLastTokenAppendedBeforeGenerateDropsItsLocals) {
   // generate() has not yet returned, so the float32 next_token_logits (B, V) and the last decode step's
   // model_inputs clones, (B, 1) int64 each, are still bound. The three frees that follow are theirs.
   const Estimate e = run(generating("gpt2", "n_layer", 4));
-  const std::vector<Event>& ev = e.sim->timeline.events;
+  const auto& ev = e.sim->timeline.events;
   const size_t end = e.sim->generation_end.event;
   ASSERT_GE(ev.size(), end + 3);
   const uint64_t B = 3, V = 50257;

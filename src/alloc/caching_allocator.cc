@@ -440,7 +440,7 @@ AllocatorReplay replay_allocator(const Timeline& tl, const AllocatorConfig& c, T
                                  std::optional<Bytes> capacity) {
   AllocatorReplay r;
   Allocator a(c, torch, capacity);
-  std::vector<Block*> blocks;  // by storage id (dense)
+  ReuseVector<Block*> blocks;  // by storage id (dense)
   r.allocated.reserve(tl.events.size());
   r.reserved.reserve(tl.events.size());
   for (size_t i = 0; i < tl.events.size(); ++i) {

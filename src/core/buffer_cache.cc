@@ -9,8 +9,9 @@ namespace trainmem::detail {
 
 namespace {
 
-// Buffers below this size come from operator new as usual (the C library reuses them without new pages).
-constexpr size_t kMinCached = size_t{256} << 10;  // 256 KiB
+// Buffers below this size come from operator new as usual: the C library maps larger ones afresh (glibc's
+// M_MMAP_THRESHOLD starts at 128 KiB) and reuses smaller ones without new pages.
+constexpr size_t kMinCached = size_t{128} << 10;  // 128 KiB
 // What one thread keeps: a pipeline estimate's ranks (a timeline, its replay's two figure arrays, the storage
 // table each), within a bound on the memory held.
 constexpr size_t kSlots = 16;

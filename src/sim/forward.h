@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "ops.h"
@@ -50,6 +51,31 @@ struct LoadedModel {
   const T& p(std::string_view name) const;
   const T* opt(std::string_view name) const;
   const T& buf(std::string_view name) const;
+
+  // The parameter of layer `layer` whose name `name()` makes from the string literal `suffix`, or nullptr when
+  // the model has none (`required`: throws as p() does). The row is looked up by name once per (layer, suffix)
+  // and remembered: a forward program takes each layer's parameters by the same literals in every micro-batch,
+  // step and recompute (simulation bookkeeping: the same row as p() and opt(), and the same on_use call).
+  template <typename Name>
+  const T* layer_param(uint64_t layer, const char* suffix, bool required, Name&& name) const {
+    if (layer >= layer_rows_.size()) layer_rows_.resize(layer + 1);
+    auto& rows = layer_rows_[layer];
+    int row = -2;
+    for (const auto& [s, r] : rows) {
+      if (s == suffix) row = r;
+    }
+    if (row == -2) {
+      const auto it = param_row.find(name());
+      row = it == param_row.end() ? -1 : it->second;
+      rows.emplace_back(suffix, row);
+    }
+    if (row < 0) return required ? &p(name()) : nullptr;  // p() throws
+    if (on_use) on_use(row);
+    return &params[static_cast<size_t>(row)];
+  }
+
+ private:
+  mutable std::vector<std::vector<std::pair<const char*, int>>> layer_rows_;  // by layer: (suffix, row or -1)
 };
 
 // model.to(device): parameters and buffers allocated in nn.Module._apply order. `make_param`, when given, makes

@@ -59,8 +59,9 @@ struct Layer {
   const LoadedModel& w;
   uint64_t l;
   ParamName n(const char* s) const { return param_name("model.layers.{}.{}", l, s); }
-  const T& p(const char* s) const { return w.p(n(s)); }
-  const T* o(const char* s) const { return w.opt(n(s)); }
+  // s: a string literal (the parameter's row is remembered by its address, LoadedModel::layer_param)
+  const T& p(const char* s) const { return *w.layer_param(l, s, true, [&] { return n(s); }); }
+  const T* o(const char* s) const { return w.layer_param(l, s, false, [&] { return n(s); }); }
   const T& buf(const char* s) const { return w.buf(n(s)); }
 };
 

@@ -191,7 +191,7 @@ void Engine::emit_alloc(uint64_t id) {
                             s.label.layer >= 0 ? fmt::format(" of layer {}", s.label.layer) : "",
                             with_commas(s.bytes.value), category_name(s.category), moment_name(phase, step)));
   }
-  emit(Event{Event::kAlloc, s.category, s.category, phase, step, micro, id, s.bytes, s.label, s.stream});
+  emit(Event::kAlloc, s.category, s.category, id, s.bytes, s.label, s.stream);
   if (live_.total > peak_live_.total) {
     peak_live_ = live_;
     peak_event_ = tl_->events.size() - 1;
@@ -216,7 +216,7 @@ void Engine::free_storage(uint64_t id) noexcept {
   const StorageInfo& s = storages_[id];
   if (s.resized_out) return;  // its bytes went with resize_(0)
   try {
-    emit(Event{Event::kFree, s.category, s.category, phase, step, micro, id, s.bytes, s.label, s.stream});
+    emit(Event::kFree, s.category, s.category, id, s.bytes, s.label, s.stream);
   } catch (...) {  // std::bad_alloc growing the timeline: a release path never throws
     recording_ = false;
     lost_events_ = true;
@@ -229,14 +229,26 @@ const char* Engine::prefixed(const char* prefix, const char* what) {
   return name;
 }
 
-void Engine::emit(const Event& ev) {
-  tl_->events.push_back(ev);
+void Engine::emit(Event::Kind kind, Category c, Category from, uint64_t id, Bytes b, Label l, Stream s) {
+  // written in place (a temporary Event copied in would be read back as wide loads right after its narrow
+  // stores: a stalled store forwarding at every event)
+  Event& ev = tl_->events.emplace_back();
+  ev.kind = kind;
+  ev.category = c;
+  ev.from = from;
+  ev.phase = phase;
+  ev.step = step;
+  ev.micro = micro;
+  ev.storage = id;
+  ev.bytes = b;
+  ev.label = l;
+  ev.stream = s;
   apply(live_, ev);
 }
 
 void Engine::empty_cache() {
-  emit(Event{Event::kEmptyCache, Category::kTemporaries, Category::kTemporaries, phase, step, micro, 0, Bytes{},
-             Label{"torch.cuda.empty_cache()"}});
+  emit(Event::kEmptyCache, Category::kTemporaries, Category::kTemporaries, 0, Bytes{}, Label{"torch.cuda.empty_cache()"},
+       Stream::kDefault);
 }
 
 void Engine::retain(uint64_t id) { ++storages_[id].refs; }
@@ -248,7 +260,7 @@ void Engine::release(uint64_t id) {
 void Engine::recategorize(uint64_t id, Category c) {
   StorageInfo& s = storages_[id];
   if (s.category == c) return;
-  emit(Event{Event::kRecategorize, c, s.category, phase, step, micro, id, s.bytes, s.label, s.stream});
+  emit(Event::kRecategorize, c, s.category, id, s.bytes, s.label, s.stream);
   s.category = c;
 }
 

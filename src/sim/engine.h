@@ -521,8 +521,9 @@ class Engine {
   const FlopLedger& flops() const { return flops_; }
 
  private:
-  // Appends `ev` to the timeline and applies it to the live bytes.
-  void emit(const Event& ev);
+  // Appends an event (at the current phase, step and micro-batch) to the timeline and applies it to the live
+  // bytes.
+  void emit(Event::Kind kind, Category c, Category from, uint64_t id, Bytes b, Label l, Stream s);
   void deliver(T g, GradEdge e, std::vector<Node*>& ready);
   void validate_outputs(Node& n, Grads& grads);
   void recycle_nodes();

@@ -21,6 +21,12 @@ namespace {
 
 uint64_t floor_pow2(uint64_t x) { return uint64_t{1} << (63 - std::countl_zero(x)); }
 
+// ceil_div (units.h) for a constant divisor, inline: round_size and allocation_size run at every allocation.
+template <uint64_t kDivisor>
+uint64_t div_up(uint64_t a) {
+  return a / kDivisor + (a % kDivisor != 0 ? 1 : 0);
+}
+
 // CUDAAllocatorConfig::roundup_power2_divisions(size): index = clamp(floor(log2(size)) - 20, 0, 15).
 uint64_t divisions_for(uint64_t size, const AllocatorConfig& c) {
   const int log_size = 63 - std::countl_zero(size);
@@ -47,13 +53,13 @@ uint64_t round_size(uint64_t size, const AllocatorConfig& c, TorchVersion torch)
     const uint64_t round_size_floor = size & ~(power2_division - 1);
     return round_size_floor == size ? size : round_size_floor + power2_division;
   }
-  return checked_mul(kMinBlockSize, ceil_div(size, kMinBlockSize), "a block's rounded size");
+  return checked_mul(kMinBlockSize, div_up<kMinBlockSize>(size), "a block's rounded size");
 }
 
 uint64_t allocation_size(uint64_t size) {
   if (size <= kSmallSize) return kSmallBuffer;
   if (size < kMinLargeAlloc) return kLargeBuffer;
-  return checked_mul(kRoundLarge, ceil_div(size, kRoundLarge), "a segment's size");
+  return checked_mul(kRoundLarge, div_up<kRoundLarge>(size), "a segment's size");
 }
 
 namespace {
@@ -72,38 +78,73 @@ struct Block {
 // BlockComparatorSize: (stream, size, address). Each stream has its own Pool here, so the order within one is
 // (size, address): a stream never takes another stream's cached block (get_free_block's lower_bound on the
 // stream, then `(*it)->stream != p.stream()` ends the search).
-struct BySizeAddr {
-  bool operator()(const Block* a, const Block* b) const {
-    return a->size != b->size ? a->size < b->size : a->addr < b->addr;
-  }
-};
 
-// A pool's cached blocks in BySizeAddr order: a sorted vector (simulation bookkeeping, not the modelled
-// allocator's: a pool holds tens to a few thousand free blocks, where a binary search and a short move beat a
-// tree's node allocations; the order and every lookup are std::set's).
+// A pool's cached blocks in that (size, address) order: a sorted vector (simulation bookkeeping, not the modelled
+// allocator's: a pool holds tens to a few hundred free blocks, where a binary search and a short move beat a
+// tree's node allocations; the order and every lookup are std::set's). Each entry keeps its block's size beside
+// the block, so that best fit (the first block of at least a size) searches without reading the blocks.
 class FreeSet {
+  struct Entry {
+    uint64_t size;  // b->size
+    Block* b;
+  };
+  static bool before(const Entry& e, uint64_t size, uint64_t addr) {
+    return e.size != size ? e.size < size : e.b->addr < addr;
+  }
+
  public:
-  using iterator = std::vector<Block*>::iterator;
-  using const_iterator = std::vector<Block*>::const_iterator;
-  iterator begin() { return v_.begin(); }
-  iterator end() { return v_.end(); }
-  const_iterator begin() const { return v_.begin(); }
-  const_iterator end() const { return v_.end(); }
+  // Iterates the blocks (Block*) in order.
+  class iterator {
+   public:
+    using iterator_category = std::bidirectional_iterator_tag;
+    using value_type = Block*;
+    using difference_type = std::ptrdiff_t;
+    using pointer = Block* const*;
+    using reference = Block* const&;
+    iterator() = default;
+    explicit iterator(std::vector<Entry>::iterator it) : it_(it) {}
+    reference operator*() const { return it_->b; }
+    iterator& operator++() { ++it_; return *this; }
+    iterator& operator--() { --it_; return *this; }
+    iterator operator++(int) { iterator t = *this; ++it_; return t; }
+    iterator operator--(int) { iterator t = *this; --it_; return t; }
+    bool operator==(const iterator& o) const { return it_ == o.it_; }
+    std::vector<Entry>::iterator base() const { return it_; }
+
+   private:
+    std::vector<Entry>::iterator it_;
+  };
+  iterator begin() { return iterator(v_.begin()); }
+  iterator end() { return iterator(v_.end()); }
   std::reverse_iterator<iterator> rbegin() { return std::reverse_iterator<iterator>(end()); }
   std::reverse_iterator<iterator> rend() { return std::reverse_iterator<iterator>(begin()); }
-  iterator lower_bound(const Block* key) { return std::lower_bound(v_.begin(), v_.end(), key, BySizeAddr{}); }
-  void insert(Block* b) {
-    const auto it = lower_bound(b);
-    if (it == v_.end() || BySizeAddr{}(b, *it)) v_.insert(it, b);
+  // The blocks in order, for reading (segments_now).
+  std::vector<const Block*> blocks() const {
+    std::vector<const Block*> out;
+    for (const Entry& e : v_) out.push_back(e.b);
+    return out;
   }
-  iterator erase(iterator it) { return v_.erase(it); }
+  // The first block of at least `size` bytes (any address): the sizes alone decide.
+  iterator lower_bound_size(uint64_t size) {
+    return iterator(std::partition_point(v_.begin(), v_.end(), [size](const Entry& e) { return e.size < size; }));
+  }
+  void insert(Block* b) {
+    const auto it = find(b->size, b->addr);
+    if (it == v_.end() || it->b->addr != b->addr || it->size != b->size) v_.insert(it, Entry{b->size, b});
+  }
+  iterator erase(iterator it) { return iterator(v_.erase(it.base())); }
   void erase(const Block* b) {
-    const auto it = lower_bound(b);
-    if (it != v_.end() && !BySizeAddr{}(b, *it)) v_.erase(it);
+    const auto it = find(b->size, b->addr);
+    if (it != v_.end() && it->size == b->size && it->b->addr == b->addr) v_.erase(it);
   }
 
  private:
-  std::vector<Block*> v_;
+  // the first entry not ordered before (size, addr)
+  std::vector<Entry>::iterator find(uint64_t size, uint64_t addr) {
+    // the blocks are read only among those of that size (the address breaks ties)
+    return std::partition_point(v_.begin(), v_.end(), [size, addr](const Entry& e) { return before(e, size, addr); });
+  }
+  std::vector<Entry> v_;
 };
 
 struct Pool {
@@ -206,7 +247,7 @@ class Allocator {
     for (const auto& [b, info] : live) consider(b);
     for (const Pool* pools : {large_, small_}) {
       for (const Pool* p = pools; p != pools + kStreamCount; ++p) {
-        for (const Block* b : p->free) consider(b);
+        for (const Block* b : p->free.blocks()) consider(b);
       }
     }
     std::sort(heads.begin(), heads.end(), [](const Block* x, const Block* y) { return x->addr < y->addr; });
@@ -255,7 +296,7 @@ class Allocator {
   }
 
   Block* get_free_block(Pool& pool, uint64_t size) {
-    auto it = pool.free.lower_bound(key(size));
+    auto it = pool.free.lower_bound_size(size);
     if (it == pool.free.end()) return nullptr;
     // get_free_block with expandable segments: "expandable_size" counts the unmapped space after a block, so
     // the free block at the end of the mapped range ranks as the largest and any other block that fits is
@@ -271,12 +312,6 @@ class Allocator {
     if (size >= c_.max_split_size && b->size >= size + c_.max_non_split_rounding) return nullptr;
     pool.free.erase(it);
     return b;
-  }
-
-  Block* key(uint64_t size) {
-    key_.size = size;
-    key_.addr = 0;
-    return &key_;
   }
 
   bool should_split(const Pool& pool, const Block* b, uint64_t size) const {
@@ -428,7 +463,6 @@ class Allocator {
     const Pool* base = p.small ? small_ : large_;
     return static_cast<Stream>(&p - base);
   }
-  Block key_;
   uint64_t next_addr_ = uint64_t{1} << 60;  // segments are placed downwards from here
   uint64_t allocated_ = 0, reserved_ = 0, segments_ = 0, retries_ = 0;
   std::pair<uint64_t, uint64_t> last_fail_{0, 0};

@@ -472,6 +472,7 @@ class Allocator {
 
 AllocatorReplay replay_allocator(const Timeline& tl, const AllocatorConfig& c, TorchVersion torch,
                                  std::optional<Bytes> capacity) {
+  constexpr size_t kPrefetchAhead = 16;
   AllocatorReplay r;
   Allocator a(c, torch, capacity);
   ReuseVector<Block*> blocks;  // by storage id (dense)
@@ -479,6 +480,8 @@ AllocatorReplay replay_allocator(const Timeline& tl, const AllocatorConfig& c, T
   r.reserved.reserve(tl.events.size());
   for (size_t i = 0; i < tl.events.size(); ++i) {
     const Event& ev = tl.events[i];
+    // the timeline is megabytes, written long before: ask for the events ahead while this one is replayed
+    if (i + kPrefetchAhead < tl.events.size()) __builtin_prefetch(&tl.events[i + kPrefetchAhead]);
     if (ev.kind == Event::kAlloc && ev.bytes.value > 0) {
       Block* b = a.malloc(ev.bytes.value, ev.stream);
       if (!b) {

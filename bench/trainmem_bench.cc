@@ -12,6 +12,7 @@
 #include "trainmem/gpu.h"
 #include "trainmem/inventory.h"
 #include "trainmem/plan.h"
+#include "trainmem/pp.h"
 #include "trainmem/sim.h"
 #include "trainmem/tp.h"
 
@@ -183,6 +184,57 @@ void BM_EstimatePpFsdp70B_T8192(benchmark::State& state) {
   state.SetLabel(fmt::format("1f1b, 4 ranks, tp 8, fsdp2 dp {}", dp));
 }
 BENCHMARK(BM_EstimatePpFsdp70B_T8192)->Arg(2)->Arg(8)->Unit(benchmark::kMillisecond);
+
+// One pipeline rank of that case (--dp 2), the Arg rank alone (0: the embeddings and layers 0-19 with 4
+// micro-batches in flight; 3: layers 61-79, the norm, lm_head and the loss), as estimate() simulates each rank of
+// the pipeline: the rank's stage inventory, schedule actions and torchtitan's fused optimizer (estimate.cc), then
+// the rank's estimate. Checked once against the whole pipeline's row for that rank before the timing.
+void BM_EstimatePpFsdpRank70B_T8192(benchmark::State& state) {
+  const auto rank = static_cast<uint64_t>(state.range(0));
+  ModelSpec m = llama70b();
+  apply_tensor_parallel(m, 8);
+  Inventory inv = build_inventory(m);
+  mark_tp_shards(m, inv);
+  TrainSetup s = setup(1, 8192);
+  s.precision = Precision::kFp32;
+  s.checkpointing = Checkpointing::kSelective;
+  s.tp = 8;
+  s.pp = 4;
+  s.micro_batches = 8;
+  s.pp_schedule = PpSchedule::k1f1b;
+  s.dp = 2;
+  s.sharding = Sharding::kFsdp2;
+  SimOptions o = one_step();
+  o.steps = 2;
+  o.loop = LoopKind::kHf;
+  const Estimate whole = estimate(m, inv, s, o);
+  // estimate()'s pipeline branch for one rank (src/pipeline/estimate.cc)
+  TrainSetup ps = s;
+  ps.optimizer_impl = OptimizerImpl::kFused;  // torchtitan's optimizer implementation
+  SimOptions ro = o;
+  ro.pp.on = true;
+  ro.pp.schedule = s.pp_schedule;
+  ro.pp.ranks = s.pp;
+  ro.pp.micro_batches = s.micro_batches;
+  ro.pp.rank = rank;
+  const std::vector<PpStagePart> parts = pp_stage_split(s.pp, m.layers);
+  for (uint64_t st : pp_rank_stages(rank, s.pp, 1)) ro.pp.parts.push_back(parts[st]);
+  ro.pp.actions = pp_rank_actions(s.pp_schedule, rank, s.pp, s.micro_batches, 1);
+  const Inventory stage_inv = pp_stage_inventory(inv, ro.pp.parts);
+  if (!whole.pp || estimate(m, stage_inv, ps, ro).memory.peak_reserved != whole.pp->rows[rank].peak_reserved) {
+    state.SkipWithError("one rank's estimate differs from the pipeline's row for it");
+    return;
+  }
+  const std::clock_t cpu0 = std::clock();
+  for (auto _ : state) {
+    Estimate e = estimate(m, stage_inv, ps, ro);
+    benchmark::DoNotOptimize(e.memory.peak_reserved.value);
+  }
+  const double cpu_ms = 1e3 * static_cast<double>(std::clock() - cpu0) / CLOCKS_PER_SEC;
+  state.counters["cpu_ms_per_rank"] = cpu_ms / static_cast<double>(state.iterations());
+  state.SetLabel(fmt::format("1f1b rank {} of 4, tp 8, fsdp2 dp 2", rank));
+}
+BENCHMARK(BM_EstimatePpFsdpRank70B_T8192)->Arg(0)->Arg(3)->Unit(benchmark::kMillisecond);
 
 // Building the parameter inventory of a 70B model (723 named tensors).
 void BM_Inventory70B(benchmark::State& state) {

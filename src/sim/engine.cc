@@ -168,7 +168,8 @@ uint64_t Engine::alloc_storage(Bytes b, Category c, Label l) {
     l = Label{running_->label.what, running_->label.layer, kRowBackwardOf};
   }
   const uint64_t id = storages_.size();
-  storages_.push_back(StorageInfo{b, c, 0, l, false, stream});
+  __builtin_prefetch(storages_.data() + id + 8, 1);  // the table's memory ahead, as the timeline's (emit)
+  storages_.emplace_back(b, c, 0, l, false, stream);
   emit_alloc(id);
   return id;
 }
@@ -234,17 +235,7 @@ void Engine::emit(Event::Kind kind, Category c, Category from, uint64_t id, Byte
   // stores: a stalled store forwarding at every event)
   // (and the timeline's memory a few events ahead asked for now: it is written once, long after it was last used)
   __builtin_prefetch(tl_->events.data() + tl_->events.size() + 8, 1);
-  Event& ev = tl_->events.emplace_back();
-  ev.kind = kind;
-  ev.category = c;
-  ev.from = from;
-  ev.phase = phase;
-  ev.step = step;
-  ev.micro = micro;
-  ev.storage = id;
-  ev.bytes = b;
-  ev.label = l;
-  ev.stream = s;
+  const Event& ev = tl_->events.emplace_back(kind, c, from, phase, step, micro, id, b, l, s);
   apply(live_, ev);
 }
 

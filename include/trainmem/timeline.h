@@ -81,7 +81,9 @@ struct Event {
   Phase phase;
   uint32_t step;        // optimizer step (1-based)
   uint32_t micro;       // micro-batch within the step (1-based)
-  uint64_t storage;     // id of the storage (block) the event concerns
+  // id of the storage (block) the event concerns: fewer than the events a simulation may record (kMaxEvents,
+  // src/sim/engine.h), so 32 bits, which keep an event at 48 bytes
+  uint32_t storage;
   Bytes bytes;          // requested bytes (numel x itemsize)
   Label label;          // what the tensor is
   Stream stream = Stream::kDefault;  // the stream the storage was allocated on (its block's pool)

@@ -169,7 +169,7 @@ uint64_t Engine::alloc_storage(Bytes b, Category c, Label l) {
   }
   const uint64_t id = storages_.size();
   __builtin_prefetch(storages_.data() + id + 8, 1);  // the table's memory ahead, as the timeline's (emit)
-  storages_.emplace_back(b, c, 0, l, false, stream);
+  storages_.emplace_back(b, l, 0, c, false, stream);
   emit_alloc(id);
   return id;
 }
@@ -235,7 +235,7 @@ void Engine::emit(Event::Kind kind, Category c, Category from, uint64_t id, Byte
   // stores: a stalled store forwarding at every event)
   // (and the timeline's memory a few events ahead asked for now: it is written once, long after it was last used)
   __builtin_prefetch(tl_->events.data() + tl_->events.size() + 8, 1);
-  const Event& ev = tl_->events.emplace_back(kind, c, from, phase, step, micro, id, b, l, s);
+  const Event& ev = tl_->events.emplace_back(kind, c, from, phase, step, micro, static_cast<uint32_t>(id), b, l, s);
   apply(live_, ev);
 }
 
@@ -314,7 +314,7 @@ T Engine::empty_unallocated(const Shape& s, DType dt, Bytes storage, Category c,
   p->strides = contiguous_strides(s);
   p->label = l;
   p->storage = storages_.size();
-  storages_.push_back(StorageInfo{storage, c, 0, l, true, stream});
+  storages_.push_back(StorageInfo{storage, l, 0, c, true, stream});
   retain(p->storage);
   return T(p);
 }

@@ -315,11 +315,11 @@ class Pool {
   std::vector<X*> free_;
 };
 
-struct StorageInfo {
+struct StorageInfo {  // (fields ordered to keep it at 32 bytes: a simulation makes one per allocation)
   Bytes bytes;
-  Category category = Category::kActivations;
-  uint32_t refs = 0;  // tensor impls referring to it
   Label label;
+  uint32_t refs = 0;  // tensor impls referring to it
+  Category category = Category::kActivations;
   bool resized_out = false;  // untyped_storage().resize_(0): no bytes until resized back (Engine::resize_storage)
   Stream stream = Stream::kDefault;  // the stream current when it was allocated
 };
@@ -328,6 +328,9 @@ struct StorageInfo {
 // micro-batches is about 2 million; a timeline event and its allocator figures take ~110 bytes, so this
 // keeps a simulation under ~500 MB. Beyond it the simulation stops with an error naming the bound.
 inline constexpr size_t kMaxEvents = size_t{1} << 22;  // 4,194,304
+// Event::storage is 32 bits: a simulation's storages are its allocations (each an event) and a few unallocated
+// ones per parameter, far below 2^32.
+static_assert(kMaxEvents < (size_t{1} << 31));
 
 class Engine;
 

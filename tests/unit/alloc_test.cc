@@ -26,12 +26,12 @@ Timeline timeline(std::initializer_list<int64_t> ops) {
     Event e{};
     if (op > 0) {
       e.kind = Event::kAlloc;
-      e.storage = sizes.size();
+      e.storage = static_cast<uint32_t>(sizes.size());
       e.bytes = Bytes(static_cast<uint64_t>(op));
       sizes.push_back(static_cast<uint64_t>(op));
     } else {
       e.kind = Event::kFree;
-      e.storage = static_cast<uint64_t>(-op);
+      e.storage = static_cast<uint32_t>(-op);
       e.bytes = Bytes(sizes[e.storage]);
     }
     t.events.push_back(e);
@@ -78,7 +78,7 @@ TEST(AllocatorRules, SmallTensorsPackIntoTwoMiBSegments) {
   Timeline t = timeline({});
   for (size_t i = 0; i < ops.size() + 1; ++i) t.events.push_back(Event{Event::kAlloc, Category::kActivations,
                                                                         Category::kActivations, Phase::kForward, 0, 0,
-                                                                        i, Bytes(500), Label{}});
+                                                                        static_cast<uint32_t>(i), Bytes(500), Label{}});
   const AllocatorReplay r = replay_allocator(t, {}, kTorch, std::nullopt);
   EXPECT_EQ(r.allocated.back(), 4097u * 512);
   EXPECT_EQ(r.reserved.back(), 4u * MiB);

@@ -169,7 +169,7 @@ uint64_t Engine::alloc_storage(Bytes b, Category c, Label l) {
   }
   const uint64_t id = storages_.size();
   __builtin_prefetch(storages_.data() + id + 8, 1);  // the table's memory ahead, as the timeline's (emit)
-  storages_.emplace_back(b, l, 0, c, false, stream);
+  storages_.push_back(StorageInfo{b, l, 0, c, false, stream});
   emit_alloc(id);
   return id;
 }
@@ -231,11 +231,22 @@ const char* Engine::prefixed(const char* prefix, const char* what) {
 }
 
 void Engine::emit(Event::Kind kind, Category c, Category from, uint64_t id, Bytes b, Label l, Stream s) {
-  // written in place (a temporary Event copied in would be read back as wide loads right after its narrow
-  // stores: a stalled store forwarding at every event)
-  // (and the timeline's memory a few events ahead asked for now: it is written once, long after it was last used)
+  // The timeline's memory a few events ahead is asked for now: it is written once, long after it was last used.
+  // The event is written in place, field by field (a temporary Event copied in would be read back as wide loads
+  // right after its narrow stores, a stalled store forwarding at every event; and emplacing the aggregate needs
+  // C++20's parenthesized aggregate initialization, which the WebAssembly build's libc++ lacks).
   __builtin_prefetch(tl_->events.data() + tl_->events.size() + 8, 1);
-  const Event& ev = tl_->events.emplace_back(kind, c, from, phase, step, micro, static_cast<uint32_t>(id), b, l, s);
+  Event& ev = tl_->events.emplace_back();
+  ev.kind = kind;
+  ev.category = c;
+  ev.from = from;
+  ev.phase = phase;
+  ev.step = step;
+  ev.micro = micro;
+  ev.storage = static_cast<uint32_t>(id);
+  ev.bytes = b;
+  ev.label = l;
+  ev.stream = s;
   apply(live_, ev);
 }
 

@@ -699,7 +699,8 @@ PlanResult Planner::run() {
         } else if (pp > 1 && given("pp_virtual_stages")) {
           // stages per rank given: the interleaved schedule is the one that takes them
           schedules = {{PpSchedule::kInterleaved1f1b, user.train.pp_virtual_stages}};
-        } else if (pp > 1 && dp == 1) {
+        } else if (pp > 1) {
+          // (with dp > 1 under FSDP2: one FSDP root per stage module, as torchtitan's pipeline_llm applies it)
           schedules.push_back({PpSchedule::kInterleaved1f1b, 2});
         }
         const size_t first_of_layout = families.size();
@@ -918,7 +919,7 @@ PlanResult Planner::run() {
                         "precision only (under a pipeline, torchtitan's: fp32 parameters with FSDP2's bf16 policy)");
   }
   out.notes.push_back("not searched: GPipe (1F1B has its bubble and keeps fewer micro-batches in flight), "
-                      "interleaved 1F1B with FSDP2 and zero-bubble schedules (not simulated), sizes other than "
+                      "zero-bubble schedules (not simulated), sizes other than "
                       "powers of two");
   return out;
 }

@@ -454,5 +454,30 @@ TEST(PpFsdpInterleaved, OneDataParallelRankIsThePlainInterleavedPipeline) {
   EXPECT_EQ(a.sim->timeline.events.size(), b.sim->timeline.events.size());
 }
 
+
+// The brief's 70B run, --gpus 64xh100-80gb --tp 8 --pp 4 --pp-schedule interleaved-1f1b --pp-virtual-stages 2 (dp 2),
+// rank 0, by hand: torchtitan's split of 80 layers + 2 over 8 stages (generate_llm_fqn_per_model_part: 82 // 8 = 10
+// per stage, the 82 % 8 = 2 extra to stages 0 and 1): stage 0 the embeddings and layers 0-9, stage 4 layers 41-50;
+// with the per-layer and embedding counts of Llama70bTp8Pp4Dp8FirstStageByHand: 1,050,673,152 + 20 x 106,971,136 =
+// 3,190,095,872 parameters. Sharded fp32 over 2 ranks: 4 B x 3,190,095,872 / 2 = 6,380,191,744; gathered once per
+// step in bf16: 2 B x 3,190,095,872 = 6,380,191,744; accumulated in fp32: 4 B x 3,190,095,872 = 12,760,383,488.
+TEST(PpFsdpInterleaved, Llama70bTp8Pp4V2Dp2FirstRankByHand) {
+  const Estimate e = testing::run(testing::scenario_of(
+      "llama-3.1-70b", {{"gpus", "64xh100-80gb"}, {"tp", "8"}, {"pp", "4"}, {"sharding", "fsdp2"}, {"precision", "fp32"},
+                        {"pp_schedule", "interleaved-1f1b"}, {"pp_virtual_stages", "2"}, {"micro_batches", "8"},
+                        {"batch", "1"}, {"seq", "8192"}, {"checkpointing", "selective"}, {"rank", "0"}}));
+  EXPECT_EQ(e.state.parameters.value, 3190095872u);
+  ASSERT_TRUE(e.fsdp);
+  EXPECT_EQ(e.fsdp->options.ranks, 2u);
+  EXPECT_EQ(e.fsdp->root_begin.size(), 2u);
+  EXPECT_EQ(e.fsdp->units.size(), 21u);  // the embedding and 10 layers; 10 layers
+  EXPECT_EQ(e.fsdp->root_begin[1], 11u);
+  EXPECT_EQ(e.fsdp->sharded_params.value, 6380191744u);
+  const StepBytes b = step_bytes(e, 2);
+  EXPECT_EQ(b.gathered, 6380191744u);
+  EXPECT_EQ(b.accumulated, 12760383488u);
+  EXPECT_EQ(b.reduced, 12760383488u);
+}
+
 }  // namespace
 }  // namespace trainmem

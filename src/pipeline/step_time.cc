@@ -525,8 +525,9 @@ std::optional<StepTime> pipeline_step_time(const std::vector<Estimate>& ranks, c
       v > 1 ? " / v" : "", 2 * boundaries));
   if (dp > 1 && shown.fsdp) {
     t.notes.push_back(v > 1 ? "FSDP2 under the pipeline, one FSDP root per stage module: each unit all-gathered once "
-                              "per step, by its stage's first forward (each root's first gather exposed, the rank 0 "
-                              "ones along the fill: an upper bound), and reduce-scattered once after its stage's last "
+                              "per step, by its stage's first forward (every root's first gather counted exposed, on "
+                              "every rank along the fill: an upper bound, as a later stage's first gather may run "
+                              "behind the earlier stage's compute), and reduce-scattered once after its stage's last "
                               "backward, exposed"
                             : "FSDP2 under the pipeline: each unit all-gathered once per step, by the rank's first forward "
                               "(the exposed gathers of every rank add up along the fill), and reduce-scattered once after the "

@@ -841,6 +841,8 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
                        {"all_reduce_bytes", o.replicate > 1 ? bytes_of(Elems(u.shard_numel), o.reduce_dtype).value : 0}});
     }
     j["units"] = std::move(units);
+    // under a pipeline: the index in units of each FSDP root's first unit, one root per stage module the rank holds
+    if (f->torchtitan_pp) j["root_first_units"] = f->root_begin;
     j["sharded_param_bytes"] = f->sharded_params.value;
     j["sharded_grad_bytes"] = f->sharded_grads.value;
     j["optimizer_state_bytes"] = f->optimizer_state.value;

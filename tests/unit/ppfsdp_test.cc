@@ -117,21 +117,45 @@ TrainSetup pp_fsdp_setup(uint64_t dp) {
   return s;
 }
 
+// llama8 over --pp 2 with 2 stages per rank (4 stages: torchtitan's split of 10 over 4, as pp_stage_split(4, 8)),
+// --dp 8, 4 micro-batches, --precision fp32
+TrainSetup interleaved_setup(uint64_t dp) {
+  TrainSetup s = pp_fsdp_setup(dp);
+  s.pp_schedule = PpSchedule::kInterleaved1f1b;
+  s.pp_virtual_stages = 2;
+  return s;
+}
+
 // The stage's parameters by hand (kLayer, kEmbed, kTail above).
 uint64_t stage_params(const PpStagePart& p) {
   return kLayer * p.layers() + (p.embeddings ? kEmbed : 0) + (p.head ? kTail : 0);
 }
 
-// `check(rank, that rank's estimate, its stage, the stage's parameters by hand)` for both ranks of pp_fsdp_setup(8)
+// The FSDP units of a rank's stages: the embedding's, one a layer, the tail's
+uint64_t units_of(const std::vector<PpStagePart>& stages) {
+  uint64_t n = 0;
+  for (const PpStagePart& p : stages) n += p.layers() + (p.embeddings ? 1 : 0) + (p.head ? 1 : 0);
+  return n;
+}
+
+// `check(rank, that rank's estimate, its stages, their parameters by hand)` for both ranks of setup(8): stage r of 2
+// under pp_fsdp_setup, stages r and r + 2 of 4 under interleaved_setup
 template <typename F>
-void each_rank_at_dp8(F check) {
+void each_rank_at_dp8(F check, TrainSetup (*setup)(uint64_t) = pp_fsdp_setup) {
   const ModelSpec m = llama8();
   const Inventory inv = build_inventory(m);
-  const std::vector<PpStagePart> parts = pp_stage_split(2, m.layers);
+  const uint64_t v = setup(8).pp_virtual_stages;
+  const std::vector<PpStagePart> parts = pp_stage_split(2 * v, m.layers);
   for (uint64_t r = 0; r < 2; ++r) {
-    TrainSetup s = pp_fsdp_setup(8);
+    TrainSetup s = setup(8);
     s.rank = r;
-    check(r, estimate(m, inv, s, SimOptions{}), parts[r], stage_params(parts[r]));
+    std::vector<PpStagePart> mine;
+    uint64_t P = 0;
+    for (uint64_t k = 0; k < v; ++k) {
+      mine.push_back(parts[r + 2 * k]);
+      P += stage_params(mine.back());
+    }
+    check(r, estimate(m, inv, s, SimOptions{}), mine, P);
   }
 }
 
@@ -160,21 +184,28 @@ StepBytes step_bytes(const Estimate& e, uint32_t step) {
   return b;
 }
 
+// Step 2 of rank r's estimate (the first also runs shape inference): each of its `units` all-gathered once, in bf16
+// (2 B x its P parameters), kept unsharded, its gradients accumulated once in fp32 (4 B x P) and reduce-scattered
+// once, in fp32 (4 B x P)
+void expect_gathered_once_per_step(const Estimate& e, uint64_t r, uint64_t units, uint64_t P) {
+  const StepBytes b = step_bytes(e, 2);
+  EXPECT_EQ(b.gathers, units) << "rank " << r;
+  EXPECT_EQ(b.gathered, 2 * P) << "rank " << r;
+  EXPECT_EQ(b.unsharded, 2 * P) << "rank " << r;
+  EXPECT_EQ(b.accumulated, 4 * P) << "rank " << r;
+  EXPECT_EQ(b.reduce_scatters, units) << "rank " << r;
+  EXPECT_EQ(b.reduced, 4 * P) << "rank " << r;
+}
+
 // reshard_after_forward False and stage.py's no-sync backwards: in a step (the second: the first also runs shape
 // inference) each unit is all-gathered once, by its first forward, in bf16 (2 B x the stage's parameters), and
 // stays unsharded through the 4 micro-batches; each parameter's gradient is converted once to an fp32
 // unsharded_accumulated_grad (4 B x the stage's parameters) and each unit reduce-scattered once after the last
 // backward, in fp32 (4 B x the stage's parameters). Per micro-batch resharding would gather 2 x 4 times as much.
 TEST(PpFsdp, GathersOncePerStepAndReduceScattersOnceAfterTheLastMicroBatch) {
-  each_rank_at_dp8([](uint64_t r, const Estimate& e, const PpStagePart& part, uint64_t P) {
-    const uint64_t units = part.layers() + (part.embeddings ? 1 : 0) + (part.head ? 1 : 0);
-    const StepBytes b = step_bytes(e, 2);
-    EXPECT_EQ(b.gathers, units) << "rank " << r;
-    EXPECT_EQ(b.gathered, 2 * P) << "rank " << r;
-    EXPECT_EQ(b.unsharded, 2 * P) << "rank " << r;
-    EXPECT_EQ(b.accumulated, 4 * P) << "rank " << r;
-    EXPECT_EQ(b.reduce_scatters, units) << "rank " << r;
-    EXPECT_EQ(b.reduced, 4 * P) << "rank " << r;
+  each_rank_at_dp8([](uint64_t r, const Estimate& e, const std::vector<PpStagePart>& stages, uint64_t P) {
+    const uint64_t units = units_of(stages);
+    expect_gathered_once_per_step(e, r, units, P);
     ASSERT_TRUE(e.fsdp);
     EXPECT_TRUE(e.fsdp->torchtitan_pp);
     EXPECT_EQ(e.fsdp->units.size(), units);
@@ -184,7 +215,7 @@ TEST(PpFsdp, GathersOncePerStepAndReduceScattersOnceAfterTheLastMicroBatch) {
 // The rank's model states are its stage's shards: fp32 parameters and gradients, 4 B x P / 8 each; AdamW's two
 // fp32 moments, 8 B x P / 8 (every dim 0 divides by 8: no padding).
 TEST(PpFsdp, ShardedStatesAreTheStagesParametersOverTheDataParallelRanks) {
-  each_rank_at_dp8([](uint64_t, const Estimate& e, const PpStagePart&, uint64_t P) {
+  each_rank_at_dp8([](uint64_t, const Estimate& e, const std::vector<PpStagePart>&, uint64_t P) {
     EXPECT_EQ(e.state.parameters.value, P);
     EXPECT_EQ(e.fsdp->sharded_params.value, 4 * P / 8);
     EXPECT_EQ(e.fsdp->sharded_grads.value, 4 * P / 8);
@@ -218,20 +249,22 @@ TEST(PpFsdp, Llama70bTp8Pp4Dp8FirstStageByHand) {
 }
 
 // With one data-parallel rank torchtitan applies no FSDP at all (parallel_dims.fsdp_enabled is dp_shard > 1):
-// --dp 1 --sharding fsdp2 is the plain pipeline, byte for byte.
+// --dp 1 --sharding fsdp2 is the plain pipeline, byte for byte, under 1F1B and interleaved-1f1b alike.
 TEST(PpFsdp, OneDataParallelRankIsThePlainPipeline) {
   const ModelSpec m = llama8();
   const Inventory inv = build_inventory(m);
-  TrainSetup plain = pp_fsdp_setup(1);
-  plain.sharding = Sharding::kDdp;
-  const Estimate a = estimate(m, inv, plain, SimOptions{});
-  const Estimate b = estimate(m, inv, pp_fsdp_setup(1), SimOptions{});
-  EXPECT_FALSE(b.fsdp);
-  EXPECT_EQ(a.memory.peak_allocated, b.memory.peak_allocated);
-  EXPECT_EQ(a.memory.peak_reserved, b.memory.peak_reserved);
-  EXPECT_EQ(a.sim->timeline.events.size(), b.sim->timeline.events.size());
-  ASSERT_TRUE(a.pp && b.pp);
-  for (size_t r = 0; r < a.pp->rows.size(); ++r) EXPECT_EQ(a.pp->rows[r].peak_reserved, b.pp->rows[r].peak_reserved);
+  for (TrainSetup (*setup)(uint64_t) : {pp_fsdp_setup, interleaved_setup}) {
+    TrainSetup plain = setup(1);
+    plain.sharding = Sharding::kDdp;
+    const Estimate a = estimate(m, inv, plain, SimOptions{});
+    const Estimate b = estimate(m, inv, setup(1), SimOptions{});
+    EXPECT_FALSE(b.fsdp);
+    EXPECT_EQ(a.memory.peak_allocated, b.memory.peak_allocated);
+    EXPECT_EQ(a.memory.peak_reserved, b.memory.peak_reserved);
+    EXPECT_EQ(a.sim->timeline.events.size(), b.sim->timeline.events.size());
+    ASSERT_TRUE(a.pp && b.pp);
+    for (size_t r = 0; r < a.pp->rows.size(); ++r) EXPECT_EQ(a.pp->rows[r].peak_reserved, b.pp->rows[r].peak_reserved);
+  }
 }
 
 // What stays refused, each with its reason: other shardings under a pipeline, more FSDP roots (stage modules) per
@@ -268,15 +301,6 @@ TEST(PpFsdp, RefusesWhatItDoesNotSimulate) {
 // PipelineScheduleMulti._step_microbatches gives each stage its manual post-backward after that stage's n-th
 // backward (backward_counter[stage_index] == n_microbatches) ---
 
-// llama8 over --pp 2 with 2 stages per rank (4 stages: torchtitan's split of 10 over 4, as pp_stage_split(4, 8)),
-// --dp 8, 4 micro-batches, --precision fp32
-TrainSetup interleaved_setup(uint64_t dp) {
-  TrainSetup s = pp_fsdp_setup(dp);
-  s.pp_schedule = PpSchedule::kInterleaved1f1b;
-  s.pp_virtual_stages = 2;
-  return s;
-}
-
 // rank r holds stages r and r + 2 (torchtitan's "loop" style): two roots, each with exactly its stage's units
 TEST(PpFsdpInterleaved, EachStageModuleIsItsOwnRoot) {
   const ModelSpec m = llama8();
@@ -310,27 +334,13 @@ TEST(PpFsdpInterleaved, EachStageModuleIsItsOwnRoot) {
 // so stage 2 (the second root) reduce-scatters in B2.3, before stage 0's backwards of micro-batches 2 and 3; stage 0
 // in B0.3. (One post-backward after the rank's last backward would reduce-scatter both in B0.3.)
 TEST(PpFsdpInterleaved, EachStageReduceScattersAfterItsOwnLastBackward) {
-  const ModelSpec m = llama8();
-  const Inventory inv = build_inventory(m);
-  const std::vector<PpStagePart> all = pp_stage_split(4, m.layers);
-  for (uint64_t r = 0; r < 2; ++r) {
-    TrainSetup s = interleaved_setup(8);
-    s.rank = r;
-    const Estimate e = estimate(m, inv, s, SimOptions{});
-    const PpStagePart& first = all[r];
-    const PpStagePart& second = all[r + 2];
-    const uint64_t P = stage_params(first) + stage_params(second);
-    const uint64_t units = first.layers() + second.layers() + (first.embeddings ? 1 : 0) + (second.head ? 1 : 0);
-    const StepBytes b = step_bytes(e, 2);
-    EXPECT_EQ(b.gathers, units) << "rank " << r;
-    EXPECT_EQ(b.gathered, 2 * P) << "rank " << r;
-    EXPECT_EQ(b.unsharded, 2 * P) << "rank " << r;
-    EXPECT_EQ(b.accumulated, 4 * P) << "rank " << r;
-    EXPECT_EQ(b.reduce_scatters, units) << "rank " << r;
-    EXPECT_EQ(b.reduced, 4 * P) << "rank " << r;
+  each_rank_at_dp8([](uint64_t r, const Estimate& e, const std::vector<PpStagePart>& stages, uint64_t P) {
+    expect_gathered_once_per_step(e, r, units_of(stages), P);
     ASSERT_TRUE(e.fsdp);
     EXPECT_EQ(e.fsdp->root_begin.size(), 2u);
-    if (r != 0) continue;
+    const PpStagePart& first = stages[0];
+    const PpStagePart& second = stages[1];
+    if (r != 0) return;
     // rank 0: where each root's reduce-scatters fall in step 2 (a layer's label carries its layer index)
     auto in = [](const PpStagePart& p, int32_t layer) {
       return layer >= 0 && static_cast<uint64_t>(layer) >= p.layer_begin && static_cast<uint64_t>(layer) < p.layer_end;
@@ -352,7 +362,7 @@ TEST(PpFsdpInterleaved, EachStageReduceScattersAfterItsOwnLastBackward) {
     }
     EXPECT_LT(last_rs_second, first_b02);
     EXPECT_LT(first_b02, first_rs_first);
-  }
+  }, interleaved_setup);
 }
 
 // Each root allocates on streams of its own (FSDPCommContext.lazy_init per root): the second root's all-gather
@@ -384,6 +394,29 @@ TEST(PpFsdpInterleaved, EachRootHasItsOwnStreams) {
   EXPECT_GT(gathers[1], 0u);
   EXPECT_GT(outputs[0], 0u);
   EXPECT_GT(outputs[1], 0u);
+}
+
+// HSDP under the interleaved pipeline (--dp 16 --dp-shard 8): each root's all-reduce runs on its own all-reduce
+// stream, whose pool gives the upcast sharded gradients (foreach_reduce's post_reduce_stream): the second root's
+// on stream 9 (7 + 3 x (1 - 1) + 2), the first root's on the named kFsdpAllReduce.
+TEST(PpFsdpInterleaved, HsdpEachRootAllReducesOnItsOwnStream) {
+  const ModelSpec m = llama8();
+  const std::vector<PpStagePart> all = pp_stage_split(4, m.layers);
+  TrainSetup s = interleaved_setup(16);
+  s.dp_shard = 8;
+  const Estimate e = estimate(m, build_inventory(m), s, SimOptions{});
+  ASSERT_TRUE(e.fsdp);
+  EXPECT_EQ(e.fsdp->options.replicate, 2u);
+  size_t upcasts[2] = {0, 0};
+  for (const Event& ev : e.sim->timeline.events) {
+    if (ev.kind != Event::kAlloc || ev.label.layer < 0) continue;
+    if (!std::string_view(ev.label.what).starts_with("FSDP sharded gradients (reduce-scatter output upcast)")) continue;
+    const size_t root = static_cast<uint64_t>(ev.label.layer) >= all[2].layer_begin ? 1 : 0;
+    ++upcasts[root];
+    EXPECT_EQ(static_cast<int>(ev.stream), root ? 9 : static_cast<int>(Stream::kFsdpAllReduce));
+  }
+  EXPECT_GT(upcasts[0], 0u);
+  EXPECT_GT(upcasts[1], 0u);
 }
 
 // The rank's states are its stages': interleaved rank r (stages r and r + 2 of 4) holds exactly what 1F1B ranks r and
@@ -438,22 +471,6 @@ TEST(PpFsdpInterleaved, BothStagesAreGatheredWhileTheMostMicroBatchesAreInFlight
   EXPECT_EQ(unsharded, static_cast<int64_t>(2 * P));
   EXPECT_EQ(accumulated, 0);
 }
-
-// With one data-parallel rank torchtitan applies no FSDP (fsdp_enabled is dp_shard > 1): the interleaved run with
-// --sharding fsdp2 is the plain interleaved pipeline, byte for byte.
-TEST(PpFsdpInterleaved, OneDataParallelRankIsThePlainInterleavedPipeline) {
-  const ModelSpec m = llama8();
-  const Inventory inv = build_inventory(m);
-  TrainSetup plain = interleaved_setup(1);
-  plain.sharding = Sharding::kDdp;
-  const Estimate a = estimate(m, inv, plain, SimOptions{});
-  const Estimate b = estimate(m, inv, interleaved_setup(1), SimOptions{});
-  EXPECT_FALSE(b.fsdp);
-  EXPECT_EQ(a.memory.peak_allocated, b.memory.peak_allocated);
-  EXPECT_EQ(a.memory.peak_reserved, b.memory.peak_reserved);
-  EXPECT_EQ(a.sim->timeline.events.size(), b.sim->timeline.events.size());
-}
-
 
 // The brief's 70B run, --gpus 64xh100-80gb --tp 8 --pp 4 --pp-schedule interleaved-1f1b --pp-virtual-stages 2 (dp 2),
 // rank 0, by hand: torchtitan's split of 80 layers + 2 over 8 stages (generate_llm_fqn_per_model_part: 82 // 8 = 10

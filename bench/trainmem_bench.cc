@@ -211,15 +211,7 @@ void BM_EstimatePpFsdpRank70B_T8192(benchmark::State& state) {
   // estimate()'s pipeline branch for one rank (src/pipeline/estimate.cc)
   TrainSetup ps = s;
   ps.optimizer_impl = OptimizerImpl::kFused;  // torchtitan's optimizer implementation
-  SimOptions ro = o;
-  ro.pp.on = true;
-  ro.pp.schedule = s.pp_schedule;
-  ro.pp.ranks = s.pp;
-  ro.pp.micro_batches = s.micro_batches;
-  ro.pp.rank = rank;
-  const std::vector<PpStagePart> parts = pp_stage_split(s.pp, m.layers);
-  for (uint64_t st : pp_rank_stages(rank, s.pp, 1)) ro.pp.parts.push_back(parts[st]);
-  ro.pp.actions = pp_rank_actions(s.pp_schedule, rank, s.pp, s.micro_batches, 1);
+  const SimOptions ro = pp_rank_options(o, s, pp_stage_split(s.pp, m.layers), rank);
   const Inventory stage_inv = pp_stage_inventory(inv, ro.pp.parts);
   if (!whole.pp || estimate(m, stage_inv, ps, ro).memory.peak_reserved != whole.pp->rows[rank].peak_reserved) {
     state.SkipWithError("one rank's estimate differs from the pipeline's row for it");

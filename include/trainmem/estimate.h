@@ -262,6 +262,12 @@ Estimate estimate(const ResolvedScenario& r);
 // the estimate is the worst rank's (PpFigures::worst) unless the setup names one.
 Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s, const SimOptions& o,
                   const AllocatorConfig& ac = {}, const GpuSpec* gpu = nullptr, Bytes margin = {});
+// One pipeline rank as estimate() simulates it under --pp: `o` with SimOptions::pp set for `rank` (its stages of
+// `parts`, the model split into pp x virtual stages by pp_stage_split, and its schedule's actions). Its estimate
+// is estimate() over pp_stage_inventory(inv, result.pp.parts) (with torchtitan's fused optimizer where the setup
+// leaves the implementation to the loop).
+SimOptions pp_rank_options(const SimOptions& o, const TrainSetup& s, const std::vector<PpStagePart>& parts,
+                           uint64_t rank);
 
 // Whether fragmentation (reserved but not allocated at the reserved peak) is a large share of reserved: more
 // than kLargeFragmentationPercent, where a neighbouring size can differ by a whole segment and the report says

@@ -375,6 +375,20 @@ void check_pipeline(const ModelSpec& m, const TrainSetup& s, LoopKind loop, Torc
 
 }  // namespace
 
+SimOptions pp_rank_options(const SimOptions& o0, const TrainSetup& s, const std::vector<PpStagePart>& parts,
+                           uint64_t rank) {
+  const uint64_t v = std::max<uint64_t>(s.pp_virtual_stages, 1);
+  SimOptions o = o0;
+  o.pp.on = true;
+  o.pp.schedule = s.pp_schedule;
+  o.pp.ranks = s.pp;
+  o.pp.micro_batches = s.micro_batches;
+  o.pp.rank = rank;
+  for (uint64_t st : pp_rank_stages(rank, s.pp, v)) o.pp.parts.push_back(parts[st]);
+  o.pp.actions = pp_rank_actions(s.pp_schedule, rank, s.pp, s.micro_batches, v);
+  return o;
+}
+
 Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s, const SimOptions& o0,
                   const AllocatorConfig& ac, const GpuSpec* gpu, Bytes margin) {
   if (s.pp > 1 && !o0.pp.on) {
@@ -395,14 +409,7 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
     f.virtual_stages = v;
     std::vector<Estimate> ranks;
     for (uint64_t r = 0; r < s.pp; ++r) {
-      SimOptions o = o0;
-      o.pp.on = true;
-      o.pp.schedule = s.pp_schedule;
-      o.pp.ranks = s.pp;
-      o.pp.micro_batches = s.micro_batches;
-      o.pp.rank = r;
-      for (uint64_t st : pp_rank_stages(r, s.pp, v)) o.pp.parts.push_back(parts[st]);
-      o.pp.actions = pp_rank_actions(s.pp_schedule, r, s.pp, s.micro_batches, v);
+      const SimOptions o = pp_rank_options(o0, s, parts, r);
       const Inventory stage_inv = pp_stage_inventory(inv, o.pp.parts);
       Estimate e = estimate(m, stage_inv, ps, o, ac, gpu, margin);
       PpRankFigures row;

@@ -232,22 +232,9 @@ const char* Engine::prefixed(const char* prefix, const char* what) {
 
 void Engine::emit(Event::Kind kind, Category c, Category from, uint64_t id, Bytes b, Label l, Stream s) {
   // The timeline's memory a few events ahead is asked for now: it is written once, long after it was last used.
-  // The event is written in place, field by field (a temporary Event copied in would be read back as wide loads
-  // right after its narrow stores, a stalled store forwarding at every event; and emplacing the aggregate needs
-  // C++20's parenthesized aggregate initialization, which the WebAssembly build's libc++ lacks).
   __builtin_prefetch(tl_->events.data() + tl_->events.size() + 8, 1);
-  Event& ev = tl_->events.emplace_back();
-  ev.kind = kind;
-  ev.category = c;
-  ev.from = from;
-  ev.phase = phase;
-  ev.step = step;
-  ev.micro = micro;
-  ev.storage = static_cast<uint32_t>(id);
-  ev.bytes = b;
-  ev.label = l;
-  ev.stream = s;
-  apply(live_, ev);
+  tl_->events.push_back(Event{kind, c, from, phase, step, micro, static_cast<uint32_t>(id), b, l, s});
+  apply(live_, tl_->events.back());
 }
 
 void Engine::empty_cache() {

@@ -214,6 +214,7 @@ struct FsdpFigures {
   uint64_t local_elems = 0;    // this rank's unpadded parameter elements
   uint64_t first_rank_elems = 0, last_rank_elems = 0;  // ranks 0's and W - 1's unpadded elements: most, fewest
   bool torchtitan_pp = false;  // torchtitan's apply_fsdp on a pipeline stage (resolve_pp_fsdp), not accelerate's
+  bool torchtitan_sp = false;  // torchtitan's apply_fsdp over its TP + SP plan (resolve_sp_fsdp), not accelerate's
 };
 
 // --dp N --sharding fsdp1: one rank of FSDP1 (FullyShardedDataParallel) under accelerate, as simulated (fsdp1.h).

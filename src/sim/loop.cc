@@ -405,7 +405,10 @@ struct Loop {
     e.phase = Phase::kForward;
     if (o.loop == LoopKind::kHf) get_batch();  // Trainer: _prepare_inputs moves this micro-batch's tensors
     if (ddp.on) ddp_pre_forward(micro == std::min<uint64_t>(s.grad_accum, 2));
-    if (fsdp) fsdp->set_requires_gradient_sync(micro == std::min<uint64_t>(s.grad_accum, 2));  // accelerate's no_sync
+    // accelerate's no_sync; torchtitan's trainer over the sequence-parallel model (resolve_sp_fsdp) calls none
+    // (trainer.py forward_backward_step per micro-batch): each micro-batch's gradients are reduce-scattered and
+    // accumulate sharded
+    if (fsdp) fsdp->set_requires_gradient_sync(s.sequence_parallel || micro == std::min<uint64_t>(s.grad_accum, 2));
     T loss;
     {
       ForwardOut out;
@@ -1947,7 +1950,8 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
   // FSDP2 (fsdp.h): accelerate's fsdp2_prepare_model in Trainer.train(), the model sharded unit by unit as it
   // reaches the device
   // (under a pipeline: torchtitan's apply_fsdp on the rank's stage module, resolve_pp_fsdp / fsdp_stage_units)
-  loop.fsdp_opt = o.pp.on ? resolve_pp_fsdp(s, m, o.loop, o.torch) : resolve_fsdp(s, m, o.loop, o.torch);
+  // (over the sequence-parallel model: torchtitan's apply_fsdp after its TP + SP plan, resolve_sp_fsdp)
+  loop.fsdp_opt = resolve_fsdp2_policy(s, m, o.loop, o.torch, o.pp.on);
   // DeepSpeed ZeRO-3: zero.Init partitions each parameter as it is made (Loop::z3_partition_at_load)
   loop.zopt = resolve_zero(s, o.loop, o.torch);
   if (loop.zopt.on && loop.zopt.stage == 3) {

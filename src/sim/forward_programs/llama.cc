@@ -438,6 +438,9 @@ ForwardOut llama_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const
     ForwardOut out;
     out.logits = linear(c, gathered, w.p("lm_head.weight"), nullptr, "lm_head (this rank's V/tp, Shard(-1))");
     gathered.reset();
+    // FSDP2 over the TP + SP model (fsdp.h resolve_sp_fsdp): the tail unit [norm, lm_head]'s post-forward hook
+    // runs after lm_head's TP output hook (parallelize_module registered it first), on the Shard(-1) logits
+    out.logits = fsdp_post_forward(c, kFsdpUnitTail, std::move(out.logits));
     hidden.reset();
     if (labels) out.loss = sp_loss_parallel_cross_entropy(c, out.logits, *labels, m.tp);
     return out;

@@ -939,7 +939,8 @@ void check_sp_setup(const Scenario& s, ResolvedScenario& r) {
   // --dp D: check_tp_setup refused every sharding but fsdp2, which is torchtitan's apply_fsdp over the TP-local
   // model on the dp dimension of its (dp_shard, tp) mesh (fsdp.h resolve_sp_fsdp); DDP, FSDP1 and ZeRO are not
   // simulated over it
-  if (t.pp > 1) refuse("pp", "pipeline stages of the sequence-parallel model are not simulated yet");
+  // --pp P: torchtitan's 3-D layout, its pipeline stages over the TP + SP model (pp.h; the stages exchange the
+  // residual stream's (B, T/tp, C) shards), with FSDP2 over dp its apply_fsdp on each stage (resolve_pp_fsdp)
   if (t.cp > 1) refuse("cp", "context parallelism shares the sequence dimension with it and is not simulated with it");
   if (t.ep > 1) refuse("ep", "expert parallelism's plan has no sequence-parallel form here");
   if (t.task != Task::kTrain) refuse("task", "the simulated program is torchtitan's training step");

@@ -1701,7 +1701,9 @@ struct Loop {
 
   // The hidden states a stage receives and sends: (B, T, C) in the parameters' dtype (the embeddings' output;
   // the residual adds keep it without autocast, which check_pipeline requires). pp_forward checks each output.
-  Shape pp_hidden_shape() const { return Shape{s.batch, s.seq, m.hidden}; }
+  // Under sequence parallelism (sp.h) the residual stream between blocks is the rank's Shard(1) local tensor, (B,
+  // T/tp, C): what a stage sends (torchtitan's pipeline over the TP + SP model, its stages' outputs local tensors).
+  Shape pp_hidden_shape() const { return Shape{s.batch, m.sp ? s.seq / m.tp : s.seq, m.hidden}; }
   DType pp_hidden_dtype() const {
     // under FSDP2 (torchtitan's MixedPrecisionPolicy): the unsharded parameters' param_dtype, the embeddings' and
     // the layers' outputs too

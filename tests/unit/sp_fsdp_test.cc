@@ -223,10 +223,52 @@ TEST(SpFsdp, WhatIsStillRefused) {
     const std::string m = message_of(sp_fsdp("16xh100-80gb", {{"sharding", sharding}}));
     EXPECT_NE(m.find("torchtitan's apply_fsdp over its TP + SP plan"), std::string::npos) << sharding << ": " << m;
   }
-  // pipeline stages and context parallel: still refused
-  EXPECT_NE(message_of(sp_fsdp("32xh100-80gb", {{"pp", "2"}})).find("pipeline stages of the sequence-parallel model"),
-            std::string::npos);
+  // context parallel: still refused
   EXPECT_NE(message_of(sp_fsdp("32xh100-80gb", {{"cp", "2"}})).find("context parallelism"), std::string::npos);
+}
+
+// Pipeline stages over the TP + SP model (torchtitan's 3-D layout, --pp P --sequence-parallel true): the stages
+// exchange the residual stream's Shard(1) local tensors, (B, T/tp, C). One layer's forward activations on a later
+// stage (its input the received buffer) are the plain SP rank's for that layer, event by event; the receive
+// buffers are the hand size.
+std::vector<std::pair<std::string, uint64_t>> layer_activations(const Estimate& e, int32_t layer) {
+  std::vector<std::pair<std::string, uint64_t>> out;
+  for (const Event& ev : e.sim->timeline.events) {
+    if (ev.step == 2 && ev.micro == 1 && ev.kind == Event::kAlloc && ev.phase == Phase::kForward &&
+        ev.category == Category::kActivations && ev.label.layer == layer) {
+      out.emplace_back(ev.label.what, ev.bytes.value);
+    }
+  }
+  return out;
+}
+
+TEST(SpPp, ALaterStagesLayerIsThePlainSequenceParallelLayer) {
+  const auto base = [](const char* gpus) {
+    return scenario_of("llama-3-8b", {{"gpus", gpus}, {"tp", "8"}, {"sequence_parallel", "true"}, {"precision", "fp32"},
+                                      {"overrides", "num_hidden_layers=4"}, {"batch", "2"}, {"seq", "1024"}});
+  };
+  Scenario pp = base("16xh100-80gb");
+  set_field(pp, "pp", "2");
+  set_field(pp, "rank", "1");  // layers 2-3, norm, lm_head
+  const Estimate staged = run(pp);
+  const Estimate plain = run(base("8xh100-80gb"));
+  ASSERT_TRUE(staged.pp.has_value());
+  const auto a = layer_activations(staged, 2);
+  EXPECT_GT(a.size(), 20u);
+  EXPECT_EQ(a, layer_activations(plain, 2));
+  // the stage's rotary embedding is over the whole sequence (position_ids = arange(T)), not the received T/tp
+  const auto rotary = layer_activations(staged, -1);
+  EXPECT_NE(std::find(rotary.begin(), rotary.end(), std::pair<std::string, uint64_t>{"rotary emb", 1024u * 128 * 4}),
+            rotary.end());
+  // the receive buffers: (B, T/tp, C) = 2 x 128 x 4096 float32 (no FSDP: the parameters' dtype), one per micro-batch
+  size_t recv = 0;
+  for (const Event& ev : staged.sim->timeline.events) {
+    if (ev.kind == Event::kAlloc && std::string_view(ev.label.what).rfind("pp recv buffer", 0) == 0) {
+      EXPECT_EQ(ev.bytes.value, 2u * 128 * 4096 * 4);
+      ++recv;
+    }
+  }
+  EXPECT_EQ(recv, 2u);  // two micro-batches (the default: the stages), buffers made once
 }
 
 // Published figure: torchtitan benchmarks/llama3_h100_202412_torchtitan.md Table 4 (torchtitan 9dec370, torch

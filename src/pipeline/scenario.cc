@@ -954,12 +954,12 @@ void check_sp_setup(const Scenario& s, ResolvedScenario& r) {
   } catch (const Error& e) {
     throw FieldError("sequence_parallel", fmt::format("true: {}", e.what()));
   }
-  r.warnings.push_back(
+  r.warnings.push_back(fmt::format(
       "--sequence-parallel: simulated as PyTorch-native TP + SP with torchtitan's plan on transformers' modules "
       "(SequenceParallel norms, PrepareModuleInput all-gathers, Shard(1) reduce-scattered o_proj/down_proj, "
       "vocabulary-parallel embed_tokens, lm_head's Shard(-1) logits) and torchtitan's cross_entropy_loss under "
-      "loss_parallel, inside trainmem's transformers training step (autocast, optimizer, loop); Megatron-LM's SP "
-      "is not simulated");
+      "loss_parallel, inside trainmem's transformers training step ({}optimizer, loop); Megatron-LM's SP "
+      "is not simulated", uses_autocast(r.setup.precision) ? "autocast, " : ""));
   if (r.setup.dp > 1 && t.sharding == Sharding::kFsdp2) {
     r.warnings.push_back(fmt::format(
         "--tp {} --sequence-parallel true with --sharding fsdp2: simulated as torchtitan's parallelize_hf_transformers "

@@ -928,9 +928,9 @@ void resolve_cp(const Scenario& s, ResolvedScenario& r) {
 
 }  // namespace
 
-// What --sequence-parallel true composes with (sp.h): FSDP2 data parallelism (torchtitan's 2-D mesh; no pipeline,
-// context or expert ranks), training, every position's logits, no selective checkpointing; the model's own limits
-// in sp_check.
+// What --sequence-parallel true composes with (sp.h): FSDP2 data parallelism and pipeline stages (torchtitan's 2-D
+// and 3-D meshes; no context or expert ranks), training, every position's logits, no selective checkpointing; the
+// model's own limits in sp_check.
 void check_sp_setup(const Scenario& s, ResolvedScenario& r) {
   const TrainSetup& t = s.train;
   auto refuse = [&](const char* field, const std::string& why) {

@@ -120,6 +120,11 @@ FsdpOptions fsdp_torchtitan_pp_options(uint64_t dp);
 FsdpOptions resolve_pp_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop, TorchVersion torch);
 std::vector<FsdpUnit> fsdp_stage_units(const Inventory& stage_inv, const std::vector<PpStagePart>& parts,
                                        const FsdpOptions& o);
+// The same split into one FSDP root per stage module (torchtitan's pipeline_llm runs parallelize_fn, hence
+// apply_fsdp, on each model part: several roots per rank under interleaved-1f1b): [j] holds parts[j]'s units, rows
+// of the rank's inventory.
+std::vector<std::vector<FsdpUnit>> fsdp_stage_roots(const Inventory& rank_inv, const std::vector<PpStagePart>& parts,
+                                                    const FsdpOptions& o);
 
 // --- torchtitan's FSDP2 policy over the sequence-parallel model (--tp T --sequence-parallel true --dp D
 // --sharding fsdp2: torchtitan's 2-D (dp_shard, tp) mesh) ---

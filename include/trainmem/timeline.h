@@ -70,8 +70,21 @@ enum class Stream : uint8_t {
   kFsdp1PostBackward,      // _post_backward_stream: new_sharded_grad and its cast to the parameter dtype
   kFsdp1PreUnshard,        // _pre_unshard_stream: the low-precision shard _mp_shard
   kFsdpAllReduce,          // FSDP2's all_reduce_stream under HSDP: the post-reduce upcast of the sharded gradients
+  // FSDP2 roots beyond the first on one rank (torchtitan's fully_shard on each pipeline model part under
+  // interleaved-1f1b): each root's FSDPState._lazy_init -> FSDPCommContext.lazy_init creates its own streams, so
+  // root k >= 1's copy-in, reduce-scatter and all-reduce streams are the values fsdp2_root_stream gives, from here
+  kFsdpRootStreams,
 };
-inline constexpr size_t kStreamCount = 7;
+// The FSDP2 roots beyond the first whose streams have pools (--pp-virtual-stages up to 1 + this under FSDP2)
+inline constexpr size_t kFsdpExtraRoots = 7;
+inline constexpr size_t kStreamCount = 7 + 3 * kFsdpExtraRoots;
+// The stream of FSDP2 root `root` (0: the first, the named values) for a kind among kFsdpAllGatherCopyIn,
+// kFsdpReduceScatter and kFsdpAllReduce
+inline Stream fsdp2_root_stream(Stream kind, size_t root) {
+  if (root == 0) return kind;
+  const size_t k = kind == Stream::kFsdpAllGatherCopyIn ? 0 : kind == Stream::kFsdpReduceScatter ? 1 : 2;
+  return static_cast<Stream>(static_cast<size_t>(Stream::kFsdpRootStreams) + 3 * (root - 1) + k);
+}
 
 struct Event {
   enum Kind : uint8_t { kAlloc, kFree, kRecategorize, kEmptyCache } kind;  // kEmptyCache: torch.cuda.empty_cache()

@@ -344,8 +344,10 @@ FsdpOptions resolve_pp_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind lo
   return f;
 }
 
-std::vector<FsdpUnit> fsdp_stage_units(const Inventory& stage_inv, const std::vector<PpStagePart>& parts,
-                                       const FsdpOptions& o) {
+namespace {
+// fsdp_stage_units' units of `parts` (rows of stage_inv), without the coverage check
+std::vector<FsdpUnit> stage_units_of(const Inventory& stage_inv, const std::vector<PpStagePart>& parts,
+                                     const FsdpOptions& o) {
   // apply_fsdp on each stage model (torchtitan's pipeline_llm prunes the Transformer per stage: tok_embeddings
   // None off the first stage, norm and output None off the last): fully_shard(tok_embeddings) if present, each
   // TransformerBlock, [norm, output] if present, then the root with what is left (nothing here). Units are in
@@ -368,7 +370,6 @@ std::vector<FsdpUnit> fsdp_stage_units(const Inventory& stage_inv, const std::ve
     units.push_back(std::move(u));
   };
   auto starts = [](const std::string& n, const std::string& pre) { return n.rfind(pre, 0) == 0; };
-  size_t covered = 0;
   for (const PpStagePart& p : parts) {
     if (p.embeddings) {
       add(FsdpUnit::kEmbed, -1, "model.embed_tokens", o.reshard_after_forward,
@@ -384,11 +385,23 @@ std::vector<FsdpUnit> fsdp_stage_units(const Inventory& stage_inv, const std::ve
           [&](const std::string& n) { return starts(n, "model.norm.") || starts(n, "lm_head."); });
     }
   }
-  for (const FsdpUnit& u : units) covered += u.rows.size();
+  return units;
+}
+
+void check_covered(const Inventory& stage_inv, size_t covered) {
   if (covered != stage_inv.parameters.size()) {
     throw Error(fmt::format("internal: {} of the stage's {} parameters in its FSDP units", covered,
                             stage_inv.parameters.size()));
   }
+}
+}  // namespace
+
+std::vector<FsdpUnit> fsdp_stage_units(const Inventory& stage_inv, const std::vector<PpStagePart>& parts,
+                                       const FsdpOptions& o) {
+  std::vector<FsdpUnit> units = stage_units_of(stage_inv, parts, o);
+  size_t covered = 0;
+  for (const FsdpUnit& u : units) covered += u.rows.size();
+  check_covered(stage_inv, covered);
   return units;
 }
 
@@ -428,6 +441,18 @@ FsdpOptions resolve_fsdp2_policy(const TrainSetup& s, const ModelSpec& m, LoopKi
   if (pp) return resolve_pp_fsdp(s, m, loop, torch);
   if (s.sequence_parallel) return resolve_sp_fsdp(s, m, loop, torch);
   return resolve_fsdp(s, m, loop, torch);
+}
+
+std::vector<std::vector<FsdpUnit>> fsdp_stage_roots(const Inventory& rank_inv, const std::vector<PpStagePart>& parts,
+                                                    const FsdpOptions& o) {
+  std::vector<std::vector<FsdpUnit>> roots;
+  size_t covered = 0;
+  for (const PpStagePart& p : parts) {
+    roots.push_back(stage_units_of(rank_inv, {p}, o));
+    for (const FsdpUnit& u : roots.back()) covered += u.rows.size();
+  }
+  check_covered(rank_inv, covered);
+  return roots;
 }
 
 }  // namespace trainmem

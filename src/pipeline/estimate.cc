@@ -339,11 +339,11 @@ void check_pipeline(const ModelSpec& m, const TrainSetup& s, LoopKind loop, Torc
   }
   // --dp D --sharding fsdp2: torchtitan v0.2.0's apply_fsdp on each rank's stage module (fsdp.h resolve_pp_fsdp,
   // fsdp_stage_units), its hooks run per micro-batch in the schedule's order (src/sim/fsdp.cc pp_*)
-  if (s.dp > 1 && s.sharding == Sharding::kFsdp2 && multi) {
-    // several stages per rank: each stage module is its own FSDP root, and the manual post-backward runs per stage
-    // (stage.py); not simulated
-    no(fmt::format("--dp {} --sharding fsdp2 with interleaved-1f1b (several FSDP-wrapped stages per rank) is not "
-                   "simulated; gpipe and 1f1b are", s.dp));
+  // interleaved-1f1b: pipeline_llm applies apply_fsdp to each model part, one FSDP root per stage module with its
+  // own streams (loop.cc pp_fsdp, fsdp.h fsdp_stage_roots), each reduce-scattered after its own last backward
+  if (s.dp > 1 && s.sharding == Sharding::kFsdp2 && multi && s.pp_virtual_stages > kFsdpExtraRoots + 1) {
+    no(fmt::format("--pp-virtual-stages {} with --sharding fsdp2: at most {} FSDP roots (stage modules) per rank are "
+                   "simulated, each with its own streams' allocator pools", s.pp_virtual_stages, kFsdpExtraRoots + 1));
   }
   if (s.dp > 1 && s.sharding != Sharding::kFsdp2) {
     no(fmt::format("--dp {} --sharding {}: DDP, FSDP1 and ZeRO under a pipeline are not simulated (torchtitan's "
@@ -572,7 +572,16 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
     FsdpFigures f;
     Bytes moments, steps;
     f.options = fopt;
-    f.units = o0.pp.on ? fsdp_stage_units(inv, o0.pp.parts, fopt) : fsdp_units(m, inv, fopt);
+    if (o0.pp.on) {
+      // one FSDP root per stage module (fsdp_stage_roots), their units in stage order
+      f.root_begin.clear();
+      for (std::vector<FsdpUnit>& root : fsdp_stage_roots(inv, o0.pp.parts, fopt)) {
+        f.root_begin.push_back(f.units.size());
+        for (FsdpUnit& u : root) f.units.push_back(std::move(u));
+      }
+    } else {
+      f.units = fsdp_units(m, inv, fopt);
+    }
     f.torchtitan_pp = o0.pp.on;
     f.torchtitan_sp = !o0.pp.on && s.sequence_parallel;
     for (const TensorRow& r : inv.parameters) {

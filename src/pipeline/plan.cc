@@ -700,6 +700,9 @@ PlanResult Planner::run() {
           // stages per rank given: the interleaved schedule is the one that takes them
           schedules = {{PpSchedule::kInterleaved1f1b, user.train.pp_virtual_stages}};
         } else if (pp > 1 && dp == 1) {
+          // (with dp > 1, FSDP2 under interleaved-1f1b is simulated, one FSDP root per stage module, but searched only
+          // when --pp-schedule or --pp-virtual-stages asks for it: its layouts, twice the stage micro-batches of
+          // 1F1B's, would spend the bound on work that the other layouts' variants need)
           schedules.push_back({PpSchedule::kInterleaved1f1b, 2});
         }
         const size_t first_of_layout = families.size();
@@ -918,7 +921,8 @@ PlanResult Planner::run() {
                         "precision only (under a pipeline, torchtitan's: fp32 parameters with FSDP2's bf16 policy)");
   }
   out.notes.push_back("not searched: GPipe (1F1B has its bubble and keeps fewer micro-batches in flight), "
-                      "interleaved 1F1B with FSDP2 and zero-bubble schedules (not simulated), sizes other than "
+                      "interleaved 1F1B with data parallelism unless --pp-schedule interleaved-1f1b asks for it (it would spend "
+                      "the bound on work), zero-bubble schedules (not simulated), sizes other than "
                       "powers of two");
   return out;
 }

@@ -159,7 +159,8 @@ double tp_seconds(const FlopLedger& L, WorkPhase p, uint64_t tp, double bw) {
 
 // FSDP2's collectives per pass over the units: the all-gathers before the forward, those again before the
 // backward (units resharded after their forward, not the root), the reduce-scatters; `first` is the first unit's
-// all-gather, which nothing hides.
+// all-gather, which nothing hides (with several FSDP roots, one per stage module under interleaved-1f1b, each root's
+// first, summed: an upper bound, as a later stage's first gather may run behind the earlier stage's compute).
 // HSDP (--dp-shard K): the gathers and reduce-scatters run in the dp_shard group (K ranks, `bw`), and each unit's
 // reduced shard (reduce dtype) is all-reduced over the dp_replicate group (R ranks, `ar_bw`) after its
 // reduce-scatter (foreach_reduce: all_reduce_stream waits for the reduce-scatter stream); `ar` sums them.
@@ -173,10 +174,12 @@ FsdpSeconds fsdp_seconds(const FsdpFigures& f, double bw, double ar_bw) {
   const FsdpOptions& o = f.options;
   FsdpSeconds x;
   const uint64_t dp = o.ranks;  // the shard group: --dp (x cp), or HSDP's dp_shard
-  for (const FsdpUnit& u : f.units) {
+  for (size_t i = 0; i < f.units.size(); ++i) {
+    const FsdpUnit& u = f.units[i];
     const double full = static_cast<double>(u.shard_numel) * static_cast<double>(dp);
     const double a = all_gather_seconds(full * static_cast<double>(itemsize(o.param_dtype)), dp, bw);
-    if (x.first == 0) x.first = a;
+    // each FSDP root's first all-gather (one root but under interleaved-1f1b, where each stage module is one)
+    if (std::find(f.root_begin.begin(), f.root_begin.end(), i) != f.root_begin.end()) x.first += a;
     x.ag_fwd += a;
     if (u.reshard_after_forward && u.kind != FsdpUnit::kRoot) x.ag_bwd += a;
     x.rs += all_gather_seconds(full * static_cast<double>(itemsize(o.reduce_dtype)), dp, bw);
@@ -524,9 +527,14 @@ std::optional<StepTime> pipeline_step_time(const std::vector<Estimate>& ranks, c
       pt.schedule, v > 1 ? fmt::format(" divided by the {} stages per rank", v) : std::string(),
       v > 1 ? " / v" : "", 2 * boundaries));
   if (dp > 1 && shown.fsdp) {
-    t.notes.push_back("FSDP2 under the pipeline: each unit all-gathered once per step, by the rank's first forward "
-                      "(the exposed gathers of every rank add up along the fill), and reduce-scattered once after the "
-                      "last backward, exposed");
+    t.notes.push_back(v > 1 ? "FSDP2 under the pipeline, one FSDP root per stage module: each unit all-gathered once "
+                              "per step, by its stage's first forward (every root's first gather counted exposed, on "
+                              "every rank along the fill: an upper bound, as a later stage's first gather may run "
+                              "behind the earlier stage's compute), and reduce-scattered once after its stage's last "
+                              "backward, exposed"
+                            : "FSDP2 under the pipeline: each unit all-gathered once per step, by the rank's first forward "
+                              "(the exposed gathers of every rank add up along the fill), and reduce-scattered once after the "
+                              "last backward, exposed");
   }
   fabric_note(t, fab, gpu);
   common_notes(t, gpu, s);

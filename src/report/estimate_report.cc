@@ -458,8 +458,11 @@ std::string render_fsdp_note(const Estimate& e) {
       embed = embed || u.kind == FsdpUnit::kEmbed;
       tail = tail || u.kind == FsdpUnit::kTail;
     }
-    out = fmt::format("FSDP2 (fully_shard as torchtitan v0.2.0's apply_fsdp on this pipeline stage), rank {} of {}: {} "
+    const size_t roots = f.root_begin.size();
+    out = fmt::format("FSDP2 (fully_shard as torchtitan v0.2.0's apply_fsdp on {}), rank {} of {}: {} "
                       "units ({}{} decoder layers{}); reshard_after_forward false (torchtitan: not pp_enabled)\n",
+                      roots > 1 ? fmt::format("each of this rank's {} pipeline stages, one FSDP root each", roots)
+                                : std::string("this pipeline stage"),
                       o.rank, o.ranks, f.units.size(), embed ? "the embedding, " : "", layers,
                       tail ? ", the tail [model.norm, lm_head]" : "");
     out += fmt::format("  MixedPrecisionPolicy: param_dtype {}, reduce_dtype {} over {} shards (torchtitan's "
@@ -536,12 +539,22 @@ std::string render_fsdp_note(const Estimate& e) {
   if (f.torchtitan_pp) {
     uint64_t gathered = 0;
     for (const FsdpUnit& u : f.units) gathered = checked_add(gathered, u.shard_numel * o.ranks, "FSDP gathered");
-    out += fmt::format("  under the pipeline (stage.py backward_maybe_with_nosync): the stage's parameters are all-gathered "
-                       "by its first forward and stay unsharded, {} in {}, through every micro-batch until the last "
-                       "backward; each unit's gradients accumulate unsharded in {} (unsharded_accumulated_grad, {}) from "
-                       "its first backward and are reduce-scattered once, after the last\n",
-                       format_bytes(bytes_of(Elems(gathered), o.param_dtype)), dt(o.param_dtype), dt(o.reduce_dtype),
-                       format_bytes(bytes_of(e.state.parameters, o.reduce_dtype)));
+    if (f.root_begin.size() > 1) {
+      out += fmt::format("  under the pipeline (stage.py backward_maybe_with_nosync, per stage): each stage's parameters are "
+                         "all-gathered by its first forward and stay unsharded through every micro-batch until that "
+                         "stage's last backward, {} in {} for the {} stages; each unit's gradients accumulate unsharded in "
+                         "{} (unsharded_accumulated_grad, {} for all) from its first backward and are reduce-scattered "
+                         "once, after its stage's last\n",
+                         format_bytes(bytes_of(Elems(gathered), o.param_dtype)), dt(o.param_dtype), f.root_begin.size(),
+                         dt(o.reduce_dtype), format_bytes(bytes_of(e.state.parameters, o.reduce_dtype)));
+    } else {
+      out += fmt::format("  under the pipeline (stage.py backward_maybe_with_nosync): the stage's parameters are all-gathered "
+                         "by its first forward and stay unsharded, {} in {}, through every micro-batch until the last "
+                         "backward; each unit's gradients accumulate unsharded in {} (unsharded_accumulated_grad, {}) from "
+                         "its first backward and are reduce-scattered once, after the last\n",
+                         format_bytes(bytes_of(Elems(gathered), o.param_dtype)), dt(o.param_dtype), dt(o.reduce_dtype),
+                         format_bytes(bytes_of(e.state.parameters, o.reduce_dtype)));
+    }
   }
   if (e.setup.grad_accum > 1 && f.torchtitan_sp) {
     // torchtitan's trainer calls no no_sync (loop.cc micro_batch)
@@ -557,6 +570,10 @@ std::string render_fsdp_note(const Estimate& e) {
          "output and the sharded gradients from the reduce-scatter stream's; the caching allocator reuses a block on its "
          "own stream only\n"
          "  NCCL's communicator buffers are outside the caching allocator (with --gpu, under the verdict)\n";
+  if (f.root_begin.size() > 1) {
+    out += "  each stage's FSDP root has streams of its own (FSDPCommContext.lazy_init in its lazy init): its buffers' "
+           "blocks are cached apart from the other stages'\n";
+  }
   return out;
 }
 
@@ -841,6 +858,8 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
                        {"all_reduce_bytes", o.replicate > 1 ? bytes_of(Elems(u.shard_numel), o.reduce_dtype).value : 0}});
     }
     j["units"] = std::move(units);
+    // under a pipeline: the index in units of each FSDP root's first unit, one root per stage module the rank holds
+    if (f->torchtitan_pp) j["root_first_units"] = f->root_begin;
     j["sharded_param_bytes"] = f->sharded_params.value;
     j["sharded_grad_bytes"] = f->sharded_grads.value;
     j["optimizer_state_bytes"] = f->optimizer_state.value;

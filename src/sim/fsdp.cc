@@ -22,8 +22,11 @@ const char* unit_label(const char* what, const FsdpUnit& u) {
 }
 }  // namespace
 
-Fsdp2::Fsdp2(Engine& e, const Inventory& inv, const FsdpOptions& o, std::vector<FsdpUnit> units)
-    : e_(e), inv_(inv), o_(o) {
+Fsdp2::Fsdp2(Engine& e, const Inventory& inv, const FsdpOptions& o, std::vector<FsdpUnit> units, size_t root)
+    : e_(e), inv_(inv), o_(o), root_(root) {
+  if (root > kFsdpExtraRoots) {
+    throw Error(fmt::format("FSDP2 roots on one rank: at most {} are simulated (each has its own streams)", kFsdpExtraRoots + 1));
+  }
   for (FsdpUnit& spec : units) {
     const auto k = static_cast<int64_t>(units_.size());
     if (spec.kind == FsdpUnit::kEmbed) embed_ = k;
@@ -57,32 +60,42 @@ Fsdp2::Unit& Fsdp2::unit(int32_t id) {
   return *u;
 }
 
-void Fsdp2::load(LoadedModel& w, DType buffer_dtype) {
-  w_ = &w;
-  std::vector<int32_t> layer_of(inv_.parameters.size(), -1);
-  for (const Unit& u : units_) {
-    for (int32_t r : u.spec.rows) layer_of[static_cast<size_t>(r)] = u.spec.layer;
+void Fsdp2::load(LoadedModel& w, DType buffer_dtype) { load_roots({this}, w, buffer_dtype); }
+
+void Fsdp2::load_roots(const std::vector<Fsdp2*>& roots, LoadedModel& w, DType buffer_dtype) {
+  if (roots.empty()) throw Error("internal: no FSDP2 root to load");
+  const Inventory& inv = roots.front()->inv_;
+  std::vector<std::pair<Fsdp2*, int32_t>> owner(inv.parameters.size(), {nullptr, -1});
+  for (Fsdp2* f : roots) {
+    for (const Unit& u : f->units_) {
+      for (int32_t r : u.spec.rows) owner[static_cast<size_t>(r)] = {f, u.spec.layer};
+    }
   }
-  // fully_shard -> FSDPParam._init_sharded_param: the parameter on the device, chunked on dim 0; this rank's chunk
-  // copied into `padded_sharded_param = param_data.new_zeros(padded_sharded_size)` (_sharded_param_data) and the
-  // module's parameter replaced by a DTensor over its unpadded view. (The full parameter fully_shard first moves
-  // to the device, one module at a time, is not simulated: accelerate loads on the CPU and shards unit by unit.)
-  w = load_model(e_, inv_, buffer_dtype, [&](size_t i) {
-    const TensorRow& r = inv_.parameters[i];
-    const FsdpShard sh = fsdp_shard(r.shape, o_.ranks, o_.rank);
-    const Label l{intern_name(r.name), layer_of[i], static_cast<int32_t>(i)};
-    const T data = e_.empty(Shape{sh.padded_numel}, o_.orig_dtype, Category::kWeights, l);
-    const Shape local = Shape::of(sh.local_shape);
-    sharded_[i] = e_.view(data, local, contiguous_strides(local));
-    // the unsharded parameter: a view of all_gather_outputs[0] (W x the padded shard, param_dtype), freed until
-    // the first all-gather (init_unsharded_param after the first copy-out; free_storage on reshard)
-    unsharded_[i] = e_.parameter_unallocated(Shape::of(r.shape), o_.param_dtype, static_cast<int32_t>(i),
-                                             bytes_of(Elems(sh.unsharded_padded_numel), o_.param_dtype),
-                                             Category::kFsdpBuffers,
-                                             Label{intern_name(fmt::format("{} (FSDP unsharded)", r.name)), layer_of[i], -1});
-    return sharded_[i];
+  w = load_model(roots.front()->e_, inv, buffer_dtype, [&](size_t i) {
+    if (!owner[i].first) throw Error(fmt::format("internal: {} is in no FSDP unit", inv.parameters[i].name));
+    return owner[i].first->shard_row(i, owner[i].second);
   });
-  w_ = &w;
+  for (Fsdp2* f : roots) f->w_ = &w;
+}
+
+// fully_shard -> FSDPParam._init_sharded_param: the parameter on the device, chunked on dim 0; this rank's chunk
+// copied into `padded_sharded_param = param_data.new_zeros(padded_sharded_size)` (_sharded_param_data) and the
+// module's parameter replaced by a DTensor over its unpadded view. (The full parameter fully_shard first moves
+// to the device, one module at a time, is not simulated: accelerate loads on the CPU and shards unit by unit.)
+T Fsdp2::shard_row(size_t i, int32_t layer) {
+  const TensorRow& r = inv_.parameters[i];
+  const FsdpShard sh = fsdp_shard(r.shape, o_.ranks, o_.rank);
+  const Label l{intern_name(r.name), layer, static_cast<int32_t>(i)};
+  const T data = e_.empty(Shape{sh.padded_numel}, o_.orig_dtype, Category::kWeights, l);
+  const Shape local = Shape::of(sh.local_shape);
+  sharded_[i] = e_.view(data, local, contiguous_strides(local));
+  // the unsharded parameter: a view of all_gather_outputs[0] (W x the padded shard, param_dtype), freed until
+  // the first all-gather (init_unsharded_param after the first copy-out; free_storage on reshard)
+  unsharded_[i] = e_.parameter_unallocated(Shape::of(r.shape), o_.param_dtype, static_cast<int32_t>(i),
+                                           bytes_of(Elems(sh.unsharded_padded_numel), o_.param_dtype),
+                                           Category::kFsdpBuffers,
+                                           Label{intern_name(fmt::format("{} (FSDP unsharded)", r.name)), layer, -1});
+  return sharded_[i];
 }
 
 // _to_unsharded / _to_sharded: _setattr_on_modules swaps the module's parameter
@@ -104,7 +117,7 @@ void Fsdp2::unshard(Unit& u) {
   // FSDPCommContext.get_all_gather_streams: unshards in FORWARD and PRE_BACKWARD (the backward prefetch sets
   // PRE_BACKWARD) without async_op run foreach_all_gather `with device_handle.stream(all_gather_copy_in_stream)`:
   // the copy-in and the all-gather output come from that stream's pool
-  const StreamScope copy_in_stream(e_, Stream::kFsdpAllGatherCopyIn);
+  const StreamScope copy_in_stream(e_, fsdp2_root_stream(Stream::kFsdpAllGatherCopyIn, root_));
   T copy_in = o_.mixed ? e_.empty(Shape{n}, o_.param_dtype, Category::kFsdpBuffers, Label{unit_label("all-gather copy-in", u.spec), u.spec.layer, -1})
                        : T();
   // all_gather_output = torch.empty((all_gather_input_numel * world_size,)); all_gather_copy_in copies the inputs
@@ -283,7 +296,7 @@ void Fsdp2::post_backward(Unit& u) {
   // `with device_handle.stream(reduce_scatter_stream): reduce_output = ...allocate(...)`, and the upcast runs
   // `with device_handle.stream(post_reduce_stream)` (the reduce-scatter stream without HSDP): both from that
   // stream's pool, so the sharded gradients' blocks live there until the optimizer frees them
-  std::optional<StreamScope> rs_stream(std::in_place, e_, Stream::kFsdpReduceScatter);
+  std::optional<StreamScope> rs_stream(std::in_place, e_, fsdp2_root_stream(Stream::kFsdpReduceScatter, root_));
   T reduce_output = e_.empty(Shape{n}, reduce, upcast ? Category::kFsdpBuffers : Category::kGradients,
                              Label{unit_label(upcast ? (o_.replicate > 1 ? "reduce-scatter output (all-reduced, held to the final callback)"
                                                                          : "reduce-scatter output")
@@ -300,7 +313,7 @@ void Fsdp2::post_backward(Unit& u) {
   // set_requires_gradient_sync(False), sets reduce_grads and all_reduce_grads False alike: no foreach_reduce at all.)
   if (o_.replicate > 1) {
     rs_stream.reset();
-    rs_stream.emplace(e_, Stream::kFsdpAllReduce);
+    rs_stream.emplace(e_, fsdp2_root_stream(Stream::kFsdpAllReduce, root_));
   }
   T grad_output = upcast ? e_.empty(Shape{n}, o_.orig_dtype, Category::kGradients,
                                     Label{unit_label("sharded gradients (reduce-scatter output upcast)", u.spec), u.spec.layer, -1})

@@ -13,11 +13,16 @@ namespace trainmem::sim {
 
 class Fsdp2 : public FsdpHooks {
  public:
-  Fsdp2(Engine& e, const Inventory& inv, const FsdpOptions& o, std::vector<FsdpUnit> units);
+  // `root`: this FSDP root's index on the rank (0 but under a pipeline with several stage modules per rank, where
+  // each model part is its own root with its own streams: fsdp2_root_stream)
+  Fsdp2(Engine& e, const Inventory& inv, const FsdpOptions& o, std::vector<FsdpUnit> units, size_t root = 0);
   // fully_shard over the model as fsdp2_prepare_model calls it: per parameter the padded dim-0 shard (the module
   // then holds the sharded parameter) and the unsharded parameter, whose storage starts freed. Loads the model
   // into `w` (buffers as load_model does).
   void load(LoadedModel& w, DType buffer_dtype);
+  // The same for several roots on one rank (torchtitan's apply_fsdp on each pipeline model part): one load of the
+  // rank's model, each parameter sharded by the root whose unit holds it.
+  static void load_roots(const std::vector<Fsdp2*>& roots, LoadedModel& w, DType buffer_dtype);
   T pre_forward(Ctx& c, int32_t unit, T input) override;
   T post_forward(Ctx& c, int32_t unit, T output) override;
   // The root module's post-forward (FSDPState._post_forward of the iteration's forward root): the last
@@ -57,6 +62,7 @@ class Fsdp2 : public FsdpHooks {
     std::vector<size_t> post_forward_indices;  // _post_forward_indices
   };
   Unit& unit(int32_t id);
+  T shard_row(size_t i, int32_t layer);  // load: row i's padded shard and its unsharded parameter
   void unshard(Unit& u);
   void wait_for_unshard(Unit& u);
   void reshard(Unit& u);
@@ -82,6 +88,7 @@ class Fsdp2 : public FsdpHooks {
   // unit(id)'s index: the embedding's, the tail's (-1: none), the first layer unit's and its layer
   int64_t embed_ = -1, tail_ = -1, layer0_ = -1;
   int32_t first_layer_ = 0;
+  size_t root_ = 0;
 };
 
 }  // namespace trainmem::sim

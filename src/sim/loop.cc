@@ -96,6 +96,10 @@ struct Loop {
   // FSDP2 (fsdp.h): this rank's fully_shard units
   FsdpOptions fsdp_opt;
   std::unique_ptr<Fsdp2> fsdp;
+  // Under a pipeline: the FSDP2 root of each stage this rank holds, by o.pp.parts index (torchtitan applies
+  // apply_fsdp to each model part: with interleaved-1f1b several roots, `fsdp` the first and fsdp_more the others)
+  std::vector<Fsdp2*> pp_fsdp;
+  std::vector<std::unique_ptr<Fsdp2>> fsdp_more;
   // The optimizer state's shape of row i: the local shard's under FSDP2 (zeros_like of the DTensor)
   // FSDP1 (fsdp1.h): this rank's FullyShardedDataParallel units
   std::unique_ptr<Fsdp1> fsdp1;
@@ -1710,6 +1714,14 @@ struct Loop {
     return fsdp && fsdp_opt.mixed ? fsdp_opt.param_dtype : param_dtype(s.precision);
   }
 
+  // The FSDP2 root of the stage module `stage` (nullptr without FSDP2)
+  Fsdp2* pp_fsdp_of(uint64_t stage) const {
+    for (size_t j = 0; j < pp_fsdp.size(); ++j) {
+      if (o.pp.parts[j].stage == stage) return pp_fsdp[j];
+    }
+    return nullptr;
+  }
+
   PpLocal& pp_local(uint64_t stage) {
     for (PpLocal& l : pp_locals) {
       if (l.part.stage == stage) return l;
@@ -1725,8 +1737,10 @@ struct Loop {
     c.pp.begin = part.layer_begin;
     c.pp.end = part.layer_end;
     c.pp.input = &x;
+    Fsdp2* root = pp_fsdp_of(part.stage);
+    if (root) c.fsdp = root;  // the stage module's own FSDP root and units
     ForwardOut out = program.forward(c, m, w, x, labels);
-    if (fsdp) fsdp->root_post_forward();  // FSDP2: the stage module is the root; its post-forward
+    if (root) root->root_post_forward();  // FSDP2: the stage module is the root; its post-forward
     c.pp = Ctx::PpStage{};
     return out;
   }
@@ -1802,16 +1816,17 @@ struct Loop {
   // the buffer's .grad stays until the next step's clear_runtime_states). fwd_cache.pop drops the chunk.
   void pp_backward(PpLocal& l, uint64_t i, bool last_backward) {
     PpChunk& ch = l.chunks[i];
-    if (fsdp) fsdp->pp_begin_backward();  // FSDP2 (fsdp.h): no reduce-scatter, no reshard, in every backward
+    Fsdp2* root = pp_fsdp_of(l.part.stage);  // the stage module's FSDP root (stage.py self.submod)
+    if (root) root->pp_begin_backward();  // FSDP2 (fsdp.h): no reduce-scatter, no reshard, in every backward
     if (l.part.head) {
       pp_losses.push_back(ch.loss);
       e.backward(ch.loss);
     } else {
       e.backward(ch.output, l.grad_recv[i]);
     }
-    if (fsdp) {
-      fsdp->pp_end_backward();                   // the final callback the backward queued
-      if (last_backward) fsdp->pp_post_backward();  // then, after the last, the reduce-scatters
+    if (root) {
+      root->pp_end_backward();                   // the final callback the backward queued
+      if (last_backward) root->pp_post_backward();  // then, after the stage's last, its reduce-scatters
     }
     if (!l.part.embeddings) pp_input_grads.push_back(e.take_leaf_grad(ch.input));
     ch = PpChunk{};
@@ -1834,10 +1849,12 @@ struct Loop {
       throw Error("internal: a pipeline action for a stage this rank does not hold");
     };
     const uint64_t most = pp_max_weighted_in_flight(p.actions, weight);
-    size_t last_backward = 0;  // the rank's last backward action (FSDP2's manual post-backward follows it)
-    for (size_t k = 0; k < p.actions.size(); ++k) {
-      if (!p.actions[k].forward) last_backward = k;
-    }
+    // FSDP2's manual post-backward follows each stage's last backward of the step: PipelineScheduleMulti.
+    // _step_microbatches (PyTorch 2.9) `backward_counter[stage_index] += 1; last_backward =
+    // backward_counter[stage_index] == self._n_microbatches` passed to backward_one_chunk; the single-stage
+    // schedules' last backward is the stage's n-th too (Schedule1F1B: `last_backward=bwd_mb_index ==
+    // self._n_microbatches - 1`; ScheduleGPipe: `last_backward = i == self._n_microbatches - 1`)
+    std::vector<uint64_t> backward_counter;
     bool recorded = false;
     for (uint32_t step = 1; step <= o.steps; ++step) {
       e.step = step;
@@ -1855,6 +1872,7 @@ struct Loop {
       T ids = has_first ? e.leaf(whole, DType::kI64, Category::kInputs, Label{"input ids"}) : T();
       T labels = has_last ? e.leaf(whole, DType::kI64, Category::kInputs, Label{"labels"}) : T();
       if (step == 1) pp_initialize();
+      backward_counter.assign(pp_locals.size(), 0);
       uint64_t now = 0;
       for (size_t k = 0; k < p.actions.size(); ++k) {
         const PpAction& a = p.actions[k];
@@ -1874,7 +1892,7 @@ struct Loop {
           }
         } else {
           e.phase = Phase::kBackward;
-          pp_backward(l, a.micro, k == last_backward);
+          pp_backward(l, a.micro, ++backward_counter[j] == p.micro_batches);
           now -= weight(a.stage);
         }
       }
@@ -1967,9 +1985,23 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
     loop.fsdp1->load(loop.w, param_dtype(s.precision));
     loop.c.fsdp = loop.fsdp1.get();
     e.post_accumulate_grad = [&loop](int32_t i) { loop.fsdp1->grad_ready(i); };
+  } else if (loop.fsdp_opt.on && o.pp.on) {
+    // torchtitan's pipeline_llm: `for i, m in enumerate(model_parts): m = parallelize_fn(m, ...)`, apply_fsdp on
+    // each stage module (model part) the rank holds: one FSDP root per stage, its units the stage's
+    std::vector<std::vector<FsdpUnit>> roots = fsdp_stage_roots(inv, o.pp.parts, loop.fsdp_opt);
+    for (size_t j = 0; j < roots.size(); ++j) {
+      auto root = std::make_unique<sim::Fsdp2>(e, inv, loop.fsdp_opt, std::move(roots[j]), j);
+      loop.pp_fsdp.push_back(root.get());
+      if (j == 0) {
+        loop.fsdp = std::move(root);
+      } else {
+        loop.fsdp_more.push_back(std::move(root));
+      }
+    }
+    sim::Fsdp2::load_roots(loop.pp_fsdp, loop.w, param_dtype(s.precision));
+    loop.c.fsdp = loop.fsdp.get();
   } else if (loop.fsdp_opt.on) {
-    loop.fsdp = std::make_unique<sim::Fsdp2>(e, inv, loop.fsdp_opt, o.pp.on ? fsdp_stage_units(inv, o.pp.parts, loop.fsdp_opt)
-                                                                           : fsdp_units(m, inv, loop.fsdp_opt));
+    loop.fsdp = std::make_unique<sim::Fsdp2>(e, inv, loop.fsdp_opt, fsdp_units(m, inv, loop.fsdp_opt));
     loop.fsdp->load(loop.w, param_dtype(s.precision));
     loop.c.fsdp = loop.fsdp.get();
   } else {

@@ -214,6 +214,7 @@ struct FsdpFigures {
   uint64_t local_elems = 0;    // this rank's unpadded parameter elements
   uint64_t first_rank_elems = 0, last_rank_elems = 0;  // ranks 0's and W - 1's unpadded elements: most, fewest
   bool torchtitan_pp = false;  // torchtitan's apply_fsdp on a pipeline stage (resolve_pp_fsdp), not accelerate's
+  bool torchtitan_sp = false;  // torchtitan's apply_fsdp over its TP + SP plan (resolve_sp_fsdp), not accelerate's
   // under a pipeline: the index in `units` of each FSDP root's first unit, one root per stage module the rank holds
   // (several with interleaved-1f1b: fsdp_stage_roots); {0} otherwise
   std::vector<size_t> root_begin{0};

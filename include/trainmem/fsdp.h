@@ -126,4 +126,18 @@ std::vector<FsdpUnit> fsdp_stage_units(const Inventory& stage_inv, const std::ve
 std::vector<std::vector<FsdpUnit>> fsdp_stage_roots(const Inventory& rank_inv, const std::vector<PpStagePart>& parts,
                                                     const FsdpOptions& o);
 
+// --- torchtitan's FSDP2 policy over the sequence-parallel model (--tp T --sequence-parallel true --dp D
+// --sharding fsdp2: torchtitan's 2-D (dp_shard, tp) mesh) ---
+// parallelize_hf_transformers (experiments/transformers_modeling_backend/parallelize.py @9810191bb) runs
+// apply_non_moe_tp (sp.h), then apply_fsdp on the dp mesh dimension ("fsdp", or ("dp_replicate", "fsdp") for HSDP)
+// over the TP-local DTensor parameters: fsdp_units' units (the embedding, each decoder layer, [norm, lm_head],
+// the root), fp32 shards (training.dtype "float32"), MixedPrecisionPolicy(param_dtype bf16, reduce_dtype fp32),
+// no autocast (maybe_enable_amp: "FSDP handles mixed precision"), reshard_after_forward True on the embedding
+// and the layers (policy "default": not pp_enabled; --reshard-after-forward false is policy "never"), False on
+// the tail. resolve_fsdp's refusals first; off unless --sequence-parallel true, dp > 1 and --sharding fsdp2.
+FsdpOptions resolve_sp_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop, TorchVersion torch);
+// The FSDP2 policy one rank runs: torchtitan's on a pipeline stage (`pp`: resolve_pp_fsdp), torchtitan's after
+// its TP + SP plan (resolve_sp_fsdp), else accelerate's (resolve_fsdp).
+FsdpOptions resolve_fsdp2_policy(const TrainSetup& s, const ModelSpec& m, LoopKind loop, TorchVersion torch, bool pp);
+
 }  // namespace trainmem

@@ -405,6 +405,44 @@ std::vector<FsdpUnit> fsdp_stage_units(const Inventory& stage_inv, const std::ve
   return units;
 }
 
+// torchtitan over its TP + SP plan (fsdp.h). Sources: pytorch/torchtitan 9810191bb
+// torchtitan/experiments/transformers_modeling_backend/parallelize.py parallelize_hf_transformers / apply_fsdp
+// (the same policy as v0.2.0's models/llama3/infra/parallelize.py apply_fsdp; disable_fsdp_gradient_division sets
+// the divide factor 1.0, which foreach_reduce applies in place: no memory), torchtitan/distributed/utils.py
+// maybe_enable_amp, torchtitan/config/configs.py (Training.dtype "float32", mixed_precision_param "bfloat16",
+// mixed_precision_reduce "float32", Parallelism.fsdp_reshard_after_forward "default"). FSDP2 over a TP DTensor
+// (torch _fully_shard/_fsdp_param.py FSDPParam._init_sharded_param: `self._tp_spec = cast(DTensor, param)._spec`,
+// the local tensor chunked on dim 0 over the dp shard mesh; the all-gather outputs TP-local): fsdp_shard on the
+// rank's TP-local inventory, as for accelerate's FSDP2 over TP.
+FsdpOptions resolve_sp_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop, TorchVersion torch) {
+  const FsdpOptions checked = resolve_fsdp(s, m, loop, torch);  // the mesh (HSDP included) and the refusals
+  if (!checked.on || !s.sequence_parallel) return checked;
+  if (s.precision != Precision::kFp32) {
+    // torchtitan keeps fp32 parameters (training.dtype "float32") and runs no autocast under FSDP
+    // (maybe_enable_amp); fully_shard's MixedPrecisionPolicy casts the gathers to bfloat16
+    throw FieldError("precision", fmt::format("{}: FSDP2 over the sequence-parallel model is simulated as torchtitan "
+                                              "runs it: training.dtype \"float32\" parameters, no autocast, "
+                                              "mixed_precision_param bfloat16 applied by fully_shard: use --precision fp32",
+                                              precision_name(s.precision)));
+  }
+  FsdpOptions f = fsdp_torchtitan_pp_options(s.dp);  // the dtypes (the same policy)
+  f.ranks = checked.ranks;
+  f.rank = checked.rank;
+  f.replicate = checked.replicate;
+  f.replicate_rank = checked.replicate_rank;
+  // apply_fsdp: policy "default" -> reshard_after_forward = not pp_enabled (True) on the embedding and each block;
+  // "never" (--reshard-after-forward false) -> False. The tail's `reshard_after_forward_policy == "always"` is
+  // False under both (fsdp_units gives the tail False); "always" (the tail too) is not simulated
+  f.reshard_after_forward = checked.reshard_after_forward;
+  return f;
+}
+
+FsdpOptions resolve_fsdp2_policy(const TrainSetup& s, const ModelSpec& m, LoopKind loop, TorchVersion torch, bool pp) {
+  if (pp) return resolve_pp_fsdp(s, m, loop, torch);
+  if (s.sequence_parallel) return resolve_sp_fsdp(s, m, loop, torch);
+  return resolve_fsdp(s, m, loop, torch);
+}
+
 std::vector<std::vector<FsdpUnit>> fsdp_stage_roots(const Inventory& rank_inv, const std::vector<PpStagePart>& parts,
                                                     const FsdpOptions& o) {
   std::vector<std::vector<FsdpUnit>> roots;

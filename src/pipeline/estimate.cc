@@ -450,7 +450,8 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
   const DdpOptions ddp = resolve_ddp(s, loop, o0.torch);
   const ZeroOptions zopt = resolve_zero(s, loop, o0.torch);  // --sharding zero2 (zero.h)
   // --sharding fsdp2 (fsdp.h): accelerate's policy, or torchtitan's on a pipeline stage
-  const FsdpOptions fopt = o0.pp.on ? resolve_pp_fsdp(s, m, loop, o0.torch) : resolve_fsdp(s, m, loop, o0.torch);
+  // (torchtitan's after its TP + SP plan over the sequence-parallel model: resolve_sp_fsdp)
+  const FsdpOptions fopt = resolve_fsdp2_policy(s, m, loop, o0.torch, o0.pp.on);
   const Fsdp1Options f1opt = resolve_fsdp1(s, m, loop, o0.torch);  // --sharding fsdp1 (fsdp1.h)
   if (gpu) o.sm = gpu->sm;  // the device decides the kernels: an H100 is simulated as sm_90
   Estimate e;
@@ -589,6 +590,7 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
       f.units = fsdp_units(m, inv, fopt);
     }
     f.torchtitan_pp = o0.pp.on;
+    f.torchtitan_sp = !o0.pp.on && s.sequence_parallel;
     for (const TensorRow& r : inv.parameters) {
       const FsdpShard sh = fsdp_shard(r.shape, fopt.ranks, fopt.rank);
       f.sharded_params += bytes_of(Elems(sh.padded_numel), fopt.orig_dtype);

@@ -263,8 +263,10 @@ void suggest(const Candidate& base, const FitProbe& original, std::optional<uint
   std::vector<FieldChange> all_changes;
   Candidate all = base;
 
-  // (FSDP2 under --pp is torchtitan's training.dtype float32 only: resolve_pp_fsdp)
-  const bool pp_fsdp = base.setup.pp > 1 && base.setup.dp > 1 && base.setup.sharding == Sharding::kFsdp2;
+  // (FSDP2 under --pp, or over the sequence-parallel model, is torchtitan's training.dtype float32 only:
+  // resolve_pp_fsdp, resolve_sp_fsdp)
+  const bool pp_fsdp = (base.setup.pp > 1 || base.setup.sequence_parallel) && base.setup.dp > 1 &&
+                       base.setup.sharding == Sharding::kFsdp2;
   if ((base.setup.precision == Precision::kFp32 || uses_autocast(base.setup.precision)) && !pp_fsdp) {
     Candidate c = base;
     c.setup.precision = Precision::kBf16;
@@ -273,7 +275,7 @@ void suggest(const Candidate& base, const FitProbe& original, std::optional<uint
     all_changes.push_back({"precision", "bf16"});
   }
   // (autocast is refused under --pp: torchtitan's mixed precision there is FSDP's)
-  if (base.setup.precision == Precision::kFp32 && base.setup.pp <= 1) {
+  if (base.setup.precision == Precision::kFp32 && base.setup.pp <= 1 && !pp_fsdp) {
     Candidate c = base;
     c.setup.precision = Precision::kBf16Amp;
     add({{"precision", "bf16-amp"}}, "bfloat16 autocast: 16-bit activations, float32 weights and optimizer state", c);

@@ -928,18 +928,19 @@ void resolve_cp(const Scenario& s, ResolvedScenario& r) {
 
 }  // namespace
 
-// What --sequence-parallel true composes with (sp.h): one TP group (no data-parallel, pipeline, context or expert
-// ranks), training, every position's logits, no selective checkpointing; the model's own limits in sp_check.
+// What --sequence-parallel true composes with (sp.h): FSDP2 data parallelism and pipeline stages (torchtitan's 2-D
+// and 3-D meshes; no context or expert ranks), training, every position's logits, no selective checkpointing; the
+// model's own limits in sp_check.
 void check_sp_setup(const Scenario& s, ResolvedScenario& r) {
   const TrainSetup& t = s.train;
   auto refuse = [&](const char* field, const std::string& why) {
     throw FieldError(field, fmt::format("{}: not simulated with --sequence-parallel true ({})", field_text(s, field), why));
   };
-  if (r.setup.dp > 1) {
-    refuse(s.gpus.empty() ? "dp" : "gpus",
-           "FSDP2 or DDP over the sequence-parallel model (torchtitan's 2-D mesh) is not simulated yet");
-  }
-  if (t.pp > 1) refuse("pp", "pipeline stages of the sequence-parallel model are not simulated yet");
+  // --dp D: check_tp_setup refused every sharding but fsdp2, which is torchtitan's apply_fsdp over the TP-local
+  // model on the dp dimension of its (dp_shard, tp) mesh (fsdp.h resolve_sp_fsdp); DDP, FSDP1 and ZeRO are not
+  // simulated over it
+  // --pp P: torchtitan's 3-D layout, its pipeline stages over the TP + SP model (pp.h; the stages exchange the
+  // residual stream's (B, T/tp, C) shards), with FSDP2 over dp its apply_fsdp on each stage (resolve_pp_fsdp)
   if (t.cp > 1) refuse("cp", "context parallelism shares the sequence dimension with it and is not simulated with it");
   if (t.ep > 1) refuse("ep", "expert parallelism's plan has no sequence-parallel form here");
   if (t.task != Task::kTrain) refuse("task", "the simulated program is torchtitan's training step");
@@ -953,12 +954,19 @@ void check_sp_setup(const Scenario& s, ResolvedScenario& r) {
   } catch (const Error& e) {
     throw FieldError("sequence_parallel", fmt::format("true: {}", e.what()));
   }
-  r.warnings.push_back(
+  r.warnings.push_back(fmt::format(
       "--sequence-parallel: simulated as PyTorch-native TP + SP with torchtitan's plan on transformers' modules "
       "(SequenceParallel norms, PrepareModuleInput all-gathers, Shard(1) reduce-scattered o_proj/down_proj, "
       "vocabulary-parallel embed_tokens, lm_head's Shard(-1) logits) and torchtitan's cross_entropy_loss under "
-      "loss_parallel, inside trainmem's transformers training step (autocast, optimizer, loop); Megatron-LM's SP "
-      "is not simulated");
+      "loss_parallel, inside trainmem's transformers training step ({}optimizer, loop); Megatron-LM's SP "
+      "is not simulated", uses_autocast(r.setup.precision) ? "autocast, " : ""));
+  if (r.setup.dp > 1 && t.sharding == Sharding::kFsdp2) {
+    r.warnings.push_back(fmt::format(
+        "--tp {} --sequence-parallel true with --sharding fsdp2: simulated as torchtitan's parallelize_hf_transformers "
+        "(apply_non_moe_tp, then apply_fsdp over the {} data-parallel ranks of its (dp_shard, tp) mesh: fp32 shards of "
+        "the TP-local parameters, bf16 all-gathers, fp32 reduce-scatters, no autocast, no no_sync under gradient "
+        "accumulation)", t.tp, r.setup.dp));
+  }
 }
 
 // What --tp and --sequence-parallel compose with so far (tp.h); everything else is refused, said why.
@@ -980,9 +988,10 @@ void check_tp_setup(const Scenario& s, const ResolvedScenario& r) {
     const bool gpus = !s.gpus.empty();
     throw FieldError(gpus ? "gpus" : "dp",
                      fmt::format("{}: {} data-parallel ranks of --tp {} GPUs each; tensor parallelism composed with "
-                                 "data parallelism by {} over the TP-local model is not simulated yet; --sharding fsdp2 (accelerate's "
-                                 "ParallelismConfig(tp_size, dp_shard_size)) is", gpus ? s.gpus : std::to_string(r.setup.dp),
-                                 r.setup.dp, t.tp, name_of(t.sharding)));
+                                 "data parallelism by {} over the TP-local model is not simulated yet; --sharding fsdp2 ({}) is",
+                                 gpus ? s.gpus : std::to_string(r.setup.dp), r.setup.dp, t.tp, name_of(t.sharding),
+                                 t.sequence_parallel ? "torchtitan's apply_fsdp over its TP + SP plan"
+                                                     : "accelerate's ParallelismConfig(tp_size, dp_shard_size)"));
   }
   if (t.lora.on) refuse("lora", "PEFT's adapters on tensor-parallel linears were not read");
   if (t.quant.type != Quantize::kNone) refuse("quantize", "4-bit bases under tensor parallelism were not read");
@@ -1098,7 +1107,7 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   check_tp_setup(s, r);
   if (s.train.sequence_parallel) check_sp_setup(s, r);  // sp.h
   // (under --pp the FSDP2 policy is torchtitan's apply_fsdp on the stage: resolve_pp_fsdp, no such choice)
-  if (r.setup.dp > 1 && s.train.tp > 1 && r.setup.pp <= 1) {
+  if (r.setup.dp > 1 && s.train.tp > 1 && r.setup.pp <= 1 && !s.train.sequence_parallel) {  // (SP: check_sp_setup)
     // transformers' own DistributedConfig(tp_size, fsdp_size) path (distributed/fsdp.py
     // apply_fully_sharded_data_parallelism) shards at from_pretrained with MixedPrecisionPolicy(param_dtype=bf16,
     // reduce_dtype=float32) only when fsdp_mixed_precision, and without accelerate's fp32 upcast; accelerate's

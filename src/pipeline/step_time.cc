@@ -382,7 +382,10 @@ std::optional<StepTime> step_time(const Estimate& e, const GpuSpec& gpu) {
   t.tokens_per_second = t.step_seconds > 0 ? static_cast<double>(tokens) / t.step_seconds : 0;
   const uint64_t model = model_flops(L);
   t.model_flops = model;
-  t.peak_tflops = product_peak(g, compute_dtype(s.precision)) / 1e12;
+  // (torchtitan's FSDP2 over the sequence-parallel model computes in its param_dtype, without autocast:
+  // resolve_sp_fsdp, as under a pipeline below)
+  const bool tt_sp = e.fsdp && e.fsdp->torchtitan_sp && e.fsdp->options.mixed;
+  t.peak_tflops = product_peak(g, tt_sp ? e.fsdp->options.param_dtype : compute_dtype(s.precision)) / 1e12;
   t.mfu = t.step_seconds > 0 ? static_cast<double>(model) / (t.step_seconds * t.peak_tflops * 1e12) : 0;
   common_notes(t, gpu, s);
   return t;

@@ -468,6 +468,16 @@ std::string render_fsdp_note(const Estimate& e) {
     out += fmt::format("  MixedPrecisionPolicy: param_dtype {}, reduce_dtype {} over {} shards (torchtitan's "
                        "mixed_precision_param / mixed_precision_reduce, training.dtype float32; no autocast)\n",
                        dt(o.param_dtype), dt(o.reduce_dtype), dt(o.orig_dtype));
+  } else if (f.torchtitan_sp) {
+    // torchtitan's apply_fsdp after apply_non_moe_tp (fsdp.h resolve_sp_fsdp): the TP-local DTensors' local tensors
+    out = fmt::format(
+        "FSDP2 (fully_shard as torchtitan's apply_fsdp after its TP + SP plan), rank {} of {} on the dp dimension of "
+        "the (dp_shard, tp) mesh, sharding this TP rank's local parameters on dim 0: {} units (the embedding, {} "
+        "decoder layers, the tail [model.norm, lm_head]); reshard_after_forward {} (the tail: false)\n",
+        o.rank, o.ranks, f.units.size(), f.units.size() - 2, o.reshard_after_forward ? "true" : "false");
+    out += fmt::format("  MixedPrecisionPolicy: param_dtype {}, reduce_dtype {} over {} shards (torchtitan's "
+                       "mixed_precision_param / mixed_precision_reduce, training.dtype float32; no autocast)\n",
+                       dt(o.param_dtype), dt(o.reduce_dtype), dt(o.orig_dtype));
   } else {
     out = fmt::format(
       "FSDP2 (fully_shard through accelerate's fsdp2_prepare_model), rank {} of {}: {} units (the embedding, {} decoder "
@@ -498,7 +508,7 @@ std::string render_fsdp_note(const Estimate& e) {
                               : "; the output is the sharded gradient itself, kept by _all_reduce_state to the "
                                 "final callback at no extra cost");
   }
-  if (!f.torchtitan_pp) out += o.mixed ? fmt::format("  MixedPrecisionPolicy: param_dtype {}, reduce_dtype {}, output_dtype {} over {} shards "
+  if (!f.torchtitan_pp && !f.torchtitan_sp) out += o.mixed ? fmt::format("  MixedPrecisionPolicy: param_dtype {}, reduce_dtype {}, output_dtype {} over {} shards "
                                "(accelerate's mixed_precision \"bf16\"; autocast still wraps the forward)\n",
                                dt(o.param_dtype), dt(o.reduce_dtype), dt(o.param_dtype), dt(o.orig_dtype))
                  : fmt::format("  MixedPrecisionPolicy(): no casts; {} shards, gathers and reduce-scatters\n", dt(o.orig_dtype));
@@ -546,7 +556,12 @@ std::string render_fsdp_note(const Estimate& e) {
                          format_bytes(bytes_of(e.state.parameters, o.reduce_dtype)));
     }
   }
-  if (e.setup.grad_accum > 1) {
+  if (e.setup.grad_accum > 1 && f.torchtitan_sp) {
+    // torchtitan's trainer calls no no_sync (loop.cc micro_batch)
+    out += fmt::format("  gradient accumulation: torchtitan's trainer reduce-scatters every micro-batch's gradients ({} "
+                       "reduce-scatter per unit and micro-batch) and adds them into the sharded gradients in place\n",
+                       dt(o.reduce_dtype));
+  } else if (e.setup.grad_accum > 1) {
     out += fmt::format("  gradient accumulation: accelerate's no_sync (set_requires_gradient_sync(False)) keeps every unsharded "
                        ".grad, {} in {}, from the first micro-batch's backward to the last one's reduce-scatters\n",
                        format_bytes(bytes_of(e.state.parameters, o.param_dtype)), dt(o.param_dtype));
@@ -824,7 +839,9 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
          // HSDP (--dp-shard K): the (dp_replicate, dp_shard) mesh; ranks and rank are the shard group's
          // (under --cp the flattened shard mesh is dp x cp ranks: "ranks"; "dp_shard" is the data-parallel factor)
          {"dp_replicate", o.replicate}, {"dp_shard", s.dp_shard.value_or(s.dp)}, {"replica", o.replicate_rank},
-         {"framework", f->torchtitan_pp ? "torchtitan apply_fsdp (pipeline stage)" : "accelerate fsdp2_prepare_model"},
+         {"framework", f->torchtitan_pp   ? "torchtitan apply_fsdp (pipeline stage)"
+                        : f->torchtitan_sp ? "torchtitan apply_fsdp (after its TP + SP plan)"
+                                           : "accelerate fsdp2_prepare_model"},
          {"reshard_after_forward", o.reshard_after_forward}, {"orig_dtype", dtype_name(o.orig_dtype)},
          {"param_dtype", dtype_name(o.param_dtype)}, {"reduce_dtype", dtype_name(o.reduce_dtype)},
          {"mixed_precision", o.mixed}};

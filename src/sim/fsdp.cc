@@ -308,7 +308,8 @@ void Fsdp2::post_backward(Unit& u) {
   // returned and kept in FSDPParamGroup._all_reduce_state until the unit's _wait_for_post_backward (its next
   // post_backward, or finalize_backward in the final callback): the reduce-dtype buffer outlives foreach_reduce.
   // (all_reduce_grads False, whose partial_reduce_output accumulates without the all-reduce, is
-  // FSDPModule.set_requires_all_reduce(False), which neither accelerate nor torchtitan calls; their no_sync,
+  // FSDPModule.set_requires_all_reduce(False), which neither accelerate nor torchtitan calls; no_sync (accelerate's,
+  // and torch.distributed.pipelining's stage under torchtitan's PP; torchtitan's trainer itself calls none),
   // set_requires_gradient_sync(False), sets reduce_grads and all_reduce_grads False alike: no foreach_reduce at all.)
   if (o_.replicate > 1) {
     rs_stream.reset();

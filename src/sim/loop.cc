@@ -409,7 +409,10 @@ struct Loop {
     e.phase = Phase::kForward;
     if (o.loop == LoopKind::kHf) get_batch();  // Trainer: _prepare_inputs moves this micro-batch's tensors
     if (ddp.on) ddp_pre_forward(micro == std::min<uint64_t>(s.grad_accum, 2));
-    if (fsdp) fsdp->set_requires_gradient_sync(micro == std::min<uint64_t>(s.grad_accum, 2));  // accelerate's no_sync
+    // accelerate's no_sync; torchtitan's trainer over the sequence-parallel model (resolve_sp_fsdp) calls none
+    // (trainer.py forward_backward_step per micro-batch): each micro-batch's gradients are reduce-scattered and
+    // accumulate sharded
+    if (fsdp) fsdp->set_requires_gradient_sync(s.sequence_parallel || micro == std::min<uint64_t>(s.grad_accum, 2));
     T loss;
     {
       ForwardOut out;
@@ -1702,7 +1705,9 @@ struct Loop {
 
   // The hidden states a stage receives and sends: (B, T, C) in the parameters' dtype (the embeddings' output;
   // the residual adds keep it without autocast, which check_pipeline requires). pp_forward checks each output.
-  Shape pp_hidden_shape() const { return Shape{s.batch, s.seq, m.hidden}; }
+  // Under sequence parallelism (sp.h) the residual stream between blocks is the rank's Shard(1) local tensor, (B,
+  // T/tp, C): what a stage sends (torchtitan's pipeline over the TP + SP model, its stages' outputs local tensors).
+  Shape pp_hidden_shape() const { return Shape{s.batch, m.sp ? s.seq / m.tp : s.seq, m.hidden}; }
   DType pp_hidden_dtype() const {
     // under FSDP2 (torchtitan's MixedPrecisionPolicy): the unsharded parameters' param_dtype, the embeddings' and
     // the layers' outputs too
@@ -1965,7 +1970,8 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
   // FSDP2 (fsdp.h): accelerate's fsdp2_prepare_model in Trainer.train(), the model sharded unit by unit as it
   // reaches the device
   // (under a pipeline: torchtitan's apply_fsdp on the rank's stage module, resolve_pp_fsdp / fsdp_stage_units)
-  loop.fsdp_opt = o.pp.on ? resolve_pp_fsdp(s, m, o.loop, o.torch) : resolve_fsdp(s, m, o.loop, o.torch);
+  // (over the sequence-parallel model: torchtitan's apply_fsdp after its TP + SP plan, resolve_sp_fsdp)
+  loop.fsdp_opt = resolve_fsdp2_policy(s, m, o.loop, o.torch, o.pp.on);
   // DeepSpeed ZeRO-3: zero.Init partitions each parameter as it is made (Loop::z3_partition_at_load)
   loop.zopt = resolve_zero(s, o.loop, o.torch);
   if (loop.zopt.on && loop.zopt.stage == 3) {

@@ -188,8 +188,8 @@ TEST(Sp, RefusesWhatIsNotSimulatedNamingIt) {
   has({{"tp", "2"}, {"sequence_parallel", "true"}, {"attention", "eager"}}, "sdpa");
   has({{"tp", "8"}, {"sequence_parallel", "true"}, {"seq", "1020"}}, "not divisible by 8");
   has({{"tp", "2"}, {"sequence_parallel", "true"}, {"checkpointing", "selective"}}, "selective");
-  has({{"tp", "2"}, {"sequence_parallel", "true"}, {"dp", "2"}, {"sharding", "fsdp2"}}, "FSDP2");
-  has({{"tp", "2"}, {"sequence_parallel", "true"}, {"pp", "2"}}, "pipeline");
+  // data parallelism: FSDP2 only (sp_fsdp_test), DDP / ZeRO / FSDP1 refused
+  has({{"tp", "2"}, {"sequence_parallel", "true"}, {"dp", "2"}}, "--sharding fsdp2 (torchtitan's apply_fsdp");
   has({{"tp", "2"}, {"sequence_parallel", "true"}, {"task", "inference"}}, "training");
   has({{"tp", "2"}, {"sequence_parallel", "true"}, {"logits_to_keep", "1"}}, "logits_to_keep");
   // mistral-7b slides a 4096-token window

@@ -96,11 +96,18 @@ TEST(TpFsdp, TheTailUnitsPreBackwardPrefetchesTheLastLayer) {
   // fully_shard's post-forward hook on [norm, lm_head] runs on the logits that TP's output hook gathered, and
   // registers the tail's pre-backward hook, which prefetches the previous unit (the last decoder layer): its
   // all-gather is issued before lm_head's backward runs, as without TP. (A tail without its post-forward would
-  // gather the last layer only when that layer's own backward starts.)
-  for (const char* tp : {"1", "2"}) {
-    const Scenario s = scenario_of("llama-3-8b", {{"overrides", "num_hidden_layers=2"}, {"overrides", "vocab_size=1024"}, {"tp", tp},
-                                                  {"dp", "2"}, {"sharding", "fsdp2"}, {"precision", "bf16"},
-                                                  {"batch", "1"}, {"seq", "64"}});
+  // gather the last layer only when that layer's own backward starts.) Under sequence parallelism (torchtitan's
+  // apply_fsdp, sp_fsdp_test) the tail's post-forward runs on lm_head's Shard(-1) logits, with the same effect.
+  struct Case {
+    const char* tp;
+    bool sp;
+  };
+  for (const Case k : {Case{"1", false}, Case{"2", false}, Case{"2", true}}) {
+    const char* tp = k.sp ? "2 (sequence parallel)" : k.tp;
+    Scenario s = scenario_of("llama-3-8b", {{"overrides", "num_hidden_layers=2"}, {"overrides", "vocab_size=1024"}, {"tp", k.tp},
+                                            {"dp", "2"}, {"sharding", "fsdp2"}, {"precision", k.sp ? "fp32" : "bf16"},
+                                            {"batch", "1"}, {"seq", "64"}});
+    if (k.sp) set_field(s, "sequence_parallel", "true");
     const Estimate e = run(s);
     size_t gather = 0, head_backward = 0;
     size_t i = 0;

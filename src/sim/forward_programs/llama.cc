@@ -373,7 +373,10 @@ T gemma3_text_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, T inputs_e
 T llama_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
   // a later pipeline stage (Ctx::pp) takes its received activations (B, T, C) in place of the embeddings
   const T& shaped = c.pp.first ? ids : *c.pp.input;
-  const uint64_t B = shaped.shape()[0], Tn = shaped.shape()[1];
+  // (under sequence parallelism a later stage receives the rank's (B, T/tp, C) shard of the residual stream; the
+  // sequence is still T: the backend's forward passes position_ids = arange(T), sp.h)
+  const uint64_t B = shaped.shape()[0];
+  const uint64_t Tn = !c.pp.first && m.sp ? checked_mul(shaped.shape()[1], m.tp, "sequence") : shaped.shape()[1];
   c.layer = -1;
   if (c.pp.first) (void)fsdp_pre_forward(c, kFsdpUnitEmbed, T());  // FSDP2: the embedding's unit (its input ids need no grad)
   T rs_pending;  // sequence parallelism: the embedding's reduce-scatter input, kept by its work until the first norm
@@ -439,6 +442,9 @@ ForwardOut llama_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const
     ForwardOut out;
     out.logits = linear(c, gathered, w.p("lm_head.weight"), nullptr, "lm_head (this rank's V/tp, Shard(-1))");
     gathered.reset();
+    // FSDP2 over the TP + SP model (fsdp.h resolve_sp_fsdp): the tail unit [norm, lm_head]'s post-forward hook
+    // runs after lm_head's TP output hook (parallelize_module registered it first), on the Shard(-1) logits
+    out.logits = fsdp_post_forward(c, kFsdpUnitTail, std::move(out.logits));
     hidden.reset();
     if (labels) out.loss = sp_loss_parallel_cross_entropy(c, out.logits, *labels, m.tp);
     return out;

@@ -87,7 +87,7 @@ struct StateBytes {
 // The simulated step's tensors (requested bytes): what autograd keeps, and what is live at the peak.
 struct PeakBreakdown {
   Bytes saved_activations;  // storages autograd holds at the end of forward, each once, excluding
-                            // parameters and buffers
+                            // parameters (FSDP's unsharded ones too), buffers and storages resized to 0
   Bytes activations;        // at the peak: everything but weights, buffers, gradients, optimizer state,
                             // inputs and workspaces
   Bytes live_total;         // the highest total of live tensors: the sum of the components

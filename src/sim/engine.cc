@@ -401,14 +401,22 @@ Bytes Engine::saved_bytes() const {
     for (const T& t : n->saved) {
       if (!t) continue;
       const Category c = storages_[t->storage].category;
-      if (c == Category::kWeights || c == Category::kBuffers) continue;
+      // parameters are not activations: the module's own, and FSDP's unsharded ones (all-gathered, category
+      // kFsdpBuffers, counted with FSDP's buffers) that the linears save
+      if (c == Category::kWeights || c == Category::kBuffers || c == Category::kFsdpBuffers) continue;
       ids.push_back(t->storage);
     }
   }
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   Bytes b;
-  for (uint64_t id : ids) b += storages_[id].bytes;
+  for (uint64_t id : ids) {
+    // a storage resized to 0 holds no bytes while it is so: FSDP's unsharded parameters after reshard (free_storage
+    // resizes the all-gather output's storage to 0, FSDPParam.to_sharded) stay saved by the linears that used them,
+    // and come back at the pre-backward all-gather (Engine::resize_storage)
+    if (storages_[id].resized_out) continue;
+    b += storages_[id].bytes;
+  }
   return b;
 }
 

@@ -494,8 +494,8 @@ class Engine {
   size_t peak_event() const { return peak_event_; }
   const LiveBytes& peak_live() const { return peak_live_; }
   size_t event_count() const { return tl_->events.size(); }
-  // Bytes of the distinct storages that autograd nodes hold (saved tensors), excluding parameters and
-  // buffers: what the forward pass leaves for backward.
+  // Bytes of the distinct storages that autograd nodes hold (saved tensors), excluding parameters (FSDP's
+  // unsharded ones too) and buffers, and storages resized to 0: what the forward pass leaves for backward.
   Bytes saved_bytes() const;
 
   // cuBLAS: the first gemm of a thread allocates that thread's workspace (forward ops run on the Python

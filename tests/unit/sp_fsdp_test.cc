@@ -164,6 +164,18 @@ TEST(SpFsdp, ActivationsAreThePlainSequenceParallelRanks) {
   EXPECT_EQ(a, b);
 }
 
+// The saved-activations figure counts what the forward leaves for backward, not parameters: the linears save
+// FSDP's unsharded (all-gathered) parameters, which are parameters, freed by reshard after forward (the layers)
+// or kept as the tail's. So it equals the plain SP rank's at bf16, whose linears save their bf16 leaves.
+TEST(SpFsdp, SavedActivationsCountNoUnshardedParameters) {
+  const Estimate f = run(sp_fsdp("16xh100-80gb", {{"overrides", "num_hidden_layers=2"}, {"seq", "2048"}, {"batch", "2"}}));
+  const Estimate p = run(scenario_of("llama-3-8b", {{"tp", "8"}, {"sequence_parallel", "true"}, {"precision", "bf16"},
+                                                    {"gpu", "h100-80gb"}, {"overrides", "num_hidden_layers=2"},
+                                                    {"seq", "2048"}, {"batch", "2"}}));
+  EXPECT_GT(p.peak.saved_activations.value, 0u);
+  EXPECT_EQ(f.peak.saved_activations, p.peak.saved_activations);
+}
+
 // --dp 1 (--gpus 8 with --tp 8): no data-parallel ranks, so torchtitan applies no FSDP (fsdp_enabled is dp_shard
 // > 1) and the rank is the plain SP rank, byte for byte.
 TEST(SpFsdp, OneDataParallelRankIsThePlainSequenceParallelRank) {

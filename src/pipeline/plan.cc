@@ -213,7 +213,8 @@ Probe Planner::simulate(const PlanSetup& p) {
 // precision is FSDP's bf16 parameters, whose products are autocast's. Empty when the reference is refused: the
 // family is then tried without a bound.
 std::optional<double> Planner::class_seconds_per_sequence(const PlanSetup& p) {
-  const Precision compute = p.pp > 1 && p.precision == Precision::kFp32 && p.dp > 1 ? Precision::kBf16Amp : p.precision;
+  // torchtitan's FSDP2 (fp32 parameters, bf16 compute): autocast's products
+  const Precision compute = p.mixed && p.precision == Precision::kFp32 ? Precision::kBf16Amp : p.precision;
   const auto key = std::make_tuple(p.tp, p.cp, p.checkpointing, compute);
   {
     std::lock_guard<std::mutex> lock(classes_mu_);
@@ -259,26 +260,28 @@ double Planner::bound_seconds(const PlanSetup& p, uint64_t micro_batch) {
 // The precisions searched for a layout, each as its framework spells mixed and pure bf16 training:
 // - DeepSpeed ZeRO: bf16 {enabled: true} is its mixed precision (bf16 parameters, fp32 master partitions in the
 //   optimizer; estimate refuses autocast under it), and it has no pure bf16 mode;
-// - torchtitan under a pipeline with FSDP2: training.dtype float32 with FSDP2's bf16 MixedPrecisionPolicy
-//   (--precision fp32; autocast and bf16 are refused there); without FSDP2 only training.dtype bf16, pure;
+// - torchtitan's FSDP2 (`titan`: data-parallel ranks under a pipeline, or over the TP + SP model): training.dtype
+//   float32 with FSDP2's bf16 MixedPrecisionPolicy (--precision fp32; autocast and bf16 are refused there);
+// - torchtitan's pipeline without FSDP2: only training.dtype bf16, pure;
 // - otherwise torch.autocast(bf16) over fp32 weights (mixed) and model.to(bfloat16) (pure).
-std::vector<Precision> precision_choices(bool zero, uint64_t pp, uint64_t dp) {
+std::vector<Precision> precision_choices(bool zero, bool titan, uint64_t pp) {
   if (zero) return {Precision::kBf16};
-  if (pp > 1) return {dp > 1 ? Precision::kFp32 : Precision::kBf16};
+  if (titan) return {Precision::kFp32};
+  if (pp > 1) return {Precision::kBf16};
   return {Precision::kBf16Amp, Precision::kBf16};
 }
 // --precision bf16-amp given: mixed precision, as each framework runs it (DeepSpeed's bf16 with fp32 masters under
-// ZeRO; torchtitan's fp32 parameters with FSDP2's bf16 policy under a pipeline); any other precision as given.
-Precision given_precision(Precision p, bool zero, uint64_t pp, uint64_t dp) {
+// ZeRO; torchtitan's fp32 parameters with FSDP2's bf16 policy); any other precision as given.
+Precision given_precision(Precision p, bool zero, bool titan) {
   if (p != Precision::kBf16Amp) return p;
   if (zero) return Precision::kBf16;
-  if (pp > 1 && dp > 1) return Precision::kFp32;
+  if (titan) return Precision::kFp32;
   return p;
 }
-bool is_mixed(Precision p, bool zero, uint64_t pp, uint64_t dp) {
+bool is_mixed(Precision p, bool zero, bool titan) {
   if (p == Precision::kBf16Amp || p == Precision::kFp16Amp) return true;
   if (p == Precision::kBf16 && zero) return true;
-  return p == Precision::kFp32 && pp > 1 && dp > 1;
+  return p == Precision::kFp32 && titan;
 }
 
 double tokens_per_second(uint64_t global_batch, uint64_t seq, double seconds) {
@@ -651,14 +654,14 @@ PlanResult Planner::run() {
     }
     const uint64_t k = hsdp_node_shard_degree(dp, tp, cp, per_node);
     if (pp > 1 || k == 0) return;
-    std::vector<PlanFamily> out(fams.begin(), fams.begin() + static_cast<std::ptrdiff_t>(first));
+    std::vector<PlanFamily> twinned(fams.begin(), fams.begin() + static_cast<std::ptrdiff_t>(first));
     for (size_t i = first; i < fams.size(); ++i) {
-      out.push_back(fams[i]);
+      twinned.push_back(fams[i]);
       if (fams[i].setup.sharding != Sharding::kFsdp2) continue;
-      out.push_back(fams[i]);
-      out.back().setup.dp_shard = k;
+      twinned.push_back(fams[i]);
+      twinned.back().setup.dp_shard = k;
     }
-    fams = std::move(out);
+    fams = std::move(twinned);
   };
 
   // The families, in the enumeration's order (the least parallel first: the tie-break among equal bounds).
@@ -708,8 +711,11 @@ PlanResult Planner::run() {
         const size_t first_of_layout = families.size();
         for (Sharding sh : shardings) {
           const bool zero = PlanSetup{.dp = dp, .sharding = sh}.deepspeed();
-          for (Precision pr : given("precision") ? std::vector<Precision>{given_precision(user.train.precision, zero, pp, dp)}
-                                                 : precision_choices(zero, pp, dp)) {
+          // torchtitan's FSDP2 and its precision policy: under a pipeline (the only sharding there) and over the
+          // TP + SP model (resolve_sp_fsdp)
+          const bool titan = dp > 1 && (pp > 1 || (user.train.sequence_parallel && sh == Sharding::kFsdp2));
+          for (Precision pr : given("precision") ? std::vector<Precision>{given_precision(user.train.precision, zero, titan)}
+                                                 : precision_choices(zero, titan, pp)) {
             for (Checkpointing ck : ckpts) {
               for (const auto& [schedule, v] : (pp > 1 ? schedules : decltype(schedules){{PpSchedule::k1f1b, 1}})) {
                 PlanFamily f;
@@ -721,7 +727,7 @@ PlanResult Planner::run() {
                 p.sharding = sh;
                 p.checkpointing = ck;
                 p.precision = pr;
-                p.mixed = is_mixed(pr, zero, pp, dp);
+                p.mixed = is_mixed(pr, zero, titan);
                 p.schedule = schedule;
                 p.virtual_stages = v;
                 // torch.optim's fused kernels where the optimizer is torch's own (DeepSpeed ZeRO runs its own)

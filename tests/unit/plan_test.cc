@@ -144,6 +144,31 @@ TEST(Plan, FieldsGivenAreKeptInEverySetup) {
   EXPECT_EQ(r.fixed, (std::vector<std::string>{"tp 2", "checkpointing full"}));
 }
 
+// --sequence-parallel true given: FSDP2 over the TP + SP model is torchtitan's (resolve_sp_fsdp), which takes
+// training.dtype float32 with fully_shard's bf16 policy and refuses autocast and pure bf16; plan searches it with
+// that mixed precision, as under a pipeline, and its row runs as estimate says (it was refused for every precision).
+TEST(Plan, SequenceParallelLayoutsWithDataParallelismGetTorchtitansPrecision) {
+  const PlanResult r = plan(fields({{"model", "llama-3-8b"}, {"overrides", "num_hidden_layers=2"},
+                                    {"gpus", "16xh100-80gb"}, {"tp", "8"}, {"sequence_parallel", "true"},
+                                    {"seq", "2048"}, {"checkpointing", "none"}}),
+                            request(8), MapFileReader());
+  const PlanFamily* fsdp = nullptr;
+  for (const PlanFamily& f : r.families) {
+    if (f.setup.pp == 1 && f.setup.dp == 2 && f.setup.sharding == Sharding::kFsdp2 && f.setup.dp_shard == 0) fsdp = &f;
+  }
+  ASSERT_NE(fsdp, nullptr);
+  EXPECT_EQ(fsdp->setup.precision, Precision::kFp32);
+  EXPECT_TRUE(fsdp->setup.mixed);
+  EXPECT_EQ(fsdp->verdict, PlanVerdict::kRanked) << fsdp->why;
+  for (const PlanRow& row : r.rows) {
+    if (row.setup.sharding != Sharding::kFsdp2 || row.setup.pp != 1) continue;
+    const RowRun run = run_of(r, row.setup);
+    ASSERT_TRUE(run.e.fsdp.has_value());
+    EXPECT_TRUE(run.e.fsdp->torchtitan_sp);
+    EXPECT_TRUE(run.with_margin.fits);
+  }
+}
+
 TEST(Plan, AGlobalBatchThatDoesNotDivideRejectsTheLayoutWithTheReason) {
   const PlanResult r = plan(fields({{"model", "tinyllama-1.1b"}, {"gpus", "8xa100-40gb"}, {"seq", "2048"},
                                     {"tp", "1"}, {"pp", "1"}, {"cp", "1"}}),

@@ -3,7 +3,8 @@
 // estimate about a tenth of its time. Their vectors take their memory through ReuseAllocator, which keeps a few
 // freed large buffers per thread and hands them to the next request that fits (simulation bookkeeping: no
 // simulated figure depends on where a buffer lives; every buffer is written before it is read, as a vector's
-// elements are).
+// elements are). Retention: each thread keeps at most 16 freed buffers and 256 MiB (buffer_cache.cc) until it exits;
+// a long-lived caller (the C API, the WebAssembly page) holds at most that much between estimates.
 #pragma once
 
 #include <cstddef>

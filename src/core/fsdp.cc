@@ -114,9 +114,12 @@ void apply_hsdp_mesh(FsdpOptions& f, const TrainSetup& s) {
       throw FieldError("dp_shard", fmt::format(
           "{}: expected a divisor of --dp {} from 2 to {} ({}; dp = dp_replicate x dp_shard){}", k, dp, dp,
           divisors.empty() ? "none" : divisors,
-          k == 1 ? ". A shard degree of 1 replicates without sharding, which accelerate's ParallelismConfig refuses "
-                   "(dp_replicate_size > 1 with dp_shard_size 1): that is --sharding ddp"
-                 : ""));
+          k != 1 ? ""
+          : s.sequence_parallel
+              ? ". A shard degree of 1 replicates without sharding (DDP over the replicas), which is not simulated "
+                "over the TP + SP model"
+              : ". A shard degree of 1 replicates without sharding, which accelerate's ParallelismConfig refuses "
+                "(dp_replicate_size > 1 with dp_shard_size 1): that is --sharding ddp"));
     }
     if (s.cp > 1) return;  // K = dp under --cp: the flattened dp x cp mesh above, one replica
     f.ranks = k;
@@ -159,8 +162,12 @@ FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop,
   }
   // accelerator.py: `if not is_torch_version(">=", FSDP2_PYTORCH_VERSION): raise ImportError(...)`, "2.6.0"
   if (torch < TorchVersion{2, 6}) {
-    refuse("torch", fmt::format("{}: accelerate's FSDP2 requires PyTorch >= 2.6.0 (FSDP2_PYTORCH_VERSION)",
-                                torch_version_name(torch)));
+    refuse("torch", s.sequence_parallel
+                        ? fmt::format("{}: FSDP2 over the TP + SP model is simulated for PyTorch 2.6 and later (the "
+                                      "fully_shard and DTensor of accelerate's FSDP2_PYTORCH_VERSION, 2.6.0)",
+                                      torch_version_name(torch))
+                        : fmt::format("{}: accelerate's FSDP2 requires PyTorch >= 2.6.0 (FSDP2_PYTORCH_VERSION)",
+                                      torch_version_name(torch)));
   }
   // The forward hooks of the embedding and the tail [final norm, lm_head] sit in the llama family's program
   // (src/sim/forward_programs/llama.cc); the decoder layers' in run_layers (src/sim/layers.h).

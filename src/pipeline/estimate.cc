@@ -342,8 +342,10 @@ void check_pipeline(const ModelSpec& m, const TrainSetup& s, LoopKind loop, Torc
   // interleaved-1f1b: pipeline_llm applies apply_fsdp to each model part, one FSDP root per stage module with its
   // own streams (loop.cc pp_fsdp, fsdp.h fsdp_stage_roots), each reduce-scattered after its own last backward
   if (s.dp > 1 && s.sharding == Sharding::kFsdp2 && multi && s.pp_virtual_stages > kFsdpExtraRoots + 1) {
-    no(fmt::format("--pp-virtual-stages {} with --sharding fsdp2: at most {} FSDP roots (stage modules) per rank are "
-                   "simulated, each with its own streams' allocator pools", s.pp_virtual_stages, kFsdpExtraRoots + 1));
+    throw FieldError("pp_virtual_stages",
+                     fmt::format("{} with --sharding fsdp2: expected at most {} (each stage module is an FSDP root with "
+                                 "its own streams' allocator pools, and {} are simulated per rank)",
+                                 s.pp_virtual_stages, kFsdpExtraRoots + 1, kFsdpExtraRoots + 1));
   }
   if (s.dp > 1 && s.sharding != Sharding::kFsdp2) {
     no(fmt::format("--dp {} --sharding {}: DDP, FSDP1 and ZeRO under a pipeline are not simulated (torchtitan's "

@@ -961,11 +961,24 @@ void check_sp_setup(const Scenario& s, ResolvedScenario& r) {
       "loss_parallel, inside trainmem's transformers training step ({}optimizer, loop); Megatron-LM's SP "
       "is not simulated", uses_autocast(r.setup.precision) ? "autocast, " : ""));
   if (r.setup.dp > 1 && t.sharding == Sharding::kFsdp2) {
-    r.warnings.push_back(fmt::format(
-        "--tp {} --sequence-parallel true with --sharding fsdp2: simulated as torchtitan's parallelize_hf_transformers "
-        "(apply_non_moe_tp, then apply_fsdp over the {} data-parallel ranks of its (dp_shard, tp) mesh: fp32 shards of "
-        "the TP-local parameters, bf16 all-gathers, fp32 reduce-scatters, no autocast, no no_sync under gradient "
-        "accumulation)", t.tp, r.setup.dp));
+    const uint64_t k = hsdp_shard_degree(r.setup);
+    const std::string mesh = k ? fmt::format("its (dp_replicate, dp_shard, tp) = ({}, {}, {}) mesh", r.setup.dp / k, k, t.tp)
+                               : fmt::format("its (dp_shard, tp) = ({}, {}) mesh", r.setup.dp, t.tp);
+    if (r.setup.pp > 1) {
+      // the pipeline stage's FSDP2 is resolve_pp_fsdp's: reshard_after_forward false, no gradient sync until each
+      // stage's last micro-batch backward (stage.py backward_maybe_with_nosync)
+      r.warnings.push_back(fmt::format(
+          "--tp {} --sequence-parallel true --pp {} with --sharding fsdp2: simulated as torchtitan's 3-D layout "
+          "(apply_non_moe_tp, then apply_fsdp on each pipeline stage over the {} data-parallel ranks of {}: fp32 shards "
+          "of the TP-local parameters, bf16 all-gathers kept across micro-batches, fp32 reduce-scatters after each "
+          "stage's last backward, no autocast)", t.tp, r.setup.pp, r.setup.dp, mesh));
+    } else {
+      r.warnings.push_back(fmt::format(
+          "--tp {} --sequence-parallel true with --sharding fsdp2: simulated as torchtitan's parallelize_hf_transformers "
+          "(apply_non_moe_tp, then apply_fsdp over the {} data-parallel ranks of {}: fp32 shards of the TP-local "
+          "parameters, bf16 all-gathers, fp32 reduce-scatters, no autocast, no no_sync under gradient accumulation)",
+          t.tp, r.setup.dp, mesh));
+    }
   }
 }
 
@@ -1268,9 +1281,11 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   if (!r.setup.checkpoint_reentrant) r.setup.checkpoint_reentrant = default_checkpoint_reentrant(r.model.impl);
   // The optimizer code path that runs (fused for nanoGPT's AdamW, foreach for torch.optim on CUDA).
   r.setup.optimizer_impl = resolve_optimizer_impl(r.setup.optimizer, s.train.optimizer_impl, r.model.impl);
-  // --pp: torchtitan's trainer runs the pipeline, and its optimizer's implementation defaults to "fused"
-  // (components/optimizer/optimizer.py OptimizersContainer.Config)
-  if (r.setup.pp > 1 && s.train.optimizer_impl == OptimizerImpl::kAuto && is_torch_optim(r.setup.optimizer)) {
+  // --pp, and FSDP2 over the TP + SP model: torchtitan's trainer runs the step, and its optimizer's implementation
+  // defaults to "fused" (components/optimizer/optimizer.py OptimizersContainer.Config)
+  const bool torchtitan_step =
+      r.setup.pp > 1 || (r.setup.sequence_parallel && r.setup.dp > 1 && r.setup.sharding == Sharding::kFsdp2);
+  if (torchtitan_step && s.train.optimizer_impl == OptimizerImpl::kAuto && is_torch_optim(r.setup.optimizer)) {
     r.setup.optimizer_impl = OptimizerImpl::kFused;
   }
   // torch.optim.Adafactor first ships in torch 2.5 (torch/optim/_adafactor.py; torch/optim/__init__.py

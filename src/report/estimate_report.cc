@@ -119,7 +119,7 @@ std::string headline(const Estimate& e) {
       torch_version_name(e.options.torch), e.options.sm, with_commas(e.state.parameters.value),
       (e.state.parameters.value >= 1'000'000'000 ? fmt::format("{:.2f} B", static_cast<double>(e.state.parameters.value) / 1e9)
                                            : fmt::format("{:.1f} M", static_cast<double>(e.state.parameters.value) / 1e6)) +
-          (e.pp ? std::string(", this rank's stage") : std::string()));
+          (!e.pp ? std::string() : e.pp->virtual_stages > 1 ? std::string(", this rank's stages") : std::string(", this rank's stage")));
 }
 
 std::string where(const Estimate& e) {

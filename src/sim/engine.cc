@@ -168,7 +168,9 @@ uint64_t Engine::alloc_storage(Bytes b, Category c, Label l) {
     l = Label{running_->label.what, running_->label.layer, kRowBackwardOf};
   }
   const uint64_t id = storages_.size();
-  __builtin_prefetch(storages_.data() + id + 8, 1);  // the table's memory ahead, as the timeline's (emit)
+  // the table's memory ahead, as the timeline's (emit); only inside the capacity (a pointer past it, or an offset
+  // from an empty vector's null data(), is undefined behaviour)
+  if (id + 8 < storages_.capacity()) __builtin_prefetch(storages_.data() + id + 8, 1);
   storages_.push_back(StorageInfo{b, l, 0, c, false, stream});
   emit_alloc(id);
   return id;
@@ -232,7 +234,8 @@ const char* Engine::prefixed(const char* prefix, const char* what) {
 
 void Engine::emit(Event::Kind kind, Category c, Category from, uint64_t id, Bytes b, Label l, Stream s) {
   // The timeline's memory a few events ahead is asked for now: it is written once, long after it was last used.
-  __builtin_prefetch(tl_->events.data() + tl_->events.size() + 8, 1);
+  // (only inside the capacity: an offset from an empty vector's null data() is undefined behaviour)
+  if (tl_->events.size() + 8 < tl_->events.capacity()) __builtin_prefetch(tl_->events.data() + tl_->events.size() + 8, 1);
   tl_->events.push_back(Event{kind, c, from, phase, step, micro, static_cast<uint32_t>(id), b, l, s});
   apply(live_, tl_->events.back());
 }

@@ -284,7 +284,7 @@ TEST(PpFsdp, RefusesWhatItDoesNotSimulate) {
   s.pp_virtual_stages = kFsdpExtraRoots + 2;  // 9 stages per rank: 18 stages of llama8's 10 layers and ends
   s.micro_batches = 18;
   std::string why = testing::error_of([&] { estimate(m, inv, s, SimOptions{}); });
-  EXPECT_NE(why.find("at most 8 FSDP roots"), std::string::npos) << why;
+  EXPECT_NE(why.find("9 with --sharding fsdp2: expected at most 8"), std::string::npos) << why;
   s = pp_fsdp_setup(8);
   s.precision = Precision::kBf16;
   why = testing::error_of([&] { estimate(m, inv, s, SimOptions{}); });

@@ -324,6 +324,20 @@ FsdpOptions fsdp_torchtitan_pp_options(uint64_t dp) {
   return f;
 }
 
+namespace {
+// torchtitan's policy (fsdp_torchtitan_pp_options) over the mesh resolve_fsdp resolved: the shard group, the
+// replicate group (HSDP, --dp-shard K: torchtitan shards over ("dp_replicate", "dp_shard_cp") when dp_replicate is
+// enabled, the policy unchanged, apply_hsdp_mesh) and the rank's coordinates (--dp-rank, checked there)
+FsdpOptions torchtitan_policy_over(const FsdpOptions& mesh, uint64_t dp) {
+  FsdpOptions f = fsdp_torchtitan_pp_options(dp);
+  f.ranks = mesh.ranks;
+  f.rank = mesh.rank;
+  f.replicate = mesh.replicate;
+  f.replicate_rank = mesh.replicate_rank;
+  return f;
+}
+}  // namespace
+
 FsdpOptions resolve_pp_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop, TorchVersion torch) {
   if (s.reshard_after_forward && s.dp > 1 && s.sharding == Sharding::kFsdp2) {
     // torchtitan's parallelism.fsdp_reshard_after_forward "always" / "never" are other programs under a pipeline
@@ -341,24 +355,16 @@ FsdpOptions resolve_pp_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind lo
                                               "\"float32\" with mixed_precision_param bfloat16 applied by "
                                               "fully_shard: use --precision fp32", precision_name(s.precision)));
   }
-  // --dp-shard K: torchtitan's parallelize_llama shards over ("dp_replicate", "dp_shard_cp") when dp_replicate is
-  // enabled, the policy unchanged (apply_fsdp takes the 2-D mesh): HSDP over K ranks (apply_hsdp_mesh)
-  FsdpOptions f = fsdp_torchtitan_pp_options(s.dp);
-  f.ranks = checked.ranks;
-  f.rank = checked.rank;  // --dp-rank (resolve_fsdp checked it)
-  f.replicate = checked.replicate;
-  f.replicate_rank = checked.replicate_rank;
-  return f;
+  return torchtitan_policy_over(checked, s.dp);
 }
 
 namespace {
-// fsdp_stage_units' units of `parts` (rows of stage_inv), without the coverage check
-std::vector<FsdpUnit> stage_units_of(const Inventory& stage_inv, const std::vector<PpStagePart>& parts,
-                                     const FsdpOptions& o) {
+// The units of one stage module `p` (rows of stage_inv, the rank's inventory)
+std::vector<FsdpUnit> stage_units_of(const Inventory& stage_inv, const PpStagePart& p, const FsdpOptions& o) {
   // apply_fsdp on each stage model (torchtitan's pipeline_llm prunes the Transformer per stage: tok_embeddings
   // None off the first stage, norm and output None off the last): fully_shard(tok_embeddings) if present, each
   // TransformerBlock, [norm, output] if present, then the root with what is left (nothing here). Units are in
-  // forward order, stage by stage as the rank holds them.
+  // forward order.
   std::vector<FsdpUnit> units;
   auto add = [&](FsdpUnit::Kind kind, int32_t layer, std::string name, bool reshard, auto member) {
     FsdpUnit u;
@@ -377,38 +383,29 @@ std::vector<FsdpUnit> stage_units_of(const Inventory& stage_inv, const std::vect
     units.push_back(std::move(u));
   };
   auto starts = [](const std::string& n, const std::string& pre) { return n.rfind(pre, 0) == 0; };
-  for (const PpStagePart& p : parts) {
-    if (p.embeddings) {
-      add(FsdpUnit::kEmbed, -1, "model.embed_tokens", o.reshard_after_forward,
-          [&](const std::string& n) { return starts(n, "model.embed_tokens."); });
-    }
-    for (uint64_t l = p.layer_begin; l < p.layer_end; ++l) {
-      const std::string pre = fmt::format("model.layers.{}.", l);
-      add(FsdpUnit::kLayer, static_cast<int32_t>(l), pre.substr(0, pre.size() - 1), o.reshard_after_forward,
-          [&](const std::string& n) { return starts(n, pre); });
-    }
-    if (p.head) {
-      add(FsdpUnit::kTail, -1, "[model.norm, lm_head]", false,
-          [&](const std::string& n) { return starts(n, "model.norm.") || starts(n, "lm_head."); });
-    }
+  if (p.embeddings) {
+    add(FsdpUnit::kEmbed, -1, "model.embed_tokens", o.reshard_after_forward,
+        [&](const std::string& n) { return starts(n, "model.embed_tokens."); });
+  }
+  for (uint64_t l = p.layer_begin; l < p.layer_end; ++l) {
+    const std::string pre = fmt::format("model.layers.{}.", l);
+    add(FsdpUnit::kLayer, static_cast<int32_t>(l), pre.substr(0, pre.size() - 1), o.reshard_after_forward,
+        [&](const std::string& n) { return starts(n, pre); });
+  }
+  if (p.head) {
+    add(FsdpUnit::kTail, -1, "[model.norm, lm_head]", false,
+        [&](const std::string& n) { return starts(n, "model.norm.") || starts(n, "lm_head."); });
   }
   return units;
-}
-
-void check_covered(const Inventory& stage_inv, size_t covered) {
-  if (covered != stage_inv.parameters.size()) {
-    throw Error(fmt::format("internal: {} of the stage's {} parameters in its FSDP units", covered,
-                            stage_inv.parameters.size()));
-  }
 }
 }  // namespace
 
 std::vector<FsdpUnit> fsdp_stage_units(const Inventory& stage_inv, const std::vector<PpStagePart>& parts,
                                        const FsdpOptions& o) {
-  std::vector<FsdpUnit> units = stage_units_of(stage_inv, parts, o);
-  size_t covered = 0;
-  for (const FsdpUnit& u : units) covered += u.rows.size();
-  check_covered(stage_inv, covered);
+  std::vector<FsdpUnit> units;  // the roots' units, stage by stage as the rank holds them
+  for (std::vector<FsdpUnit>& root : fsdp_stage_roots(stage_inv, parts, o)) {
+    for (FsdpUnit& u : root) units.push_back(std::move(u));
+  }
   return units;
 }
 
@@ -432,11 +429,7 @@ FsdpOptions resolve_sp_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind lo
                                               "mixed_precision_param bfloat16 applied by fully_shard: use --precision fp32",
                                               precision_name(s.precision)));
   }
-  FsdpOptions f = fsdp_torchtitan_pp_options(s.dp);  // the dtypes (the same policy)
-  f.ranks = checked.ranks;
-  f.rank = checked.rank;
-  f.replicate = checked.replicate;
-  f.replicate_rank = checked.replicate_rank;
+  FsdpOptions f = torchtitan_policy_over(checked, s.dp);  // the dtypes (the same policy)
   // apply_fsdp: policy "default" -> reshard_after_forward = not pp_enabled (True) on the embedding and each block;
   // "never" (--reshard-after-forward false) -> False. The tail's `reshard_after_forward_policy == "always"` is
   // False under both (fsdp_units gives the tail False); "always" (the tail too) is not simulated
@@ -455,10 +448,13 @@ std::vector<std::vector<FsdpUnit>> fsdp_stage_roots(const Inventory& rank_inv, c
   std::vector<std::vector<FsdpUnit>> roots;
   size_t covered = 0;
   for (const PpStagePart& p : parts) {
-    roots.push_back(stage_units_of(rank_inv, {p}, o));
+    roots.push_back(stage_units_of(rank_inv, p, o));
     for (const FsdpUnit& u : roots.back()) covered += u.rows.size();
   }
-  check_covered(rank_inv, covered);
+  if (covered != rank_inv.parameters.size()) {
+    throw Error(fmt::format("internal: {} of the stage's {} parameters in its FSDP units", covered,
+                            rank_inv.parameters.size()));
+  }
   return roots;
 }
 

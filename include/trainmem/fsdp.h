@@ -73,6 +73,10 @@ void apply_hsdp_mesh(FsdpOptions& f, const TrainSetup& s);
 // --dp-shard K with 1 < K < dp and K dividing dp, no --cp (HSDP with CP is refused); 0 otherwise (apply_hsdp_mesh
 // refuses the invalid values).
 uint64_t hsdp_shard_degree(const TrainSetup& s);
+// Whether the rank's FSDP2 is torchtitan's (fp32 parameters with fully_shard's bf16 policy, no autocast:
+// resolve_pp_fsdp, resolve_sp_fsdp) rather than accelerate's: --sharding fsdp2 over dp > 1 ranks under a pipeline
+// or over the TP + SP model.
+bool torchtitan_fsdp2(const TrainSetup& s);
 // The shard degree of HSDP sharded within a node, as fit and plan offer it: K = the node's data-parallel ranks
 // (gpus_per_node / (tp x cp): tensor and context parallel are the inner mesh dimensions) when 1 < K < dp, K divides
 // dp and cp is 1; 0 when no such HSDP exists.

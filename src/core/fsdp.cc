@@ -136,6 +136,10 @@ uint64_t hsdp_shard_degree(const TrainSetup& s) {
   return k > 1 && k < s.dp && s.dp % k == 0 ? k : 0;
 }
 
+bool torchtitan_fsdp2(const TrainSetup& s) {
+  return s.dp > 1 && s.sharding == Sharding::kFsdp2 && (s.pp > 1 || s.sequence_parallel);
+}
+
 uint64_t hsdp_node_shard_degree(uint64_t dp, uint64_t tp, uint64_t cp, uint64_t gpus_per_node) {
   if (cp > 1) return 0;
   const uint64_t k = gpus_per_node / std::max<uint64_t>(tp, 1);

@@ -265,8 +265,7 @@ void suggest(const Candidate& base, const FitProbe& original, std::optional<uint
 
   // (FSDP2 under --pp, or over the sequence-parallel model, is torchtitan's training.dtype float32 only:
   // resolve_pp_fsdp, resolve_sp_fsdp)
-  const bool pp_fsdp = (base.setup.pp > 1 || base.setup.sequence_parallel) && base.setup.dp > 1 &&
-                       base.setup.sharding == Sharding::kFsdp2;
+  const bool pp_fsdp = torchtitan_fsdp2(base.setup);
   if ((base.setup.precision == Precision::kFp32 || uses_autocast(base.setup.precision)) && !pp_fsdp) {
     Candidate c = base;
     c.setup.precision = Precision::kBf16;

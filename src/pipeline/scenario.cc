@@ -960,7 +960,7 @@ void check_sp_setup(const Scenario& s, ResolvedScenario& r) {
       "vocabulary-parallel embed_tokens, lm_head's Shard(-1) logits) and torchtitan's cross_entropy_loss under "
       "loss_parallel, inside trainmem's transformers training step ({}optimizer, loop); Megatron-LM's SP "
       "is not simulated", uses_autocast(r.setup.precision) ? "autocast, " : ""));
-  if (r.setup.dp > 1 && t.sharding == Sharding::kFsdp2) {
+  if (torchtitan_fsdp2(r.setup)) {
     const uint64_t k = hsdp_shard_degree(r.setup);
     const std::string mesh = k ? fmt::format("its (dp_replicate, dp_shard, tp) = ({}, {}, {}) mesh", r.setup.dp / k, k, t.tp)
                                : fmt::format("its (dp_shard, tp) = ({}, {}) mesh", r.setup.dp, t.tp);
@@ -1283,9 +1283,7 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   r.setup.optimizer_impl = resolve_optimizer_impl(r.setup.optimizer, s.train.optimizer_impl, r.model.impl);
   // --pp, and FSDP2 over the TP + SP model: torchtitan's trainer runs the step, and its optimizer's implementation
   // defaults to "fused" (components/optimizer/optimizer.py OptimizersContainer.Config)
-  const bool torchtitan_step =
-      r.setup.pp > 1 || (r.setup.sequence_parallel && r.setup.dp > 1 && r.setup.sharding == Sharding::kFsdp2);
-  if (torchtitan_step && s.train.optimizer_impl == OptimizerImpl::kAuto && is_torch_optim(r.setup.optimizer)) {
+  if ((r.setup.pp > 1 || torchtitan_fsdp2(r.setup)) && s.train.optimizer_impl == OptimizerImpl::kAuto && is_torch_optim(r.setup.optimizer)) {
     r.setup.optimizer_impl = OptimizerImpl::kFused;
   }
   // torch.optim.Adafactor first ships in torch 2.5 (torch/optim/_adafactor.py; torch/optim/__init__.py

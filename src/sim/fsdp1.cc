@@ -5,8 +5,18 @@
 // _accumulate_sharded_grad, _cast_grad_to_param_dtype, _prefetch_handle), _flat_param.py (FlatParamHandle
 // flatten_tensors, shard, _get_shard, init_flat_param_attributes, pre_unshard, _use_low_precision_shard, unshard,
 // _alloc_padded_unsharded_flat_param, post_unshard, _free_low_precision_sharded_param, reshard,
-// _free_unsharded_flat_param, _get_unflat_views_aligned, prepare_gradient_for_optim), _init_utils.py
+// _free_unsharded_flat_param, _get_unflat_views_aligned, prepare_gradient_for_optim, prepare_gradient_for_backward,
+// _use_unsharded_views, _use_unsharded_grad_views, _use_sharded_grad_views, _reset_flat_param_grad_info_if_needed,
+// _writeback_orig_params), _runtime_utils.py _finalize_params, fully_sharded_data_parallel.py (no_sync), _init_utils.py
 // (_init_param_handle_from_module, _move_module_to_device), _exec_order_utils.py (get_handle_to_backward_prefetch).
+//
+// Gradient checkpointing (the Trainer's, inside each FSDP-wrapped layer) needs nothing here: the layer's output
+// carries the unit's pre-backward hook, which unshards before the checkpoint's backward recomputes; the recompute
+// uses the forward's parameter views (_use_unsharded_views in BACKWARD_PRE sets `tensor.data = view` on the Tensors
+// saved in FORWARD, "to preserve the autograd graph so that the post-backward hook fires (e.g. for reentrant AC)"),
+// so it allocates no parameter bytes, and the views the recomputed graph saves keep none once the reshard resizes
+// _full_param_padded's storage to 0. Under no_sync, _writeback_orig_params finds each .grad on flat_param.grad's
+// storage (no writeback) and _reset_flat_param_grad_info_if_needed keeps flat_param.grad (the .grads are set).
 //
 // record_stream: FSDP1 frees the unsharded flat parameter, the low-precision shard and the autograd-computed flat
 // gradient with _no_dispatch_record_stream, so the caching allocator reuses their blocks only once the recording

@@ -407,5 +407,22 @@ TEST(Fsdp1NoSync, Llama3On8RanksKeptGradientsByHand) {
   EXPECT_EQ(uint64_t{2} * (uint64_t{32} * 218112000 + 1050677248), uint64_t{16060522496});
 }
 
+// Llama-3-8B on 8 ranks, batch 2 x seq 4096 with checkpointing: the peak is in the loss's backward (log_softmax's
+// gradient), before any unit's post-backward hook; there a no_sync micro-batch holds what the same point holds
+// without accumulation plus every kept flat gradient, so --grad-accum 4 peaks exactly 16,060,522,496 B above
+// --grad-accum 1, in a middle micro-batch.
+TEST(Fsdp1NoSync, Llama3PeakRisesByTheKeptGradients) {
+  const auto peak = [](const char* ga) {
+    const Estimate e = run(testing::scenario_of("llama-3-8b", {{"batch", "2"}, {"seq", "4096"}, {"dp", "8"},
+                                                               {"sharding", "fsdp1"}, {"checkpointing", "full"},
+                                                               {"grad_accum", ga}}));
+    return std::pair(e.sim->peak.live.total.value, e.sim->peak.micro);
+  };
+  const auto [one, one_micro] = peak("1");
+  const auto [four, four_micro] = peak("4");
+  EXPECT_EQ(four - one, uint64_t{16060522496});
+  EXPECT_EQ(four_micro, 2u);
+}
+
 }  // namespace
 }  // namespace trainmem

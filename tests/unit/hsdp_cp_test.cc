@@ -23,18 +23,11 @@ namespace {
 
 using testing::run;
 
-// TinyLlama's shapes, two layers, as cp_test.cc and cpfsdp_test.cc run them (test_util.h tiny_llama)
+using testing::category_events;
+
+// TinyLlama's shapes, two layers, bf16 autocast, as cp_test.cc and cpfsdp_test.cc run them
 Scenario tiny(uint64_t seq, std::initializer_list<std::pair<const char*, std::string>> extra = {}) {
   return testing::tiny_llama(seq, extra);
-}
-
-std::vector<std::tuple<int, std::string, uint64_t, int>> events_of(const Estimate& e, Category c) {
-  std::vector<std::tuple<int, std::string, uint64_t, int>> out;
-  for (const Event& ev : e.sim->timeline.events) {
-    if (ev.category != c) continue;
-    out.emplace_back(static_cast<int>(ev.kind), std::string(ev.label.what), ev.bytes.value, static_cast<int>(ev.stream));
-  }
-  return out;
 }
 
 // --dp 6 --dp-shard 3 --cp 2: shard groups of 3 x 2 = 6 ranks, 2 replicas. Data-parallel rank 4 is dp_shard
@@ -77,8 +70,8 @@ TEST(HsdpCpSim, StatesAreHsdpOverTheShardGroupAndActivationsTheCpRanks) {
   EXPECT_EQ(hc.fsdp->sharded_grads.value, h.fsdp->sharded_grads.value);
   EXPECT_EQ(hc.fsdp->optimizer_state.value, h.fsdp->optimizer_state.value);
   EXPECT_EQ(hc.state.optimizer_state.value, h.state.optimizer_state.value);
-  EXPECT_EQ(events_of(hc, Category::kFsdpBuffers), events_of(h, Category::kFsdpBuffers));
-  EXPECT_FALSE(events_of(hc, Category::kFsdpBuffers).empty());
+  EXPECT_EQ(category_events(hc, Category::kFsdpBuffers), category_events(h, Category::kFsdpBuffers));
+  EXPECT_FALSE(category_events(hc, Category::kFsdpBuffers).empty());
   // by hand: a layer's q, o 2048 x 2048, k, v 256 x 2048, gate, up, down 5632 x 2048 and two norms of 2048 are
   // 44,044,288 parameters; the embedding and lm_head 32000 x 2048 each, the final norm 2048: 219,162,624 in all,
   // every dim 0 divisible by 4, so a quarter per rank, in fp32 shards (accelerate's upcast): 219,162,624 bytes
@@ -87,8 +80,8 @@ TEST(HsdpCpSim, StatesAreHsdpOverTheShardGroupAndActivationsTheCpRanks) {
   const Estimate hc16 = run(tiny(256, {{"cp", "2"}, {"dp", "4"}, {"dp_shard", "2"}, {"sharding", "fsdp2"}, {"precision", "bf16"}}));
   const Estimate cf16 = run(tiny(256, {{"cp", "2"}, {"dp", "2"}, {"sharding", "fsdp2"}, {"precision", "bf16"}}));
   for (Category c : {Category::kActivations, Category::kBackward, Category::kInputs}) {
-    EXPECT_EQ(events_of(hc16, c), events_of(cf16, c)) << category_name(c);
-    EXPECT_FALSE(events_of(hc16, c).empty());
+    EXPECT_EQ(category_events(hc16, c), category_events(cf16, c)) << category_name(c);
+    EXPECT_FALSE(category_events(hc16, c).empty());
   }
 }
 

@@ -908,7 +908,14 @@ void resolve_cp(const Scenario& s, ResolvedScenario& r) {
   // accelerate state.py: cp_size > 1 without an FSDP2 plugin raises unless ACCELERATE_ALLOW_CP_STANDALONE=true;
   // its docs (concept_guides/context_parallelism.md): "context parallelism only works if you use
   // FullyShardedDataParallelPlugin ... with version set to 2"
-  if (fsdp2) {
+  if (fsdp2 && r.setup.dp_shard && *r.setup.dp_shard < r.setup.dp) {
+    // HSDP (fsdp.h apply_hsdp_mesh): accelerate's fsdp_dim_names ("dp_replicate", "dp_shard_cp")
+    const uint64_t k = *r.setup.dp_shard;
+    r.warnings.push_back(fmt::format(
+        "--cp {} --sharding fsdp2 --dp-shard {}: one rank of HSDP over the (dp_replicate, dp_shard_cp) = ({}, {} x {}) "
+        "mesh (accelerate's fsdp_dim_names; torchtitan's (\"dp_replicate\", \"dp_shard_cp\")), its activations CP rank "
+        "0's (--seq / {} tokens, ring attention)", n, k, r.setup.dp / k, k, n, n));
+  } else if (fsdp2) {
     r.warnings.push_back(fmt::format(
         "--cp {} --sharding fsdp2: one rank of FSDP2 over the flattened dp_shard x cp mesh ({} x {} = {} ranks: "
         "accelerate's \"dp_shard_cp\", torchtitan's resolve_fsdp_mesh), its activations CP rank 0's (--seq / {} "

@@ -79,72 +79,70 @@ struct Block {
 // (size, address): a stream never takes another stream's cached block (get_free_block's lower_bound on the
 // stream, then `(*it)->stream != p.stream()` ends the search).
 
-// A pool's cached blocks in that (size, address) order: a sorted vector (simulation bookkeeping, not the modelled
-// allocator's: a pool holds tens to a few hundred free blocks, where a binary search and a short move beat a
-// tree's node allocations; the order and every lookup are std::set's). Each entry keeps its block's size beside
-// the block, so that best fit (the first block of at least a size) searches without reading the blocks.
+// A pool's cached blocks in that (size, address) order (simulation bookkeeping, not the modelled allocator's; the
+// order and every lookup are std::set's): the distinct sizes in increasing order, and for each size its blocks by
+// address. A pool holds tens to a few hundred free blocks but only about a dozen distinct sizes (training repeats
+// a few tensor shapes), so best fit is a binary search over a few sizes and a lookup at the end of a short list,
+// and an insert or erase moves a few pointers (a flat vector of every block in order moved tens of entries).
 class FreeSet {
-  struct Entry {
-    uint64_t size;  // b->size
-    Block* b;
-  };
-  static bool before(const Entry& e, uint64_t size, uint64_t addr) {
-    return e.size != size ? e.size < size : e.b->addr < addr;
-  }
-
  public:
-  // Iterates the blocks (Block*) in order.
-  class iterator {
-   public:
-    using iterator_category = std::bidirectional_iterator_tag;
-    using value_type = Block*;
-    using difference_type = std::ptrdiff_t;
-    using pointer = Block* const*;
-    using reference = Block* const&;
-    iterator() = default;
-    explicit iterator(std::vector<Entry>::iterator it) : it_(it) {}
-    reference operator*() const { return it_->b; }
-    iterator& operator++() { ++it_; return *this; }
-    iterator& operator--() { --it_; return *this; }
-    iterator operator++(int) { iterator t = *this; ++it_; return t; }
-    iterator operator--(int) { iterator t = *this; --it_; return t; }
-    bool operator==(const iterator& o) const { return it_ == o.it_; }
-    std::vector<Entry>::iterator base() const { return it_; }
-
-   private:
-    std::vector<Entry>::iterator it_;
-  };
-  iterator begin() { return iterator(v_.begin()); }
-  iterator end() { return iterator(v_.end()); }
-  std::reverse_iterator<iterator> rbegin() { return std::reverse_iterator<iterator>(end()); }
-  std::reverse_iterator<iterator> rend() { return std::reverse_iterator<iterator>(begin()); }
-  // The blocks in order, for reading (segments_now).
-  std::vector<const Block*> blocks() const {
-    std::vector<const Block*> out;
-    for (const Entry& e : v_) out.push_back(e.b);
-    return out;
-  }
-  // The first block of at least `size` bytes (any address): the sizes alone decide.
-  iterator lower_bound_size(uint64_t size) {
-    return iterator(std::partition_point(v_.begin(), v_.end(), [size](const Entry& e) { return e.size < size; }));
+  // The first block of at least `size` bytes in the order (the lowest address among the smallest such size), or
+  // nullptr. When that block is `skip` and another follows it in the order, the one that follows.
+  Block* best_fit(uint64_t size, const Block* skip) const {
+    const size_t k = lower_bound(size);
+    if (k == sizes_.size()) return nullptr;
+    const std::vector<Block*>& l = lists_[k];
+    Block* b = l.back();
+    if (b != skip) return b;
+    if (l.size() > 1) return l[l.size() - 2];
+    return k + 1 < sizes_.size() ? lists_[k + 1].back() : b;
   }
   void insert(Block* b) {
-    const auto it = find(b->size, b->addr);
-    if (it == v_.end() || it->b->addr != b->addr || it->size != b->size) v_.insert(it, Entry{b->size, b});
+    const size_t k = lower_bound(b->size);
+    if (k == sizes_.size() || sizes_[k] != b->size) {
+      sizes_.insert(sizes_.begin() + static_cast<std::ptrdiff_t>(k), b->size);
+      lists_.insert(lists_.begin() + static_cast<std::ptrdiff_t>(k), take_spare());
+    }
+    std::vector<Block*>& l = lists_[k];
+    auto it = l.begin();
+    while (it != l.end() && (*it)->addr > b->addr) ++it;
+    if (it == l.end() || (*it)->addr != b->addr) l.insert(it, b);
   }
-  iterator erase(iterator it) { return iterator(v_.erase(it.base())); }
   void erase(const Block* b) {
-    const auto it = find(b->size, b->addr);
-    if (it != v_.end() && it->size == b->size && it->b->addr == b->addr) v_.erase(it);
+    const size_t k = lower_bound(b->size);
+    if (k == sizes_.size() || sizes_[k] != b->size) return;
+    std::vector<Block*>& l = lists_[k];
+    auto it = l.end();
+    while (it != l.begin() && (*(it - 1))->addr < b->addr) --it;  // the lowest addresses are at the end
+    if (it == l.begin() || (*(it - 1))->addr != b->addr) return;
+    l.erase(it - 1);
+    if (l.empty()) {
+      spare_.push_back(std::move(l));
+      sizes_.erase(sizes_.begin() + static_cast<std::ptrdiff_t>(k));
+      lists_.erase(lists_.begin() + static_cast<std::ptrdiff_t>(k));
+    }
+  }
+  // The blocks in the order (size, then address).
+  std::vector<Block*> blocks() const {
+    std::vector<Block*> out;
+    for (const std::vector<Block*>& l : lists_) out.insert(out.end(), l.rbegin(), l.rend());
+    return out;
   }
 
  private:
-  // the first entry not ordered before (size, addr)
-  std::vector<Entry>::iterator find(uint64_t size, uint64_t addr) {
-    // the blocks are read only among those of that size (the address breaks ties)
-    return std::partition_point(v_.begin(), v_.end(), [size, addr](const Entry& e) { return before(e, size, addr); });
+  // the index of the first size not below `size`
+  size_t lower_bound(uint64_t size) const {
+    return static_cast<size_t>(std::lower_bound(sizes_.begin(), sizes_.end(), size) - sizes_.begin());
   }
-  std::vector<Entry> v_;
+  std::vector<Block*> take_spare() {
+    if (spare_.empty()) return {};
+    std::vector<Block*> l = std::move(spare_.back());
+    spare_.pop_back();
+    return l;
+  }
+  std::vector<uint64_t> sizes_;              // the distinct sizes, increasing
+  std::vector<std::vector<Block*>> lists_;   // lists_[k]: the blocks of sizes_[k], by DEcreasing address
+  std::vector<std::vector<Block*>> spare_;   // emptied lists, their capacity kept
 };
 
 struct Pool {
@@ -296,21 +294,18 @@ class Allocator {
   }
 
   Block* get_free_block(Pool& pool, uint64_t size) {
-    auto it = pool.free.lower_bound_size(size);
-    if (it == pool.free.end()) return nullptr;
     // get_free_block with expandable segments: "expandable_size" counts the unmapped space after a block, so
     // the free block at the end of the mapped range ranks as the largest and any other block that fits is
     // taken first (`while ((*it)->expandable_segment_ && next != end && expandable_size(*next) <
-    // expandable_size(*it)) it = next++;`). Only the tail has unmapped space after it here.
-    if (c_.expandable_segments && *it == pool.exp_last) {
-      if (auto nx = std::next(it); nx != pool.free.end()) it = nx;
-    }
-    Block* b = *it;
+    // expandable_size(*it)) it = next++;`). Only the tail has unmapped space after it here: best fit passes
+    // over it when another block follows it.
+    Block* b = pool.free.best_fit(size, c_.expandable_segments ? pool.exp_last : nullptr);
+    if (!b) return nullptr;
     // "Do not return an oversized block for a large request"
     if (size < c_.max_split_size && b->size >= c_.max_split_size) return nullptr;
     // "Allow oversized block size to be rounded up but within a limit"
     if (size >= c_.max_split_size && b->size >= size + c_.max_non_split_rounding) return nullptr;
-    pool.free.erase(it);
+    pool.free.erase(b);
     return b;
   }
 
@@ -384,18 +379,16 @@ class Allocator {
   void release_oversize(Pool& pool, uint64_t size) {
     const uint64_t want = std::max(size, c_.max_split_size);
     uint64_t released = 0;
-    for (auto it = pool.free.rbegin(); it != pool.free.rend() && released < want;) {
+    const std::vector<Block*> cached = pool.free.blocks();
+    for (auto it = cached.rbegin(); it != cached.rend() && released < want; ++it) {
       Block* b = *it;
       if (b->size < c_.max_split_size) break;
-      if (b->prev || b->next || b->expandable) {
-        ++it;
-        continue;
-      }
+      if (b->prev || b->next || b->expandable) continue;
       released += b->size;
       reserved_ -= b->size;
       --segments_;
       record(AllocatorTraceEntry::kSegmentFree, b->addr, b->size, b->stream);
-      it = std::make_reverse_iterator(pool.free.erase(std::next(it).base()));
+      pool.free.erase(b);
       dispose(b);
     }
   }
@@ -410,16 +403,13 @@ class Allocator {
   void release_cached_blocks() {
     for (Pool* pools : {large_, small_}) {  // every stream's large pools, then its small ones
       for (Pool* pool = pools; pool != pools + kStreamCount; ++pool) {
-        for (auto it = pool->free.begin(); it != pool->free.end();) {
-          Block* b = *it;
+        for (Block* b : pool->free.blocks()) {
           if (!b->prev && !b->next && !b->expandable) {
             reserved_ -= b->size;
             --segments_;
             record(AllocatorTraceEntry::kSegmentFree, b->addr, b->size, b->stream);
-            it = pool->free.erase(it);
+            pool->free.erase(b);
             dispose(b);
-          } else {
-            ++it;
           }
         }
         Block* t = pool->exp_last;

@@ -90,59 +90,75 @@ class FreeSet {
   // nullptr. When that block is `skip` and another follows it in the order, the one that follows.
   Block* best_fit(uint64_t size, const Block* skip) const {
     const size_t k = lower_bound(size);
-    if (k == sizes_.size()) return nullptr;
-    const std::vector<Block*>& l = lists_[k];
-    Block* b = l.back();
+    if (k == classes_.size()) return nullptr;
+    const std::vector<Entry>& l = lists_[classes_[k].list];
+    Block* b = l.back().b;
     if (b != skip) return b;
-    if (l.size() > 1) return l[l.size() - 2];
-    return k + 1 < sizes_.size() ? lists_[k + 1].back() : b;
+    if (l.size() > 1) return l[l.size() - 2].b;
+    return k + 1 < classes_.size() ? lists_[classes_[k + 1].list].back().b : b;
   }
   void insert(Block* b) {
     const size_t k = lower_bound(b->size);
-    if (k == sizes_.size() || sizes_[k] != b->size) {
-      sizes_.insert(sizes_.begin() + static_cast<std::ptrdiff_t>(k), b->size);
-      lists_.insert(lists_.begin() + static_cast<std::ptrdiff_t>(k), take_spare());
+    if (k == classes_.size() || classes_[k].size != b->size) {
+      classes_.insert(classes_.begin() + static_cast<std::ptrdiff_t>(k), SizeClass{b->size, take_list()});
     }
-    std::vector<Block*>& l = lists_[k];
-    auto it = l.begin();
-    while (it != l.end() && (*it)->addr > b->addr) ++it;
-    if (it == l.end() || (*it)->addr != b->addr) l.insert(it, b);
+    std::vector<Entry>& l = lists_[classes_[k].list];
+    const auto it = after(l, b->addr);
+    if (it == l.end() || it->addr != b->addr) l.insert(it, Entry{b->addr, b});
   }
   void erase(const Block* b) {
     const size_t k = lower_bound(b->size);
-    if (k == sizes_.size() || sizes_[k] != b->size) return;
-    std::vector<Block*>& l = lists_[k];
-    auto it = l.end();
-    while (it != l.begin() && (*(it - 1))->addr < b->addr) --it;  // the lowest addresses are at the end
-    if (it == l.begin() || (*(it - 1))->addr != b->addr) return;
-    l.erase(it - 1);
+    if (k == classes_.size() || classes_[k].size != b->size) return;
+    std::vector<Entry>& l = lists_[classes_[k].list];
+    const auto it = after(l, b->addr);
+    if (it == l.end() || it->addr != b->addr) return;
+    l.erase(it);
     if (l.empty()) {
-      spare_.push_back(std::move(l));
-      sizes_.erase(sizes_.begin() + static_cast<std::ptrdiff_t>(k));
-      lists_.erase(lists_.begin() + static_cast<std::ptrdiff_t>(k));
+      spare_.push_back(classes_[k].list);
+      classes_.erase(classes_.begin() + static_cast<std::ptrdiff_t>(k));
     }
   }
   // The blocks in the order (size, then address).
   std::vector<Block*> blocks() const {
     std::vector<Block*> out;
-    for (const std::vector<Block*>& l : lists_) out.insert(out.end(), l.rbegin(), l.rend());
+    for (const SizeClass& c : classes_) {
+      const std::vector<Entry>& l = lists_[c.list];
+      for (auto it = l.rbegin(); it != l.rend(); ++it) out.push_back(it->b);
+    }
     return out;
   }
 
  private:
-  // the index of the first size not below `size`
+  struct Entry {
+    uint64_t addr;  // b->addr
+    Block* b;
+  };
+  struct SizeClass {
+    uint64_t size;
+    uint32_t list;  // lists_[list]: the blocks of that size, by DEcreasing address (the lowest is at the back)
+  };
+  // the index of the first size class not below `size`
   size_t lower_bound(uint64_t size) const {
-    return static_cast<size_t>(std::lower_bound(sizes_.begin(), sizes_.end(), size) - sizes_.begin());
+    return static_cast<size_t>(
+        std::partition_point(classes_.begin(), classes_.end(), [size](const SizeClass& c) { return c.size < size; }) -
+        classes_.begin());
   }
-  std::vector<Block*> take_spare() {
-    if (spare_.empty()) return {};
-    std::vector<Block*> l = std::move(spare_.back());
+  // the first entry of a list whose address is not above `addr` (a list is by decreasing address)
+  static std::vector<Entry>::iterator after(std::vector<Entry>& l, uint64_t addr) {
+    return std::partition_point(l.begin(), l.end(), [addr](const Entry& e) { return e.addr > addr; });
+  }
+  uint32_t take_list() {
+    if (spare_.empty()) {
+      lists_.emplace_back();
+      return static_cast<uint32_t>(lists_.size() - 1);
+    }
+    const uint32_t l = spare_.back();
     spare_.pop_back();
     return l;
   }
-  std::vector<uint64_t> sizes_;              // the distinct sizes, increasing
-  std::vector<std::vector<Block*>> lists_;   // lists_[k]: the blocks of sizes_[k], by DEcreasing address
-  std::vector<std::vector<Block*>> spare_;   // emptied lists, their capacity kept
+  std::vector<SizeClass> classes_;         // by increasing size
+  std::vector<std::vector<Entry>> lists_;  // the lists of the classes and the spare ones (emptied, capacity kept)
+  std::vector<uint32_t> spare_;            // the lists no class uses
 };
 
 struct Pool {

@@ -86,16 +86,31 @@ struct Block {
 // and an insert or erase moves a few pointers (a flat vector of every block in order moved tens of entries).
 class FreeSet {
  public:
-  // The first block of at least `size` bytes in the order (the lowest address among the smallest such size), or
-  // nullptr. When that block is `skip` and another follows it in the order, the one that follows.
-  Block* best_fit(uint64_t size, const Block* skip) const {
+  // Where a block is: its size class and its index in the class's list.
+  struct Place {
+    size_t cls = 0, idx = 0;
+    Block* b = nullptr;
+  };
+  // The first block of at least `size` bytes in the order (the lowest address among the smallest such size); b is
+  // nullptr when there is none. When that block is `skip` and another follows it in the order, the one that follows.
+  Place best_fit(uint64_t size, const Block* skip) const {
     const size_t k = lower_bound(size);
-    if (k == classes_.size()) return nullptr;
+    if (k == classes_.size()) return {};
     const std::vector<Entry>& l = lists_[classes_[k].list];
-    Block* b = l.back().b;
-    if (b != skip) return b;
-    if (l.size() > 1) return l[l.size() - 2].b;
-    return k + 1 < classes_.size() ? lists_[classes_[k + 1].list].back().b : b;
+    Place p{k, l.size() - 1, l.back().b};
+    if (p.b != skip) return p;
+    if (l.size() > 1) return {k, l.size() - 2, l[l.size() - 2].b};
+    if (k + 1 < classes_.size()) {
+      const std::vector<Entry>& n = lists_[classes_[k + 1].list];
+      return {k + 1, n.size() - 1, n.back().b};
+    }
+    return p;
+  }
+  // Removes the block found at `p` (by best_fit, with no insert or erase since).
+  void erase(const Place& p) {
+    std::vector<Entry>& l = lists_[classes_[p.cls].list];
+    l.erase(l.begin() + static_cast<std::ptrdiff_t>(p.idx));
+    if (l.empty()) drop_class(p.cls);
   }
   void insert(Block* b) {
     const size_t k = lower_bound(b->size);
@@ -113,10 +128,7 @@ class FreeSet {
     const auto it = after(l, b->addr);
     if (it == l.end() || it->addr != b->addr) return;
     l.erase(it);
-    if (l.empty()) {
-      spare_.push_back(classes_[k].list);
-      classes_.erase(classes_.begin() + static_cast<std::ptrdiff_t>(k));
-    }
+    if (l.empty()) drop_class(k);
   }
   // The blocks in the order (size, then address).
   std::vector<Block*> blocks() const {
@@ -146,6 +158,10 @@ class FreeSet {
   // the first entry of a list whose address is not above `addr` (a list is by decreasing address)
   static std::vector<Entry>::iterator after(std::vector<Entry>& l, uint64_t addr) {
     return std::partition_point(l.begin(), l.end(), [addr](const Entry& e) { return e.addr > addr; });
+  }
+  void drop_class(size_t k) {
+    spare_.push_back(classes_[k].list);
+    classes_.erase(classes_.begin() + static_cast<std::ptrdiff_t>(k));
   }
   uint32_t take_list() {
     if (spare_.empty()) {
@@ -315,13 +331,14 @@ class Allocator {
     // taken first (`while ((*it)->expandable_segment_ && next != end && expandable_size(*next) <
     // expandable_size(*it)) it = next++;`). Only the tail has unmapped space after it here: best fit passes
     // over it when another block follows it.
-    Block* b = pool.free.best_fit(size, c_.expandable_segments ? pool.exp_last : nullptr);
+    const FreeSet::Place fit = pool.free.best_fit(size, c_.expandable_segments ? pool.exp_last : nullptr);
+    Block* b = fit.b;
     if (!b) return nullptr;
     // "Do not return an oversized block for a large request"
     if (size < c_.max_split_size && b->size >= c_.max_split_size) return nullptr;
     // "Allow oversized block size to be rounded up but within a limit"
     if (size >= c_.max_split_size && b->size >= size + c_.max_non_split_rounding) return nullptr;
-    pool.free.erase(b);
+    pool.free.erase(fit);
     return b;
   }
 

@@ -80,61 +80,61 @@ struct Block {
 // stream, then `(*it)->stream != p.stream()` ends the search).
 
 // A pool's cached blocks in that (size, address) order (simulation bookkeeping, not the modelled allocator's; the
-// order and every lookup are std::set's): the distinct sizes in increasing order, and for each size its blocks by
-// address. A pool holds tens to a few hundred free blocks but only about a dozen distinct sizes (training repeats
-// a few tensor shapes), so best fit is a binary search over a few sizes and a lookup at the end of a short list,
-// and an insert or erase moves a few pointers (a flat vector of every block in order moved tens of entries).
+// order and every lookup are std::set's), in bins by size: bin(size) grows with the size (the power of two below
+// it and the next four bits, 16 bins an octave), each bin's blocks sorted by DEcreasing (size, address) (best fit
+// mostly takes a bin's last entry), and a bitmap of the bins that hold any. The order is the bins' in turn, so best fit is the first block of at least the size in its
+// bin, or else the first block of the next bin that holds one (a bit scan). A bin holds a few blocks (or many of
+// one size, searched by halving), so an insert or erase moves a few entries, where one sorted vector of the pool's tens of blocks moved tens; the sizes of split
+// remainders come and go, so sorted distinct sizes churned as much.
 class FreeSet {
  public:
-  // Where a block is: its size class and its index in the class's list.
+  // Where a block is: its bin and its index there.
   struct Place {
-    size_t cls = 0, idx = 0;
+    size_t bin = 0, idx = 0;
     Block* b = nullptr;
   };
   // The first block of at least `size` bytes in the order (the lowest address among the smallest such size); b is
   // nullptr when there is none. When that block is `skip` and another follows it in the order, the one that follows.
   Place best_fit(uint64_t size, const Block* skip) const {
-    const size_t k = lower_bound(size);
-    if (k == classes_.size()) return {};
-    const std::vector<Entry>& l = lists_[classes_[k].list];
-    Place p{k, l.size() - 1, l.back().b};
-    if (p.b != skip) return p;
-    if (l.size() > 1) return {k, l.size() - 2, l[l.size() - 2].b};
-    if (k + 1 < classes_.size()) {
-      const std::vector<Entry>& n = lists_[classes_[k + 1].list];
-      return {k + 1, n.size() - 1, n.back().b};
-    }
-    return p;
+    if (bins_.empty()) return {};
+    size_t i = bin(size);
+    const std::vector<Entry>& l = bins_[i];
+    // the bin's blocks of at least `size` come first (the bin is in decreasing order); the last of them is the one
+    const auto k = static_cast<size_t>(
+        std::partition_point(l.begin(), l.end(), [size](const Entry& e) { return e.size >= size; }) - l.begin());
+    Place p = k > 0 ? Place{i, k - 1, l[k - 1].b} : first_from(i + 1);
+    if (!p.b || p.b != skip) return p;
+    if (p.idx > 0) return {p.bin, p.idx - 1, bins_[p.bin][p.idx - 1].b};
+    const Place next = first_from(p.bin + 1);
+    return next.b ? next : p;
   }
   // Removes the block found at `p` (by best_fit, with no insert or erase since).
   void erase(const Place& p) {
-    std::vector<Entry>& l = lists_[classes_[p.cls].list];
+    std::vector<Entry>& l = bins_[p.bin];
     l.erase(l.begin() + static_cast<std::ptrdiff_t>(p.idx));
-    if (l.empty()) drop_class(p.cls);
+    if (l.empty()) used_[p.bin / 64] &= ~(uint64_t{1} << (p.bin % 64));
   }
   void insert(Block* b) {
-    const size_t k = lower_bound(b->size);
-    if (k == classes_.size() || classes_[k].size != b->size) {
-      classes_.insert(classes_.begin() + static_cast<std::ptrdiff_t>(k), SizeClass{b->size, take_list()});
-    }
-    std::vector<Entry>& l = lists_[classes_[k].list];
-    const auto it = after(l, b->addr);
-    if (it == l.end() || it->addr != b->addr) l.insert(it, Entry{b->addr, b});
+    if (bins_.empty()) bins_.resize(kBins);
+    const size_t i = bin(b->size);
+    std::vector<Entry>& l = bins_[i];
+    const auto it = find(l, b->size, b->addr);
+    if (it != l.end() && it->size == b->size && it->addr == b->addr) return;
+    l.insert(it, Entry{b->size, b->addr, b});
+    used_[i / 64] |= uint64_t{1} << (i % 64);
   }
   void erase(const Block* b) {
-    const size_t k = lower_bound(b->size);
-    if (k == classes_.size() || classes_[k].size != b->size) return;
-    std::vector<Entry>& l = lists_[classes_[k].list];
-    const auto it = after(l, b->addr);
-    if (it == l.end() || it->addr != b->addr) return;
-    l.erase(it);
-    if (l.empty()) drop_class(k);
+    if (bins_.empty()) return;
+    const size_t i = bin(b->size);
+    std::vector<Entry>& l = bins_[i];
+    const auto it = find(l, b->size, b->addr);
+    if (it == l.end() || it->size != b->size || it->addr != b->addr) return;
+    erase(Place{i, static_cast<size_t>(it - l.begin()), it->b});
   }
   // The blocks in the order (size, then address).
   std::vector<Block*> blocks() const {
     std::vector<Block*> out;
-    for (const SizeClass& c : classes_) {
-      const std::vector<Entry>& l = lists_[c.list];
+    for (const std::vector<Entry>& l : bins_) {
       for (auto it = l.rbegin(); it != l.rend(); ++it) out.push_back(it->b);
     }
     return out;
@@ -142,39 +142,39 @@ class FreeSet {
 
  private:
   struct Entry {
+    uint64_t size;  // b->size
     uint64_t addr;  // b->addr
     Block* b;
   };
-  struct SizeClass {
-    uint64_t size;
-    uint32_t list;  // lists_[list]: the blocks of that size, by DEcreasing address (the lowest is at the back)
-  };
-  // the index of the first size class not below `size`
-  size_t lower_bound(uint64_t size) const {
-    return static_cast<size_t>(
-        std::partition_point(classes_.begin(), classes_.end(), [size](const SizeClass& c) { return c.size < size; }) -
-        classes_.begin());
+  // bin(size): 16 bins an octave from 512 bytes (every size below 1 KiB shares the first octave's bins: only the
+  // order of the bins matters, not their widths) up to 2^64
+  static constexpr size_t kOctaves = 64 - 9;
+  static constexpr size_t kBins = kOctaves * 16;
+  static size_t bin(uint64_t size) {
+    if (size < 1024) return size < 512 ? 0 : static_cast<size_t>((size >> 5) & 15);
+    const int octave = 63 - std::countl_zero(size);
+    return static_cast<size_t>(octave - 9) * 16 + static_cast<size_t>((size >> (octave - 4)) & 15);
   }
-  // the first entry of a list whose address is not above `addr` (a list is by decreasing address)
-  static std::vector<Entry>::iterator after(std::vector<Entry>& l, uint64_t addr) {
-    return std::partition_point(l.begin(), l.end(), [addr](const Entry& e) { return e.addr > addr; });
+  // the first entry of `l` not ordered after (size, addr) (a bin is in decreasing order)
+  static std::vector<Entry>::iterator find(std::vector<Entry>& l, uint64_t size, uint64_t addr) {
+    return std::partition_point(l.begin(), l.end(), [size, addr](const Entry& e) {
+      return e.size > size || (e.size == size && e.addr > addr);
+    });
   }
-  void drop_class(size_t k) {
-    spare_.push_back(classes_[k].list);
-    classes_.erase(classes_.begin() + static_cast<std::ptrdiff_t>(k));
-  }
-  uint32_t take_list() {
-    if (spare_.empty()) {
-      lists_.emplace_back();
-      return static_cast<uint32_t>(lists_.size() - 1);
+  // the first block in the order of the first bin from `i` on that holds any (its last entry)
+  Place first_from(size_t i) const {
+    for (size_t w = i / 64; w < used_.size(); ++w) {
+      uint64_t bits = used_[w];
+      if (w == i / 64) bits &= i % 64 == 0 ? ~uint64_t{0} : ~((uint64_t{1} << (i % 64)) - 1);
+      if (bits != 0) {
+        const size_t j = w * 64 + static_cast<size_t>(std::countr_zero(bits));
+        return {j, bins_[j].size() - 1, bins_[j].back().b};
+      }
     }
-    const uint32_t l = spare_.back();
-    spare_.pop_back();
-    return l;
+    return {};
   }
-  std::vector<SizeClass> classes_;         // by increasing size
-  std::vector<std::vector<Entry>> lists_;  // the lists of the classes and the spare ones (emptied, capacity kept)
-  std::vector<uint32_t> spare_;            // the lists no class uses
+  std::vector<std::vector<Entry>> bins_;             // kBins once a block was inserted
+  std::array<uint64_t, (kBins + 63) / 64> used_{};  // bit i: bins_[i] is not empty
 };
 
 struct Pool {

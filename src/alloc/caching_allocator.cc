@@ -80,12 +80,13 @@ struct Block {
 // stream, then `(*it)->stream != p.stream()` ends the search).
 
 // A pool's cached blocks in that (size, address) order (simulation bookkeeping, not the modelled allocator's; the
-// order and every lookup are std::set's), in bins by size: bin(size) grows with the size (the power of two below
-// it and the next four bits, 16 bins an octave), each bin's blocks sorted by DEcreasing (size, address) (best fit
-// mostly takes a bin's last entry), and a bitmap of the bins that hold any. The order is the bins' in turn, so best fit is the first block of at least the size in its
-// bin, or else the first block of the next bin that holds one (a bit scan). A bin holds a few blocks (or many of
-// one size, searched by halving), so an insert or erase moves a few entries, where one sorted vector of the pool's tens of blocks moved tens; the sizes of split
-// remainders come and go, so sorted distinct sizes churned as much.
+// order and every lookup are std::set's), in bins by size. bin(size) never decreases as the size grows (the power
+// of two below it and the next four bits: 16 bins an octave), so a block in a later bin is larger than any in an
+// earlier one and the order is the bins' in turn: best fit is the smallest block of at least the size in its own
+// bin, or else the first block of the next bin that holds any (a bitmap of the non-empty bins, a bit scan). Each
+// bin is sorted by DEcreasing (size, address), so that best fit mostly takes its last entry. A bin holds a few
+// blocks (or many of one size, searched by halving), so an insert or erase moves a few entries: one sorted vector
+// of a pool's tens of blocks moved tens, and sorted distinct sizes churned as split remainders' sizes came and went.
 class FreeSet {
  public:
   // Where a block is: its bin and its index there.
@@ -97,7 +98,7 @@ class FreeSet {
   // nullptr when there is none. When that block is `skip` and another follows it in the order, the one that follows.
   Place best_fit(uint64_t size, const Block* skip) const {
     if (bins_.empty()) return {};
-    size_t i = bin(size);
+    const size_t i = bin(size);
     const std::vector<Entry>& l = bins_[i];
     // the bin's blocks of at least `size` come first (the bin is in decreasing order); the last of them is the one
     const auto k = static_cast<size_t>(

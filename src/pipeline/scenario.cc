@@ -908,7 +908,14 @@ void resolve_cp(const Scenario& s, ResolvedScenario& r) {
   // accelerate state.py: cp_size > 1 without an FSDP2 plugin raises unless ACCELERATE_ALLOW_CP_STANDALONE=true;
   // its docs (concept_guides/context_parallelism.md): "context parallelism only works if you use
   // FullyShardedDataParallelPlugin ... with version set to 2"
-  if (fsdp2) {
+  if (fsdp2 && r.setup.dp_shard && *r.setup.dp_shard < r.setup.dp) {
+    // HSDP (fsdp.h apply_hsdp_mesh): accelerate's fsdp_dim_names ("dp_replicate", "dp_shard_cp")
+    const uint64_t k = *r.setup.dp_shard;
+    r.warnings.push_back(fmt::format(
+        "--cp {} --sharding fsdp2 --dp-shard {}: one rank of HSDP over the (dp_replicate, dp_shard_cp) = ({}, {} x {}) "
+        "mesh (accelerate's fsdp_dim_names; torchtitan's (\"dp_replicate\", \"dp_shard_cp\")), its activations CP rank "
+        "0's (--seq / {} tokens, ring attention)", n, k, r.setup.dp / k, k, n, n));
+  } else if (fsdp2) {
     r.warnings.push_back(fmt::format(
         "--cp {} --sharding fsdp2: one rank of FSDP2 over the flattened dp_shard x cp mesh ({} x {} = {} ranks: "
         "accelerate's \"dp_shard_cp\", torchtitan's resolve_fsdp_mesh), its activations CP rank 0's (--seq / {} "
@@ -1103,8 +1110,11 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
     }
     n /= s.train.cp;
     if (s.was_given("dp") && s.train.dp != n) {
-      throw FieldError("gpus", fmt::format("{}: {} GPUs, but --dp {}: the GPUs are the data-parallel ranks (the only "
-                                           "parallelism simulated so far); give one of the two", s.gpus, n, s.train.dp));
+      const uint64_t group = s.train.tp * pp * std::max<uint64_t>(s.train.cp, 1);  // divides the --gpus count
+      throw FieldError("gpus", fmt::format("{}: {} GPUs make {} data-parallel ranks of tp x pp x cp = {} x {} x {} "
+                                           "GPUs, but --dp {}; give one of the two",
+                                           s.gpus, n * group, n, s.train.tp, pp, std::max<uint64_t>(s.train.cp, 1),
+                                           s.train.dp));
     }
     if (!s.train.gpu.empty() && lower(s.train.gpu) != lower(name)) {
       throw FieldError("gpus", fmt::format("{}: --gpu {} names another GPU; give one of the two", s.gpus, s.train.gpu));

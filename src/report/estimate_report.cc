@@ -484,10 +484,11 @@ std::string render_fsdp_note(const Estimate& e) {
       "layers, the tail [model.norm, lm_head]); reshard_after_forward {} (the tail: false)\n",
       o.rank, o.ranks, f.units.size(), f.units.size() - 2, o.reshard_after_forward ? "true" : "false");
     // --cp N (fsdp.h fsdp2_mesh_ranks): the mesh is dp_shard x cp, flattened
+    // (under HSDP the flattened group is each replica's dp_shard x cp: the HSDP line below)
     if (e.setup.cp > 1) {
       out += fmt::format("  mesh: accelerate's flattened \"dp_shard_cp\" ({} data-parallel x {} context-parallel ranks); "
                          "this rank is data-parallel rank {}'s CP rank 0, its activations the CP rank's\n",
-                         e.setup.dp, e.setup.cp, e.setup.dp_rank.value_or(0));
+                         o.replicate > 1 ? o.ranks / e.setup.cp : e.setup.dp, e.setup.cp, e.setup.dp_rank.value_or(0));
     }
   }
   if (o.replicate > 1) {
@@ -495,11 +496,12 @@ std::string render_fsdp_note(const Estimate& e) {
     uint64_t held = 0;
     for (const FsdpUnit& u : f.units) held = checked_add(held, u.shard_numel, "HSDP all-reduce");
     const bool upcast = o.reduce_dtype != o.orig_dtype;
-    out += fmt::format("  HSDP mesh (dp_replicate, dp_shard) = ({}, {}): shard rank {} of replica {}; states sharded over the "
+    out += fmt::format("  HSDP mesh (dp_replicate, {}) = ({}, {}): shard rank {} of replica {}; states sharded over the "
                        "{} ranks of the shard group and replicated over the {} replicas; each unit's reduce-scatter "
                        "(shard group) is followed by an in-place all-reduce of its {} output over the replicate group "
                        "(all_reduce_stream){}\n",
-                       o.replicate, o.ranks, o.rank, o.replicate_rank, o.ranks, o.replicate, dt(o.reduce_dtype),
+                       e.setup.cp > 1 ? "dp_shard_cp" : "dp_shard", o.replicate, o.ranks, o.rank, o.replicate_rank,
+                       o.ranks, o.replicate, dt(o.reduce_dtype),
                        upcast ? fmt::format("; FSDPParamGroup._all_reduce_state keeps each unit's {} output until the "
                                             "final callback ({} for every unit), and its {} upcast comes from the "
                                             "all-reduce stream's pool",

@@ -20,6 +20,7 @@
 #include "trainmem/error.h"
 #include "trainmem/estimate.h"
 #include "trainmem/nccl.h"
+#include "trainmem/plan.h"
 #include "trainmem/scenario.h"
 
 namespace trainmem {
@@ -259,6 +260,39 @@ TEST(CpTpGpus, CommunicatorsFollowTheMeshOrder) {
   EXPECT_EQ(local_ranks(g[1], 8), 2u);
   s.tp = 1;  // without TP the CP group is consecutive, as before
   EXPECT_EQ(process_groups(s)[1].stride, 1u);
+}
+
+// plan searches CP x TP layouts when --cp and --tp are both given (each row's figure is estimate's), and does not
+// enumerate them otherwise (plan.cc: they would spend its bound on work that finds the other layouts).
+TEST(CpTpPlan, PlanSearchesCpTimesTpOnlyWhenBothAreGiven) {
+  auto fields = [](std::initializer_list<std::pair<const char*, std::string>> f) {
+    std::vector<FieldChange> out;
+    for (const auto& [k, v] : f) out.push_back({k, v});
+    return out;
+  };
+  PlanRequest req;
+  req.global_batch = 8;
+  req.top = 3;
+  const PlanResult both = plan(fields({{"model", "tinyllama-1.1b"}, {"overrides", "num_hidden_layers=2"},
+                                       {"gpus", "8xa100-80gb"}, {"seq", "1024"}, {"cp", "2"}, {"tp", "2"}}),
+                               req, testing::MapFileReader());
+  ASSERT_FALSE(both.rows.empty());
+  for (const PlanRow& r : both.rows) {
+    EXPECT_EQ(r.setup.cp, 2u);
+    EXPECT_EQ(r.setup.tp, 2u);
+    EXPECT_EQ(r.setup.dp, 2u);  // 8 GPUs = dp 2 x cp 2 x tp 2
+  }
+  const PlanResult neither = plan(fields({{"model", "tinyllama-1.1b"}, {"overrides", "num_hidden_layers=2"},
+                                          {"gpus", "8xa100-80gb"}, {"seq", "1024"}}),
+                                  req, testing::MapFileReader());
+  bool tp_alone = false, cp_alone = false;
+  for (const PlanFamily& f : neither.families) {
+    EXPECT_FALSE(f.setup.cp > 1 && f.setup.tp > 1) << plan_family_name(f.setup);
+    tp_alone |= f.setup.tp > 1;
+    cp_alone |= f.setup.cp > 1;
+  }
+  EXPECT_TRUE(tp_alone);
+  EXPECT_TRUE(cp_alone);
 }
 
 TEST(CpTpRefusals, TheOtherRefusalsStand) {

@@ -898,10 +898,12 @@ void resolve_cp(const Scenario& s, ResolvedScenario& r) {
   // runs it (16cb6eb examples/torch_native_parallelism/nd_parallel.py: ParallelismConfig(dp_shard_size, tp_size,
   // cp_size), from_pretrained(tp_plan="auto", device_mesh=accelerator.torch_device_mesh), whose "tp" dimension
   // transformers' initialize_tensor_parallelism takes: `device_mesh = device_mesh["tp"]`; _prepare_cp's
-  // context_parallel(mesh=torch_device_mesh["cp"])). The rank's model is the TP-local one (heads / tp): q, k, v
-  // reach SDPA as plain (B, H/tp, T/cp, D) tensors, so the ring runs over the local heads (cp_attention.cc takes
-  // them from the shapes) and every other op is plain TP's at seq / cp tokens. The rank simulated is CP rank 0,
-  // TP rank 0.
+  // context_parallel(mesh=torch_device_mesh["cp"]); docs/source/concept_guides/context_parallelism.md: "Context
+  // parallelism is compatible with other parallelism strategies, such as data parallelism, tensor parallelism and
+  // FSDP2"). The rank's model is the TP-local one (heads / tp): q, k, v reach SDPA as plain (B, H/tp, T/cp, D)
+  // tensors (transformers' tensor_parallel.py collectives are autograd Functions on local tensors), so the ring runs
+  // over the local heads (cp_attention.cc takes them from the shapes) and every other op is plain TP's at seq / cp
+  // tokens. The rank simulated is CP rank 0, TP rank 0.
   if (r.setup.checkpointing == Checkpointing::kSelective) {
     refuse("checkpointing", "selective checkpointing of the ring-attention op is not simulated (none and full are)");
   }

@@ -66,11 +66,12 @@ uint64_t fsdp2_mesh_rank(const TrainSetup& s);
 FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop, TorchVersion torch);
 
 // HSDP's mesh from --dp D and --dp-shard K (fsdp.cc cites the rules): K must divide D, 2 <= K <= D (K = D is plain
-// FSDP2); throws FieldError("dp_shard") otherwise. Sets ranks = K, replicate = D / K and the rank's coordinates
-// (dp_shard innermost: --dp-rank d is shard rank d mod K of replicate group d / K).
+// FSDP2); throws FieldError("dp_shard") otherwise. Sets ranks = K (K x C under --cp C: the flattened dp_shard_cp),
+// replicate = D / K and the rank's coordinates (dp_shard innermost: --dp-rank d is shard rank d mod K, times C
+// under --cp, of replicate group d / K).
 void apply_hsdp_mesh(FsdpOptions& f, const TrainSetup& s);
-// HSDP's shard degree K when the setup runs fully_shard over a 2-D (dp_replicate, dp_shard) mesh: --sharding fsdp2,
-// --dp-shard K with 1 < K < dp and K dividing dp, no --cp (HSDP with CP is refused); 0 otherwise (apply_hsdp_mesh
+// HSDP's shard degree K when the setup runs fully_shard over a 2-D (dp_replicate, dp_shard) mesh (dp_shard_cp
+// under --cp): --sharding fsdp2, --dp-shard K with 1 < K < dp and K dividing dp; 0 otherwise (apply_hsdp_mesh
 // refuses the invalid values).
 uint64_t hsdp_shard_degree(const TrainSetup& s);
 // Whether the rank's FSDP2 is torchtitan's (fp32 parameters with fully_shard's bf16 policy, no autocast:
@@ -79,7 +80,8 @@ uint64_t hsdp_shard_degree(const TrainSetup& s);
 bool torchtitan_fsdp2(const TrainSetup& s);
 // The shard degree of HSDP sharded within a node, as fit and plan offer it: K = the node's data-parallel ranks
 // (gpus_per_node / (tp x cp): tensor and context parallel are the inner mesh dimensions) when 1 < K < dp, K divides
-// dp and cp is 1; 0 when no such HSDP exists.
+// dp and cp is 1; 0 when no such HSDP exists (under --cp HSDP over the dp_shard x cp mesh is simulated when
+// --dp-shard asks for it, and not offered).
 uint64_t hsdp_node_shard_degree(uint64_t dp, uint64_t tp, uint64_t cp, uint64_t gpus_per_node);
 
 // One parameter's dim-0 shard (FSDPParam._init_sharded_param: chunks = _chunk_with_empty(tensor, W, dim=0);

@@ -92,19 +92,19 @@ uint64_t fsdp2_mesh_rank(const TrainSetup& s) {
 // _fully_shard.py: `elif mesh.ndim == 2: mesh_info = HSDPMeshInfo(mesh, shard_mesh_dim=1, replicate_mesh_dim=0)`):
 // the parameters are chunked over the shard dimension only (FSDPParam._init_sharded_param: shard_world_size).
 // Without --dp-shard the mesh is the flattened dp (x cp) one (fsdp2_mesh_ranks).
+// With --cp C the shard dimension is accelerate's flattened "dp_shard_cp" (fsdp_dim_names ["dp_replicate",
+// "dp_shard_cp"]; torchtitan's ("dp_replicate", "dp_shard_cp") too): shard groups of K x C ranks, each holding
+// K data-parallel ranks' C CP ranks, row-major (dp_shard outer, cp inner: DeviceMesh._flatten of ["dp_shard",
+// "cp"]), so data-parallel rank d's CP rank 0 is shard rank (d mod K) x C of replicate group d / K.
+// ParallelismConfig.__post_init__ allows it ("set dp_replicate_size == 1 and dp_shard_size > 1 to compose HSDP +
+// TP/CP for 3D parallel" is its message for the refused dp_shard_size 1; the check is `(tp_size > 1 or cp_size >
+// 1) and dp_replicate_size > 1 and dp_shard_size == 1`, so dp_shard_size > 1 with a replicate dimension passes).
 void apply_hsdp_mesh(FsdpOptions& f, const TrainSetup& s) {
   const uint64_t dp = s.dp;
   f.ranks = fsdp2_mesh_ranks(s);
   f.rank = fsdp2_mesh_rank(s);
   f.replicate = 1;
   if (s.dp_shard) {
-    if (s.cp > 1 && *s.dp_shard != dp) {  // (K = dp is the flattened dp x cp mesh itself: one replica)
-      // accelerate's fsdp_dim_names would be ("dp_replicate", "dp_shard_cp"): HSDP with the shard group over
-      // dp_shard x cp is not simulated
-      throw FieldError("dp_shard", fmt::format("{}: HSDP with --cp {} (a replicate x (dp_shard x cp) mesh) is not "
-                                               "simulated; FSDP2 over dp x cp is (leave --dp-shard out)",
-                                               *s.dp_shard, s.cp));
-    }
     const uint64_t k = *s.dp_shard;
     if (k < 2 || k > dp || dp % k != 0) {
       std::string divisors;
@@ -121,17 +121,18 @@ void apply_hsdp_mesh(FsdpOptions& f, const TrainSetup& s) {
               : ". A shard degree of 1 replicates without sharding, which accelerate's ParallelismConfig refuses "
                 "(dp_replicate_size > 1 with dp_shard_size 1): that is --sharding ddp"));
     }
-    if (s.cp > 1) return;  // K = dp under --cp: the flattened dp x cp mesh above, one replica
-    f.ranks = k;
-    f.replicate = dp / k;
+    // (K = dp: one replica, the flattened dp (x cp) mesh above; the same figures)
+    const uint64_t cp = std::max<uint64_t>(s.cp, 1);
     const uint64_t d = s.dp_rank.value_or(0);
-    f.rank = d % f.ranks;
-    f.replicate_rank = d / f.ranks;
+    f.ranks = checked_mul(k, cp, "HSDP shard group (dp_shard x cp)");
+    f.replicate = dp / k;
+    f.rank = checked_mul(d % k, cp, "HSDP shard rank");
+    f.replicate_rank = d / k;
   }
 }
 
 uint64_t hsdp_shard_degree(const TrainSetup& s) {
-  if (s.sharding != Sharding::kFsdp2 || !s.dp_shard || s.cp > 1) return 0;
+  if (s.sharding != Sharding::kFsdp2 || !s.dp_shard) return 0;
   const uint64_t k = *s.dp_shard;
   return k > 1 && k < s.dp && s.dp % k == 0 ? k : 0;
 }

@@ -81,7 +81,16 @@ std::vector<ProcessGroup> process_groups(const TrainSetup& s, std::optional<uint
   // one NCCL communicator per process group, created at its first collective (ProcessGroupNCCL::getNCCLComm)
   const uint64_t world = s.dp * s.tp * s.pp * s.cp;  // resolve() bounded each factor and their product
   auto name = [&](const char* what, uint64_t n) { return fmt::format("{}{}", what, n == world ? " (the world group)" : ""); };
-  if (s.cp > 1 && s.sharding == Sharding::kFsdp2) {
+  if (const uint64_t hk = hsdp_shard_degree(s); hk > 0 && s.cp > 1) {
+    // HSDP with --cp C (fsdp.h apply_hsdp_mesh): fully_shard's 2-D mesh (dp_replicate, dp_shard_cp), the shard
+    // dimension the flattened dp_shard x cp group of K x C ranks (its own process group, as below), the
+    // replicate dimension's group for the all-reduce; in accelerate's mesh order ["dp_replicate", "dp_shard", "cp",
+    // "sp", "tp"] a shard group's members are T ranks apart, a replicate group's K x C x T
+    const uint64_t w = checked_mul(hk, s.cp, "HSDP dp_shard x cp ranks");
+    g.push_back({name("FSDP2 dp_shard x cp (HSDP shard)", w), w, 0, s.tp, ProcessGroup::Kind::kData});
+    g.push_back({name("data parallel replicate (HSDP dp_replicate)", s.dp / hk), s.dp / hk, 0,
+                 checked_mul(w, s.tp, "HSDP stride"), ProcessGroup::Kind::kDataReplicate});
+  } else if (s.cp > 1 && s.sharding == Sharding::kFsdp2) {
     // --cp N --sharding fsdp2 (fsdp.h fsdp2_mesh_ranks): fully_shard's all-gathers and reduce-scatters run on the
     // flattened "dp_shard_cp" mesh's group of dp x cp ranks. DeviceMesh._flatten (_create_flatten_mesh) builds a
     // new DeviceMesh with its own process group, also when dp is 1 and its ranks are the cp group's (it returns

@@ -418,7 +418,10 @@ void suggest(const Candidate& base, const FitProbe& original, std::optional<uint
       }
     }
   }
-  if (!answer && out.solve == FitDimension::kBatch && base.setup.seq > 1 && budget.events < kFitEventBudget) {
+  // (not under context or sequence parallelism: their lengths must divide by 2 x cp or tp, and the resolved
+  // setup's --seq under --cp is the rank's share; fit refuses solving for seq with them)
+  if (!answer && out.solve == FitDimension::kBatch && base.setup.seq > 1 && budget.events < kFitEventBudget &&
+      base.setup.cp <= 1 && !base.setup.sequence_parallel) {
     // The other dimension: the longest sequence that fits one sequence per micro-batch.
     Candidate c = base;
     c.setup.batch = 1;
@@ -500,6 +503,13 @@ FitResult fit(const Scenario& s0, const FitRequest& r, const FileReader& files) 
     // sequence parallelism (sp.h) simulates sequences that divide by --tp; the search tries every length
     throw FieldError("sequence_parallel", "true: fit's search over sequence lengths is not simulated with sequence "
                                           "parallelism (the lengths must divide by --tp); solve for batch at a given --seq");
+  }
+  if (r.solve == FitDimension::kSeq && s.train.cp > 1) {
+    // context parallel (cp.h) shards sequences that divide by 2 x --cp (the head-tail load balancer); the search
+    // tries every length
+    throw FieldError("cp", fmt::format("{}: fit's search over sequence lengths is not simulated with context "
+                                       "parallelism (the lengths must divide by 2 x --cp); solve for batch at a given "
+                                       "--seq", s.train.cp));
   }
   if (r.solve == FitDimension::kSeq && !s.was_given("batch")) s.train.batch = 1;
   (r.solve == FitDimension::kBatch ? s.train.batch : s.train.seq) = 1;  // checked at the smallest size

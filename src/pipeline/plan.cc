@@ -632,15 +632,16 @@ PlanResult Planner::run() {
   // every stage, and the twins' would spend plan's bound on work that FSDP2's own layouts need). The search grows
   // by one FSDP2 family per multi-node layout without a pipeline: its 5 shardings become 6. A --dp-shard K the user
   // gives keeps the FSDP2 families whose dp K divides (K = dp: FSDP2 over the whole dp), and only them.
-  // HSDP with --cp is refused (fsdp.cc apply_hsdp_mesh: a replicate x (dp_shard x cp) mesh is not simulated), so a
-  // layout with cp > 1 gets no twin; a given --dp-shard drops it, as it drops layouts without data parallelism.
+  // A layout with cp > 1 gets no twin (hsdp_node_shard_degree: HSDP over dp_shard x cp is simulated when asked,
+  // not searched), but keeps its FSDP2 families under a given --dp-shard (apply_hsdp_mesh: the (dp_replicate,
+  // dp_shard_cp) mesh); a given --dp-shard drops layouts without data parallelism.
   const auto add_hsdp = [&](std::vector<PlanFamily>& fams, size_t first, uint64_t dp, uint64_t tp, uint64_t pp,
                             uint64_t cp) {
-    if (given("dp_shard") && (dp <= 1 || cp > 1)) {
+    if (given("dp_shard") && dp <= 1) {
       fams.resize(first);
       return;
     }
-    if (dp <= 1 || cp > 1) return;
+    if (dp <= 1 || (cp > 1 && !given("dp_shard"))) return;
     if (given("dp_shard")) {
       const uint64_t k = user.train.dp_shard.value_or(0);
       std::vector<PlanFamily> kept(fams.begin(), fams.begin() + static_cast<std::ptrdiff_t>(first));

@@ -914,7 +914,20 @@ void resolve_cp(const Scenario& s, ResolvedScenario& r) {
   // accelerate state.py: cp_size > 1 without an FSDP2 plugin raises unless ACCELERATE_ALLOW_CP_STANDALONE=true;
   // its docs (concept_guides/context_parallelism.md): "context parallelism only works if you use
   // FullyShardedDataParallelPlugin ... with version set to 2"
-  if (fsdp2 && r.setup.tp > 1) {
+  if (fsdp2 && r.setup.dp_shard && *r.setup.dp_shard < r.setup.dp) {
+    // HSDP (fsdp.h apply_hsdp_mesh): accelerate's fsdp_dim_names ("dp_replicate", "dp_shard_cp")
+    const uint64_t k = *r.setup.dp_shard;
+    r.warnings.push_back(fmt::format(
+        "--cp {} --sharding fsdp2 --dp-shard {}: one rank of HSDP over the (dp_replicate, dp_shard_cp) = ({}, {} x {}) "
+        "mesh (accelerate's fsdp_dim_names; torchtitan's (\"dp_replicate\", \"dp_shard_cp\")){}, its activations CP rank "
+        "0's (--seq / {} tokens, ring attention)", n, k, r.setup.dp / k, k, n,
+        // --tp T: TP rank 0's local model (tp_plan="auto"), the tp dimension innermost in accelerate's mesh
+        r.setup.tp > 1 ? fmt::format(" sharding TP rank 0's local parameters (--tp {}, tp_plan=\"auto\": the "
+                                     "(dp_replicate, dp_shard, cp, tp) = ({}, {}, {}, {}) mesh, {} local heads)",
+                                     r.setup.tp, r.setup.dp / k, k, n, r.setup.tp, r.model.attn.heads)
+                       : std::string(),
+        n));
+  } else if (fsdp2 && r.setup.tp > 1) {
     // accelerate's mesh order ["dp_replicate", "dp_shard", "cp", "sp", "tp"] (ParallelismConfig._get_mesh), FSDP2
     // over mesh["dp_shard_cp"] (fsdp_dim_names; utils/fsdp_utils.py fsdp2_prepare_model) of the TP-local model
     r.warnings.push_back(fmt::format(

@@ -489,10 +489,11 @@ std::string render_fsdp_note(const Estimate& e) {
       "layers, the tail [model.norm, lm_head]); reshard_after_forward {} (the tail: false)\n",
       o.rank, o.ranks, f.units.size(), f.units.size() - 2, o.reshard_after_forward ? "true" : "false");
     // --cp N (fsdp.h fsdp2_mesh_ranks): the mesh is dp_shard x cp, flattened
+    // (under HSDP the flattened group is each replica's dp_shard x cp: the HSDP line below)
     if (e.setup.cp > 1) {
       out += fmt::format("  mesh: accelerate's flattened \"dp_shard_cp\" ({} data-parallel x {} context-parallel ranks); "
                          "this rank is data-parallel rank {}'s CP rank 0, its activations the CP rank's\n",
-                         e.setup.dp, e.setup.cp, e.setup.dp_rank.value_or(0));
+                         o.replicate > 1 ? o.ranks / e.setup.cp : e.setup.dp, e.setup.cp, e.setup.dp_rank.value_or(0));
     }
   }
   if (o.replicate > 1) {
@@ -500,11 +501,12 @@ std::string render_fsdp_note(const Estimate& e) {
     uint64_t held = 0;
     for (const FsdpUnit& u : f.units) held = checked_add(held, u.shard_numel, "HSDP all-reduce");
     const bool upcast = o.reduce_dtype != o.orig_dtype;
-    out += fmt::format("  HSDP mesh (dp_replicate, dp_shard) = ({}, {}): shard rank {} of replica {}; states sharded over the "
+    out += fmt::format("  HSDP mesh (dp_replicate, {}) = ({}, {}): shard rank {} of replica {}; states sharded over the "
                        "{} ranks of the shard group and replicated over the {} replicas; each unit's reduce-scatter "
                        "(shard group) is followed by an in-place all-reduce of its {} output over the replicate group "
                        "(all_reduce_stream){}\n",
-                       o.replicate, o.ranks, o.rank, o.replicate_rank, o.ranks, o.replicate, dt(o.reduce_dtype),
+                       e.setup.cp > 1 ? "dp_shard_cp" : "dp_shard", o.replicate, o.ranks, o.rank, o.replicate_rank,
+                       o.ranks, o.replicate, dt(o.reduce_dtype),
                        upcast ? fmt::format("; FSDPParamGroup._all_reduce_state keeps each unit's {} output until the "
                                             "final callback ({} for every unit), and its {} upcast comes from the "
                                             "all-reduce stream's pool",
@@ -728,9 +730,18 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
   out["setup"]["cp"] = s.cp;  // --cp N: setup.seq is the rank's share of cp_seq
   if (s.cp > 1) out["setup"]["cp_seq"] = s.cp_seq;
   if (s.cp > 1 && e.model.tp > 1) {
-    // --cp C --tp T: accelerate's (dp_shard, cp, tp) mesh (ParallelismConfig._get_mesh), the rank simulated
-    out["layout"] = {{"mesh", {"dp_shard", "cp", "tp"}}, {"dp", s.dp}, {"cp", s.cp}, {"tp", e.model.tp},
-                     {"gpus", s.dp * s.cp * e.model.tp}, {"cp_rank", 0}, {"tp_rank", 0}, {"dp_rank", s.dp_rank.value_or(0)}};
+    // --cp C --tp T: accelerate's (dp_shard, cp, tp) mesh (ParallelismConfig._get_mesh; dp_replicate outermost
+    // under HSDP, --dp-shard K: e.fsdp's replicate groups), the rank simulated
+    const uint64_t replicate = e.fsdp ? e.fsdp->options.replicate : 1;
+    out["layout"] = {{"dp", s.dp}, {"cp", s.cp}, {"tp", e.model.tp}, {"gpus", s.dp * s.cp * e.model.tp},
+                     {"cp_rank", 0}, {"tp_rank", 0}, {"dp_rank", s.dp_rank.value_or(0)}};
+    // the mesh's dimensions outermost first, as [name, size] (an array: the order is the layout)
+    nlohmann::json mesh = nlohmann::json::array();
+    if (replicate > 1) mesh.push_back({"dp_replicate", replicate});
+    mesh.push_back({"dp_shard", s.dp / replicate});
+    mesh.push_back({"cp", s.cp});
+    mesh.push_back({"tp", e.model.tp});
+    out["layout"]["mesh"] = mesh;
   }
   if (e.model.tp > 1) {  // tensor parallelism (tp.h): this rank's local model
     const TpSplit t = tp_split(e.model);

@@ -32,18 +32,10 @@ Scenario tiny(uint64_t seq, std::initializer_list<std::pair<const char*, std::st
   return testing::tiny_llama(seq, extra);
 }
 
-// One category's events in the order the step allocates and frees them: (event kind, label, bytes, stream)
-std::vector<std::tuple<int, std::string, uint64_t, int>> events_of(const Estimate& e, Category c) {
-  std::vector<std::tuple<int, std::string, uint64_t, int>> out;
-  for (const Event& ev : e.sim->timeline.events) {
-    if (ev.category != c) continue;
-    out.emplace_back(static_cast<int>(ev.kind), std::string(ev.label.what), ev.bytes.value, static_cast<int>(ev.stream));
-  }
-  return out;
-}
+using testing::category_events;
 // FSDP2's buffers: every copy-in, all-gather output, unsharded parameter, reduce-scatter input and output
 std::vector<std::tuple<int, std::string, uint64_t, int>> fsdp_events(const Estimate& e) {
-  return events_of(e, Category::kFsdpBuffers);
+  return category_events(e, Category::kFsdpBuffers);
 }
 
 TEST(CpFsdpRules, TheMeshIsDpShardTimesCpAndTheRankIsRowMajor) {
@@ -117,8 +109,8 @@ TEST(CpFsdpSim, StatesAreFsdpOverDpTimesCpAndActivationsTheCpRanks) {
   const Estimate cf16 = run(tiny(256, {{"cp", "4"}, {"dp", "2"}, {"sharding", "fsdp2"}, {"precision", "bf16"}}));
   const Estimate cp16 = run(tiny(256, {{"cp", "4"}, {"precision", "bf16"}}));
   for (Category c : {Category::kActivations, Category::kBackward, Category::kInputs}) {
-    EXPECT_EQ(events_of(cf16, c), events_of(cp16, c)) << category_name(c);
-    EXPECT_FALSE(events_of(cf16, c).empty());
+    EXPECT_EQ(category_events(cf16, c), category_events(cp16, c)) << category_name(c);
+    EXPECT_FALSE(category_events(cf16, c).empty());
   }
   // under bf16-amp, as cp_test.cc derives it for a CP rank: the FSDP2 rank of --seq 64 (its state before a step's
   // forward, byte for byte) plus the ring's contiguous output copy that o_proj saves, B x L x H x D x 2 bytes per

@@ -218,19 +218,40 @@ TEST(CpTpFsdp, StatesAreFsdpOverDpTimesCpOfTheTpLocalModel) {
   EXPECT_EQ(ctf.state.weights.value, tpf.state.weights.value);
   EXPECT_EQ(ctf.state.gradients.value, tpf.state.gradients.value);
   EXPECT_EQ(ctf.memory.steady_state.value, tpf.memory.steady_state.value);
-  std::vector<Ev> a, b;
-  for (const Event& ev : ctf.sim->timeline.events) {
-    if (ev.category == Category::kFsdpBuffers) a.emplace_back(static_cast<int>(ev.kind), ev.label.what, ev.bytes.value);
-  }
-  for (const Event& ev : tpf.sim->timeline.events) {
-    if (ev.category == Category::kFsdpBuffers) b.emplace_back(static_cast<int>(ev.kind), ev.label.what, ev.bytes.value);
-  }
+  const auto a = testing::category_events(ctf, Category::kFsdpBuffers);
   EXPECT_FALSE(a.empty());
-  EXPECT_EQ(a, b);
+  EXPECT_EQ(a, testing::category_events(tpf, Category::kFsdpBuffers));
   // and its activations outside attention are the FSDP2 + TP rank's at seq / cp
   for (Category c : {Category::kActivations, Category::kInputs}) {
     EXPECT_EQ(outside_attention(ctf, c), outside_attention(tpf, c)) << category_name(c);
   }
+}
+
+// HSDP (--dp-shard K) with --cp C and --tp T: accelerate's (dp_replicate, dp_shard, cp, tp) mesh, fully_shard over
+// ("dp_replicate", "dp_shard_cp") (fsdp.cc apply_hsdp_mesh): shard groups of K x C ranks of TP rank 0's local
+// parameters, D / K replicas. --dp 4 --dp-shard 2 --cp 2 --tp 2: shard groups of 4, two replicas: the shards (by
+// hand above: W = 4) and every FSDP buffer, the replicate all-reduce's included, of --tp 2 --dp 8 --dp-shard 4 at
+// seq / cp (shard groups of 4, two replicas, the same local model).
+TEST(CpTpFsdp, HsdpShardsOverDpShardTimesCpOfTheTpLocalModel) {
+  const Estimate h = run(tiny(256, {{"cp", "2"}, {"tp", "2"}, {"dp", "4"}, {"dp_shard", "2"}, {"sharding", "fsdp2"}}));
+  const Estimate t = run(tiny(128, {{"tp", "2"}, {"dp", "8"}, {"dp_shard", "4"}, {"sharding", "fsdp2"}}));
+  ASSERT_TRUE(h.fsdp.has_value());
+  EXPECT_EQ(h.fsdp->options.ranks, 4u);
+  EXPECT_EQ(h.fsdp->options.replicate, 2u);
+  const uint64_t layer_shard = 256 * 2048 + 2 * 32 * 2048 + 512 * 1024 + 2 * 704 * 2048 + 512 * 2816 + 2 * 512;
+  EXPECT_EQ(h.fsdp->units[1].shard_numel, layer_shard);
+  EXPECT_EQ(h.fsdp->local_elems, t.fsdp->local_elems);
+  EXPECT_EQ(h.state.optimizer_state.value, t.state.optimizer_state.value);
+  EXPECT_EQ(testing::category_events(h, Category::kFsdpBuffers), testing::category_events(t, Category::kFsdpBuffers));
+  EXPECT_FALSE(testing::category_events(h, Category::kFsdpBuffers).empty());
+  // the communicators: the shard group (K x C = 4 ranks, T apart), the replicate group (2, K x C x T = 8 apart),
+  // the CP group (T apart) and the TP group
+  using K = ProcessGroup::Kind;
+  std::vector<std::tuple<K, uint64_t, uint64_t>> got;
+  for (const ProcessGroup& p : process_groups(h.setup)) got.emplace_back(p.kind, p.ranks, p.stride);
+  const std::vector<std::tuple<K, uint64_t, uint64_t>> want = {
+      {K::kData, 4, 2}, {K::kDataReplicate, 2, 8}, {K::kContext, 2, 2}, {K::kTensor, 2, 1}};
+  EXPECT_EQ(got, want);
 }
 
 // --gpus N: N = dp x cp x tp (scenario.cc resolve divides by tp, pp and cp; dp is what is left)
@@ -303,7 +324,6 @@ TEST(CpTpRefusals, TheOtherRefusalsStand) {
       {tiny(256, {{"cp", "2"}, {"tp", "2"}, {"dp", "2"}}), "dp"},  // check_tp_setup: DDP over TP
       {tiny(256, {{"cp", "2"}, {"tp", "2"}, {"checkpointing", "selective"}}), "checkpointing"},
       {tiny(256, {{"cp", "2"}, {"tp", "2"}, {"attention", "eager"}}), "attention"},
-      {tiny(256, {{"cp", "2"}, {"tp", "2"}, {"dp", "4"}, {"dp_shard", "2"}, {"sharding", "fsdp2"}}), "dp_shard"},
       {tiny(256, {{"cp", "2"}, {"tp", "2"}, {"sharding", "zero2"}, {"dp", "2"}}), "dp"},
       {tiny(256, {{"cp", "2"}, {"tp", "2"}, {"task", "inference"}}), "task"},
       {tiny(256, {{"cp", "2"}, {"tp", "8"}}), "tp"},  // 4 KV heads do not divide by 8

@@ -254,7 +254,7 @@ TEST(HsdpPlan, TwinsShardWithinANodeAndRowsAreEstimates) {
   size_t fsdp2_spanning = 0, twins = 0;
   for (const PlanFamily& f : r.families) {
     const PlanSetup& p = f.setup;
-    // (HSDP with --cp is refused: a layout with context parallel gets no twin)
+    // (a layout with context parallel gets no twin: HSDP over dp_shard x cp is simulated when asked, not searched)
     if (p.sharding == Sharding::kFsdp2 && p.dp_shard == 0 && p.pp == 1 && p.cp == 1 && p.dp > 8 / p.tp &&
         8 / p.tp > 1) {
       ++fsdp2_spanning;

@@ -6,6 +6,8 @@
 #include <initializer_list>
 #include <map>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "trainmem/config.h"
 #include "trainmem/error.h"
@@ -95,6 +97,16 @@ inline Scenario tiny_llama(uint64_t seq, std::initializer_list<std::pair<const c
                                               {"precision", "bf16-amp"}});
   for (const auto& [k, v] : extra) set_field(s, k, v);
   return s;
+}
+
+// One category's events in the order the step allocates and frees them: (event kind, label, bytes, stream)
+inline std::vector<std::tuple<int, std::string, uint64_t, int>> category_events(const Estimate& e, Category c) {
+  std::vector<std::tuple<int, std::string, uint64_t, int>> out;
+  for (const Event& ev : e.sim->timeline.events) {
+    if (ev.category != c) continue;
+    out.emplace_back(static_cast<int>(ev.kind), std::string(ev.label.what), ev.bytes.value, static_cast<int>(ev.stream));
+  }
+  return out;
 }
 
 // The pipeline of every front end: resolve, then estimate (presets from memory).

@@ -28,8 +28,8 @@ struct Scenario {
                                // train.gpu: a catalog name or a memory size ("24GiB"), empty for none
   TorchVersion torch{2, 9};    // the PyTorch whose runtime behaviour is modelled
   std::string alloc_conf;      // PYTORCH_CUDA_ALLOC_CONF, read for that PyTorch version
-  // --gpus "8xh100-80gb": N GPUs of one kind, a shorthand resolve() turns into the ranks (train.dp: data
-  // parallelism is the only parallelism simulated so far) and the device (train.gpu); empty when not given
+  // --gpus "8xh100-80gb": N GPUs of one kind, a shorthand resolve() turns into the data-parallel ranks (train.dp
+  // = N / (tp x pp x cp)) and the device (train.gpu); empty when not given
   std::string gpus;
   LoopKind loop = LoopKind::kAuto;  // the training script; kAuto: the model implementation's own
   uint32_t steps = 2;          // optimizer steps simulated (the first creates the optimizer state)

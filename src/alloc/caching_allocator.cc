@@ -79,72 +79,103 @@ struct Block {
 // (size, address): a stream never takes another stream's cached block (get_free_block's lower_bound on the
 // stream, then `(*it)->stream != p.stream()` ends the search).
 
-// A pool's cached blocks in that (size, address) order: a sorted vector (simulation bookkeeping, not the modelled
-// allocator's: a pool holds tens to a few hundred free blocks, where a binary search and a short move beat a
-// tree's node allocations; the order and every lookup are std::set's). Each entry keeps its block's size beside
-// the block, so that best fit (the first block of at least a size) searches without reading the blocks.
+// A pool's cached blocks in that (size, address) order (simulation bookkeeping, not the modelled allocator's; the
+// order and every lookup are std::set's), in bins by size. bin(size) never decreases as the size grows (the power
+// of two below it and the next four bits: 16 bins an octave), so a block in a later bin is larger than any in an
+// earlier one and the order is the bins' in turn: best fit is the smallest block of at least the size in its own
+// bin, or else the first block of the next bin that holds any (a bitmap of the non-empty bins, a bit scan). Each
+// bin is sorted by DEcreasing (size, address), so that best fit mostly takes its last entry. A bin holds a few
+// blocks (or many of one size, searched by halving), so an insert or erase moves a few entries: one sorted vector
+// of a pool's tens of blocks moved tens, and sorted distinct sizes churned as split remainders' sizes came and went.
 class FreeSet {
-  struct Entry {
-    uint64_t size;  // b->size
-    Block* b;
-  };
-  static bool before(const Entry& e, uint64_t size, uint64_t addr) {
-    return e.size != size ? e.size < size : e.b->addr < addr;
-  }
-
  public:
-  // Iterates the blocks (Block*) in order.
-  class iterator {
-   public:
-    using iterator_category = std::bidirectional_iterator_tag;
-    using value_type = Block*;
-    using difference_type = std::ptrdiff_t;
-    using pointer = Block* const*;
-    using reference = Block* const&;
-    iterator() = default;
-    explicit iterator(std::vector<Entry>::iterator it) : it_(it) {}
-    reference operator*() const { return it_->b; }
-    iterator& operator++() { ++it_; return *this; }
-    iterator& operator--() { --it_; return *this; }
-    iterator operator++(int) { iterator t = *this; ++it_; return t; }
-    iterator operator--(int) { iterator t = *this; --it_; return t; }
-    bool operator==(const iterator& o) const { return it_ == o.it_; }
-    std::vector<Entry>::iterator base() const { return it_; }
-
-   private:
-    std::vector<Entry>::iterator it_;
+  // Where a block is: its bin and its index there.
+  struct Place {
+    size_t bin = 0, idx = 0;
+    Block* b = nullptr;
   };
-  iterator begin() { return iterator(v_.begin()); }
-  iterator end() { return iterator(v_.end()); }
-  std::reverse_iterator<iterator> rbegin() { return std::reverse_iterator<iterator>(end()); }
-  std::reverse_iterator<iterator> rend() { return std::reverse_iterator<iterator>(begin()); }
-  // The blocks in order, for reading (segments_now).
-  std::vector<const Block*> blocks() const {
-    std::vector<const Block*> out;
-    for (const Entry& e : v_) out.push_back(e.b);
-    return out;
+  // The first block of at least `size` bytes in the order (the lowest address among the smallest such size); b is
+  // nullptr when there is none. When that block is `skip` and another follows it in the order, the one that follows.
+  Place best_fit(uint64_t size, const Block* skip) const {
+    if (bins_.empty()) return {};
+    const size_t i = bin(size);
+    const std::vector<Entry>& l = bins_[i];
+    // the bin's blocks of at least `size` come first (the bin is in decreasing order); the last of them is the one
+    const auto k = static_cast<size_t>(
+        std::partition_point(l.begin(), l.end(), [size](const Entry& e) { return e.size >= size; }) - l.begin());
+    Place p = k > 0 ? Place{i, k - 1, l[k - 1].b} : first_from(i + 1);
+    if (!p.b || p.b != skip) return p;
+    if (p.idx > 0) return {p.bin, p.idx - 1, bins_[p.bin][p.idx - 1].b};
+    const Place next = first_from(p.bin + 1);
+    return next.b ? next : p;
   }
-  // The first block of at least `size` bytes (any address): the sizes alone decide.
-  iterator lower_bound_size(uint64_t size) {
-    return iterator(std::partition_point(v_.begin(), v_.end(), [size](const Entry& e) { return e.size < size; }));
+  // Removes the block found at `p` (by best_fit, with no insert or erase since).
+  void erase(const Place& p) {
+    std::vector<Entry>& l = bins_[p.bin];
+    l.erase(l.begin() + static_cast<std::ptrdiff_t>(p.idx));
+    if (l.empty()) used_[p.bin / 64] &= ~(uint64_t{1} << (p.bin % 64));
   }
   void insert(Block* b) {
-    const auto it = find(b->size, b->addr);
-    if (it == v_.end() || it->b->addr != b->addr || it->size != b->size) v_.insert(it, Entry{b->size, b});
+    if (bins_.empty()) bins_.resize(kBins);
+    const size_t i = bin(b->size);
+    std::vector<Entry>& l = bins_[i];
+    const auto it = find(l, b->size, b->addr);
+    if (it != l.end() && it->size == b->size && it->addr == b->addr) return;
+    l.insert(it, Entry{b->size, b->addr, b});
+    used_[i / 64] |= uint64_t{1} << (i % 64);
   }
-  iterator erase(iterator it) { return iterator(v_.erase(it.base())); }
   void erase(const Block* b) {
-    const auto it = find(b->size, b->addr);
-    if (it != v_.end() && it->size == b->size && it->b->addr == b->addr) v_.erase(it);
+    if (bins_.empty()) return;
+    const size_t i = bin(b->size);
+    std::vector<Entry>& l = bins_[i];
+    const auto it = find(l, b->size, b->addr);
+    if (it == l.end() || it->size != b->size || it->addr != b->addr) return;
+    erase(Place{i, static_cast<size_t>(it - l.begin()), it->b});
+  }
+  // The blocks in the order (size, then address).
+  std::vector<Block*> blocks() const {
+    std::vector<Block*> out;
+    for (const std::vector<Entry>& l : bins_) {
+      for (auto it = l.rbegin(); it != l.rend(); ++it) out.push_back(it->b);
+    }
+    return out;
   }
 
  private:
-  // the first entry not ordered before (size, addr)
-  std::vector<Entry>::iterator find(uint64_t size, uint64_t addr) {
-    // the blocks are read only among those of that size (the address breaks ties)
-    return std::partition_point(v_.begin(), v_.end(), [size, addr](const Entry& e) { return before(e, size, addr); });
+  struct Entry {
+    uint64_t size;  // b->size
+    uint64_t addr;  // b->addr
+    Block* b;
+  };
+  // bin(size): 16 bins an octave from 512 bytes (every size below 1 KiB shares the first octave's bins: only the
+  // order of the bins matters, not their widths) up to 2^64
+  static constexpr size_t kOctaves = 64 - 9;
+  static constexpr size_t kBins = kOctaves * 16;
+  static size_t bin(uint64_t size) {
+    if (size < 1024) return size < 512 ? 0 : static_cast<size_t>((size >> 5) & 15);
+    const int octave = 63 - std::countl_zero(size);
+    return static_cast<size_t>(octave - 9) * 16 + static_cast<size_t>((size >> (octave - 4)) & 15);
   }
-  std::vector<Entry> v_;
+  // the first entry of `l` not ordered after (size, addr) (a bin is in decreasing order)
+  static std::vector<Entry>::iterator find(std::vector<Entry>& l, uint64_t size, uint64_t addr) {
+    return std::partition_point(l.begin(), l.end(), [size, addr](const Entry& e) {
+      return e.size > size || (e.size == size && e.addr > addr);
+    });
+  }
+  // the first block in the order of the first bin from `i` on that holds any (its last entry)
+  Place first_from(size_t i) const {
+    for (size_t w = i / 64; w < used_.size(); ++w) {
+      uint64_t bits = used_[w];
+      if (w == i / 64) bits &= i % 64 == 0 ? ~uint64_t{0} : ~((uint64_t{1} << (i % 64)) - 1);
+      if (bits != 0) {
+        const size_t j = w * 64 + static_cast<size_t>(std::countr_zero(bits));
+        return {j, bins_[j].size() - 1, bins_[j].back().b};
+      }
+    }
+    return {};
+  }
+  std::vector<std::vector<Entry>> bins_;             // kBins once a block was inserted
+  std::array<uint64_t, (kBins + 63) / 64> used_{};  // bit i: bins_[i] is not empty
 };
 
 struct Pool {
@@ -296,21 +327,19 @@ class Allocator {
   }
 
   Block* get_free_block(Pool& pool, uint64_t size) {
-    auto it = pool.free.lower_bound_size(size);
-    if (it == pool.free.end()) return nullptr;
     // get_free_block with expandable segments: "expandable_size" counts the unmapped space after a block, so
     // the free block at the end of the mapped range ranks as the largest and any other block that fits is
     // taken first (`while ((*it)->expandable_segment_ && next != end && expandable_size(*next) <
-    // expandable_size(*it)) it = next++;`). Only the tail has unmapped space after it here.
-    if (c_.expandable_segments && *it == pool.exp_last) {
-      if (auto nx = std::next(it); nx != pool.free.end()) it = nx;
-    }
-    Block* b = *it;
+    // expandable_size(*it)) it = next++;`). Only the tail has unmapped space after it here: best fit passes
+    // over it when another block follows it.
+    const FreeSet::Place fit = pool.free.best_fit(size, c_.expandable_segments ? pool.exp_last : nullptr);
+    Block* b = fit.b;
+    if (!b) return nullptr;
     // "Do not return an oversized block for a large request"
     if (size < c_.max_split_size && b->size >= c_.max_split_size) return nullptr;
     // "Allow oversized block size to be rounded up but within a limit"
     if (size >= c_.max_split_size && b->size >= size + c_.max_non_split_rounding) return nullptr;
-    pool.free.erase(it);
+    pool.free.erase(fit);
     return b;
   }
 
@@ -384,18 +413,16 @@ class Allocator {
   void release_oversize(Pool& pool, uint64_t size) {
     const uint64_t want = std::max(size, c_.max_split_size);
     uint64_t released = 0;
-    for (auto it = pool.free.rbegin(); it != pool.free.rend() && released < want;) {
+    const std::vector<Block*> cached = pool.free.blocks();
+    for (auto it = cached.rbegin(); it != cached.rend() && released < want; ++it) {
       Block* b = *it;
       if (b->size < c_.max_split_size) break;
-      if (b->prev || b->next || b->expandable) {
-        ++it;
-        continue;
-      }
+      if (b->prev || b->next || b->expandable) continue;
       released += b->size;
       reserved_ -= b->size;
       --segments_;
       record(AllocatorTraceEntry::kSegmentFree, b->addr, b->size, b->stream);
-      it = std::make_reverse_iterator(pool.free.erase(std::next(it).base()));
+      pool.free.erase(b);
       dispose(b);
     }
   }
@@ -410,16 +437,13 @@ class Allocator {
   void release_cached_blocks() {
     for (Pool* pools : {large_, small_}) {  // every stream's large pools, then its small ones
       for (Pool* pool = pools; pool != pools + kStreamCount; ++pool) {
-        for (auto it = pool->free.begin(); it != pool->free.end();) {
-          Block* b = *it;
+        for (Block* b : pool->free.blocks()) {
           if (!b->prev && !b->next && !b->expandable) {
             reserved_ -= b->size;
             --segments_;
             record(AllocatorTraceEntry::kSegmentFree, b->addr, b->size, b->stream);
-            it = pool->free.erase(it);
+            pool->free.erase(b);
             dispose(b);
-          } else {
-            ++it;
           }
         }
         Block* t = pool->exp_last;

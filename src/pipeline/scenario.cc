@@ -1139,8 +1139,11 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
     }
     n /= s.train.cp;
     if (s.was_given("dp") && s.train.dp != n) {
-      throw FieldError("gpus", fmt::format("{}: {} GPUs, but --dp {}: the GPUs are the data-parallel ranks (the only "
-                                           "parallelism simulated so far); give one of the two", s.gpus, n, s.train.dp));
+      const uint64_t group = s.train.tp * pp * std::max<uint64_t>(s.train.cp, 1);  // divides the --gpus count
+      throw FieldError("gpus", fmt::format("{}: {} GPUs make {} data-parallel ranks of tp x pp x cp = {} x {} x {} "
+                                           "GPUs, but --dp {}; give one of the two",
+                                           s.gpus, n * group, n, s.train.tp, pp, std::max<uint64_t>(s.train.cp, 1),
+                                           s.train.dp));
     }
     if (!s.train.gpu.empty() && lower(s.train.gpu) != lower(name)) {
       throw FieldError("gpus", fmt::format("{}: --gpu {} names another GPU; give one of the two", s.gpus, s.train.gpu));

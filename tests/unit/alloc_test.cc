@@ -93,6 +93,41 @@ TEST(AllocatorRules, FreedBlocksAreCachedAndReusedBestFit) {
   EXPECT_EQ(r.allocated.back(), 18u * MiB);  // the 2 MiB remainder (> 1 MiB) is split off and stays cached
 }
 
+TEST(AllocatorRules, AmongCachedBlocksOfOneSizeBestFitTakesTheLowestAddress) {
+  // BlockComparatorSize orders a pool's cached blocks by (size, address) and get_free_block takes the first of
+  // at least the rounded size: with twelve 30 MiB segments freed in a scrambled order beside a 40 MiB one and a
+  // 24 MiB one (23 MiB rounded up to 2 MiB, get_allocation_size), a 26 MiB request and then eleven 30 MiB ones
+  // take the 30 MiB blocks by increasing address (the replay places segments downwards, so the last one
+  // cudaMalloc'ed has the lowest), then a 30 MiB request takes the 40 MiB block; the 24 MiB one is never used.
+  std::vector<int64_t> ops(12, 30 * MiB);
+  ops.push_back(40 * MiB);
+  ops.push_back(23 * MiB);
+  for (int64_t k : {5, 0, 13, 11, 3, 8, 1, 12, 10, 6, 2, 9, 4, 7}) ops.push_back(-k);
+  ops.push_back(26 * MiB);
+  for (int i = 0; i < 12; ++i) ops.push_back(30 * MiB);
+  Timeline t;
+  std::vector<uint64_t> sizes;
+  for (int64_t op : ops) {
+    Event e{};
+    e.kind = op > 0 ? Event::kAlloc : Event::kFree;
+    e.storage = static_cast<uint32_t>(op > 0 ? sizes.size() : static_cast<size_t>(-op));
+    if (op > 0) sizes.push_back(static_cast<uint64_t>(op));
+    e.bytes = Bytes(sizes[e.storage]);
+    t.events.push_back(e);
+  }
+  const AllocatorTrace tr = trace_allocator(t, {}, kTorch);
+  std::vector<uint64_t> segment, handed;  // each segment's address in cudaMalloc order; each allocation's block
+  for (const AllocatorTraceEntry& e : tr.entries) {
+    if (e.action == AllocatorTraceEntry::kSegmentAlloc) segment.push_back(e.addr);
+    if (e.action == AllocatorTraceEntry::kAlloc) handed.push_back(e.addr);
+  }
+  ASSERT_EQ(segment.size(), 14u);  // nothing after the frees needs a new segment
+  ASSERT_EQ(handed.size(), 27u);
+  for (size_t j = 0; j < 12; ++j) EXPECT_EQ(handed[14 + j], segment[11 - j]) << "request " << j;
+  EXPECT_EQ(handed[26], segment[12]);  // the 40 MiB block
+  EXPECT_EQ(replay_allocator(t, {}, kTorch, std::nullopt).reserved.back(), (12u * 30 + 40 + 24) * MiB);
+}
+
 TEST(AllocatorRules, AStreamReusesOnlyItsOwnCachedBlocks) {
   // BlockComparatorSize orders by stream first: a 30 MiB block freed on FSDP2's all-gather stream is not
   // handed to the default stream, which cudaMallocs a segment of its own; the same stream reuses it.

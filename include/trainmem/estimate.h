@@ -230,6 +230,9 @@ struct Fsdp1Figures {
   uint64_t local_elems = 0;       // this rank's parameter elements (numel_in_shard, summed)
   uint64_t shard_elems = 0;       // the S of every unit, summed
   uint64_t padding_elems = 0;     // alignment and world-size padding in the flat parameters (all ranks)
+  // --grad-accum N > 1: the unsharded flat gradients no_sync keeps between micro-batches (every unit's flat_param.grad,
+  // the unpadded flat numel in param_dtype), from the first micro-batch's post-backward to the last one's; 0 without
+  Bytes no_sync_kept_grads;
 };
 
 // The estimate of one step, in its natural parts; the timeline and the allocator's per-event figures are

@@ -48,19 +48,21 @@ Fsdp1Options resolve_fsdp1(const TrainSetup& s, const ModelSpec& m, LoopKind loo
   if (s.loss != LossKind::kCe) refuse("loss", "FSDP1 is simulated with transformers' cross-entropy (--loss ce)");
   if (s.lora.on) refuse("lora", "LoRA under FSDP1 is not simulated (mixed requires_grad within a FlatParameter)");
   if (s.input_require_grads.value_or(false)) refuse("input_require_grads", "true: not simulated under FSDP1");
-  if (s.checkpointing != Checkpointing::kNone) {
-    // the Trainer's gradient_checkpointing (transformers' GradientCheckpointingLayer inside the FSDP-wrapped layer):
-    // the recompute runs _use_unsharded_views again in the pre-backward (BACKWARD_PRE) and the FlatParameter's
-    // views become tensors saved by the recomputed graph, not simulated here
-    refuse("checkpointing", fmt::format("{}: activation checkpointing under FSDP1 is not simulated (fsdp2 is)",
-                                        name_of(s.checkpointing)));
+  // --checkpointing full and --grad-accum N are simulated (src/sim/fsdp1.cc). The Trainer's gradient_checkpointing
+  // (transformers trainer.py: model.gradient_checkpointing_enable) makes each decoder layer a GradientCheckpointingLayer
+  // whose __call__ checkpoints the layer INSIDE its FullyShardedDataParallel wrapper, so FSDP's forward hooks are not
+  // part of the recompute; reentrant or not (--checkpoint-reentrant), the unit's _pre_backward_hook has unsharded the
+  // FlatParameter before the recompute runs. fsdp_config's activation_checkpointing (accelerate accelerator.py
+  // prepare_model: apply_activation_checkpointing with checkpoint_wrapper, CheckpointImpl.NO_REENTRANT, around the
+  // decoder layer inside its FSDP unit) runs the same recompute as --checkpointing full --checkpoint-reentrant false;
+  // the Trainer refuses both at once (trainer.py create_accelerator_and_postprocess: "can't be set to True
+  // simultaneously").
+  if (s.checkpointing == Checkpointing::kSelective) {
+    refuse("checkpointing", "selective: under FSDP1 the Trainer checkpoints whole decoder layers (gradient_checkpointing, "
+                            "or fsdp_config's activation_checkpointing): use full");
   }
-  if (s.grad_accum > 1) {
-    // accelerate's no_sync under FSDP1 keeps each unit's unsharded flat gradient (_should_free_in_backward's
-    // heuristic, _use_unsharded_grad_views) between micro-batches: not simulated
-    refuse("grad_accum", fmt::format("{}: gradient accumulation under FSDP1 (no_sync keeps unsharded flat "
-                                     "gradients) is not simulated", s.grad_accum));
-  }
+  // --grad-accum N: the Trainer runs every micro-batch but the last under accelerator.no_sync (FSDP1's no_sync:
+  // _sync_gradients False), which keeps each unit's unsharded flat gradient between micro-batches (Fsdp1::set_sync).
   if (s.tp > 1 || s.pp > 1 || s.cp > 1 || s.ep > 1) {
     refuse("sharding", "fsdp1 with tensor, pipeline, context or expert parallelism is not simulated (fsdp2 composes "
                        "with --tp and --pp)");

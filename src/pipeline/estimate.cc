@@ -638,6 +638,11 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
     }
     f.sharded_params = bytes_of(Elems(f.shard_elems), f1opt.orig_dtype);
     f.sharded_grads = f.sharded_params;
+    // no_sync (--grad-accum N > 1): _post_backward_hook keeps flat_param.grad, the unpadded unsharded flat gradient
+    // autograd computed in param_dtype (_runtime_utils.py: `if not state._sync_gradients: ... return`)
+    if (s.grad_accum > 1) {
+      for (const Fsdp1Unit& u : f.units) f.no_sync_kept_grads += bytes_of(Elems(u.layout.unpadded_numel), f1opt.param_dtype);
+    }
     set_sharded_states(f.sharded_params, f.sharded_grads, moments, steps);
     e.fsdp1 = std::move(f);
   }

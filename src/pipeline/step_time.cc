@@ -361,9 +361,12 @@ std::optional<StepTime> step_time(const Estimate& e, const GpuSpec& gpu) {
       if (u.kind != Fsdp1Unit::kRoot) ag_bwd += a;
       rs += all_gather_seconds(full * static_cast<double>(itemsize(o.reduce_dtype)), dp, bw);
     }
-    total += ag_fwd + ag_bwd + rs;
-    exposed += first + std::max(0.0, ag_fwd - first - fwd) +
-               (o.backward_prefetch ? std::max(0.0, ag_bwd - bwd) : ag_bwd) + std::max(0.0, rs - bwd);
+    // --grad-accum M: the all-gathers run in every micro-batch (FULL_SHARD reshards under no_sync too), the
+    // reduce-scatters in the synced last one only (the Trainer's no_sync before it)
+    const double m = static_cast<double>(micro);
+    total += (ag_fwd + ag_bwd) * m + rs;
+    exposed += (first + std::max(0.0, ag_fwd - first - fwd) + (o.backward_prefetch ? std::max(0.0, ag_bwd - bwd) : ag_bwd)) * m +
+               std::max(0.0, rs - bwd);
   }
   t.comm_seconds = total;
   t.comm_exposed_seconds = exposed;

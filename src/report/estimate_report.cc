@@ -623,6 +623,19 @@ std::string render_fsdp1_note(const Estimate& e) {
          "  streams: _full_param_padded from the unshard stream's pool, _mp_shard from the pre-unshard stream's, the "
          "sharded gradients from the post-backward stream's; record_stream frees are replayed where the program frees\n"
          "  NCCL's communicator buffers are outside the caching allocator (with --gpu, under the verdict)\n";
+  const TrainSetup& s = e.setup;
+  if (s.grad_accum > 1) {
+    out += fmt::format("  no_sync ({} micro-batches, the Trainer's accelerator.no_sync for all but the last): unsharded "
+                       "gradients kept between micro-batches, {} ({} flat gradients in {}); the parameters still "
+                       "reshard after each backward (FULL_SHARD), the last micro-batch reduce-scatters the accumulated "
+                       "gradients\n",
+                       s.grad_accum, format_bytes(f.no_sync_kept_grads), f.units.size(), dt(o.param_dtype));
+  }
+  if (s.checkpointing == Checkpointing::kFull) {
+    out += fmt::format("  gradient checkpointing inside each FSDP unit ({}): the unit's pre-backward hook unshards its "
+                       "flat parameter before the recompute, which reuses the forward's parameter views\n",
+                       s.checkpoint_reentrant.value_or(false) ? "reentrant" : "non-reentrant");
+  }
   return out;
 }
 
@@ -914,6 +927,16 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
         {"optimizer_state_bytes", f->optimizer_state.value}, {"local_elems", f->local_elems},
         {"shard_elems", f->shard_elems}, {"padding_elems", f->padding_elems},
         {"nccl_buffers", "outside the caching allocator: device.nccl (with a GPU)"}};
+    if (s.grad_accum > 1) {
+      out["fsdp1"]["no_sync"] = {{"micro_batches", s.grad_accum},
+                                 {"kept", "no_sync: unsharded gradients kept between micro-batches"},
+                                 {"kept_unsharded_grad_bytes", f->no_sync_kept_grads.value},
+                                 {"kept_grad_dtype", dtype_name(o.param_dtype)}};
+    }
+    if (s.checkpointing == Checkpointing::kFull) {
+      out["fsdp1"]["checkpointing"] = {{"inside_unit", true}, {"reentrant", s.checkpoint_reentrant.value_or(false)},
+                                       {"recompute_unshard", "the unit's _pre_backward_hook"}};
+    }
   }
   out["setup"]["generate"] = s.generate;
   if (const auto& g = e.generation) {

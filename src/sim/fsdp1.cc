@@ -5,8 +5,18 @@
 // _accumulate_sharded_grad, _cast_grad_to_param_dtype, _prefetch_handle), _flat_param.py (FlatParamHandle
 // flatten_tensors, shard, _get_shard, init_flat_param_attributes, pre_unshard, _use_low_precision_shard, unshard,
 // _alloc_padded_unsharded_flat_param, post_unshard, _free_low_precision_sharded_param, reshard,
-// _free_unsharded_flat_param, _get_unflat_views_aligned, prepare_gradient_for_optim), _init_utils.py
+// _free_unsharded_flat_param, _get_unflat_views_aligned, prepare_gradient_for_optim, prepare_gradient_for_backward,
+// _use_unsharded_views, _use_unsharded_grad_views, _use_sharded_grad_views, _reset_flat_param_grad_info_if_needed,
+// _writeback_orig_params), _runtime_utils.py _finalize_params, fully_sharded_data_parallel.py (no_sync), _init_utils.py
 // (_init_param_handle_from_module, _move_module_to_device), _exec_order_utils.py (get_handle_to_backward_prefetch).
+//
+// Gradient checkpointing (the Trainer's, inside each FSDP-wrapped layer) needs nothing here: the layer's output
+// carries the unit's pre-backward hook, which unshards before the checkpoint's backward recomputes; the recompute
+// uses the forward's parameter views (_use_unsharded_views in BACKWARD_PRE sets `tensor.data = view` on the Tensors
+// saved in FORWARD, "to preserve the autograd graph so that the post-backward hook fires (e.g. for reentrant AC)"),
+// so it allocates no parameter bytes, and the views the recomputed graph saves keep none once the reshard resizes
+// _full_param_padded's storage to 0. Under no_sync, _writeback_orig_params finds each .grad on flat_param.grad's
+// storage (no writeback) and _reset_flat_param_grad_info_if_needed keeps flat_param.grad (the .grads are set).
 //
 // record_stream: FSDP1 frees the unsharded flat parameter, the low-precision shard and the autograd-computed flat
 // gradient with _no_dispatch_record_stream, so the caching allocator reuses their blocks only once the recording
@@ -234,7 +244,8 @@ T Fsdp1::pre_forward(Ctx&, int32_t id, T input) {
     for (Unit& v : units_) {
       bool none = true;
       for (int32_t r : v.spec.rows) none = none && !e_.grad(r);
-      if (none) v.saved_grad.reset();
+      // under no_sync the original parameters' .grad view the kept unsharded gradient (_use_unsharded_grad_views)
+      if (none && !v.grad_views) v.saved_grad.reset();
     }
   }
   u.post_backward_done = false;
@@ -285,15 +296,30 @@ void Fsdp1::grad_ready(int32_t row) {
   T flat = e_.empty(Shape{u.spec.layout.unpadded_numel}, o_.param_dtype, Category::kFsdpBuffers,
                     Label{flat_label(u.spec, "unsharded flat gradient"), u.spec.layer, -1});
   for (int32_t r : u.spec.rows) e_.grad(r).reset();
+  // The FlatParameter's AccumulateGrad (torch/csrc/autograd/functions/accumulate_grad.h accumulateGrad): with no
+  // flat_param.grad it takes `flat` as the gradient (stolen: the post-hook's extra reference is expected); with the
+  // unsharded gradient a no_sync micro-batch kept, `variable_grad += new_grad` in place (grad mode off in backward),
+  // `flat` staying alive until the post hooks return (engine.cpp call_function keeps the inputs for them)
+  if (!u.unsharded_grad) u.unsharded_grad = flat;
   // FlatParameter's AccumulateGrad post-hook: _post_backward_hook
   u.post_backward_done = true;
-  // _post_backward_reshard: _should_free_in_backward (sync_gradients) -> the unsharded flat parameter freed
+  // _post_backward_reshard: _should_free_in_backward = `state._sync_gradients or handle._sharding_strategy in
+  // RESHARD_AFTER_FORWARD_HANDLE_STRATEGIES`: FULL_SHARD frees the unsharded flat parameter under no_sync too
   reshard(u);
+  if (!sync_) {
+    // `if not state._sync_gradients: if handle._use_orig_params: handle._use_unsharded_grad_views(); return`: the
+    // unsharded flat gradient stays in flat_param.grad (param_dtype, the unpadded unsharded numel) until the synced
+    // micro-batch reduce-scatters it; _finalize_params leaves it ("Preserve the gradient accumulation state if not
+    // synchronizing gradients")
+    use_unsharded_grad_views(u);
+    return;  // `flat` dies here unless it is the kept gradient
+  }
   {
     // `with stream(post_backward_stream)`: the gradient is already reduce_dtype (param_dtype == reduce_dtype in the
-    // simulated policies: no .to(reduce_dtype)); _reduce_grad: _get_reduce_scatter_tensors pads only when
-    // W x chunks[0] exceeds the flat numel (never with use_orig_params' world-size padding), new_sharded_grad =
-    // torch.empty_like(chunks[0]); reduce_scatter_tensor
+    // simulated policies: no .to(reduce_dtype)); _reduce_grad: `unsharded_grad = flat_param.grad.data;
+    // flat_param.grad = None` (the accumulated one after no_sync micro-batches), _get_reduce_scatter_tensors pads
+    // only when W x chunks[0] exceeds the flat numel (never with use_orig_params' world-size padding),
+    // new_sharded_grad = torch.empty_like(chunks[0]); reduce_scatter_tensor
     const StreamScope pb(e_, Stream::kFsdp1PostBackward);
     const Fsdp1Layout& l = u.spec.layout;
     T padded;
@@ -312,12 +338,36 @@ void Fsdp1::grad_ready(int32_t row) {
                         Label{flat_label(u.spec, "sharded gradient"), u.spec.layer, -1});
       sharded = std::move(cast);
     }
-    // _saved_grad_shard = sharded_grad (the first backward of the step: no accumulation)
-    if (u.saved_grad) throw Error("internal: FSDP1 gradient accumulation is not simulated");
+    // _saved_grad_shard = sharded_grad: no _saved_grad_shard exists here (prepare_gradient_for_optim deletes it
+    // each step, and no_sync micro-batches do not reduce), so the Trainer's accumulation never sums sharded grads
+    if (u.saved_grad) throw Error("internal: FSDP1 sharded gradient accumulation outside no_sync is not simulated");
     u.saved_grad = std::move(sharded);
   }
-  // autograd_computed_grad (flat_param.grad, record_stream'd on the post-backward stream) dies as the hook returns
+  // _post_reduce_grad_callback -> _use_sharded_grad_views: the original parameters' .grad become views of the
+  // sharded gradient (same dtype: no empty_like), dropping their views of the unsharded one; the unsharded gradient
+  // (autograd_computed_grad, record_stream'd on the post-backward stream) dies as the hook returns, then `flat`
+  u.grad_views = false;
+  u.unsharded_grad.reset();
   flat.reset();
+}
+
+// FlatParamHandle._use_unsharded_grad_views: each original parameter's .grad a view of flat_param.grad. The
+// parameter is the 1-d sharded view (orig dtype, its numel_in_shard) while the view has the original shape and
+// param_dtype, so where shape or dtype differ: `if param.grad is None: param.grad = torch.empty_like(param)`, then
+// `param.grad.data = view` frees that allocation at once (size 0 for a parameter outside the shard: no bytes).
+// Once set, .grad stays (the next no_sync micro-batch and the post-forward reshard reuse it) until the synced
+// micro-batch's _use_sharded_grad_views and zero_grad(set_to_none=True).
+void Fsdp1::use_unsharded_grad_views(Unit& u) {
+  if (u.grad_views) return;
+  u.grad_views = true;
+  for (int32_t r : u.spec.rows) {
+    const auto i = static_cast<size_t>(r);
+    const TensorRow& row = inv_.parameters[i];
+    const bool same_shape = row.shape.size() == 1 && in_shard_[i] == row.elems.value;
+    if (in_shard_[i] == 0 || (same_shape && o_.param_dtype == o_.orig_dtype)) continue;
+    T tmp = e_.empty(Shape{in_shard_[i]}, o_.orig_dtype, Category::kTemporaries,
+                     Label{"FSDP1 _use_unsharded_grad_views empty_like(param)", u.spec.layer, r});
+  }
 }
 
 void Fsdp1::final_callback() {
@@ -326,12 +376,14 @@ void Fsdp1::final_callback() {
   for (Unit& u : units_) {
     if (!u.post_backward_done) throw Error(fmt::format("internal: FSDP1 unit {} got no gradient", u.spec.name));
     reshard(u);
+    u.grads = 0;
+    // _finalize_params: `if not state._sync_gradients: return` (the unsharded gradient stays in flat_param.grad)
+    if (!sync_) continue;
     for (int32_t r : u.spec.rows) {
       const auto i = static_cast<size_t>(r);
       if (in_shard_[i] == 0 || !u.saved_grad) continue;
       e_.grad(r) = e_.view(u.saved_grad, Shape{in_shard_[i]}, contiguous_strides(Shape{in_shard_[i]}));
     }
-    u.grads = 0;
   }
   post_forward_order_.clear();
 }

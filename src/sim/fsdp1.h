@@ -27,6 +27,9 @@ class Fsdp1 : public FsdpHooks {
   // _post_backward_final_callback -> _finalize_params: the sharded gradients become the original parameters'
   // .grad views for the optimizer (use_orig_params: _use_sharded_grad_views).
   void final_callback();
+  // FullyShardedDataParallel.no_sync (accelerate's Accelerator.no_sync -> model.no_sync for FSDP1): every state's
+  // _sync_gradients is False inside it, the Trainer's micro-batches but the last (sync false).
+  void set_sync(bool sync) { sync_ = sync; }
   // The root's _post_forward once the model's forward returns (its unsharded flat parameter is kept for backward)
   void root_post_forward();
   // The root FSDP's forward (FullyShardedDataParallel.forward) starts at kFsdpUnitEmbed's pre-forward; the layers'
@@ -45,6 +48,8 @@ class Fsdp1 : public FsdpHooks {
     T local;          // _local_shard: S in orig dtype
     T mp;             // _mp_shard: S in param_dtype (mixed precision), resized to 0 between unshards
     T saved_grad;     // _saved_grad_shard / flat_param.grad: S in orig dtype
+    T unsharded_grad; // flat_param.grad kept by no_sync: the unpadded unsharded flat gradient in param_dtype
+    bool grad_views = false;  // the original parameters' .grad set by _use_unsharded_grad_views (not None)
     bool unsharded = false;
     bool post_backward_done = false;
     size_t grads = 0;  // rows whose gradient arrived this backward
@@ -56,6 +61,7 @@ class Fsdp1 : public FsdpHooks {
   void reshard(Unit& u);
   void pre_backward(Unit& u);
   void post_backward(Unit& u);
+  void use_unsharded_grad_views(Unit& u);
   T pre_backward_hook(T x, size_t ui);
 
   Engine& e_;
@@ -69,6 +75,7 @@ class Fsdp1 : public FsdpHooks {
   std::vector<size_t> post_forward_order_;  // _exec_order_data.handles_post_forward_order (unit indices)
   LoadedModel* w_ = nullptr;
   bool lazy_done_ = false;
+  bool sync_ = true;  // _sync_gradients
   size_t root_ = 0;
   int32_t first_layer_ = 0;
 };

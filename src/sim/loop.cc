@@ -103,6 +103,7 @@ struct Loop {
   // The optimizer state's shape of row i: the local shard's under FSDP2 (zeros_like of the DTensor)
   // FSDP1 (fsdp1.h): this rank's FullyShardedDataParallel units
   std::unique_ptr<Fsdp1> fsdp1;
+  uint32_t fsdp1_last_micro = 1;  // the synced micro-batch (train())
   std::vector<uint64_t> state_shape(size_t i) const {
     // FSDP1 with use_orig_params: the optimizer steps each original parameter's 1-d view of its shard elements
     if (fsdp1) return {fsdp1->numel_in_shard(i)};
@@ -192,7 +193,10 @@ struct Loop {
 
   // The training steps: o.steps optimizer steps of grad_accum micro-batches (at most two simulated each).
   void train(SimResult& r) {
-    const uint32_t micros = static_cast<uint32_t>(std::min<uint64_t>(s.grad_accum, 2));
+    // FSDP1 under no_sync simulates three: a middle micro-batch (2 .. grad_accum - 1) starts with the unsharded
+    // gradients the first one kept and accumulates into them, which the first does not (Fsdp1::set_sync)
+    const uint32_t micros = static_cast<uint32_t>(std::min<uint64_t>(s.grad_accum, fsdp1 ? 3 : 2));
+    fsdp1_last_micro = micros;
     r.micro_batches_simulated = micros;
     for (uint32_t step = 1; step <= o.steps; ++step) {
       for (uint32_t micro = 1; micro <= micros; ++micro) {
@@ -203,6 +207,10 @@ struct Loop {
         // micro-batch 1 stands for the grad_accum - 1 micro-batches before the last (the same ops; only the last
         // synchronises the gradients): its kernels count that many times in the FLOP ledger (Engine::count_weight)
         e.count_weight = micro == 1 && s.grad_accum > 2 ? s.grad_accum - 1 : 1;
+        // FSDP1: micro-batch 1 is itself, micro-batch 2 stands for the grad_accum - 2 middle ones. The state they
+        // leave is the same (each unit's kept flat_param.grad, accumulated in place; the parameters' .grad views
+        // already set), so every middle one runs micro-batch 2's ops on micro-batch 2's live tensors.
+        if (fsdp1 && micros == 3) e.count_weight = micro == 2 ? s.grad_accum - 2 : 1;
         micro_batch(step, micro, r, step == o.steps && micro == micros);
         if (zopt.on && z3) {
           z3_epilogue();  // ZeRO-3: the bucket's remainder reduced, the last modules released
@@ -413,6 +421,9 @@ struct Loop {
     // (trainer.py forward_backward_step per micro-batch): each micro-batch's gradients are reduce-scattered and
     // accumulate sharded
     if (fsdp) fsdp->set_requires_gradient_sync(s.sequence_parallel || micro == std::min<uint64_t>(s.grad_accum, 2));
+    // FSDP1: the Trainer's no_sync for every micro-batch but the last (trainer.py _inner_training_loop:
+    // functools.partial(self.accelerator.no_sync, model=model) unless sync_each_batch, DeepSpeed or the last)
+    if (fsdp1) fsdp1->set_sync(micro == fsdp1_last_micro);
     T loss;
     {
       ForwardOut out;

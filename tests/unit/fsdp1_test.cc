@@ -230,8 +230,7 @@ TEST(Fsdp1Refusals, WhatIsNotSimulated) {
     const std::string why = testing::error_of([&] { run(tiny(more)); });
     EXPECT_NE(why.find(what), std::string::npos) << why;
   };
-  refused({{"checkpointing", "full"}}, "activation checkpointing under FSDP1");
-  refused({{"grad_accum", "2"}}, "gradient accumulation under FSDP1");
+  refused({{"checkpointing", "selective"}}, "the Trainer checkpoints whole decoder layers");
   refused({{"precision", "fp16-amp"}}, "sharded gradient scaler");
   refused({{"torch", "2.0"}}, "PyTorch >= 2.1");
   refused({{"loop", "nanogpt"}}, "--loop hf");
@@ -243,6 +242,186 @@ TEST(Fsdp1Refusals, WhatIsNotSimulated) {
     run(testing::scenario_of("gpt2", {{"overrides", "n_layer=2"}, {"dp", "8"}, {"sharding", "fsdp1"}}));
   });
   EXPECT_NE(g.find("llama family"), std::string::npos) << g;
+}
+
+// --- gradient accumulation (no_sync) and gradient checkpointing -------------------------------------------------
+
+// Live bytes of the tensors whose label starts with `prefix`, right after event `upto` (exclusive).
+uint64_t live_labelled(const Estimate& e, std::string_view prefix, size_t upto) {
+  uint64_t live = 0;
+  for (size_t i = 0; i < upto && i < e.sim->timeline.events.size(); ++i) {
+    const Event& ev = e.sim->timeline.events[i];
+    if (std::string_view(ev.label.what).rfind(prefix, 0) != 0) continue;
+    if (ev.kind == Event::kAlloc) live += ev.bytes.value;
+    if (ev.kind == Event::kFree) live -= ev.bytes.value;
+  }
+  return live;
+}
+// The index of the first event of step `step`'s micro-batch `micro`.
+size_t first_event_of(const Estimate& e, uint32_t step, uint32_t micro) {
+  for (size_t i = 0; i < e.sim->timeline.events.size(); ++i) {
+    const Event& ev = e.sim->timeline.events[i];
+    if (ev.step == step && ev.micro == micro) return i;
+  }
+  ADD_FAILURE() << "no micro-batch " << micro << " in step " << step;
+  return 0;
+}
+// Allocations labelled `what` in step 2's micro-batch `micro` (0: any), and their bytes.
+std::pair<uint64_t, uint64_t> allocs_of(const Estimate& e, std::string_view what, uint32_t micro) {
+  uint64_t n = 0, bytes = 0;
+  for (const Event& ev : e.sim->timeline.events) {
+    if (ev.kind != Event::kAlloc || ev.step != 2 || (micro != 0 && ev.micro != micro) || what != ev.label.what) continue;
+    ++n;
+    bytes += ev.bytes.value;
+  }
+  return {n, bytes};
+}
+
+// --grad-accum 2: the Trainer's first micro-batch runs under accelerator.no_sync (FSDP1's _sync_gradients False).
+// _post_backward_hook then returns before the reduce-scatter, keeping flat_param.grad: each unit's unpadded
+// unsharded flat gradient in param_dtype (bf16), padding tensors included (_unpadded_unsharded_size), by hand
+// (tiny()'s layouts): 2 layers x 47,648 + the root's 120,192 = 215,488 elements, 430,976 bytes, live from the
+// first micro-batch's backward to the second's post-backward hooks. FULL_SHARD still frees the unsharded flat
+// parameters in the no_sync backward (_should_free_in_backward: RESHARD_AFTER_FORWARD_HANDLE_STRATEGIES), and only
+// the synced micro-batch reduce-scatters, one new_sharded_grad per unit.
+TEST(Fsdp1NoSync, KeepsEachUnitsUnshardedFlatGradientBetweenMicroBatches) {
+  const Estimate e = run(tiny({{"grad_accum", "2"}}));
+  const uint64_t kept = (2u * 47648 + 120192) * 2;
+  EXPECT_EQ(kept, 430976u);
+  EXPECT_EQ(e.fsdp1->no_sync_kept_grads.value, kept);
+  EXPECT_EQ(e.sim->micro_batches_simulated, 2u);
+  for (uint32_t step : {1u, 2u}) {
+    EXPECT_EQ(live_labelled(e, "FSDP1 unsharded flat gradient", first_event_of(e, step, 2)), kept) << step;
+  }
+  EXPECT_EQ(allocs_of(e, "FSDP1 new_sharded_grad", 1).first, 0u);
+  EXPECT_EQ(allocs_of(e, "FSDP1 new_sharded_grad", 2).first, 2u);  // the layers' (the root's is labelled apart)
+  EXPECT_EQ(allocs_of(e, "FSDP1 new_sharded_grad (model (root))", 2).first, 1u);
+  // each layer gathered in the forward and again in the backward, and freed after each, in both micro-batches
+  for (uint32_t micro : {1u, 2u}) EXPECT_EQ(allocs_of(e, "FSDP1 unsharded flat parameter", micro).first, 4u) << micro;
+  // the second micro-batch's AccumulateGrad sums into the kept gradient: no second one stays
+  EXPECT_EQ(live_labelled(e, "FSDP1 unsharded flat gradient", e.sim->timeline.events.size()), 0u);
+  LiveBytes live;
+  for (const Event& ev : e.sim->timeline.events) apply(live, ev);
+  EXPECT_EQ(live.by_category[static_cast<size_t>(Category::kFsdpBuffers)].value, 0u);
+  // the optimizer still steps rank 0's 26,936 fp32 shard elements
+  EXPECT_EQ(live.by_category[static_cast<size_t>(Category::kOptimizer)].value, 8u * 26936);
+}
+
+// _use_unsharded_grad_views, in the first no_sync post-backward of a step: a parameter whose .grad is None and whose
+// sharded view (1-d, fp32) differs from its gradient view (the original shape, bf16) gets
+// `param.grad = torch.empty_like(param)` before `param.grad.data = view`: rank 0's in-shard elements in fp32, once.
+// tiny()'s rank 0 holds q (3,840), k (1,920) and 196 of v's elements of each layer ([0, 5,956)) and 15,024 of
+// embed_tokens: 7 allocations, 4 x (2 x 5,956 + 15,024) = 107,744 bytes. The next micro-batches find .grad set.
+TEST(Fsdp1NoSync, GradViewsAllocateEmptyLikeInTheFirstMicroBatchOnly) {
+  const Estimate e = run(tiny({{"grad_accum", "3"}}));
+  EXPECT_EQ(e.sim->micro_batches_simulated, 3u);
+  const char* what = "FSDP1 _use_unsharded_grad_views empty_like(param)";
+  EXPECT_EQ(allocs_of(e, what, 1), std::pair(uint64_t{7}, uint64_t{107744}));
+  EXPECT_EQ(allocs_of(e, what, 2).first, 0u);
+  EXPECT_EQ(allocs_of(e, what, 3).first, 0u);
+  EXPECT_EQ(4u * (2 * 5956 + 15024), 107744u);
+}
+
+// A middle micro-batch (2 .. grad_accum - 1) starts with the kept gradients and its AccumulateGrad adds a new flat
+// gradient to each; its state at the end is the first's (the same tensors), so micro-batch 2 stands for all of them:
+// --grad-accum 3, 4 and 8 give the same peak and reserved bytes. With checkpointing (small activations) that middle
+// micro-batch is where the peak is, above --grad-accum 2's (whose second micro-batch reduce-scatters).
+TEST(Fsdp1NoSync, MiddleMicroBatchesRepeatTheSecond) {
+  const auto peak = [](const char* ga, const char* ckpt) {
+    const Estimate e = run(tiny({{"grad_accum", ga}, {"checkpointing", ckpt}}));
+    return std::tuple(e.sim->peak.live.total.value, e.sim->peak.micro, e.memory.peak_reserved.value);
+  };
+  for (const char* ckpt : {"none", "full"}) {
+    EXPECT_EQ(peak("3", ckpt), peak("4", ckpt)) << ckpt;
+    EXPECT_EQ(peak("3", ckpt), peak("8", ckpt)) << ckpt;
+    EXPECT_GE(std::get<0>(peak("3", ckpt)), std::get<0>(peak("2", ckpt))) << ckpt;
+  }
+}
+
+// --checkpointing full under FSDP1: GradientCheckpointingLayer checkpoints the decoder layer inside its FSDP unit,
+// so each layer saves its input only, as without sharding: byte for byte the saved activations of the same model in
+// bf16 under DDP, unsharded (whose weights are bf16 as FSDP1's unsharded flat parameters are), reentrant or not, with
+// gradient accumulation too; one more layer saves one more bf16 (1, 32, 60) input, 3,840 bytes.
+TEST(Fsdp1Checkpointing, SavedActivationsAreTheUnshardedModels) {
+  const auto saved = [](std::initializer_list<std::pair<const char*, std::string>> more) {
+    return run(tiny(more)).sim->saved_activations.value;
+  };
+  const uint64_t plain = saved({{"checkpointing", "full"}, {"sharding", "ddp"}, {"precision", "bf16"}});
+  EXPECT_EQ(saved({{"checkpointing", "full"}}), plain);
+  EXPECT_EQ(saved({{"checkpointing", "full"}, {"checkpoint_reentrant", "true"}}), plain);
+  EXPECT_EQ(saved({{"checkpointing", "full"}, {"grad_accum", "2"}}), plain);
+  EXPECT_EQ(saved({{"checkpointing", "full"}, {"overrides", "num_hidden_layers=3"}}) - saved({{"checkpointing", "full"}}),
+            1u * 32 * 60 * 2);
+}
+
+// The recompute runs on the unit's unsharded flat parameter, gathered once by the unit's _pre_backward_hook (on
+// the layer's output, before the checkpoint's backward): every tensor layer 1 allocates in step 2's backward is
+// allocated while layer 1's flat parameter is, the layer is gathered twice a step (forward, pre-backward) as
+// without checkpointing, and at most the root's and one layer's flat parameters are unsharded in the backward.
+TEST(Fsdp1Checkpointing, RecomputeRunsOnTheUnitsGatheredFlatParameter) {
+  for (const char* reentrant : {"false", "true"}) {
+    const Estimate e = run(tiny({{"checkpointing", "full"}, {"checkpoint_reentrant", reentrant}}));
+    bool gathered = false;
+    uint64_t recomputed = 0, outside = 0;
+    for (const Event& ev : e.sim->timeline.events) {
+      if (ev.step != 2 || ev.label.layer != 1) continue;
+      if (std::string_view(ev.label.what) == "FSDP1 unsharded flat parameter") {
+        gathered = ev.kind == Event::kAlloc;
+        continue;
+      }
+      if (ev.phase != Phase::kBackward || ev.kind != Event::kAlloc || ev.category != Category::kActivations) continue;
+      ++recomputed;
+      if (!gathered) ++outside;
+    }
+    EXPECT_GT(recomputed, 0u) << reentrant;
+    EXPECT_EQ(outside, 0u) << reentrant;
+    EXPECT_EQ(allocs_of(e, "FSDP1 unsharded flat parameter", 0).first, 4u) << reentrant;
+    EXPECT_EQ(most_unsharded_in_backward(e), 2u) << reentrant;
+  }
+}
+
+// The report and the JSON say what no_sync keeps and where the recompute runs.
+TEST(Fsdp1Report, SaysWhatNoSyncKeeps) {
+  const Estimate e = run(tiny({{"grad_accum", "2"}, {"checkpointing", "full"}}));
+  const std::string text = render_estimate_table(e, nullptr), json = render_estimate_json(e, nullptr);
+  for (const char* want : {"no_sync (2 micro-batches", "unsharded gradients kept between micro-batches, 420.9 KiB",
+                           "gradient checkpointing inside each FSDP unit (non-reentrant)"}) {
+    EXPECT_NE(text.find(want), std::string::npos) << want << "\n" << text;
+  }
+  for (const char* want : {"\"no_sync\"", "\"kept_unsharded_grad_bytes\": 430976",
+                           "no_sync: unsharded gradients kept between micro-batches"}) {
+    EXPECT_NE(json.find(want), std::string::npos) << want << "\n" << json;
+  }
+}
+
+// Llama-3-8B on 8 ranks, --grad-accum 2, by hand from the layouts (no padding): no_sync keeps each unit's flat
+// gradient, N_flat bf16 elements: 32 layers x 218,112,000 + the root's 1,050,677,248 = 8,030,261,248 elements,
+// 16,060,522,496 B (14.96 GiB) for the whole model; the 2-layer model simulated here keeps 2 x 218,112,000 +
+// 1,050,677,248 = 1,486,901,248 elements, 2,973,802,496 B, live when the second micro-batch starts.
+TEST(Fsdp1NoSync, Llama3On8RanksKeptGradientsByHand) {
+  const Estimate e = run(testing::scenario_of("llama-3-8b", {{"batch", "1"}, {"seq", "64"}, {"dp", "8"}, {"grad_accum", "2"},
+                                                             {"sharding", "fsdp1"}, {"overrides", "num_hidden_layers=2"}}));
+  EXPECT_EQ(2u * 218112000 + 1050677248, 1486901248u);
+  EXPECT_EQ(e.fsdp1->no_sync_kept_grads.value, 2973802496u);
+  EXPECT_EQ(live_labelled(e, "FSDP1 unsharded flat gradient", first_event_of(e, 2, 2)), 2973802496u);
+  EXPECT_EQ(uint64_t{2} * (uint64_t{32} * 218112000 + 1050677248), uint64_t{16060522496});
+}
+
+// Llama-3-8B on 8 ranks, batch 2 x seq 4096 with checkpointing: the peak is in the loss's backward (log_softmax's
+// gradient), before any unit's post-backward hook; there a no_sync micro-batch holds what the same point holds
+// without accumulation plus every kept flat gradient, so --grad-accum 4 peaks exactly 16,060,522,496 B above
+// --grad-accum 1, in a middle micro-batch.
+TEST(Fsdp1NoSync, Llama3PeakRisesByTheKeptGradients) {
+  const auto peak = [](const char* ga) {
+    const Estimate e = run(testing::scenario_of("llama-3-8b", {{"batch", "2"}, {"seq", "4096"}, {"dp", "8"},
+                                                               {"sharding", "fsdp1"}, {"checkpointing", "full"},
+                                                               {"grad_accum", ga}}));
+    return std::pair(e.sim->peak.live.total.value, e.sim->peak.micro);
+  };
+  const auto [one, one_micro] = peak("1");
+  const auto [four, four_micro] = peak("4");
+  EXPECT_EQ(four - one, uint64_t{16060522496});
+  EXPECT_EQ(four_micro, 2u);
 }
 
 }  // namespace

@@ -70,6 +70,14 @@ std::vector<Ev> outside_attention(const Estimate& e, Category c) {
   return out;
 }
 
+// The rank's communicators as (kind, ranks, stride between members)
+using Group = std::tuple<ProcessGroup::Kind, uint64_t, uint64_t>;
+std::vector<Group> groups_of(const TrainSetup& s) {
+  std::vector<Group> out;
+  for (const ProcessGroup& p : process_groups(s)) out.emplace_back(p.kind, p.ranks, p.stride);
+  return out;
+}
+
 // The field of the FieldError that resolving and simulating `s` throws, "accepted" when none
 std::string refused_field(const Scenario& s) {
   try {
@@ -247,11 +255,8 @@ TEST(CpTpFsdp, HsdpShardsOverDpShardTimesCpOfTheTpLocalModel) {
   // the communicators: the shard group (K x C = 4 ranks, T apart), the replicate group (2, K x C x T = 8 apart),
   // the CP group (T apart) and the TP group
   using K = ProcessGroup::Kind;
-  std::vector<std::tuple<K, uint64_t, uint64_t>> got;
-  for (const ProcessGroup& p : process_groups(h.setup)) got.emplace_back(p.kind, p.ranks, p.stride);
-  const std::vector<std::tuple<K, uint64_t, uint64_t>> want = {
-      {K::kData, 4, 2}, {K::kDataReplicate, 2, 8}, {K::kContext, 2, 2}, {K::kTensor, 2, 1}};
-  EXPECT_EQ(got, want);
+  EXPECT_EQ(groups_of(h.setup),
+            (std::vector<Group>{{K::kData, 4, 2}, {K::kDataReplicate, 2, 8}, {K::kContext, 2, 2}, {K::kTensor, 2, 1}}));
 }
 
 // --gpus N: N = dp x cp x tp (scenario.cc resolve divides by tp, pp and cp; dp is what is left)
@@ -267,17 +272,10 @@ TEST(CpTpGpus, GpusAreDpTimesCpTimesTp) {
 // The communicators under accelerate's mesh (dp_shard, cp, tp), TP innermost: the TP group's members are
 // consecutive, the CP group's T apart, the flattened dp_shard_cp group's T apart.
 TEST(CpTpGpus, CommunicatorsFollowTheMeshOrder) {
-  TrainSetup s;
-  s.dp = 2;
-  s.cp = 2;
-  s.tp = 4;
-  s.sharding = Sharding::kFsdp2;
+  TrainSetup s = run(tiny(256, {{"cp", "2"}, {"tp", "4"}, {"dp", "2"}, {"sharding", "fsdp2"}})).setup;
   const auto g = process_groups(s);
   using K = ProcessGroup::Kind;
-  std::vector<std::tuple<K, uint64_t, uint64_t>> got;  // (kind, ranks, stride)
-  for (const ProcessGroup& p : g) got.emplace_back(p.kind, p.ranks, p.stride);
-  const std::vector<std::tuple<K, uint64_t, uint64_t>> want = {{K::kData, 4, 4}, {K::kContext, 2, 4}, {K::kTensor, 4, 1}};
-  EXPECT_EQ(got, want);
+  EXPECT_EQ(groups_of(s), (std::vector<Group>{{K::kData, 4, 4}, {K::kContext, 2, 4}, {K::kTensor, 4, 1}}));
   // on 8 GPUs per node: all 2 CP members on the node (ceil(8 / 4) = 2)
   EXPECT_EQ(local_ranks(g[1], 8), 2u);
   s.tp = 1;  // without TP the CP group is consecutive, as before

@@ -184,7 +184,8 @@ FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop,
   // utils/fsdp_utils.py; ParallelismConfig mesh order dp_replicate, dp_shard, cp, sp, tp). FSDPParam's
   // _init_sharding_spec_tp (torch _fully_shard/_fsdp_param.py) returns `param._local_tensor`, which
   // _init_sharded_param chunks on dim 0 over the dp shard mesh (_chunk_with_empty, padded on the local dim 0): the
-  // rank's TP-local inventory (apply_tensor_parallel) sharded over W = dp, the all-gather outputs TP-local.
+  // rank's TP-local inventory (apply_tensor_parallel) sharded over W = dp (dp x cp under --cp: "dp_shard_cp"), the
+  // all-gather outputs TP-local.
   if (s.tp > 1 && s.ep > 1) {
     refuse("ep", fmt::format("{}: FSDP2 over expert-parallel shards is not simulated", s.ep));
   }
@@ -209,8 +210,8 @@ FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop,
                                    "transformers 5.x's default)");
   }
   f.on = true;
-  // the mesh: dp ranks, or dp x cp under --cp (fsdp2_mesh_ranks; resolve_cp refuses TP and PP with CP), or the
-  // K-rank shard groups of HSDP (--dp-shard K); --dp-rank: the rank whose shards are simulated (validate_setup
+  // the mesh: dp ranks, or dp x cp under --cp (fsdp2_mesh_ranks; with --tp, of the TP-local model; resolve_cp
+  // refuses PP with CP), or the K-rank shard groups of HSDP (--dp-shard K); --dp-rank: the rank whose shards are simulated (validate_setup
   // checked it; rank 0 unless given, since torch.chunk leaves the last ones short), under --cp its CP rank 0 in
   // the flattened mesh (fsdp2_mesh_rank) (apply_hsdp_mesh)
   apply_hsdp_mesh(f, s);

@@ -114,8 +114,9 @@ std::vector<ProcessGroup> process_groups(const TrainSetup& s, std::optional<uint
     // T ranks apart (on different nodes when T fills one)
     g.push_back({name("data parallel", s.dp), s.dp, 0, s.tp, ProcessGroup::Kind::kData});
   }
-  // --cp N: context_parallel's mesh["cp"] group (its all-gather and all-to-all: cp.h)
-  if (s.cp > 1) g.push_back({name("context parallel", s.cp), s.cp, 0, 1, ProcessGroup::Kind::kContext});
+  // --cp N: context_parallel's mesh["cp"] group (its all-gather and all-to-all: cp.h); under --tp T its members
+  // are T ranks apart (accelerate's mesh order ["dp_replicate", "dp_shard", "cp", "sp", "tp"], TP innermost)
+  if (s.cp > 1) g.push_back({name("context parallel", s.cp), s.cp, 0, std::max<uint64_t>(s.tp, 1), ProcessGroup::Kind::kContext});
   // tensor parallelism (tp.h; with dp > 1 only under --sharding fsdp2, fsdp.cc): transformers' initialize_tensor_parallelism makes
   // init_device_mesh(device_type, (tp_size,)), a 1-D mesh over the world, whose group is the default one, where
   // _AllReduceForward / _AllReduceBackward / _AllGather run (device_mesh.get_group()); under a pipeline, the

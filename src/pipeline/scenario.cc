@@ -894,10 +894,16 @@ void resolve_cp(const Scenario& s, ResolvedScenario& r) {
                  "sharded over dp x cp is simulated: add --sharding fsdp2");
   }
   if (r.setup.pp > 1) refuse("pp", "pipeline parallelism composed with context parallelism is not simulated yet");
-  if (r.setup.tp > 1) {
-    // torchtitan composes them on a 2-D mesh (tp x cp), sharding attention's heads by TP and its sequence by CP
-    refuse("tp", "tensor parallelism composed with context parallelism is not simulated yet");
-  }
+  // --tp T (tp.h; check_tp_setup's rules, sequence parallelism refused by check_sp_setup): CP x TP as accelerate
+  // runs it (16cb6eb examples/torch_native_parallelism/nd_parallel.py: ParallelismConfig(dp_shard_size, tp_size,
+  // cp_size), from_pretrained(tp_plan="auto", device_mesh=accelerator.torch_device_mesh), whose "tp" dimension
+  // transformers' initialize_tensor_parallelism takes: `device_mesh = device_mesh["tp"]`; _prepare_cp's
+  // context_parallel(mesh=torch_device_mesh["cp"]); docs/source/concept_guides/context_parallelism.md: "Context
+  // parallelism is compatible with other parallelism strategies, such as data parallelism, tensor parallelism and
+  // FSDP2"). The rank's model is the TP-local one (heads / tp): q, k, v reach SDPA as plain (B, H/tp, T/cp, D)
+  // tensors (transformers' tensor_parallel.py collectives are autograd Functions on local tensors), so the ring runs
+  // over the local heads (cp_attention.cc takes them from the shapes) and every other op is plain TP's at seq / cp
+  // tokens. The rank simulated is CP rank 0, TP rank 0.
   if (r.setup.checkpointing == Checkpointing::kSelective) {
     refuse("checkpointing", "selective checkpointing of the ring-attention op is not simulated (none and full are)");
   }
@@ -913,13 +919,36 @@ void resolve_cp(const Scenario& s, ResolvedScenario& r) {
     const uint64_t k = *r.setup.dp_shard;
     r.warnings.push_back(fmt::format(
         "--cp {} --sharding fsdp2 --dp-shard {}: one rank of HSDP over the (dp_replicate, dp_shard_cp) = ({}, {} x {}) "
-        "mesh (accelerate's fsdp_dim_names; torchtitan's (\"dp_replicate\", \"dp_shard_cp\")), its activations CP rank "
-        "0's (--seq / {} tokens, ring attention)", n, k, r.setup.dp / k, k, n, n));
+        "mesh (accelerate's fsdp_dim_names; torchtitan's (\"dp_replicate\", \"dp_shard_cp\")){}, its activations CP rank "
+        "0's (--seq / {} tokens, ring attention)", n, k, r.setup.dp / k, k, n,
+        // --tp T: TP rank 0's local model (tp_plan="auto"), the tp dimension innermost in accelerate's mesh
+        r.setup.tp > 1 ? fmt::format(" sharding TP rank 0's local parameters (--tp {}, tp_plan=\"auto\": the "
+                                     "(dp_replicate, dp_shard, cp, tp) = ({}, {}, {}, {}) mesh, {} local heads)",
+                                     r.setup.tp, r.setup.dp / k, k, n, r.setup.tp, r.model.attn.heads)
+                       : std::string(),
+        n));
+  } else if (fsdp2 && r.setup.tp > 1) {
+    // accelerate's mesh order ["dp_replicate", "dp_shard", "cp", "sp", "tp"] (ParallelismConfig._get_mesh), FSDP2
+    // over mesh["dp_shard_cp"] (fsdp_dim_names; utils/fsdp_utils.py fsdp2_prepare_model) of the TP-local model
+    r.warnings.push_back(fmt::format(
+        "--cp {} --tp {} --sharding fsdp2: one rank (CP rank 0, TP rank 0) of accelerate's (dp_shard, cp, tp) = "
+        "({}, {}, {}) mesh (ParallelismConfig(dp_shard_size={}, cp_size={}, tp_size={}), {} GPUs): the TP-local "
+        "parameters (tp_plan=\"auto\") sharded by FSDP2 over the flattened \"dp_shard_cp\" mesh ({} ranks), its "
+        "activations --seq / {} tokens with ring attention over the {} local heads",
+        n, r.setup.tp, r.setup.dp, n, r.setup.tp, r.setup.dp, n, r.setup.tp, r.setup.dp * n * r.setup.tp,
+        r.setup.dp * n, n, r.model.attn.heads));
   } else if (fsdp2) {
     r.warnings.push_back(fmt::format(
         "--cp {} --sharding fsdp2: one rank of FSDP2 over the flattened dp_shard x cp mesh ({} x {} = {} ranks: "
         "accelerate's \"dp_shard_cp\", torchtitan's resolve_fsdp_mesh), its activations CP rank 0's (--seq / {} "
         "tokens, ring attention)", n, r.setup.dp, n, r.setup.dp * n, n));
+  } else if (r.setup.tp > 1) {
+    r.warnings.push_back(fmt::format(
+        "--cp {} --tp {}: one rank (CP rank 0, TP rank 0) of a (cp, tp) = ({}, {}) mesh ({} GPUs): the TP-local "
+        "parameters (tp_plan=\"auto\") whole on every CP rank (accelerate's ACCELERATE_ALLOW_CP_STANDALONE=true "
+        "path), its activations --seq / {} tokens with ring attention over the {} local heads; accelerate shards "
+        "the parameters with FSDP2 over dp_shard x cp: --sharding fsdp2",
+        n, r.setup.tp, n, r.setup.tp, n * r.setup.tp, n, r.model.attn.heads));
   } else {
     r.warnings.push_back("--cp: the weights, gradients and optimizer state are simulated whole on every CP rank "
                          "(accelerate's ACCELERATE_ALLOW_CP_STANDALONE=true path); accelerate and torchtitan shard "
@@ -1130,7 +1159,8 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   check_tp_setup(s, r);
   if (s.train.sequence_parallel) check_sp_setup(s, r);  // sp.h
   // (under --pp the FSDP2 policy is torchtitan's apply_fsdp on the stage: resolve_pp_fsdp, no such choice)
-  if (r.setup.dp > 1 && s.train.tp > 1 && r.setup.pp <= 1 && !s.train.sequence_parallel) {  // (SP: check_sp_setup)
+  // (SP: check_sp_setup; with --cp the mesh is (dp_shard, cp, tp): resolve_cp's warning says it)
+  if (r.setup.dp > 1 && s.train.tp > 1 && r.setup.pp <= 1 && !s.train.sequence_parallel && r.setup.cp <= 1) {
     // transformers' own DistributedConfig(tp_size, fsdp_size) path (distributed/fsdp.py
     // apply_fully_sharded_data_parallelism) shards at from_pretrained with MixedPrecisionPolicy(param_dtype=bf16,
     // reduce_dtype=float32) only when fsdp_mixed_precision, and without accelerate's fp32 upcast; accelerate's

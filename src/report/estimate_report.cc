@@ -105,6 +105,11 @@ std::string headline(const Estimate& e) {
   } else if (m.tp > 1) {
     accum += fmt::format("; per rank, {} tensor-parallel ranks (tp_plan=\"auto\")", m.tp);
   }
+  if (s.cp > 1 && m.tp > 1) {
+    // --cp C --tp T (scenario.cc resolve_cp): accelerate's mesh (dp_shard, cp, tp), TP innermost; one rank shown
+    accum += fmt::format("; layout dp {} x cp {} x tp {} = {} GPUs, this rank CP rank 0 and TP rank 0", s.dp, s.cp,
+                         m.tp, s.dp * s.cp * m.tp);
+  }
   const bool inference = s.task == Task::kInference;
   return fmt::format(
       "{} (model_type {}, {} code, {} attention{}): batch {} x seq {}, {}, {}{}\n"
@@ -737,6 +742,20 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
   out["setup"]["dp"] = s.dp;
   out["setup"]["cp"] = s.cp;  // --cp N: setup.seq is the rank's share of cp_seq
   if (s.cp > 1) out["setup"]["cp_seq"] = s.cp_seq;
+  if (s.cp > 1 && e.model.tp > 1) {
+    // --cp C --tp T: accelerate's (dp_shard, cp, tp) mesh (ParallelismConfig._get_mesh; dp_replicate outermost
+    // under HSDP, --dp-shard K: e.fsdp's replicate groups), the rank simulated
+    const uint64_t replicate = e.fsdp ? e.fsdp->options.replicate : 1;
+    out["layout"] = {{"dp", s.dp}, {"cp", s.cp}, {"tp", e.model.tp}, {"gpus", s.dp * s.cp * e.model.tp},
+                     {"cp_rank", 0}, {"tp_rank", 0}, {"dp_rank", s.dp_rank.value_or(0)}};
+    // the mesh's dimensions outermost first, as [name, size] (an array: the order is the layout)
+    nlohmann::json mesh = nlohmann::json::array();
+    if (replicate > 1) mesh.push_back({"dp_replicate", replicate});
+    mesh.push_back({"dp_shard", s.dp / replicate});
+    mesh.push_back({"cp", s.cp});
+    mesh.push_back({"tp", e.model.tp});
+    out["layout"]["mesh"] = mesh;
+  }
   if (e.model.tp > 1) {  // tensor parallelism (tp.h): this rank's local model
     const TpSplit t = tp_split(e.model);
     out["tp"] = {{"ranks", e.model.tp}, {"sequence_parallel", e.model.sp},

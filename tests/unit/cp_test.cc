@@ -153,15 +153,13 @@ TEST(CpRefusals, WhatIsNotSimulatedIsRefusedWithTheField) {
       {tiny(256, {{"cp", "4"}, {"checkpointing", "selective"}}), "checkpointing"},
       {tiny(256, {{"cp", "4"}, {"task", "inference"}}), "task"},
       {tiny(100, {{"cp", "4"}}), "seq"},
-      {tiny(256, {{"cp", "2"}, {"tp", "2"}}), "tp"},
       {tiny(256, {{"cp", "2"}, {"pp", "2"}}), "pp"},
       {tiny(256, {{"cp", "2"}, {"sharding", "fsdp1"}}), "sharding"},
-      // with FSDP2 over dp x cp (cpfsdp_test.cc): the other shardings, TP and PP, CP ranks other than 0
+      // with FSDP2 over dp x cp (cpfsdp_test.cc): the other shardings, PP, CP ranks other than 0 (TP: cptp_test.cc)
       {tiny(256, {{"cp", "4"}, {"dp", "2"}, {"sharding", "fsdp1"}}), "sharding"},  // accelerate: FSDP2 only
       {tiny(256, {{"cp", "4"}, {"dp", "2"}, {"sharding", "zero2"}}), "sharding"},
       {tiny(256, {{"cp", "4"}, {"dp", "2"}, {"sharding", "zero3"}}), "sharding"},
       {tiny(256, {{"cp", "4"}, {"dp", "2"}, {"sharding", "ddp"}}), "sharding"},    // pure replicate
-      {tiny(256, {{"cp", "2"}, {"tp", "2"}, {"sharding", "fsdp2"}}), "tp"},
       {tiny(256, {{"cp", "2"}, {"pp", "2"}, {"dp", "2"}, {"sharding", "fsdp2"}}), "pp"},
       {tiny(256, {{"cp", "2"}, {"sharding", "fsdp2"}, {"dp_rank", "1"}}), "dp_rank"},
       {tiny(256, {{"cp", "4"}, {"gpus", "6xh100-80gb"}}), "gpus"},

@@ -298,16 +298,20 @@ def oracle(B, H, Hk, L, D, size, rank=0):
     return max([base] + reg.samples) - base, end - base
 
 
-def _timeline_rows(exe, seq, cp):
-    """trainmem's event rows for one step of a one-layer TinyLlama at --seq seq --cp cp."""
+def _timeline_rows(exe, seq, cp, tp=1):
+    """trainmem's event rows for one step of a one-layer TinyLlama at --seq seq --cp cp (--tp tp: TP rank 0)."""
     args = [exe, "timeline", "--model", "tinyllama-1.1b", "--set", "num_hidden_layers=1", "--batch", "1",
             "--seq", str(seq), "--cp", str(cp), "--steps", "1", "--by", "event", "--format", "json"]
+    if tp > 1:
+        args += ["--tp", str(tp)]
     return json.loads(subprocess.run(args, check=True, capture_output=True, text=True).stdout)["rows"]
 
 
-def trainmem_call(exe, seq, cp):
-    rows = _timeline_rows(exe, seq, cp)
-    first = next(i for i, r in enumerate(rows) if r["tensor"] == "model.layers.0 cp key contiguous")
+def trainmem_call(exe, seq, cp, tp=1):
+    rows = _timeline_rows(exe, seq, cp, tp)
+    # the call's first allocation: key.contiguous()'s copy, or with one KV head (tp 4: a (B, 1, L, D) transpose is
+    # contiguous, torch returns it as it is) the first K/V cat
+    first = next(i for i, r in enumerate(rows) if r["tensor"].startswith("model.layers.0 cp "))
     base = rows[first - 1]["live_total_bytes"]
     out_at = next(i for i, r in enumerate(rows) if r["tensor"].endswith("sdpa output (ring attention)"))
     last = out_at
@@ -321,10 +325,10 @@ def trainmem_call(exe, seq, cp):
 KERNEL_INTERNAL = ("flash softmax_d", "flash dq_accum", "flash dk_expanded", "flash dv_expanded")
 
 
-def trainmem_backward_call(exe, seq, cp):
+def trainmem_backward_call(exe, seq, cp, tp=1):
     """The peak of live bytes over layer 0's ring-attention backward node above those before it, without the
     kernel-internal scratch: from the node's first allocation to its last (the returned dk/dv buffer)."""
-    rows = _timeline_rows(exe, seq, cp)
+    rows = _timeline_rows(exe, seq, cp, tp)
     first = next(i for i, r in enumerate(rows) if r["tensor"] == "model.layers.0 cp grad_query fp32")
     # the node's returned gradients come after its last named allocation: dq, then the one dk/dv buffer
     last = max(i for i, r in enumerate(rows) if r["phase"] == "backward" and r["tensor"].startswith("model.layers.0 cp "))
@@ -348,21 +352,26 @@ def main(argv=None):
     ap.add_argument("--trainmem", required=True)
     a = ap.parse_args(argv)
     failures = 0
-    # TinyLlama's attention: 32 heads, 4 KV heads of 64
-    for seq, cp in ((256, 2), (256, 4), (512, 8)):
+    # TinyLlama's attention: 32 heads, 4 KV heads of 64. Under --tp T (transformers' tp_plan: q/k/v_proj colwise)
+    # the call's q, k, v are TP rank 0's plain local tensors of 32/T and 4/T heads (tp.h), so torch's ring runs on
+    # those: the oracle is the same transliteration with the local head counts
+    rows = ((256, 2, 1), (256, 4, 1), (512, 8, 1), (256, 2, 2), (512, 4, 4))
+    for seq, cp, tp in rows:
         L = seq // cp
-        want = oracle(1, 32, 4, L, 64, cp)
-        got = trainmem_call(a.trainmem, seq, cp)
+        H, Hk = 32 // tp, 4 // tp
+        tag = f"seq {seq} cp {cp}" + (f" tp {tp}" if tp > 1 else "")
+        want = oracle(1, H, Hk, L, 64, cp)
+        got = trainmem_call(a.trainmem, seq, cp, tp)
         ok = want == got
         failures += not ok
-        print(f"{'ok ' if ok else 'BAD'} seq {seq} cp {cp}: torch peak/left {want[0]:,}/{want[1]:,} B, "
+        print(f"{'ok ' if ok else 'BAD'} {tag}: torch peak/left {want[0]:,}/{want[1]:,} B, "
               f"trainmem {got[0]:,}/{got[1]:,} B")
-        want_b = oracle_backward(1, 32, 4, L, 64, cp)
-        got_b = trainmem_backward_call(a.trainmem, seq, cp)
+        want_b = oracle_backward(1, H, Hk, L, 64, cp)
+        got_b = trainmem_backward_call(a.trainmem, seq, cp, tp)
         ok = want_b == got_b
         failures += not ok
-        print(f"{'ok ' if ok else 'BAD'} seq {seq} cp {cp} backward: torch peak {want_b:,} B, trainmem {got_b:,} B")
-    print(f"{6 - failures} passed, {failures} failed")
+        print(f"{'ok ' if ok else 'BAD'} {tag} backward: torch peak {want_b:,} B, trainmem {got_b:,} B")
+    print(f"{2 * len(rows) - failures} passed, {failures} failed")
     return 1 if failures else 0
 
 

@@ -935,13 +935,14 @@ void resolve_cp(const Scenario& s, ResolvedScenario& r) {
         "({}, {}, {}) mesh (ParallelismConfig(dp_shard_size={}, cp_size={}, tp_size={}), {} GPUs): the TP-local "
         "parameters (tp_plan=\"auto\") sharded by FSDP2 over the flattened \"dp_shard_cp\" mesh ({} ranks), its "
         "activations --seq / {} tokens with ring attention over the {} local heads",
-        n, r.setup.tp, r.setup.dp, n, r.setup.tp, r.setup.dp, n, r.setup.tp, r.setup.dp * n * r.setup.tp,
-        r.setup.dp * n, n, r.model.attn.heads));
+        n, r.setup.tp, r.setup.dp, n, r.setup.tp, r.setup.dp, n, r.setup.tp,
+        checked_mul(checked_mul(r.setup.dp, n, "dp x cp"), r.setup.tp, "dp x cp x tp"),
+        checked_mul(r.setup.dp, n, "dp x cp"), n, r.model.attn.heads));
   } else if (fsdp2) {
     r.warnings.push_back(fmt::format(
         "--cp {} --sharding fsdp2: one rank of FSDP2 over the flattened dp_shard x cp mesh ({} x {} = {} ranks: "
         "accelerate's \"dp_shard_cp\", torchtitan's resolve_fsdp_mesh), its activations CP rank 0's (--seq / {} "
-        "tokens, ring attention)", n, r.setup.dp, n, r.setup.dp * n, n));
+        "tokens, ring attention)", n, r.setup.dp, n, checked_mul(r.setup.dp, n, "dp x cp"), n));
   } else if (r.setup.tp > 1) {
     r.warnings.push_back(fmt::format(
         "--cp {} --tp {}: one rank (CP rank 0, TP rank 0) of a (cp, tp) = ({}, {}) mesh ({} GPUs): the TP-local "
@@ -1135,11 +1136,13 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
     n /= pp;
     // --cp: context-parallel groups of cp GPUs (cp.h); dp = N / (tp x pp x cp)
     if (s.train.cp > 1 && n % s.train.cp != 0) {
-      throw FieldError("gpus", fmt::format("{}: {} GPUs do not divide into --cp {} ranks", s.gpus, n, s.train.cp));
+      throw FieldError("gpus", fmt::format("{}: {} GPUs / (tp {} x pp {}) = {} do not divide into --cp {} ranks", s.gpus,
+                                           n * s.train.tp * pp, s.train.tp, pp, n, s.train.cp));
     }
     n /= s.train.cp;
     if (s.was_given("dp") && s.train.dp != n) {
-      const uint64_t group = s.train.tp * pp * std::max<uint64_t>(s.train.cp, 1);  // divides the --gpus count
+      // (each factor divides the --gpus count, checked above: the products stay below it)
+      const uint64_t group = s.train.tp * pp * std::max<uint64_t>(s.train.cp, 1);
       throw FieldError("gpus", fmt::format("{}: {} GPUs make {} data-parallel ranks of tp x pp x cp = {} x {} x {} "
                                            "GPUs, but --dp {}; give one of the two",
                                            s.gpus, n * group, n, s.train.tp, pp, std::max<uint64_t>(s.train.cp, 1),

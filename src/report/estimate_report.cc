@@ -108,7 +108,7 @@ std::string headline(const Estimate& e) {
   if (s.cp > 1 && m.tp > 1) {
     // --cp C --tp T (scenario.cc resolve_cp): accelerate's mesh (dp_shard, cp, tp), TP innermost; one rank shown
     accum += fmt::format("; layout dp {} x cp {} x tp {} = {} GPUs, this rank CP rank 0 and TP rank 0", s.dp, s.cp,
-                         m.tp, s.dp * s.cp * m.tp);
+                         m.tp, checked_mul(checked_mul(s.dp, s.cp, "dp x cp"), m.tp, "dp x cp x tp"));
   }
   const bool inference = s.task == Task::kInference;
   return fmt::format(
@@ -746,7 +746,7 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
     // --cp C --tp T: accelerate's (dp_shard, cp, tp) mesh (ParallelismConfig._get_mesh; dp_replicate outermost
     // under HSDP, --dp-shard K: e.fsdp's replicate groups), the rank simulated
     const uint64_t replicate = e.fsdp ? e.fsdp->options.replicate : 1;
-    out["layout"] = {{"dp", s.dp}, {"cp", s.cp}, {"tp", e.model.tp}, {"gpus", s.dp * s.cp * e.model.tp},
+    out["layout"] = {{"dp", s.dp}, {"cp", s.cp}, {"tp", e.model.tp}, {"gpus", checked_mul(checked_mul(s.dp, s.cp, "dp x cp"), e.model.tp, "dp x cp x tp")},
                      {"cp_rank", 0}, {"tp_rank", 0}, {"dp_rank", s.dp_rank.value_or(0)}};
     // the mesh's dimensions outermost first, as [name, size] (an array: the order is the layout)
     nlohmann::json mesh = nlohmann::json::array();

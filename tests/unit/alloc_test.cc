@@ -128,6 +128,40 @@ TEST(AllocatorRules, AmongCachedBlocksOfOneSizeBestFitTakesTheLowestAddress) {
   EXPECT_EQ(replay_allocator(t, {}, kTorch, std::nullopt).reserved.back(), (12u * 30 + 40 + 24) * MiB);
 }
 
+TEST(AllocatorRules, BestFitOrdersSizesWithinOneSizeClassThenAddresses) {
+  // The replay keeps a pool's cached blocks in size classes of 16 an octave (caching_allocator.cc FreeSet): 64 MiB
+  // and 66 MiB share a class (4 MiB wide from 64 MiB), where PyTorch's (size, address) order still decides. Four
+  // segments of 66, 64, 66 and 64 MiB (each request a multiple of 2 MiB: its own segment), freed scrambled; then a
+  // 63 MiB request takes the lower-addressed 64 MiB block (no split: a 1 MiB remainder is not above kSmallSize), a
+  // 65 MiB one the lower 66 MiB block, then 64 MiB the other 64 and 65 MiB the other 66 (segments are placed
+  // downwards: the last one cudaMalloc'ed has the lowest address); a fifth 64 MiB request needs a new segment.
+  std::vector<int64_t> ops{66 * MiB, 64 * MiB, 66 * MiB, 64 * MiB, -2, -0, -3, -1,
+                           63 * MiB, 65 * MiB, 64 * MiB, 65 * MiB, 64 * MiB};
+  Timeline t;
+  std::vector<uint64_t> sizes;
+  for (int64_t op : ops) {
+    Event e{};
+    e.kind = op > 0 ? Event::kAlloc : Event::kFree;
+    e.storage = static_cast<uint32_t>(op > 0 ? sizes.size() : static_cast<size_t>(-op));
+    if (op > 0) sizes.push_back(static_cast<uint64_t>(op));
+    e.bytes = Bytes(sizes[e.storage]);
+    t.events.push_back(e);
+  }
+  const AllocatorTrace tr = trace_allocator(t, {}, kTorch);
+  std::vector<uint64_t> segment, handed;
+  for (const AllocatorTraceEntry& e : tr.entries) {
+    if (e.action == AllocatorTraceEntry::kSegmentAlloc) segment.push_back(e.addr);
+    if (e.action == AllocatorTraceEntry::kAlloc) handed.push_back(e.addr);
+  }
+  ASSERT_EQ(segment.size(), 5u);
+  ASSERT_EQ(handed.size(), 9u);
+  EXPECT_EQ(handed[4], segment[3]);  // 63 MiB: the lower 64 MiB block
+  EXPECT_EQ(handed[5], segment[2]);  // 65 MiB: the lower 66 MiB block
+  EXPECT_EQ(handed[6], segment[1]);  // 64 MiB: the other 64
+  EXPECT_EQ(handed[7], segment[0]);  // 65 MiB: the other 66
+  EXPECT_EQ(handed[8], segment[4]);
+}
+
 TEST(AllocatorRules, AStreamReusesOnlyItsOwnCachedBlocks) {
   // BlockComparatorSize orders by stream first: a 30 MiB block freed on FSDP2's all-gather stream is not
   // handed to the default stream, which cudaMallocs a segment of its own; the same stream reuses it.

@@ -19,7 +19,7 @@ using testing::error_of;
 constexpr TorchVersion kTorch{2, 9};
 
 // A timeline from a list of operations: +n allocates n bytes (the next id), -k frees the k-th allocation.
-Timeline timeline(std::initializer_list<int64_t> ops) {
+Timeline timeline(const std::vector<int64_t>& ops) {
   Timeline t;
   std::vector<uint64_t> sizes;
   for (int64_t op : ops) {
@@ -37,6 +37,16 @@ Timeline timeline(std::initializer_list<int64_t> ops) {
     t.events.push_back(e);
   }
   return t;
+}
+
+// Each segment's address in cudaMalloc order and each allocation's block address, as trace_allocator records them.
+std::pair<std::vector<uint64_t>, std::vector<uint64_t>> segments_and_blocks(const Timeline& t) {
+  std::vector<uint64_t> segment, handed;
+  for (const AllocatorTraceEntry& e : trace_allocator(t, {}, kTorch).entries) {
+    if (e.action == AllocatorTraceEntry::kSegmentAlloc) segment.push_back(e.addr);
+    if (e.action == AllocatorTraceEntry::kAlloc) handed.push_back(e.addr);
+  }
+  return {segment, handed};
 }
 
 constexpr int64_t MiB = 1 << 20;
@@ -105,22 +115,8 @@ TEST(AllocatorRules, AmongCachedBlocksOfOneSizeBestFitTakesTheLowestAddress) {
   for (int64_t k : {5, 0, 13, 11, 3, 8, 1, 12, 10, 6, 2, 9, 4, 7}) ops.push_back(-k);
   ops.push_back(26 * MiB);
   for (int i = 0; i < 12; ++i) ops.push_back(30 * MiB);
-  Timeline t;
-  std::vector<uint64_t> sizes;
-  for (int64_t op : ops) {
-    Event e{};
-    e.kind = op > 0 ? Event::kAlloc : Event::kFree;
-    e.storage = static_cast<uint32_t>(op > 0 ? sizes.size() : static_cast<size_t>(-op));
-    if (op > 0) sizes.push_back(static_cast<uint64_t>(op));
-    e.bytes = Bytes(sizes[e.storage]);
-    t.events.push_back(e);
-  }
-  const AllocatorTrace tr = trace_allocator(t, {}, kTorch);
-  std::vector<uint64_t> segment, handed;  // each segment's address in cudaMalloc order; each allocation's block
-  for (const AllocatorTraceEntry& e : tr.entries) {
-    if (e.action == AllocatorTraceEntry::kSegmentAlloc) segment.push_back(e.addr);
-    if (e.action == AllocatorTraceEntry::kAlloc) handed.push_back(e.addr);
-  }
+  const Timeline t = timeline(ops);
+  const auto [segment, handed] = segments_and_blocks(t);
   ASSERT_EQ(segment.size(), 14u);  // nothing after the frees needs a new segment
   ASSERT_EQ(handed.size(), 27u);
   for (size_t j = 0; j < 12; ++j) EXPECT_EQ(handed[14 + j], segment[11 - j]) << "request " << j;
@@ -137,22 +133,7 @@ TEST(AllocatorRules, BestFitOrdersSizesWithinOneSizeClassThenAddresses) {
   // downwards: the last one cudaMalloc'ed has the lowest address); a fifth 64 MiB request needs a new segment.
   std::vector<int64_t> ops{66 * MiB, 64 * MiB, 66 * MiB, 64 * MiB, -2, -0, -3, -1,
                            63 * MiB, 65 * MiB, 64 * MiB, 65 * MiB, 64 * MiB};
-  Timeline t;
-  std::vector<uint64_t> sizes;
-  for (int64_t op : ops) {
-    Event e{};
-    e.kind = op > 0 ? Event::kAlloc : Event::kFree;
-    e.storage = static_cast<uint32_t>(op > 0 ? sizes.size() : static_cast<size_t>(-op));
-    if (op > 0) sizes.push_back(static_cast<uint64_t>(op));
-    e.bytes = Bytes(sizes[e.storage]);
-    t.events.push_back(e);
-  }
-  const AllocatorTrace tr = trace_allocator(t, {}, kTorch);
-  std::vector<uint64_t> segment, handed;
-  for (const AllocatorTraceEntry& e : tr.entries) {
-    if (e.action == AllocatorTraceEntry::kSegmentAlloc) segment.push_back(e.addr);
-    if (e.action == AllocatorTraceEntry::kAlloc) handed.push_back(e.addr);
-  }
+  const auto [segment, handed] = segments_and_blocks(timeline(ops));
   ASSERT_EQ(segment.size(), 5u);
   ASSERT_EQ(handed.size(), 9u);
   EXPECT_EQ(handed[4], segment[3]);  // 63 MiB: the lower 64 MiB block

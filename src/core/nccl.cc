@@ -81,14 +81,20 @@ std::vector<ProcessGroup> process_groups(const TrainSetup& s, std::optional<uint
   // one NCCL communicator per process group, created at its first collective (ProcessGroupNCCL::getNCCLComm)
   const uint64_t world = s.dp * s.tp * s.pp * s.cp;  // resolve() bounded each factor and their product
   auto name = [&](const char* what, uint64_t n) { return fmt::format("{}{}", what, n == world ? " (the world group)" : ""); };
-  if (const uint64_t hk = hsdp_shard_degree(s); hk > 0 && s.cp > 1) {
-    // HSDP with --cp C (fsdp.h apply_hsdp_mesh): fully_shard's 2-D mesh (dp_replicate, dp_shard_cp), the shard
-    // dimension the flattened dp_shard x cp group of K x C ranks (its own process group, as below), the
-    // replicate dimension's group for the all-reduce; in accelerate's mesh order ["dp_replicate", "dp_shard", "cp",
-    // "sp", "tp"] a shard group's members are T ranks apart, a replicate group's K x C x T
-    const uint64_t w = checked_mul(hk, s.cp, "HSDP dp_shard x cp ranks");
-    g.push_back({name("FSDP2 dp_shard x cp (HSDP shard)", w), w, 0, s.tp, ProcessGroup::Kind::kData});
-    g.push_back({name("data parallel replicate (HSDP dp_replicate)", s.dp / hk), s.dp / hk, 0,
+  if (const uint64_t k = hsdp_shard_degree(s); k > 0) {
+    // HSDP (--sharding fsdp2 --dp-shard K < dp, fsdp.h): fully_shard's 2-D mesh (dp_replicate, dp_shard) makes one
+    // group per dimension (DeviceMesh._init_process_groups: a new_group / split_group per mesh dimension), the
+    // all-gathers and reduce-scatters in the dp_shard group (HSDPMeshInfo.shard_process_group), the all-reduce in the
+    // dp_replicate group (replicate_process_group). dp_shard is inside dp_replicate in both frameworks' mesh orders
+    // (accelerate ["dp_replicate", "dp_shard", "cp", "sp", "tp"], torchtitan ["pp", "dp_replicate", "dp_shard", "cp",
+    // "tp"]): a shard group's members are T ranks apart, a replicate group's K x T (on other nodes when K x T fills one).
+    // Under --cp C the shard dimension is the flattened dp_shard x cp group of K x C ranks (apply_hsdp_mesh:
+    // accelerate's fsdp_dim_names ("dp_replicate", "dp_shard_cp"); its own process group, as below), and a replicate
+    // group's members are K x C x T apart.
+    const uint64_t w = checked_mul(k, std::max<uint64_t>(s.cp, 1), "HSDP shard ranks (dp_shard x cp)");
+    g.push_back({name(s.cp > 1 ? "FSDP2 dp_shard x cp (HSDP shard)" : "data parallel shard (HSDP dp_shard)", w), w, 0,
+                 s.tp, ProcessGroup::Kind::kData});
+    g.push_back({name("data parallel replicate (HSDP dp_replicate)", s.dp / k), s.dp / k, 0,
                  checked_mul(w, s.tp, "HSDP stride"), ProcessGroup::Kind::kDataReplicate});
   } else if (s.cp > 1 && s.sharding == Sharding::kFsdp2) {
     // --cp N --sharding fsdp2 (fsdp.h fsdp2_mesh_ranks): fully_shard's all-gathers and reduce-scatters run on the
@@ -98,16 +104,6 @@ std::vector<ProcessGroup> process_groups(const TrainSetup& s, std::optional<uint
     // collective of the model runs on the "dp_shard" group alone, so it gets no communicator.
     const uint64_t w = checked_mul(s.dp, s.cp, "FSDP2 dp x cp ranks");
     g.push_back({name("FSDP2 dp_shard x cp", w), w, 0, s.tp, ProcessGroup::Kind::kData});
-  } else if (const uint64_t k = hsdp_shard_degree(s); k > 0) {
-    // HSDP (--sharding fsdp2 --dp-shard K < dp, fsdp.h): fully_shard's 2-D mesh (dp_replicate, dp_shard) makes one
-    // group per dimension (DeviceMesh._init_process_groups: a new_group / split_group per mesh dimension), the
-    // all-gathers and reduce-scatters in the dp_shard group (HSDPMeshInfo.shard_process_group), the all-reduce in the
-    // dp_replicate group (replicate_process_group). dp_shard is inside dp_replicate in both frameworks' mesh orders
-    // (accelerate ["dp_replicate", "dp_shard", "cp", "sp", "tp"], torchtitan ["pp", "dp_replicate", "dp_shard", "cp",
-    // "tp"]): a shard group's members are T ranks apart, a replicate group's K x T (on other nodes when K x T fills one)
-    g.push_back({name("data parallel shard (HSDP dp_shard)", k), k, 0, s.tp, ProcessGroup::Kind::kData});
-    g.push_back({name("data parallel replicate (HSDP dp_replicate)", s.dp / k), s.dp / k, 0, checked_mul(k, s.tp, "HSDP stride"),
-                 ProcessGroup::Kind::kDataReplicate});
   } else if (s.dp > 1) {
     // under --tp T (FSDP2 over the TP-local model, fsdp.cc): accelerate's ParallelismConfig._get_mesh orders the
     // mesh ["dp_replicate", "dp_shard", "cp", "sp", "tp"], TP innermost, so the data-parallel group's members are

@@ -641,7 +641,7 @@ PlanResult Planner::run() {
       fams.resize(first);
       return;
     }
-    if (dp <= 1 || (cp > 1 && !given("dp_shard"))) return;
+    if (dp <= 1) return;
     if (given("dp_shard")) {
       const uint64_t k = user.train.dp_shard.value_or(0);
       std::vector<PlanFamily> kept(fams.begin(), fams.begin() + static_cast<std::ptrdiff_t>(first));

@@ -235,10 +235,11 @@ std::optional<StepTime> step_time(const Estimate& e, const GpuSpec& gpu) {
   set_kernels(t, L, kernel_seconds(L, g));
   const double compute = t.compute_bound_seconds + t.memory_bound_seconds + t.launch_seconds;
   const uint64_t micro = s.task == Task::kTrain ? std::max<uint64_t>(s.grad_accum, 1) : 1;
-  const double fwd = t.phase_seconds[static_cast<size_t>(WorkPhase::kForward)] / static_cast<double>(micro);
+  const double m = static_cast<double>(micro);  // the step's micro-batches, as a factor of per-micro-batch times
+  const double fwd = t.phase_seconds[static_cast<size_t>(WorkPhase::kForward)] / m;
   const double bwd = (t.phase_seconds[static_cast<size_t>(WorkPhase::kBackward)] +
                       t.phase_seconds[static_cast<size_t>(WorkPhase::kRecompute)]) /
-                     static_cast<double>(micro);
+                     m;
   Fabric fab = fabric(s, g);
   double exposed = 0, total = 0;
 
@@ -305,7 +306,6 @@ std::optional<StepTime> step_time(const Estimate& e, const GpuSpec& gpu) {
     auto largest = [&](WorkPhase p) {
       return all_gather_seconds(static_cast<double>(L.dp_largest_gather_bytes[static_cast<size_t>(p)]), dp, bw);
     };
-    const double m = static_cast<double>(micro);
     const double ag_fwd = gather(WorkPhase::kForward) / m;
     const double ag_bwd = (gather(WorkPhase::kBackward) + gather(WorkPhase::kRecompute)) / m;
     const double first_fwd = largest(WorkPhase::kForward);
@@ -338,7 +338,6 @@ std::optional<StepTime> step_time(const Estimate& e, const GpuSpec& gpu) {
     // HSDP (--dp-shard K): those in the dp_shard group, and each unit's all-reduce over dp_replicate after its
     // reduce-scatter (fsdp_seconds), counted as the reduce-scatters are
     const auto [ag_fwd, ag_bwd, rs, first, ar, post] = fsdp_seconds(*e.fsdp, bw, hsdp_ar_bw(fab, *e.fsdp));
-    const double m = static_cast<double>(micro);
     total += (ag_fwd + ag_bwd) * m + rs + ar;
     exposed += (first + std::max(0.0, ag_fwd - first - fwd) + std::max(0.0, ag_bwd - bwd)) * m +
                std::max(0.0, post - bwd);
@@ -363,7 +362,6 @@ std::optional<StepTime> step_time(const Estimate& e, const GpuSpec& gpu) {
     }
     // --grad-accum M: the all-gathers run in every micro-batch (FULL_SHARD reshards under no_sync too), the
     // reduce-scatters in the synced last one only (the Trainer's no_sync before it)
-    const double m = static_cast<double>(micro);
     total += (ag_fwd + ag_bwd) * m + rs;
     exposed += (first + std::max(0.0, ag_fwd - first - fwd) + (o.backward_prefetch ? std::max(0.0, ag_bwd - bwd) : ag_bwd)) * m +
                std::max(0.0, rs - bwd);

@@ -634,7 +634,7 @@ std::string render_fsdp1_note(const Estimate& e) {
   if (s.checkpointing == Checkpointing::kFull) {
     out += fmt::format("  gradient checkpointing inside each FSDP unit ({}): the unit's pre-backward hook unshards its "
                        "flat parameter before the recompute, which reuses the forward's parameter views\n",
-                       s.checkpoint_reentrant.value_or(false) ? "reentrant" : "non-reentrant");
+                       s.checkpoint_reentrant.value_or(default_checkpoint_reentrant(e.model.impl)) ? "reentrant" : "non-reentrant");
   }
   return out;
 }
@@ -934,7 +934,7 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
                                  {"kept_grad_dtype", dtype_name(o.param_dtype)}};
     }
     if (s.checkpointing == Checkpointing::kFull) {
-      out["fsdp1"]["checkpointing"] = {{"inside_unit", true}, {"reentrant", s.checkpoint_reentrant.value_or(false)},
+      out["fsdp1"]["checkpointing"] = {{"inside_unit", true}, {"reentrant", s.checkpoint_reentrant.value_or(default_checkpoint_reentrant(e.model.impl))},
                                        {"recompute_unshard", "the unit's _pre_backward_hook"}};
     }
   }

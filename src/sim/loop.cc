@@ -103,7 +103,7 @@ struct Loop {
   // The optimizer state's shape of row i: the local shard's under FSDP2 (zeros_like of the DTensor)
   // FSDP1 (fsdp1.h): this rank's FullyShardedDataParallel units
   std::unique_ptr<Fsdp1> fsdp1;
-  uint32_t fsdp1_last_micro = 1;  // the synced micro-batch (train())
+  uint32_t synced_micro = 1;  // the step's last simulated micro-batch, the one that synchronises gradients (train())
   std::vector<uint64_t> state_shape(size_t i) const {
     // FSDP1 with use_orig_params: the optimizer steps each original parameter's 1-d view of its shard elements
     if (fsdp1) return {fsdp1->numel_in_shard(i)};
@@ -202,7 +202,7 @@ struct Loop {
     // moved reserved by at most 2 MiB, and cost plan's search half as many events again per accumulating FSDP2 probe
     // (two fitting setups of the README's 70B plan fell out of its bound).
     const uint32_t micros = static_cast<uint32_t>(std::min<uint64_t>(s.grad_accum, fsdp1 ? 3 : 2));
-    fsdp1_last_micro = micros;
+    synced_micro = micros;
     r.micro_batches_simulated = micros;
     for (uint32_t step = 1; step <= o.steps; ++step) {
       for (uint32_t micro = 1; micro <= micros; ++micro) {
@@ -422,14 +422,14 @@ struct Loop {
     e.micro = micro;
     e.phase = Phase::kForward;
     if (o.loop == LoopKind::kHf) get_batch();  // Trainer: _prepare_inputs moves this micro-batch's tensors
-    if (ddp.on) ddp_pre_forward(micro == std::min<uint64_t>(s.grad_accum, 2));
+    if (ddp.on) ddp_pre_forward(micro == synced_micro);
     // accelerate's no_sync; torchtitan's trainer over the sequence-parallel model (resolve_sp_fsdp) calls none
     // (trainer.py forward_backward_step per micro-batch): each micro-batch's gradients are reduce-scattered and
     // accumulate sharded
-    if (fsdp) fsdp->set_requires_gradient_sync(s.sequence_parallel || micro == std::min<uint64_t>(s.grad_accum, 2));
+    if (fsdp) fsdp->set_requires_gradient_sync(s.sequence_parallel || micro == synced_micro);
     // FSDP1: the Trainer's no_sync for every micro-batch but the last (trainer.py _inner_training_loop:
     // functools.partial(self.accelerator.no_sync, model=model) unless sync_each_batch, DeepSpeed or the last)
-    if (fsdp1) fsdp1->set_sync(micro == fsdp1_last_micro);
+    if (fsdp1) fsdp1->set_sync(micro == synced_micro);
     T loss;
     {
       ForwardOut out;
@@ -755,7 +755,7 @@ struct Loop {
     // process_gradients: `if self.partition_gradients or self.overlap_comm:` reduce_ready_partitions_and_remove_grads,
     // which reduces `if self.partition_gradients or self.is_gradient_accumulation_boundary()`. Stage 1 without
     // overlap_comm leaves the full bit16 .grad to the engine's reduce_gradients at the boundary.
-    const bool boundary = e.micro == std::min<uint64_t>(s.grad_accum, 2);
+    const bool boundary = e.micro == synced_micro;
     if (zopt.stage == 1 && !(zopt.overlap_comm && boundary)) return;
     zero_bucket_add(row);
   }

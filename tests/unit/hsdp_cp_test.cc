@@ -30,14 +30,20 @@ Scenario tiny(uint64_t seq, std::initializer_list<std::pair<const char*, std::st
   return testing::tiny_llama(seq, extra);
 }
 
+// --sharding fsdp2 --dp D --dp-shard K --cp C, as resolve() leaves the setup
+TrainSetup hsdp_cp(uint64_t dp, uint64_t k, uint64_t cp) {
+  TrainSetup s;
+  s.dp = dp;
+  s.dp_shard = k;
+  s.cp = cp;
+  s.sharding = Sharding::kFsdp2;
+  return s;
+}
+
 // --dp 6 --dp-shard 3 --cp 2: shard groups of 3 x 2 = 6 ranks, 2 replicas. Data-parallel rank 4 is dp_shard
 // index 4 mod 3 = 1 of replica 4 / 3 = 1; its CP rank 0 is row 1 x 2 + 0 = 2 of the flattened (dp_shard, cp).
 TEST(HsdpCpRules, TheShardGroupIsDpShardTimesCpAndTheRankIsRowMajor) {
-  TrainSetup s;
-  s.dp = 6;
-  s.cp = 2;
-  s.dp_shard = 3;
-  s.sharding = Sharding::kFsdp2;
+  TrainSetup s = hsdp_cp(6, 3, 2);
   FsdpOptions f;
   apply_hsdp_mesh(f, s);
   EXPECT_EQ(f.ranks, 6u);
@@ -97,11 +103,7 @@ TEST(HsdpCpSim, OneReplicaIsFsdp2OverDpTimesCpByteForByte) {
 // The communicators: the flattened dp_shard x cp group (K x C ranks, T apart), the replicate group (D / K ranks,
 // K x C x T apart: accelerate's mesh order dp_replicate, dp_shard, cp, sp, tp) and ring attention's cp group.
 TEST(HsdpCpSim, CommunicatorsAreTheShardGroupTheReplicasAndTheCpGroup) {
-  TrainSetup s;
-  s.dp = 4;
-  s.dp_shard = 2;
-  s.cp = 2;
-  s.sharding = Sharding::kFsdp2;
+  TrainSetup s = hsdp_cp(4, 2, 2);
   std::vector<ProcessGroup> g = process_groups(s);
   ASSERT_EQ(g.size(), 3u);
   EXPECT_EQ(g[0].ranks, 4u);

@@ -80,10 +80,11 @@ struct LoadedModel {
 
 // model.to(device): parameters and buffers allocated in nn.Module._apply order. `make_param`, when given, makes
 // parameter row i instead (FSDP2's sharded parameters). `after_param`, when set, runs on each parameter as it is
-// created (DeepSpeed's zero.Init partitions it there).
+// created (DeepSpeed's zero.Init partitions it there). `adapters_last` false: LoRA adapter rows in inventory order
+// (beside their base rows) rather than after every base row.
 LoadedModel load_model(Engine& e, const Inventory& inv, DType model_dtype,
                        const std::function<T(size_t)>& make_param = {},
-                       const std::function<void(size_t, T&)>& after_param = {});
+                       const std::function<void(size_t, T&)>& after_param = {}, bool adapters_last = true);
 
 // What the model's forward returns.
 struct ForwardOut {

@@ -449,6 +449,7 @@ struct Loop {
         out.loss = sum_loss(c, out.logits);  // loss = y.sum()
         kept_logits = std::move(out.logits);  // `y = model(x)` stays bound until the next forward
       } else {
+        if (fsdp) fsdp->root_pre_forward();  // FSDP2: the root's own parameters (PEFT's final norm), if any
         out = run_forward(&Y);
         if (fsdp) fsdp->root_post_forward();  // FSDP2: the root's post-forward, once the model's forward returns
         if (fsdp1) fsdp1->root_post_forward();  // FSDP1: the root FullyShardedDataParallel's _post_forward
@@ -2030,7 +2031,9 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
     if (!a.adapter || a.adapts < 0) continue;
     auto& by_row = loop.c.lora.by_base_row;
     if (by_row.size() < inv.parameters.size()) by_row.resize(inv.parameters.size());
-    by_row[static_cast<size_t>(a.adapts)] = {loop.w.params[i], loop.w.params[i + 1]};
+    // (FSDP2: the unsharded adapters, which the unit's all-gather fills before its forward)
+    by_row[static_cast<size_t>(a.adapts)] = loop.fsdp ? std::pair<sim::T, sim::T>{loop.fsdp->unsharded(i), loop.fsdp->unsharded(i + 1)}
+                                                      : std::pair<sim::T, sim::T>{loop.w.params[i], loop.w.params[i + 1]};
     ++i;
   }
   loop.c.lora.dropout = s.lora.dropout;

@@ -35,7 +35,13 @@ void refuse_under_accelerate_fsdp(const TrainSetup& s, const ModelSpec& m, const
   }
   if (s.optimizer_in_backward) refuse("optimizer_in_backward", fmt::format("true: not simulated under {}", v));
   if (s.quant.type != Quantize::kNone) {
-    refuse("quantize", fmt::format("quantized base weights are not simulated under {}", v));
+    // (FSDP2, QLoRA: accelerate's fsdp2_prepare_model passes frozen non-floating Params4bit to fully_shard as
+    // ignored_params, left whole on every rank, and the Trainer's update_fsdp_plugin_peft, which sets the
+    // policy to bnb_4bit_quant_storage, does not run under FSDP2: neither is simulated)
+    refuse("quantize", fmt::format("quantized base weights are not simulated under {}{}", v,
+                                   std::string_view(v) == "FSDP2" ? " (QLoRA: accelerate leaves uint8 Params4bit "
+                                                                    "unsharded as ignored_params)"
+                                                                  : ""));
   }
   if (!s.freeze.empty()) refuse("freeze", fmt::format("frozen parameters are not simulated under {}", v));
   const auto not_ddp = [&](const char* field) {

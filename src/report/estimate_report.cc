@@ -903,17 +903,26 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
          {"param_dtype", dtype_name(o.param_dtype)}, {"reduce_dtype", dtype_name(o.reduce_dtype)},
          {"mixed_precision", o.mixed}};
     nlohmann::json units = nlohmann::json::array();
+    // (per-parameter dtypes, fsdp_unit_buffers: without LoRA gather_numel = copy_in_numel (mixed) = grad_numel =
+    // shard_numel, in param_dtype and reduce_dtype)
     for (const FsdpUnit& u : f->units) {
-      const uint64_t gathered = u.shard_numel * o.ranks;
-      units.push_back({{"name", u.name}, {"params", u.params}, {"shard_numel", u.shard_numel},
-                       {"reshard_after_forward", u.kind == FsdpUnit::kTail ? false : o.reshard_after_forward},
-                       {"all_gather_output_bytes", bytes_of(Elems(gathered), o.param_dtype).value},
-                       {"all_gather_copy_in_bytes", o.mixed ? bytes_of(Elems(u.shard_numel), o.param_dtype).value : 0},
-                       {"reduce_scatter_input_bytes", bytes_of(Elems(gathered), o.reduce_dtype).value},
-                       {"reduce_scatter_output_bytes", bytes_of(Elems(u.shard_numel), o.reduce_dtype).value},
+      const uint64_t gathered = u.gather_numel * o.ranks;
+      const uint64_t reduced = u.grad_numel * o.ranks;
+      nlohmann::json ju = {{"name", u.name}, {"params", u.params}, {"shard_numel", u.shard_numel},
+                       {"reshard_after_forward", u.kind == FsdpUnit::kTail || u.kind == FsdpUnit::kRoot ? false : o.reshard_after_forward},
+                       {"all_gather_output_bytes", bytes_of(Elems(gathered), u.gather_dtype).value},
+                       {"all_gather_copy_in_bytes", bytes_of(Elems(u.copy_in_numel), u.copy_in_dtype).value},
+                       {"reduce_scatter_input_bytes", bytes_of(Elems(reduced), u.reduce_dtype).value},
+                       {"reduce_scatter_output_bytes", bytes_of(Elems(u.grad_numel), u.reduce_dtype).value},
                        // HSDP: the reduce-scatter output all-reduced over dp_replicate in place (0 without HSDP)
-                       {"all_reduce_bytes", o.replicate > 1 ? bytes_of(Elems(u.shard_numel), o.reduce_dtype).value : 0}});
+                       {"all_reduce_bytes", o.replicate > 1 ? bytes_of(Elems(u.grad_numel), u.reduce_dtype).value : 0}};
+      if (o.peft) {  // LoRA: the unit's dtype and its trainable part
+        ju["all_gather_dtype"] = dtype_name(u.gather_dtype);
+        ju["trainable_params"] = u.trainable_params;
+      }
+      units.push_back(std::move(ju));
     }
+    if (o.peft) j["peft_lora"] = true;
     j["units"] = std::move(units);
     // under a pipeline: the index in units of each FSDP root's first unit, one root per stage module the rank holds
     if (f->torchtitan_pp) j["root_first_units"] = f->root_begin;

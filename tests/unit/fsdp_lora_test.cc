@@ -226,3 +226,31 @@ TEST(FsdpLoraRefusals, WhatIsNotSimulated) {
 
 }  // namespace
 }  // namespace trainmem
+
+namespace trainmem {
+namespace {
+
+// What the rank holds once the model is sharded, against the probe's torch.cuda.memory_allocated() after
+// accelerator.prepare (sharding is per parameter, so the units do not change it): every padded shard (and the two
+// rotary buffers, inv_freq and original_inv_freq, 32 float32 each) in its own block, rounded up to 512 bytes
+// (CUDACachingAllocator's kMinBlockSize; every block here is below 1 MiB). The probe read 1,979,904 bytes
+// (bf16-amp: an fp32 model) and 998,912 (bf16 with float32 adapters), under accelerate's default NO_WRAP policy
+// (the shards are per parameter: the units do not change them).
+uint64_t allocated_after_load(const Estimate& e) {
+  uint64_t held = 0;
+  for (const Event& ev : e.sim->timeline.events) {
+    if (ev.phase != Phase::kSetup || ev.step > 1) continue;
+    const uint64_t block = (ev.bytes.value + 511) / 512 * 512;
+    if (ev.kind == Event::kAlloc) held += block;
+    if (ev.kind == Event::kFree) held -= block;
+  }
+  return held;
+}
+
+TEST(FsdpLoraSim, ShardsAsTheProbeAllocatedThem) {
+  EXPECT_EQ(allocated_after_load(run(probe())), 1979904u);
+  EXPECT_EQ(allocated_after_load(run(probe({{"precision", "bf16"}}))), 998912u);
+}
+
+}  // namespace
+}  // namespace trainmem

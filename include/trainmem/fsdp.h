@@ -139,6 +139,9 @@ void fsdp_unit_buffers(FsdpUnit& u, const Inventory& inv, const FsdpOptions& o);
 inline constexpr int32_t kFsdpUnitEmbed = -2;
 inline constexpr int32_t kFsdpUnitTail = -3;
 inline constexpr int32_t kFsdpUnitRoot = -4;  // the root's own parameters (PEFT: the final norm, FsdpOptions::peft)
+// The output projection's start, after the final norm: where the tail unit begins when it is [lm_head] alone (PEFT);
+// a no-op otherwise (the tail began at kFsdpUnitTail, before the norm)
+inline constexpr int32_t kFsdpUnitLmHead = -5;
 std::vector<FsdpUnit> fsdp_units(const ModelSpec& m, const Inventory& inv, const FsdpOptions& o);
 
 // --- torchtitan v0.2.0's FSDP2 policy on a pipeline rank (--pp P --sharding fsdp2 --dp D) ---

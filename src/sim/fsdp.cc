@@ -186,6 +186,14 @@ T Fsdp2::backward_hook(const char* name, T x, size_t ui, bool post) {
 }
 
 T Fsdp2::pre_forward(Ctx& c, int32_t id, T input) {
+  // the tail's first module: the final norm, or lm_head alone when the PeftModel's root keeps the norm
+  // (fsdp_units): its pre-forward hook (and cast_forward_inputs) fires on lm_head's input, the norm's output
+  if (id == kFsdpUnitLmHead) {
+    if (!o_.peft) return input;
+    id = kFsdpUnitTail;
+  } else if (id == kFsdpUnitTail && o_.peft) {
+    return input;
+  }
   Unit& u = unit(id);
   const auto ui = static_cast<size_t>(&u - units_.data());
   u.state = State::kForward;

@@ -254,3 +254,31 @@ TEST(FsdpLoraSim, ShardsAsTheProbeAllocatedThem) {
 
 }  // namespace
 }  // namespace trainmem
+
+namespace trainmem {
+namespace {
+
+// The tail [lm_head]'s pre-forward hook fires on lm_head's input, after the final norm (which the root holds): its
+// all-gather comes after the norm's output; full FSDP2's tail [model.norm, lm_head] gathers before the norm runs.
+TEST(FsdpLoraSim, TheTailGathersAfterTheFinalNorm) {
+  const auto order = [](const Estimate& e, const char* tail) {
+    int64_t gather = -1, norm_out = -1, i = 0;
+    for (const Event& ev : e.sim->timeline.events) {
+      ++i;
+      if (ev.kind != Event::kAlloc || ev.step != 2 || ev.phase != Phase::kForward) continue;
+      const std::string_view w = ev.label.what;
+      if (w == tail) gather = i;
+      if (w.rfind("norm", 0) == 0 && ev.label.layer < 0) norm_out = i;  // the final norm's tensors
+    }
+    return std::pair<int64_t, int64_t>{gather, norm_out};
+  };
+  const auto [peft_gather, peft_norm] = order(run(probe()), "FSDP all-gather output ([lm_head])");
+  const auto [full_gather, full_norm] = order(run(probe({}, false)), "FSDP all-gather output ([model.norm, lm_head])");
+  ASSERT_GT(peft_norm, 0);
+  ASSERT_GT(full_norm, 0);
+  EXPECT_GT(peft_gather, peft_norm);
+  EXPECT_LT(full_gather, full_norm);
+}
+
+}  // namespace
+}  // namespace trainmem

@@ -502,26 +502,34 @@ std::string render_fsdp_note(const Estimate& e) {
   if (o.replicate > 1) {
     // HSDP (--dp-shard K, fsdp.h apply_hsdp_mesh; src/sim/fsdp.cc post_backward)
     uint64_t held = 0;  // the reduce-scatter outputs (trainable rows: all of them but under LoRA)
-    for (const FsdpUnit& u : f.units) held = checked_add(held, u.grad_numel, "HSDP all-reduce");
-    const bool upcast = o.reduce_dtype != o.orig_dtype;
+    DType reduce_dtype = o.reduce_dtype, orig_dtype = o.orig_dtype;  // the trainable units' (LoRA: the adapters')
+    for (const FsdpUnit& u : f.units) {
+      held = checked_add(held, u.grad_numel, "HSDP all-reduce");
+      if (u.grad_numel) reduce_dtype = u.reduce_dtype, orig_dtype = u.grad_orig_dtype;
+    }
+    const bool upcast = reduce_dtype != orig_dtype;
     out += fmt::format("  HSDP mesh (dp_replicate, {}) = ({}, {}): shard rank {} of replica {}; states sharded over the "
                        "{} ranks of the shard group and replicated over the {} replicas; each unit's reduce-scatter "
                        "(shard group) is followed by an in-place all-reduce of its {} output over the replicate group "
                        "(all_reduce_stream){}\n",
                        e.setup.cp > 1 ? "dp_shard_cp" : "dp_shard", o.replicate, o.ranks, o.rank, o.replicate_rank,
-                       o.ranks, o.replicate, dt(o.reduce_dtype),
+                       o.ranks, o.replicate, dt(reduce_dtype),
                        upcast ? fmt::format("; FSDPParamGroup._all_reduce_state keeps each unit's {} output until the "
                                             "final callback ({} for every unit), and its {} upcast comes from the "
                                             "all-reduce stream's pool",
-                                            dt(o.reduce_dtype), format_bytes(bytes_of(Elems(held), o.reduce_dtype)),
-                                            dt(o.orig_dtype))
+                                            dt(reduce_dtype), format_bytes(bytes_of(Elems(held), reduce_dtype)),
+                                            dt(orig_dtype))
                               : "; the output is the sharded gradient itself, kept by _all_reduce_state to the "
                                 "final callback at no extra cost");
   }
   if (!f.torchtitan_pp && !f.torchtitan_sp) out += o.mixed ? fmt::format("  MixedPrecisionPolicy: param_dtype {}, reduce_dtype {}, output_dtype {} over {} shards "
                                "(accelerate's mixed_precision \"bf16\"; autocast still wraps the forward)\n",
                                dt(o.param_dtype), dt(o.reduce_dtype), dt(o.param_dtype), dt(o.orig_dtype))
-                 : fmt::format("  MixedPrecisionPolicy(): no casts; {} shards, gathers and reduce-scatters\n", dt(o.orig_dtype));
+                 : o.peft && std::any_of(f.units.begin(), f.units.end(), [](const FsdpUnit& u) { return u.gather_dtype == DType::kU8; })
+                     ? fmt::format("  MixedPrecisionPolicy(): no casts; every parameter keeps its dtype, the base {} and PEFT's "
+                                   "adapters float32: a layer's all-gather mixes them (uint8, over their bytes), its "
+                                   "reduce-scatter is the adapters' (float32)\n", dt(o.orig_dtype))
+                     : fmt::format("  MixedPrecisionPolicy(): no casts; {} shards, gathers and reduce-scatters\n", dt(o.orig_dtype));
   if (o.peft && !f.torchtitan_pp && !f.torchtitan_sp) {
     // PEFT LoRA under FSDP2 (fsdp.h FsdpOptions::peft; src/sim/fsdp.cc)
     uint64_t trainable = 0;

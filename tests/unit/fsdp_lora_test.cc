@@ -114,13 +114,12 @@ TEST(FsdpLoraUnits, PureBf16WithFloat32AdaptersGathersBytes) {
 // gradients for the adapters only; nothing of FSDP's left at the end of the step.
 TEST(FsdpLoraSim, FrozenUnitsGatherButNeverReduce) {
   const Estimate e = run(probe());
-  std::map<std::string, int> ag, rs;
-  LiveBytes live;
-  const size_t fk = static_cast<size_t>(Category::kFsdpBuffers);
+  std::map<std::string, int> ag, rs;  // by label and layer: step 2's all-gathers and reduce-scatters
+  LiveBytes end;  // live bytes once the last event ran
   for (const Event& ev : e.sim->timeline.events) {
-    apply(live, ev);
-    if (ev.kind != Event::kAlloc || ev.step != 2) continue;
+    apply(end, ev);
     const std::string w = ev.label.what;
+    if (ev.step != 2 || ev.kind != Event::kAlloc) continue;
     if (w.rfind("FSDP all-gather output", 0) == 0) {
       ++ag[w + std::to_string(ev.label.layer)];
       if (ev.label.layer == 1) EXPECT_EQ(ev.bytes.value, 4 * kLayerShard * 2);
@@ -142,7 +141,7 @@ TEST(FsdpLoraSim, FrozenUnitsGatherButNeverReduce) {
   EXPECT_EQ(rs.size(), 2u);
   EXPECT_EQ(rs["FSDP reduce-scatter input0"], 1);
   EXPECT_EQ(rs["FSDP reduce-scatter input1"], 1);
-  EXPECT_EQ(live.by_category[fk].value, 0u);
+  EXPECT_EQ(end.by_category[static_cast<size_t>(Category::kFsdpBuffers)].value, 0u);
 }
 
 // LoRA against full fine-tuning under the same FSDP2: the shards grow by the adapters' (float32), the sharded

@@ -256,7 +256,7 @@ TEST(FsdpRefusals, WhatIsNotSimulated) {
   const auto refused = [](std::initializer_list<std::pair<const char*, std::string>> more) {
     EXPECT_THROW(run(tiny(more)), Error);
   };
-  refused({{"lora", "r=8"}});
+  // (LoRA is simulated: fsdp_lora_test.cc; QLoRA's 4-bit base is refused there)
   refused({{"precision", "fp16-amp"}});
   refused({{"checkpointing", "full"}, {"checkpoint_reentrant", "true"}});
   refused({{"optimizer", "sgd"}});

@@ -122,7 +122,7 @@ std::vector<T> Fsdp2::move_then_shard() {
     for (int32_t r : u->spec.rows) {
       const TensorRow& row = inv_.parameters[static_cast<size_t>(r)];
       // the dtype fully_shard receives: accelerate's upcast of the trainable ones (fsdp_param_dtypes)
-      whole.push_back(e_.empty(Shape::of(row.shape), fsdp_param_dtypes(row, o_).orig, Category::kTemporaries,
+      whole.push_back(e_.empty(Shape::of(row.shape), fsdp_param_dtypes(row, o_).orig, Category::kWeights,
                                Label{intern_name(fmt::format("{} (whole, before fully_shard)", row.name)), u->spec.layer, r}));
     }
     for (int32_t r : u->spec.rows) shard_row(static_cast<size_t>(r), u->spec.layer);

@@ -181,8 +181,13 @@ FsdpSeconds fsdp_seconds(const FsdpFigures& f, double bw, double ar_bw) {
     const double full = static_cast<double>(u.gather_numel) * static_cast<double>(dp);
     const double grads = static_cast<double>(u.grad_numel) * static_cast<double>(dp);
     const double a = all_gather_seconds(full * static_cast<double>(itemsize(u.gather_dtype)), dp, bw);
-    // each FSDP root's first all-gather (one root but under interleaved-1f1b, where each stage module is one)
-    if (std::find(f.root_begin.begin(), f.root_begin.end(), i) != f.root_begin.end()) x.first += a;
+    // each FSDP root's first all-gather (one root but under interleaved-1f1b, where each stage module is one). A
+    // root unit with parameters of its own (PEFT's model.norm) gathers in FSDPState._pre_forward and the embedding's
+    // pre-forward follows with no compute queued between them: both are exposed.
+    const auto starts_root = [&](size_t k) {
+      return std::find(f.root_begin.begin(), f.root_begin.end(), k) != f.root_begin.end();
+    };
+    if (starts_root(i) || (i > 0 && starts_root(i - 1) && f.units[i - 1].kind == FsdpUnit::kRoot)) x.first += a;
     x.ag_fwd += a;
     if (u.reshard_after_forward && u.kind != FsdpUnit::kRoot) x.ag_bwd += a;
     if (u.grad_numel == 0) continue;  // a frozen unit: no reduce-scatter

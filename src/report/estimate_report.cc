@@ -572,7 +572,9 @@ std::string render_fsdp_note(const Estimate& e) {
   }
   if (f.torchtitan_pp) {
     uint64_t gathered = 0;
-    for (const FsdpUnit& u : f.units) gathered = checked_add(gathered, u.shard_numel * o.ranks, "FSDP gathered");
+    for (const FsdpUnit& u : f.units) {
+      gathered = checked_add(gathered, checked_mul(u.shard_numel, o.ranks, "FSDP gathered"), "FSDP gathered");
+    }
     if (f.root_begin.size() > 1) {
       out += fmt::format("  under the pipeline (stage.py backward_maybe_with_nosync, per stage): each stage's parameters are "
                          "all-gathered by its first forward and stay unsharded through every micro-batch until that "
@@ -914,8 +916,8 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
     // (per-parameter dtypes, fsdp_unit_buffers: without LoRA gather_numel = copy_in_numel (mixed) = grad_numel =
     // shard_numel, in param_dtype and reduce_dtype)
     for (const FsdpUnit& u : f->units) {
-      const uint64_t gathered = u.gather_numel * o.ranks;
-      const uint64_t reduced = u.grad_numel * o.ranks;
+      const uint64_t gathered = checked_mul(u.gather_numel, o.ranks, "FSDP gathered");
+      const uint64_t reduced = checked_mul(u.grad_numel, o.ranks, "FSDP reduced");
       nlohmann::json ju = {{"name", u.name}, {"params", u.params}, {"shard_numel", u.shard_numel},
                        {"reshard_after_forward", u.kind == FsdpUnit::kTail || u.kind == FsdpUnit::kRoot ? false : o.reshard_after_forward},
                        {"all_gather_output_bytes", bytes_of(Elems(gathered), u.gather_dtype).value},

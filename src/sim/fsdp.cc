@@ -126,7 +126,9 @@ std::vector<T> Fsdp2::move_then_shard() {
                                Label{intern_name(fmt::format("{} (whole, before fully_shard)", row.name)), u->spec.layer, r}));
     }
     for (int32_t r : u->spec.rows) shard_row(static_cast<size_t>(r), u->spec.layer);
-    if (u->spec.kind == FsdpUnit::kEmbed || u->spec.kind == FsdpUnit::kTail) {
+    // held to the return: the embedding's and the tail's (above); the root's (PEFT's model.norm) too, since the
+    // root's fully_shard moves the buffers (load_model, after this) before its shards exist and returns last
+    if (u->spec.kind != FsdpUnit::kLayer) {
       for (T& t : whole) held.push_back(std::move(t));
     }
   }

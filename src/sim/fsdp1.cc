@@ -140,7 +140,8 @@ void Fsdp1::load(LoadedModel& w, DType model_dtype) {
     for (size_t b = 0; b < inv_.buffers.size(); ++b) {
       if (holds_buffer(u, inv_.buffers[b].name)) e_.resize_storage(w.buffers[b]->storage, true);
     }
-    if (o_.sync_module_states) sync_module_states(u, model_dtype);
+    // the Trainer's fsdp_config sync_module_states "true" (training_args.py _process_fsdp_args, fsdp1.cc)
+    sync_module_states(u, model_dtype);
     // _construct_padding_tensor: torch.ones(numel) * _FLAT_PARAM_PADDING_VALUE per padding tensor (the alignment
     // paddings and the world-size one); the products live in params_to_flatten until the cat
     std::vector<T> pads;

@@ -15,7 +15,11 @@
 // q_proj (256 -> 256) and v_proj (256 -> 128); 4 ranks.
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <map>
 #include <string>
+#include <string_view>
+#include <utility>
 
 #include "test_util.h"
 #include "trainmem/error.h"

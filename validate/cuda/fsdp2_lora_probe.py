@@ -61,6 +61,8 @@ for name, module in model.named_modules():
               sorted({str(f.sharded_param.dtype) for f in group.fsdp_params}))
 print("memory_allocated after prepare", torch.cuda.memory_allocated())
 x = torch.randint(0, 1000, (1, 64), device="cuda")
+# (the run that produced the pinned figures ran these steps under acc.autocast(), which the Trainer's FSDP2 path does
+# not: the unit layout, the collectives' dtypes and sizes and memory_allocated() after prepare do not depend on it)
 for step in range(2):
     with acc.autocast():
         loss = model(input_ids=x, labels=x).loss

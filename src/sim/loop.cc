@@ -1858,10 +1858,19 @@ struct Loop {
   // Memoization's argument (memo.h rule 1) covers the pipeline with or without FSDP2, tensor and sequence
   // parallelism, and checkpointing; not the gradient and module hooks of DDP, ZeRO, FSDP1 or the optimizer in
   // backward, LoRA, 4-bit weights, context parallelism or the encoders' extra inputs: there every action runs.
+  // Only on a rank whose every stage embeds the ids (the first stage): a later stage's backward takes its input's
+  // gradient with Engine::take_leaf_grad after the backward freed the graph, and when that graph was the last one
+  // alive the backward has cleared the leaves' gradients first, so the handle pp_input_grads keeps is read past
+  // the end of the cleared list (a stale impl pointer that a later tensor reuses, dropped at the next step's
+  // clear_runtime_states). Which tensor reuses it depends on the impl pool's order, which replays change: until
+  // that is fixed (an output change of its own), such a rank runs every action.
   bool memo_allowed() const {
-    return o.memo && o.pp.on && !ddp.on && !zopt.on && !z3 && !fsdp1 && !e.post_accumulate_grad && !e.pre_node &&
-           !c.module_done && !w.on_use && c.cp == 1 && c.lora.by_base_row.empty() && c.quant.dims_by_row.empty() &&
-           !c.kv && !c.position_ids && !c.token_type_ids && !c.attention_mask && !s.optimizer_in_backward;
+    bool first_stages = true;
+    for (const PpStagePart& part : o.pp.parts) first_stages = first_stages && part.embeddings;
+    return o.memo && o.pp.on && first_stages && !ddp.on && !zopt.on && !z3 && !fsdp1 && !e.post_accumulate_grad &&
+           !e.pre_node && !c.module_done && !w.on_use && c.cp == 1 && c.lora.by_base_row.empty() &&
+           c.quant.dims_by_row.empty() && !c.kv && !c.position_ids && !c.token_type_ids && !c.attention_mask &&
+           !s.optimizer_in_backward;
   }
   // The state an action reads (memo.h rule 1) and the handles it must leave as they were (rule 3).
   MemoProbe memo_probe() {
@@ -2019,7 +2028,7 @@ struct Loop {
               // the probe checks every action leaves as it found)
               if (Fsdp2* root = pp_fsdp_of(l.part.stage)) c.fsdp = root;
             } else {
-              memo->begin(plan[k], roles);
+              memo->begin(plan[k], roles, &plan[backward_of[k]]);
               pp_forward(l, a.micro, ids, labels);
               memo->end(plan[k]);
             }
@@ -2267,3 +2276,4 @@ SimResult simulate_once(const ModelSpec& m, const Inventory& inv, const TrainSet
 }  // namespace
 
 }  // namespace trainmem
+

@@ -102,26 +102,28 @@ class ActionMemo {
   // A backward: replays it when its forward was replayed (throws MemoMismatch when the key differs from the
   // template's), else false.
   bool replay_backward(const MemoAction& a);
-  void begin(const MemoAction& a, const std::vector<uint64_t>& roles);
+  // Around an action simulated: records it when it may become a template (a forward whose key has no pair or
+  // recorded forward yet; the backward of a recorded forward), else nothing. `backward`: a forward's backward's
+  // static position.
+  void begin(const MemoAction& a, const std::vector<uint64_t>& roles, const MemoAction* backward = nullptr);
   void end(const MemoAction& a);
 
   uint64_t replayed() const { return replayed_; }  // actions replayed (for tests)
   uint64_t templates() const { return pairs_.size(); }
 
  private:
-  // One action's record. Storage ids in `events` are encoded by `kind`: kInside (offset in the action's range),
-  // kForward (offset in its forward's range: a backward's), kFixed (the id).
   enum Kind : uint8_t { kInside, kForward, kFixed };
+  // One recorded action: its events are the timeline's [ev0, ev1) (never changed once recorded); a storage id in
+  // them is the action's own when >= st0, its forward's (a backward's) when in [f_st0, f_st1), else fixed.
   struct Segment {
     std::vector<uint64_t> key;
-    uint64_t st0 = 0, st1 = 0;
-    std::vector<Event> events;
-    std::vector<Kind> kinds;
-    std::vector<StorageInfo> inside_final;                    // the range's entries at the action's end
+    size_t ev0 = 0, ev1 = 0;
+    uint64_t st0 = 0, st1 = 0, f_st0 = 0, f_st1 = 0;
+    std::vector<StorageInfo> inside_final;  // a forward's range at its end (its backward changes the table's)
     std::vector<std::pair<uint64_t, StorageInfo>> fixed_final;  // fixed storages it touched, after it
     uint64_t seq = 0;
     std::vector<Engine::CountCall> counts;
-    std::vector<Fsdp2::MemoDelta> fsdp;  // per root
+    std::vector<Fsdp2::MemoDelta> fsdp;  // the stage's root's, when it has one
     struct Escape {  // a handle appended to list `list` on the storage (kind, offset)
       uint8_t list = 0;
       size_t pos = 0;  // its index in the list (the template's)
@@ -137,10 +139,11 @@ class ActionMemo {
     Segment f, b;
     // the forward graph's saved storages: (kInside, offset), (kFixed, id), or (role index + 3)
     std::vector<std::pair<uint8_t, uint64_t>> saved;
-    std::vector<StorageInfo> f_after_b;  // the forward's range at the backward's end
+    std::vector<std::pair<uint64_t, StorageInfo>> escaped_final;  // the escapes' entries at the backward's end
   };
-  struct Pending {  // a simulated forward, until its backward
+  struct Pending {  // a recorded forward, until its backward
     Segment f;
+    std::vector<uint64_t> b_static;
     std::vector<std::pair<uint8_t, uint64_t>> saved;
     std::vector<std::pair<uint64_t, Category>> live;  // its storages live at its end
     bool ok = false;
@@ -163,13 +166,14 @@ class ActionMemo {
   std::map<std::pair<uint64_t, uint64_t>, Pending> pending_;  // by (stage, micro)
   std::map<std::pair<uint64_t, uint64_t>, Phantom> phantoms_;
   // the action being recorded
+  bool recording_ = false;
   Segment cur_;
   MemoProbe before_;
+  std::vector<uint64_t> b_static_;
   std::vector<Fsdp2::MemoSnapshot> snaps_;
   std::vector<std::vector<uint64_t>> lists0_;  // the lists' storages before the action
   std::vector<uint64_t> roles_;
   std::vector<Engine::CountCall> tape_;
-  uint64_t ev0_ = 0;
   bool rest0_ = false;
   uint64_t replayed_ = 0;
 };

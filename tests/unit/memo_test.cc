@@ -155,12 +155,15 @@ TEST(Memo, GPipeWithFsdp2AndFullCheckpointing) {
               }});
 }
 
+// Every rank holds a later stage (rank 0 stages 0 and 2): no action is replayed (Loop::memo_allowed), and the
+// output is the full simulation's.
 TEST(Memo, InterleavedWithFsdp2Roots) {
   check_case({"interleaved fsdp2", [](TrainSetup& s) {
                 pp_fsdp(s, 2, 4, 8);
                 s.pp_schedule = PpSchedule::kInterleaved1f1b;
                 s.pp_virtual_stages = 2;
-              }});
+              },
+              1, false});
 }
 
 TEST(Memo, TpPpFsdp2SelectiveCheckpointing) {
@@ -184,6 +187,36 @@ TEST(Memo, Bf16WithoutFsdp) {
                 s.pp = 2;
                 s.micro_batches = 6;
               }});
+}
+
+// The benchmark's rank (bench/trainmem_bench.cc BM_EstimatePpFsdpRank70B_T8192/0): Llama-3-70B shapes over TP8 x
+// PP4 x FSDP2 dp 2, 8 micro-batches of 1F1B, selective checkpointing, T = 8192, rank 0 alone, both ways.
+TEST(Memo, Llama70BTp8Pp4Fsdp2Rank0) {
+  ModelRequest req;
+  req.model = "llama-3-8b";
+  req.overrides = {"hidden_size=8192", "num_hidden_layers=80", "num_attention_heads=64", "num_key_value_heads=8",
+                   "intermediate_size=28672"};
+  ModelSpec m = load_model(req, testing::MapFileReader());
+  apply_tensor_parallel(m, 8);
+  Inventory inv = build_inventory(m);
+  mark_tp_shards(m, inv);
+  TrainSetup s = testing::train_setup(1, 8192, Precision::kFp32);
+  s.checkpointing = Checkpointing::kSelective;
+  s.tp = 8;
+  pp_fsdp(s, 4, 8, 2);
+  SimOptions o;
+  o.loop = LoopKind::kHf;
+  TrainSetup ps = s;
+  ps.optimizer_impl = OptimizerImpl::kFused;
+  const SimOptions ro = pp_rank_options(o, s, pp_stage_split(s.pp, m.layers), 0);
+  SimOptions roff = ro;
+  roff.memo = false;
+  const Inventory stage_inv = pp_stage_inventory(inv, ro.pp.parts);
+  const SimResult a = simulate(m, stage_inv, ps, ro);
+  const SimResult b = simulate(m, stage_inv, ps, roff);
+  EXPECT_FALSE(a.memo_fell_back);
+  EXPECT_EQ(a.memo_replayed, 16u);  // step 1: F5, F6, B5, B6; step 2: F1-F6, B1-B6 (of 16 actions a step)
+  expect_same(a, b, "70B rank 0");
 }
 
 }  // namespace

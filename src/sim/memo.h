@@ -10,40 +10,50 @@
 // 1. What an action reads. A pipeline action is pp_forward or pp_backward of one (stage, micro-batch). Its code
 //    reads: the forward program and the model (the same for every action of the stage: program, ModelSpec,
 //    TrainSetup, the stage's part, the LoadedModel's parameter handles, which FSDP2 swaps per unit); the Ctx (its
-//    flags, the autocast cache, the stage's FSDP root); the engine (grad mode, stream, the workspaces made or not,
-//    the .grad of every parameter and leaf made or not, the count_step filter, the nodes of its own graph only:
-//    a backward walks from its root and frees its own graph tag); FSDP2's root state (Fsdp2::memo_key: every value
-//    its hooks branch on); and, for the storage ids it names, the ids the engine hands out next. ActionMemo's key is
-//    the static position of the action (stage, forward or backward, the stage's first forward, first backward and
-//    last backward of the step) followed by state words that the loop computes (Loop::memo_words) from exactly
-//    those values; where a value is a handle the key holds whether it exists, and rule 3 makes that enough.
-//    Gradient hooks that read more (DDP's Reducer, DeepSpeed ZeRO's, FSDP1's, the optimizer in backward), ZeRO-3's
-//    parameter-use and pre-node hooks, LoRA, 4-bit weights and context parallelism are outside this argument:
-//    the loop does not memoize under them (Loop::memo_allowed), every action is simulated.
-// 2. What an action writes, and how a replay writes the same. Events: copied from the template with their step and
-//    micro-batch set, and each storage id renamed: an id the template's action allocated is its offset in that
-//    action's range of new ids (ids are handed out in order, Engine::alloc_storage); in a backward, an id the
-//    template's forward allocated is its offset in that forward's range; any other id must be "fixed": allocated
-//    before the pipeline's first action (parameters, FSDP2's unsharded parameters) and none of the per-micro-batch
-//    or per-step storages the loop names (roles: receive buffers, the batch). An action whose events name any other
-//    storage is not a template. Live bytes and the peak follow from the events (Engine::replay_event, as emit and
-//    emit_alloc). The storage table gets the template's final entries for the renamed ids (and the fixed ids' state
-//    after it: category, resize, stream, label). The node sequence advances by the template's count; the FLOP
-//    ledger gets the template's recorded counts (Engine::CountCall, filtered by the replaying step). FSDP2's state
-//    changes by the template's delta (Fsdp2::memo_delta: unit states and flags set, the post-forward order extended,
-//    indices pushed and popped), which applies to any state with the same key.
+//    flags, the autocast cache, the FSDP2 root the step's previous forward left there, which a checkpoint's
+//    recompute in backward reads); the engine (grad mode, stream, phase, count weight, the workspaces of the
+//    thread its gemms run on made or not, the .grad of every parameter made or not, the count_step filter, the
+//    nodes of its own graph only: a backward walks from its root and frees its own graph tag); its stage's FSDP2
+//    root (Fsdp2::memo_key: every value the hooks branch on, pre_backward's prefetch reduced to whether it has an
+//    effect, the backward-only state in a backward's key only); and, for the storage ids it names, the ids the
+//    engine hands out next. The key (key_of) is the action's static position (stage, forward or backward, the
+//    stage's first forward, first and last backward of the step, the stage of the previous forward) followed by
+//    the state words the loop computes (Loop::memo_probe) from those values; where a value is a handle the key
+//    holds whether it exists, and rules 2 and 3 make that enough (no event of a replay names a handle's storage,
+//    and no template changes a handle).
+//    Not covered, so every action is simulated (Loop::memo_allowed): gradient hooks that read more (DDP's Reducer,
+//    DeepSpeed ZeRO's, FSDP1's, the optimizer in backward), ZeRO-3's parameter-use and pre-node hooks, LoRA,
+//    4-bit weights, context parallelism, the encoders' extra inputs, and a rank holding a stage after the first
+//    (its input gradients: see memo_allowed).
+// 2. What an action writes, and how a replay writes the same. Events: the template's, read from the timeline
+//    (never changed once written), with their step and micro-batch set and each storage id renamed: an id the
+//    template's action allocated is its offset in that action's range of new ids (ids are handed out in order,
+//    Engine::alloc_storage); in a backward, an id the template's forward allocated is its offset in that forward's
+//    range; any other id must be "fixed": allocated before the pipeline's first action (parameters, FSDP2's
+//    unsharded parameters) and none of the per-micro-batch or per-step storages the loop names (roles: receive
+//    buffers, the batch). An action whose events name any other storage is not a template. Live bytes and the
+//    peak follow from the events (Engine::replay_event, as emit and emit_alloc). The storage table gets the
+//    template's entries for the renamed ids (a forward's at its end, a backward's and its forward's after the
+//    backward) and the fixed ids' state after it (category, resize, stream, label). The node sequence advances by
+//    the template's count; the FLOP ledger gets the template's recorded counts (Engine::CountCall, filtered by the
+//    replaying step). The stage's FSDP2 root changes by the template's delta (Fsdp2::memo_delta: unit states set,
+//    the flags set where the template changed them, the post-forward order extended, indices pushed and popped),
+//    which applies to any state with the same key; every other root must not change. The Ctx gets the stage's
+//    root as pp_stage_forward leaves it (the loop, after a replayed forward).
 // 3. Nothing else changes. A template's action must leave every persistent handle as it found it: the engine's
-//    workspaces and .grad handles, FSDP2's handles (checked by memo_delta), the loop's per-step lists (outputs,
-//    losses, input gradients), the autocast cache and the warnings; what its forward allocated must be held only by
-//    its own graph and chunk (live at the forward's end, untouched until its backward begins, freed by its
-//    backward); what its backward allocated must be freed by its end. So between a replayed forward and its
-//    backward the only thing missing is the micro-batch's graph and chunk, which nothing but that backward reads:
-//    its saved storages are kept as a phantom graph for saved_bytes() (Engine::phantoms), and a backward that frees
+//    workspaces, .grad handles and leaves' gradients, FSDP2's handles (memo_delta), the autocast cache, the
+//    warnings and the Ctx fields it sets and restores. The loop's per-step lists (the last stage's outputs and
+//    losses) may grow by handles on the action's own storages (escapes), which a replay appends too (Engine::
+//    adopt). What a forward allocated must be held only by its own graph and chunk and the escapes (live at the
+//    forward's end, untouched until its backward begins, freed by its backward's end but the escapes, each held by
+//    its list alone); what its backward allocated likewise. So between a replayed forward and its backward the
+//    only thing missing is the micro-batch's graph and chunk, which nothing but that backward reads: the storages
+//    its graph saves are kept as a phantom graph for saved_bytes() (Engine::phantoms), and a backward that frees
 //    the last real graph while a phantom is pending does not clear the leaves' gradients (Engine::backward).
-// 4. The pairing. A forward is replayed only from a pair whose backward's static key is the one this micro-batch's
-//    backward will have (known from the schedule); when that backward comes its full key is compared, and if it
-//    differs (a state the forward's replay could not foresee) the run throws MemoMismatch and simulate() runs the
-//    whole simulation again without memoization: a mismatch costs time, never a byte.
+// 4. The pairing. A forward is replayed only from a pair whose backward's static position is the one this
+//    micro-batch's backward will have (known from the schedule); when that backward comes its full key is
+//    compared, and if it differs (a state the forward's replay could not foresee) the run throws MemoMismatch and
+//    simulate() runs the whole simulation again without memoization: a mismatch costs time, never a byte.
 // Templates are per simulation (an ActionMemo lives in the Loop): no cache outlives a call or is shared across
 // threads.
 #pragma once
@@ -92,6 +102,9 @@ class ActionMemo {
   // `fixed_below`: storages before the first action; `role_ids`: every per-micro-batch or per-step storage the loop
   // names (none of them is fixed); `probe`: computes the MemoProbe of the current state.
   ActionMemo(Engine& e, uint64_t fixed_below, std::function<MemoProbe()> probe);
+  ~ActionMemo() { e_.count_tape = nullptr; }  // (an action that threw leaves the engine recording into tape_)
+  ActionMemo(const ActionMemo&) = delete;
+  ActionMemo& operator=(const ActionMemo&) = delete;
   // The per-step roles: the batch's storages change every step (set before the step's first action).
   void set_roles(std::vector<uint64_t> all_role_ids) { all_roles_ = std::move(all_role_ids); }
 
@@ -109,7 +122,6 @@ class ActionMemo {
   void end(const MemoAction& a);
 
   uint64_t replayed() const { return replayed_; }  // actions replayed (for tests)
-  uint64_t templates() const { return pairs_.size(); }
 
  private:
   enum Kind : uint8_t { kInside, kForward, kFixed };

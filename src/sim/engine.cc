@@ -394,40 +394,51 @@ T Engine::leaf(const Shape& s, DType dt, Category c, Label l) { return empty(s, 
 
 T& Engine::grad(int32_t index) { return grads_[index]; }
 
-Bytes Engine::saved_bytes() const {
-  std::vector<uint64_t> ids;
-  for (const LiveNode& l : nodes_) {
-    const Node* n = l.node;
-    if (n->frame) {  // a non-reentrant checkpoint's inputs, which it saves (save_inputs)
-      for (const T& t : n->frame->inputs) {
-        if (t) ids.push_back(t->storage);
-      }
-      // and the op outputs selective checkpointing keeps for the recompute
-      for (const auto& kept : n->frame->sac_storage) {
-        for (const auto& outs : kept) {
-          for (const T& t : outs) {
-            if (t) ids.push_back(t->storage);
-          }
+namespace {
+// The storages node `n` keeps for backward, as saved_bytes() counts them: into `kept`, a non-reentrant checkpoint's
+// inputs (save_inputs) and the op outputs selective checkpointing keeps for the recompute; into `saved`, its saved
+// tensors (which saved_bytes() filters by category; a leaf's AccumulateGrad holds its variable, not saved).
+void kept_storages(const Node* n, std::vector<uint64_t>& kept, std::vector<uint64_t>& saved) {
+  if (n->frame) {
+    for (const T& t : n->frame->inputs) {
+      if (t) kept.push_back(t->storage);
+    }
+    for (const auto& by_op : n->frame->sac_storage) {
+      for (const auto& outs : by_op) {
+        for (const T& t : outs) {
+          if (t) kept.push_back(t->storage);
         }
       }
     }
-    if (n->is_accumulate) continue;  // a leaf's AccumulateGrad holds its variable, which is not saved for backward
-    for (const T& t : n->saved) {
-      if (!t) continue;
-      const Category c = storages_[t->storage].category;
+  }
+  if (n->is_accumulate) return;
+  for (const T& t : n->saved) {
+    if (t) saved.push_back(t->storage);
+  }
+}
+}  // namespace
+
+Bytes Engine::saved_bytes() const {
+  std::vector<uint64_t> ids, saved;
+  auto add_saved = [&] {
+    for (uint64_t id : saved) {
+      const Category c = storages_[id].category;
       // parameters are not activations: the module's own, and FSDP's unsharded ones (all-gathered, category
       // kFsdpBuffers, counted with FSDP's buffers) that the linears save
       if (c == Category::kWeights || c == Category::kBuffers || c == Category::kFsdpBuffers) continue;
-      ids.push_back(t->storage);
-    }
-  }
-  // graphs a memoized forward stands for (memo.h): the storages their nodes would save, by the rule above
-  for (const PhantomGraph& g : phantoms) {
-    for (uint64_t id : g.saved) {
-      const Category c = storages_[id].category;
-      if (c == Category::kWeights || c == Category::kBuffers || c == Category::kFsdpBuffers) continue;
       ids.push_back(id);
     }
+    saved.clear();
+  };
+  for (const LiveNode& l : nodes_) {
+    kept_storages(l.node, ids, saved);
+    add_saved();
+  }
+  // graphs a memoized forward stands for (memo.h): the storages their nodes would keep, by the same rules
+  for (const PhantomGraph& g : phantoms) {
+    ids.insert(ids.end(), g.kept.begin(), g.kept.end());
+    saved = g.saved;
+    add_saved();
   }
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
@@ -442,31 +453,14 @@ Bytes Engine::saved_bytes() const {
   return b;
 }
 
-std::vector<uint64_t> Engine::saved_ids(uint32_t g) const {
-  std::vector<uint64_t> ids;
+void Engine::kept_ids(uint32_t g, std::vector<uint64_t>& kept, std::vector<uint64_t>& saved) const {
   for (const LiveNode& l : nodes_) {
-    if (l.graph != g) continue;
-    const Node* n = l.node;
-    if (n->frame) {
-      for (const T& t : n->frame->inputs) {
-        if (t) ids.push_back(t->storage);
-      }
-      for (const auto& kept : n->frame->sac_storage) {
-        for (const auto& outs : kept) {
-          for (const T& t : outs) {
-            if (t) ids.push_back(t->storage);
-          }
-        }
-      }
-    }
-    if (n->is_accumulate) continue;
-    for (const T& t : n->saved) {
-      if (t) ids.push_back(t->storage);
-    }
+    if (l.graph == g) kept_storages(l.node, kept, saved);
   }
-  std::sort(ids.begin(), ids.end());
-  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-  return ids;
+  for (std::vector<uint64_t>* v : {&kept, &saved}) {
+    std::sort(v->begin(), v->end());
+    v->erase(std::unique(v->begin(), v->end()), v->end());
+  }
 }
 
 bool Engine::replay_event(const Event& ev) {

@@ -549,13 +549,15 @@ class Engine {
   bool at_rest() const {
     return depth_ == 0 && !packing_ && !filling_ && recomputing_depth_ == 0 && !running_ && recording_ && !lost_events_;
   }
-  // The storages that saved_bytes() would count for the nodes of graph `g` (before its category filter), sorted.
-  std::vector<uint64_t> saved_ids(uint32_t g) const;
-  // Graphs whose forward was replayed and whose backward is still to come (memo.h): their saved storages count in
+  // The storages the nodes of graph `g` keep for backward as saved_bytes() counts them, each sorted and once:
+  // checkpoint frames' inputs and kept outputs (`kept`), saved tensors (`saved`, before saved_bytes()'s category
+  // filter).
+  void kept_ids(uint32_t g, std::vector<uint64_t>& kept, std::vector<uint64_t>& saved) const;
+  // Graphs whose forward was replayed and whose backward is still to come (memo.h): their storages count in
   // saved_bytes() as the real graph's would, and a graph freed while one is pending is not the last live graph.
   struct PhantomGraph {
     uint32_t graph = 0;
-    std::vector<uint64_t> saved;  // saved_ids of the graph it stands for
+    std::vector<uint64_t> kept, saved;  // kept_ids of the graph it stands for
   };
   std::vector<PhantomGraph> phantoms;
   // Which of the four cuBLAS/cuBLASLt workspaces exist (bit i: python thread, autograd thread, then Lt's)

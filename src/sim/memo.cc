@@ -179,19 +179,23 @@ void ActionMemo::end(const MemoAction& a) {
     p.b_static = b_static_;
     if (p.ok) {
       for (uint64_t id = s.st0; id < s.st1; ++id) s.inside_final.push_back(e_.storage_at(id));
-      // the graph's saved storages, each the forward's own, a role's, or fixed (rule 2)
-      for (uint64_t id : e_.saved_ids(a.graph)) {
-        if (id >= s.st0 && id < s.st1) {
-          p.saved.emplace_back(kInside, id - s.st0);
-          continue;
-        }
-        const auto r = std::find(roles_.begin(), roles_.end(), id);
-        if (r != roles_.end()) {
-          p.saved.emplace_back(static_cast<uint8_t>(kRole0 + (r - roles_.begin())), 0);
-        } else if (fixed(id)) {
-          p.saved.emplace_back(kFixed, id);
-        } else {
-          p.ok = false;
+      // the graph's kept and saved storages, each the forward's own, a role's, or fixed (rule 2)
+      std::array<std::vector<uint64_t>, 2> ids;
+      e_.kept_ids(a.graph, ids[0], ids[1]);
+      for (size_t k = 0; k < 2; ++k) {
+        for (uint64_t id : ids[k]) {
+          if (id >= s.st0 && id < s.st1) {
+            p.saved[k].emplace_back(kInside, id - s.st0);
+            continue;
+          }
+          const auto r = std::find(roles_.begin(), roles_.end(), id);
+          if (r != roles_.end()) {
+            p.saved[k].emplace_back(static_cast<uint8_t>(kRole0 + (r - roles_.begin())), 0);
+          } else if (fixed(id)) {
+            p.saved[k].emplace_back(kFixed, id);
+          } else {
+            p.ok = false;
+          }
         }
       }
       for (uint64_t id = s.st0; id < s.st1; ++id) {
@@ -289,10 +293,12 @@ bool ActionMemo::replay_forward(const MemoAction& a, const MemoAction& backward,
   }
   if (found == pairs_.size()) return false;
   const Pair& pair = pairs_[found];
-  // the roles the graph saves exist for this micro-batch
-  for (const auto& [kind, v] : pair.saved) {
-    if (kind >= kRole0 && (static_cast<size_t>(kind - kRole0) >= roles.size() || roles[kind - kRole0] == UINT64_MAX)) {
-      return false;
+  // the roles the graph keeps exist for this micro-batch
+  for (const auto& list : pair.saved) {
+    for (const auto& [kind, v] : list) {
+      if (kind >= kRole0 && (static_cast<size_t>(kind - kRole0) >= roles.size() || roles[kind - kRole0] == UINT64_MAX)) {
+        return false;
+      }
     }
   }
   const uint64_t st = e_.storage_count();
@@ -303,11 +309,10 @@ bool ActionMemo::replay_forward(const MemoAction& a, const MemoAction& backward,
   if (!pair.f.fsdp.empty()) p.roots[a.stage]->memo_apply(pair.f.fsdp.front());
   Engine::PhantomGraph g;
   g.graph = a.graph;
-  for (const auto& [kind, v] : pair.saved) {
-    g.saved.push_back(kind == kInside ? st + v : kind == kFixed ? v : roles[kind - kRole0]);
+  for (size_t k = 0; k < 2; ++k) {
+    std::vector<uint64_t>& ids = k == 0 ? g.kept : g.saved;
+    for (const auto& [kind, v] : pair.saved[k]) ids.push_back(kind == kInside ? st + v : kind == kFixed ? v : roles[kind - kRole0]);
   }
-  std::sort(g.saved.begin(), g.saved.end());
-  g.saved.erase(std::unique(g.saved.begin(), g.saved.end()), g.saved.end());
   e_.phantoms.push_back(std::move(g));
   phantoms_[{a.stage, a.micro}] = Phantom{found, st, a.graph};
   ++replayed_;

@@ -58,6 +58,7 @@
 // threads.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -149,14 +150,15 @@ class ActionMemo {
   };
   struct Pair {
     Segment f, b;
-    // the forward graph's saved storages: (kInside, offset), (kFixed, id), or (role index + 3)
-    std::vector<std::pair<uint8_t, uint64_t>> saved;
+    // the forward graph's kept and saved storages (Engine::kept_ids): (kInside, offset), (kFixed, id), or (role
+    // index + 3)
+    std::array<std::vector<std::pair<uint8_t, uint64_t>>, 2> saved;
     std::vector<std::pair<uint64_t, StorageInfo>> escaped_final;  // the escapes' entries at the backward's end
   };
   struct Pending {  // a recorded forward, until its backward
     Segment f;
     std::vector<uint64_t> b_static;
-    std::vector<std::pair<uint8_t, uint64_t>> saved;
+    std::array<std::vector<std::pair<uint8_t, uint64_t>>, 2> saved;
     std::vector<std::pair<uint64_t, Category>> live;  // its storages live at its end
     bool ok = false;
   };

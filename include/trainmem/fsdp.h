@@ -34,6 +34,11 @@ struct FsdpOptions {
   bool mixed = false;                 // MixedPrecisionPolicy.param_dtype set
   DType param_dtype = DType::kF32;    // all-gather and unsharded-parameter dtype (orig_dtype when not mixed)
   DType reduce_dtype = DType::kF32;   // reduce-scatter dtype (the gradients' when not mixed)
+  // accelerate's fsdp2_prepare_model on the model the Trainer leaves on the CPU: fully_shard moves each unit's
+  // parameters to the device whole before sharding them, unit by unit in wrapping order (Fsdp2::load_roots).
+  // False where the parameters reach the device otherwise (torchtitan's meta-device init under PP or SP,
+  // from_pretrained's tp_plan under TP).
+  bool move_then_shard = false;
 };
 
 // What FSDP2 and FSDP1 (fsdp1.h) refuse alike under accelerate: other families (no unit hooks), other heads,

@@ -30,7 +30,11 @@ struct Fsdp1Options {
   DType reduce_dtype = DType::kF32; // _reduce_dtype: the reduce-scatter's dtype
   bool use_orig_params = true;      // the Trainer's fsdp_config default "true"
   bool backward_prefetch = false;   // BACKWARD_PRE; the Trainer's default is "NO_PREFETCH" (None)
+  bool sync_module_states = true;   // the Trainer's fsdp_config default "true": each unit broadcast at wrap
 };
+
+// _init_utils.py PARAM_BROADCAST_BUCKET_SIZE = int(250 * 1024 * 1024): sync_module_states' broadcast buckets
+inline constexpr uint64_t kFsdp1ParamBroadcastBucketBytes = 250ull * 1024 * 1024;
 
 // The defaults of the code that runs; throws trainmem::Error for what is not simulated. Off unless dp > 1 and
 // --sharding fsdp1.

@@ -218,6 +218,10 @@ FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop,
   // FullyShardedDataParallelPlugin.__post_init__: reshard_after_forward None -> env FSDP_RESHARD_AFTER_FORWARD,
   // default "true" for fsdp_version 2
   f.reshard_after_forward = s.reshard_after_forward.value_or(true);
+  // the Trainer leaves the model on the CPU under FSDP (place_model_on_device), and fsdp2_prepare_model without
+  // cpu_ram_efficient_loading (its default) shards it there; under --tp, from_pretrained's tp_plan has already put
+  // the TP-local parameters on the device
+  f.move_then_shard = s.tp <= 1;
   const FsdpDtypes d = accelerate_fsdp_dtypes(s.precision, "FSDP2");
   f.orig_dtype = d.orig;
   f.mixed = d.mixed;

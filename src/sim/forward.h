@@ -1,8 +1,6 @@
 // Internal: the loaded model and the forward programs of each family.
 #pragma once
 
-#include <functional>
-
 #include <fmt/format.h>
 
 #include <array>
@@ -14,6 +12,7 @@
 #include <vector>
 
 #include "ops.h"
+#include "trainmem/ddp.h"
 #include "trainmem/inventory.h"
 #include "trainmem/model.h"
 
@@ -80,10 +79,21 @@ struct LoadedModel {
 
 // model.to(device): parameters and buffers allocated in nn.Module._apply order. `make_param`, when given, makes
 // parameter row i instead (FSDP2's sharded parameters). `after_param`, when set, runs on each parameter as it is
-// created (DeepSpeed's zero.Init partitions it there).
+// created (DeepSpeed's zero.Init partitions it there). `make_buffer`, when given, makes buffer row b instead (FSDP1
+// moves the buffers with the root unit).
 LoadedModel load_model(Engine& e, const Inventory& inv, DType model_dtype,
                        const std::function<T(size_t)>& make_param = {},
-                       const std::function<void(size_t, T&)>& after_param = {});
+                       const std::function<void(size_t, T&)>& after_param = {},
+                       const std::function<T(size_t)>& make_buffer = {});
+
+// c10d broadcast_coalesced (comm.cpp), as the root rank runs it: the tensors grouped by
+// compute_bucket_assignment_by_size(tensors, {buffer_size}) (trainmem/ddp.h assign_buckets); each group's
+// BroadcastWork flattens it (torch::utils::flatten_dense_tensors: a view for one tensor, at::cat otherwise) and at
+// most two are in flight ("We maintain a maximum of 2 in flight broadcast operations"): the oldest finishes (its
+// flat tensor freed) before a third is created; the root copies nothing back. DDP's _sync_module_states and
+// FSDP1's sync_module_states run it.
+void broadcast_coalesced(Engine& e, const std::vector<BucketInput>& tensors, uint64_t buffer_size, Category category,
+                         const char* what);
 
 // What the model's forward returns.
 struct ForwardOut {

@@ -72,17 +72,62 @@ void Fsdp2::load_roots(const std::vector<Fsdp2*>& roots, LoadedModel& w, DType b
       for (int32_t r : u.spec.rows) owner[static_cast<size_t>(r)] = {f, u.spec.layer};
     }
   }
-  w = load_model(roots.front()->e_, inv, buffer_dtype, [&](size_t i) {
+  for (size_t i = 0; i < owner.size(); ++i) {
     if (!owner[i].first) throw Error(fmt::format("internal: {} is in no FSDP unit", inv.parameters[i].name));
-    return owner[i].first->shard_row(i, owner[i].second);
-  });
+  }
+  if (roots.size() == 1 && roots.front()->o_.move_then_shard) {
+    std::vector<T> held = roots.front()->move_then_shard();
+    // the shards exist; load_model takes them, and loads the buffers, which the root's fully_shard moves last
+    w = load_model(roots.front()->e_, inv, buffer_dtype, [&](size_t i) { return owner[i].first->sharded_[i]; });
+    held.clear();  // fsdp2_prepare_model returns
+  } else {
+    w = load_model(roots.front()->e_, inv, buffer_dtype,
+                   [&](size_t i) { return owner[i].first->shard_row(i, owner[i].second); });
+  }
   for (Fsdp2* f : roots) f->w_ = &w;
+}
+
+// fsdp2_prepare_model's fully_shard calls in wrapping order: the decoder layers (get_module_children_bottom_up),
+// the input embedding, the tail [final norm, lm_head], the root (the buffers). Each: _move_states_to_device moves
+// the unit's parameters to the device whole (`tensor.data = tensor.to(device)`, in the post-order module walk of
+// _get_managed_modules), FSDPParam's _init_sharded_param allocates each padded shard, and the whole copies are
+// freed when fully_shard returns ("Let `param_data` be freed normally when its ref count reaches 0 when the
+// `fully_shard` call returns"), except the embedding's and the tail's: fsdp2_prepare_model's locals input_weight and
+// output_weight (accelerate 16cb6eb utils/fsdp_utils.py, taken before those fully_shard calls) hold the Parameter
+// objects whose .data the move replaced, so those copies live until it returns, and the tail's norm with them
+// (measured; its holder was not traced). Returns them, for the caller to drop once the buffers are loaded.
+// Measured under a fake process group (validate/measured/h200_hf_dist_fsdp2x8_*.json), allocation for allocation:
+// a layer's 9 whole parameters, its 9 shards, the 9 freed; the embedding, its shard; the norm, lm_head, their
+// shards; the two rotary buffers; then the embedding, lm_head and norm copies freed.
+std::vector<T> Fsdp2::move_then_shard() {
+  std::vector<const Unit*> order;
+  for (const FsdpUnit::Kind k : {FsdpUnit::kLayer, FsdpUnit::kEmbed, FsdpUnit::kTail, FsdpUnit::kRoot}) {
+    for (const Unit& u : units_) {
+      if (u.spec.kind == k) order.push_back(&u);
+    }
+  }
+  std::vector<T> held;
+  for (const Unit* u : order) {
+    std::vector<T> whole;
+    for (int32_t r : u->spec.rows) {
+      const TensorRow& row = inv_.parameters[static_cast<size_t>(r)];
+      whole.push_back(e_.empty(Shape::of(row.shape), o_.orig_dtype, Category::kTemporaries,
+                               Label{intern_name(fmt::format("{} (whole, before fully_shard)", row.name)), u->spec.layer, r}));
+    }
+    for (int32_t r : u->spec.rows) shard_row(static_cast<size_t>(r), u->spec.layer);
+    if (u->spec.kind == FsdpUnit::kEmbed || u->spec.kind == FsdpUnit::kTail) {
+      for (T& t : whole) held.push_back(std::move(t));
+    }
+  }
+  // freed as the function's frame goes: the embeddings' Parameters (input_weight, output_weight) first
+  std::stable_partition(held.begin(), held.end(), [](const T& t) { return t.shape().n == 2; });
+  return held;
 }
 
 // fully_shard -> FSDPParam._init_sharded_param: the parameter on the device, chunked on dim 0; this rank's chunk
 // copied into `padded_sharded_param = param_data.new_zeros(padded_sharded_size)` (_sharded_param_data) and the
 // module's parameter replaced by a DTensor over its unpadded view. (The full parameter fully_shard first moves
-// to the device, one module at a time, is not simulated: accelerate loads on the CPU and shards unit by unit.)
+// to the device, one module at a time: move_then_shard.)
 T Fsdp2::shard_row(size_t i, int32_t layer) {
   const TensorRow& r = inv_.parameters[i];
   const FsdpShard sh = fsdp_shard(r.shape, o_.ranks, o_.rank);

@@ -99,6 +99,7 @@ class Fsdp2 : public FsdpHooks {
   };
   Unit& unit(int32_t id);
   T shard_row(size_t i, int32_t layer);  // load: row i's padded shard and its unsharded parameter
+  std::vector<T> move_then_shard();      // load under accelerate: every unit's shards, in fully_shard's order
   void unshard(Unit& u);
   void wait_for_unshard(Unit& u);
   void reshard(Unit& u);

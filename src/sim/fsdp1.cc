@@ -28,6 +28,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <string>
 #include <string_view>
 
@@ -91,31 +92,55 @@ void Fsdp1::load(LoadedModel& w, DType model_dtype) {
                                   bytes_of(Elems(l.padded_unsharded_numel), o_.param_dtype), Category::kFsdpBuffers,
                                   Label{flat_label(u.spec, "unsharded flat parameter"), u.spec.layer, -1});
   }
-  // The model's buffers reach the device with the root (nn.Module._apply order kept); the parameters as the
-  // original-parameter views into their unit's flat parameter (no bytes of their own)
-  w = load_model(e_, inv_, model_dtype, [&](size_t i) {
-    const TensorRow& r = inv_.parameters[i];
-    const Unit& u = units_[static_cast<size_t>(unit_of_[i])];
-    unsharded_[i] = e_.parameter_view(u.full, Shape::of(r.shape), static_cast<int32_t>(i),
-                                      Label{intern_name(r.name), u.spec.layer, static_cast<int32_t>(i)});
-    return unsharded_[i];
-  });
+  // The parameters as the original-parameter views into their unit's flat parameter (no bytes of their own); the
+  // model's buffers without bytes until the root unit moves them (below)
+  w = load_model(
+      e_, inv_, model_dtype,
+      [&](size_t i) {
+        const TensorRow& r = inv_.parameters[i];
+        const Unit& u = units_[static_cast<size_t>(unit_of_[i])];
+        unsharded_[i] = e_.parameter_view(u.full, Shape::of(r.shape), static_cast<int32_t>(i),
+                                          Label{intern_name(r.name), u.spec.layer, static_cast<int32_t>(i)});
+        return unsharded_[i];
+      },
+      {},
+      [&](size_t b) {
+        const TensorRow& r = inv_.buffers[b];
+        const DType dt = stored_dtype(r, model_dtype);
+        return e_.empty_unallocated(Shape::of(r.shape), dt, bytes_of(r.elems, dt), Category::kBuffers,
+                                    Label{intern_name(r.name), -1, static_cast<int32_t>(b)});
+      });
   w_ = &w;
   // FSDP(model, auto_wrap_policy=...): _recursive_wrap wraps the decoder layers first, then the root; each
   // _init_param_handle_from_module runs _move_module_to_device (the unit's parameters, still on the CPU, moved one
   // by one), then FlatParamHandle: flatten_tensors (torch.cat of the flattened parameters and the padding
   // tensors) into the FlatParameter, the originals becoming views of it (their device copies freed), then shard():
   // _get_shard's chunk.clone() (F.pad only where the chunk is short), and the unsharded storage resized to 0.
-  // (sync_module_states' _sync_params_and_buffers broadcast buckets, at most PARAM_BROADCAST_BUCKET_SIZE = 250 MiB,
-  // are not simulated.)
+  // With sync_module_states, between the move and the flattening: _sync_module_params_and_buffers.
   for (Unit& u : units_) {
     const Fsdp1Layout& l = u.spec.layout;
+    // _move_module_to_device walks the unit's modules breadth first (a deque from the unit's module, not into
+    // nested FSDP instances), collecting each one's own parameters and buffers, and moves the parameters, then the
+    // buffers: a stable sort of the rows by module depth is that order (a layer's norms before its attention and
+    // MLP weights; the root's lm_head before the embedding). Measured: the open FSDP1 run's setup, allocation for
+    // allocation.
+    std::vector<int32_t> bfs = u.spec.rows;
+    const auto depth = [this](int32_t r) {
+      const std::string& n = inv_.parameters[static_cast<size_t>(r)].name;
+      return std::count(n.begin(), n.end(), '.');
+    };
+    std::stable_sort(bfs.begin(), bfs.end(), [&](int32_t a, int32_t b) { return depth(a) < depth(b); });
     std::vector<T> moved;
-    for (int32_t r : u.spec.rows) {
+    for (int32_t r : bfs) {
       const TensorRow& row = inv_.parameters[static_cast<size_t>(r)];
       moved.push_back(e_.empty(Shape::of(row.shape), model_dtype, Category::kWeights,
                                Label{intern_name(row.name), u.spec.layer, r}));
     }
+    // then the buffers of the unit's modules (the root's: those outside every layer)
+    for (size_t b = 0; b < inv_.buffers.size(); ++b) {
+      if (holds_buffer(u, inv_.buffers[b].name)) e_.resize_storage(w.buffers[b]->storage, true);
+    }
+    if (o_.sync_module_states) sync_module_states(u, model_dtype);
     // _construct_padding_tensor: torch.ones(numel) * _FLAT_PARAM_PADDING_VALUE per padding tensor (the alignment
     // paddings and the world-size one); the products live in params_to_flatten until the cat
     std::vector<T> pads;
@@ -153,6 +178,38 @@ void Fsdp1::load(LoadedModel& w, DType model_dtype) {
   for (size_t i = 0; i < sharded_view_.size(); ++i) {
     if (sharded_view_[i]) w.params[i] = sharded_view_[i];
   }
+}
+
+// _init_param_handle_from_module -> _sync_module_params_and_buffers(module, managed_params, process_group): the
+// module's buffers not yet synced (`if not getattr(buffer, FSDP_SYNCED, False)`: the layers are wrapped first, so
+// the root takes the buffers outside every layer), then its managed parameters in named_parameters() order, through
+// _sync_params_and_buffers(process_group, module_states, PARAM_BROADCAST_BUCKET_SIZE = 250 MiB, src=0) ->
+// dist._broadcast_coalesced. Read in torch 2.x torch/distributed/fsdp/_init_utils.py; measured under a fake process
+// group on an H200 (validate/measured/h200_hf_dist_fsdp1x8_*.json: a layer's two flats of 384 and 448 MiB, the
+// root's [the two rotary buffers, embed_tokens] and [norm, lm_head]).
+// Whether unit u's module holds the buffer `name` (a layer unit's name is its module's path; the root holds those
+// outside every layer)
+bool Fsdp1::holds_buffer(const Unit& u, const std::string& name) const {
+  const Unit* owner = nullptr;
+  for (const Unit& l : units_) {
+    if (l.spec.kind == Fsdp1Unit::kLayer && name.rfind(l.spec.name + ".", 0) == 0) owner = &l;
+  }
+  return u.spec.kind == Fsdp1Unit::kLayer ? owner == &u : owner == nullptr;
+}
+
+void Fsdp1::sync_module_states(const Unit& u, DType model_dtype) {
+  std::vector<BucketInput> states;
+  for (const TensorRow& b : inv_.buffers) {
+    if (!holds_buffer(u, b.name)) continue;
+    const DType dt = stored_dtype(b, model_dtype);
+    states.push_back({static_cast<uint32_t>(states.size()), bytes_of(b.elems, dt).value, dt});
+  }
+  for (int32_t r : u.spec.rows) {
+    const TensorRow& row = inv_.parameters[static_cast<size_t>(r)];
+    states.push_back({static_cast<uint32_t>(states.size()), bytes_of(row.elems, model_dtype).value, model_dtype});
+  }
+  broadcast_coalesced(e_, states, kFsdp1ParamBroadcastBucketBytes, Category::kTemporaries,
+                      "FSDP1 sync_module_states broadcast (flat)");
 }
 
 // _lazy_init at the root's first forward: _share_state_and_init_handle_attrs runs init_flat_param_attributes for

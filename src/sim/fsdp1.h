@@ -56,6 +56,8 @@ class Fsdp1 : public FsdpHooks {
     int64_t post_forward_index = -1;
   };
   Unit& unit(int32_t id);
+  bool holds_buffer(const Unit& u, const std::string& name) const;
+  void sync_module_states(const Unit& u, DType model_dtype);
   void lazy_init();
   void unshard(Unit& u);
   void reshard(Unit& u);

@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <deque>
 
 #include "forward.h"
 #include "trainmem/error.h"
@@ -38,7 +39,8 @@ Shape shape_of(const TensorRow& r) { return Shape::of(stored_shape(r)); }
 }  // namespace
 
 LoadedModel load_model(Engine& e, const Inventory& inv, DType model_dtype, const std::function<T(size_t)>& make_param,
-                       const std::function<void(size_t, T&)>& after_param) {
+                       const std::function<void(size_t, T&)>& after_param,
+                       const std::function<T(size_t)>& make_buffer) {
   LoadedModel w;
   w.inv = &inv;
   w.params.resize(inv.parameters.size());
@@ -47,8 +49,9 @@ LoadedModel load_model(Engine& e, const Inventory& inv, DType model_dtype, const
   auto load_buffers_before = [&](size_t param_index) {
     for (; b < inv.buffers.size() && inv.buffers[b].load_after <= param_index; ++b) {
       const TensorRow& r = inv.buffers[b];
-      w.buffers[b] = e.leaf(shape_of(r), stored_dtype(r, model_dtype), Category::kBuffers,
-                            Label{intern_name(r.name), -1, static_cast<int32_t>(b)});
+      w.buffers[b] = make_buffer ? make_buffer(b)
+                                 : e.leaf(shape_of(r), stored_dtype(r, model_dtype), Category::kBuffers,
+                                          Label{intern_name(r.name), -1, static_cast<int32_t>(b)});
       w.buffer_row.emplace(r.name, static_cast<int>(b));
     }
   };
@@ -77,6 +80,18 @@ LoadedModel load_model(Engine& e, const Inventory& inv, DType model_dtype, const
     if (inv.parameters[i].adapter) load_param(i);
   }
   return w;
+}
+
+void broadcast_coalesced(Engine& e, const std::vector<BucketInput>& tensors, uint64_t buffer_size, Category category,
+                         const char* what) {
+  if (tensors.empty()) return;
+  std::deque<T> in_flight;
+  for (const DdpBucket& b : assign_buckets(tensors, {buffer_size}, false)) {
+    if (in_flight.size() >= 2) in_flight.pop_front();
+    T flat;
+    if (b.indices.size() > 1) flat = e.empty(Shape{b.bytes / itemsize(b.dtype)}, b.dtype, category, Label{what});
+    in_flight.push_back(std::move(flat));
+  }
 }
 
 }  // namespace trainmem::sim

@@ -493,24 +493,6 @@ struct Loop {
     return {k, bytes_of(r.elems, dt).value, dt};
   }
 
-  // c10d broadcast_coalesced (comm.cpp): the tensors grouped by compute_bucket_assignment_by_size(tensors,
-  // {buffer_size}); each group's BroadcastWork flattens it (torch::utils::flatten_dense_tensors: a view for one
-  // tensor, at::cat otherwise) and at most two are in flight ("We maintain a maximum of 2 in flight broadcast
-  // operations"): the oldest finishes (its flat tensor freed) before a third is created.
-  void broadcast_coalesced(const std::vector<BucketInput>& tensors, const char* what) {
-    if (tensors.empty()) return;
-    std::deque<T> in_flight;
-    for (const DdpBucket& b : assign_buckets(tensors, {kDdpBroadcastBucketBytes}, false)) {
-      if (in_flight.size() >= 2) in_flight.pop_front();
-      T flat;
-      if (b.indices.size() > 1) {
-        const uint64_t elems = b.bytes / itemsize(b.dtype);
-        flat = e.empty(Shape{elems}, b.dtype, Category::kDdpBuckets, Label{what});
-      }
-      in_flight.push_back(std::move(flat));
-    }
-  }
-
   // The module's states as _sync_module_states lists them: named_parameters(), then named_buffers()
   // (broadcast_buffers=True, DDP's default, which neither the Trainer nor nanoGPT changes).
   std::vector<BucketInput> module_states(bool params) const {
@@ -540,7 +522,8 @@ struct Loop {
   // _sync_module_states, then _ddp_init_helper's Reducer with its first bucket assignment.
   void ddp_construct(SimResult& r) {
     e.phase = Phase::kSetup;
-    broadcast_coalesced(module_states(true), "DDP _sync_module_states broadcast (flat)");
+    sim::broadcast_coalesced(e, module_states(true), kDdpBroadcastBucketBytes, Category::kDdpBuckets,
+                             "DDP _sync_module_states broadcast (flat)");
     std::vector<BucketInput> params;
     for (size_t i = 0; i < inv.parameters.size(); ++i) {
       if (!inv.parameters[i].trainable) continue;  // `if param.requires_grad`
@@ -603,7 +586,10 @@ struct Loop {
         }
       }
     }
-    if (ddp_forward_sync) broadcast_coalesced(module_states(false), "DDP _sync_buffers broadcast (flat)");
+    if (ddp_forward_sync) {
+      sim::broadcast_coalesced(e, module_states(false), kDdpBroadcastBucketBytes, Category::kDdpBuckets,
+                               "DDP _sync_buffers broadcast (flat)");
+    }
     // _post_forward: require_forward_param_sync = grad enabled and require_backward_grad_sync
     ddp_forward_sync = sync;
   }

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "test_util.h"
 #include "trainmem/error.h"
@@ -181,6 +182,43 @@ TEST(Fsdp1Sim, BuffersByNameSizeAndStream) {
   EXPECT_EQ(live.by_category[static_cast<size_t>(Category::kFsdpBuffers)].value, 0u);
   // the optimizer's state: rank 0's views, 26,936 fp32 elements, two moments each
   EXPECT_EQ(live.by_category[static_cast<size_t>(Category::kOptimizer)].value, 8u * 26936);
+}
+
+// The setup of rank 0 of 8 for Llama-3-8B cut to 4 layers under bf16 autocast, allocation for allocation, as
+// validate/measured/open/h200_hf_dist_fsdp1x8_llama3_4layers_sdpa_b2_t2048_bf16amp.json recorded it (a fake process
+// group on an H200) and as FSDP(model, device_id, sync_module_states=True) makes it, unit by unit (the layers, then
+// the root): _move_module_to_device's breadth-first walk (a layer's two norms, then q, k, v, o, gate, up, down;
+// the root's lm_head, embed_tokens, norm, then the two rotary buffers); _sync_module_params_and_buffers'
+// broadcast_coalesced over the unit's buffers and parameters in 250 MiB buckets (a layer: [q, k, v, o, gate] 384
+// MiB, [up, down] 448 MiB, [2 norms] 32 KiB; the root: [2 buffers, embed_tokens], [norm, lm_head]: a bucket closes
+// once it reaches 250 MiB, and one of a single tensor is a view); the FlatParameter (torch.cat); its shard (/ 8).
+// Reserved when the model is wrapped: 15,235,809,280 B measured (it was 7.18 GB short before the broadcasts).
+TEST(Fsdp1Load, MovesBroadcastsFlattensAndShardsEachUnitAsMeasured) {
+  const Estimate e = run(testing::scenario_of(
+      "llama-3-8b", {{"overrides", "num_hidden_layers=4"}, {"batch", "2"}, {"seq", "2048"}, {"dp", "8"},
+                     {"sharding", "fsdp1"}, {"precision", "bf16-amp"}, {"torch", "2.11"}}));
+  const uint64_t H = 4096, KV = 1024, F = 14336, V = 128256, W = 8;
+  const uint64_t layer = 2 * H * H + 2 * KV * H + 3 * F * H + 2 * H;  // 218,112,000: no padding at 8 ranks
+  std::vector<uint64_t> want;
+  for (int l = 0; l < 4; ++l) {
+    for (uint64_t x : {H, H, H * H, KV * H, KV * H, H * H, F * H, F * H, H * F}) want.push_back(4 * x);
+    for (uint64_t x : {2 * H * H + 2 * KV * H + F * H, 2 * F * H, 2 * H, layer, layer / W}) want.push_back(4 * x);
+  }
+  const uint64_t root = 2 * V * H + H;
+  const uint64_t inv_freq = 128 / 2;  // head_dim / 2 float32 elements, and original_inv_freq alike
+  for (uint64_t x : {V * H, V * H, H, inv_freq, inv_freq, 2 * inv_freq + V * H, H + V * H, root, root / W}) {
+    want.push_back(4 * x);
+  }
+  std::vector<uint64_t> got;
+  size_t last = 0;
+  for (size_t i = 0; i < e.sim->timeline.events.size(); ++i) {
+    const Event& ev = e.sim->timeline.events[i];
+    if (ev.phase != Phase::kSetup) break;
+    last = i;
+    if (ev.kind == Event::kAlloc) got.push_back(ev.bytes.value);
+  }
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(e.alloc->reserved[last], 15235809280u);
 }
 
 // backward_prefetch BACKWARD_PRE: each pre-backward hook all-gathers the unit before it in post-forward order

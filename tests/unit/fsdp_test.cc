@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "test_util.h"
 #include "trainmem/error.h"
@@ -191,6 +192,39 @@ TEST(FsdpSim, Llama3_8bLayerAndPersistentStatesPerRank) {
   EXPECT_EQ(f.sharded_params.value + f.sharded_grads.value + f.optimizer_state.value, 16 * P / 8);
   EXPECT_EQ(f.padding_elems, 0u);
   ASSERT_TRUE(e.device.has_value());
+}
+
+// The setup of rank 0 of 8 for Llama-3-8B cut to 4 layers under bf16 autocast (float32 parameters), allocation for
+// allocation, as validate/measured/h200_hf_dist_fsdp2x8_llama3_4layers_sdpa_b2_t2048_bf16amp.json recorded it (a
+// fake process group on an H200) and as fsdp2_prepare_model's fully_shard calls make it: each decoder layer's
+// parameters moved to the device whole (post-order module walk: q, k, v, o, gate, up, down, the two norms), then
+// each one's padded shard (rows / 8: 512 x 4096, 128 x 4096, ..., 1792 x 4096, 512 x 14336, 512); then the
+// embedding, its shard; the tail (norm, lm_head), its shards; the root moves the two rotary buffers last. And the
+// reserved memory when accelerate's prepare returns: 6,041,894,912 B measured.
+TEST(FsdpLoad, FullyShardMovesEachUnitWholeThenShardsItAsMeasured) {
+  const Estimate e = run(testing::scenario_of(
+      "llama-3-8b", {{"overrides", "num_hidden_layers=4"}, {"batch", "2"}, {"seq", "2048"}, {"dp", "8"},
+                     {"sharding", "fsdp2"}, {"precision", "bf16-amp"}, {"torch", "2.11"}}));
+  const uint64_t H = 4096, KV = 1024, F = 14336, V = 128256, W = 8;
+  std::vector<uint64_t> want;
+  for (int l = 0; l < 4; ++l) {
+    for (uint64_t x : {H * H, KV * H, KV * H, H * H, F * H, F * H, H * F, H, H}) want.push_back(4 * x);
+    for (uint64_t x : {H / W * H, KV / W * H, KV / W * H, H / W * H, F / W * H, F / W * H, H / W * F, H / W, H / W}) {
+      want.push_back(4 * x);
+    }
+  }
+  const uint64_t inv_freq = 128 / 2;  // head_dim / 2 float32 elements, and original_inv_freq alike
+  for (uint64_t x : {V * H, V / W * H, H, V * H, H / W, V / W * H, inv_freq, inv_freq}) want.push_back(4 * x);
+  std::vector<uint64_t> got;
+  size_t last = 0;
+  for (size_t i = 0; i < e.sim->timeline.events.size(); ++i) {
+    const Event& ev = e.sim->timeline.events[i];
+    if (ev.phase != Phase::kSetup) break;
+    last = i;
+    if (ev.kind == Event::kAlloc) got.push_back(ev.bytes.value);
+  }
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(e.alloc->reserved[last], 6041894912u);
 }
 
 // Gradient accumulation: accelerate's no_sync sets requires_gradient_sync False for every micro-batch but the last,

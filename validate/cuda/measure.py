@@ -30,6 +30,7 @@ is no GPU; only --impl nanogpt there, since transformers may be missing).
 """
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -156,6 +157,81 @@ def make_optimizer(model, args, device):
         momentum = 0.9 if args.optimizer == "sgd-momentum" else 0.0
         return torch.optim.SGD(groups, lr=1e-4, momentum=momentum, **extra), impl
     raise SystemExit(f"--optimizer {args.optimizer}: expected adamw, adam, sgd or sgd-momentum")
+
+
+def init_fake_process_group(world):
+    """Rank 0 of a `world`-rank job on this one GPU: torch's fake process group (the "fake" backend that
+    torch/testing/_internal/distributed/fake_pg.py registers, the one torchtitan's memory estimation uses) runs no
+    collective and allocates nothing, while FSDP, DDP and accelerate do everything else as rank 0 of `world`. What
+    it leaves out is what trainmem keeps outside the caching allocator anyway: NCCL's communicators and buffers."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # importing it registers "fake"
+    os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29512"})
+    torch.cuda.set_device(0)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+
+
+def make_accelerator(args):
+    """accelerate's Accelerator as the Trainer builds it: mixed_precision "bf16" for bf16-amp ("no" otherwise),
+    and for --sharding fsdp1/fsdp2 the FullyShardedDataParallelPlugin that transformers' _process_fsdp_args makes
+    of `fsdp="full_shard auto_wrap"` (trainmem's src/core/fsdp.cc and fsdp1.cc cite it): the decoder layers
+    wrapped (transformer_based_wrap over _no_split_modules), FULL_SHARD / reshard_after_forward, no CPU-RAM-
+    efficient loading; FSDP1 with use_orig_params, sync_module_states, NO_PREFETCH, forward_prefetch off."""
+    import accelerate
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    mp = {"bf16-amp": "bf16", "fp16-amp": "fp16"}.get(args.precision, "no")
+    kwargs = {"mixed_precision": mp}
+    if args.sharding in ("fsdp1", "fsdp2"):
+        common = {"fsdp_version": 2 if args.sharding == "fsdp2" else 1, "auto_wrap_policy": "transformer_based_wrap",
+                  "cpu_ram_efficient_loading": False, "state_dict_type": "SHARDED_STATE_DICT",
+                  "activation_checkpointing": False}
+        if args.sharding == "fsdp2":
+            common["reshard_after_forward"] = True
+        else:
+            common.update({"sharding_strategy": "FULL_SHARD", "use_orig_params": True, "sync_module_states": True,
+                           "backward_prefetch": "NO_PREFETCH", "forward_prefetch": False, "limit_all_gathers": True})
+        kwargs["fsdp_plugin"] = FullyShardedDataParallelPlugin(**common)
+    if args.dp_shard:
+        from accelerate.parallelism_config import ParallelismConfig
+        kwargs["parallelism_config"] = ParallelismConfig(dp_replicate_size=args.world // args.dp_shard,
+                                                         dp_shard_size=args.dp_shard)
+    return accelerate.Accelerator(**kwargs), accelerate.__version__
+
+
+def load_tensor_parallel(cfg, attention):
+    """transformers 5.x's own tensor parallelism, rank 0 of the fake world: the model is written once with random
+    weights (save_pretrained, safetensors, in a temporary folder) and read back with from_pretrained(...,
+    tp_plan="auto"), which loads this rank's shards onto the device (trainmem's --tp N). Returns the model and the
+    rank's parameter count (local shards: a DTensor's to_local())."""
+    import shutil
+    import tempfile
+    import transformers
+    model = build_model(cfg, "hf", attention)
+    folder = tempfile.mkdtemp(prefix="trainmem-tp-")
+    try:
+        model.save_pretrained(folder)
+        del model
+        major = int(transformers.__version__.split(".")[0])
+        dtype_kw = "dtype" if major >= 5 else "torch_dtype"
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, tp_plan="auto", attn_implementation=attention,
+                                                                  **{dtype_kw: torch.float32})
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    model.config.use_cache = False
+    local = lambda p: p.to_local() if hasattr(p, "to_local") else p
+    return model, sum(local(p).numel() for p in model.parameters())
+
+
+def ddp_inplace_hook(state, bucket):
+    """DDP's default all-reduce hook (reducer.cpp's AllReduceCommHook: the bucket divided by the world size, then
+    all-reduced in place) with the all-reduce left out, since the fake process group's futures carry no tensors
+    for the Reducer to read: the same buffers, the same in-place writes."""
+    buf = bucket.buffer()
+    buf.div_(state)
+    fut = torch.futures.Future()
+    fut.set_result(buf)
+    return fut
 
 
 class Recorder:
@@ -303,6 +379,16 @@ def trainmem_flags(args, impl, gpu_key, run_flags):
         flags += ["--lora", args.lora]
     if args.moe_experts:
         flags += ["--moe-experts", args.moe_experts]
+    if args.sharding != "none":
+        flags += ["--sharding", args.sharding, "--dp", str(args.world)]
+    if args.sharding == "ddp":
+        # DistributedDataParallel(model)'s default; trainmem's DDP default is the Trainer's (not model.is_gradient_
+        # checkpointing)
+        flags += ["--find-unused-parameters", "false"]
+    if args.dp_shard:
+        flags += ["--dp-shard", str(args.dp_shard)]
+    if args.tp > 1:
+        flags += ["--tp", str(args.tp)]
     if gpu_key:
         flags += ["--gpu", gpu_key]
     return flags
@@ -343,8 +429,8 @@ def run_inference(args, cfg, impl, model, env, context, smi_before, cuda):
     forward (prepare_inputs_for_generation's model_inputs); the peak statistics are then reset, so max_memory_allocated() at the end is the decode steps' peak."""
     if impl != "hf":
         raise SystemExit("--task inference: only with --impl hf")
-    if args.lora or args.checkpointing != "none" or args.grad_accum != 1:
-        raise SystemExit("--task inference: no --lora, --checkpointing or --grad-accum")
+    if args.lora or args.checkpointing != "none" or args.grad_accum != 1 or args.sharding != "none" or args.accelerate:
+        raise SystemExit("--task inference: no --lora, --checkpointing, --grad-accum, --sharding or --accelerate")
     device = torch.device(args.device)
     if args.precision in CAST:
         model = model.to(CAST[args.precision])
@@ -440,13 +526,28 @@ def run(args):
                                                      context=None)
         except TypeError:
             torch.cuda.memory._record_memory_history(max_entries=args.trace_entries)
+    if args.tp > 1:
+        if not cuda or args.sharding != "none" or args.world not in (1, args.tp):
+            raise SystemExit("--tp N: rank 0 of N on a GPU, without --sharding (the world is the TP group)")
+        args.world = args.tp
+    if args.world > 1:
+        if not cuda or (args.sharding == "none" and args.tp <= 1):
+            raise SystemExit("--world N: rank 0 of N on a GPU, with --sharding ddp, fsdp1 or fsdp2")
+        init_fake_process_group(args.world)
+        env["process_group"] = f"fake (rank 0 of {args.world}): collectives run no communication, NCCL is absent"
     if impl == "hf":
         import transformers
         env["transformers"] = transformers.__version__
 
     torch.manual_seed(0)
     generating = args.task == "inference" and args.generate > 0
-    model = build_model(cfg, impl, args.attention, use_cache=generating)
+    tp_params = None
+    if args.tp > 1:
+        if impl != "hf" or args.task != "train" or args.lora or args.checkpointing != "none" or args.precision in CAST:
+            raise SystemExit("--tp N: training an --impl hf model in fp32 or under autocast, no LoRA or checkpointing")
+        model, tp_params = load_tensor_parallel(cfg, args.attention)
+    else:
+        model = build_model(cfg, impl, args.attention, use_cache=generating)
     env["experts_implementation"] = getattr(getattr(model, "config", None), "_experts_implementation", None)
     if args.moe_experts and env["experts_implementation"] != args.moe_experts:
         raise SystemExit(f"--moe-experts {args.moe_experts}: the model took {env['experts_implementation']!r}")
@@ -468,18 +569,69 @@ def run(args):
         model, env["peft"] = apply_lora(model, args.lora)
         env["lora_adapter_dtype"] = str(next(p.dtype for n, p in model.named_parameters() if "lora_A" in n))
     model.train()
-    params, rec = place(model, device, cuda)
-    optimizer, opt_impl = make_optimizer(model, args, args.device)
+    if args.sharding in ("fsdp1", "fsdp2") or args.accelerate:
+        if not cuda:
+            raise SystemExit("--sharding fsdp1/fsdp2 and --accelerate run on a GPU")
+        acc, env["accelerate"] = make_accelerator(args)
+        if args.sharding in ("fsdp1", "fsdp2"):
+            # transformers' Trainer._prepare_for_training under FSDP, the model as loaded on the CPU (fully_shard /
+            # FSDP move each unit to the device as they shard it). FSDP1 (delay_optimizer_creation):
+            # accelerator.prepare(model), the optimizer over the sharded parameters, then prepare(model, optimizer).
+            # FSDP2 ("Can't delay optimizer creation when using FSDP2"): the optimizer first, then
+            # prepare(model, optimizer), whose _prepare_fsdp2 swaps the optimizer's parameters for the shards.
+            params = sum(p.numel() for p in model.parameters())
+            rec = Recorder(cuda)
+            torch.cuda.reset_peak_memory_stats()
+            if args.sharding == "fsdp1":
+                model = acc.prepare(model)
+                rec.mark("after accelerator.prepare(model)")
+            optimizer, opt_impl = make_optimizer(model, args, args.device)
+            model, optimizer = acc.prepare(model, optimizer)
+            rec.mark("after accelerator.prepare(model, optimizer)")
+        else:
+            # the Trainer on one GPU: the model moved to the device in __init__ (_move_model_to_device), the
+            # optimizer made, then accelerator.prepare(model, optimizer), which wraps forward in autocast and
+            # convert_outputs_to_fp32 under mixed precision
+            params, rec = place(model, device, cuda)
+            optimizer, opt_impl = make_optimizer(model, args, args.device)
+            model, optimizer = acc.prepare(model, optimizer)
+    else:
+        acc = None
+        params, rec = place(model, device, cuda)
+        if tp_params is not None:
+            params = tp_params  # the rank's shards (from_pretrained put them on the device already)
+        if args.sharding == "ddp":
+            # trainmem's DDP: DistributedDataParallel(model) with its defaults (bucket_cap_mb 25, no
+            # gradient_as_bucket_view, find_unused_parameters False)
+            model = torch.nn.parallel.DistributedDataParallel(model)
+            model.register_comm_hook(state=args.world, hook=ddp_inplace_hook)
+            rec.mark("after DistributedDataParallel(model)")
+        optimizer, opt_impl = make_optimizer(model, args, args.device)
     use_scaler = args.precision == "fp16-amp"
     scaler = torch.amp.GradScaler("cuda", enabled=use_scaler) if cuda else None
     vocab = cfg.get("vocab_size", 50304)
     ids_cpu = torch.randint(0, vocab, (args.batch, args.seq), dtype=torch.long)
     labels_cpu = torch.randint(0, vocab, (args.batch, args.seq), dtype=torch.long)
 
-    autocast = lambda: autocast_ctx(args)
+    # under accelerate the prepared forward runs in autocast itself (the Trainer's compute_loss_context_manager adds
+    # none on a GPU)
+    autocast = (lambda: contextlib.nullcontext()) if acc is not None else (lambda: autocast_ctx(args))
 
     def backward(loss):
+        if acc is not None:
+            acc.backward(loss)
+            return
         (scaler.scale(loss) if scaler is not None and use_scaler else loss).backward()
+
+    def sync_context(micro):
+        """The Trainer's accumulation: every micro-batch but the last under no_sync (accelerate's, or DDP's)."""
+        if micro == A:
+            return contextlib.nullcontext()
+        if acc is not None and args.world > 1:
+            return acc.no_sync(model)
+        if args.sharding == "ddp":
+            return model.no_sync()
+        return contextlib.nullcontext()
 
     def get_batch():
         return ids_cpu.to(device), labels_cpu.to(device)  # x first, then y
@@ -496,15 +648,19 @@ def run(args):
                     logits, loss = model(X, Y)
                     loss = loss / A
                 X, Y = get_batch()
+                if micro == A:
+                    rec.mark("after forward", step, micro)
+                backward(loss)
             else:
                 X, Y = get_batch()
-                with autocast():
-                    loss = model(input_ids=X, labels=Y).loss
-                if A > 1:
-                    loss = loss / A
-            if micro == A:
-                rec.mark("after forward", step, micro)
-            backward(loss)
+                with sync_context(micro):
+                    with autocast():
+                        loss = model(input_ids=X, labels=Y).loss
+                    if A > 1:
+                        loss = loss / A
+                    if micro == A:
+                        rec.mark("after forward", step, micro)
+                    backward(loss)
             if args.loop == "hf":
                 # Trainer.training_step returns loss.detach(): the graph, and any leaf it holds (peft's
                 # enable_input_require_grads makes the embedding output one, with a .grad), dies here. nanoGPT's
@@ -513,7 +669,16 @@ def run(args):
             rec.mark("after backward", step, micro)
         if scaler is not None and use_scaler:
             scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if acc is not None:
+            acc.clip_grad_norm_(model.parameters(), 1.0)
+        elif tp_params is not None:
+            # transformers' TP leaves the replicated parameters plain tensors beside the DTensor shards, and
+            # _foreach_norm refuses the mix: one clip per kind (two foreach norms of a few 0-dim tensors)
+            dt = [p for p in model.parameters() if hasattr(p, "to_local")]
+            torch.nn.utils.clip_grad_norm_(dt, 1.0)
+            torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if not hasattr(p, "to_local")], 1.0)
+        else:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         rec.mark("after clip_grad_norm_", step)
         if scaler is not None and use_scaler:
             scaler.step(optimizer)
@@ -533,7 +698,11 @@ def run(args):
     device_total_from = None
     if cuda:
         figures.update(step_figures(rec, args.steps))
-        device_total_from = add_device_total(figures, smi, smi_before)
+        if args.world > 1:
+            # trainmem's device total adds the NCCL communicators' buffers, which the fake process group never makes
+            device_total_from = "not compared: a fake process group (no NCCL communicators)"
+        else:
+            device_total_from = add_device_total(figures, smi, smi_before)
     return package(args, env, trainmem_args, figures, context, smi, smi_before, device_total_from, rec, segments,
                    trace)
 
@@ -560,6 +729,16 @@ def main(argv=None):
     ap.add_argument("--moe-experts", choices=("grouped_mm",),
                     help="a mixture-of-experts model's experts_implementation, as trainmem's --moe-experts: "
                          "grouped_mm is transformers 5.x's default; the run checks the model took it")
+    ap.add_argument("--sharding", choices=("none", "ddp", "fsdp1", "fsdp2"), default="none",
+                    help="as trainmem's --sharding, for rank 0 of --world ranks over a fake process group")
+    ap.add_argument("--world", type=int, default=1, help="data-parallel ranks (trainmem's --dp); rank 0 runs")
+    ap.add_argument("--dp-shard", type=int, default=0, help="with --sharding fsdp2: HSDP's shard group size "
+                    "(accelerate's ParallelismConfig(dp_replicate_size=world / K, dp_shard_size=K))")
+    ap.add_argument("--tp", type=int, default=1, help="transformers' tensor parallelism (from_pretrained "
+                    "tp_plan='auto'), rank 0 of N over a fake process group (trainmem's --tp N)")
+    ap.add_argument("--accelerate", action="store_true",
+                    help="one GPU through accelerate's prepare(model, optimizer), as the Trainer runs it (forward "
+                         "under accelerate's autocast and convert_outputs_to_fp32)")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--trace-entries", type=int, default=200000)
     ap.add_argument("--name")

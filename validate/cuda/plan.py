@@ -8,6 +8,7 @@ a 78 GiB H100 and the whole plan runs in a few minutes.
 
     python3 validate/cuda/plan.py --out "$OUT"             # all
     python3 validate/cuda/plan.py --out "$OUT" --only gpt2  # names containing "gpt2"
+    python3 validate/cuda/plan.py --out "$OUT" --only ddp8,fsdp  # names containing either
 
 Then, on the development machine: copy the files into validate/measured/ and run
 `/usr/bin/python3 validate/compare.py --trainmem build/trainmem`.
@@ -106,6 +107,39 @@ PLAN = [
     ("hf_moe_mixtral_2layers_sdpa_b2_t1024_bf16_grouped_mm",
      "--model mixtral-8x7b --set num_hidden_layers=2 --attention sdpa --batch 2 --seq 1024 --precision bf16 "
      "--moe-experts grouped_mm"),
+    # issue 11 (tag "dist"): rank 0 of 8 data-parallel ranks over torch's fake process group (measure.py
+    # init_fake_process_group), the Llama-3-8B cut to 4 layers of hf_llama3_4layers_sdpa_b2_t2048_bf16amp: DDP,
+    # FSDP2 through accelerate (plain, checkpointed, accumulating), FSDP1 through accelerate, HSDP 2 x 4; and the
+    # one-GPU run through accelerate's prepare (the Trainer's convert_outputs_to_fp32)
+    ("hf_dist_ddp8_llama3_4layers_sdpa_b2_t2048_bf16amp",
+     "--model llama-3-8b --set num_hidden_layers=4 --attention sdpa --batch 2 --seq 2048 --precision bf16-amp "
+     "--sharding ddp --world 8"),
+    ("hf_accelerate_llama3_4layers_sdpa_b2_t2048_bf16amp",
+     "--model llama-3-8b --set num_hidden_layers=4 --attention sdpa --batch 2 --seq 2048 --precision bf16-amp "
+     "--accelerate"),
+    ("hf_dist_fsdp2x8_llama3_4layers_sdpa_b2_t2048_bf16amp",
+     "--model llama-3-8b --set num_hidden_layers=4 --attention sdpa --batch 2 --seq 2048 --precision bf16-amp "
+     "--sharding fsdp2 --world 8"),
+    ("hf_dist_fsdp2x8_llama3_4layers_sdpa_b2_t2048_bf16amp_ckpt",
+     "--model llama-3-8b --set num_hidden_layers=4 --attention sdpa --batch 2 --seq 2048 --precision bf16-amp "
+     "--sharding fsdp2 --world 8 --checkpointing full"),
+    ("hf_dist_fsdp2x8_llama3_4layers_sdpa_b2_t2048_bf16amp_accum2",
+     "--model llama-3-8b --set num_hidden_layers=4 --attention sdpa --batch 2 --seq 2048 --precision bf16-amp "
+     "--sharding fsdp2 --world 8 --grad-accum 2"),
+    ("hf_dist_fsdp1x8_llama3_4layers_sdpa_b2_t2048_bf16amp",
+     "--model llama-3-8b --set num_hidden_layers=4 --attention sdpa --batch 2 --seq 2048 --precision bf16-amp "
+     "--sharding fsdp1 --world 8"),
+    ("hf_dist_hsdp2x4_llama3_4layers_sdpa_b2_t2048_bf16amp",
+     "--model llama-3-8b --set num_hidden_layers=4 --attention sdpa --batch 2 --seq 2048 --precision bf16-amp "
+     "--sharding fsdp2 --world 8 --dp-shard 4"),
+    # the whole Llama-3-8B under FSDP2 over 8 ranks at batch 2 x 8192 with gradient checkpointing (the README's
+    # FSDP2 example with transformers' checkpointing); transformers' own TP over 8 ranks (from_pretrained tp_plan)
+    ("hf_dist_fsdp2x8_llama3_8b_sdpa_b2_t8192_bf16amp_ckpt",
+     "--model llama-3-8b --attention sdpa --batch 2 --seq 8192 --precision bf16-amp "
+     "--sharding fsdp2 --world 8 --checkpointing full"),
+    ("hf_dist_tp8_llama3_4layers_sdpa_b2_t2048_bf16amp",
+     "--model llama-3-8b --set num_hidden_layers=4 --attention sdpa --batch 2 --seq 2048 --precision bf16-amp "
+     "--tp 8 --optimizer-impl for-loop"),
 ]
 
 
@@ -127,7 +161,7 @@ def main(argv=None):
     tag = gpu_tag()
     failures = 0
     for name, flags in PLAN:
-        if args.only not in name:
+        if not any(part in name for part in args.only.split(",")):
             continue
         out = os.path.join(args.out, f"{tag}_{name}.json")
         t0 = time.time()

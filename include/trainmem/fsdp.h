@@ -39,6 +39,9 @@ struct FsdpOptions {
   // False where the parameters reach the device otherwise (torchtitan's meta-device init under PP or SP,
   // from_pretrained's tp_plan under TP).
   bool move_then_shard = false;
+  // PEFT LoRA (--lora): the model fsdp2_prepare_model wraps is a PeftModel, whose base rows are frozen and whose
+  // final norm accelerate's _find_final_norm does not find, so it stays in the root unit (fsdp_units)
+  bool peft = false;
 };
 
 // What FSDP2 and FSDP1 (fsdp1.h) refuse alike under accelerate: other families (no unit hooks), other heads,
@@ -112,10 +115,38 @@ struct FsdpUnit {
   bool reshard_after_forward = true;
   uint64_t shard_numel = 0;          // all_gather_input_numel: sum of padded shard numels
   uint64_t params = 0;               // sum of unpadded numels
+  // The unit's buffers with per-parameter dtypes (fsdp_unit_buffers; they differ under LoRA: frozen base rows in
+  // the model's dtype, float32 adapters, only the adapters trainable). Without LoRA: gather_dtype = param_dtype,
+  // gather_numel = copy_in_numel (when mixed) = grad_numel = shard_numel.
+  DType gather_dtype = DType::kF32;  // all_gather_output's dtype: uint8 when the inputs' dtypes differ
+  uint64_t gather_numel = 0;         // all_gather_input_numel in gather_dtype elements (bytes when uint8)
+  DType copy_in_dtype = DType::kF32; // the foreach-copy input of the parameters whose param_dtype is set
+  uint64_t copy_in_numel = 0;        // its numel (0: no copy-in)
+  uint64_t grad_numel = 0;           // padded shard numel of the trainable rows: reduce_scatter_output_numel
+  uint64_t trainable_params = 0;     // unpadded numel of the trainable rows
+  DType grad_dtype = DType::kF32;    // the unsharded gradients' dtype (the trainable rows' param dtype)
+  DType reduce_dtype = DType::kF32;  // foreach_reduce's reduce_dtype (the gradients' when the policy sets none)
+  DType grad_orig_dtype = DType::kF32;  // the group's _orig_dtype (the trainable rows'): the sharded gradients'
 };
+// A parameter's dtypes under fully_shard (FSDPParam.init_dtype_attrs): `orig` the sharded data's (the row's stored
+// dtype: stored_dtype(row, o.orig_dtype)), `param` the all-gather and unsharded parameter's (param_dtype when
+// the policy sets one that differs from orig, else orig), `copy` whether _get_param_all_gather_inputs's foreach
+// copy casts it (param_dtype set).
+struct FsdpParamDtypes {
+  DType orig = DType::kF32, param = DType::kF32;
+  bool copy = false;
+};
+FsdpParamDtypes fsdp_param_dtypes(const TensorRow& r, const FsdpOptions& o);
+// Fills u's buffer fields from its rows (the rules are cited in fsdp.cc); throws trainmem::Error where FSDP2
+// asserts (trainable rows of several original dtypes in one group).
+void fsdp_unit_buffers(FsdpUnit& u, const Inventory& inv, const FsdpOptions& o);
 // Unit id passed to the forward hooks (sim::FsdpHooks): a layer's index, or these.
 inline constexpr int32_t kFsdpUnitEmbed = -2;
 inline constexpr int32_t kFsdpUnitTail = -3;
+inline constexpr int32_t kFsdpUnitRoot = -4;  // the root's own parameters (PEFT: the final norm, FsdpOptions::peft)
+// The output projection's start, after the final norm: where the tail unit begins when it is [lm_head] alone (PEFT);
+// a no-op otherwise (the tail began at kFsdpUnitTail, before the norm)
+inline constexpr int32_t kFsdpUnitLmHead = -5;
 std::vector<FsdpUnit> fsdp_units(const ModelSpec& m, const Inventory& inv, const FsdpOptions& o);
 
 // --- torchtitan v0.2.0's FSDP2 policy on a pipeline rank (--pp P --sharding fsdp2 --dp D) ---

@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "../families/registry.h"
 #include "trainmem/error.h"
 #include "trainmem/model.h"
@@ -33,7 +35,13 @@ void refuse_under_accelerate_fsdp(const TrainSetup& s, const ModelSpec& m, const
   }
   if (s.optimizer_in_backward) refuse("optimizer_in_backward", fmt::format("true: not simulated under {}", v));
   if (s.quant.type != Quantize::kNone) {
-    refuse("quantize", fmt::format("quantized base weights are not simulated under {}", v));
+    // (FSDP2, QLoRA: accelerate's fsdp2_prepare_model passes frozen non-floating Params4bit to fully_shard as
+    // ignored_params, left whole on every rank, and the Trainer's update_fsdp_plugin_peft, which sets the
+    // policy to bnb_4bit_quant_storage, does not run under FSDP2: neither is simulated)
+    refuse("quantize", fmt::format("quantized base weights are not simulated under {}{}", v,
+                                   std::string_view(v) == "FSDP2" ? " (QLoRA: accelerate leaves uint8 Params4bit "
+                                                                    "unsharded as ignored_params)"
+                                                                  : ""));
   }
   if (!s.freeze.empty()) refuse("freeze", fmt::format("frozen parameters are not simulated under {}", v));
   const auto not_ddp = [&](const char* field) {
@@ -51,7 +59,8 @@ FsdpDtypes accelerate_fsdp_dtypes(Precision p, const char* v) {
       // The Trainer's bf16=True is accelerate's mixed_precision "bf16": fsdp2_prepare_model upcasts every trainable
       // parameter to float32 ("Upcast to fp32 master weights; MixedPrecisionPolicy.param_dtype handles compute
       // cast"), and FullyShardedDataParallelPlugin.set_mixed_precision builds MixedPrecisionPolicy(param_dtype=bf16,
-      // reduce_dtype=bf16, output_dtype=bf16). Accelerator.prepare_model still wraps forward in autocast (native_amp).
+      // reduce_dtype=bf16, output_dtype=bf16). FSDP1's Accelerator.prepare_model still wraps forward in autocast
+      // (native_amp); FSDP2's _prepare_fsdp2 never calls prepare_model, so no autocast there (loop.cc).
       // (FSDP1: MixedPrecision(param_dtype=bf16, reduce_dtype=bf16, buffer_dtype=bf16) and prepare_model's upcast of
       // every low-precision FlatParameter, fsdp1.cc.)
       d.orig = DType::kF32;
@@ -197,11 +206,21 @@ FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop,
     refuse("loss", "FSDP2 is simulated with transformers' cross-entropy (--loss ce): the chunked and fused heads "
                    "run lm_head outside the tail unit's hooks");
   }
-  if (s.lora.on) refuse("lora", "LoRA under FSDP2 is not simulated (mixed requires_grad within a unit)");
-  if (s.input_require_grads.value_or(false)) {
-    refuse("input_require_grads", "true: not simulated under FSDP2 (the embedding unit's post-backward would run "
-                                  "in the backward instead of the final callback)");
+  // PEFT LoRA (fsdp_units, fsdp_unit_buffers, src/sim/fsdp.cc): simulated as the Trainer runs it with accelerate's
+  // FSDP2 over the PeftModel; under a pipeline, the TP + SP model or context parallelism (torchtitan's policies, the
+  // flattened CP mesh) it is not. (--tp is refused with LoRA before this; --quantize by refuse_under_accelerate_fsdp.)
+  if (s.lora.on && (s.pp > 1 || s.sequence_parallel || s.cp > 1)) {
+    refuse("lora", fmt::format("LoRA under FSDP2 is simulated for accelerate's data-parallel mesh (--dp, HSDP's "
+                               "--dp-shard), not with {}", s.pp > 1 ? "--pp (torchtitan's policy)"
+                                                           : s.sequence_parallel ? "--sequence-parallel (torchtitan's policy)"
+                                                                                 : "--cp"));
   }
+  // --input-require-grads (enable_input_require_grads, PEFT's default with checkpointing): its forward hook on the
+  // input embeddings, registered before fully_shard, runs before the embedding unit's _post_forward, so the
+  // embeddings require grad when FSDP registers its pre-backward hook on them: the embedding unit's pre_backward
+  // then runs in the backward (an unshard), while its RegisterPostBackwardFunction still is not registered (its
+  // only input, the ids, needs no grad: _register_post_backward_hook), so its post_backward stays in the final
+  // callback. The simulator's hooks (src/sim/fsdp.cc backward_hook) follow requires_grad as autograd does.
   // FSDP2's pre-backward hook does the unshard when a layer is recomputed (FSDPState._pre_forward returns early in
   // PRE_BACKWARD); reentrant checkpointing runs the recompute inside CheckpointFunction.backward, outside the
   // hooks' bookkeeping as simulated here
@@ -227,7 +246,76 @@ FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop,
   f.mixed = d.mixed;
   f.param_dtype = d.param;
   f.reduce_dtype = d.reduce;
+  // transformers Trainer._prepare_for_training (main 2026): `is_fsdp2 -> delay_optimizer_creation = False`, so
+  // update_fsdp_plugin_peft (peft's fsdp_auto_wrap_policy) is not called under FSDP2: accelerate's
+  // transformer_auto_wrap_policy over _no_split_modules (LlamaDecoderLayer, reached through PeftModel.__getattr__
+  // -> LoraModel -> LlamaForCausalLM) wraps the decoder layers, adapters inside each layer's unit
+  f.peft = s.lora.on;
   return f;
+}
+
+FsdpParamDtypes fsdp_param_dtypes(const TensorRow& r, const FsdpOptions& o) {
+  FsdpParamDtypes d;
+  // the sharded data keeps the parameter's dtype: the model's, PEFT's float32 adapters (--lora-dtype fp32).
+  // accelerate's fsdp2_prepare_model upcasts only `param.requires_grad and param.dtype != torch.float32` to
+  // float32 when mixed_precision != "no" (accelerate PR #3848, "Upcast FSDP2 parameters only if requires_grad"):
+  // under bf16-amp every row is float32 already (o.orig_dtype), frozen ones included
+  d.orig = stored_dtype(r, o.orig_dtype);
+  // FSDPParam.init_dtype_attrs: `if param_dtype == self.orig_dtype: param_dtype = None` (no cast, no copy-in);
+  // _get_param_all_gather_inputs's use_foreach_copy: `fsdp_param.param_dtype is not None` (no offload, no
+  // fsdp_pre_all_gather extension here)
+  d.copy = o.mixed && o.param_dtype != d.orig;
+  d.param = d.copy ? o.param_dtype : d.orig;
+  return d;
+}
+
+void fsdp_unit_buffers(FsdpUnit& u, const Inventory& inv, const FsdpOptions& o) {
+  u.gather_numel = u.copy_in_numel = u.grad_numel = u.trainable_params = 0;
+  bool first = true, mixed_inputs = false, trainable = false;
+  uint64_t gather_bytes = 0;
+  for (int32_t row : u.rows) {
+    const TensorRow& r = inv.parameters[static_cast<size_t>(row)];
+    const FsdpParamDtypes d = fsdp_param_dtypes(r, o);
+    const uint64_t n = fsdp_shard(r.shape, o.ranks, o.rank).padded_numel;
+    // _get_all_gather_input_metadatas: all_gather_dtype = the first input's; any other dtype -> torch.uint8, and
+    // foreach_all_gather views every input as uint8 (all_gather_input_numel then counts bytes)
+    if (first) u.gather_dtype = d.param;
+    if (d.param != u.gather_dtype) mixed_inputs = true;
+    first = false;
+    u.gather_numel = checked_add(u.gather_numel, n, "FSDP all-gather");
+    gather_bytes = checked_add(gather_bytes, bytes_of(Elems(n), d.param).value, "FSDP all-gather");
+    // flat_foreach_copy_input = torch.empty(sum of the foreach-copy inputs' numel, dtype=the first one's param_dtype)
+    if (d.copy) {
+      if (u.copy_in_numel == 0) u.copy_in_dtype = d.param;
+      u.copy_in_numel = checked_add(u.copy_in_numel, n, "FSDP copy-in");
+    }
+    if (!r.trainable) continue;
+    // FSDPParamGroup._init_mp_dtypes: over `p.sharded_param.requires_grad` params only, "FSDP expects uniform
+    // original parameter dtype" (pytorch main 002a76f; PR #154103 "allow different dtypes for no grad model
+    // params"); post_backward reduce-scatters fsdp_params_with_grad, the padded sizes of their gradients
+    if (trainable && d.orig != u.grad_orig_dtype) {
+      throw Error(fmt::format("FSDP2: {} holds trainable parameters of dtypes {} and {}: FSDP asserts \"FSDP expects "
+                              "uniform original parameter dtype\"", u.name, dtype_name(u.grad_orig_dtype),
+                              dtype_name(d.orig)));
+    }
+    trainable = true;
+    u.grad_orig_dtype = d.orig;
+    u.grad_dtype = d.param;  // the unsharded parameter's .grad (AccumulateGrad: the parameter's dtype)
+    u.grad_numel = checked_add(u.grad_numel, n, "FSDP reduce-scatter");
+    u.trainable_params = checked_add(u.trainable_params, r.elems.value, "FSDP unit");
+  }
+  if (mixed_inputs) {
+    u.gather_dtype = DType::kU8;
+    u.gather_numel = gather_bytes;
+  }
+  // foreach_reduce: `reduce_dtype = reduce_dtype or grad_dtype`; FSDPParam.init_dtype_attrs drops a reduce_dtype
+  // equal to the param_dtype (mixed here means param_dtype set: the policy's reduce_dtype, or the gradients')
+  u.reduce_dtype = o.mixed ? o.reduce_dtype : u.grad_dtype;
+  if (!trainable) {
+    // a frozen unit (PEFT's embedding and lm_head): no gradient, no reduce-scatter (grad_numel 0)
+    u.grad_orig_dtype = u.grad_dtype = o.orig_dtype;
+    u.reduce_dtype = o.mixed ? o.reduce_dtype : o.orig_dtype;
+  }
 }
 
 FsdpShard fsdp_shard(const std::vector<uint64_t>& shape, uint64_t ranks, uint64_t rank) {
@@ -286,9 +374,15 @@ std::vector<FsdpUnit> fsdp_units(const ModelSpec& m, const Inventory& inv, const
       const uint64_t l = std::stoull(n.substr(prefix.size()));
       if (l >= m.layers) throw Error(fmt::format("internal: {} is past the model's {} layers", n, m.layers));
       u = &layers[l];
-    } else if (n.rfind("model.norm.", 0) == 0 || n.rfind("lm_head.", 0) == 0) {
+    } else if ((!o.peft && n.rfind("model.norm.", 0) == 0) || n.rfind("lm_head.", 0) == 0) {
       // _find_final_norm: the last child of the base model whose class name has "Norm" (LlamaRMSNorm `norm`);
       // get_output_embeddings(): lm_head
+      // Under PEFT (o.peft) the model is the PeftModel: `getattr(model, "base_model_prefix")` reaches
+      // LlamaForCausalLM's "model" through PeftModel.__getattr__ -> LoraModel (BaseTuner).__getattr__, and
+      // `getattr(model, "model")` then returns LoraModel.model, the LlamaForCausalLM itself (peft 5d602fd
+      // peft_model.py, tuners/tuners_utils.py: `self.model = model`), whose children `model` (LlamaModel) and
+      // `lm_head` have no "Norm" in their class names: final_norm is None, the tail is [lm_head] alone, and
+      // model.norm.weight stays with the root (fully_shard(model) without reshard_after_forward)
       u = &tail;
     }
     u->rows.push_back(static_cast<int32_t>(i));
@@ -296,7 +390,11 @@ std::vector<FsdpUnit> fsdp_units(const ModelSpec& m, const Inventory& inv, const
     u->shard_numel = checked_add(u->shard_numel, sh.padded_numel, "FSDP unit");
     u->params = checked_add(u->params, inv.parameters[i].elems.value, "FSDP unit");
   }
-  if (!root.rows.empty()) {
+  const bool peft_root = o.peft && !root.rows.empty() &&
+                         std::all_of(root.rows.begin(), root.rows.end(), [&](int32_t r) {
+                           return inv.parameters[static_cast<size_t>(r)].name.rfind("model.norm.", 0) == 0;
+                         });
+  if (!root.rows.empty() && !peft_root) {
     throw FieldError("sharding", fmt::format("fsdp2: {} parameter(s) outside the embedding, the layers and the tail "
                                              "(first: {}) would sit in the root unit, which is not simulated",
                                              root.rows.size(), inv.parameters[static_cast<size_t>(root.rows[0])].name));
@@ -305,9 +403,18 @@ std::vector<FsdpUnit> fsdp_units(const ModelSpec& m, const Inventory& inv, const
     throw FieldError("sharding", "fsdp2: a tied or missing input/output embedding (one tail unit holding the shared "
                                  "weight) is not simulated");
   }
+  if (peft_root) {
+    tail.name = "[lm_head]";
+    // the root's FSDPState: its pre-forward (the first hook of the model's forward) all-gathers its parameters,
+    // FSDPState._lazy_init leaves the root unsharded after forward (reshard_after_forward None for the root), and
+    // all_states (the final callback's order) starts with it
+    root.name = "model (root: model.norm)";
+    units.push_back(std::move(root));
+  }
   units.push_back(std::move(embed));
   for (FsdpUnit& u : layers) units.push_back(std::move(u));
   units.push_back(std::move(tail));
+  for (FsdpUnit& u : units) fsdp_unit_buffers(u, inv, o);
   return units;
 }
 
@@ -390,6 +497,7 @@ std::vector<FsdpUnit> stage_units_of(const Inventory& stage_inv, const PpStagePa
       u.params = checked_add(u.params, stage_inv.parameters[i].elems.value, "FSDP unit");
     }
     if (u.rows.empty()) throw Error(fmt::format("internal: FSDP unit {} has no parameters on this stage", u.name));
+    fsdp_unit_buffers(u, stage_inv, o);
     units.push_back(std::move(u));
   };
   auto starts = [](const std::string& n, const std::string& pre) { return n.rfind(pre, 0) == 0; };

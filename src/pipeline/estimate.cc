@@ -595,20 +595,24 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
     f.torchtitan_sp = !o0.pp.on && s.sequence_parallel;
     for (const TensorRow& r : inv.parameters) {
       const FsdpShard sh = fsdp_shard(r.shape, fopt.ranks, fopt.rank);
-      f.sharded_params += bytes_of(Elems(sh.padded_numel), fopt.orig_dtype);
+      const DType orig = fsdp_param_dtypes(r, fopt).orig;  // per row: PEFT's float32 adapters on a 16-bit base
+      f.sharded_params += bytes_of(Elems(sh.padded_numel), orig);
       f.padding_elems = checked_add(f.padding_elems, sh.padded_numel - sh.local_numel, "FSDP padding");
       f.local_elems = checked_add(f.local_elems, sh.local_numel, "FSDP shard");
       // (torch.chunk: rank 0's chunk is the longest, the last rank's the shortest)
       f.first_rank_elems = checked_add(f.first_rank_elems, fsdp_shard(r.shape, fopt.ranks, 0).local_numel, "FSDP shard");
       f.last_rank_elems = checked_add(f.last_rank_elems, fsdp_shard(r.shape, fopt.ranks, fopt.ranks - 1).local_numel, "FSDP shard");
+      if (!r.trainable) continue;  // frozen rows (LoRA's base) are in no optimizer group
       for (const StateTensor& t : optimizer_state_tensors(s.optimizer, e.setup.optimizer_impl, sh.local_shape,
-                                                          fopt.orig_dtype, bnb_block_size(s.optimizer_version))) {
+                                                          orig, bnb_block_size(s.optimizer_version))) {
         const Bytes b = bytes_of(numel(t.shape), t.dtype);
         f.optimizer_state += b;
         (std::string_view(t.what) == "step" ? steps : moments) += b;
       }
     }
-    f.sharded_grads = f.sharded_params;  // grad_output: one padded flat tensor per unit, the orig dtype
+    // grad_output: one padded flat tensor per unit over its trainable rows (all of them without LoRA), in the
+    // group's orig dtype (fsdp_unit_buffers)
+    for (const FsdpUnit& u : f.units) f.sharded_grads += bytes_of(Elems(u.grad_numel), u.grad_orig_dtype);
     set_sharded_states(f.sharded_params, f.sharded_grads, moments, steps);
     e.fsdp = std::move(f);
   }

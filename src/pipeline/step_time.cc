@@ -176,15 +176,19 @@ FsdpSeconds fsdp_seconds(const FsdpFigures& f, double bw, double ar_bw) {
   const uint64_t dp = o.ranks;  // the shard group: --dp (x cp), or HSDP's dp_shard
   for (size_t i = 0; i < f.units.size(); ++i) {
     const FsdpUnit& u = f.units[i];
-    const double full = static_cast<double>(u.shard_numel) * static_cast<double>(dp);
-    const double a = all_gather_seconds(full * static_cast<double>(itemsize(o.param_dtype)), dp, bw);
+    // the gathered bytes and the reduce-scattered ones (trainable rows only: PEFT's frozen base is gathered, never
+    // reduced) from fsdp_unit_buffers; without LoRA, shard_numel x W in param_dtype and reduce_dtype
+    const double full = static_cast<double>(u.gather_numel) * static_cast<double>(dp);
+    const double grads = static_cast<double>(u.grad_numel) * static_cast<double>(dp);
+    const double a = all_gather_seconds(full * static_cast<double>(itemsize(u.gather_dtype)), dp, bw);
     // each FSDP root's first all-gather (one root but under interleaved-1f1b, where each stage module is one)
     if (std::find(f.root_begin.begin(), f.root_begin.end(), i) != f.root_begin.end()) x.first += a;
     x.ag_fwd += a;
     if (u.reshard_after_forward && u.kind != FsdpUnit::kRoot) x.ag_bwd += a;
-    x.rs += all_gather_seconds(full * static_cast<double>(itemsize(o.reduce_dtype)), dp, bw);
+    if (u.grad_numel == 0) continue;  // a frozen unit: no reduce-scatter
+    x.rs += all_gather_seconds(grads * static_cast<double>(itemsize(u.reduce_dtype)), dp, bw);
     if (o.replicate > 1) {
-      x.ar += all_reduce_seconds(static_cast<double>(u.shard_numel) * static_cast<double>(itemsize(o.reduce_dtype)),
+      x.ar += all_reduce_seconds(static_cast<double>(u.grad_numel) * static_cast<double>(itemsize(u.reduce_dtype)),
                                  o.replicate, ar_bw);
     }
   }

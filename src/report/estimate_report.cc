@@ -484,10 +484,13 @@ std::string render_fsdp_note(const Estimate& e) {
                        "mixed_precision_param / mixed_precision_reduce, training.dtype float32; no autocast)\n",
                        dt(o.param_dtype), dt(o.reduce_dtype), dt(o.orig_dtype));
   } else {
+    const bool root_unit = !f.units.empty() && f.units.front().kind == FsdpUnit::kRoot;  // PEFT's final norm
     out = fmt::format(
-      "FSDP2 (fully_shard through accelerate's fsdp2_prepare_model), rank {} of {}: {} units (the embedding, {} decoder "
-      "layers, the tail [model.norm, lm_head]); reshard_after_forward {} (the tail: false)\n",
-      o.rank, o.ranks, f.units.size(), f.units.size() - 2, o.reshard_after_forward ? "true" : "false");
+      "FSDP2 (fully_shard through accelerate's fsdp2_prepare_model), rank {} of {}: {} units ({}the embedding, {} decoder "
+      "layers, the tail {}); reshard_after_forward {} (the tail{}: false)\n",
+      o.rank, o.ranks, f.units.size(), root_unit ? "the root's model.norm, " : "", f.units.size() - (root_unit ? 3 : 2),
+      root_unit ? "[lm_head]" : "[model.norm, lm_head]", o.reshard_after_forward ? "true" : "false",
+      root_unit ? " and the root" : "");
     // --cp N (fsdp.h fsdp2_mesh_ranks): the mesh is dp_shard x cp, flattened
     // (under HSDP the flattened group is each replica's dp_shard x cp: the HSDP line below)
     if (e.setup.cp > 1) {
@@ -498,27 +501,46 @@ std::string render_fsdp_note(const Estimate& e) {
   }
   if (o.replicate > 1) {
     // HSDP (--dp-shard K, fsdp.h apply_hsdp_mesh; src/sim/fsdp.cc post_backward)
-    uint64_t held = 0;
-    for (const FsdpUnit& u : f.units) held = checked_add(held, u.shard_numel, "HSDP all-reduce");
-    const bool upcast = o.reduce_dtype != o.orig_dtype;
+    uint64_t held = 0;  // the reduce-scatter outputs (trainable rows: all of them but under LoRA)
+    DType reduce_dtype = o.reduce_dtype, orig_dtype = o.orig_dtype;  // the trainable units' (LoRA: the adapters')
+    for (const FsdpUnit& u : f.units) {
+      held = checked_add(held, u.grad_numel, "HSDP all-reduce");
+      if (u.grad_numel) reduce_dtype = u.reduce_dtype, orig_dtype = u.grad_orig_dtype;
+    }
+    const bool upcast = reduce_dtype != orig_dtype;
     out += fmt::format("  HSDP mesh (dp_replicate, {}) = ({}, {}): shard rank {} of replica {}; states sharded over the "
                        "{} ranks of the shard group and replicated over the {} replicas; each unit's reduce-scatter "
                        "(shard group) is followed by an in-place all-reduce of its {} output over the replicate group "
                        "(all_reduce_stream){}\n",
                        e.setup.cp > 1 ? "dp_shard_cp" : "dp_shard", o.replicate, o.ranks, o.rank, o.replicate_rank,
-                       o.ranks, o.replicate, dt(o.reduce_dtype),
+                       o.ranks, o.replicate, dt(reduce_dtype),
                        upcast ? fmt::format("; FSDPParamGroup._all_reduce_state keeps each unit's {} output until the "
                                             "final callback ({} for every unit), and its {} upcast comes from the "
                                             "all-reduce stream's pool",
-                                            dt(o.reduce_dtype), format_bytes(bytes_of(Elems(held), o.reduce_dtype)),
-                                            dt(o.orig_dtype))
+                                            dt(reduce_dtype), format_bytes(bytes_of(Elems(held), reduce_dtype)),
+                                            dt(orig_dtype))
                               : "; the output is the sharded gradient itself, kept by _all_reduce_state to the "
                                 "final callback at no extra cost");
   }
   if (!f.torchtitan_pp && !f.torchtitan_sp) out += o.mixed ? fmt::format("  MixedPrecisionPolicy: param_dtype {}, reduce_dtype {}, output_dtype {} over {} shards "
-                               "(accelerate's mixed_precision \"bf16\"; autocast still wraps the forward)\n",
+                               "(accelerate's mixed_precision \"bf16\"; no autocast: _prepare_fsdp2 does not wrap the forward)\n",
                                dt(o.param_dtype), dt(o.reduce_dtype), dt(o.param_dtype), dt(o.orig_dtype))
-                 : fmt::format("  MixedPrecisionPolicy(): no casts; {} shards, gathers and reduce-scatters\n", dt(o.orig_dtype));
+                 : o.peft && std::any_of(f.units.begin(), f.units.end(), [](const FsdpUnit& u) { return u.gather_dtype == DType::kU8; })
+                     ? fmt::format("  MixedPrecisionPolicy(): no casts; every parameter keeps its dtype, the base {} and PEFT's "
+                                   "adapters float32: a layer's all-gather mixes them (uint8, over their bytes), its "
+                                   "reduce-scatter is the adapters' (float32)\n", dt(o.orig_dtype))
+                     : fmt::format("  MixedPrecisionPolicy(): no casts; {} shards, gathers and reduce-scatters\n", dt(o.orig_dtype));
+  if (o.peft && !f.torchtitan_pp && !f.torchtitan_sp) {
+    // PEFT LoRA under FSDP2 (fsdp.h FsdpOptions::peft; src/sim/fsdp.cc)
+    uint64_t trainable = 0;
+    for (const FsdpUnit& u : f.units) trainable = checked_add(trainable, u.trainable_params, "FSDP trainable");
+    out += fmt::format("  PEFT LoRA: {} of {} parameters trainable (the adapters, in their layer's unit); the frozen base "
+                       "rows are all-gathered with them and never reduce-scattered: gradients, reduce-scatters and "
+                       "optimizer state cover the adapters only. The model is the PeftModel, where accelerate's "
+                       "_find_final_norm finds no norm: model.norm stays in the root unit, gathered at the forward's "
+                       "start and kept to the final callback\n",
+                       with_commas(trainable), with_commas(e.state.parameters.value));
+  }
   const uint64_t p_all = e.state.parameters.value;
   out += fmt::format("  sharded states per rank: parameters {} + gradients {} + optimizer {} = {} ({} of {} elements "
                      "local, {} padding)\n",
@@ -531,17 +553,22 @@ std::string render_fsdp_note(const Estimate& e) {
                      "holds the most\n",
                      with_commas(f.first_rank_elems), with_commas(f.last_rank_elems), o.ranks - 1);
   // per distinct unit shape: the embedding, one decoder layer (they are alike), the tail (those the rank holds)
-  for (size_t i : first_unit_of_each(f.units, {FsdpUnit::kEmbed, FsdpUnit::kLayer, FsdpUnit::kTail})) {
+  // (per-parameter dtypes, fsdp_unit_buffers: under LoRA a uint8 all-gather when the inputs' dtypes differ, a copy-in
+  // of the cast parameters only, a reduce-scatter of the trainable rows only)
+  for (size_t i : first_unit_of_each(f.units, {FsdpUnit::kRoot, FsdpUnit::kEmbed, FsdpUnit::kLayer, FsdpUnit::kTail})) {
     const FsdpUnit& u = f.units[i];
-    const uint64_t gathered = u.shard_numel * o.ranks;
-    out += fmt::format("  {}{}: {} parameters; all-gather output {} ({}){}, unsharded parameters {}; reduce-scatter "
-                       "input {} ({}), output {}\n",
+    const Bytes gathered = bytes_of(Elems(checked_mul(u.gather_numel, o.ranks, "FSDP gathered")), u.gather_dtype);
+    const uint64_t reduced = checked_mul(u.grad_numel, o.ranks, "FSDP reduced");
+    out += fmt::format("  {}{}: {} parameters; all-gather output {} ({}){}, unsharded parameters {}; {}\n",
                        u.name, u.kind == FsdpUnit::kLayer ? " (each layer)" : "", with_commas(u.params),
-                       format_bytes(bytes_of(Elems(gathered), o.param_dtype)), dt(o.param_dtype),
-                       o.mixed ? fmt::format(" with a {} copy-in", format_bytes(bytes_of(Elems(u.shard_numel), o.param_dtype))) : "",
-                       format_bytes(bytes_of(Elems(gathered), o.param_dtype)),
-                       format_bytes(bytes_of(Elems(gathered), o.reduce_dtype)), dt(o.reduce_dtype),
-                       format_bytes(bytes_of(Elems(u.shard_numel), o.reduce_dtype)));
+                       format_bytes(gathered), dt(u.gather_dtype),
+                       u.copy_in_numel ? fmt::format(" with a {} copy-in", format_bytes(bytes_of(Elems(u.copy_in_numel), u.copy_in_dtype))) : "",
+                       format_bytes(gathered),
+                       u.grad_numel == 0 ? std::string("no reduce-scatter (no trainable parameter)")
+                                         : fmt::format("reduce-scatter input {} ({}), output {}",
+                                                       format_bytes(bytes_of(Elems(reduced), u.reduce_dtype)),
+                                                       dt(u.reduce_dtype),
+                                                       format_bytes(bytes_of(Elems(u.grad_numel), u.reduce_dtype))));
   }
   if (f.torchtitan_pp) {
     uint64_t gathered = 0;
@@ -569,9 +596,13 @@ std::string render_fsdp_note(const Estimate& e) {
                        "reduce-scatter per unit and micro-batch) and adds them into the sharded gradients in place\n",
                        dt(o.reduce_dtype));
   } else if (e.setup.grad_accum > 1) {
+    Bytes kept;  // the trainable rows' unsharded .grad, in their unit's gradient dtype
+    for (const FsdpUnit& u : f.units) kept += bytes_of(Elems(u.trainable_params), u.grad_dtype);
+    DType kept_dtype = o.param_dtype;
+    for (const FsdpUnit& u : f.units) kept_dtype = u.trainable_params ? u.grad_dtype : kept_dtype;
     out += fmt::format("  gradient accumulation: accelerate's no_sync (set_requires_gradient_sync(False)) keeps every unsharded "
                        ".grad, {} in {}, from the first micro-batch's backward to the last one's reduce-scatters\n",
-                       format_bytes(bytes_of(e.state.parameters, o.param_dtype)), dt(o.param_dtype));
+                       format_bytes(kept), dt(kept_dtype));
   }
   out += "  streams: the copy-in and all-gather output come from the all-gather copy-in stream's pool, the reduce-scatter "
          "output and the sharded gradients from the reduce-scatter stream's; the caching allocator reuses a block on its "
@@ -880,17 +911,26 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
          {"param_dtype", dtype_name(o.param_dtype)}, {"reduce_dtype", dtype_name(o.reduce_dtype)},
          {"mixed_precision", o.mixed}};
     nlohmann::json units = nlohmann::json::array();
+    // (per-parameter dtypes, fsdp_unit_buffers: without LoRA gather_numel = copy_in_numel (mixed) = grad_numel =
+    // shard_numel, in param_dtype and reduce_dtype)
     for (const FsdpUnit& u : f->units) {
-      const uint64_t gathered = u.shard_numel * o.ranks;
-      units.push_back({{"name", u.name}, {"params", u.params}, {"shard_numel", u.shard_numel},
-                       {"reshard_after_forward", u.kind == FsdpUnit::kTail ? false : o.reshard_after_forward},
-                       {"all_gather_output_bytes", bytes_of(Elems(gathered), o.param_dtype).value},
-                       {"all_gather_copy_in_bytes", o.mixed ? bytes_of(Elems(u.shard_numel), o.param_dtype).value : 0},
-                       {"reduce_scatter_input_bytes", bytes_of(Elems(gathered), o.reduce_dtype).value},
-                       {"reduce_scatter_output_bytes", bytes_of(Elems(u.shard_numel), o.reduce_dtype).value},
+      const uint64_t gathered = u.gather_numel * o.ranks;
+      const uint64_t reduced = u.grad_numel * o.ranks;
+      nlohmann::json ju = {{"name", u.name}, {"params", u.params}, {"shard_numel", u.shard_numel},
+                       {"reshard_after_forward", u.kind == FsdpUnit::kTail || u.kind == FsdpUnit::kRoot ? false : o.reshard_after_forward},
+                       {"all_gather_output_bytes", bytes_of(Elems(gathered), u.gather_dtype).value},
+                       {"all_gather_copy_in_bytes", bytes_of(Elems(u.copy_in_numel), u.copy_in_dtype).value},
+                       {"reduce_scatter_input_bytes", bytes_of(Elems(reduced), u.reduce_dtype).value},
+                       {"reduce_scatter_output_bytes", bytes_of(Elems(u.grad_numel), u.reduce_dtype).value},
                        // HSDP: the reduce-scatter output all-reduced over dp_replicate in place (0 without HSDP)
-                       {"all_reduce_bytes", o.replicate > 1 ? bytes_of(Elems(u.shard_numel), o.reduce_dtype).value : 0}});
+                       {"all_reduce_bytes", o.replicate > 1 ? bytes_of(Elems(u.grad_numel), u.reduce_dtype).value : 0}};
+      if (o.peft) {  // LoRA: the unit's dtype and its trainable part
+        ju["all_gather_dtype"] = dtype_name(u.gather_dtype);
+        ju["trainable_params"] = u.trainable_params;
+      }
+      units.push_back(std::move(ju));
     }
+    if (o.peft) j["peft_lora"] = true;
     j["units"] = std::move(units);
     // under a pipeline: the index in units of each FSDP root's first unit, one root per stage module the rank holds
     if (f->torchtitan_pp) j["root_first_units"] = f->root_begin;

@@ -315,8 +315,9 @@ T Engine::parameter(const Shape& s, DType dt, int32_t index, Label l, bool requi
   return make_parameter(empty(s, dt, Category::kWeights, l), index, requires_grad);
 }
 
-T Engine::parameter_unallocated(const Shape& s, DType dt, int32_t index, Bytes storage, Category c, Label l) {
-  return make_parameter(empty_unallocated(s, dt, storage, c, l), index, true);
+T Engine::parameter_unallocated(const Shape& s, DType dt, int32_t index, Bytes storage, Category c, Label l,
+                                 bool requires_grad) {
+  return make_parameter(empty_unallocated(s, dt, storage, c, l), index, requires_grad);
 }
 
 T Engine::empty_unallocated(const Shape& s, DType dt, Bytes storage, Category c, Label l) {
@@ -344,6 +345,7 @@ T Engine::parameter_view(const T& base, const Shape& s, int32_t index, Label l) 
 
 T Engine::make_parameter(T t, int32_t index, bool requires_grad) {
   t->is_param = true;
+  t->param_index = index;
   if (static_cast<size_t>(index) >= params_.size()) {
     params_.resize(index + 1);
     grads_.resize(index + 1);

@@ -77,6 +77,7 @@ struct TensorImpl {
   uint32_t refs = 0;
   bool is_param = false;
   Label label;
+  int32_t param_index = -1;  // a parameter's inventory row (make_parameter), its label's row aside
 };
 
 // A reference to a tensor, like a Python variable: copying adds a reference, destruction drops one.
@@ -379,7 +380,9 @@ class Engine {
   T parameter(const Shape& s, DType dt, int32_t index, Label l, bool requires_grad = true);
   // FSDP2's unsharded parameter (fsdp.h): a parameter over a storage of `storage` bytes (its padded
   // all-gather output) that starts resized to 0 (no event), allocated and freed under it by resize_storage.
-  T parameter_unallocated(const Shape& s, DType dt, int32_t index, Bytes storage, Category c, Label l);
+  // `requires_grad` false: a frozen row's (FSDP2 keeps the sharded parameter's requires_grad on the unsharded one).
+  T parameter_unallocated(const Shape& s, DType dt, int32_t index, Bytes storage, Category c, Label l,
+                          bool requires_grad = true);
   // untyped_storage().resize_(0) (allocated false) and resize_(size) (true), as FSDP2's free_storage and
   // alloc_storage (torch/distributed/fsdp/_fully_shard/_fsdp_common.py) do to an unsharded parameter: the views
   // and the references autograd saved keep the storage, not its bytes. A no-op when already so.

@@ -80,11 +80,12 @@ struct LoadedModel {
 // model.to(device): parameters and buffers allocated in nn.Module._apply order. `make_param`, when given, makes
 // parameter row i instead (FSDP2's sharded parameters). `after_param`, when set, runs on each parameter as it is
 // created (DeepSpeed's zero.Init partitions it there). `make_buffer`, when given, makes buffer row b instead (FSDP1
-// moves the buffers with the root unit).
+// moves the buffers with the root unit). `adapters_last` false: LoRA adapter rows in inventory order (beside their
+// base rows) rather than after every base row.
 LoadedModel load_model(Engine& e, const Inventory& inv, DType model_dtype,
                        const std::function<T(size_t)>& make_param = {},
                        const std::function<void(size_t, T&)>& after_param = {},
-                       const std::function<T(size_t)>& make_buffer = {});
+                       const std::function<T(size_t)>& make_buffer = {}, bool adapters_last = true);
 
 // c10d broadcast_coalesced (comm.cpp), as the root rank runs it: the tensors grouped by
 // compute_bucket_assignment_by_size(tensors, {buffer_size}) (trainmem/ddp.h assign_buckets); each group's

@@ -32,6 +32,7 @@ Fsdp2::Fsdp2(Engine& e, const Inventory& inv, const FsdpOptions& o, std::vector<
     const auto k = static_cast<int64_t>(units_.size());
     if (spec.kind == FsdpUnit::kEmbed) embed_ = k;
     if (spec.kind == FsdpUnit::kTail) tail_ = k;
+    if (spec.kind == FsdpUnit::kRoot) root_unit_ = k;
     if (spec.kind == FsdpUnit::kLayer && layer0_ < 0) {
       layer0_ = k;
       first_layer_ = spec.layer;
@@ -52,9 +53,13 @@ Fsdp2::Unit& Fsdp2::unit(int32_t id) {
   int64_t k = -1;
   if (id == kFsdpUnitEmbed) k = embed_;
   if (id == kFsdpUnitTail) k = tail_;
+  if (id == kFsdpUnitRoot) k = root_unit_;
   if (id >= 0 && layer0_ >= 0 && id >= first_layer_) k = layer0_ + (id - first_layer_);
   if (k >= 0 && static_cast<size_t>(k) < units_.size()) u = &units_[static_cast<size_t>(k)];
-  const FsdpUnit::Kind want = id == kFsdpUnitEmbed ? FsdpUnit::kEmbed : id == kFsdpUnitTail ? FsdpUnit::kTail : FsdpUnit::kLayer;
+  const FsdpUnit::Kind want = id == kFsdpUnitEmbed ? FsdpUnit::kEmbed
+                              : id == kFsdpUnitTail ? FsdpUnit::kTail
+                              : id == kFsdpUnitRoot ? FsdpUnit::kRoot
+                                                    : FsdpUnit::kLayer;
   if (!u || u->spec.kind != want || (want == FsdpUnit::kLayer && u->spec.layer != id)) {
     throw Error(fmt::format("internal: no FSDP unit {}", id));
   }
@@ -75,14 +80,19 @@ void Fsdp2::load_roots(const std::vector<Fsdp2*>& roots, LoadedModel& w, DType b
   for (size_t i = 0; i < owner.size(); ++i) {
     if (!owner[i].first) throw Error(fmt::format("internal: {} is in no FSDP unit", inv.parameters[i].name));
   }
+  // (PEFT's adapters exist before fully_shard, which shards each unit's parameters in named_parameters() order,
+  // the adapters beside their base weights: not after every base row)
   if (roots.size() == 1 && roots.front()->o_.move_then_shard) {
     std::vector<T> held = roots.front()->move_then_shard();
     // the shards exist; load_model takes them, and loads the buffers, which the root's fully_shard moves last
-    w = load_model(roots.front()->e_, inv, buffer_dtype, [&](size_t i) { return owner[i].first->sharded_[i]; });
+    w = load_model(
+        roots.front()->e_, inv, buffer_dtype, [&](size_t i) { return owner[i].first->sharded_[i]; }, {}, {},
+        /*adapters_last=*/false);
     held.clear();  // fsdp2_prepare_model returns
   } else {
-    w = load_model(roots.front()->e_, inv, buffer_dtype,
-                   [&](size_t i) { return owner[i].first->shard_row(i, owner[i].second); });
+    w = load_model(
+        roots.front()->e_, inv, buffer_dtype,
+        [&](size_t i) { return owner[i].first->shard_row(i, owner[i].second); }, {}, {}, /*adapters_last=*/false);
   }
   for (Fsdp2* f : roots) f->w_ = &w;
 }
@@ -111,7 +121,8 @@ std::vector<T> Fsdp2::move_then_shard() {
     std::vector<T> whole;
     for (int32_t r : u->spec.rows) {
       const TensorRow& row = inv_.parameters[static_cast<size_t>(r)];
-      whole.push_back(e_.empty(Shape::of(row.shape), o_.orig_dtype, Category::kTemporaries,
+      // the dtype fully_shard receives: accelerate's upcast of the trainable ones (fsdp_param_dtypes)
+      whole.push_back(e_.empty(Shape::of(row.shape), fsdp_param_dtypes(row, o_).orig, Category::kWeights,
                                Label{intern_name(fmt::format("{} (whole, before fully_shard)", row.name)), u->spec.layer, r}));
     }
     for (int32_t r : u->spec.rows) shard_row(static_cast<size_t>(r), u->spec.layer);
@@ -131,16 +142,19 @@ std::vector<T> Fsdp2::move_then_shard() {
 T Fsdp2::shard_row(size_t i, int32_t layer) {
   const TensorRow& r = inv_.parameters[i];
   const FsdpShard sh = fsdp_shard(r.shape, o_.ranks, o_.rank);
+  const FsdpParamDtypes dt = fsdp_param_dtypes(r, o_);  // per parameter: PEFT's float32 adapters on a 16-bit base
   const Label l{intern_name(r.name), layer, static_cast<int32_t>(i)};
-  const T data = e_.empty(Shape{sh.padded_numel}, o_.orig_dtype, Category::kWeights, l);
+  const T data = e_.empty(Shape{sh.padded_numel}, dt.orig, Category::kWeights, l);
   const Shape local = Shape::of(sh.local_shape);
   sharded_[i] = e_.view(data, local, contiguous_strides(local));
   // the unsharded parameter: a view of all_gather_outputs[0] (W x the padded shard, param_dtype), freed until
   // the first all-gather (init_unsharded_param after the first copy-out; free_storage on reshard)
-  unsharded_[i] = e_.parameter_unallocated(Shape::of(r.shape), o_.param_dtype, static_cast<int32_t>(i),
-                                           bytes_of(Elems(sh.unsharded_padded_numel), o_.param_dtype),
+  // (FSDPParam._init_unsharded_param: nn.Parameter(..., requires_grad=self.sharded_param.requires_grad))
+  unsharded_[i] = e_.parameter_unallocated(Shape::of(r.shape), dt.param, static_cast<int32_t>(i),
+                                           bytes_of(Elems(sh.unsharded_padded_numel), dt.param),
                                            Category::kFsdpBuffers,
-                                           Label{intern_name(fmt::format("{} (FSDP unsharded)", r.name)), layer, -1});
+                                           Label{intern_name(fmt::format("{} (FSDP unsharded)", r.name)), layer, -1},
+                                           r.trainable);
   return sharded_[i];
 }
 
@@ -156,20 +170,21 @@ void Fsdp2::set_module_params(const Unit& u, bool unsharded) {
 // and `if self.is_unsharded: return`.
 void Fsdp2::unshard(Unit& u) {
   if (u.ag_result || u.unsharded) return;
-  const uint64_t n = u.spec.shard_numel;
   // _get_param_all_gather_inputs: with param_dtype set (the foreach-copy fast path) flat_foreach_copy_input =
   // torch.empty(sum of the padded shards' numel, dtype=param_dtype), the shards cast into its splits; without it,
-  // the shards themselves (no copy)
+  // the shards themselves (no copy). Per parameter (fsdp_unit_buffers): under LoRA a frozen base row already in
+  // param_dtype is no copy-in, and inputs of several dtypes make a uint8 all-gather over their bytes.
   // FSDPCommContext.get_all_gather_streams: unshards in FORWARD and PRE_BACKWARD (the backward prefetch sets
   // PRE_BACKWARD) without async_op run foreach_all_gather `with device_handle.stream(all_gather_copy_in_stream)`:
   // the copy-in and the all-gather output come from that stream's pool
   const StreamScope copy_in_stream(e_, fsdp2_root_stream(Stream::kFsdpAllGatherCopyIn, root_));
-  T copy_in = o_.mixed ? e_.empty(Shape{n}, o_.param_dtype, Category::kFsdpBuffers, Label{unit_label("all-gather copy-in", u.spec), u.spec.layer, -1})
-                       : T();
+  T copy_in = u.spec.copy_in_numel ? e_.empty(Shape{u.spec.copy_in_numel}, u.spec.copy_in_dtype, Category::kFsdpBuffers,
+                                              Label{unit_label("all-gather copy-in", u.spec), u.spec.layer, -1})
+                                    : T();
   // all_gather_output = torch.empty((all_gather_input_numel * world_size,)); all_gather_copy_in copies the inputs
   // into its narrow(rank) view (no allocation); param_all_gather_inputs dies when foreach_all_gather returns
-  u.ag_result = e_.empty(Shape{checked_mul(n, o_.ranks, "FSDP all-gather")}, o_.param_dtype, Category::kFsdpBuffers,
-                         Label{unit_label("all-gather output", u.spec), u.spec.layer, -1});
+  u.ag_result = e_.empty(Shape{checked_mul(u.spec.gather_numel, o_.ranks, "FSDP all-gather")}, u.spec.gather_dtype,
+                         Category::kFsdpBuffers, Label{unit_label("all-gather output", u.spec), u.spec.layer, -1});
 }
 
 // FSDPParamGroup.wait_for_unshard
@@ -218,6 +233,14 @@ T Fsdp2::backward_hook(const char* name, T x, size_t ui, bool post) {
 }
 
 T Fsdp2::pre_forward(Ctx& c, int32_t id, T input) {
+  // the tail's first module: the final norm, or lm_head alone when the PeftModel's root keeps the norm
+  // (fsdp_units): its pre-forward hook (and cast_forward_inputs) fires on lm_head's input, the norm's output
+  if (id == kFsdpUnitLmHead) {
+    if (!o_.peft) return input;
+    id = kFsdpUnitTail;
+  } else if (id == kFsdpUnitTail && o_.peft) {
+    return input;
+  }
   Unit& u = unit(id);
   const auto ui = static_cast<size_t>(&u - units_.data());
   u.state = State::kForward;
@@ -251,6 +274,20 @@ T Fsdp2::post_forward(Ctx& c, int32_t id, T output) {
 }
 
 void Fsdp2::root_post_forward() { ag_state_.reset(); }
+
+// The root's own parameters (PEFT: the final norm, fsdp_units): FSDPState._pre_forward of the root module, the
+// first hook of the model's forward, runs FSDPParamGroup.pre_forward (the all-gather, kept in all_gather_state
+// until the embedding's wait_for_unshard). The root never reshards after forward (FSDPState._lazy_init) and its
+// inputs need no grad, so its post_backward (a reshard: the norm is frozen) waits for the final callback, and its
+// pre-backward hook on the loss finds it unsharded, its prefetch target (the tail) too: neither is simulated.
+void Fsdp2::root_pre_forward() {
+  if (root_unit_ < 0) return;
+  Unit& u = units_[static_cast<size_t>(root_unit_)];
+  u.state = State::kForward;
+  unshard(u);
+  wait_for_unshard(u);
+  u.state = State::kIdle;
+}
 
 // FSDPParamGroup.pre_backward(default_prefetch=True)
 void Fsdp2::pre_backward(Unit& u) {
@@ -338,7 +375,8 @@ void Fsdp2::post_backward(Unit& u) {
   // reduce_output = empty(reduce_scatter_output_numel, reduce_dtype); grad_output = _to_dtype_if_needed(
   // reduce_output, orig_dtype): a new tensor when they differ, and reduce_output dies when foreach_reduce returns.
   // The sharded gradients are as_strided views of grad_output (unpadded, per parameter).
-  const bool upcast = reduce != o_.orig_dtype;
+  // (orig_dtype: the group's _orig_dtype, its trainable parameters': PEFT's float32 adapters on a 16-bit base)
+  const bool upcast = reduce != u.spec.grad_orig_dtype;
   // `with device_handle.stream(reduce_scatter_stream): reduce_output = ...allocate(...)`, and the upcast runs
   // `with device_handle.stream(post_reduce_stream)` (the reduce-scatter stream without HSDP): both from that
   // stream's pool, so the sharded gradients' blocks live there until the optimizer frees them
@@ -361,7 +399,7 @@ void Fsdp2::post_backward(Unit& u) {
     rs_stream.reset();
     rs_stream.emplace(e_, fsdp2_root_stream(Stream::kFsdpAllReduce, root_));
   }
-  T grad_output = upcast ? e_.empty(Shape{n}, o_.orig_dtype, Category::kGradients,
+  T grad_output = upcast ? e_.empty(Shape{n}, u.spec.grad_orig_dtype, Category::kGradients,
                                     Label{unit_label("sharded gradients (reduce-scatter output upcast)", u.spec), u.spec.layer, -1})
                          : reduce_output;
   rs_stream.reset();

@@ -30,6 +30,11 @@ class Fsdp2 : public FsdpHooks {
   // The root module's post-forward (FSDPState._post_forward of the iteration's forward root): the last
   // all-gather output kept for overlap is freed.
   void root_post_forward();
+  // The root module's pre-forward when the root unit holds parameters (PEFT's final norm): their all-gather.
+  void root_pre_forward();
+  // Row i's unsharded parameter (autograd's leaf while its unit is unsharded): PEFT's adapters as the program
+  // uses them (LoraPolicy)
+  const T& unsharded(size_t i) const { return unsharded_[i]; }
   // _root_post_backward_final_callback, queued by the first pre-backward hook: post_backward of the units whose
   // inputs needed no gradient (the embedding), then the last reduce-scatter input freed. The sharded gradients
   // become the parameters' .grad for the optimizer.
@@ -123,7 +128,7 @@ class Fsdp2 : public FsdpHooks {
   bool reshard_after_backward_ = true;  // FSDPParamGroup.reshard_after_backward
   std::vector<T> accumulated_;  // per row: FSDPParam.unsharded_accumulated_grad (the reduce dtype)
   // unit(id)'s index: the embedding's, the tail's (-1: none), the first layer unit's and its layer
-  int64_t embed_ = -1, tail_ = -1, layer0_ = -1;
+  int64_t embed_ = -1, tail_ = -1, layer0_ = -1, root_unit_ = -1;
   int32_t first_layer_ = 0;
   size_t root_ = 0;
 };

@@ -292,7 +292,7 @@ T Fsdp1::pre_backward_hook(T x, size_t ui) {
 }
 
 T Fsdp1::pre_forward(Ctx&, int32_t id, T input) {
-  if (id == kFsdpUnitTail) return input;  // inside the root's forward
+  if (id == kFsdpUnitTail || id == kFsdpUnitLmHead) return input;  // inside the root's forward
   Unit& u = unit(id);
   if (id == kFsdpUnitEmbed) {
     // FullyShardedDataParallel.forward of the root: _root_pre_forward (_lazy_init; _reset_flat_param_grad_info_if_needed:

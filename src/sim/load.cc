@@ -40,7 +40,7 @@ Shape shape_of(const TensorRow& r) { return Shape::of(stored_shape(r)); }
 
 LoadedModel load_model(Engine& e, const Inventory& inv, DType model_dtype, const std::function<T(size_t)>& make_param,
                        const std::function<void(size_t, T&)>& after_param,
-                       const std::function<T(size_t)>& make_buffer) {
+                       const std::function<T(size_t)>& make_buffer, bool adapters_last) {
   LoadedModel w;
   w.inv = &inv;
   w.params.resize(inv.parameters.size());
@@ -70,13 +70,16 @@ LoadedModel load_model(Engine& e, const Inventory& inv, DType model_dtype, const
   // The base model (buffers interleaved where nn.Module._apply moves them; load_after counts base rows)...
   size_t base = 0;
   for (size_t i = 0; i < inv.parameters.size(); ++i) {
-    if (inv.parameters[i].adapter) continue;
+    if (inv.parameters[i].adapter) {
+      if (!adapters_last) load_param(i);
+      continue;
+    }
     load_buffers_before(base++);
     load_param(i);
   }
   load_buffers_before(base);
   // ...then the LoRA adapters, which get_peft_model creates on the device once the model is there.
-  for (size_t i = 0; i < inv.parameters.size(); ++i) {
+  for (size_t i = 0; i < inv.parameters.size() && adapters_last; ++i) {
     if (inv.parameters[i].adapter) load_param(i);
   }
   return w;

@@ -452,6 +452,7 @@ struct Loop {
         out.loss = sum_loss(c, out.logits);  // loss = y.sum()
         kept_logits = std::move(out.logits);  // `y = model(x)` stays bound until the next forward
       } else {
+        if (fsdp) fsdp->root_pre_forward();  // FSDP2: the root's own parameters (PEFT's final norm), if any
         out = run_forward(&Y);
         if (fsdp) fsdp->root_post_forward();  // FSDP2: the root's post-forward, once the model's forward returns
         if (fsdp1) fsdp1->root_post_forward();  // FSDP1: the root FullyShardedDataParallel's _post_forward
@@ -2145,6 +2146,10 @@ SimResult simulate_once(const ModelSpec& m, const Inventory& inv, const TrainSet
   // (under a pipeline: torchtitan's apply_fsdp on the rank's stage module, resolve_pp_fsdp / fsdp_stage_units)
   // (over the sequence-parallel model: torchtitan's apply_fsdp after its TP + SP plan, resolve_sp_fsdp)
   loop.fsdp_opt = resolve_fsdp2_policy(s, m, o.loop, o.torch, o.pp.on);
+  // accelerate 16cb6eb Accelerator.prepare sends FSDP2 to _prepare_fsdp2, which never calls prepare_model: no
+  // autocast wraps the forward under --precision bf16-amp (MixedPrecisionPolicy's bf16 parameters make the compute
+  // bf16). torchtitan's paths take --precision fp32, no autocast either way.
+  if (loop.fsdp_opt.on) loop.c.autocast = false;
   // DeepSpeed ZeRO-3: zero.Init partitions each parameter as it is made (Loop::z3_partition_at_load)
   loop.zopt = resolve_zero(s, o.loop, o.torch);
   if (loop.zopt.on && loop.zopt.stage == 3) {
@@ -2186,7 +2191,9 @@ SimResult simulate_once(const ModelSpec& m, const Inventory& inv, const TrainSet
     if (!a.adapter || a.adapts < 0) continue;
     auto& by_row = loop.c.lora.by_base_row;
     if (by_row.size() < inv.parameters.size()) by_row.resize(inv.parameters.size());
-    by_row[static_cast<size_t>(a.adapts)] = {loop.w.params[i], loop.w.params[i + 1]};
+    // (FSDP2: the unsharded adapters, which the unit's all-gather fills before its forward)
+    by_row[static_cast<size_t>(a.adapts)] = loop.fsdp ? std::pair<sim::T, sim::T>{loop.fsdp->unsharded(i), loop.fsdp->unsharded(i + 1)}
+                                                      : std::pair<sim::T, sim::T>{loop.w.params[i], loop.w.params[i + 1]};
     ++i;
   }
   loop.c.lora.dropout = s.lora.dropout;

@@ -94,7 +94,8 @@ namespace {
 
 // The adapters of the Linear (or Conv1D) whose weight is `w`, or nullptr.
 const std::pair<T, T>* adapters_of(const Ctx& c, const T& w) {
-  const int32_t row = w->is_param ? w->label.row : -1;
+  // (FSDP2's unsharded parameter is labelled apart from its row: param_index)
+  const int32_t row = !w->is_param ? -1 : w->label.row >= 0 ? w->label.row : w->param_index;
   if (row < 0 || static_cast<size_t>(row) >= c.lora.by_base_row.size()) return nullptr;
   const auto& ab = c.lora.by_base_row[static_cast<size_t>(row)];
   return ab.first ? &ab : nullptr;
@@ -343,7 +344,9 @@ T embedding_grad_rows(Ctx& c, const T& weight, const T& ids, uint64_t grad_rows,
   if (node && grad_rows != weight.shape()[0]) node->in_meta[0].shape = ws;
   // enable_input_require_grads: a forward hook on the input embeddings does output.requires_grad_(True), so
   // that layer 0 records a graph even when the embedding is frozen (PEFT, gradient checkpointing)
-  if (c.input_embedding_row >= 0 && weight->label.row == c.input_embedding_row && !out->requires_grad &&
+  // (FSDP2's unsharded weight is labelled apart from its row: param_index)
+  if (c.input_embedding_row >= 0 && (weight->label.row >= 0 ? weight->label.row : weight->param_index) == c.input_embedding_row &&
+      !out->requires_grad &&
       c.e.grad_mode) {
     out = c.e.requires_grad_leaf(out, /*held_by_graph=*/true);
   }

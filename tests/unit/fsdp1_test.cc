@@ -209,16 +209,9 @@ TEST(Fsdp1Load, MovesBroadcastsFlattensAndShardsEachUnitAsMeasured) {
   for (uint64_t x : {V * H, V * H, H, inv_freq, inv_freq, 2 * inv_freq + V * H, H + V * H, root, root / W}) {
     want.push_back(4 * x);
   }
-  std::vector<uint64_t> got;
-  size_t last = 0;
-  for (size_t i = 0; i < e.sim->timeline.events.size(); ++i) {
-    const Event& ev = e.sim->timeline.events[i];
-    if (ev.phase != Phase::kSetup) break;
-    last = i;
-    if (ev.kind == Event::kAlloc) got.push_back(ev.bytes.value);
-  }
-  EXPECT_EQ(got, want);
-  EXPECT_EQ(e.alloc->reserved[last], 15235809280u);
+  const testing::SetupAllocs got = testing::setup_allocs(e);
+  EXPECT_EQ(got.bytes, want);
+  EXPECT_EQ(got.reserved, 15235809280u);
 }
 
 // backward_prefetch BACKWARD_PRE: each pre-backward hook all-gathers the unit before it in post-forward order

@@ -215,16 +215,9 @@ TEST(FsdpLoad, FullyShardMovesEachUnitWholeThenShardsItAsMeasured) {
   }
   const uint64_t inv_freq = 128 / 2;  // head_dim / 2 float32 elements, and original_inv_freq alike
   for (uint64_t x : {V * H, V / W * H, H, V * H, H / W, V / W * H, inv_freq, inv_freq}) want.push_back(4 * x);
-  std::vector<uint64_t> got;
-  size_t last = 0;
-  for (size_t i = 0; i < e.sim->timeline.events.size(); ++i) {
-    const Event& ev = e.sim->timeline.events[i];
-    if (ev.phase != Phase::kSetup) break;
-    last = i;
-    if (ev.kind == Event::kAlloc) got.push_back(ev.bytes.value);
-  }
-  EXPECT_EQ(got, want);
-  EXPECT_EQ(e.alloc->reserved[last], 6041894912u);
+  const testing::SetupAllocs got = testing::setup_allocs(e);
+  EXPECT_EQ(got.bytes, want);
+  EXPECT_EQ(got.reserved, 6041894912u);
 }
 
 // Gradient accumulation: accelerate's no_sync sets requires_gradient_sync False for every micro-batch but the last,
@@ -256,7 +249,7 @@ TEST(FsdpRefusals, WhatIsNotSimulated) {
   const auto refused = [](std::initializer_list<std::pair<const char*, std::string>> more) {
     EXPECT_THROW(run(tiny(more)), Error);
   };
-  refused({{"lora", "r=8"}});
+  // (LoRA is simulated: fsdp_lora_test.cc; QLoRA's 4-bit base is refused there)
   refused({{"precision", "fp16-amp"}});
   refused({{"checkpointing", "full"}, {"checkpoint_reentrant", "true"}});
   refused({{"optimizer", "sgd"}});

@@ -109,6 +109,22 @@ inline std::vector<std::tuple<int, std::string, uint64_t, int>> category_events(
   return out;
 }
 
+// The setup's allocations (before the first step), in order, and the replay's reserved bytes when it ends.
+struct SetupAllocs {
+  std::vector<uint64_t> bytes;
+  uint64_t reserved = 0;
+};
+inline SetupAllocs setup_allocs(const Estimate& e) {
+  SetupAllocs out;
+  for (size_t i = 0; i < e.sim->timeline.events.size(); ++i) {
+    const Event& ev = e.sim->timeline.events[i];
+    if (ev.phase != Phase::kSetup) break;
+    out.reserved = e.alloc->reserved[i];
+    if (ev.kind == Event::kAlloc) out.bytes.push_back(ev.bytes.value);
+  }
+  return out;
+}
+
 // The pipeline of every front end: resolve, then estimate (presets from memory).
 inline Estimate run(const Scenario& s) { return estimate(resolve(s, MapFileReader())); }
 

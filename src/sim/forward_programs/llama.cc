@@ -425,6 +425,7 @@ T llama_model(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids) {
 ForwardOut llama_forward(Ctx& c, const ModelSpec& m, const LoadedModel& w, const T& ids, const T* labels) {
   T hidden = llama_model(c, m, w, ids);
   if (!c.pp.last) return ForwardOut{std::move(hidden), T()};  // sent to the next pipeline stage
+  hidden = fsdp_pre_forward(c, kFsdpUnitLmHead, std::move(hidden));  // FSDP2 under PEFT: the tail [lm_head] starts here
   if (m.head == Head::kSeqCls) return sequence_classification_output(c, m, w.p("score.weight"), hidden, ids, labels);
   if (c.liger_fused) {  // resolve() refuses gemma2 (softcapping) and autocast with it
     return liger_fused_causal_lm(c, w, std::move(hidden), "lm_head.weight", "model.embed_tokens.weight", labels);

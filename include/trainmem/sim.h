@@ -45,6 +45,10 @@ struct SimOptions {
   uint32_t sm = 80;
   uint32_t steps = 2;  // optimizer steps to run (the first creates the optimizer state)
   PpOptions pp;        // --pp > 1: the simulated rank's pipeline stage and schedule (pp.h); estimate() sets it
+  // Internal (no CLI option): a pipeline rank replays the micro-batches that repeat an earlier one's events
+  // (src/sim/memo.h) instead of simulating them; the same output byte for byte. False simulates every action
+  // (tests/unit/memo_test.cc compares the two).
+  bool memo = true;
 };
 
 // A moment of the timeline: the event index and the live bytes right after it.
@@ -73,6 +77,11 @@ struct SimResult {
   std::vector<std::vector<DdpBucket>> ddp_buckets;
   uint32_t ddp_rebuild_step = 0;  // the optimizer step whose forward rebuilt them (0: no rebuild simulated)
   FlopLedger flops;               // the FLOPs and bytes of the last simulated step's kernels (flops.h)
+  // Diagnostics of the memoized pipeline actions (src/sim/memo.h), not reported: actions replayed, and whether the
+  // run fell back to simulating every action (a replayed forward whose backward's state differed from its
+  // template's)
+  uint64_t memo_replayed = 0;
+  bool memo_fell_back = false;
 };
 
 SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s, const SimOptions& o);

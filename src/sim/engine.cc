@@ -300,6 +300,17 @@ T Engine::view(const T& base, const Shape& s, const Strides& st) {
   return T(p);
 }
 
+T Engine::adopt(uint64_t id, const TensorImpl& like) {
+  TensorImpl* p = new_impl();
+  p->shape = like.shape;
+  p->dtype = like.dtype;
+  p->strides = like.strides;
+  p->label = like.label;
+  p->storage = id;
+  retain(id);
+  return T(p);
+}
+
 T Engine::parameter(const Shape& s, DType dt, int32_t index, Label l, bool requires_grad) {
   return make_parameter(empty(s, dt, Category::kWeights, l), index, requires_grad);
 }
@@ -385,32 +396,51 @@ T Engine::leaf(const Shape& s, DType dt, Category c, Label l) { return empty(s, 
 
 T& Engine::grad(int32_t index) { return grads_[index]; }
 
-Bytes Engine::saved_bytes() const {
-  std::vector<uint64_t> ids;
-  for (const LiveNode& l : nodes_) {
-    const Node* n = l.node;
-    if (n->frame) {  // a non-reentrant checkpoint's inputs, which it saves (save_inputs)
-      for (const T& t : n->frame->inputs) {
-        if (t) ids.push_back(t->storage);
-      }
-      // and the op outputs selective checkpointing keeps for the recompute
-      for (const auto& kept : n->frame->sac_storage) {
-        for (const auto& outs : kept) {
-          for (const T& t : outs) {
-            if (t) ids.push_back(t->storage);
-          }
+namespace {
+// The storages node `n` keeps for backward, as saved_bytes() counts them: into `kept`, a non-reentrant checkpoint's
+// inputs (save_inputs) and the op outputs selective checkpointing keeps for the recompute; into `saved`, its saved
+// tensors (which saved_bytes() filters by category; a leaf's AccumulateGrad holds its variable, not saved).
+void kept_storages(const Node* n, std::vector<uint64_t>& kept, std::vector<uint64_t>& saved) {
+  if (n->frame) {
+    for (const T& t : n->frame->inputs) {
+      if (t) kept.push_back(t->storage);
+    }
+    for (const auto& by_op : n->frame->sac_storage) {
+      for (const auto& outs : by_op) {
+        for (const T& t : outs) {
+          if (t) kept.push_back(t->storage);
         }
       }
     }
-    if (n->is_accumulate) continue;  // a leaf's AccumulateGrad holds its variable, which is not saved for backward
-    for (const T& t : n->saved) {
-      if (!t) continue;
-      const Category c = storages_[t->storage].category;
+  }
+  if (n->is_accumulate) return;
+  for (const T& t : n->saved) {
+    if (t) saved.push_back(t->storage);
+  }
+}
+}  // namespace
+
+Bytes Engine::saved_bytes() const {
+  std::vector<uint64_t> ids, saved;
+  auto add_saved = [&] {
+    for (uint64_t id : saved) {
+      const Category c = storages_[id].category;
       // parameters are not activations: the module's own, and FSDP's unsharded ones (all-gathered, category
       // kFsdpBuffers, counted with FSDP's buffers) that the linears save
       if (c == Category::kWeights || c == Category::kBuffers || c == Category::kFsdpBuffers) continue;
-      ids.push_back(t->storage);
+      ids.push_back(id);
     }
+    saved.clear();
+  };
+  for (const LiveNode& l : nodes_) {
+    kept_storages(l.node, ids, saved);
+    add_saved();
+  }
+  // graphs a memoized forward stands for (memo.h): the storages their nodes would keep, by the same rules
+  for (const PhantomGraph& g : phantoms) {
+    ids.insert(ids.end(), g.kept.begin(), g.kept.end());
+    saved = g.saved;
+    add_saved();
   }
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
@@ -423,6 +453,46 @@ Bytes Engine::saved_bytes() const {
     b += storages_[id].bytes;
   }
   return b;
+}
+
+void Engine::kept_ids(uint32_t g, std::vector<uint64_t>& kept, std::vector<uint64_t>& saved) const {
+  for (const LiveNode& l : nodes_) {
+    if (l.graph == g) kept_storages(l.node, kept, saved);
+  }
+  for (std::vector<uint64_t>* v : {&kept, &saved}) {
+    std::sort(v->begin(), v->end());
+    v->erase(std::unique(v->begin(), v->end()), v->end());
+  }
+}
+
+bool Engine::replay_event(const Event& ev) {
+  check_event_room();
+  if (ev.kind == Event::kAlloc) {
+    uint64_t total = 0;
+    if (__builtin_add_overflow(live_.total.value, ev.bytes.value, &total)) return false;
+  }
+  if (tl_->events.size() + 8 < tl_->events.capacity()) __builtin_prefetch(tl_->events.data() + tl_->events.size() + 8, 1);
+  tl_->events.push_back(ev);
+  apply(live_, tl_->events.back());
+  if (ev.kind == Event::kAlloc && live_.total > peak_live_.total) {  // emit_alloc's peak
+    peak_live_ = live_;
+    peak_event_ = tl_->events.size() - 1;
+  }
+  return true;
+}
+
+void Engine::persistent_ids(std::vector<uint64_t>& out) const {
+  auto id = [](const T& t) { return t ? t->storage : UINT64_MAX; };
+  for (const T& t : cublas_ws_) out.push_back(id(t));
+  for (const T& t : cublaslt_ws_) out.push_back(id(t));
+  for (const T& t : grads_) out.push_back(id(t));
+  // a leaf's .grad that exists (the list's length only numbers leaves: no output depends on it)
+  for (size_t i = 0; i < leaf_grads_.size(); ++i) {
+    if (leaf_grads_[i]) {
+      out.push_back(i);
+      out.push_back(leaf_grads_[i]->storage);
+    }
+  }
 }
 
 void Engine::gemm(bool lt) {
@@ -444,6 +514,10 @@ void Engine::gemm(bool lt) {
 
 std::optional<WorkPhase> Engine::work_phase() const {
   if (!recording_ || (count_step >= 0 && step != static_cast<uint64_t>(count_step))) return std::nullopt;
+  return unfiltered_work_phase();
+}
+
+std::optional<WorkPhase> Engine::unfiltered_work_phase() const {
   if (recomputing_depth_ > 0) return WorkPhase::kRecompute;
   switch (phase) {
     case Phase::kForward:
@@ -468,28 +542,63 @@ static void count_collective(FlopLedger& l, std::array<uint64_t, kWorkPhases>& n
 }
 
 void Engine::count_tp_collective(bool all_gather, uint64_t bytes) {
+  if (count_tape && recording_) {
+    if (const std::optional<WorkPhase> up = unfiltered_work_phase()) {
+      count_tape->push_back(CountCall{CountCall::kTp, all_gather, FlopKind::kElementwise, DType::kF32, *up, 0, bytes, count_weight});
+    }
+  }
   const std::optional<WorkPhase> wp = work_phase();
   if (!wp) return;
-  const auto pi = static_cast<size_t>(*wp);
-  count_collective(flops_, all_gather ? flops_.tp_all_gathers : flops_.tp_all_reduces,
-                   all_gather ? flops_.tp_all_gather_bytes : flops_.tp_all_reduce_bytes, pi, bytes, count_weight);
+  count_collective_in(*wp, true, all_gather, bytes, count_weight);
 }
 
 void Engine::count_dp_collective(bool all_gather, uint64_t bytes) {
+  if (count_tape && recording_) {
+    if (const std::optional<WorkPhase> up = unfiltered_work_phase()) {
+      count_tape->push_back(CountCall{CountCall::kDp, all_gather, FlopKind::kElementwise, DType::kF32, *up, 0, bytes, count_weight});
+    }
+  }
   const std::optional<WorkPhase> wp = work_phase();
   if (!wp) return;
-  const auto pi = static_cast<size_t>(*wp);
+  count_collective_in(*wp, false, all_gather, bytes, count_weight);
+}
+
+void Engine::count_collective_in(WorkPhase p, bool tp, bool all_gather, uint64_t bytes, uint64_t weight) {
+  const auto pi = static_cast<size_t>(p);
+  if (tp) {
+    count_collective(flops_, all_gather ? flops_.tp_all_gathers : flops_.tp_all_reduces,
+                     all_gather ? flops_.tp_all_gather_bytes : flops_.tp_all_reduce_bytes, pi, bytes, weight);
+    return;
+  }
   // count_weight times, as count_tp_collective (a persistent parameter's gather, made by the first micro-batch
   // only, is counted for each micro-batch it stands for: elements under stage3_param_persistence_threshold)
   count_collective(flops_, all_gather ? flops_.dp_all_gathers : flops_.dp_reduce_scatters,
-                   all_gather ? flops_.dp_all_gather_bytes : flops_.dp_reduce_scatter_bytes, pi, bytes, count_weight);
+                   all_gather ? flops_.dp_all_gather_bytes : flops_.dp_reduce_scatter_bytes, pi, bytes, weight);
   if (all_gather) flops_.dp_largest_gather_bytes[pi] = std::max(flops_.dp_largest_gather_bytes[pi], bytes);
 }
 
+void Engine::replay_count(const CountCall& c) {
+  // the count_step filter of the step the call is replayed in (work_phase): the recorded phase is unfiltered
+  if (!recording_ || (count_step >= 0 && step != static_cast<uint64_t>(count_step))) return;
+  if (c.kind == CountCall::kKernel) {
+    count_in(c.p, c.k, c.flops, c.bytes, c.dt, c.weight);
+  } else {
+    count_collective_in(c.p, c.kind == CountCall::kTp, c.all_gather, c.bytes, c.weight);
+  }
+}
+
 void Engine::count(FlopKind k, uint64_t flops, uint64_t bytes, DType dt) {
+  if (count_tape && recording_) {
+    if (const std::optional<WorkPhase> up = unfiltered_work_phase()) {
+      count_tape->push_back(CountCall{CountCall::kKernel, false, k, dt, *up, flops, bytes, count_weight});
+    }
+  }
   const std::optional<WorkPhase> wp = work_phase();
   if (!wp) return;
-  const WorkPhase p = *wp;
+  count_in(*wp, k, flops, bytes, dt, count_weight);
+}
+
+void Engine::count_in(WorkPhase p, FlopKind k, uint64_t flops, uint64_t bytes, DType dt, uint64_t weight) {
   const auto pi = static_cast<size_t>(p), ki = static_cast<size_t>(k);
   // checked: a sum past 2^64 - 1 saturates and marks the ledger (ops_util.h sat_mul/sat_add saturate likewise)
   auto add = [this](uint64_t& into, uint64_t x) {
@@ -499,18 +608,18 @@ void Engine::count(FlopKind k, uint64_t flops, uint64_t bytes, DType dt) {
     }
   };
   // each kernel counted count_weight times (the micro-batches it stands for)
-  auto times = [this](uint64_t x) {
+  auto times = [weight](uint64_t x) {
     uint64_t out = 0;
-    return x == UINT64_MAX || __builtin_mul_overflow(x, count_weight, &out) ? UINT64_MAX : out;
+    return x == UINT64_MAX || __builtin_mul_overflow(x, weight, &out) ? UINT64_MAX : out;
   };
   add(flops_.flops[pi][ki], times(flops));
   add(flops_.bytes[pi][ki], times(bytes));
-  add(flops_.kernels, count_weight);
+  add(flops_.kernels, weight);
   const FlopKey key{flops, bytes, (static_cast<uint32_t>(k) << 16) | (static_cast<uint32_t>(p) << 8) |
                                       static_cast<uint32_t>(dt)};
   auto [it, fresh] = flop_index_.try_emplace(key, static_cast<uint32_t>(flops_.rows.size()));
   if (fresh) flops_.rows.push_back(KernelRow{k, p, dt, flops, bytes, 0});
-  add(flops_.rows[it->second].count, count_weight);
+  add(flops_.rows[it->second].count, weight);
 }
 
 // ---- autograd ----------------------------------------------------------------------------------------
@@ -819,7 +928,7 @@ void Engine::backward(const T& loss, T seed) {
     // one of several live graphs (Engine::graph): its nodes go, the others stay
     const uint32_t g = loss->grad_fn.node->graph;
     recycle_where([g](const LiveNode& l) { return l.graph == g; });
-    if (nodes_.empty()) leaf_grads_.clear();
+    if (nodes_.empty() && phantoms.empty()) leaf_grads_.clear();
   } else if (depth_ == 1) {
     recycle_nodes();
   } else {

@@ -526,6 +526,54 @@ class Engine {
   void count_dp_collective(bool all_gather, uint64_t bytes);
   const FlopLedger& flops() const { return flops_; }
 
+  // --- Memoized pipeline actions (memo.h): what ActionMemo reads, records and replays -------------------------
+  // One count()/count_tp_collective()/count_dp_collective() call as it would count: its work phase without the
+  // count_step filter (replay_count applies the filter of the step it is replayed in) and its weight.
+  struct CountCall {
+    enum Kind : uint8_t { kKernel, kTp, kDp } kind = kKernel;
+    bool all_gather = false;
+    FlopKind k = FlopKind::kElementwise;
+    DType dt = DType::kF32;
+    WorkPhase p = WorkPhase::kForward;
+    uint64_t flops = 0, bytes = 0, weight = 1;
+  };
+  std::vector<CountCall>* count_tape = nullptr;  // while set, every counted call is appended to it
+  void replay_count(const CountCall& c);
+  // Appends a recorded event (its storage id, step and micro-batch already the replay's) as emit() does, with
+  // emit_alloc's peak; false (nothing appended) when its bytes would pass 2^64 (the caller falls back).
+  bool replay_event(const Event& ev);
+  size_t storage_count() const { return storages_.size(); }
+  const Event& event_at(size_t i) const { return tl_->events[i]; }
+  StorageInfo& storage_at(uint64_t id) { return storages_[id]; }
+  void push_storage(const StorageInfo& s) { storages_.push_back(s); }
+  uint64_t node_seq() const { return seq_; }
+  void advance_node_seq(uint64_t n) { seq_ += n; }
+  // Between two actions: no backward running, no checkpoint frame packing or filling, no recompute, recording.
+  bool at_rest() const {
+    return depth_ == 0 && !packing_ && !filling_ && recomputing_depth_ == 0 && !running_ && recording_ && !lost_events_;
+  }
+  // The storages the nodes of graph `g` keep for backward as saved_bytes() counts them, each sorted and once:
+  // checkpoint frames' inputs and kept outputs (`kept`), saved tensors (`saved`, before saved_bytes()'s category
+  // filter).
+  void kept_ids(uint32_t g, std::vector<uint64_t>& kept, std::vector<uint64_t>& saved) const;
+  // Graphs whose forward was replayed and whose backward is still to come (memo.h): their storages count in
+  // saved_bytes() as the real graph's would, and a graph freed while one is pending is not the last live graph.
+  struct PhantomGraph {
+    uint32_t graph = 0;
+    std::vector<uint64_t> kept, saved;  // kept_ids of the graph it stands for
+  };
+  std::vector<PhantomGraph> phantoms;
+  // Which of the four cuBLAS/cuBLASLt workspaces exist (bit i: python thread, autograd thread, then Lt's)
+  uint64_t workspace_bits() const {
+    return (cublas_ws_[0] ? 1 : 0) | (cublas_ws_[1] ? 2 : 0) | (cublaslt_ws_[0] ? 4 : 0) | (cublaslt_ws_[1] ? 8 : 0);
+  }
+  // A handle on storage `id` shaped as `like` (no autograd history): a tensor a replayed action hands to the loop
+  // (memo.h rule 3's escapes), as the simulated action's handle would be after its graph is freed.
+  T adopt(uint64_t id, const TensorImpl& like);
+  // The storage ids of the persistent handles the engine keeps (UINT64_MAX: none): the four workspaces, then every
+  // parameter's .grad, then (index, id) of every leaf .grad that exists, appended to `out`.
+  void persistent_ids(std::vector<uint64_t>& out) const;
+
  private:
   // Appends an event (at the current phase, step and micro-batch) to the timeline and applies it to the live
   // bytes.
@@ -544,6 +592,9 @@ class Engine {
   T make_parameter(T t, int32_t index, bool requires_grad);
   void check_event_room() const;
   void emit_alloc(uint64_t id);
+  void count_in(WorkPhase p, FlopKind k, uint64_t flops, uint64_t bytes, DType dt, uint64_t weight);
+  void count_collective_in(WorkPhase p, bool tp, bool all_gather, uint64_t bytes, uint64_t weight);
+  std::optional<WorkPhase> unfiltered_work_phase() const;  // work_phase() without the count_step filter
 
   // Declared first so that they are destroyed last, after everything that refers to their objects.
   Pool<TensorImpl> impls_;

@@ -463,4 +463,118 @@ void Fsdp2::pp_post_backward() {
   final_callback();
 }
 
+// --- memoized pipeline actions (memo.h) ---
+
+Fsdp2::MemoSnapshot Fsdp2::memo_snapshot() const {
+  auto id = [](const T& t) { return t ? t->storage : UINT64_MAX; };
+  MemoSnapshot m;
+  for (const Unit& u : units_) {
+    m.state.push_back(static_cast<uint8_t>(u.state));
+    m.unsharded.push_back(u.unsharded ? 1 : 0);
+    m.ag_result.push_back(id(u.ag_result));
+    m.ar_state.push_back(id(u.ar_state));
+    m.indices.push_back(u.post_forward_indices);
+  }
+  m.order = post_forward_order_;
+  m.ag_state = id(ag_state_);
+  m.rs_state = id(rs_state_);
+  m.reduce_grads = reduce_grads_;
+  m.reshard_after_backward = reshard_after_backward_;
+  for (const T& t : sgrad_) m.sgrad.push_back(id(t));
+  for (const T& t : accumulated_) m.accumulated.push_back(id(t));
+  return m;
+}
+
+void Fsdp2::memo_key(std::vector<uint64_t>& out, bool backward) const {
+  out.push_back(units_.size());
+  for (const Unit& u : units_) {
+    // pre_backward's reading of the indices: none (0); an index with no prefetch to do (1): curr == 0 returns, and
+    // a target already unsharded or with an all-gather result makes unshard() return at once (the target's state,
+    // set around it, is restored); else 2 + the target unit's index. Only pre_backward reads the indices, and only
+    // a backward runs it (the pre-backward hook's node): a forward's key leaves them out (it pushes, whatever the
+    // values).
+    uint64_t top = 0;
+    if (backward && !u.post_forward_indices.empty()) {
+      const size_t curr = u.post_forward_indices.back();
+      top = 1;
+      if (curr != 0) {
+        const Unit& target = units_[post_forward_order_[curr - 1]];
+        if (!target.ag_result && !target.unsharded) top = 2 + post_forward_order_[curr - 1];
+      }
+    }
+    out.push_back(static_cast<uint64_t>(u.state) | (u.unsharded ? 1u << 8 : 0) | (u.ag_result ? 1u << 9 : 0) |
+                  (u.ar_state ? 1u << 10 : 0));
+    out.push_back(top);
+  }
+  out.push_back((ag_state_ ? 1 : 0) | (rs_state_ ? 2 : 0));
+  // the pipeline's two flags and, per row, two bits: the sharded gradient and the accumulated unsharded gradient
+  // exist (read by post_backward and the final callbacks only: a backward's)
+  if (!backward) return;
+  out.push_back((reduce_grads_ ? 1 : 0) | (reshard_after_backward_ ? 2 : 0));
+  uint64_t word = 0;
+  size_t bits = 0;
+  for (size_t i = 0; i < sgrad_.size(); ++i) {
+    word |= (sgrad_[i] ? uint64_t{1} : 0) << bits;
+    word |= (accumulated_[i] ? uint64_t{2} : 0) << bits;
+    bits += 2;
+    if (bits == 64) {
+      out.push_back(word);
+      word = 0;
+      bits = 0;
+    }
+  }
+  out.push_back(word);
+}
+
+std::optional<Fsdp2::MemoDelta> Fsdp2::memo_delta(const MemoSnapshot& b, const MemoSnapshot& a) {
+  // handles: the same storages before and after (made, kept or dropped by the action: not memoized)
+  if (b.ag_result != a.ag_result || b.ar_state != a.ar_state || b.ag_state != a.ag_state || b.rs_state != a.rs_state ||
+      b.sgrad != a.sgrad || b.accumulated != a.accumulated || b.state.size() != a.state.size()) {
+    return std::nullopt;
+  }
+  // the order: extended by a tail
+  if (a.order.size() < b.order.size() || !std::equal(b.order.begin(), b.order.end(), a.order.begin())) return std::nullopt;
+  MemoDelta d;
+  d.state = a.state;
+  d.unsharded = a.unsharded;
+  d.order_tail.assign(a.order.begin() + static_cast<std::ptrdiff_t>(b.order.size()), a.order.end());
+  if (a.reduce_grads != b.reduce_grads) d.reduce_grads = a.reduce_grads ? 1 : 0;
+  if (a.reshard_after_backward != b.reshard_after_backward) d.reshard_after_backward = a.reshard_after_backward ? 1 : 0;
+  // each unit's indices: its first (size - pops) kept, then the positions of its units in the tail
+  for (size_t u = 0; u < b.indices.size(); ++u) {
+    std::vector<size_t> pushed;
+    for (size_t j = 0; j < d.order_tail.size(); ++j) {
+      if (d.order_tail[j] == u) pushed.push_back(b.order.size() + j);
+    }
+    if (a.indices[u].size() < pushed.size()) return std::nullopt;
+    const size_t kept = a.indices[u].size() - pushed.size();
+    if (kept > b.indices[u].size()) return std::nullopt;
+    if (!std::equal(b.indices[u].begin(), b.indices[u].begin() + static_cast<std::ptrdiff_t>(kept), a.indices[u].begin()) ||
+        !std::equal(pushed.begin(), pushed.end(), a.indices[u].begin() + static_cast<std::ptrdiff_t>(kept))) {
+      return std::nullopt;
+    }
+    d.pops.push_back(static_cast<uint32_t>(b.indices[u].size() - kept));
+  }
+  return d;
+}
+
+void Fsdp2::memo_apply(const MemoDelta& d) {
+  if (d.state.size() != units_.size()) throw Error("internal: an FSDP2 memo delta of another root");
+  for (size_t u = 0; u < units_.size(); ++u) {
+    Unit& unit = units_[u];
+    unit.state = static_cast<State>(d.state[u]);
+    if (unit.unsharded != (d.unsharded[u] != 0)) {
+      unit.unsharded = d.unsharded[u] != 0;
+      set_module_params(unit, unit.unsharded);
+    }
+    for (uint32_t k = 0; k < d.pops[u]; ++k) unit.post_forward_indices.pop_back();
+  }
+  for (size_t ui : d.order_tail) {
+    units_[ui].post_forward_indices.push_back(post_forward_order_.size());
+    post_forward_order_.push_back(ui);
+  }
+  if (d.reduce_grads >= 0) reduce_grads_ = d.reduce_grads != 0;
+  if (d.reshard_after_backward >= 0) reshard_after_backward_ = d.reshard_after_backward != 0;
+}
+
 }  // namespace trainmem::sim

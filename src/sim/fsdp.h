@@ -3,7 +3,9 @@
 // torch/distributed/fsdp/_fully_shard/ runs them (the arithmetic: trainmem/fsdp.h).
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "forward.h"
@@ -55,6 +57,40 @@ class Fsdp2 : public FsdpHooks {
   // set_reshard_after_backward(True), set_requires_gradient_sync(True), post_backward of every param group in
   // all_states order (the reduce-scatters), then _root_post_backward_final_callback (finalize)
   void pp_post_backward();
+
+  // --- memoized pipeline actions (memo.h) ---
+  // Everything of this root that a pipeline action reads or changes, as plain values (storage ids, UINT64_MAX for
+  // none): each unit's training state, unsharded flag, all-gather result, all-reduce state and post-forward
+  // indices; the comm context's all-gather and reduce-scatter states and post-forward order; the two flags the
+  // pipeline sets; per row the sharded gradient and the accumulated unsharded gradient.
+  struct MemoSnapshot {
+    std::vector<uint8_t> state, unsharded;
+    std::vector<uint64_t> ag_result, ar_state;
+    std::vector<std::vector<size_t>> indices;
+    std::vector<size_t> order;
+    uint64_t ag_state = UINT64_MAX, rs_state = UINT64_MAX;
+    bool reduce_grads = true, reshard_after_backward = true;
+    std::vector<uint64_t> sgrad, accumulated;
+    bool operator==(const MemoSnapshot&) const = default;
+  };
+  MemoSnapshot memo_snapshot() const;
+  // The key words of this root (memo.h): every value the hooks branch on, with the post-forward indices reduced to
+  // what pre_backward reads of them (whether a unit has one, and the unit its top one names as prefetch target),
+  // which only a backward's key holds: pre_backward runs in backward only (the pre-backward hook's node).
+  void memo_key(std::vector<uint64_t>& out, bool backward) const;
+  // What an action did to the root, as a change that applies to any state with the same key: the units' states
+  // and unsharded flags after it, the units appended to the post-forward order (each pushing its position on its
+  // unit's indices), the indices each unit popped, and the flags. nullopt when the action did anything else (a
+  // handle made, kept or dropped; the order cleared): such an action is not memoized.
+  struct MemoDelta {
+    std::vector<uint8_t> state, unsharded;
+    std::vector<size_t> order_tail;
+    std::vector<uint32_t> pops;
+    // the flags the action set, when it changed them (-1: left as they were; a forward's key does not hold them)
+    int8_t reduce_grads = -1, reshard_after_backward = -1;
+  };
+  static std::optional<MemoDelta> memo_delta(const MemoSnapshot& before, const MemoSnapshot& after);
+  void memo_apply(const MemoDelta& d);
 
  private:
   enum class State : uint8_t { kIdle, kForward, kPreBackward, kPostBackward };

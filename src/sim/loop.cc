@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 
 #include <deque>
 #include <unordered_map>
@@ -11,6 +13,7 @@
 #include "forward.h"
 #include "fsdp.h"
 #include "fsdp1.h"
+#include "memo.h"
 #include "ops_util.h"
 #include "trainmem/ddp.h"
 #include "trainmem/error.h"
@@ -1836,6 +1839,74 @@ struct Loop {
     ch = PpChunk{};
   }
 
+  // --- Memoized pipeline actions (memo.h): what the loop tells ActionMemo ---------------------------------
+  std::unique_ptr<ActionMemo> memo;
+  std::vector<uint64_t> memo_roles_all;  // every receive buffer's and every step's batch storages
+  // Memoization's argument (memo.h rule 1) covers the pipeline with or without FSDP2, tensor and sequence
+  // parallelism, and checkpointing; not the gradient and module hooks of DDP, ZeRO, FSDP1 or the optimizer in
+  // backward, LoRA, 4-bit weights, context parallelism or the encoders' extra inputs: there every action runs.
+  // Only on a rank whose every stage embeds the ids (the first stage): a later stage's backward takes its input's
+  // gradient with Engine::take_leaf_grad after the backward freed the graph, and when that graph was the last one
+  // alive the backward has cleared the leaves' gradients first, so the handle pp_input_grads keeps is read past
+  // the end of the cleared list (a stale impl pointer that a later tensor reuses, dropped at the next step's
+  // clear_runtime_states). Which tensor reuses it depends on the impl pool's order, which replays change: until
+  // that is fixed (an output change of its own), such a rank runs every action.
+  bool memo_allowed() const {
+    bool first_stages = true;
+    for (const PpStagePart& part : o.pp.parts) first_stages = first_stages && part.embeddings;
+    return o.memo && o.pp.on && first_stages && !ddp.on && !zopt.on && !z3 && !fsdp1 && !e.post_accumulate_grad &&
+           !e.pre_node && !c.module_done && !w.on_use && c.cp == 1 && c.lora.by_base_row.empty() &&
+           c.quant.dims_by_row.empty() && !c.kv && !c.position_ids && !c.token_type_ids && !c.attention_mask &&
+           !s.optimizer_in_backward;
+  }
+  // The state an action reads (memo.h rule 1) and the handles it must leave as they were (rule 3).
+  MemoProbe memo_probe() {
+    MemoProbe p;
+    auto id = [](const T& t) { return t ? t->storage : UINT64_MAX; };
+    uint64_t fsdp_index = UINT64_MAX;
+    for (size_t j = 0; j < pp_fsdp.size(); ++j) {
+      if (c.fsdp == pp_fsdp[j]) fsdp_index = j;
+    }
+    uint64_t ac_cached = 0;
+    for (const T& t : c.ac_cache) ac_cached += t ? 1 : 0;
+    p.words = {e.grad_mode ? 1u : 0u, static_cast<uint64_t>(e.stream), static_cast<uint64_t>(e.phase), e.count_weight,
+               c.autocast ? 1u : 0u, static_cast<uint64_t>(c.ac_dtype), static_cast<uint64_t>(static_cast<int64_t>(c.layer)),
+               c.training ? 1u : 0u, c.inference_mode ? 1u : 0u, c.fsdp ? (fsdp_index == UINT64_MAX ? 1u : 2 + fsdp_index) : 0u,
+               ac_cached,
+               // the workspaces of the thread the action's gemms run on (Engine::gemm: the autograd thread's in
+               // backward, the python thread's otherwise; the loop sets the phase per action)
+               e.workspace_bits() & (e.phase == Phase::kBackward ? 10u : 5u)};
+    uint64_t word = 0;  // which parameters have a .grad, 64 a word
+    size_t bits = 0;
+    for (const T& g : e.grads()) {
+      word |= (g ? uint64_t{1} : 0) << bits;
+      if (++bits == 64) {
+        p.words.push_back(word);
+        word = 0;
+        bits = 0;
+      }
+    }
+    p.words.push_back(word);
+    e.persistent_ids(p.persistent);
+    p.persistent.push_back(c.ac_cache.size());
+    for (const T& t : c.ac_cache) p.persistent.push_back(id(t));
+    p.persistent.push_back(c.warnings.size());
+    // the Ctx fields an action sets and restores (pp_stage_forward, the layers' c.layer, autocast regions)
+    p.persistent.insert(p.persistent.end(), {static_cast<uint64_t>(static_cast<int64_t>(c.layer)), c.autocast ? 1u : 0u,
+                                             c.training ? 1u : 0u, c.inference_mode ? 1u : 0u, c.pp.first ? 1u : 0u,
+                                             c.pp.last ? 1u : 0u, c.pp.begin, c.pp.end, c.pp.input ? 1u : 0u,
+                                             static_cast<uint64_t>(c.ac_dtype), c.input_embedding_row < 0 ? 0u : 1u});
+    p.roots = pp_fsdp;
+    p.lists = {&pp_output_chunks, &pp_input_grads, &pp_losses};
+    return p;
+  }
+  // The per-micro-batch and per-step storages a stage's graph may save (memo.h rule 2), by role.
+  std::vector<uint64_t> memo_roles(const PpLocal& l, uint64_t i, const T& ids, const T& labels) const {
+    auto id = [](const T& t) { return t ? t->storage : UINT64_MAX; };
+    return {i < l.recv.size() ? id(l.recv[i]) : UINT64_MAX, i < l.grad_recv.size() ? id(l.grad_recv[i]) : UINT64_MAX,
+            id(ids), id(labels)};
+  }
+
   void pp_train(SimResult& r) {
     const PpOptions& p = o.pp;
     r.micro_batches_simulated = static_cast<uint32_t>(p.micro_batches);
@@ -1876,7 +1947,57 @@ struct Loop {
       T ids = has_first ? e.leaf(whole, DType::kI64, Category::kInputs, Label{"input ids"}) : T();
       T labels = has_last ? e.leaf(whole, DType::kI64, Category::kInputs, Label{"labels"}) : T();
       if (step == 1) pp_initialize();
+      if (step == 1 && memo_allowed()) {
+        // memoized actions (memo.h): storages made before the first action are fixed, but the roles'
+        memo = std::make_unique<ActionMemo>(e, e.storage_count(), [this] { return memo_probe(); });
+        for (const PpLocal& l : pp_locals) {
+          for (const T& t : l.recv) memo_roles_all.push_back(t->storage);
+          for (const T& t : l.grad_recv) memo_roles_all.push_back(t->storage);
+        }
+      }
+      if (memo) {
+        for (const T* t : {&ids, &labels}) {
+          if (*t) memo_roles_all.push_back((*t)->storage);
+        }
+        std::vector<uint64_t> sorted = memo_roles_all;
+        std::sort(sorted.begin(), sorted.end());
+        memo->set_roles(std::move(sorted));
+      }
       backward_counter.assign(pp_locals.size(), 0);
+      // each action's static position for the memo (the same every step): its stage's first forward, first and
+      // last backward (the last as backward_counter finds it below), and where each forward's backward is
+      std::vector<MemoAction> plan(p.actions.size());
+      std::vector<size_t> backward_of(p.actions.size(), SIZE_MAX);
+      if (memo) {
+        std::vector<uint64_t> forwards(pp_locals.size(), 0), backwards(pp_locals.size(), 0);
+        uint64_t previous_forward = 0;
+        for (size_t k = p.actions.size(); k-- > 0;) {
+          if (p.actions[k].forward) {
+            previous_forward = static_cast<uint64_t>(&pp_local(p.actions[k].stage) - pp_locals.data());
+            break;
+          }
+        }
+        for (size_t k = 0; k < p.actions.size(); ++k) {
+          const PpAction& a = p.actions[k];
+          const size_t j = static_cast<size_t>(&pp_local(a.stage) - pp_locals.data());
+          MemoAction& ma = plan[k];
+          ma.stage = j;
+          ma.micro = a.micro;
+          ma.forward = a.forward;
+          ma.graph = static_cast<uint32_t>(j * p.micro_batches + a.micro + 1);
+          ma.previous_forward_stage = previous_forward;
+          if (a.forward) previous_forward = j;
+          if (a.forward) {
+            ma.first_forward = forwards[j]++ == 0;
+          } else {
+            ma.first_backward = backwards[j] == 0;
+            ma.last_backward = ++backwards[j] == p.micro_batches;
+            for (size_t f = 0; f < k; ++f) {
+              if (plan[f].forward && plan[f].stage == j && plan[f].micro == a.micro) backward_of[f] = k;
+            }
+          }
+        }
+      }
       uint64_t now = 0;
       for (size_t k = 0; k < p.actions.size(); ++k) {
         const PpAction& a = p.actions[k];
@@ -1887,7 +2008,20 @@ struct Loop {
         e.graph = static_cast<uint32_t>(j * p.micro_batches + a.micro + 1);
         if (a.forward) {
           e.phase = Phase::kForward;
-          pp_forward(l, a.micro, ids, labels);
+          if (memo && backward_of[k] != SIZE_MAX) {
+            const std::vector<uint64_t> roles = memo_roles(l, a.micro, ids, labels);
+            if (memo->replay_forward(plan[k], plan[backward_of[k]], roles)) {
+              // what pp_stage_forward leaves in the Ctx: the stage's FSDP2 root (c.pp back to its default, which
+              // the probe checks every action leaves as it found)
+              if (Fsdp2* root = pp_fsdp_of(l.part.stage)) c.fsdp = root;
+            } else {
+              memo->begin(plan[k], roles, &plan[backward_of[k]]);
+              pp_forward(l, a.micro, ids, labels);
+              memo->end(plan[k]);
+            }
+          } else {
+            pp_forward(l, a.micro, ids, labels);
+          }
           now += weight(a.stage);
           if (step == o.steps && now == most && !recorded) {
             recorded = true;
@@ -1896,11 +2030,21 @@ struct Loop {
           }
         } else {
           e.phase = Phase::kBackward;
-          pp_backward(l, a.micro, ++backward_counter[j] == p.micro_batches);
+          const bool last_backward = ++backward_counter[j] == p.micro_batches;
+          if (memo) {
+            if (!memo->replay_backward(plan[k])) {
+              memo->begin(plan[k], memo_roles(l, a.micro, ids, labels));
+              pp_backward(l, a.micro, last_backward);
+              memo->end(plan[k]);
+            }
+          } else {
+            pp_backward(l, a.micro, last_backward);
+          }
           now -= weight(a.stage);
         }
       }
       e.graph = 0;
+      if (memo) r.memo_replayed = memo->replayed();
       if (!pp_output_chunks.empty()) {
         // step() returns self._merge_outputs(self._stage.output_chunks): merge_chunks with no spec concatenates
         // them along dim 0 (microbatch.py: torch.cat(values_to_cat, dim=arg.split_dim)); torchtitan's train step
@@ -1937,7 +2081,33 @@ Moment moment_at(const Timeline& tl, size_t index, const LiveBytes& live) {
 
 }  // namespace sim
 
+namespace {
+SimResult simulate_once(const ModelSpec& m, const Inventory& inv, const TrainSetup& s, const SimOptions& o0);
+}  // namespace
+
 SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s, const SimOptions& o0) {
+  // TRAINMEM_MEMO=0 in the environment turns memoization off (the same output: for timing the difference)
+  if (o0.memo && o0.pp.on) {
+    if (const char* v = std::getenv("TRAINMEM_MEMO"); v && std::string_view(v) == "0") {
+      SimOptions full = o0;
+      full.memo = false;
+      return simulate_once(m, inv, s, full);
+    }
+  }
+  try {
+    return simulate_once(m, inv, s, o0);
+  } catch (const sim::MemoMismatch&) {
+    // a replayed forward's backward met a state its template's did not (memo.h rule 4): every action simulated
+    SimOptions full = o0;
+    full.memo = false;
+    SimResult r = simulate_once(m, inv, s, full);
+    r.memo_fell_back = true;
+    return r;
+  }
+}
+
+namespace {
+SimResult simulate_once(const ModelSpec& m, const Inventory& inv, const TrainSetup& s, const SimOptions& o0) {
   validate_setup(m, s);
   const SimOptions o = resolved(o0, m);
   SimResult r;
@@ -2096,5 +2266,7 @@ SimResult simulate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s
   }
   return r;
 }
+}  // namespace
 
 }  // namespace trainmem
+

@@ -390,7 +390,15 @@ T Engine::requires_grad_leaf(const T& x, bool held_by_graph) {
   return t;
 }
 
-T Engine::take_leaf_grad(const T& leaf) { return std::move(leaf_grads_[leaf->grad_fn.node->leaf]); }
+// A leaf's .grad, taken from the list AccumulateGrad filled. When the backward that filled it freed the last live
+// graph, the list is already cleared (recycle_nodes / the per-graph free) and the gradient freed with it: nothing
+// to take (the pipeline's later stages, whose stage input is such a leaf, then hold no input gradient past the
+// backward; before this check they read past the end of the cleared list).
+T Engine::take_leaf_grad(const T& leaf) {
+  const Node* n = leaf->grad_fn.node;
+  if (!n || n->leaf < 0 || static_cast<size_t>(n->leaf) >= leaf_grads_.size()) return T();
+  return std::move(leaf_grads_[static_cast<size_t>(n->leaf)]);
+}
 
 T Engine::leaf(const Shape& s, DType dt, Category c, Label l) { return empty(s, dt, c, l); }
 

@@ -1847,10 +1847,10 @@ struct Loop {
   // backward, LoRA, 4-bit weights, context parallelism or the encoders' extra inputs: there every action runs.
   // Only on a rank whose every stage embeds the ids (the first stage): a later stage's backward takes its input's
   // gradient with Engine::take_leaf_grad after the backward freed the graph, and when that graph was the last one
-  // alive the backward has cleared the leaves' gradients first, so the handle pp_input_grads keeps is read past
-  // the end of the cleared list (a stale impl pointer that a later tensor reuses, dropped at the next step's
-  // clear_runtime_states). Which tensor reuses it depends on the impl pool's order, which replays change: until
-  // that is fixed (an output change of its own), such a rank runs every action.
+  // alive the backward has already freed the leaves' gradients (take_leaf_grad then returns nothing; it used to
+  // read past the end of the cleared list). The stage's bwd_cache should keep that gradient to
+  // clear_runtime_states, as it does when other graphs are alive: until the engine keeps a stage input's
+  // gradient past the graph's free (an output change of its own), such a rank runs every action, unreplayed.
   bool memo_allowed() const {
     bool first_stages = true;
     for (const PpStagePart& part : o.pp.parts) first_stages = first_stages && part.embeddings;

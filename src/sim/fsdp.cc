@@ -82,18 +82,15 @@ void Fsdp2::load_roots(const std::vector<Fsdp2*>& roots, LoadedModel& w, DType b
   }
   // (PEFT's adapters exist before fully_shard, which shards each unit's parameters in named_parameters() order,
   // the adapters beside their base weights: not after every base row)
-  if (roots.size() == 1 && roots.front()->o_.move_then_shard) {
-    std::vector<T> held = roots.front()->move_then_shard();
-    // the shards exist; load_model takes them, and loads the buffers, which the root's fully_shard moves last
-    w = load_model(
-        roots.front()->e_, inv, buffer_dtype, [&](size_t i) { return owner[i].first->sharded_[i]; }, {}, {},
-        /*adapters_last=*/false);
-    held.clear();  // fsdp2_prepare_model returns
-  } else {
-    w = load_model(
-        roots.front()->e_, inv, buffer_dtype,
-        [&](size_t i) { return owner[i].first->shard_row(i, owner[i].second); }, {}, {}, /*adapters_last=*/false);
-  }
+  // Under accelerate the shards exist before load_model, which then takes them and loads the buffers (the root's
+  // fully_shard moves them last); elsewhere load_model makes each shard as it goes.
+  const bool moved = roots.size() == 1 && roots.front()->o_.move_then_shard;
+  std::vector<T> held = moved ? roots.front()->move_then_shard() : std::vector<T>{};
+  w = load_model(
+      roots.front()->e_, inv, buffer_dtype,
+      [&](size_t i) { return moved ? owner[i].first->sharded_[i] : owner[i].first->shard_row(i, owner[i].second); },
+      {}, {}, /*adapters_last=*/false);
+  held.clear();  // fsdp2_prepare_model returns
   for (Fsdp2* f : roots) f->w_ = &w;
 }
 

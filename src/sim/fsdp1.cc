@@ -181,13 +181,6 @@ void Fsdp1::load(LoadedModel& w, DType model_dtype) {
   }
 }
 
-// _init_param_handle_from_module -> _sync_module_params_and_buffers(module, managed_params, process_group): the
-// module's buffers not yet synced (`if not getattr(buffer, FSDP_SYNCED, False)`: the layers are wrapped first, so
-// the root takes the buffers outside every layer), then its managed parameters in named_parameters() order, through
-// _sync_params_and_buffers(process_group, module_states, PARAM_BROADCAST_BUCKET_SIZE = 250 MiB, src=0) ->
-// dist._broadcast_coalesced. Read in torch 2.x torch/distributed/fsdp/_init_utils.py; measured under a fake process
-// group on an H200 (validate/measured/h200_hf_dist_fsdp1x8_*.json: a layer's two flats of 384 and 448 MiB, the
-// root's [the two rotary buffers, embed_tokens] and [norm, lm_head]).
 // Whether unit u's module holds the buffer `name` (a layer unit's name is its module's path; the root holds those
 // outside every layer)
 bool Fsdp1::holds_buffer(const Unit& u, const std::string& name) const {
@@ -198,6 +191,13 @@ bool Fsdp1::holds_buffer(const Unit& u, const std::string& name) const {
   return u.spec.kind == Fsdp1Unit::kLayer ? owner == &u : owner == nullptr;
 }
 
+// _init_param_handle_from_module -> _sync_module_params_and_buffers(module, managed_params, process_group): the
+// module's buffers not yet synced (`if not getattr(buffer, FSDP_SYNCED, False)`: the layers are wrapped first, so
+// the root takes the buffers outside every layer), then its managed parameters in named_parameters() order, through
+// _sync_params_and_buffers(process_group, module_states, PARAM_BROADCAST_BUCKET_SIZE = 250 MiB, src=0) ->
+// dist._broadcast_coalesced. Read in torch 2.x torch/distributed/fsdp/_init_utils.py; measured under a fake process
+// group on an H200 (validate/measured/open/h200_hf_dist_fsdp1x8_*.json: a layer's two flats of 384 and 448 MiB, the
+// root's [the two rotary buffers, embed_tokens] and [norm, lm_head]).
 void Fsdp1::sync_module_states(const Unit& u, DType model_dtype) {
   std::vector<BucketInput> states;
   for (const TensorRow& b : inv_.buffers) {

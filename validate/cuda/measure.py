@@ -159,17 +159,17 @@ def make_optimizer(model, args, device):
     raise SystemExit(f"--optimizer {args.optimizer}: expected adamw, adam, sgd or sgd-momentum")
 
 
-def init_fake_process_group(world):
+def init_fake_process_group(world, rank=0):
     """Rank 0 of a `world`-rank job on this one GPU: torch's fake process group (the "fake" backend that
     torch/testing/_internal/distributed/fake_pg.py registers, the one torchtitan's memory estimation uses) runs no
     collective and allocates nothing, while FSDP, DDP and accelerate do everything else as rank 0 of `world`. What
     it leaves out is what trainmem keeps outside the caching allocator anyway: NCCL's communicators and buffers."""
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore  # importing it registers "fake"
-    os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29512"})
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(world),
+                       "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29512"})
     torch.cuda.set_device(0)
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
 
 
 def make_accelerator(args):
@@ -500,6 +500,203 @@ def run_inference(args, cfg, impl, model, env, context, smi_before, cuda):
                    trace)
 
 
+# --- Pipeline parallelism (trainmem's --pp N --rank r): one rank of a torch.distributed.pipelining pipeline -----
+
+def pp_stage_split(stages, layers, input_weight=1, output_weight=1):
+    """torchtitan's generate_llm_fqn_per_model_part (v0.2.0) as trainmem's src/core/pp.cc pp_stage_split transcribes
+    it: [(first layer, end layer, has the embeddings, has the norm and head)] per stage."""
+    if stages == 1:
+        return [(0, layers, True, True)]
+    effective = layers + input_weight + output_weight
+    per, extra = effective // stages, effective % stages
+    if stages > effective or input_weight > per or output_weight > per:
+        raise SystemExit(f"--pp {stages}: too few layers for torchtitan's split")
+    out, current = [], 0
+    for i in range(stages):
+        n = per + (1 if i < extra else 0)
+        if i == 0:
+            n -= input_weight
+        elif i == stages - 1:
+            n -= output_weight
+        begin = current
+        current = min(layers, current + n)
+        out.append((begin, current, i == 0, i == stages - 1))
+    return out
+
+
+class PpStageModule(torch.nn.Module):
+    """One stage of transformers' LlamaForCausalLM, the ops trainmem's program runs for it (src/sim/forward_programs/
+    llama.cc llama_model / llama_forward under Ctx::pp): LlamaModel.forward itself over the stage's layers, from the
+    ids (first stage: embed_tokens) or from the received hidden states (inputs_embeds=x), then on the last stage the
+    final norm and lm_head. The modules the stage does not hold are removed, as torchtitan's pipeline_module_split
+    does (embed_tokens None, norm Identity where it is another stage's, lm_head absent); every stage keeps the
+    rotary embedding (its inv_freq buffer), which LlamaModel.forward runs on each stage's input."""
+
+    def __init__(self, causal_lm, begin, end, first, last):
+        super().__init__()
+        model = causal_lm.model
+        model.layers = torch.nn.ModuleList(list(model.layers)[begin:end])
+        if not first:
+            model.embed_tokens = None
+        if not last:
+            model.norm = torch.nn.Identity()
+        self.model = model
+        self.lm_head = causal_lm.lm_head if last else None
+        self.first, self.last = first, last
+
+    def forward(self, x):
+        if self.first:
+            out = self.model(input_ids=x, use_cache=False)
+        else:
+            out = self.model(inputs_embeds=x, use_cache=False)
+        hidden = out.last_hidden_state
+        if not self.last:
+            return hidden
+        # LlamaForCausalLM.forward: logits = self.lm_head(hidden_states[:, slice(0, None), :]) (logits_to_keep 0)
+        return self.lm_head(hidden[:, slice(0, None), :])
+
+
+def pp_fake_p2p(env):
+    """The fake process group (torch/testing/_internal/distributed/fake_pg.py; FakeProcessGroup in c10d) completes
+    send/recv without moving data. Checked here on CPU tensors, before any CUDA allocation: batch_isend_irecv of an
+    isend and an irecv. If it raises, the stage's P2P is replaced by no-ops (documented in env)."""
+    import torch.distributed as dist
+    try:
+        a, b = torch.zeros(4), torch.zeros(4)
+        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, a, (dist.get_rank() + 1) % dist.get_world_size()),
+                                        dist.P2POp(dist.irecv, b, (dist.get_rank() + 1) % dist.get_world_size())])
+        for w in works:
+            w.wait()
+        env["pp_p2p"] = "FakeProcessGroup's send/recv (batch_isend_irecv): no data moved, nothing allocated"
+    except Exception as exc:  # noqa: BLE001 - any refusal: fall back to no-op P2P
+        dist.batch_isend_irecv = lambda ops: []
+        env["pp_p2p"] = f"FakeProcessGroup refused batch_isend_irecv ({exc!r}): dist.batch_isend_irecv patched to []"
+
+
+def run_pipeline(args, cfg, impl, env, context, smi_before, cuda):
+    """Rank r of an N-stage torch.distributed.pipelining pipeline (trainmem's --pp N --rank r --pp-schedule S
+    --micro-batches M), as torchtitan v0.2.0's train step runs it, over torch's fake process group (rank r of N).
+
+    The stage: the model built on the CPU with random weights and cast to the --precision dtype (pure bf16: torchtitan
+    applies no autocast under PP), cut to rank r's stage by torchtitan's split (pp_stage_split) and moved to the
+    device. PipelineStage(stage, r, N, device) with no input_args: the runtime shape inference of the first step
+    (a no_grad forward on zeros). Its recv_object_list from the previous stage is answered here with the meta tensor
+    the previous stage would send, (B, T, C) in the parameters' dtype, since a fake group's recv fills nothing.
+    The schedule (ScheduleGPipe or Schedule1F1B) with n_microbatches M, the loss trainmem's program computes
+    (transformers' ForCausalLMLoss, the model's own loss) and scale_grads=False (torchtitan's). Each step:
+    `schedule.step(ids, target=None, losses=None)` on the first stage, `schedule.step(target=labels, losses=losses)`
+    on the last, `schedule.step()` between (the batch of B x M rows on the device where it is used: the ids on the
+    first stage, the labels on the last); then torchtitan's loss (`torch.mean(torch.stack(losses))` on the last
+    stage, `torch.tensor([-1.0])` elsewhere), its clip_grad_norm_ (dist_utils: get_total_norm with foreach, ** 2,
+    all_reduce over the pp group, ** 0.5, clip_grads_with_norm_), optimizer.step() (fused AdamW, one group) and
+    zero_grad() (set_to_none). "after forward" is read when the schedule has run its most forwards without their
+    backwards in the last step: the M-th forward (GPipe) or the min(M, N - r)-th (1F1B: its warmup), after the loss
+    on the last stage."""
+    import torch.distributed as dist
+    from torch.distributed import pipelining
+    if impl != "hf" or cfg.get("model_type") != "llama" or not cuda:
+        raise SystemExit("--pp N: transformers' Llama causal LMs, on a GPU")
+    if args.precision not in CAST:
+        raise SystemExit("--pp N: pure bf16 or fp16 (torchtitan applies no autocast under PP)")
+    if args.sharding != "none" or args.tp > 1 or args.lora or args.checkpointing != "none" or args.grad_accum != 1:
+        raise SystemExit("--pp N: no --sharding, --tp, --lora, --checkpointing or --grad-accum")
+    N, r, M = args.pp, args.pp_rank, args.micro_batches
+    if not 0 <= r < N:
+        raise SystemExit(f"--pp-rank {r}: expected 0..{N - 1}")
+    init_fake_process_group(N, r)
+    env["process_group"] = f"fake (rank {r} of {N}): send/recv move no data, NCCL is absent"
+    pp_fake_p2p(env)
+    import transformers
+    env["transformers"] = transformers.__version__
+    device = torch.device("cuda")
+    dtype = CAST[args.precision]
+    torch.manual_seed(0)
+    model = build_model(cfg, impl, args.attention).to(dtype)
+    begin, end, first, last = pp_stage_split(N, cfg["num_hidden_layers"])[r]
+    stage_mod = PpStageModule(model, begin, end, first, last)
+    del model
+    env["pp_stage"] = {"stage": r, "layers": [begin, end], "embeddings": first, "norm_and_head": last}
+    stage_mod.train()
+    params, rec = place(stage_mod, device, cuda)
+
+    # the shape inference's recv_object_list from the previous stage: what its send_object_list sends,
+    # tuple(tree_map_only(torch.Tensor, lambda x: x.to("meta"), outputs)), here made directly
+    hidden_meta = torch.empty((args.batch, args.seq, cfg["hidden_size"]), dtype=dtype, device="meta")
+
+    def recv_object_list(object_list, *args, **kwargs):
+        object_list[0] = (hidden_meta,)
+        return None
+    dist.recv_object_list = recv_object_list
+
+    stage = pipelining.PipelineStage(stage_mod, r, N, device)
+    vocab = cfg["vocab_size"]
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    warm = M if args.pp_schedule == "gpipe" else min(M, N - r)
+    state = {"step": 0, "forwards": 0}
+
+    def after_forward():
+        if not torch.is_grad_enabled():
+            return  # the first step's shape inference (a no_grad forward), not one of the schedule's
+        state["forwards"] += 1
+        if state["step"] == args.steps and state["forwards"] == warm:
+            rec.mark("after forward", state["step"], warm)
+
+    def loss_fn(logits, labels):
+        loss = ForCausalLMLoss(logits, labels, vocab)
+        after_forward()
+        return loss
+
+    if not last:
+        stage_mod.register_forward_hook(lambda mod, inp, out: after_forward())
+    sched_cls = {"gpipe": pipelining.ScheduleGPipe, "1f1b": pipelining.Schedule1F1B}[args.pp_schedule]
+    schedule = sched_cls(stage, n_microbatches=M, loss_fn=loss_fn, scale_grads=False)
+    optimizer = torch.optim.AdamW(stage_mod.parameters(), lr=8e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
+                                  fused=True)
+    ids_cpu = torch.randint(0, vocab, (args.batch * M, args.seq), dtype=torch.long)
+    labels_cpu = torch.randint(0, vocab, (args.batch * M, args.seq), dtype=torch.long)
+    group = dist.distributed_c10d._get_default_group()
+
+    for step in range(1, args.steps + 1):
+        state["step"], state["forwards"] = step, 0
+        rec.mark("before forward", step, 1)
+        X = ids_cpu.to(device) if first else None
+        Y = labels_cpu.to(device) if last else None
+        losses = [] if last else None
+        if first:
+            schedule.step(X, target=Y, losses=losses)
+        else:
+            schedule.step(target=Y, losses=losses)
+        rec.mark("after step()", step, M)
+        loss = torch.mean(torch.stack(losses)).to(device) if last else torch.tensor([-1.0], device=device)
+        # torchtitan dist_utils.clip_grad_norm_ (foreach=True, pp_mesh): the total norm over this rank's gradients,
+        # ** norm_type, all_reduce(SUM) over the pp group, ** (1 / norm_type), then clip_grads_with_norm_
+        grads = [p.grad for p in stage_mod.parameters() if p.grad is not None]
+        total_norm = torch.nn.utils.get_total_norm(grads, 2.0, False, True)
+        total_norm **= 2.0
+        dist.all_reduce(total_norm, op=dist.ReduceOp.SUM, group=group)
+        total_norm **= 1.0 / 2.0
+        torch.nn.utils.clip_grads_with_norm_(stage_mod.parameters(), 1.0, total_norm, True)
+        del grads
+        rec.mark("after clip_grad_norm_", step)
+        optimizer.step()
+        rec.mark("after optimizer step", step)
+        optimizer.zero_grad(set_to_none=True)
+        del loss, total_norm, losses, X, Y
+        rec.mark("after zero_grad", step)
+
+    trace, segments, smi, gpu_key = collect_trace(args, env, cuda)
+    trainmem_args = trainmem_flags(args, impl, gpu_key, [
+        "--batch", str(args.batch), "--seq", str(args.seq), "--precision", args.precision, "--optimizer", "adamw",
+        "--optimizer-impl", "fused", "--steps", str(args.steps), "--pp", str(N), "--rank", str(r),
+        "--pp-schedule", args.pp_schedule, "--micro-batches", str(M)])
+    figures = {"parameters": {"count": params}}
+    figures.update(step_figures(rec, args.steps))
+    device_total_from = "not compared: a fake process group (no NCCL communicators)"
+    return package(args, env, trainmem_args, figures, context, smi, smi_before, device_total_from, rec, segments,
+                   trace)
+
+
 def run(args):
     cuda = args.device == "cuda"
     if args.alloc_conf:
@@ -526,6 +723,8 @@ def run(args):
                                                      context=None)
         except TypeError:
             torch.cuda.memory._record_memory_history(max_entries=args.trace_entries)
+    if args.pp > 1:
+        return run_pipeline(args, cfg, impl, env, context, smi_before, cuda)
     if args.tp > 1:
         if not cuda or args.sharding != "none" or args.world not in (1, args.tp):
             raise SystemExit("--tp N: rank 0 of N on a GPU, without --sharding (the world is the TP group)")
@@ -736,6 +935,11 @@ def main(argv=None):
                     "(accelerate's ParallelismConfig(dp_replicate_size=world / K, dp_shard_size=K))")
     ap.add_argument("--tp", type=int, default=1, help="transformers' tensor parallelism (from_pretrained "
                     "tp_plan='auto'), rank 0 of N over a fake process group (trainmem's --tp N)")
+    ap.add_argument("--pp", type=int, default=1, help="torch.distributed.pipelining stages (trainmem's --pp N): "
+                    "rank --pp-rank of N over a fake process group, as torchtitan v0.2.0's train step runs it")
+    ap.add_argument("--pp-rank", type=int, default=0, help="with --pp: the rank measured (trainmem's --rank)")
+    ap.add_argument("--pp-schedule", choices=("gpipe", "1f1b"), default="1f1b")
+    ap.add_argument("--micro-batches", type=int, default=4, help="with --pp: micro-batches of --batch rows each")
     ap.add_argument("--accelerate", action="store_true",
                     help="one GPU through accelerate's prepare(model, optimizer), as the Trainer runs it (forward "
                          "under accelerate's autocast and convert_outputs_to_fp32)")

@@ -140,6 +140,21 @@ PLAN = [
     ("hf_dist_tp8_llama3_4layers_sdpa_b2_t2048_bf16amp",
      "--model llama-3-8b --set num_hidden_layers=4 --attention sdpa --batch 2 --seq 2048 --precision bf16-amp "
      "--tp 8 --optimizer-impl for-loop"),
+    # (tag "dist", "pp") torch.distributed.pipelining as torchtitan v0.2.0 runs it (measure.py run_pipeline): the
+    # Llama-3-8B cut to 4 layers over 2 stages (torchtitan's split: embeddings + layers 0-1, layers 2-3 + norm +
+    # head), pure bf16, fused AdamW, 4 micro-batches of 2 x 2048; the first and the last rank, 1F1B and GPipe
+    ("hf_dist_pp2_1f1b_rank1_llama3_4layers_sdpa_b2_m4_t2048_bf16",
+     "--model llama-3-8b --set num_hidden_layers=4 --attention sdpa --batch 2 --seq 2048 --precision bf16 "
+     "--pp 2 --pp-rank 1 --pp-schedule 1f1b --micro-batches 4"),
+    ("hf_dist_pp2_1f1b_rank0_llama3_4layers_sdpa_b2_m4_t2048_bf16",
+     "--model llama-3-8b --set num_hidden_layers=4 --attention sdpa --batch 2 --seq 2048 --precision bf16 "
+     "--pp 2 --pp-rank 0 --pp-schedule 1f1b --micro-batches 4"),
+    ("hf_dist_pp2_gpipe_rank1_llama3_4layers_sdpa_b2_m4_t2048_bf16",
+     "--model llama-3-8b --set num_hidden_layers=4 --attention sdpa --batch 2 --seq 2048 --precision bf16 "
+     "--pp 2 --pp-rank 1 --pp-schedule gpipe --micro-batches 4"),
+    ("hf_dist_pp2_gpipe_rank0_llama3_4layers_sdpa_b2_m4_t2048_bf16",
+     "--model llama-3-8b --set num_hidden_layers=4 --attention sdpa --batch 2 --seq 2048 --precision bf16 "
+     "--pp 2 --pp-rank 0 --pp-schedule gpipe --micro-batches 4"),
 ]
 
 

@@ -40,6 +40,13 @@ struct RuntimeFacts {
   // 2.10 release branch took the PR is not settled here (its merge fell at the branch cut): 2.10 keeps caching.
   // Under torch.no_grad() (generate()) the cache is kept in every version.
   bool autocast_caches_in_inference_mode = true;
+  // Whether torch.distributed.pipelining's stage_backward hands a stage input's gradient over instead of leaving it
+  // on the receive buffer. PR #164329 ("[PP]: Optimize memory by early releasing stage inputs' gradients", opened
+  // 2025-10-01, after the 2.9 branch cut) added to _backward.py stage_backward `grad_inputs.append(val.grad)` the
+  // line `val.grad = None` (2.11.0: torch/distributed/pipelining/_backward.py:379-386): the gradient then lives only
+  // in bwd_cache, which get_bwd_send_ops pops into the P2POp list the schedule holds (stage.py:488, 503). In 2.9 it
+  // stays the buffer's .grad until the next step's clear_runtime_states (stage.py clear_runtime_states).
+  bool pp_stage_backward_releases_input_grads = false;
 };
 
 // aten/src/ATen/cuda/CublasHandlePool.cpp (2.x): "/* :4096:2:16:8 default, 32MiB for Hopper */"

@@ -323,12 +323,20 @@ void check_pipeline(const ModelSpec& m, const TrainSetup& s, LoopKind loop, Torc
        "weight (stage_backward_weight) passes, keeping the weight pass's graph alive between them");
   }
   if (s.task != Task::kTrain) no("pipelines are simulated for training only");
-  if (torch != TorchVersion{2, 9}) {
+  if (torch != TorchVersion{2, 9} && torch != TorchVersion{2, 11}) {
     // the buffers' lifetimes change between releases: 2.8 and older kept every stage's outputs, PyTorch PR
     // #165822 (October 2025) adds step(return_outputs=False), PR #164329 frees the inputs' gradients in
-    // stage_backward; 2.9's stage.py and schedules.py are what is simulated
-    no(fmt::format("--torch {}: simulated for PyTorch 2.9's torch.distributed.pipelining only (the stage's buffers "
-                   "and outputs live differently in other releases)", torch_version_name(torch)));
+    // stage_backward; 2.9's and 2.11's stage.py, _backward.py and schedules.py are what is simulated (2.10's are
+    // not read)
+    no(fmt::format("--torch {}: simulated for PyTorch 2.9's and 2.11's torch.distributed.pipelining only (the "
+                   "stage's buffers and outputs live differently in other releases)", torch_version_name(torch)));
+  }
+  if (torch == TorchVersion{2, 11} && multi) {
+    // 2.11's ScheduleInterleaved1F1B is a _PipelineScheduleRuntime (schedules.py:2507): its lowered SEND_B / RECV_B
+    // actions decide how long an input gradient's send holds it (RuntimeFacts::pp_stage_backward_releases_input_
+    // grads), and that runtime is not transcribed
+    no("--torch 2.11 with interleaved-1f1b: the input gradients' send lifetimes of 2.11's _PipelineScheduleRuntime "
+       "are not simulated; use --torch 2.9 or a single-stage schedule");
   }
   if (m.family != Family::kLlama || m.impl != Impl::kHf || !m.attn.sliding_layers.empty() || m.head != Head::kCausalLm) {
     no("simulated for transformers' Llama-shaped causal LMs (model.embed_tokens / model.layers / model.norm / "

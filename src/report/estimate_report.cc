@@ -295,7 +295,7 @@ std::string render_ddp_note(const DdpFigures& d) {
 }
 
 // --pp N: every rank's stage and peak, the worst named (the table above is rank f.shown's).
-std::string render_pp_note(const PpFigures& f) {
+std::string render_pp_note(const PpFigures& f, TorchVersion torch) {
   using TT = report::TextTable;
   const bool verdict = !f.rows.empty() && f.rows[0].fits.has_value();
   std::vector<std::pair<std::string, TT::Align>> cols = {
@@ -326,10 +326,18 @@ std::string render_pp_note(const PpFigures& f) {
                      f.shown, f.shown == f.worst ? "" : " (--rank)");
   out += "  in flight: micro-batches whose forward ran and whose backward has not (the schedule's warmup); each "
          "keeps its saved activations, its received input and its output until its backward\n";
-  out += "  buffers (PyTorch 2.9): each stage but the first keeps a receive buffer per micro-batch (and its .grad "
-         "until the next step), each stage but the last a gradient receive buffer per micro-batch; the last stage "
-         "keeps every micro-batch's logits (output_chunks) until the next step and concatenates them when step() "
-         "returns; the first step starts with each stage's shape inference (a no_grad forward on zeros)\n";
+  // PyTorch 2.11 (RuntimeFacts::pp_stage_backward_releases_input_grads, PR #164329): the input gradient leaves the
+  // buffer's .grad and lives in the schedule's send ops
+  out += fmt::format(
+      "  buffers (PyTorch {}): each stage but the first keeps a receive buffer per micro-batch ({}), each stage but "
+      "the last a gradient receive buffer per micro-batch; the last stage keeps every micro-batch's logits "
+      "(output_chunks) until the next step and concatenates them when step() returns; the first step starts with "
+      "each stage's shape inference (a no_grad forward on zeros)\n",
+      torch_version_name(torch),
+      runtime_facts(torch, 90).pp_stage_backward_releases_input_grads
+          ? "the gradient it sends back lives in the schedule's send ops until the next backward's (1F1B) or the "
+            "next backward starts (GPipe)"
+          : "and its .grad, the gradient sent back, until the next step");
   out += "  NCCL's send/recv buffers are outside the caching allocator: with --gpu, under the verdict\n";
   return out;
 }
@@ -722,7 +730,7 @@ std::string render_estimate_table(const Estimate& e, const GpuSpec* gpu) {
   if (e.generation) out += '\n' + render_generation_table(*e.generation, e.setup);
   if (e.ddp) out += '\n' + render_ddp_note(*e.ddp);
   if (e.zero) out += '\n' + render_zero_note(e);
-  if (e.pp) out += '\n' + render_pp_note(*e.pp);
+  if (e.pp) out += '\n' + render_pp_note(*e.pp, e.options.torch);
   if (e.fsdp) out += '\n' + render_fsdp_note(e);
   if (e.fsdp1) out += '\n' + render_fsdp1_note(e);
   if (e.model.tp > 1) out += '\n' + render_tp_note(e);

@@ -1701,6 +1701,9 @@ struct Loop {
     std::vector<T> recv;       // args_recv_info[i].buffer, one per micro-batch (not on the first stage)
     std::vector<T> grad_recv;  // grad_recv_info[i].buffer, one per micro-batch (not on the last stage)
     std::vector<PpChunk> chunks;  // fwd_cache, by micro-batch
+    // PyTorch 2.10 and later (RuntimeFacts::pp_stage_backward_releases_input_grads): the input gradient of the
+    // stage's latest backward, held by the send ops the schedule keeps (pp_backward), not by the buffer's .grad
+    T sending;
   };
   std::vector<PpLocal> pp_locals;
   std::vector<T> pp_input_grads;  // the recv buffers' .grad (bwd_cache), until clear_runtime_states
@@ -1835,8 +1838,27 @@ struct Loop {
       root->pp_end_backward();                   // the final callback the backward queued
       if (last_backward) root->pp_post_backward();  // then, after the stage's last, its reduce-scatters
     }
-    if (!l.part.embeddings) pp_input_grads.push_back(e.take_leaf_grad(ch.input));
+    if (!l.part.embeddings) {
+      T grad = e.take_leaf_grad(ch.input);
+      if (e.runtime().pp_stage_backward_releases_input_grads) {
+        // 2.11 stage_backward: `grad_inputs.append(val.grad); val.grad = None` (_backward.py:379-386); bwd_cache
+        // holds the list until get_bwd_send_ops pops it into the P2POp list (stage.py:488, 503), which the
+        // schedule keeps in a local. Schedule1F1B (schedules.py:906-960): `bwd_sends = get_bwd_send_ops(...)`
+        // right after each backward, so the previous backward's gradient goes when this one's arrives;
+        // ScheduleGPipe (schedules.py:735-750): `ops = get_bwd_recv_ops(i)` at the next iteration's start drops
+        // it before the next backward (pp_backward_starts). The last one goes when _step_microbatches returns.
+        l.sending = std::move(grad);
+      } else {
+        pp_input_grads.push_back(std::move(grad));
+      }
+    }
     ch = PpChunk{};
+  }
+
+  // ScheduleGPipe (PyTorch 2.10 and later): the previous backward's send ops, `ops`, are replaced by the next
+  // micro-batch's receive ops before its backward (schedules.py:735-737)
+  void pp_backward_starts(PpLocal& l) {
+    if (o.pp.schedule == PpSchedule::kGpipe && e.runtime().pp_stage_backward_releases_input_grads) l.sending.reset();
   }
 
   // --- Memoized pipeline actions (memo.h): what the loop tells ActionMemo ---------------------------------
@@ -2038,6 +2060,7 @@ struct Loop {
               memo->end(plan[k]);
             }
           } else {
+            pp_backward_starts(l);
             pp_backward(l, a.micro, last_backward);
           }
           now -= weight(a.stage);
@@ -2045,6 +2068,8 @@ struct Loop {
       }
       e.graph = 0;
       if (memo) r.memo_replayed = memo->replayed();
+      // _step_microbatches returns: its locals (PyTorch 2.10 and later: the last backward's send ops) go
+      for (PpLocal& l : pp_locals) l.sending.reset();
       if (!pp_output_chunks.empty()) {
         // step() returns self._merge_outputs(self._stage.output_chunks): merge_chunks with no spec concatenates
         // them along dim 0 (microbatch.py: torch.cat(values_to_cat, dim=arg.split_dim)); torchtitan's train step

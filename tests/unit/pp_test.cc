@@ -240,6 +240,63 @@ TEST(Pp, WorstRankIsTheHighestPeakReserved) {
   EXPECT_EQ(w, parameter_bytes(build_inventory(m), DType::kF32));
 }
 
+// PyTorch 2.11's stage_backward sets the stage input's .grad to None once it has read it (PR #164329,
+// _backward.py:379-386): the gradient then lives only in the send ops the schedule holds, gone when
+// _step_microbatches returns. 2.9 leaves it as the receive buffer's .grad until the next step's
+// clear_runtime_states, which runs after the steady-state moment (the step's start). So at that moment a 2.11 rank
+// holds exactly what a 2.9 rank holds less some whole input gradients (B x T x C in the parameters' dtype), and the
+// first stage, which receives nothing, holds the same. (How many 2.9 keeps is the engine's business: every
+// micro-batch's, or all but those whose graph was the last one alive; under GPipe at least M - 1.)
+TEST(Pp, Torch211ReleasesStageInputGradientsBeforeTheNextStep) {
+  const uint64_t pp = 4, M = 8;
+  const ModelSpec m = small_llama(8);
+  const Inventory inv = build_inventory(m);
+  const uint64_t hidden = 2 * 32 * 64 * 4;  // B x T x C float32
+  for (PpSchedule sch : {PpSchedule::k1f1b, PpSchedule::kGpipe}) {
+    for (uint64_t r = 0; r < pp; ++r) {
+      TrainSetup s = pp_setup(pp, M, sch);
+      s.rank = r;
+      SimOptions o29, o211;
+      o29.torch = TorchVersion{2, 9};
+      o211.torch = TorchVersion{2, 11};
+      const Estimate a = estimate(m, inv, s, o29), b = estimate(m, inv, s, o211);
+      const uint64_t before = a.memory.steady_state.value, after = b.memory.steady_state.value;
+      ASSERT_GE(before, after) << "rank " << r;
+      EXPECT_EQ((before - after) % hidden, 0u) << "rank " << r;
+      if (r == 0) EXPECT_EQ(before, after);
+      if (r > 0 && sch == PpSchedule::kGpipe) EXPECT_GE(before - after, (M - 1) * hidden) << "rank " << r;
+      // the weights, the buffers and the logits kept are the same in both releases
+      EXPECT_EQ(a.pp->rows[r].weights, b.pp->rows[r].weights);
+    }
+  }
+}
+
+// The version gate: 2.9 and 2.11 are simulated; 2.11 only with the single-stage schedules, whose send lifetimes
+// are transcribed (Schedule1F1B, ScheduleGPipe), not with its interleaved schedule (a _PipelineScheduleRuntime,
+// schedules.py:2507); releases whose pipelining was not read are refused.
+TEST(Pp, Torch211IsSimulatedForTheSingleStageSchedulesOnly) {
+  const ModelSpec m = small_llama(8);
+  const Inventory inv = build_inventory(m);
+  auto err = [&](TrainSetup s, TorchVersion v) {
+    SimOptions o;
+    o.torch = v;
+    try {
+      estimate(m, inv, s, o);
+    } catch (const Error& x) {
+      return std::string(x.what());
+    }
+    return std::string();
+  };
+  TrainSetup inter = pp_setup(4, 8, PpSchedule::kInterleaved1f1b);
+  inter.pp_virtual_stages = 2;
+  EXPECT_EQ(err(inter, TorchVersion{2, 9}), "");
+  EXPECT_NE(err(inter, TorchVersion{2, 11}).find("_PipelineScheduleRuntime"), std::string::npos);
+  for (TorchVersion v : {TorchVersion{2, 8}, TorchVersion{2, 10}}) {
+    EXPECT_NE(err(pp_setup(4, 8), v).find("2.9's and 2.11's"), std::string::npos) << torch_version_name(v);
+  }
+  for (PpSchedule sch : {PpSchedule::k1f1b, PpSchedule::kGpipe}) EXPECT_EQ(err(pp_setup(4, 8, sch), TorchVersion{2, 11}), "");
+}
+
 // What is not simulated is refused with its reason.
 TEST(Pp, RefusesWhatIsNotSimulated) {
   const ModelSpec m = small_llama(8);

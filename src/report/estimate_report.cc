@@ -337,7 +337,7 @@ std::string render_pp_note(const PpFigures& f, TorchVersion torch) {
       runtime_facts(torch, 90).pp_stage_backward_releases_input_grads
           ? "the gradient it sends back lives in the schedule's send ops until the next backward's (1F1B) or the "
             "next backward starts (GPipe)"
-          : "and its .grad, the gradient sent back, until the next step");
+          : "and its .grad until the next step");
   out += "  NCCL's send/recv buffers are outside the caching allocator: with --gpu, under the verdict\n";
   return out;
 }

@@ -2079,6 +2079,10 @@ struct Loop {
         merged.d[0] = checked_mul(merged.d[0], pp_output_chunks.size(), "merged outputs");
         T cat = e.empty(merged, first.dtype(), Category::kTemporaries, Label{"pp step(): _merge_outputs torch.cat(output_chunks)"});
       }
+      // the losses: _update_losses hands _internal_losses to the trainer's `losses` list and clears its own
+      // (schedules.py:316-321, 2.11; the same in 2.9), and torchtitan's forward_backward_step returns
+      // torch.mean(torch.stack(losses)), its list dying with it: none is left at the next step's start
+      pp_losses.clear();
       if (step == o.steps) {
         r.param_has_grad.assign(inv.parameters.size(), 0);
         for (size_t i = 0; i < inv.parameters.size(); ++i) r.param_has_grad[i] = e.grad(static_cast<int32_t>(i)) ? 1 : 0;

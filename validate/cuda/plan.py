@@ -155,6 +155,14 @@ PLAN = [
     ("hf_dist_pp2_gpipe_rank0_llama3_4layers_sdpa_b2_m4_t2048_bf16",
      "--model llama-3-8b --set num_hidden_layers=4 --attention sdpa --batch 2 --seq 2048 --precision bf16 "
      "--pp 2 --pp-rank 0 --pp-schedule gpipe --micro-batches 4"),
+    # a middle stage (pp 4, rank 1: layers 1-2, a receive and a gradient receive buffer per micro-batch, 1F1B's
+    # three warmup micro-batches): the input gradients' send lifetimes where other graphs are alive
+    ("hf_dist_pp4_1f1b_rank1_llama3_4layers_sdpa_b2_m4_t2048_bf16",
+     "--model llama-3-8b --set num_hidden_layers=4 --attention sdpa --batch 2 --seq 2048 --precision bf16 "
+     "--pp 4 --pp-rank 1 --pp-schedule 1f1b --micro-batches 4"),
+    ("hf_dist_pp4_gpipe_rank1_llama3_4layers_sdpa_b2_m4_t2048_bf16",
+     "--model llama-3-8b --set num_hidden_layers=4 --attention sdpa --batch 2 --seq 2048 --precision bf16 "
+     "--pp 4 --pp-rank 1 --pp-schedule gpipe --micro-batches 4"),
 ]
 
 

@@ -136,10 +136,16 @@ void T::release_impl(TensorImpl* p) {
 
 Engine::~Engine() {
   // Drop every reference before the storages go: nodes (saved tensors), grads, parameters.
+  // A simulation abandoned mid-step (memo.h rule 4's MemoMismatch) leaves live nodes whose checkpoint frames hold
+  // tensors: they go here too, or the pool's cached chunk would drop them into a later engine (Pool: objects keep
+  // stale fields).
+  packing_.reset();
+  filling_ = nullptr;
   for (const LiveNode& l : nodes_) {
     l.node->saved.clear();
     l.node->inbuf.clear();
     l.node->fn.reset();
+    l.node->frame.reset();
   }
   for (Node* n : acc_nodes_) {
     if (n) n->inbuf.clear();
@@ -374,12 +380,13 @@ Node* Engine::new_accumulate_node() {
   return acc;
 }
 
-T Engine::requires_grad_leaf(const T& x, bool held_by_graph) {
+T Engine::requires_grad_leaf(const T& x, bool held_by_graph, T* grad_sink) {
   T t = view(x, x.shape(), x->strides);  // detach(): the same storage, no autograd history
   t->requires_grad = true;
   Node* acc = new_accumulate_node();
   acc->leaf = static_cast<int32_t>(leaf_grads_.size());
   leaf_grads_.emplace_back();
+  leaf_sinks_.push_back(grad_sink);
   t->grad_fn = {acc, 0};
   // AccumulateGrad keeps its `variable` (a strong reference, never released by release_variables): the leaf's
   // storage lives until the graph is freed, even when nothing else holds it (found by the CPU oracle's live
@@ -392,8 +399,7 @@ T Engine::requires_grad_leaf(const T& x, bool held_by_graph) {
 
 // A leaf's .grad, taken from the list AccumulateGrad filled. When the backward that filled it freed the last live
 // graph, the list is already cleared (recycle_nodes / the per-graph free) and the gradient freed with it: nothing
-// to take (the pipeline's later stages, whose stage input is such a leaf, then hold no input gradient past the
-// backward; before this check they read past the end of the cleared list).
+// to take (a leaf whose .grad must outlive its graph has a sink instead: requires_grad_leaf).
 T Engine::take_leaf_grad(const T& leaf) {
   const Node* n = leaf->grad_fn.node;
   if (!n || n->leaf < 0 || static_cast<size_t>(n->leaf) >= leaf_grads_.size()) return T();
@@ -936,7 +942,7 @@ void Engine::backward(const T& loss, T seed) {
     // one of several live graphs (Engine::graph): its nodes go, the others stay
     const uint32_t g = loss->grad_fn.node->graph;
     recycle_where([g](const LiveNode& l) { return l.graph == g; });
-    if (nodes_.empty() && phantoms.empty()) leaf_grads_.clear();
+    if (nodes_.empty() && phantoms.empty()) clear_leaf_grads();
   } else if (depth_ == 1) {
     recycle_nodes();
   } else {
@@ -973,14 +979,22 @@ void Engine::recycle(Node* n) {
 void Engine::recycle_nodes() {
   for (const LiveNode& l : nodes_) recycle(l.node);
   nodes_.clear();
-  leaf_grads_.clear();  // the .grad of leaves the graph held (an embedding output made to require grad)
+  clear_leaf_grads();
+}
+
+// The .grad of the leaves the freed graphs held (an embedding output made to require grad, a checkpoint's
+// detached inputs); a sink's gradient is its owner's and stays.
+void Engine::clear_leaf_grads() {
+  leaf_grads_.clear();
+  leaf_sinks_.clear();
 }
 
 void Engine::accumulate_leaf(Node& n, T g) {
   // AccumulateGrad of a leaf that is not a parameter: the first gradient becomes .grad as it is (it is
   // still a gradient in flight for whoever reads it), later ones are added in place.
   if (!g) return;
-  T& grad = leaf_grads_[n.leaf];
+  T* sink = leaf_sinks_[static_cast<size_t>(n.leaf)];
+  T& grad = sink ? *sink : leaf_grads_[static_cast<size_t>(n.leaf)];
   if (grad) {
     g.reset();
     return;

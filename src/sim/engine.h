@@ -428,7 +428,10 @@ class Engine {
   // backward accumulates into leaf_grad() (what checkpoint's recomputation starts from).
   // held_by_graph: the leaf's AccumulateGrad node keeps it (its `variable`) until the graph is freed, as for a
   // leaf of the training graph; a checkpoint's recomputation leaves are freed with their own graph instead.
-  T requires_grad_leaf(const T& x, bool held_by_graph = false);
+  // grad_sink: a leaf whose tensor outlives its graph (the pipeline's receive buffer, which the stage holds):
+  // `.grad` is an attribute of that tensor, so the gradient goes to *grad_sink, which the caller owns, and stays
+  // when the graph is freed (without a sink, the leaf dies with its graph and its .grad with it).
+  T requires_grad_leaf(const T& x, bool held_by_graph = false, T* grad_sink = nullptr);
   // The .grad of a requires_grad_leaf (empty when none arrived), handed over: the engine keeps no reference,
   // as the detached input dies when CheckpointFunction.backward returns its grads.
   T take_leaf_grad(const T& leaf);
@@ -581,6 +584,7 @@ class Engine {
   void deliver(T g, GradEdge e, std::vector<Node*>& ready);
   void validate_outputs(Node& n, Grads& grads);
   void recycle_nodes();
+  void clear_leaf_grads();
   void recycle(Node* n);
   template <typename Pred>
   void recycle_where(Pred pred);  // recycles the live nodes for which pred holds, keeps the others in order
@@ -612,6 +616,7 @@ class Engine {
   std::vector<T> params_;   // the parameters themselves (weak in spirit: the model holds them)
   std::vector<T> grads_;    // .grad per parameter
   std::vector<T> leaf_grads_;  // .grad per requires_grad_leaf
+  std::vector<T*> leaf_sinks_;  // per requires_grad_leaf: where its .grad goes instead (nullptr: leaf_grads_)
   int depth_ = 0;           // backward calls in progress
   std::shared_ptr<CheckpointFrame> packing_;
   CheckpointFrame* filling_ = nullptr;

@@ -1694,6 +1694,9 @@ struct Loop {
     T input;   // the stage's input: the micro-batch's ids (first stage) or the received buffer as a grad leaf
     T output;  // fwd_cache's stage_output: the hidden states sent on, or the last stage's logits
     T loss;    // the last stage: _maybe_compute_loss's loss (its backward root)
+    // the received buffer's .grad (a later stage): the buffer is the stage's, so the gradient outlives the
+    // micro-batch's graph (Engine::requires_grad_leaf's sink) and goes to pp_input_grads after the backward
+    T input_grad;
   };
   // One stage this rank holds (several with interleaved-1f1b, in stage order)
   struct PpLocal {
@@ -1805,7 +1808,8 @@ struct Loop {
       // the batch split by tensor_split along dim 0: micro-batch i's rows, a view
       x = e.view(ids, Shape{B, s.seq}, ids->strides);
     } else {
-      x = e.requires_grad_leaf(l.recv[i]);  // the buffer, requires_grad_(True): a leaf whose .grad backward fills
+      // the buffer, requires_grad_(True): a leaf whose .grad backward fills
+      x = e.requires_grad_leaf(l.recv[i], /*held_by_graph=*/false, &l.chunks[i].input_grad);
     }
     T y;
     if (part.head) y = e.view(labels, Shape{B, s.seq}, labels->strides);
@@ -1839,7 +1843,7 @@ struct Loop {
       if (last_backward) root->pp_post_backward();  // then, after the stage's last, its reduce-scatters
     }
     if (!l.part.embeddings) {
-      T grad = e.take_leaf_grad(ch.input);
+      T grad = std::move(ch.input_grad);  // the buffer's .grad (Engine::requires_grad_leaf's sink)
       if (e.runtime().pp_stage_backward_releases_input_grads) {
         // 2.11 stage_backward: `grad_inputs.append(val.grad); val.grad = None` (_backward.py:379-386); bwd_cache
         // holds the list until get_bwd_send_ops pops it into the P2POp list (stage.py:488, 503), which the
@@ -1867,16 +1871,17 @@ struct Loop {
   // Memoization's argument (memo.h rule 1) covers the pipeline with or without FSDP2, tensor and sequence
   // parallelism, and checkpointing; not the gradient and module hooks of DDP, ZeRO, FSDP1 or the optimizer in
   // backward, LoRA, 4-bit weights, context parallelism or the encoders' extra inputs: there every action runs.
-  // Only on a rank whose every stage embeds the ids (the first stage): a later stage's backward takes its input's
-  // gradient with Engine::take_leaf_grad after the backward freed the graph, and when that graph was the last one
-  // alive the backward has already freed the leaves' gradients (take_leaf_grad then returns nothing; it used to
-  // read past the end of the cleared list). The stage's bwd_cache should keep that gradient to
-  // clear_runtime_states, as it does when other graphs are alive: until the engine keeps a stage input's
-  // gradient past the graph's free (an output change of its own), such a rank runs every action, unreplayed.
+  // A later stage's input gradient goes to its chunk (PpChunk::input_grad) and then to pp_input_grads, a per-step
+  // list, in the backward's own action (an escape, memo.h rule 3). Only a rank of one stage: an interleaved rank's
+  // backward keys name every parameter's .grad, its other stage's too, so a stage's backward meets gradients its
+  // template's did not (the other stage's backward ran in between) and the run falls back (rule 4), costing a
+  // second simulation (tests/unit/memo_test.cc InterleavedTpFsdp2SelectiveCheckpointing).
+  // Nor a later stage under PyTorch 2.10 and later: its backward hands the input gradient to PpLocal::sending,
+  // a handle outside the per-step lists, which the next backward (1F1B) or its start (GPipe) replaces.
   bool memo_allowed() const {
-    bool first_stages = true;
-    for (const PpStagePart& part : o.pp.parts) first_stages = first_stages && part.embeddings;
-    return o.memo && o.pp.on && first_stages && !ddp.on && !zopt.on && !z3 && !fsdp1 && !e.post_accumulate_grad &&
+    const bool sends = e.runtime().pp_stage_backward_releases_input_grads && !o.pp.parts.empty() &&
+                       !o.pp.parts.front().embeddings;
+    return o.memo && o.pp.on && o.pp.parts.size() == 1 && !sends && !ddp.on && !zopt.on && !z3 && !fsdp1 && !e.post_accumulate_grad &&
            !e.pre_node && !c.module_done && !w.on_use && c.cp == 1 && c.lora.by_base_row.empty() &&
            c.quant.dims_by_row.empty() && !c.kv && !c.position_ids && !c.token_type_ids && !c.attention_mask &&
            !s.optimizer_in_backward;

@@ -23,8 +23,7 @@
 //    and no template changes a handle).
 //    Not covered, so every action is simulated (Loop::memo_allowed): gradient hooks that read more (DDP's Reducer,
 //    DeepSpeed ZeRO's, FSDP1's, the optimizer in backward), ZeRO-3's parameter-use and pre-node hooks, LoRA,
-//    4-bit weights, context parallelism, the encoders' extra inputs, and a rank holding a stage after the first
-//    (its input gradients: see memo_allowed).
+//    4-bit weights, context parallelism and the encoders' extra inputs.
 // 2. What an action writes, and how a replay writes the same. Events: the template's, read from the timeline
 //    (never changed once written), with their step and micro-batch set and each storage id renamed: an id the
 //    template's action allocated is its offset in that action's range of new ids (ids are handed out in order,

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "sim/forward.h"
+#include "sim/layers.h"
 #include "sim/ops.h"
 
 namespace trainmem::sim {
@@ -149,6 +150,28 @@ TEST(Engine, ReentrantBackwardRecomputesAndGivesTheSameGrads) {
   // for it (x0 through the detached alias, y), besides the outer graph's x (fc0) and x0 (the checkpoint).
   EXPECT_EQ(saved_inside.value, kX + kX + kH);
   EXPECT_GT(peak_inside, 0u);
+}
+
+// A simulation abandoned with graphs alive (memoization's fallback, src/sim/memo.h rule 4, throws out of the
+// pipeline loop mid-step): the engine's node chunks go to the per-thread pool cache with their stale fields, and a
+// node recorded inside a non-reentrant checkpoint holds the region's frame, whose tensors belong to that engine.
+// Engine::~Engine drops the frames, so the next engine, reusing those nodes, never releases a tensor into a
+// destroyed one (before, the fallback's simulation failed or corrupted the heap: AddressSanitizer, make sanitize,
+// reports a heap-use-after-free here without the fix).
+TEST(Engine, AnEngineAbandonedWithACheckpointedGraphAliveLeavesNothingToTheNext) {
+  {
+    Net n;
+    auto fn = std::make_shared<const LayerFn>([&n](uint64_t, T h, const LayerArgs&) { return n.segment(h); });
+    T out = checkpoint_non_reentrant(n.c, 0, linear(n.c, n.x, n.w0, nullptr, "fc0"), LayerArgs{}, fn);
+    T loss = sum_loss(n.c, out);
+    EXPECT_GT(n.e.live().total.value, kW0 + kW1 + kW2 + kX);  // the graph and the frame's input are alive
+  }  // no backward: the engine goes with the graph alive
+  Net n;  // its nodes come from the cached chunks
+  for (int i = 0; i < 64; ++i) {
+    T loss = sum_loss(n.c, n.segment(linear(n.c, n.x, n.w0, nullptr, "fc0")));
+    n.e.backward(loss);
+  }
+  EXPECT_EQ(live(n.e, Category::kGradients), kW0 + kW1 + kW2);
 }
 
 TEST(Engine, AReentrantBackwardLeavesTheOuterCountsAlone) {

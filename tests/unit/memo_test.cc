@@ -155,7 +155,7 @@ TEST(Memo, GPipeWithFsdp2AndFullCheckpointing) {
               }});
 }
 
-// Every rank holds a later stage (rank 0 stages 0 and 2): no action is replayed (Loop::memo_allowed), and the
+// Every rank holds two stages (rank 0 stages 0 and 2): no action is replayed (Loop::memo_allowed), and the
 // output is the full simulation's.
 TEST(Memo, InterleavedWithFsdp2Roots) {
   check_case({"interleaved fsdp2", [](TrainSetup& s) {
@@ -164,6 +164,19 @@ TEST(Memo, InterleavedWithFsdp2Roots) {
                 s.pp_virtual_stages = 2;
               },
               1, false});
+}
+
+// The same with TP and selective checkpointing: with memoization allowed on two-stage ranks, stage 0's backward
+// met stage 2's gradients its template had not seen and the run fell back; the abandoned run's live checkpoint
+// frames then reached the fallback's engine through the node pool (Engine::~Engine now drops them).
+TEST(Memo, InterleavedTpFsdp2SelectiveCheckpointing) {
+  check_case({"interleaved tp2 fsdp2 selective", [](TrainSetup& s) {
+                pp_fsdp(s, 2, 8, 2);
+                s.pp_schedule = PpSchedule::kInterleaved1f1b;
+                s.pp_virtual_stages = 2;
+                s.checkpointing = Checkpointing::kSelective;
+              },
+              2, false});
 }
 
 TEST(Memo, TpPpFsdp2SelectiveCheckpointing) {
@@ -189,9 +202,9 @@ TEST(Memo, Bf16WithoutFsdp) {
               }});
 }
 
-// The benchmark's rank (bench/trainmem_bench.cc BM_EstimatePpFsdpRank70B_T8192/0): Llama-3-70B shapes over TP8 x
-// PP4 x FSDP2 dp 2, 8 micro-batches of 1F1B, selective checkpointing, T = 8192, rank 0 alone, both ways.
-TEST(Memo, Llama70BTp8Pp4Fsdp2Rank0) {
+// The benchmark's ranks (bench/trainmem_bench.cc BM_EstimatePpFsdpRank70B_T8192): Llama-3-70B shapes over TP8 x
+// PP4 x FSDP2 dp 2, 8 micro-batches of 1F1B, selective checkpointing, T = 8192, one rank alone, both ways.
+SimResult llama70b_rank(uint64_t rank, bool memo, SimResult* off) {
   ModelRequest req;
   req.model = "llama-3-8b";
   req.overrides = {"hidden_size=8192", "num_hidden_layers=80", "num_attention_heads=64", "num_key_value_heads=8",
@@ -208,15 +221,35 @@ TEST(Memo, Llama70BTp8Pp4Fsdp2Rank0) {
   o.loop = LoopKind::kHf;
   TrainSetup ps = s;
   ps.optimizer_impl = OptimizerImpl::kFused;
-  const SimOptions ro = pp_rank_options(o, s, pp_stage_split(s.pp, m.layers), 0);
-  SimOptions roff = ro;
-  roff.memo = false;
+  SimOptions ro = pp_rank_options(o, s, pp_stage_split(s.pp, m.layers), rank);
+  ro.memo = memo;
   const Inventory stage_inv = pp_stage_inventory(inv, ro.pp.parts);
-  const SimResult a = simulate(m, stage_inv, ps, ro);
-  const SimResult b = simulate(m, stage_inv, ps, roff);
+  if (off) {
+    SimOptions roff = ro;
+    roff.memo = false;
+    *off = simulate(m, stage_inv, ps, roff);
+  }
+  return simulate(m, stage_inv, ps, ro);
+}
+
+TEST(Memo, Llama70BTp8Pp4Fsdp2Rank0) {
+  SimResult b;
+  const SimResult a = llama70b_rank(0, true, &b);
   EXPECT_FALSE(a.memo_fell_back);
   EXPECT_EQ(a.memo_replayed, 16u);  // step 1: F5, F6, B5, B6; step 2: F1-F6, B1-B6 (of 16 actions a step)
   expect_same(a, b, "70B rank 0");
+}
+
+// The last stage (one micro-batch in flight): its input gradients, kept to the next step, are escapes of each
+// backward (PpChunk::input_grad).
+TEST(Memo, Llama70BTp8Pp4Fsdp2LastRank) {
+  SimResult b;
+  const SimResult a = llama70b_rank(3, true, &b);
+  EXPECT_FALSE(a.memo_fell_back);
+  // F0 B0 F1 B1 ... F7 B7 a step: step 1 replays F2-F6 and B2-B6 (F1's pair the template; F7's backward is the
+  // stage's last, a position no pair has yet), step 2 F1-F6 and B1-B6 (its first actions find the workspaces made)
+  EXPECT_EQ(a.memo_replayed, 22u);
+  expect_same(a, b, "70B rank 3");
 }
 
 }  // namespace

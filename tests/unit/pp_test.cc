@@ -271,6 +271,39 @@ TEST(Pp, Torch211ReleasesStageInputGradientsBeforeTheNextStep) {
   }
 }
 
+// Schedule1F1B's last stage (one warmup micro-batch) runs F0 B0 F1 B1 ...: while forward m runs (m >= 1), the
+// gradients the stage sent back so far are alive as backward gradients. In 2.9 every one of them is its buffer's
+// .grad until the next step: m of them. In 2.11 only the latest, which `bwd_sends` holds until the next backward's
+// send ops replace it (schedules.py:927): one.
+TEST(Pp, Torch211OneF1BHoldsThePreviousInputGradientThroughTheNextForward) {
+  const uint64_t pp = 2, M = 4;
+  const ModelSpec m = small_llama(8);
+  const Inventory inv = build_inventory(m);
+  const uint64_t hidden = 2 * 32 * 64 * 4;  // B x T x C float32
+  for (TorchVersion v : {TorchVersion{2, 9}, TorchVersion{2, 11}}) {
+    TrainSetup s = pp_setup(pp, M);
+    s.rank = pp - 1;
+    SimOptions o;
+    o.torch = v;
+    const Estimate e = estimate(m, inv, s, o);
+    ASSERT_TRUE(e.sim);
+    LiveBytes live;
+    std::map<uint32_t, uint64_t> at_forward;  // micro-batch (1-based) -> backward gradients as its forward starts
+    for (const Event& ev : e.sim->timeline.events) {
+      // (the first allocation: the step's first events free what clear_runtime_states drops)
+      if (ev.step == 2 && ev.phase == Phase::kForward && ev.kind == Event::kAlloc && !at_forward.count(ev.micro)) {
+        at_forward[ev.micro] = live.by_category[static_cast<size_t>(Category::kBackward)].value;
+      }
+      apply(live, ev);
+    }
+    ASSERT_EQ(at_forward.size(), M);
+    for (uint32_t mb = 1; mb <= M; ++mb) {
+      const uint64_t held = v == TorchVersion{2, 9} ? mb - 1 : (mb > 1 ? 1 : 0);
+      EXPECT_EQ(at_forward[mb], held * hidden) << torch_version_name(v) << " micro-batch " << mb;
+    }
+  }
+}
+
 // The version gate: 2.9 and 2.11 are simulated; 2.11 only with the single-stage schedules, whose send lifetimes
 // are transcribed (Schedule1F1B, ScheduleGPipe), not with its interleaved schedule (a _PipelineScheduleRuntime,
 // schedules.py:2507); releases whose pipelining was not read are refused.

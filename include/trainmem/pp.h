@@ -77,6 +77,15 @@ uint64_t pp_max_weighted_in_flight(const std::vector<PpAction>& actions, W weigh
 }
 
 struct Inventory;
+// Where the row `name` (the Llama-shaped decoder's names) sits among `parts`: in no stage's module (staged false: a
+// buffer such as the rotary embedding's, which every stage keeps), or in a stage's module, then the index of the
+// part holding it (parts.size() when none of them does).
+struct PpRowPlace {
+  bool staged = false;
+  size_t part = 0;
+};
+PpRowPlace pp_row_place(std::string_view name, const std::vector<PpStagePart>& parts);
+
 // The rows of `inv` that stages `parts` hold, in the model's order (the Llama-shaped decoder's names); throws
 // for a parameter in no stage.
 Inventory pp_stage_inventory(const Inventory& inv, const std::vector<PpStagePart>& parts);

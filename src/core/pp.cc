@@ -162,16 +162,25 @@ uint64_t pp_max_in_flight(const std::vector<PpAction>& actions, uint64_t stage) 
 // list are deleted; buffers of the kept modules and the model's own rotary table stay): the Llama-shaped
 // decoder's names (modeling_llama.py): model.embed_tokens on the first stage, model.layers.{i} for the stage's
 // layers, model.norm and lm_head on the last; every other buffer (model.rotary_emb.inv_freq) on every stage.
+PpRowPlace pp_row_place(std::string_view name, const std::vector<PpStagePart>& parts) {
+  auto first = [&](auto pred) {
+    return PpRowPlace{true, static_cast<size_t>(std::find_if(parts.begin(), parts.end(), pred) - parts.begin())};
+  };
+  auto starts = [&](std::string_view pre) { return name.substr(0, pre.size()) == pre; };
+  if (starts("model.embed_tokens.")) return first([](const PpStagePart& p) { return p.embeddings; });
+  if (starts("model.norm.") || starts("lm_head.")) return first([](const PpStagePart& p) { return p.head; });
+  constexpr std::string_view kLayers = "model.layers.";
+  if (starts(kLayers)) {
+    const uint64_t l = std::stoull(std::string(name.substr(kLayers.size())));
+    return first([&](const PpStagePart& p) { return l >= p.layer_begin && l < p.layer_end; });
+  }
+  return PpRowPlace{};
+}
+
 Inventory pp_stage_inventory(const Inventory& inv, const std::vector<PpStagePart>& parts) {
-  auto any = [&](auto pred) { return std::any_of(parts.begin(), parts.end(), pred); };
   auto keep = [&](const std::string& name, bool parameter) {
-    auto starts = [&](std::string_view pre) { return name.rfind(pre, 0) == 0; };
-    if (starts("model.embed_tokens.")) return any([](const PpStagePart& p) { return p.embeddings; });
-    if (starts("model.norm.") || starts("lm_head.")) return any([](const PpStagePart& p) { return p.head; });
-    if (starts("model.layers.")) {
-      const uint64_t l = std::stoull(name.substr(std::string_view("model.layers.").size()));
-      return any([&](const PpStagePart& p) { return l >= p.layer_begin && l < p.layer_end; });
-    }
+    const PpRowPlace at = pp_row_place(name, parts);
+    if (at.staged) return at.part < parts.size();
     if (parameter) throw Error(fmt::format("--pp: parameter {} is in no pipeline stage (not simulated)", name));
     return true;
   };

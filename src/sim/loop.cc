@@ -1872,22 +1872,25 @@ struct Loop {
   // parallelism, and checkpointing; not the gradient and module hooks of DDP, ZeRO, FSDP1 or the optimizer in
   // backward, LoRA, 4-bit weights, context parallelism or the encoders' extra inputs: there every action runs.
   // A later stage's input gradient goes to its chunk (PpChunk::input_grad) and then to pp_input_grads, a per-step
-  // list, in the backward's own action (an escape, memo.h rule 3). Only a rank of one stage: an interleaved rank's
-  // backward keys name every parameter's .grad, its other stage's too, so a stage's backward meets gradients its
-  // template's did not (the other stage's backward ran in between) and the run falls back (rule 4), costing a
-  // second simulation (tests/unit/memo_test.cc InterleavedTpFsdp2SelectiveCheckpointing).
-  // Nor a later stage under PyTorch 2.10 and later: its backward hands the input gradient to PpLocal::sending,
-  // a handle outside the per-step lists, which the next backward (1F1B) or its start (GPipe) replaces.
+  // list, in the backward's own action (an escape, memo.h rule 3).
+  // Not a later stage under PyTorch 2.10 and later: its backward hands the input gradient to PpLocal::sending, a
+  // handle outside the per-step lists, which the next backward (1F1B) or its start (GPipe) replaces.
   bool memo_allowed() const {
-    const bool sends = e.runtime().pp_stage_backward_releases_input_grads && !o.pp.parts.empty() &&
-                       !o.pp.parts.front().embeddings;
-    return o.memo && o.pp.on && o.pp.parts.size() == 1 && !sends && !ddp.on && !zopt.on && !z3 && !fsdp1 && !e.post_accumulate_grad &&
+    bool sends = false;
+    for (const PpStagePart& part : o.pp.parts) sends = sends || !part.embeddings;
+    sends = sends && e.runtime().pp_stage_backward_releases_input_grads;
+    return o.memo && o.pp.on && !sends && !ddp.on && !zopt.on && !z3 && !fsdp1 && !e.post_accumulate_grad &&
            !e.pre_node && !c.module_done && !w.on_use && c.cp == 1 && c.lora.by_base_row.empty() &&
            c.quant.dims_by_row.empty() && !c.kv && !c.position_ids && !c.token_type_ids && !c.attention_mask &&
            !s.optimizer_in_backward;
   }
-  // The state an action reads (memo.h rule 1) and the handles it must leave as they were (rule 3).
-  MemoProbe memo_probe() {
+  // The rank's stage (index into pp_locals, o.pp.parts' order) of each parameter row, for memo_probe
+  std::vector<size_t> memo_param_stage;
+  // The state an action of the rank's stage `stage` reads (memo.h rule 1) and the handles it must leave as they
+  // were (rule 3). Of the gradients, those of the stage's own parameters: its graph accumulates into them and its
+  // FSDP2 root reduces them, and no action reads another stage's (an interleaved rank's other stage changes them
+  // between two of its actions); rule 3 still checks every .grad handle.
+  MemoProbe memo_probe(uint64_t stage) {
     MemoProbe p;
     auto id = [](const T& t) { return t ? t->storage : UINT64_MAX; };
     uint64_t fsdp_index = UINT64_MAX;
@@ -1903,10 +1906,11 @@ struct Loop {
                // the workspaces of the thread the action's gemms run on (Engine::gemm: the autograd thread's in
                // backward, the python thread's otherwise; the loop sets the phase per action)
                e.workspace_bits() & (e.phase == Phase::kBackward ? 10u : 5u)};
-    uint64_t word = 0;  // which parameters have a .grad, 64 a word
+    uint64_t word = 0;  // which of the stage's parameters have a .grad, 64 a word
     size_t bits = 0;
-    for (const T& g : e.grads()) {
-      word |= (g ? uint64_t{1} : 0) << bits;
+    for (size_t i = 0; i < e.grads().size(); ++i) {
+      if (memo_param_stage[i] != stage) continue;
+      word |= (e.grads()[i] ? uint64_t{1} : 0) << bits;
       if (++bits == 64) {
         p.words.push_back(word);
         word = 0;
@@ -1976,7 +1980,8 @@ struct Loop {
       if (step == 1) pp_initialize();
       if (step == 1 && memo_allowed()) {
         // memoized actions (memo.h): storages made before the first action are fixed, but the roles'
-        memo = std::make_unique<ActionMemo>(e, e.storage_count(), [this] { return memo_probe(); });
+        memo = std::make_unique<ActionMemo>(e, e.storage_count(), [this](uint64_t stage) { return memo_probe(stage); });
+        for (const TensorRow& row : inv.parameters) memo_param_stage.push_back(pp_row_place(row.name, o.pp.parts).part);
         for (const PpLocal& l : pp_locals) {
           for (const T& t : l.recv) memo_roles_all.push_back(t->storage);
           for (const T& t : l.grad_recv) memo_roles_all.push_back(t->storage);

@@ -22,7 +22,7 @@ bool same_static(const std::vector<uint64_t>& a, const std::vector<uint64_t>& b)
 }
 }  // namespace
 
-ActionMemo::ActionMemo(Engine& e, uint64_t fixed_below, std::function<MemoProbe()> probe)
+ActionMemo::ActionMemo(Engine& e, uint64_t fixed_below, std::function<MemoProbe(uint64_t)> probe)
     : e_(e), fixed_below_(fixed_below), probe_(std::move(probe)) {}
 
 std::vector<uint64_t> ActionMemo::key_of(const MemoAction& a, const MemoProbe& p) const {
@@ -43,7 +43,7 @@ void ActionMemo::begin(const MemoAction& a, const std::vector<uint64_t>& roles, 
   recording_ = false;
   if (a.forward) {
     if (!backward) return;
-    before_ = probe_();
+    before_ = probe_(a.stage);
     std::vector<uint64_t> key = key_of(a, before_);
     b_static_ = static_words(*backward);
     // one template a (forward key, backward position) is enough: none when a pair or a recorded forward has it
@@ -71,7 +71,7 @@ void ActionMemo::begin(const MemoAction& a, const std::vector<uint64_t>& roles, 
         return;
       }
     }
-    before_ = probe_();
+    before_ = probe_(a.stage);
     cur_ = Segment{};
     cur_.key = key_of(a, before_);
     cur_.f_st0 = it->second.f.st0;
@@ -103,7 +103,7 @@ void ActionMemo::end(const MemoAction& a) {
   s.st1 = e_.storage_count();
   s.ev1 = e_.event_count();
   s.seq = e_.node_seq() - s.seq;
-  const MemoProbe after = probe_();
+  const MemoProbe after = probe_(a.stage);
   s.ok = e_.at_rest() && rest0_ && after.persistent == before_.persistent && after.roots == before_.roots;
   // FSDP2: the stage's root changed by a delta (memo_delta), every other root not at all
   for (size_t r = 0; s.ok && r < after.roots.size(); ++r) {
@@ -281,7 +281,7 @@ void apply_segment_state(Engine& e, const std::vector<Engine::CountCall>& counts
 
 bool ActionMemo::replay_forward(const MemoAction& a, const MemoAction& backward, const std::vector<uint64_t>& roles) {
   if (pairs_.empty()) return false;
-  const MemoProbe p = probe_();
+  const MemoProbe p = probe_(a.stage);
   const std::vector<uint64_t> key = key_of(a, p);
   const std::vector<uint64_t> bstatic = static_words(backward);
   size_t found = pairs_.size();
@@ -324,7 +324,7 @@ bool ActionMemo::replay_backward(const MemoAction& a) {
   if (it == phantoms_.end()) return false;
   const Phantom ph = it->second;
   const Pair& pair = pairs_[ph.pair];
-  const MemoProbe p = probe_();
+  const MemoProbe p = probe_(a.stage);
   if (key_of(a, p) != pair.b.key) throw MemoMismatch{};  // rule 4: the whole simulation again, every action run  // rule 4: the whole simulation again, every action run
   const uint64_t st = e_.storage_count();
   emit(pair.b, st, ph.st0);

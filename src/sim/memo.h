@@ -100,8 +100,9 @@ struct MemoProbe {
 class ActionMemo {
  public:
   // `fixed_below`: storages before the first action; `role_ids`: every per-micro-batch or per-step storage the loop
-  // names (none of them is fixed); `probe`: computes the MemoProbe of the current state.
-  ActionMemo(Engine& e, uint64_t fixed_below, std::function<MemoProbe()> probe);
+  // names (none of them is fixed); `probe`: computes the MemoProbe of the current state for an action of the
+  // rank's stage (MemoAction::stage) given.
+  ActionMemo(Engine& e, uint64_t fixed_below, std::function<MemoProbe(uint64_t stage)> probe);
   ~ActionMemo() { e_.count_tape = nullptr; }  // (an action that threw leaves the engine recording into tape_)
   ActionMemo(const ActionMemo&) = delete;
   ActionMemo& operator=(const ActionMemo&) = delete;
@@ -173,7 +174,7 @@ class ActionMemo {
 
   Engine& e_;
   uint64_t fixed_below_;
-  std::function<MemoProbe()> probe_;
+  std::function<MemoProbe(uint64_t)> probe_;
   std::vector<uint64_t> all_roles_;  // sorted
   std::vector<Pair> pairs_;
   std::map<std::pair<uint64_t, uint64_t>, Pending> pending_;  // by (stage, micro)

@@ -155,20 +155,19 @@ TEST(Memo, GPipeWithFsdp2AndFullCheckpointing) {
               }});
 }
 
-// Every rank holds two stages (rank 0 stages 0 and 2): no action is replayed (Loop::memo_allowed), and the
-// output is the full simulation's.
+// Every rank holds two stages (rank 0 stages 0 and 2), each with its FSDP2 root.
 TEST(Memo, InterleavedWithFsdp2Roots) {
   check_case({"interleaved fsdp2", [](TrainSetup& s) {
                 pp_fsdp(s, 2, 4, 8);
                 s.pp_schedule = PpSchedule::kInterleaved1f1b;
                 s.pp_virtual_stages = 2;
-              },
-              1, false});
+              }});
 }
 
-// The same with TP and selective checkpointing: with memoization allowed on two-stage ranks, stage 0's backward
-// met stage 2's gradients its template had not seen and the run fell back; the abandoned run's live checkpoint
-// frames then reached the fallback's engine through the node pool (Engine::~Engine now drops them).
+// The same with TP and selective checkpointing. When the backward's key named every parameter's .grad, stage 0's
+// backward met stage 2's gradients its template had not seen and the run fell back (the key now names the stage's
+// own, Loop::memo_probe); the abandoned run's live checkpoint frames then reached the fallback's engine through the
+// node pool (Engine::~Engine now drops them).
 TEST(Memo, InterleavedTpFsdp2SelectiveCheckpointing) {
   check_case({"interleaved tp2 fsdp2 selective", [](TrainSetup& s) {
                 pp_fsdp(s, 2, 8, 2);
@@ -176,7 +175,7 @@ TEST(Memo, InterleavedTpFsdp2SelectiveCheckpointing) {
                 s.pp_virtual_stages = 2;
                 s.checkpointing = Checkpointing::kSelective;
               },
-              2, false});
+              2});
 }
 
 TEST(Memo, TpPpFsdp2SelectiveCheckpointing) {

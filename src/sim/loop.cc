@@ -1838,10 +1838,7 @@ struct Loop {
     } else {
       e.backward(ch.output, l.grad_recv[i]);
     }
-    if (root) {
-      root->pp_end_backward();                   // the final callback the backward queued
-      if (last_backward) root->pp_post_backward();  // then, after the stage's last, its reduce-scatters
-    }
+    if (root) root->pp_end_backward();  // the final callback the backward queued
     if (!l.part.embeddings) {
       T grad = std::move(ch.input_grad);  // the buffer's .grad (Engine::requires_grad_leaf's sink)
       if (e.runtime().pp_stage_backward_releases_input_grads) {
@@ -1856,6 +1853,11 @@ struct Loop {
         pp_input_grads.push_back(std::move(grad));
       }
     }
+    // then, after the stage's last backward, its reduce-scatters: in 2.9 inside backward_one_chunk(last_backward=
+    // True), where the gradients stay on the buffers anyway; in 2.11 perform_reduce_grad after the schedule's loop
+    // (Schedule1F1B and ScheduleGPipe _step_microbatches), once the last backward's send ops replaced the previous
+    // ones: only the last input gradient is alive during them
+    if (root && last_backward) root->pp_post_backward();
     ch = PpChunk{};
   }
 
@@ -2063,6 +2065,7 @@ struct Loop {
         } else {
           e.phase = Phase::kBackward;
           const bool last_backward = ++backward_counter[j] == p.micro_batches;
+          pp_backward_starts(l);
           if (memo) {
             if (!memo->replay_backward(plan[k])) {
               memo->begin(plan[k], memo_roles(l, a.micro, ids, labels));
@@ -2070,7 +2073,6 @@ struct Loop {
               memo->end(plan[k]);
             }
           } else {
-            pp_backward_starts(l);
             pp_backward(l, a.micro, last_backward);
           }
           now -= weight(a.stage);

@@ -325,7 +325,7 @@ bool ActionMemo::replay_backward(const MemoAction& a) {
   const Phantom ph = it->second;
   const Pair& pair = pairs_[ph.pair];
   const MemoProbe p = probe_(a.stage);
-  if (key_of(a, p) != pair.b.key) throw MemoMismatch{};  // rule 4: the whole simulation again, every action run  // rule 4: the whole simulation again, every action run
+  if (key_of(a, p) != pair.b.key) throw MemoMismatch{};  // rule 4: the whole simulation again, every action run
   const uint64_t st = e_.storage_count();
   emit(pair.b, st, ph.st0);
   // the table's entries of the template's ranges after its backward (freed storages are not touched again; the

@@ -12,7 +12,10 @@
 //    TrainSetup, the stage's part, the LoadedModel's parameter handles, which FSDP2 swaps per unit); the Ctx (its
 //    flags, the autocast cache, the FSDP2 root the step's previous forward left there, which a checkpoint's
 //    recompute in backward reads); the engine (grad mode, stream, phase, count weight, the workspaces of the
-//    thread its gemms run on made or not, the .grad of every parameter made or not, the count_step filter, the
+//    thread its gemms run on made or not, the .grad of its own stage's parameters made or not (a stage's graph
+//    accumulates into its own rows only, its FSDP2 root's hooks touch its own units' rows, tied embeddings are
+//    refused under --pp, clipping and the optimizer run outside actions; rule 3 still compares every .grad
+//    handle), the count_step filter, the
 //    nodes of its own graph only: a backward walks from its root and frees its own graph tag); its stage's FSDP2
 //    root (Fsdp2::memo_key: every value the hooks branch on, pre_backward's prefetch reduced to whether it has an
 //    effect, the backward-only state in a backward's key only); and, for the storage ids it names, the ids the
@@ -23,7 +26,8 @@
 //    and no template changes a handle).
 //    Not covered, so every action is simulated (Loop::memo_allowed): gradient hooks that read more (DDP's Reducer,
 //    DeepSpeed ZeRO's, FSDP1's, the optimizer in backward), ZeRO-3's parameter-use and pre-node hooks, LoRA,
-//    4-bit weights, context parallelism and the encoders' extra inputs.
+//    4-bit weights, context parallelism, the encoders' extra inputs, and a later stage under PyTorch 2.10 and
+//    later (its backward leaves its input's gradient in a per-stage handle, PpLocal::sending).
 // 2. What an action writes, and how a replay writes the same. Events: the template's, read from the timeline
 //    (never changed once written), with their step and micro-batch set and each storage id renamed: an id the
 //    template's action allocated is its offset in that action's range of new ids (ids are handed out in order,
@@ -42,8 +46,8 @@
 // 3. Nothing else changes. A template's action must leave every persistent handle as it found it: the engine's
 //    workspaces, .grad handles and leaves' gradients, FSDP2's handles (memo_delta), the autocast cache, the
 //    warnings and the Ctx fields it sets and restores. The loop's per-step lists (the last stage's outputs and
-//    losses) may grow by handles on the action's own storages (escapes), which a replay appends too (Engine::
-//    adopt). What a forward allocated must be held only by its own graph and chunk and the escapes (live at the
+//    losses, a later stage's input gradients) may grow by handles on the action's own storages (escapes), which
+//    a replay appends too (Engine::adopt). What a forward allocated must be held only by its own graph and chunk and the escapes (live at the
 //    forward's end, untouched until its backward begins, freed by its backward's end but the escapes, each held by
 //    its list alone); what its backward allocated likewise. So between a replayed forward and its backward the
 //    only thing missing is the micro-batch's graph and chunk, which nothing but that backward reads: the storages

@@ -128,6 +128,13 @@ T cross_entropy(Ctx& c, const T& logits, const T& target) {
 // On sm_90 and sm_100 recent PyTorch's sdp_utils.cpp (check_prefer_cudnn_attention) puts cuDNN attention first
 // in the priority order; measured in 2.11 only (the H100/H200 traces of validate/measured/).
 namespace {
+// The cuDNN SDPA backward execution plan's own workspace beyond the graph's intermediate tensors (the dQ
+// accumulator, the softmax sum, GQA's full-head dK/dV): 256 B in every one of the 24 backward calls that
+// validate/cuda/sdpa_probe.py measured on an H100 (torch 2.11.0+cu130, cuDNN 9.19.0): 12 shape and GQA forms
+// (batch 1 to 4, 8 to 32 heads, lengths 333 to 4096, head dims 64, 96 and 128, with and without GQA), under the
+// cuDNN backend forced and under PyTorch's default choice, which is cuDNN there
+// (validate/measured/probes/h100-80gb-hbm3_sdpa_backward_probe.jsonl). No source line states it; a measurement.
+constexpr uint64_t kCudnnSdpaBackwardPlanWorkspace = 256;
 bool cudnn_attention_first(const Ctx& c) {
   const uint32_t sm = c.rt().sm;
   return c.rt().torch >= TorchVersion{2, 11} && (sm == 90 || sm == 100);
@@ -154,8 +161,8 @@ SdpaBackend sdpa_backend(const Ctx& c, const T& q, const T& v, bool has_mask, do
   if (be == SdpaBackend::kEfficient && Dv % 8 != 0) be = SdpaBackend::kMath;
   // With a mask where cuDNN attention comes first, it takes the call (fp16/bf16, head dims equal, a multiple of 8
   // up to 128); its output follows the query's layout like flash's, as the H200 trace of the masked Phi-3-mini
-  // run shows (the output copy of `.transpose(1, 2).contiguous()` behind a cat-built query). Its backward is
-  // modelled as flash's (cuDNN's own workspace is not).
+  // run shows (the output copy of `.transpose(1, 2).contiguous()` behind a cat-built query). Its backward makes
+  // cuDNN's one workspace (kCudnnSdpaBackwardPlanWorkspace).
   if (has_mask && cudnn_attention_first(c) && be == SdpaBackend::kEfficient && Dv == D && Dv % 8 == 0 && Dv <= 128 &&
       (dt == DType::kBF16 || dt == DType::kF16)) {
     be = SdpaBackend::kCudnn;
@@ -248,6 +255,8 @@ T sdpa(Ctx& c, const T& q0, const T& k0, const T& v0, const T* mask0, double dro
   // Llama, Qwen, nanoGPT under SDPA) show two 8-byte allocations per layer beside the logsumexp, kept to the
   // backward. Only 2.11 is measured; earlier releases keep flash's CPU tensors here.
   const bool philox = dropout_p == 0.0 && (!flash || cudnn_first);
+  // the kernel that runs where flash is chosen: cuDNN's where it comes first
+  const bool cudnn_runs = be == SdpaBackend::kCudnn || (flash && cudnn_first);
   T out, lse, seed, offset;
   // FLOPs (flops.h): QK^T and AV over the (query, key) pairs the kernel computes. Causal: the fused kernels skip
   // the tiles above the diagonal, counted as the pairs on or below it (bottom-right aligned when L < S, as
@@ -292,7 +301,6 @@ T sdpa(Ctx& c, const T& q0, const T& k0, const T& v0, const T* mask0, double dro
     // `any_inputs_require_grad && GradMode::is_enabled()`; without it the efficient kernel's is (B, H, 0) and
     // cuDNN's is not made (the H100 trace of validate/measured/open/*_hf_gen_llama3_* under generate()'s no_grad:
     // seed, offset and the output, no (B, H, L) float32). The flash kernel always makes one.
-    const bool cudnn_runs = be == SdpaBackend::kCudnn || (flash && cudnn_first);
     const bool wants_lse = c.e.grad_mode && (q->requires_grad || k->requires_grad || v->requires_grad);
     constexpr uint64_t kAlignLse = 32;
     if (wants_lse || (be == SdpaBackend::kFlash && !cudnn_runs)) {
@@ -312,7 +320,7 @@ T sdpa(Ctx& c, const T& q0, const T& k0, const T& v0, const T* mask0, double dro
              : flash                    ? "ScaledDotProductFlashAttentionBackward0"
                                         : "ScaledDotProductEfficientAttentionBackward0",
              {&q, &k, &v}, {&out}, std::move(saved),
-             [flash, B, H, L, D, Hk, S, dt, pairs, Dv, qo_bytes, kv_bytes, lse_bytes](Engine& e, Node& n, Grads& g) {
+             [flash, cudnn_runs, B, H, L, D, Hk, S, dt, pairs, Dv, qo_bytes, kv_bytes, lse_bytes](Engine& e, Node& n, Grads& g) {
                Grads r(3);
                if (!g[0]) return r;
                // FLOPs: FlashAttention-2's backward (Dao 2023, Algorithm 2; the memory-efficient kernel does the
@@ -331,7 +339,27 @@ T sdpa(Ctx& c, const T& q0, const T& k0, const T& v0, const T* mask0, double dro
                  return e.empty_strided(t.shape(), dense_strides_like(t.shape(), t->strides), dt, Category::kBackward,
                                         g[0]->label);
                };
-               if (flash) {
+               if (cudnn_runs) {
+                 // cuDNN attention's backward (PyTorch's MHA.cpp run_cudnn_SDP_bprop through cudnn-frontend's
+                 // SDPA backward graph): dq, dk, dv = empty_like, then one workspace from the cuDNN graph, freed
+                 // when it returns: the float32 dQ accumulator (B, H, L, D), the float32 softmax sum (B, H, L),
+                 // under GQA the full-head dK and dV in the inputs' dtype (B, H, S, D) each, and the execution
+                 // plan's own kCudnnSdpaBackwardPlanWorkspace. Measured on an H100 (torch 2.11, cuDNN 9.19) over
+                 // 12 shape and GQA forms: validate/measured/probes/h100-80gb-hbm3_sdpa_backward_probe.jsonl
+                 // (validate/cuda/sdpa_probe.py), every workspace equal to this sum to the byte.
+                 r[0] = like_saved(0);
+                 r[1] = like_saved(1);
+                 r[2] = like_saved(2);
+                 const uint64_t bhl = detail::sat_mul(detail::sat_mul(B, H), L);
+                 uint64_t ws = detail::sat_add(detail::nbytes(detail::sat_mul(bhl, D), DType::kF32),
+                                               detail::nbytes(bhl, DType::kF32));
+                 if (Hk != H) {
+                   ws = detail::sat_add(ws, detail::sat_mul(2, detail::nbytes(detail::sat_mul(detail::sat_mul(B, H),
+                                                                                               detail::sat_mul(S, D)), dt)));
+                 }
+                 ws = detail::sat_add(ws, kCudnnSdpaBackwardPlanWorkspace);
+                 T workspace = e.empty(Shape{ws}, DType::kU8, Category::kTemporaries, Label{"cuDNN attention backward workspace"});
+               } else if (flash) {
                  // mha_bwd: dq, dk, dv = empty_like; softmax_d and dq_accum in float32 with the sequence rounded
                  // up to 128 and the head dim to 32 (64 above 128); GQA expands dk/dv to all heads first.
                  const uint64_t Lr = round_up_to(L, 128);

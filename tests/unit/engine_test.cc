@@ -159,13 +159,17 @@ TEST(Engine, ReentrantBackwardRecomputesAndGivesTheSameGrads) {
 // destroyed one (before, the fallback's simulation failed or corrupted the heap: AddressSanitizer, make sanitize,
 // reports a heap-use-after-free here without the fix).
 TEST(Engine, AnEngineAbandonedWithACheckpointedGraphAliveLeavesNothingToTheNext) {
+  std::weak_ptr<CheckpointFrame> frame;
   {
     Net n;
     auto fn = std::make_shared<const LayerFn>([&n](uint64_t, T h, const LayerArgs&) { return n.segment(h); });
     T out = checkpoint_non_reentrant(n.c, 0, linear(n.c, n.x, n.w0, nullptr, "fc0"), LayerArgs{}, fn);
+    ASSERT_TRUE(out->grad_fn.node && out->grad_fn.node->frame);  // the region's last node holds the frame
+    frame = out->grad_fn.node->frame;
     T loss = sum_loss(n.c, out);
     EXPECT_GT(n.e.live().total.value, kW0 + kW1 + kW2 + kX);  // the graph and the frame's input are alive
   }  // no backward: the engine goes with the graph alive
+  EXPECT_TRUE(frame.expired());  // nothing in the pooled nodes keeps it
   Net n;  // its nodes come from the cached chunks
   for (int i = 0; i < 64; ++i) {
     T loss = sum_loss(n.c, n.segment(linear(n.c, n.x, n.w0, nullptr, "fc0")));

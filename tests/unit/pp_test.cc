@@ -2,6 +2,8 @@
 // the simulated ranks against the non-pipeline simulation of the same layers.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include <algorithm>
 #include <functional>
 #include <map>
@@ -300,6 +302,37 @@ TEST(Pp, Torch211OneF1BHoldsThePreviousInputGradientThroughTheNextForward) {
       EXPECT_EQ(at_forward[mb], held * hidden) << torch_version_name(v) << " micro-batch " << mb;
     }
   }
+}
+
+// Under FSDP2 the stage's reduce-scatters follow its last backward: in 2.9 inside backward_one_chunk(last_backward=
+// True), with every micro-batch's input gradient still its buffer's .grad (M of them); in 2.11 in
+// perform_reduce_grad after Schedule1F1B's loop, once the last backward's send ops replaced the previous ones: one.
+TEST(Pp, Torch211ReduceScattersSeeOnlyTheLastInputGradient) {
+  const uint64_t pp = 2, M = 4;
+  const ModelSpec m = small_llama(8);
+  const Inventory inv = build_inventory(m);
+  std::map<int, uint64_t> at_reduce;  // torch minor -> backward gradients live at the step's first reduce-scatter
+  for (TorchVersion v : {TorchVersion{2, 9}, TorchVersion{2, 11}}) {
+    TrainSetup s = pp_setup(pp, M);
+    s.rank = pp - 1;
+    s.dp = 2;
+    s.sharding = Sharding::kFsdp2;
+    SimOptions o;
+    o.torch = v;
+    const Estimate e = estimate(m, inv, s, o);
+    ASSERT_TRUE(e.sim);
+    LiveBytes live;
+    for (const Event& ev : e.sim->timeline.events) {
+      if (ev.step == 2 && ev.kind == Event::kAlloc && std::strstr(ev.label.what, "reduce-scatter input")) {
+        at_reduce[v.minor] = live.by_category[static_cast<size_t>(Category::kBackward)].value;
+        break;
+      }
+      apply(live, ev);
+    }
+  }
+  ASSERT_EQ(at_reduce.size(), 2u);
+  EXPECT_GT(at_reduce[11], 0u);
+  EXPECT_EQ(at_reduce[9], M * at_reduce[11]);
 }
 
 // The version gate: 2.9 and 2.11 are simulated; 2.11 only with the single-stage schedules, whose send lifetimes

@@ -14,6 +14,7 @@ import argparse
 import json
 
 import torch
+from sdpa_probe import backward_trace  # this directory's
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
@@ -44,19 +45,8 @@ def run(b, t, autocast):
         cos, sin = rope(x, pos)
         out = layer(x, attention_mask=None, position_ids=pos, position_embeddings=(cos, sin))
         out = out[0] if isinstance(out, tuple) else out
-    g = torch.randn_like(out)
-    torch.cuda.synchronize()
-    torch.cuda.memory._record_memory_history(max_entries=200000, stacks="all")
-    out.backward(g)
-    torch.cuda.synchronize()
-    snap = torch.cuda.memory._snapshot()
-    torch.cuda.memory._record_memory_history(enabled=None)
-    events = []
-    for tr in snap["device_traces"]:
-        for ev in tr:
-            if ev["action"] in ("alloc", "free_completed") and ev["size"] >= (1 << 20):
-                events.append({"action": ev["action"], "size": ev["size"], "frames": frames_of(ev)})
-    return events
+    trace = backward_trace(out, torch.randn_like(out), stacks="all")
+    return [{"action": ev["action"], "size": ev["size"], "frames": frames_of(ev)} for ev in trace if ev["size"] >= (1 << 20)]
 
 
 def main():

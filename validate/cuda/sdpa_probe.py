@@ -40,6 +40,18 @@ def repeat_kv(x, n):
     return x[:, :, None, :, :].expand(b, kv, n, t, d).reshape(b, kv * n, t, d)
 
 
+def backward_trace(out, grad, stacks=None):
+    """The allocator's alloc and free_completed entries while out.backward(grad) runs (with stack traces when
+    stacks is "all")."""
+    torch.cuda.synchronize()
+    torch.cuda.memory._record_memory_history(max_entries=200000, **({"stacks": stacks} if stacks else {}))
+    out.backward(grad)
+    torch.cuda.synchronize()
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    return [ev for tr in snap["device_traces"] for ev in tr if ev["action"] in ("alloc", "free_completed")]
+
+
 def probe(backend, shape, gqa):
     b, h, kv, t, d = shape
     dev = "cuda"
@@ -51,19 +63,8 @@ def probe(backend, shape, gqa):
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         else:
             out = F.scaled_dot_product_attention(q, repeat_kv(k, h // kv), repeat_kv(v, h // kv), is_causal=True)
-        grad = torch.randn_like(out)
-        torch.cuda.synchronize()
-        torch.cuda.memory._record_memory_history(max_entries=100000)
-        out.backward(grad)
-        torch.cuda.synchronize()
-        snap = torch.cuda.memory._snapshot()
-        torch.cuda.memory._record_memory_history(enabled=None)
-    events = []
-    for tr in snap["device_traces"]:
-        for ev in tr:
-            if ev["action"] in ("alloc", "free_completed"):
-                events.append([ev["action"], ev["size"]])
-    return events
+        trace = backward_trace(out, torch.randn_like(out))
+    return [[ev["action"], ev["size"]] for ev in trace]
 
 
 def main():

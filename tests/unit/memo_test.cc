@@ -86,6 +86,7 @@ struct Case {
   std::function<void(TrainSetup&)> set;
   uint64_t tp = 1;
   bool expect_replays = true;  // the configuration has repeated micro-batches the memo covers
+  TorchVersion torch{2, 9};
 };
 
 // Each rank of the case simulated both ways; returns the actions replayed over its ranks.
@@ -99,6 +100,7 @@ uint64_t check_case(const Case& c) {
   c.set(s);
   SimOptions o;
   o.loop = LoopKind::kHf;
+  o.torch = c.torch;
   SimOptions off = o;
   off.memo = false;
   // the whole pipeline's estimate, every rank, rendered
@@ -191,6 +193,20 @@ TEST(Memo, HsdpGradAccum) {
                 pp_fsdp(s, 2, 6, 4);
                 s.dp_shard = 2;
               }});
+}
+
+// PyTorch 2.11's send lifetimes (PpLocal::sending): the first stage is memoized, a later stage is not
+// (Loop::memo_allowed), and every rank's output is the full simulation's.
+TEST(Memo, Torch211OneFOneBAndGPipe) {
+  for (PpSchedule sch : {PpSchedule::k1f1b, PpSchedule::kGpipe}) {
+    Case c{"2.11", [sch](TrainSetup& s) {
+             s.pp = 2;
+             s.micro_batches = 6;
+             s.pp_schedule = sch;
+           }};
+    c.torch = TorchVersion{2, 11};
+    check_case(c);
+  }
 }
 
 TEST(Memo, Bf16WithoutFsdp) {

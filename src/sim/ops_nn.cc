@@ -339,17 +339,18 @@ T sdpa(Ctx& c, const T& q0, const T& k0, const T& v0, const T* mask0, double dro
                  return e.empty_strided(t.shape(), dense_strides_like(t.shape(), t->strides), dt, Category::kBackward,
                                         g[0]->label);
                };
+               // every kernel makes the three gradients first, then its own scratch
+               r[0] = like_saved(0);
+               r[1] = like_saved(1);
+               r[2] = like_saved(2);
                if (cudnn_runs) {
                  // cuDNN attention's backward (PyTorch's MHA.cpp run_cudnn_SDP_bprop through cudnn-frontend's
-                 // SDPA backward graph): dq, dk, dv = empty_like, then one workspace from the cuDNN graph, freed
+                 // SDPA backward graph): after dq, dk, dv, one workspace from the cuDNN graph, freed
                  // when it returns: the float32 dQ accumulator (B, H, L, D), the float32 softmax sum (B, H, L),
                  // under GQA the full-head dK and dV in the inputs' dtype (B, H, S, D) each, and the execution
                  // plan's own kCudnnSdpaBackwardPlanWorkspace. Measured on an H100 (torch 2.11, cuDNN 9.19) over
                  // 12 shape and GQA forms: validate/measured/probes/h100-80gb-hbm3_sdpa_backward_probe.jsonl
                  // (validate/cuda/sdpa_probe.py), every workspace equal to this sum to the byte.
-                 r[0] = like_saved(0);
-                 r[1] = like_saved(1);
-                 r[2] = like_saved(2);
                  const uint64_t bhl = detail::sat_mul(detail::sat_mul(B, H), L);
                  uint64_t ws = detail::sat_add(detail::nbytes(detail::sat_mul(bhl, D), DType::kF32),
                                                detail::nbytes(bhl, DType::kF32));
@@ -360,13 +361,10 @@ T sdpa(Ctx& c, const T& q0, const T& k0, const T& v0, const T* mask0, double dro
                  ws = detail::sat_add(ws, kCudnnSdpaBackwardPlanWorkspace);
                  T workspace = e.empty(Shape{ws}, DType::kU8, Category::kTemporaries, Label{"cuDNN attention backward workspace"});
                } else if (flash) {
-                 // mha_bwd: dq, dk, dv = empty_like; softmax_d and dq_accum in float32 with the sequence rounded
+                 // mha_bwd: after dq, dk, dv, softmax_d and dq_accum in float32 with the sequence rounded
                  // up to 128 and the head dim to 32 (64 above 128); GQA expands dk/dv to all heads first.
                  const uint64_t Lr = round_up_to(L, 128);
                  const uint64_t Dr = round_up_to(round_up_to(D, 8), D <= 128 ? 32 : 64);
-                 r[0] = like_saved(0);
-                 r[1] = like_saved(1);
-                 r[2] = like_saved(2);
                  T softmax_d = e.empty(Shape{B, H, Lr}, DType::kF32, Category::kTemporaries, Label{"flash softmax_d"});
                  T dq_accum = e.empty(Shape{B, Lr, H, Dr}, DType::kF32, Category::kTemporaries, Label{"flash dq_accum"});
                  if (Hk != H) {
@@ -374,10 +372,7 @@ T sdpa(Ctx& c, const T& q0, const T& k0, const T& v0, const T* mask0, double dro
                    T dv_exp = e.empty(Shape{B, S, H, D}, dt, Category::kTemporaries, Label{"flash dv_expanded"});
                  }
                } else {
-                 // attention_backward.cu: grad_out.contiguous(), three gradients, delta (B, H, L) float32
-                 r[0] = like_saved(0);
-                 r[1] = like_saved(1);
-                 r[2] = like_saved(2);
+                 // attention_backward.cu: after grad_out.contiguous() and the three gradients, delta (B, H, L) float32
                  T delta = e.empty(Shape{B, H, L}, DType::kF32, Category::kTemporaries, Label{"efficient attention delta"});
                }
                return r;

@@ -51,7 +51,9 @@ struct ReduceScratch {
   // an output that cannot accumulate in itself (16-bit in and out) gets a buffer of accumulator-sized elements,
   // allocated before the first launch and freed after the last. 0: none.
   uint64_t accumulation = 0;
-  std::vector<ReduceLaunch> launches;  // in launch order
+  // In launch order, each distinct (staging, semaphores) pair once: a repeat leaves the allocator as it found it
+  // (src/core/cuda_reduce.cc).
+  std::vector<ReduceLaunch> launches;
 };
 
 // Throws std::invalid_argument on a shape with no elements or more than 5 dims.

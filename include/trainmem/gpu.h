@@ -16,6 +16,7 @@ struct GpuSpec {
   std::string name;        // catalog key, e.g. "a100-80gb"
   std::string torch_name;  // torch.cuda.get_device_name(), e.g. "NVIDIA A100-SXM4-80GB"
   uint32_t sm = 0;         // compute capability x 10 (80 = sm_80)
+  uint32_t multiprocessors = 0;  // SMs (cudaDeviceProp::multiProcessorCount): reduction kernels' scratch
   uint64_t datasheet_gb = 0;
   Bytes runtime_total;     // CUDA runtime total (cudaMemGetInfo total): what the process can use at most
   Bytes smi_total;         // nvidia-smi Total

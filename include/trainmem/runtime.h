@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 
+#include "trainmem/cuda_reduce.h"
 #include "trainmem/units.h"
 
 namespace trainmem {
@@ -47,6 +48,9 @@ struct RuntimeFacts {
   // in bwd_cache, which get_bwd_send_ops pops into the P2POp list the schedule holds (stage.py:488, 503). In 2.9 it
   // stays the buffer's .grad until the next step's clear_runtime_states (stage.py clear_runtime_states).
   bool pp_stage_backward_releases_input_grads = false;
+  // The device properties the reduction kernels read (cuda_reduce.h): the SM count comes with the card
+  // (SimOptions::multiprocessors), the resident threads per SM with its compute capability.
+  CudaDevice device{108, 2048};
 };
 
 // aten/src/ATen/cuda/CublasHandlePool.cpp (2.x): "/* :4096:2:16:8 default, 32MiB for Hopper */"

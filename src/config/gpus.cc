@@ -24,6 +24,8 @@ std::vector<GpuSpec> parse_catalog() {
     s.name = r.text({"name"}, std::nullopt);
     s.torch_name = r.text({"torch_name"}, std::nullopt);
     s.sm = static_cast<uint32_t>(r.integer({"sm"}, std::nullopt, 10, 200));
+    s.multiprocessors = static_cast<uint32_t>(r.integer({"multiprocessors"}, std::nullopt, 1, 1024));
+    r.text({"multiprocessors_source"}, std::nullopt);  // required: every figure names its reading
     s.datasheet_gb = r.integer({"datasheet_gb"}, std::nullopt, 1, 100000);
     s.runtime_total = Bytes(checked_mul(r.integer({"runtime_total_mib"}, std::nullopt, 1, 1u << 30), kMiB, "GPU"));
     s.smi_total = Bytes(checked_mul(r.integer({"smi_total_mib"}, std::nullopt, 1, 1u << 30), kMiB, "GPU"));

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <stdexcept>
 
 namespace trainmem {
@@ -228,20 +229,44 @@ ReduceLaunch launch_scratch(const Iter& it, const ReduceShape& r, const CudaDevi
 }
 
 // gpu_reduce_kernel's recursion over with_32bit_indexing: SplitUntil32Bit halves the iterator along
-// dim_to_split, the first floor(n/2) first (TensorIteratorBase::split).
-void launches(const Iter& it, const ReduceShape& r, const CudaDevice& dev, std::vector<ReduceLaunch>& out) {
+// dim_to_split, the first floor(n/2) first (TensorIteratorBase::split). A huge reduction runs thousands of
+// launches, nearly all alike: only the first of each distinct (staging, semaphores) pair is kept. Each launch
+// frees what it took before the next one allocates, so a repeat takes the block its first occurrence left free
+// (the cache keeps it, merged back whole) and leaves the allocator as it found it: dropping repeats changes no
+// block, segment or peak. Sub-iterators of the same shape and input alignment have the same launches, so they
+// are derived once (`seen`).
+using LaunchList = std::vector<ReduceLaunch>;
+struct SplitKey {
+  std::array<int64_t, 5> shape;
+  int64_t align;
+  bool operator<(const SplitKey& o) const { return shape != o.shape ? shape < o.shape : align < o.align; }
+};
+
+void add_distinct(LaunchList& out, const ReduceLaunch& l) {
+  for (const ReduceLaunch& o : out) {
+    if (o.staging == l.staging && o.semaphores == l.semaphores) return;
+  }
+  out.push_back(l);
+}
+
+const LaunchList& launches(const Iter& it, const ReduceShape& r, const CudaDevice& dev,
+                           std::map<SplitKey, LaunchList>& seen) {
+  const SplitKey key{it.shape, it.in_offset % 4};  // get_output_vec_size reads the offset modulo 4 at most
+  if (auto f = seen.find(key); f != seen.end()) return f->second;
+  LaunchList out;
   if (can_use_32bit_indexing(it)) {
     out.push_back(launch_scratch(it, r, dev));
-    return;
+  } else {
+    const int d = dim_to_split(it);
+    Iter first = it, second = it;
+    const int64_t copy_size = it.shape[d] / 2;
+    first.shape[d] = copy_size;
+    second.shape[d] = it.shape[d] - copy_size;
+    second.in_offset += copy_size * (it.in[d] / static_cast<int64_t>(r.in_bytes));
+    for (const ReduceLaunch& l : launches(first, r, dev, seen)) add_distinct(out, l);
+    for (const ReduceLaunch& l : launches(second, r, dev, seen)) add_distinct(out, l);
   }
-  const int d = dim_to_split(it);
-  Iter first = it, second = it;
-  const int64_t copy_size = it.shape[d] / 2;
-  first.shape[d] = copy_size;
-  second.shape[d] = it.shape[d] - copy_size;
-  second.in_offset += copy_size * (it.in[d] / static_cast<int64_t>(r.in_bytes));
-  launches(first, r, dev, out);
-  launches(second, r, dev, out);
+  return seen.emplace(key, std::move(out)).first->second;
 }
 
 }  // namespace
@@ -262,7 +287,8 @@ ReduceScratch reduce_scratch(const ReduceShape& r, const CudaDevice& dev) {
     for (int d = 0; d < it.ndim; ++d) out_bytes = std::max(out_bytes, it.shape[d] * it.out[d]);
     s.accumulation = static_cast<uint64_t>(out_bytes / r.out_bytes) * r.acc_bytes;
   }
-  launches(it, r, dev, s.launches);
+  std::map<SplitKey, LaunchList> seen;
+  s.launches = launches(it, r, dev, seen);
   return s;
 }
 

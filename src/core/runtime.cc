@@ -30,6 +30,7 @@ RuntimeFacts runtime_facts(TorchVersion v, uint32_t sm) {
   RuntimeFacts f;
   f.torch = v;
   f.sm = sm;
+  f.device.max_threads_per_sm = max_threads_per_sm(sm);
   if (v < TorchVersion{2, 0}) {
     // 1.13's ATen/cuda/CUDAContext.h has no workspace API: cuBLAS allocates its own workspace outside the
     // caching allocator, so it does not appear in memory_allocated.

@@ -463,7 +463,10 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
   // (torchtitan's after its TP + SP plan over the sequence-parallel model: resolve_sp_fsdp)
   const FsdpOptions fopt = resolve_fsdp2_policy(s, m, loop, o0.torch, o0.pp.on);
   const Fsdp1Options f1opt = resolve_fsdp1(s, m, loop, o0.torch);  // --sharding fsdp1 (fsdp1.h)
-  if (gpu) o.sm = gpu->sm;  // the device decides the kernels: an H100 is simulated as sm_90
+  if (gpu) {
+    o.sm = gpu->sm;  // the device decides the kernels: an H100 is simulated as sm_90
+    o.multiprocessors = gpu->multiprocessors;  // and its SM count the reductions' staging buffers
+  }
   Estimate e;
   e.model = m;
   e.setup = s;

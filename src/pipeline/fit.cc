@@ -459,6 +459,7 @@ FitResult fit(const ModelSpec& m, const Inventory& inv, const TrainSetup& s0, co
   validate_setup(m, s);
   Candidate base{m, inv, s, resolved(o, m), ac};
   base.options.sm = gpu.sm;
+  base.options.multiprocessors = gpu.multiprocessors;
   FitResult out;
   out.model = m;
   out.setup = s;

@@ -777,6 +777,7 @@ GpuSpec resolve_gpu(std::string_view text) {
       g.torch_name = fmt::format("a generic sm_{} GPU with {} for the CUDA runtime", kGenericGpuSm,
                                  format_bytes(Bytes(*size)));
       g.sm = kGenericGpuSm;
+      g.multiprocessors = ref.multiprocessors;
       g.runtime_total = Bytes(*size);
       g.smi_total = g.runtime_total;
       g.datasheet_gb = g.runtime_total.value / 1'000'000'000;
@@ -1372,6 +1373,7 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
     }
     r.setup.gpu = r.gpu->name;
     r.options.sm = r.gpu->sm;  // the device decides the kernels (SDPA backends, cuBLAS workspace size)
+    r.options.multiprocessors = r.gpu->multiprocessors;  // and the reductions' staging buffers (cuda_reduce.h)
     if (r.gpu->sm < 80 && compute_dtype(r.setup.precision) == DType::kBF16 && r.model.attn_impl == AttnImpl::kSdpa) {
       r.warnings.push_back(fmt::format(
           "the {} (sm_{}) has no bfloat16 tensor cores: scaled_dot_product_attention falls back to its math "

@@ -799,6 +799,40 @@ bool uniquely_owned(const Engine& e, const T& t) {
 
 }  // namespace
 
+// at::sum_to (ExpandUtils.h) reduces `from` to `to`: the dims `to` lacks in front, and each dim where `to` has 1
+// and `from` does not. As a mask of `from`'s dims.
+uint32_t sum_to_dims(const Shape& from, const Shape& to) {
+  const int lead = from.n - to.n;
+  uint32_t mask = 0;
+  for (int i = 0; i < from.n; ++i) {
+    if (i < lead || (to.d[i - lead] == 1 && from.d[i] != 1)) mask |= 1u << i;
+  }
+  return mask;
+}
+
+void Engine::reduce_kernel_scratch(const T& in, uint32_t reduced) {
+  ReduceShape r;
+  r.ndim = in.shape().n;
+  for (int i = 0; i < r.ndim; ++i) {
+    r.sizes[i] = in.shape().d[i];
+    r.strides[i] = in->strides[i];
+  }
+  r.reduced = reduced;
+  r.in_bytes = r.out_bytes = static_cast<uint32_t>(itemsize(in.dtype()));
+  r.acc_bytes = 4;  // opmath: float for float, half and bfloat16 (double is never simulated)
+  const ReduceScratch s = reduce_scratch(r, rt_.device);
+  T acc;
+  if (s.accumulation) {
+    acc = empty(Shape{s.accumulation}, DType::kU8, Category::kTemporaries, Label{"reduce kernel accumulation buffer", -1, kRowNamedInBackward});
+  }
+  for (const ReduceLaunch& l : s.launches) {
+    if (!l.staging) continue;
+    T staging = empty(Shape{l.staging}, DType::kU8, Category::kTemporaries, Label{"reduce kernel staging buffer", -1, kRowNamedInBackward});
+    T semaphores = empty(Shape{l.semaphores}, DType::kU8, Category::kTemporaries, Label{"reduce kernel semaphores", -1, kRowNamedInBackward});
+    semaphores.reset();  // gpu_reduce_kernel's DataPtrs die in reverse order: the semaphores first
+  }
+}
+
 // engine.cpp validate_outputs: a gradient whose shape differs from its input's (broadcast) is reduced with
 // sum_to, one whose dtype differs is cast with .to(): each a new tensor replacing the old.
 void Engine::validate_outputs(Node& n, Grads& grads) {
@@ -807,7 +841,9 @@ void Engine::validate_outputs(Node& n, Grads& grads) {
     if (!g || !n.next[i]) continue;
     const InputMeta& m = n.in_meta[i];
     if (g.shape().numel() != m.shape.numel()) {
+      // at::sum_to: tensor.sum(reduce_dims, keepdim=true) over the leading dims and the dims the input has as 1
       T r = empty(m.shape, g.dtype(), Category::kBackward, g->label);
+      reduce_kernel_scratch(g, sum_to_dims(g.shape(), m.shape));
       g = std::move(r);
     }
     if (g.dtype() != m.dtype) {

@@ -54,6 +54,8 @@ std::optional<Strides> view_strides(const Shape& from, const Strides& st, const 
 // Dense strides with the dims ordered as `st` orders them: empty_like(preserve_format), and the layout
 // TensorIterator gives an elementwise result (ATen's infer_dense_strides).
 Strides dense_strides_like(const Shape& s, const Strides& st);
+// The dims at::sum_to(from, to) reduces, as a mask of `from`'s dims (Engine::reduce_kernel_scratch).
+uint32_t sum_to_dims(const Shape& from, const Shape& to);
 
 
 class Engine;
@@ -375,6 +377,11 @@ class Engine {
   T empty_strided(const Shape& s, const Strides& st, DType dt, Category c, Label l);
   // A view sharing `base`'s storage (no allocation), with its autograd identity.
   T view(const T& base, const Shape& s, const Strides& st);
+  // The scratch of a CUDA reduction of `in` over the dims set in `reduced` (bit i: dim i), once its output is
+  // allocated (gpu_reduce_kernel, trainmem/cuda_reduce.h): each launch's global staging buffer and semaphores,
+  // freed when the launch is queued, inside a multi-launch 16-bit sum's accumulation buffer. Nothing when the
+  // reduction fits in one block per output.
+  void reduce_kernel_scratch(const T& in, uint32_t reduced);
   // A parameter with its AccumulateGrad node; `index` is its inventory row. A frozen parameter
   // (requires_grad=False) is a plain leaf: no node, no .grad, and ops record no graph through it alone.
   T parameter(const Shape& s, DType dt, int32_t index, Label l, bool requires_grad = true);

@@ -2160,7 +2160,9 @@ SimResult simulate_once(const ModelSpec& m, const Inventory& inv, const TrainSet
   r.timeline.events.reserve(std::min<size_t>(32 * (inv.parameters.size() + 8) * o.steps * std::max<size_t>(micro, 1) *
                                              recompute, size_t{1} << 22));
   sim::Engine e(&r.timeline);
-  e.set_runtime(runtime_facts(o.torch, o.sm));
+  RuntimeFacts facts = runtime_facts(o.torch, o.sm);
+  facts.device.multiprocessors = o.multiprocessors;
+  e.set_runtime(facts);
   sim::Loop loop(m, inv, s, o, e);
   loop.c.autocast = uses_autocast(s.precision);
   if (s.checkpointing != Checkpointing::kNone) {

@@ -276,6 +276,7 @@ T rsqrt(Ctx& c, const T& a0, const char* what) {
 T mean_last(Ctx& c, const T& a, const char* what) {
   const Shape s = detail::with_last(a.shape(), 1);
   T out = c.e.empty(s, a.dtype(), Category::kActivations, c.L(what));
+  c.e.reduce_kernel_scratch(a, 1u << (a.shape().n - 1));  // mean_kernel_cuda: gpu_reduce_kernel
   const Shape in = a.shape();
   // FLOPs: one add per input element (the reduction), reading a
   c.e.count(FlopKind::kElementwise, in.numel().value, detail::nbytes(in.numel().value, a.dtype()), a.dtype());

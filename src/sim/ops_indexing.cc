@@ -102,6 +102,7 @@ TopK topk_last(Ctx& c, const T& x, uint64_t k, const char* what) {
 
 T sum_last_keepdim(Ctx& c, const T& x, const char* what) {
   T out = c.e.empty(detail::with_last(x.shape(), 1), x.dtype(), Category::kActivations, c.L(what));
+  c.e.reduce_kernel_scratch(x, 1u << (x.shape().n - 1));  // sum_kernel_cuda: gpu_reduce_kernel
   const Shape xs = x.shape();
   // "self: sum_backward(grad, self.sym_sizes(), dim, keepdim)": grad.expand(sizes), a view
   c.e.record("SumBackward1", {&x}, {&out}, {}, [xs](Engine& e, Node&, Grads& g) {
@@ -118,6 +119,7 @@ T sum_last(Ctx& c, const T& x, const char* what) {
   s.n -= 1;
   s.d[s.n] = 0;
   T out = c.e.empty(s, x.dtype(), Category::kActivations, c.L(what));
+  c.e.reduce_kernel_scratch(x, 1u << (x.shape().n - 1));  // sum_kernel_cuda: gpu_reduce_kernel
   const Shape xs = x.shape();
   // "self: sum_backward(grad, self.sym_sizes(), dim, keepdim)": grad.unsqueeze(dim).expand(sizes), views
   c.e.record("SumBackward1", {&x}, {&out}, {}, [xs](Engine& e, Node&, Grads& g) {

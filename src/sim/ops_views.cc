@@ -94,7 +94,10 @@ T expand(Ctx& c, const T& x, const Shape& s) {
   const Shape in = x.shape();
   // ExpandBackward0: at::sum_to(grad, self.sizes()): a new, reduced tensor.
   c.e.record("ExpandBackward0", {&x}, {&out}, {}, [in](Engine& e, Node&, Grads& g) {
-    return Grads{g[0] ? detail::grad_empty(e, in, g[0].dtype(), g[0]->label) : T()};
+    if (!g[0]) return Grads{T()};
+    T r = detail::grad_empty(e, in, g[0].dtype(), g[0]->label);
+    e.reduce_kernel_scratch(g[0], sum_to_dims(g[0].shape(), in));
+    return Grads{r};
   });
   return out;
 }

@@ -7,6 +7,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "test_util.h"
 
 namespace trainmem {
 namespace {
@@ -110,11 +115,25 @@ TEST(CudaReduce, ASumBeyondThirtyTwoBitIndexingRunsInHalvesWithAnAccumulationBuf
   // 2^31 - 2, the largest 32-bit indexing allows) and, bfloat16 not accumulating in itself, one float per output
   // lives across the launches. In float the halves are still too large and are halved again.
   const ReduceScratch bf16 = reduce_scratch(rows_to_columns(1u << 17, 1u << 14, 2), kH100);
-  EXPECT_EQ(bf16.launches.size(), 2u);
+  EXPECT_EQ(bf16.launches.size(), 1u);  // two alike launches: the second leaves the allocator as it was
   EXPECT_EQ(bf16.accumulation, (1u << 14) * 4u);
   const ReduceScratch f32 = reduce_scratch(rows_to_columns(1u << 17, 1u << 14, 4), kH100);
-  EXPECT_EQ(f32.launches.size(), 4u);
+  EXPECT_EQ(f32.launches.size(), 1u);
+  // An odd row count splits unevenly: 2^17 + 1 rows into 2^16 (fits 32-bit indexing) and 2^16 + 1 (halved
+  // again: 2^15 and 2^15 + 1). ctas_per_output = ceil(values per thread / 256) here: 64, 32 and 33.
+  const ReduceScratch odd = reduce_scratch(rows_to_columns((1u << 17) + 1, 1u << 14, 2), kH100);
+  ASSERT_EQ(odd.launches.size(), 3u);
+  EXPECT_EQ(odd.launches[0].staging, 4ull * 16384 * 64 * 128);
+  EXPECT_EQ(odd.launches[1].staging, 4ull * 16384 * 32 * 128);
+  EXPECT_EQ(odd.launches[2].staging, 4ull * 16384 * 33 * 128);
   EXPECT_EQ(f32.accumulation, 0u);  // float accumulates in its own output
+}
+
+TEST(CudaReduce, AReductionOfTrillionsOfElementsIsDerivedWithoutVisitingItsLaunches) {
+  // 2^40 float elements: about 2^10 launches of 2^31 bytes each, all alike; derived once per distinct shape.
+  const ReduceScratch s = reduce_scratch(rows_to_columns(1ull << 28, 1u << 12, 4), kH100);
+  EXPECT_EQ(s.launches.size(), 1u);
+  EXPECT_EQ(s.accumulation, 0u);
 }
 
 TEST(CudaReduce, ResidentThreadsPerSmFollowTheComputeCapability) {
@@ -130,6 +149,43 @@ TEST(CudaReduce, AnEmptyReductionIsRefused) {
   ReduceShape r = rows_to_columns(0, 8, 4);
   EXPECT_THROW(reduce_scratch(r, kH100), std::invalid_argument);
   EXPECT_THROW(reduce_scratch(rows_to_columns(8, 8, 4), CudaDevice{}), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace trainmem
+
+namespace trainmem {
+namespace {
+
+// Every staging buffer a step allocates, and how many.
+std::pair<uint64_t, std::vector<uint64_t>> staging_buffers(const Estimate& e) {
+  std::vector<uint64_t> sizes;
+  uint64_t semaphores = 0;
+  for (const Event& ev : e.sim->timeline.events) {
+    if (ev.kind != Event::kAlloc) continue;
+    const std::string_view w(ev.label.what);
+    if (w == "reduce kernel staging buffer") sizes.push_back(ev.bytes.value);
+    if (w == "reduce kernel semaphores") ++semaphores;
+  }
+  return {semaphores, sizes};
+}
+
+TEST(CudaReduceSim, EveryRmsNormWeightGradientTakesAStagingBufferSizedByTheCardsSms) {
+  // TinyLlama's RMSNorm weights (2048, float32 under autocast) get their gradient as autograd's sum_to of the
+  // (4, 2048, 2048) product over its 8192 rows: per backward, two per layer and the final norm's, 5 in all.
+  // H100 (132 SMs): ctas = max(min(ceil(2112 / 16), ceil(2048 / 16)), 8) = 128; A100 (108): min(108, 128).
+  const auto h100 = staging_buffers(testing::run(testing::tiny_llama(2048, {{"batch", "4"}, {"gpu", "h100-80gb"}, {"steps", "1"}})));
+  const auto a100 = staging_buffers(testing::run(testing::tiny_llama(2048, {{"batch", "4"}, {"gpu", "a100-80gb"}, {"steps", "1"}})));
+  EXPECT_EQ(h100.second, std::vector<uint64_t>(5, 4ull * 2048 * 128 * 128));
+  EXPECT_EQ(a100.second, std::vector<uint64_t>(5, 4ull * 2048 * 108 * 128));
+  EXPECT_EQ(h100.first, 5u);  // one semaphore block (4 B x 16 output blocks) beside each
+}
+
+TEST(CudaReduceSim, AShortSequenceSumsInOneBlockPerOutputAndTakesNoBuffer) {
+  // 1 x 256 rows: 64 values per thread once the warps split them, under max_values_per_thread (256).
+  const auto s = staging_buffers(testing::run(testing::tiny_llama(256, {{"gpu", "h100-80gb"}, {"steps", "1"}})));
+  EXPECT_TRUE(s.second.empty());
+  EXPECT_EQ(s.first, 0u);
 }
 
 }  // namespace

@@ -25,12 +25,13 @@ namespace trainmem {
 
 namespace {
 
-// The work one plan may do, in simulated events over all its estimates (a pipeline's ranks each count): four times
-// fit's bound on work (kFitEventBudget, fit.h). A 70B estimate at 80 layers (two steps) is about 40,000 events, so
-// this is some 800 single-rank estimates (a pipeline rank's, with every micro-batch, takes several times more);
-// the README's 70B plan uses a small share of it. Reaching it ends the search, and the families not tried are
-// listed as such.
-inline constexpr uint64_t kPlanEventBudget = uint64_t{1} << 25;  // 33,554,432
+// The work one plan may do, in simulated events over all its estimates (a pipeline's ranks each count): eight times
+// fit's bound on work (kFitEventBudget, fit.cc). A 70B estimate at 80 layers (two steps) is about 40,000 events, so
+// this is some 1,600 single-rank estimates (a pipeline rank's, with every micro-batch, takes several times more).
+// The README's 70B plan on 64 H100s uses more than half of it (4 s on two cores): it outgrew the earlier 2^25 when
+// the reduction kernels' staging buffers (cuda_reduce.h) added their events. Reaching it ends the search, and the
+// families not tried are listed as such.
+inline constexpr uint64_t kPlanEventBudget = uint64_t{1} << 26;  // 67,108,864
 // A pipeline's estimate simulates every stage over every micro-batch (the schedule's receive buffers and output
 // chunks are one per micro-batch, so no micro-batch stands for another): plan tries only splits of at most this
 // many stage micro-batches (stages x micro-batches), about a third of a second of simulation for a 70B model. A

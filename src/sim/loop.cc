@@ -1541,6 +1541,9 @@ struct Loop {
           sqrt.push_back(e.empty(w.params[i].shape(), w.params[i].dtype(), Category::kTemporaries,
                                  Label{"adam exp_avg_sq_sqrt", -1, static_cast<int32_t>(i)}));
         }
+        // The Python list goes last element first (CPython's list_dealloc: `while (--i >= 0)
+        // Py_XDECREF(op->ob_item[i])`), as the H100 traces of foreach AdamW show.
+        while (!sqrt.empty()) sqrt.pop_back();
       } else if (adam && opt_impl == OptimizerImpl::kForLoop) {
         // _single_tensor_adam: denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps), per parameter.
         // The sqrt dies as soon as the division returns; `denom` is a local of the loop, so it stays bound until

@@ -302,6 +302,7 @@ T Engine::view(const T& base, const Shape& s, const Strides& st) {
   p->storage = base->storage;
   p->requires_grad = base->requires_grad;
   p->grad_fn = base->grad_fn;
+  p->is_view = true;
   retain(p->storage);
   return T(p);
 }
@@ -860,7 +861,9 @@ void Engine::deliver(T g, GradEdge e, std::vector<Node*>& ready) {
   if (g) {
     if (!slot) {
       slot = std::move(g);
-    } else if (uniquely_owned(*this, slot)) {
+    } else if (uniquely_owned(*this, slot) && !slot->is_view) {
+      // can_accumulate_inplace: the last reference to the tensor and to its storage (a view's base is another:
+      // `storage().use_count() == 1` fails, and old + new is a new tensor)
       g.reset();  // old.add_(new): in place
     } else {
       T sum = empty_strided(slot.shape(), dense_strides_like(slot.shape(), slot->strides), slot.dtype(),

@@ -78,6 +78,9 @@ struct TensorImpl {
   GradEdge grad_fn;      // for a parameter: its AccumulateGrad node
   uint32_t refs = 0;
   bool is_param = false;
+  // Made by a view op. A view keeps its base alive (DifferentiableViewMeta's ViewInfo holds the base tensor, in
+  // every grad mode), so its storage has two owners: InputBuffer::accumulate never adds into it in place.
+  bool is_view = false;
   Label label;
   int32_t param_index = -1;  // a parameter's inventory row (make_parameter), its label's row aside
 };

@@ -35,7 +35,11 @@ T as_operand(Ctx& c, const T& x, const Shape& merged) {
 
 // mm-like node: y = x @ W (+ b) with x (..., in) and `out_f` output features; W is an nn.Linear weight
 // (out, in) used as weight.t(), or a Conv1D weight (in, out). Its gradient has the weight's own layout.
-T product_2d(Ctx& c, const T& x, const T& w, const T* b, uint64_t out_f, bool lt, const char* what) {
+// `weight_t`: W is an nn.Linear weight, used as weight.t() (column-major): mm_mat2_backward then returns
+// grad.t().mm(mat1).t() and TBackward0 transposes it back, so the weight's gradient is a view whose base (the
+// product) stays alive with it (FunctionsManual.cpp mm_mat2_backward; TensorImpl::is_view). A Conv1D weight
+// (in, out) is row-major: mat1.t().mm(grad), a tensor of its own.
+T product_2d(Ctx& c, const T& x, const T& w, const T* b, uint64_t out_f, bool lt, bool weight_t, const char* what) {
   const uint64_t in = x.shape().back();
   const Shape m2{detail::rows_of(x.shape()).value, in};
   T x2 = as_operand(c, x, m2);
@@ -60,13 +64,14 @@ T product_2d(Ctx& c, const T& x, const T& w, const T* b, uint64_t out_f, bool lt
   // validate/cpu/ddp.py) in that order.
   const size_t ix = has_b ? 1 : 0, iw = ix + 1;
   const uint64_t in_f = in;
-  auto fn = [gx, gw, xs, ws, g2, has_b, ix, iw, in_f](Engine& e, Node&, Grads& g) {
+  auto fn = [gx, gw, xs, ws, g2, has_b, ix, iw, in_f, weight_t](Engine& e, Node&, Grads& g) {
     Grads r(3);
     if (!g[0]) return r;
     T gm = grad_as(e, g[0], g2);
     const DType gd = g[0].dtype();
     if (gw) {
       r[iw] = grad_empty(e, ws, g[0].dtype(), g[0]->label);  // mm_mat2_backward: (out, in) like the weight
+      r[iw]->is_view = weight_t;
       e.gemm(false);
       // FLOPs: grad^T (out, M) @ x (M, in): 2·M·out·in
       e.count(FlopKind::kMatmul, detail::product_flops(1, g2[1], in_f, g2[0]),
@@ -220,7 +225,7 @@ T linear(Ctx& c, const T& x0, const T& w0, const T* b0, const char* what) {
     // Linear.cpp: a bias with a 2-D (or contiguous N-D) input takes addmm, which goes through cuBLASLt's
     // gemm_and_bias; otherwise matmul (cuBLAS) and an in-place bias add.
     const bool addmm = b && (x.shape().n == 2 || is_contiguous(x.shape(), x->strides));
-    result = product_2d(c, x, w, b ? &b : nullptr, w.shape()[0], addmm, what);
+    result = product_2d(c, x, w, b ? &b : nullptr, w.shape()[0], addmm, /*weight_t=*/true, what);
   }
   // A PEFT-wrapped Linear: the base layer's result, then the adapter path.
   if (const auto* ab = adapters_of(c, w0)) return lora_forward(c, x0, *ab, std::move(result));
@@ -236,7 +241,7 @@ T conv1d(Ctx& c, const T& x0, const T& w0, const T& b0, const char* what) {
   const T w = autocast_lowp(c, w0);
   const T x = autocast_lowp(c, xv);
   const T b = autocast_lowp(c, b0);
-  T y = product_2d(c, x, w, &b, nf, /*lt=*/true, what);
+  T y = product_2d(c, x, w, &b, nf, /*lt=*/true, /*weight_t=*/false, what);
   T out = view(c, y, detail::with_last(x0.shape(), nf));  // x.view(size_out)
   y.reset();
   // A PEFT-wrapped Conv1D (fan_in_fan_out): the same adapter path as a Linear.

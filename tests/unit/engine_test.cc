@@ -97,6 +97,27 @@ TEST(Engine, GradientsOfTwoUsesAreSummed) {
   EXPECT_EQ(live(n.e, Category::kBackward), 0u);
 }
 
+TEST(Engine, ALinearWeightUsedTwiceSumsItsTwoGradientsIntoAThirdTensor) {
+  // Each MmBackward0 hands W0 a gradient that is a view (mm_mat2_backward's .t() of the product, transposed back
+  // by TBackward0) whose base stays alive with it, so InputBuffer::accumulate cannot add into the first in place
+  // (can_accumulate_inplace: its storage has a second owner): old + new is a new tensor. Real torch (1.13 on
+  // CPU, /usr/bin/python3) runs aten.add.Tensor on a view there; HF GPT-2's tied wte in fp32 on an H100 makes a
+  // 154,389,504 B sum at the embedding's backward.
+  Net n;
+  T x1 = linear(n.c, linear(n.c, n.x, n.w0, nullptr, "fc0"), n.w0, nullptr, "fc0 again");
+  T loss = sum_loss(n.c, x1);
+  const size_t before = n.tl.events.size();
+  n.e.backward(loss);
+  size_t weight_sized = 0;
+  for (size_t i = before; i < n.tl.events.size(); ++i) {
+    const Event& ev = n.tl.events[i];
+    if (ev.kind == Event::kAlloc && ev.bytes.value == kW0) ++weight_sized;
+  }
+  EXPECT_EQ(weight_sized, 3u);  // the two gradients and their sum
+  EXPECT_EQ(live(n.e, Category::kGradients), kW0);
+  EXPECT_EQ(live(n.e, Category::kBackward), 0u);
+}
+
 // Reentrant checkpointing as torch/utils/checkpoint.py's CheckpointFunction does it: the segment runs under
 // no_grad in forward (only its input is saved); its backward detaches the input, runs the segment again with
 // grad enabled, and calls torch.autograd.backward on the recomputed output, inside the outer backward.

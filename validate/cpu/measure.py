@@ -184,9 +184,13 @@ class _StorageRegistry(TorchDispatchMode):
             # gradients for one input (no derivative formula of the modelled ops calls add; a checkpoint's
             # recomputation runs with grad mode on). torch 1.13 adds out of place (input_buffer.cpp:
             # buffer[pos] = old_var + var); torch 2.x adds into old_var when the buffer holds its last reference
-            # (can_accumulate_inplace). live.build applies the 2.x rule.
-            self.accumulations.append((self.tick, StorageWeakRef(args[0].storage()).cdata,
-                                       StorageWeakRef(out.storage()).cdata))
+            # (can_accumulate_inplace). live.build applies the 2.x rule. Not when old_var is a view: its base
+            # (held by the view's ViewInfo) is a second owner of the storage, so can_accumulate_inplace's
+            # `storage().use_count() == 1` fails and 2.x adds out of place too (a tied lm_head's weight
+            # gradient, mm_mat2_backward's .t(): the H100 trace of HF GPT-2 fp32 shows the new sum).
+            if not args[0]._is_view():
+                self.accumulations.append((self.tick, StorageWeakRef(args[0].storage()).cdata,
+                                           StorageWeakRef(out.storage()).cdata))
         return out
 
     def live(self):

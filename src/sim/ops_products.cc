@@ -1,13 +1,10 @@
 // Matrix products and embeddings. Under autocast these are lower_precision_fp ops; the wrapper casts its
 // arguments with cached_cast in the order GCC evaluates call arguments, right to left (seed 000's trace: the
-// weight copy is allocated before the input copy). The backward of mm/addmm/bmm computes the second
-// operand's gradient first (seed 000's trace: the weight gradient before the input gradient).
-// Open lead (not applied): a generated node computes its gradients in the sorted order of its argument names
-// (tools/autograd/load_derivatives.py: `for raw_names in sorted(defn.keys())`), so mm's (mat2, self) is the
-// weight's first but addmm's (mat1, mat2, self) the input's; the H100 traces of HF GPT-2's Conv1D show the
-// latter. With it every block of 1 MiB or more of three GPT-2 runs matches in order, yet one 2.25 MiB optimizer
-// state lands in a block it does not split in the fp32 eager run (steady state -786,432 B, -0.050%, past issue
-// 4's 0.05%): a placement difference not yet traced, so addmm keeps mm's order, which meets every figure.
+// weight copy is allocated before the input copy). A generated backward node computes its inputs' gradients in
+// the sorted order of their argument names (tools/autograd/load_derivatives.py: `for raw_names in
+// sorted(defn.keys())`): mm and bmm (mat2, self) the second operand's first (seed 000's trace: the weight gradient
+// before the input gradient), addmm (mat1, mat2, self) the first operand's (the H100 traces of HF GPT-2's Conv1D:
+// the (M, in) gradient, then the weight's, then the bias's sum).
 // B=micro-batch T=seq M=rows (B*T) V=vocab C=hidden
 #include "ops_util.h"
 #include "sp_ops.h"
@@ -69,20 +66,38 @@ T product_2d(Ctx& c, const T& x, const T& w, const T* b, uint64_t out_f, bool lt
     if (!g[0]) return r;
     T gm = grad_as(e, g[0], g2);
     const DType gd = g[0].dtype();
-    if (gw) {
-      r[iw] = grad_empty(e, ws, g[0].dtype(), g[0]->label);  // mm_mat2_backward: (out, in) like the weight
-      r[iw]->is_view = weight_t;
-      e.gemm(false);
-      // FLOPs: grad^T (out, M) @ x (M, in): 2·M·out·in
-      e.count(FlopKind::kMatmul, detail::product_flops(1, g2[1], in_f, g2[0]),
-              detail::product_bytes(1, g2[1], in_f, g2[0], gd), gd);
-    }
-    if (gx) {
-      r[ix] = grad_empty(e, xs, g[0].dtype(), g[0]->label);  // mm_mat1_backward
-      e.gemm(false);
-      // FLOPs: grad (M, out) @ W (out, in): 2·M·out·in
-      e.count(FlopKind::kMatmul, detail::product_flops(1, g2[0], in_f, g2[1]),
-              detail::product_bytes(1, g2[0], in_f, g2[1], gd), gd);
+    if (has_b) {  // addmm: (mat1, mat2, self)
+      if (gx) {
+        r[ix] = grad_empty(e, xs, g[0].dtype(), g[0]->label);  // mm_mat1_backward
+        e.gemm(false);
+        // FLOPs: grad (M, out) @ W (out, in): 2·M·out·in
+        e.count(FlopKind::kMatmul, detail::product_flops(1, g2[0], in_f, g2[1]),
+                detail::product_bytes(1, g2[0], in_f, g2[1], gd), gd);
+      }
+      if (gw) {
+        r[iw] = grad_empty(e, ws, g[0].dtype(), g[0]->label);  // mm_mat2_backward: (out, in) like the weight
+        r[iw]->is_view = weight_t;
+        e.gemm(false);
+        // FLOPs: grad^T (out, M) @ x (M, in): 2·M·out·in
+        e.count(FlopKind::kMatmul, detail::product_flops(1, g2[1], in_f, g2[0]),
+                detail::product_bytes(1, g2[1], in_f, g2[0], gd), gd);
+      }
+    } else {  // mm: (mat2, self)
+      if (gw) {
+        r[iw] = grad_empty(e, ws, g[0].dtype(), g[0]->label);  // mm_mat2_backward: (out, in) like the weight
+        r[iw]->is_view = weight_t;
+        e.gemm(false);
+        // FLOPs: grad^T (out, M) @ x (M, in): 2·M·out·in
+        e.count(FlopKind::kMatmul, detail::product_flops(1, g2[1], in_f, g2[0]),
+                detail::product_bytes(1, g2[1], in_f, g2[0], gd), gd);
+      }
+      if (gx) {
+        r[ix] = grad_empty(e, xs, g[0].dtype(), g[0]->label);  // mm_mat1_backward
+        e.gemm(false);
+        // FLOPs: grad (M, out) @ W (out, in): 2·M·out·in
+        e.count(FlopKind::kMatmul, detail::product_flops(1, g2[0], in_f, g2[1]),
+                detail::product_bytes(1, g2[0], in_f, g2[1], gd), gd);
+      }
     }
     if (has_b) {
       r[0] = g[0];  // maybe_multiply(grad, beta) is grad itself; validate_outputs reduces it

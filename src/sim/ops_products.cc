@@ -66,38 +66,27 @@ T product_2d(Ctx& c, const T& x, const T& w, const T* b, uint64_t out_f, bool lt
     if (!g[0]) return r;
     T gm = grad_as(e, g[0], g2);
     const DType gd = g[0].dtype();
+    const auto weight_grad = [&] {
+      r[iw] = grad_empty(e, ws, g[0].dtype(), g[0]->label);  // mm_mat2_backward: (out, in) like the weight
+      r[iw]->is_view = weight_t;
+      e.gemm(false);
+      // FLOPs: grad^T (out, M) @ x (M, in): 2·M·out·in
+      e.count(FlopKind::kMatmul, detail::product_flops(1, g2[1], in_f, g2[0]),
+              detail::product_bytes(1, g2[1], in_f, g2[0], gd), gd);
+    };
+    const auto input_grad = [&] {
+      r[ix] = grad_empty(e, xs, g[0].dtype(), g[0]->label);  // mm_mat1_backward
+      e.gemm(false);
+      // FLOPs: grad (M, out) @ W (out, in): 2·M·out·in
+      e.count(FlopKind::kMatmul, detail::product_flops(1, g2[0], in_f, g2[1]),
+              detail::product_bytes(1, g2[0], in_f, g2[1], gd), gd);
+    };
     if (has_b) {  // addmm: (mat1, mat2, self)
-      if (gx) {
-        r[ix] = grad_empty(e, xs, g[0].dtype(), g[0]->label);  // mm_mat1_backward
-        e.gemm(false);
-        // FLOPs: grad (M, out) @ W (out, in): 2·M·out·in
-        e.count(FlopKind::kMatmul, detail::product_flops(1, g2[0], in_f, g2[1]),
-                detail::product_bytes(1, g2[0], in_f, g2[1], gd), gd);
-      }
-      if (gw) {
-        r[iw] = grad_empty(e, ws, g[0].dtype(), g[0]->label);  // mm_mat2_backward: (out, in) like the weight
-        r[iw]->is_view = weight_t;
-        e.gemm(false);
-        // FLOPs: grad^T (out, M) @ x (M, in): 2·M·out·in
-        e.count(FlopKind::kMatmul, detail::product_flops(1, g2[1], in_f, g2[0]),
-                detail::product_bytes(1, g2[1], in_f, g2[0], gd), gd);
-      }
+      if (gx) input_grad();
+      if (gw) weight_grad();
     } else {  // mm: (mat2, self)
-      if (gw) {
-        r[iw] = grad_empty(e, ws, g[0].dtype(), g[0]->label);  // mm_mat2_backward: (out, in) like the weight
-        r[iw]->is_view = weight_t;
-        e.gemm(false);
-        // FLOPs: grad^T (out, M) @ x (M, in): 2·M·out·in
-        e.count(FlopKind::kMatmul, detail::product_flops(1, g2[1], in_f, g2[0]),
-                detail::product_bytes(1, g2[1], in_f, g2[0], gd), gd);
-      }
-      if (gx) {
-        r[ix] = grad_empty(e, xs, g[0].dtype(), g[0]->label);  // mm_mat1_backward
-        e.gemm(false);
-        // FLOPs: grad (M, out) @ W (out, in): 2·M·out·in
-        e.count(FlopKind::kMatmul, detail::product_flops(1, g2[0], in_f, g2[1]),
-                detail::product_bytes(1, g2[0], in_f, g2[1], gd), gd);
-      }
+      if (gw) weight_grad();
+      if (gx) input_grad();
     }
     if (has_b) {
       r[0] = g[0];  // maybe_multiply(grad, beta) is grad itself; validate_outputs reduces it

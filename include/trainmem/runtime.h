@@ -48,6 +48,12 @@ struct RuntimeFacts {
   // in bwd_cache, which get_bwd_send_ops pops into the P2POp list the schedule holds (stage.py:488, 503). In 2.9 it
   // stays the buffer's .grad until the next step's clear_runtime_states (stage.py clear_runtime_states).
   bool pp_stage_backward_releases_input_grads = false;
+  // Whether a generated backward node declares (and so releases, in release_variables()) its saved tensors in the
+  // sorted order of their names: BmmBackward0 drops mat2_ before self_. Seed 000's trace (torch 2.0) frees self
+  // first; the H100 traces (torch 2.11) free mat2 first, and so does the generated Functions.h of the releases with
+  // compiled autograd's compiled_args (after 2.0). The release that switched is not pinned: 2.1 to 2.10 are taken
+  // as 2.11.
+  bool saved_variables_sorted = false;
   // The device properties the reduction kernels read (cuda_reduce.h): the SM count comes with the card
   // (SimOptions::multiprocessors), the resident threads per SM with its compute capability.
   CudaDevice device{108, 2048};

@@ -43,6 +43,7 @@ RuntimeFacts runtime_facts(TorchVersion v, uint32_t sm) {
   f.cublaslt_workspace = Bytes(kCublasLtWorkspaceBytes);
   f.autocast_caches_in_inference_mode = v < TorchVersion{2, 11};  // PR #165068 (runtime.h)
   f.pp_stage_backward_releases_input_grads = v >= TorchVersion{2, 10};  // PR #164329 (runtime.h)
+  f.saved_variables_sorted = v > TorchVersion{2, 0};  // (runtime.h)
   if (v <= TorchVersion{2, 7}) {
     f.lt_mode = LtWorkspace::kPerCall;  // CUDABlas.cpp: allocator.allocate(workspaceSize) inside each Lt gemm
   } else {

@@ -176,9 +176,11 @@ T mul(Ctx& c, const T& a, const T& b, const char* what) {
     const uint64_t gn = g[0].shape().numel().value;
     if (ga) detail::count_pointwise(e, FlopKind::kElementwise, gn, 1, 2, g[0].dtype());
     if (gb) detail::count_pointwise(e, FlopKind::kElementwise, gn, 1, 2, g[0].dtype());
-    // grad * other and grad * self, each full-shape (validate_outputs reduces broadcast operands).
-    if (ga) r[0] = grad_like(e, g[0], detail::promote(g[0], n.saved[0]));
+    // grad * self (other's) and grad * other (self's), each full-shape (validate_outputs reduces broadcast
+    // operands), in the generated node's order: the sorted input names (load_derivatives.py), other before self.
+    // The H100 trace of HF GPT-2's tanh GELU (`0.5 * x * (1.0 + tanh(...))`) frees other's first.
     if (gb) r[1] = grad_like(e, g[0], detail::promote(g[0], n.saved[ga ? 1 : 0]));
+    if (ga) r[0] = grad_like(e, g[0], detail::promote(g[0], n.saved[0]));
     (void)s;
     return r;
   });
@@ -201,13 +203,14 @@ T div(Ctx& c, const T& a, const T& b, const char* what) {
     // FLOPs: grad / other (one kernel); other's -grad * self / (other * other) takes three more
     const uint64_t gn = g[0].shape().numel().value;
     for (int i = 0; i < (gb ? 4 : 1); ++i) detail::count_pointwise(e, FlopKind::kElementwise, gn, 1, 2, g[0].dtype());
-    r[0] = grad_like(e, g[0], g[0].dtype());  // grad / other
+    // the sorted input names' order (load_derivatives.py): other's gradient before self's
     if (gb) {
       // -grad * self / (other * other): two temporaries then the result
       T t1 = grad_like(e, g[0], g[0].dtype());
       T t2 = grad_like(e, g[0], g[0].dtype());
       r[1] = grad_like(e, g[0], g[0].dtype());
     }
+    r[0] = grad_like(e, g[0], g[0].dtype());  // grad / other
     (void)n;
     return r;
   });

@@ -275,8 +275,12 @@ T matmul(Ctx& c, const T& a0, const T& b0, const char* what) {
   });
   Saved saved;
   const bool ga = a->requires_grad, gb = b->requires_grad;
+  // release_variables() drops them in the order the generated node declares them (RuntimeFacts::
+  // saved_variables_sorted): self_ then mat2_ in torch 2.0, mat2_ then self_ later
+  const bool mat2_first = c.rt().saved_variables_sorted;
+  if (ga && mat2_first) saved.push_back(b3);
   if (gb) saved.push_back(a3);
-  if (ga) saved.push_back(b3);
+  if (ga && !mat2_first) saved.push_back(b3);
   c.e.record("BmmBackward0", {&a, &b}, {&out3}, std::move(saved),
              [ga, gb, as, bs, batch, m, k, n](Engine& e, Node&, Grads& g) {
                Grads r(2);

@@ -52,8 +52,12 @@ T product_2d(Ctx& c, const T& x, const T& w, const T* b, uint64_t out_f, bool lt
   });
   Saved saved;
   const bool gx = x->requires_grad, gw = w->requires_grad;
-  if (gw) saved.push_back(x2);  // mat1, needed for mat2's gradient
-  if (gx) saved.push_back(w);   // mat2 (the weight, or its autocast copy)
+  // released in the order the generated node declares them: AddmmBackward0's mat1_, mat2_; MmBackward0's self_,
+  // mat2_ in torch 2.0, mat2_, self_ after it (RuntimeFacts::saved_variables_sorted)
+  const bool mat2_first = !has_b && c.rt().saved_variables_sorted;
+  if (gx && mat2_first) saved.push_back(w);
+  if (gw) saved.push_back(x2);  // mat1 (mm's self), needed for mat2's gradient
+  if (gx && !mat2_first) saved.push_back(w);  // mat2 (the weight, or its autocast copy)
   const Shape xs = x.shape(), ws = w.shape();
   const Shape g2{m2[0], out_f};
   // The node's next edges in addmm's argument order, (self = bias, mat1, mat2), or (self, mat2) for mm: the

@@ -210,7 +210,7 @@ void div_(Ctx& c, T& self, const T& other, const char* what) {
   c.e.record("DivBackward0", {&self, &other}, {&out}, std::move(saved), [go](Engine& e, Node&, Grads& g) {
     Grads r(2);
     if (!g[0]) return r;
-    r[0] = grad_like(e, g[0], g[0].dtype());  // div_tensor_self_backward: grad / other
+    // the generated node's order, the sorted input names (load_derivatives.py): other's gradient, then self's
     if (go) {
       // div_tensor_other_backward: -grad * ((self / other) / other): two temporaries, then the result (reduced
       // to other's shape by validate_outputs)
@@ -218,6 +218,7 @@ void div_(Ctx& c, T& self, const T& other, const char* what) {
       T t2 = grad_like(e, g[0], g[0].dtype());
       r[1] = grad_like(e, g[0], g[0].dtype());
     }
+    r[0] = grad_like(e, g[0], g[0].dtype());  // div_tensor_self_backward: grad / other
     return r;
   });
   self = std::move(out);

@@ -822,14 +822,16 @@ void Engine::reduce_kernel_scratch(const T& in, uint32_t reduced) {
   r.in_bytes = r.out_bytes = static_cast<uint32_t>(itemsize(in.dtype()));
   r.acc_bytes = 4;  // opmath: float for float, half and bfloat16 (double is never simulated)
   const ReduceScratch s = reduce_scratch(r, rt_.device);
+  // named in backward too (kRowNamedInBackward): the buffers keep their own names under the running node's layer
+  const auto scratch = [this](uint64_t bytes, const char* what) {
+    return empty(Shape{bytes}, DType::kU8, Category::kTemporaries, Label{what, -1, kRowNamedInBackward});
+  };
   T acc;
-  if (s.accumulation) {
-    acc = empty(Shape{s.accumulation}, DType::kU8, Category::kTemporaries, Label{"reduce kernel accumulation buffer", -1, kRowNamedInBackward});
-  }
+  if (s.accumulation) acc = scratch(s.accumulation, "reduce kernel accumulation buffer");
   for (const ReduceLaunch& l : s.launches) {
     if (!l.staging) continue;
-    T staging = empty(Shape{l.staging}, DType::kU8, Category::kTemporaries, Label{"reduce kernel staging buffer", -1, kRowNamedInBackward});
-    T semaphores = empty(Shape{l.semaphores}, DType::kU8, Category::kTemporaries, Label{"reduce kernel semaphores", -1, kRowNamedInBackward});
+    T staging = scratch(l.staging, "reduce kernel staging buffer");
+    T semaphores = scratch(l.semaphores, "reduce kernel semaphores");
     semaphores.reset();  // gpu_reduce_kernel's DataPtrs die in reverse order: the semaphores first
   }
 }

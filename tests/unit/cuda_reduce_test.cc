@@ -174,8 +174,11 @@ TEST(CudaReduceSim, EveryRmsNormWeightGradientTakesAStagingBufferSizedByTheCards
   // TinyLlama's RMSNorm weights (2048, float32 under autocast) get their gradient as autograd's sum_to of the
   // (4, 2048, 2048) product over its 8192 rows: per backward, two per layer and the final norm's, 5 in all.
   // H100 (132 SMs): ctas = max(min(ceil(2112 / 16), ceil(2048 / 16)), 8) = 128; A100 (108): min(108, 128).
-  const auto h100 = staging_buffers(testing::run(testing::tiny_llama(2048, {{"batch", "4"}, {"gpu", "h100-80gb"}, {"steps", "1"}})));
-  const auto a100 = staging_buffers(testing::run(testing::tiny_llama(2048, {{"batch", "4"}, {"gpu", "a100-80gb"}, {"steps", "1"}})));
+  const auto on = [](const char* gpu) {
+    return staging_buffers(testing::run(testing::tiny_llama(2048, {{"batch", "4"}, {"gpu", gpu}, {"steps", "1"}})));
+  };
+  const auto h100 = on("h100-80gb");
+  const auto a100 = on("a100-80gb");
   EXPECT_EQ(h100.second, std::vector<uint64_t>(5, 4ull * 2048 * 128 * 128));
   EXPECT_EQ(a100.second, std::vector<uint64_t>(5, 4ull * 2048 * 108 * 128));
   EXPECT_EQ(h100.first, 5u);  // one semaphore block (4 B x 16 output blocks) beside each

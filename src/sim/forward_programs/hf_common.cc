@@ -372,8 +372,10 @@ T rotary_decoder_body(Ctx& c, const ModelSpec& m, const T& ids, DType embeds_dty
   T hidden = embed_dropout();
   // position_embeddings = self.rotary_emb(hidden_states, position_ids)
   const Rotary rot = rotary_embedding(c, inv_freq, Tn, hidden.dtype());
+  // `layer` by value: a checkpointed layer runs again in backward, after this function (and the caller's
+  // temporary std::function `layer` refers to) has returned
   hidden = run_layers(c, m.layers, std::move(hidden), LayerArgs{mask, rot.cos, rot.sin, position_ids},
-                      [&](uint64_t l, T h, const LayerArgs& a) {
+                      [layer](uint64_t l, T h, const LayerArgs& a) {
                         return layer(l, std::move(h), Rotary{a.cos, a.sin}, a.mask ? &a.mask : nullptr);
                       });
   return final_norm(hidden);

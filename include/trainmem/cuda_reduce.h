@@ -23,6 +23,10 @@ struct CudaDevice {
   uint32_t max_threads_per_sm = 0;  // maxThreadsPerMultiProcessor
 };
 
+// The SM count of the card a device given only by its size stands for (scenario.h kGenericGpuSm, sm_80): the
+// A100's 108 (NVIDIA A100 Tensor Core GPU Architecture whitepaper; the GPU catalog's a100 entries).
+inline constexpr uint32_t kGenericGpuMultiprocessors = 108;
+
 // maxThreadsPerMultiProcessor by compute capability x 10 (80 = sm_80): "Maximum number of resident threads per
 // SM" in the CUDA C++ Programming Guide's "Technical Specifications per Compute Capability" table: 2048 on 7.0,
 // 8.0, 8.7, 9.0 and 10.x; 1024 on 7.5; 1536 on 8.6, 8.9 and 12.x.

@@ -56,7 +56,7 @@ struct RuntimeFacts {
   bool saved_variables_sorted = false;
   // The device properties the reduction kernels read (cuda_reduce.h): the SM count comes with the card
   // (SimOptions::multiprocessors), the resident threads per SM with its compute capability.
-  CudaDevice device{108, 2048};
+  CudaDevice device{kGenericGpuMultiprocessors, 2048};
 };
 
 // aten/src/ATen/cuda/CublasHandlePool.cpp (2.x): "/* :4096:2:16:8 default, 32MiB for Hopper */"

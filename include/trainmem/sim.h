@@ -43,9 +43,9 @@ struct SimOptions {
   LoopKind loop = LoopKind::kAuto;
   TorchVersion torch{2, 9};
   uint32_t sm = 80;
-  // The device's SM count, which sizes the reduction kernels' staging buffers (cuda_reduce.h). 108: the A100's,
-  // the card the generic sm_80 device stands for (scenario.h kGenericGpuSm).
-  uint32_t multiprocessors = 108;
+  // The device's SM count, which sizes the reduction kernels' staging buffers (cuda_reduce.h); without a card,
+  // the generic sm_80 device's
+  uint32_t multiprocessors = kGenericGpuMultiprocessors;
   uint32_t steps = 2;  // optimizer steps to run (the first creates the optimizer state)
   PpOptions pp;        // --pp > 1: the simulated rank's pipeline stage and schedule (pp.h); estimate() sets it
   // Internal (no CLI option): a pipeline rank replays the micro-batches that repeat an earlier one's events

@@ -287,6 +287,10 @@ ReduceScratch reduce_scratch(const ReduceShape& r, const CudaDevice& dev) {
     for (int d = 0; d < it.ndim; ++d) out_bytes = std::max(out_bytes, it.shape[d] * it.out[d]);
     s.accumulation = static_cast<uint64_t>(out_bytes / r.out_bytes) * r.acc_bytes;
   }
+  if (fits_32bit) {
+    s.launches = {launch_scratch(it, r, dev)};  // one launch (every RMSNorm mean of a step): no halving to memoize
+    return s;
+  }
   std::map<SplitKey, LaunchList> seen;
   s.launches = launches(it, r, dev, seen);
   return s;

@@ -205,6 +205,7 @@ void ActionMemo::end(const MemoAction& a) {
     }
     if (p.ok) {
       p.f = std::move(s);
+      p.serial = serials_++;
       pending_[{a.stage, a.micro}] = std::move(p);
     }
     return;
@@ -234,6 +235,7 @@ void ActionMemo::end(const MemoAction& a) {
     std::sort(escaped.begin(), escaped.end());
     escaped.erase(std::unique(escaped.begin(), escaped.end()), escaped.end());
     for (uint64_t id : escaped) pair.escaped_final.emplace_back(id, e_.storage_at(id));
+    completed_[pend.serial] = pairs_.size();
     pairs_.push_back(std::move(pair));
   }
   pending_.erase(it);
@@ -280,21 +282,36 @@ void apply_segment_state(Engine& e, const std::vector<Engine::CountCall>& counts
 }  // namespace
 
 bool ActionMemo::replay_forward(const MemoAction& a, const MemoAction& backward, const std::vector<uint64_t>& roles) {
-  if (pairs_.empty()) return false;
+  if (pairs_.empty() && pending_.empty()) return false;
   const MemoProbe p = probe_(a.stage);
   const std::vector<uint64_t> key = key_of(a, p);
   const std::vector<uint64_t> bstatic = static_words(backward);
-  size_t found = pairs_.size();
+  Phantom ph;
+  const Segment* f = nullptr;
+  const std::array<std::vector<std::pair<uint8_t, uint64_t>>, 2>* saved = nullptr;
   for (size_t i = pairs_.size(); i-- > 0;) {
     if (pairs_[i].f.key == key && same_static(pairs_[i].b.key, bstatic)) {
-      found = i;
+      ph.pair = i;
+      f = &pairs_[i].f;
+      saved = &pairs_[i].saved;
       break;
     }
   }
-  if (found == pairs_.size()) return false;
-  const Pair& pair = pairs_[found];
+  // else a recorded forward whose backward has not run yet (a pipeline's warm-up: 1F1B's first stage runs
+  // micro-batches 1 to pp-1 before its first backward); rule 4 holds this micro-batch's backward to the pair it
+  // becomes
+  for (auto it = pending_.begin(); !f && it != pending_.end(); ++it) {
+    const Pending& pend = it->second;
+    if (pend.ok && pend.f.key == key && pend.b_static == bstatic) {
+      ph.from_pending = true;
+      ph.serial = pend.serial;
+      f = &pend.f;
+      saved = &pend.saved;
+    }
+  }
+  if (!f) return false;
   // the roles the graph keeps exist for this micro-batch
-  for (const auto& list : pair.saved) {
+  for (const auto& list : *saved) {
     for (const auto& [kind, v] : list) {
       if (kind >= kRole0 && (static_cast<size_t>(kind - kRole0) >= roles.size() || roles[kind - kRole0] == UINT64_MAX)) {
         return false;
@@ -302,19 +319,21 @@ bool ActionMemo::replay_forward(const MemoAction& a, const MemoAction& backward,
     }
   }
   const uint64_t st = e_.storage_count();
-  emit(pair.f, st, 0);
-  for (const StorageInfo& s : pair.f.inside_final) e_.push_storage(s);
-  escape(pair.f, p, st, 0);
-  apply_segment_state(e_, pair.f.counts, pair.f.seq, pair.f.fixed_final);
-  if (!pair.f.fsdp.empty()) p.roots[a.stage]->memo_apply(pair.f.fsdp.front());
+  emit(*f, st, 0);
+  for (const StorageInfo& s : f->inside_final) e_.push_storage(s);
+  escape(*f, p, st, 0);
+  apply_segment_state(e_, f->counts, f->seq, f->fixed_final);
+  if (!f->fsdp.empty()) p.roots[a.stage]->memo_apply(f->fsdp.front());
   Engine::PhantomGraph g;
   g.graph = a.graph;
   for (size_t k = 0; k < 2; ++k) {
     std::vector<uint64_t>& ids = k == 0 ? g.kept : g.saved;
-    for (const auto& [kind, v] : pair.saved[k]) ids.push_back(kind == kInside ? st + v : kind == kFixed ? v : roles[kind - kRole0]);
+    for (const auto& [kind, v] : (*saved)[k]) ids.push_back(kind == kInside ? st + v : kind == kFixed ? v : roles[kind - kRole0]);
   }
   e_.phantoms.push_back(std::move(g));
-  phantoms_[{a.stage, a.micro}] = Phantom{found, st, a.graph};
+  ph.st0 = st;
+  ph.graph = a.graph;
+  phantoms_[{a.stage, a.micro}] = ph;
   ++replayed_;
   return true;
 }
@@ -322,7 +341,13 @@ bool ActionMemo::replay_forward(const MemoAction& a, const MemoAction& backward,
 bool ActionMemo::replay_backward(const MemoAction& a) {
   auto it = phantoms_.find({a.stage, a.micro});
   if (it == phantoms_.end()) return false;
-  const Phantom ph = it->second;
+  Phantom ph = it->second;
+  if (ph.from_pending) {
+    // the template's backward has run by now and made it a pair, or the whole simulation again (rule 4)
+    const auto done = completed_.find(ph.serial);
+    if (done == completed_.end()) throw MemoMismatch{};
+    ph.pair = done->second;
+  }
   const Pair& pair = pairs_[ph.pair];
   const MemoProbe p = probe_(a.stage);
   if (key_of(a, p) != pair.b.key) throw MemoMismatch{};  // rule 4: the whole simulation again, every action run

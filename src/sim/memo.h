@@ -54,9 +54,11 @@
 //    its graph saves are kept as a phantom graph for saved_bytes() (Engine::phantoms), and a backward that frees
 //    the last real graph while a phantom is pending does not clear the leaves' gradients (Engine::backward).
 // 4. The pairing. A forward is replayed only from a pair whose backward's static position is the one this
-//    micro-batch's backward will have (known from the schedule); when that backward comes its full key is
-//    compared, and if it differs (a state the forward's replay could not foresee) the run throws MemoMismatch and
-//    simulate() runs the whole simulation again without memoization: a mismatch costs time, never a byte.
+//    micro-batch's backward will have (known from the schedule), or from a recorded forward with that backward
+//    position whose backward has not run yet (a pipeline's warm-up forwards): when this micro-batch's backward
+//    comes, that template must have become a pair (its backward recorded and passing rule 3) and the full key
+//    is compared; if either fails (a state the forward's replay could not foresee) the run throws MemoMismatch
+//    and simulate() runs the whole simulation again without memoization: a mismatch costs time, never a byte.
 // Templates are per simulation (an ActionMemo lives in the Loop): no cache outlives a call or is shared across
 // threads.
 #pragma once
@@ -113,7 +115,7 @@ class ActionMemo {
   // The per-step roles: the batch's storages change every step (set before the step's first action).
   void set_roles(std::vector<uint64_t> all_role_ids) { all_roles_ = std::move(all_role_ids); }
 
-  // A forward: replays it when a pair matches (true), else false and the caller simulates it between
+  // A forward: replays it when a pair or a recorded forward matches (true), else false and the caller simulates it between
   // begin() and end(). `backward`: the static position of the same micro-batch's backward. `roles`: the storage
   // of each role for this micro-batch (UINT64_MAX: none), the same roles in the same order for every action.
   bool replay_forward(const MemoAction& a, const MemoAction& backward, const std::vector<uint64_t>& roles);
@@ -160,6 +162,7 @@ class ActionMemo {
     std::vector<std::pair<uint64_t, StorageInfo>> escaped_final;  // the escapes' entries at the backward's end
   };
   struct Pending {  // a recorded forward, until its backward
+    uint64_t serial = 0;  // its number among the recorded forwards (completed_ names the pair it became)
     Segment f;
     std::vector<uint64_t> b_static;
     std::array<std::vector<std::pair<uint8_t, uint64_t>>, 2> saved;
@@ -167,7 +170,11 @@ class ActionMemo {
     bool ok = false;
   };
   struct Phantom {  // a replayed forward, until its backward
+    // its template: pairs_[pair], or (from_pending) the recorded forward `serial`, whose backward had not run
+    // then: the pair that forward became (completed_), when its backward comes
     size_t pair = 0;
+    bool from_pending = false;
+    uint64_t serial = 0;
     uint64_t st0 = 0;
     uint32_t graph = 0;
   };
@@ -183,6 +190,8 @@ class ActionMemo {
   std::vector<Pair> pairs_;
   std::map<std::pair<uint64_t, uint64_t>, Pending> pending_;  // by (stage, micro)
   std::map<std::pair<uint64_t, uint64_t>, Phantom> phantoms_;
+  std::map<uint64_t, size_t> completed_;  // a recorded forward's serial -> the pair it became
+  uint64_t serials_ = 0;
   // the action being recorded
   bool recording_ = false;
   Segment cur_;

@@ -355,8 +355,15 @@ void check_pipeline(const ModelSpec& m, const TrainSetup& s, LoopKind loop, Torc
                                  "its own streams' allocator pools, and {} are simulated per rank)",
                                  s.pp_virtual_stages, kFsdpExtraRoots + 1, kFsdpExtraRoots + 1));
   }
+  if (s.dp > 1 && s.sharding == Sharding::kDdp) {
+    // torchtitan's parallelize_llama applies DDP only when it is the whole world: `if parallel_dims.world_size !=
+    // dp_replicate_mesh.size(): raise RuntimeError("DDP has not supported > 1D parallelism")` (v0.2.0: `if
+    // world_mesh.ndim > 1`); its data parallelism beside a pipeline is FSDP2 (or HSDP)
+    no(fmt::format("--dp {} --sharding ddp: torchtitan runs no DDP beside a pipeline (parallelize_llama: \"DDP has "
+                   "not supported > 1D parallelism\"); its data parallelism there is FSDP2: --sharding fsdp2", s.dp));
+  }
   if (s.dp > 1 && s.sharding != Sharding::kFsdp2) {
-    no(fmt::format("--dp {} --sharding {}: DDP, FSDP1 and ZeRO under a pipeline are not simulated (torchtitan's "
+    no(fmt::format("--dp {} --sharding {}: FSDP1 and ZeRO under a pipeline are not simulated (torchtitan's "
                    "FSDP2 is: --sharding fsdp2)", s.dp, name_of(s.sharding)));
   }
   if (s.lora.on || s.quant.type != Quantize::kNone || !s.freeze.empty()) {

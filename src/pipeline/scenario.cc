@@ -1034,7 +1034,21 @@ void check_tp_setup(const Scenario& s, const ResolvedScenario& r) {
   auto refuse = [&](const char* field, const std::string& why) {
     throw FieldError(field, fmt::format("{}: not simulated with --tp {} ({})", field_text(s, field), t.tp, why));
   };
-  // --sharding fsdp2: FSDP2 over the TP-local model (fsdp.cc resolve_fsdp); DDP or ZeRO over it is not simulated
+  // --sharding fsdp2: FSDP2 over the TP-local model (fsdp.cc resolve_fsdp). DDP over it is what neither framework
+  // runs: accelerate's ParallelismConfig.__post_init__ raises "Tensor/Context parallelism (tp/cp_size > 1) cannot
+  // be used with pure data parallelism (dp_replicate_size > 1 and dp_shard_size == 1)", torchtitan's
+  // parallelize_llama "DDP has not supported > 1D parallelism". FSDP1 and ZeRO over it are not simulated.
+  if (r.setup.dp > 1 && t.sharding == Sharding::kDdp) {
+    const bool gpus = !s.gpus.empty();
+    throw FieldError(gpus ? "gpus" : "dp",
+                     fmt::format("{}: {} data-parallel ranks of --tp {} GPUs each, replicated by DDP: accelerate "
+                                 "refuses tensor parallelism with pure data parallelism (ParallelismConfig: \"cannot "
+                                 "be used with pure data parallelism\") and torchtitan DDP with any other parallelism "
+                                 "(\"DDP has not supported > 1D parallelism\"); both shard instead: --sharding fsdp2 ({})",
+                                 gpus ? s.gpus : std::to_string(r.setup.dp), r.setup.dp, t.tp,
+                                 t.sequence_parallel ? "torchtitan's apply_fsdp over its TP + SP plan"
+                                                     : "accelerate's ParallelismConfig(tp_size, dp_shard_size)"));
+  }
   if (r.setup.dp > 1 && t.sharding != Sharding::kFsdp2) {
     const bool gpus = !s.gpus.empty();
     throw FieldError(gpus ? "gpus" : "dp",

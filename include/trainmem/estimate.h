@@ -203,6 +203,20 @@ struct PpFigures {
   uint64_t shown = 0;               // the rank the estimate shows (--rank, else the worst)
 };
 
+// --cp N without --cp-rank: every CP rank simulated (their ring attentions differ: cp.h ring_steps); the estimate
+// around it is the worst one's.
+struct CpFigures {
+  struct Row {
+    uint64_t rank = 0;
+    Bytes peak_allocated, peak_reserved;
+    std::optional<bool> fits;  // with a GPU
+  };
+  std::vector<Row> rows;  // by CP rank
+  // the worst rank (the one shown): with a GPU, the one with the least headroom there (the first of equals);
+  // without, the one with the highest peak reserved, then peak allocated
+  uint64_t worst = 0;
+};
+
 // --dp N --sharding fsdp2: one rank of FSDP2 (fully_shard) under accelerate, as simulated (fsdp.h).
 struct FsdpFigures {
   FsdpOptions options;         // the resolved settings (resolve_fsdp)
@@ -249,6 +263,7 @@ struct Estimate {
   std::optional<DdpFigures> ddp;                // --dp > 1: per rank
   std::optional<ZeroFigures> zero;              // --sharding zero1|zero2: per rank
   std::optional<PpFigures> pp;                  // --pp > 1: every rank; the rest is rank pp->shown's
+  std::optional<CpFigures> cp;                  // --cp > 1 without --cp-rank: every CP rank; the rest is the worst's
   std::optional<FsdpFigures> fsdp;              // --sharding fsdp2: per rank
   std::optional<Fsdp1Figures> fsdp1;            // --sharding fsdp1: per rank
   std::optional<StepTime> time;                 // with a GPU whose catalog row has its peaks (flops.h)

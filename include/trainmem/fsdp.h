@@ -67,7 +67,7 @@ FsdpDtypes accelerate_fsdp_dtypes(Precision p, const char* v);
 uint64_t fsdp2_mesh_ranks(const TrainSetup& s);
 // The simulated rank's index in that flattened mesh: the mesh order is [dp_shard, cp] (ParallelismConfig._get_mesh
 // mesh_order ["dp_replicate", "dp_shard", "cp", "sp", "tp"]) and DeviceMesh._flatten keeps row-major order, so
-// data-parallel rank d's CP rank c is d x cp + c; the CP rank simulated is 0 (cp_attention.cc), --dp-rank d.
+// data-parallel rank d's CP rank c is d x cp + c, with d = --dp-rank and c = --cp-rank (0 unless given).
 uint64_t fsdp2_mesh_rank(const TrainSetup& s);
 
 // The defaults of the code that runs (cited in fsdp.cc); throws trainmem::Error for what is not simulated.

@@ -203,6 +203,9 @@ struct TrainSetup {
   // is the rank's share (resolve() divides --seq by cp) and SDPA runs ring attention.
   uint64_t cp = 1;
   uint64_t cp_seq = 0;  // --seq as given (the whole sequence) when cp > 1; 0 otherwise
+  // The CP rank simulated (0 to cp - 1): its ring attention's steps differ (cp.h ring_steps). Empty: estimate()
+  // simulates every CP rank and reports the worst (CpFigures); a simulation alone runs rank 0.
+  std::optional<uint64_t> cp_rank;
   // N: an encoder-decoder's (T5's) decoder tokens per sequence, the labels' (B, N) (seq is the encoder's);
   // 0: the same as seq. Only encoder-decoder models take it.
   uint64_t target_seq = 0;

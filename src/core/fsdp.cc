@@ -87,7 +87,9 @@ uint64_t fsdp2_mesh_ranks(const TrainSetup& s) {
 }
 
 uint64_t fsdp2_mesh_rank(const TrainSetup& s) {
-  return checked_mul(s.dp_rank.value_or(0), std::max<uint64_t>(s.cp, 1), "FSDP2 mesh rank");
+  // the flattened (dp_shard, cp) mesh, cp innermost: data-parallel rank d's CP rank c is d x cp + c
+  return checked_add(checked_mul(s.dp_rank.value_or(0), std::max<uint64_t>(s.cp, 1), "FSDP2 mesh rank"),
+                     s.cp_rank.value_or(0), "FSDP2 mesh rank");
 }
 
 // HSDP (fsdp.h). Sources: accelerate 16cb6eb parallelism_config.py ParallelismConfig (dp_replicate_size x
@@ -104,7 +106,7 @@ uint64_t fsdp2_mesh_rank(const TrainSetup& s) {
 // With --cp C the shard dimension is accelerate's flattened "dp_shard_cp" (fsdp_dim_names ["dp_replicate",
 // "dp_shard_cp"]; torchtitan's ("dp_replicate", "dp_shard_cp") too): shard groups of K x C ranks, each holding
 // K data-parallel ranks' C CP ranks, row-major (dp_shard outer, cp inner: DeviceMesh._flatten of ["dp_shard",
-// "cp"]), so data-parallel rank d's CP rank 0 is shard rank (d mod K) x C of replicate group d / K.
+// "cp"]), so data-parallel rank d's CP rank c is shard rank (d mod K) x C + c of replicate group d / K.
 // ParallelismConfig.__post_init__ allows it ("set dp_replicate_size == 1 and dp_shard_size > 1 to compose HSDP +
 // TP/CP for 3D parallel" is its message for the refused dp_shard_size 1; the check is `(tp_size > 1 or cp_size >
 // 1) and dp_replicate_size > 1 and dp_shard_size == 1`, so dp_shard_size > 1 with a replicate dimension passes).
@@ -135,7 +137,7 @@ void apply_hsdp_mesh(FsdpOptions& f, const TrainSetup& s) {
     const uint64_t d = s.dp_rank.value_or(0);
     f.ranks = checked_mul(k, cp, "HSDP shard group (dp_shard x cp)");
     f.replicate = dp / k;
-    f.rank = checked_mul(d % k, cp, "HSDP shard rank");
+    f.rank = checked_add(checked_mul(d % k, cp, "HSDP shard rank"), s.cp_rank.value_or(0), "HSDP shard rank");
     f.replicate_rank = d / k;
   }
 }
@@ -231,8 +233,8 @@ FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop,
   f.on = true;
   // the mesh: dp ranks, or dp x cp under --cp (fsdp2_mesh_ranks; with --tp, of the TP-local model; resolve_cp
   // refuses PP with CP), or the K-rank shard groups of HSDP (--dp-shard K); --dp-rank: the rank whose shards are simulated (validate_setup
-  // checked it; rank 0 unless given, since torch.chunk leaves the last ones short), under --cp its CP rank 0 in
-  // the flattened mesh (fsdp2_mesh_rank) (apply_hsdp_mesh)
+  // checked it; rank 0 unless given, since torch.chunk leaves the last ones short), under --cp its CP rank
+  // (--cp-rank) in the flattened mesh (fsdp2_mesh_rank) (apply_hsdp_mesh)
   apply_hsdp_mesh(f, s);
   // FullyShardedDataParallelPlugin.__post_init__: reshard_after_forward None -> env FSDP_RESHARD_AFTER_FORWARD,
   // default "true" for fsdp_version 2

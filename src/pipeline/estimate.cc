@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <tuple>
 
 #include "trainmem/ddp.h"
 #include "trainmem/zero.h"
@@ -304,6 +305,34 @@ Estimate estimate_zero_ranks(const ModelSpec& m, const Inventory& inv, const Tra
   return std::move(*worst);
 }
 
+// --cp N without --cp-rank: rank r's ring attention runs r steps of the whole query against half the received
+// keys and N - 1 - r of half the query against all of them (cp.h ring_steps), so the ranks' transients differ (the
+// forward's by about a third between rank 0 and the others, the CPU oracle validate/cpu/ring_attention.py): every
+// CP rank is simulated and the worst named, as for a pipeline.
+Estimate estimate_cp_ranks(const ModelSpec& m, const Inventory& inv, const TrainSetup& s, const SimOptions& o,
+                           const AllocatorConfig& ac, const GpuSpec* gpu, Bytes margin) {
+  CpFigures f;
+  std::optional<Estimate> worst;
+  TrainSetup one = s;
+  for (uint64_t r = 0; r < s.cp; ++r) {
+    one.cp_rank = r;
+    Estimate e = estimate(m, inv, one, o, ac, gpu, margin);
+    CpFigures::Row row{r, e.memory.peak_allocated, e.memory.peak_reserved, std::nullopt};
+    if (e.device) row.fits = e.device->fits;
+    f.rows.push_back(row);
+    const bool worse = !worst || (gpu ? e.device->headroom < worst->device->headroom
+                                      : std::tie(row.peak_reserved, row.peak_allocated) >
+                                            std::tie(worst->memory.peak_reserved, worst->memory.peak_allocated));
+    if (worse) {
+      worst = std::move(e);
+      f.worst = r;
+    }
+  }
+  if (!worst) throw Error("internal: no CP rank simulated");
+  worst->cp = std::move(f);
+  return std::move(*worst);
+}
+
 // What the pipeline simulation covers; anything else is refused with its reason.
 void check_pipeline(const ModelSpec& m, const TrainSetup& s, LoopKind loop, TorchVersion torch) {
   auto no = [](const std::string& why) { throw Error("--pp: " + why); };
@@ -454,6 +483,7 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
     return out;
   }
   validate_setup(m, s);
+  if (s.cp > 1 && !s.cp_rank) return estimate_cp_ranks(m, inv, s, o0, ac, gpu, margin);
   // --sharding zero1/zero2 without --dp-rank: the ranks' partitions hold different parameters (params_in_partition
   // and their slices), so their steps differ, by a third of the peak on some layouts: every class of alike ranks
   // is simulated and the worst named, as for a pipeline. (FSDP2's rank 0 holds the most; DDP's and ZeRO-3's ranks

@@ -51,7 +51,7 @@ constexpr std::string_view kLayoutFields[] = {
     "gpus", "sharding", "bucket_cap_mb", "gradient_as_bucket_view", "find_unused_parameters", "reduce_bucket_size",
     "overlap_comm", "offload", "param_persistence_threshold", "prefetch_bucket_size", "max_live_parameters",
     "max_reuse_distance", "reshard_after_forward", "fsdp1_prefetch", "pp", "pp_schedule", "micro_batches",
-    "pp_virtual_stages", "rank", "dp_rank", "batch", "nccl_channels", "nccl_nvls", "gpus_per_node", "nccl_tree",
+    "pp_virtual_stages", "rank", "dp_rank", "cp_rank", "batch", "nccl_channels", "nccl_nvls", "gpus_per_node", "nccl_tree",
     "nccl_gdr", "dp_shard"};
 
 bool contains(std::span<const std::string_view> names, std::string_view f) {

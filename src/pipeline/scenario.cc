@@ -227,9 +227,12 @@ constexpr Field kFields[] = {
     {"max_live_parameters", "ZeRO-3: the cap on gathered elements the prefetch keeps to (default 1e9)", FieldGroup::kTraining},
     {"max_reuse_distance", "ZeRO-3: keep a module reused within this many elements (default 1e9)", FieldGroup::kTraining},
     {"cp", "context-parallel ranks: torch's context_parallel as accelerate drives it (ring attention, the sequence "
-           "sharded with the head-tail load balancer); estimate simulates CP rank 0 at --seq / N tokens with the "
-           "model states whole on the rank, or with --sharding fsdp2 sharded over the dp x cp ranks (FSDP2's "
-           "dp_shard_cp mesh); Llama (model_type llama) with SDPA only (default 1)", FieldGroup::kTraining},
+           "sharded with the head-tail load balancer); estimate simulates every CP rank at --seq / N tokens (their "
+           "ring steps differ) and names the worst, with the model states whole on the rank, or with --sharding "
+           "fsdp2 sharded over the dp x cp ranks (FSDP2's dp_shard_cp mesh); Llama (model_type llama) with SDPA "
+           "only (default 1)", FieldGroup::kTraining},
+    {"cp_rank", "with --cp: the context-parallel rank simulated, 0 to N - 1 (default: every one, the worst shown)",
+     FieldGroup::kTraining},
     {"pp", "pipeline-parallel ranks: each holds one stage (torchtitan's split); estimate simulates every rank and "
            "names the worst (default 1)", FieldGroup::kTraining},
     {"pp_schedule", "gpipe | 1f1b | interleaved-1f1b: torch.distributed.pipelining's schedule for --pp (default "
@@ -496,6 +499,10 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     s.train.dp_shard = v == "0" ? 0 : count(f, v, kMaxRanks);  // 0 reaches resolve_fsdp's message
   } else if (f == "cp") {
     s.train.cp = count(f, v, kMaxRanks);
+  } else if (f == "cp_rank" && v.empty()) {
+    s.train.cp_rank.reset();
+  } else if (f == "cp_rank") {
+    s.train.cp_rank = v == "0" ? 0 : count(f, v, kMaxRanks);
   } else if (f == "sharding") {
     s.train.sharding = named(f, v, parse_name<Sharding>(v));
   } else if ((f == "bucket_cap_mb" || f == "gradient_as_bucket_view" || f == "find_unused_parameters") && v.empty()) {
@@ -683,6 +690,7 @@ std::string field_text(const Scenario& s, std::string_view f) {
   if (f == "dp_rank") return s.train.dp_rank ? std::to_string(*s.train.dp_rank) : "";
   if (f == "dp_shard") return s.train.dp_shard ? std::to_string(*s.train.dp_shard) : "";
   if (f == "cp") return std::to_string(s.train.cp);
+  if (f == "cp_rank") return s.train.cp_rank ? std::to_string(*s.train.cp_rank) : "";
   if (f == "pp") return std::to_string(s.train.pp);
   if (f == "pp_schedule") return std::string(name_of(s.train.pp_schedule));
   if (f == "micro_batches") return s.train.micro_batches ? std::to_string(s.train.micro_batches) : "";
@@ -904,7 +912,7 @@ void resolve_cp(const Scenario& s, ResolvedScenario& r) {
   // FSDP2"). The rank's model is the TP-local one (heads / tp): q, k, v reach SDPA as plain (B, H/tp, T/cp, D)
   // tensors (transformers' tensor_parallel.py collectives are autograd Functions on local tensors), so the ring runs
   // over the local heads (cp_attention.cc takes them from the shapes) and every other op is plain TP's at seq / cp
-  // tokens. The rank simulated is CP rank 0, TP rank 0.
+  // tokens. The rank simulated is TP rank 0, and each CP rank in turn (estimate_cp_ranks) or --cp-rank's.
   if (r.setup.checkpointing == Checkpointing::kSelective) {
     refuse("checkpointing", "selective checkpointing of the ring-attention op is not simulated (none and full are)");
   }
@@ -920,8 +928,8 @@ void resolve_cp(const Scenario& s, ResolvedScenario& r) {
     const uint64_t k = *r.setup.dp_shard;
     r.warnings.push_back(fmt::format(
         "--cp {} --sharding fsdp2 --dp-shard {}: one rank of HSDP over the (dp_replicate, dp_shard_cp) = ({}, {} x {}) "
-        "mesh (accelerate's fsdp_dim_names; torchtitan's (\"dp_replicate\", \"dp_shard_cp\")){}, its activations CP rank "
-        "0's (--seq / {} tokens, ring attention)", n, k, r.setup.dp / k, k, n,
+        "mesh (accelerate's fsdp_dim_names; torchtitan's (\"dp_replicate\", \"dp_shard_cp\")){}, its activations a CP "
+        "rank's (--seq / {} tokens, ring attention)", n, k, r.setup.dp / k, k, n,
         // --tp T: TP rank 0's local model (tp_plan="auto"), the tp dimension innermost in accelerate's mesh
         r.setup.tp > 1 ? fmt::format(" sharding TP rank 0's local parameters (--tp {}, tp_plan=\"auto\": the "
                                      "(dp_replicate, dp_shard, cp, tp) = ({}, {}, {}, {}) mesh, {} local heads)",
@@ -932,7 +940,7 @@ void resolve_cp(const Scenario& s, ResolvedScenario& r) {
     // accelerate's mesh order ["dp_replicate", "dp_shard", "cp", "sp", "tp"] (ParallelismConfig._get_mesh), FSDP2
     // over mesh["dp_shard_cp"] (fsdp_dim_names; utils/fsdp_utils.py fsdp2_prepare_model) of the TP-local model
     r.warnings.push_back(fmt::format(
-        "--cp {} --tp {} --sharding fsdp2: one rank (CP rank 0, TP rank 0) of accelerate's (dp_shard, cp, tp) = "
+        "--cp {} --tp {} --sharding fsdp2: one rank (a CP rank, TP rank 0) of accelerate's (dp_shard, cp, tp) = "
         "({}, {}, {}) mesh (ParallelismConfig(dp_shard_size={}, cp_size={}, tp_size={}), {} GPUs): the TP-local "
         "parameters (tp_plan=\"auto\") sharded by FSDP2 over the flattened \"dp_shard_cp\" mesh ({} ranks), its "
         "activations --seq / {} tokens with ring attention over the {} local heads",
@@ -942,11 +950,11 @@ void resolve_cp(const Scenario& s, ResolvedScenario& r) {
   } else if (fsdp2) {
     r.warnings.push_back(fmt::format(
         "--cp {} --sharding fsdp2: one rank of FSDP2 over the flattened dp_shard x cp mesh ({} x {} = {} ranks: "
-        "accelerate's \"dp_shard_cp\", torchtitan's resolve_fsdp_mesh), its activations CP rank 0's (--seq / {} "
+        "accelerate's \"dp_shard_cp\", torchtitan's resolve_fsdp_mesh), its activations a CP rank's (--seq / {} "
         "tokens, ring attention)", n, r.setup.dp, n, checked_mul(r.setup.dp, n, "dp x cp"), n));
   } else if (r.setup.tp > 1) {
     r.warnings.push_back(fmt::format(
-        "--cp {} --tp {}: one rank (CP rank 0, TP rank 0) of a (cp, tp) = ({}, {}) mesh ({} GPUs): the TP-local "
+        "--cp {} --tp {}: one rank (a CP rank, TP rank 0) of a (cp, tp) = ({}, {}) mesh ({} GPUs): the TP-local "
         "parameters (tp_plan=\"auto\") whole on every CP rank (accelerate's ACCELERATE_ALLOW_CP_STANDALONE=true "
         "path), its activations --seq / {} tokens with ring attention over the {} local heads; accelerate shards "
         "the parameters with FSDP2 over dp_shard x cp: --sharding fsdp2",
@@ -1203,6 +1211,10 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   }
   if (s.train.task == Task::kInference) resolve_inference(s, r);
   if (r.setup.cp > 1) resolve_cp(s, r);  // --cp N: the rank's sequence (cp.h)
+  if (s.train.cp_rank && r.setup.cp <= 1) {
+    throw FieldError("cp_rank", fmt::format("{}: a context-parallel rank; it applies with --cp above 1", *s.train.cp_rank));
+  }
+  // (its range: validate_setup)
   // The data-parallel settings shape a rank's buckets: with one process there are none, so a setting given
   // without --dp above 1 would change nothing (refused, not ignored)
   if (r.setup.dp <= 1) {

@@ -83,8 +83,8 @@ std::string headline(const Estimate& e) {
   if (e.zero) accum += fmt::format("; per rank, {} ranks (DeepSpeed ZeRO-{})", e.zero->options.ranks, e.zero->options.stage);
   // --cp N (cp.h): the seq printed is the rank's share
   if (s.cp > 1) {
-    accum += fmt::format("; CP rank 0 of {} (torch context_parallel, ring attention with all-gathered K/V): seq {} "
-                         "of {} per rank", s.cp, s.seq, s.cp_seq);
+    accum += fmt::format("; CP rank {} of {}{} (torch context_parallel, ring attention with all-gathered K/V): seq {} "
+                         "of {} per rank", s.cp_rank.value_or(0), s.cp, e.cp ? ", the worst" : "", s.seq, s.cp_seq);
   }
   if (e.pp) {
     accum += fmt::format("; pipeline rank {} of {} ({}), {} micro-batches, {}", e.pp->shown, e.pp->ranks,
@@ -107,8 +107,9 @@ std::string headline(const Estimate& e) {
   }
   if (s.cp > 1 && m.tp > 1) {
     // --cp C --tp T (scenario.cc resolve_cp): accelerate's mesh (dp_shard, cp, tp), TP innermost; one rank shown
-    accum += fmt::format("; layout dp {} x cp {} x tp {} = {} GPUs, this rank CP rank 0 and TP rank 0", s.dp, s.cp,
-                         m.tp, checked_mul(checked_mul(s.dp, s.cp, "dp x cp"), m.tp, "dp x cp x tp"));
+    accum += fmt::format("; layout dp {} x cp {} x tp {} = {} GPUs, this rank CP rank {} and TP rank 0", s.dp, s.cp,
+                         m.tp, checked_mul(checked_mul(s.dp, s.cp, "dp x cp"), m.tp, "dp x cp x tp"),
+                         s.cp_rank.value_or(0));
   }
   const bool inference = s.task == Task::kInference;
   return fmt::format(
@@ -382,6 +383,32 @@ std::string render_zero3_note(const Estimate& e) {
   return out;
 }
 
+// --cp N without --cp-rank: every CP rank's peaks, the worst (shown) marked.
+std::string render_cp_note(const CpFigures& f) {
+  using TT = report::TextTable;
+  const bool verdict = !f.rows.empty() && f.rows[0].fits.has_value();
+  std::vector<std::pair<std::string, TT::Align>> cols = {
+      {"CP rank", TT::kRight}, {"ring steps (whole q + half k/v, half q + whole k/v)", TT::kLeft},
+      {"peak allocated", TT::kRight}, {"peak reserved", TT::kRight}};
+  if (verdict) cols.push_back({"fits", TT::kLeft});
+  TT t(cols);
+  const uint64_t n = f.rows.size();
+  for (const CpFigures::Row& r : f.rows) {
+    // cp.h ring_steps: after the causal local step, `rank` steps of the whole query, the rest of half of it
+    std::vector<std::string> cells = {std::to_string(r.rank) + (r.rank == f.worst ? " *" : ""),
+                                      fmt::format("1 causal + {} + {}", r.rank, n - 1 - r.rank),
+                                      format_bytes(r.peak_allocated), format_bytes(r.peak_reserved)};
+    if (verdict) cells.push_back(*r.fits ? "yes" : "no");
+    t.row(std::move(cells));
+  }
+  const CpFigures::Row& w = f.rows[f.worst];
+  return fmt::format("context parallel: {} ranks, every one simulated (the load-balanced ring's steps differ by "
+                     "rank)\n{}  worst rank: {}, {}; the tables above are its\n",
+                     n, t.str(), w.rank,
+                     verdict ? "the least headroom on the GPU"
+                             : fmt::format("the highest peak reserved ({})", format_bytes(w.peak_reserved)));
+}
+
 std::string render_zero_note(const Estimate& e) {
   const ZeroFigures& z = *e.zero;
   const ZeroOptions& o = z.options;
@@ -503,8 +530,9 @@ std::string render_fsdp_note(const Estimate& e) {
     // (under HSDP the flattened group is each replica's dp_shard x cp: the HSDP line below)
     if (e.setup.cp > 1) {
       out += fmt::format("  mesh: accelerate's flattened \"dp_shard_cp\" ({} data-parallel x {} context-parallel ranks); "
-                         "this rank is data-parallel rank {}'s CP rank 0, its activations the CP rank's\n",
-                         o.replicate > 1 ? o.ranks / e.setup.cp : e.setup.dp, e.setup.cp, e.setup.dp_rank.value_or(0));
+                         "this rank is data-parallel rank {}'s CP rank {}, its activations the CP rank's\n",
+                         o.replicate > 1 ? o.ranks / e.setup.cp : e.setup.dp, e.setup.cp, e.setup.dp_rank.value_or(0),
+                         e.setup.cp_rank.value_or(0));
     }
   }
   if (o.replicate > 1) {
@@ -730,6 +758,7 @@ std::string render_estimate_table(const Estimate& e, const GpuSpec* gpu) {
   if (e.generation) out += '\n' + render_generation_table(*e.generation, e.setup);
   if (e.ddp) out += '\n' + render_ddp_note(*e.ddp);
   if (e.zero) out += '\n' + render_zero_note(e);
+  if (e.cp) out += '\n' + render_cp_note(*e.cp);
   if (e.pp) out += '\n' + render_pp_note(*e.pp, e.options.torch);
   if (e.fsdp) out += '\n' + render_fsdp_note(e);
   if (e.fsdp1) out += '\n' + render_fsdp1_note(e);
@@ -788,7 +817,7 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
     // under HSDP, --dp-shard K: e.fsdp's replicate groups), the rank simulated
     const uint64_t replicate = e.fsdp ? e.fsdp->options.replicate : 1;
     out["layout"] = {{"dp", s.dp}, {"cp", s.cp}, {"tp", e.model.tp}, {"gpus", checked_mul(checked_mul(s.dp, s.cp, "dp x cp"), e.model.tp, "dp x cp x tp")},
-                     {"cp_rank", 0}, {"tp_rank", 0}, {"dp_rank", s.dp_rank.value_or(0)}};
+                     {"cp_rank", s.cp_rank.value_or(0)}, {"tp_rank", 0}, {"dp_rank", s.dp_rank.value_or(0)}};
     // the mesh's dimensions outermost first, as [name, size] (an array: the order is the layout)
     nlohmann::json mesh = nlohmann::json::array();
     if (replicate > 1) mesh.push_back({"dp_replicate", replicate});
@@ -907,6 +936,17 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
                  {"worst_rank", f->worst}, {"shown_rank", f->shown}};
   }
   out["setup"]["pp"] = s.pp;
+  if (s.cp > 1) out["setup"]["cp_rank"] = s.cp_rank.value_or(0);  // the CP rank simulated (the worst without --cp-rank)
+  if (const auto& f = e.cp) {
+    nlohmann::json ranks = nlohmann::json::array();
+    for (const CpFigures::Row& r : f->rows) {
+      nlohmann::json j = {{"rank", r.rank}, {"peak_allocated_bytes", r.peak_allocated.value},
+                          {"peak_reserved_bytes", r.peak_reserved.value}};
+      if (r.fits) j["fits"] = *r.fits;
+      ranks.push_back(std::move(j));
+    }
+    out["cp"] = {{"ranks", std::move(ranks)}, {"worst_rank", f->worst}};
+  }
   if (const auto& f = e.fsdp) {
     const FsdpOptions& o = f->options;
     nlohmann::json& j = out["fsdp"];

@@ -5,9 +5,11 @@
 // _scaled_dot_product_ring_flash_attention(_backward) -> _templated_ring_attention(_backward) (_sdpa_handler's
 // call_maps). Autograd sees one flash-attention node whose saved tensors are the local q, k, v, the merged
 // output and logsumexp (as without CP, at the rank's seq / cp tokens); everything else below is a transient of
-// the op, freed when it returns. The rank simulated is CP rank 0 (trainmem reports rank 0 of every group):
-// with the head-tail load balancer its steps i >= 1 all take the second half of q with the whole received
-// k, v (`i > rank`, partial=True) (cp.h ring_steps).
+// the op, freed when it returns. The rank simulated is Ctx::cp_rank (TrainSetup::cp_rank; estimate() simulates
+// every CP rank and names the worst): with the head-tail load balancer its steps 1 to rank take the whole q with
+// the first half of the received k, v (`i <= rank`), the later ones the second half of q with the whole received
+// k, v (`i > rank`, partial=True) (cp.h ring_steps). The CPU oracle (validate/cpu/ring_attention.py) runs the
+// transliterated op for every rank.
 #include <fmt/format.h>
 
 #include "ops_util.h"
@@ -38,7 +40,7 @@ T ring_sdpa(Ctx& c, const T& q, const T& k, const T& v, bool has_mask, double dr
     throw Error("cp: context parallel's load-balanced ring attention requires is_causal=True SDPA calls");
   }
   Engine& e = c.e;
-  const uint64_t n = c.cp, rank = 0;
+  const uint64_t n = c.cp, rank = c.cp_rank;
   const uint64_t B = q.shape()[0], H = q.shape()[1], L = q.shape()[2], D = q.shape()[3];
   const uint64_t Hk = k.shape()[1];
   const DType dt = q.dtype();
@@ -139,10 +141,18 @@ T ring_sdpa(Ctx& c, const T& q, const T& k, const T& v, bool has_mask, double dr
         acc_out = std::move(nout);
       }
     }
-    // results(): self._out.to(out dtype): a new (B, H, L, D) tensor. For rank 0 the last merge was a
-    // torch.cat, which returns a contiguous tensor, so the output is (B, H, L, D)-contiguous (not the flash
-    // kernel's transposed (B, L, H, D) layout): the caller's transpose(1, 2).contiguous() copies it.
-    out = e.empty(Shape{B, H, L, D}, dt, Category::kActivations, c.L("sdpa output (ring attention)"));
+    // results(): self._out.to(out dtype): a new (B, H, L, D) tensor in the merged output's layout (.to keeps a
+    // dense tensor's strides). When the last merge was a partial one (every rank but the last) it was a torch.cat,
+    // which returns a contiguous tensor, so the output is (B, H, L, D)-contiguous: the caller's transpose(1,
+    // 2).contiguous() copies it. On the last rank every merge is a full one, `out - sigmoid(..) * (out -
+    // block_out)`, whose result takes its first operand's layout: the flash kernel's (B, L, H, D), from step 0's
+    // output (TensorIterator's stride order; torch 1.13 on CPU gives the last rank's output strides (L*H*D, D,
+    // H*D, 1) and every other rank's contiguous ones), so that copy is free.
+    const bool flash_layout = !steps.back().partial && steps.size() > 1;
+    Strides st = contiguous_strides(Shape{B, L, H, D});  // (B, L, H, D) dense, seen as (B, H, L, D)
+    std::swap(st[1], st[2]);
+    out = e.empty_strided(Shape{B, H, L, D}, flash_layout ? st : contiguous_strides(Shape{B, H, L, D}), dt,
+                          Category::kActivations, c.L("sdpa output (ring attention)"));
     lse = std::move(acc_lse);
     // leaving _templated_ring_attention frees the merger's float32 output, the last step's out and
     // logsumexp, the gathered K/V (the rotater) and the contiguous copies
@@ -170,7 +180,12 @@ T ring_sdpa(Ctx& c, const T& q, const T& k, const T& v, bool has_mask, double dr
                const T& sv = nd.saved[2];
                T kc = is_contiguous(sk.shape(), sk->strides) ? T() : btmp(sk.shape(), dt, "cp key contiguous");
                T vc = is_contiguous(sv.shape(), sv->strides) ? T() : btmp(sv.shape(), dt, "cp value contiguous");
-               T kv_cat, gathered, dq_, dk_, dv_, sent_g, recv, recv_held, lse_half;
+               // the op's Python variables: next_kv (kv_cat), the K/V rotater's gathered buffer, grad_query_/
+               // key_/value_ (dq_, dk_, dv_), lse's half copy, the K/V-gradient rotater's received buffer
+               // (rot_buf, its _buffer) and sent one (rot_pending, its _pending_input), next_grad_kv (ngkv);
+               // grad_key / grad_value (gk, gv) hold the f32 zeros, a received buffer they are views of, or a
+               // torch.cat of their own
+               T kv_cat, gathered, dq_, dk_, dv_, lse_half, rot_buf, rot_pending, ngkv;
                for (size_t i = 0; i < bsteps.size(); ++i) {
                  const RingStep& st = bsteps[i];
                  if (i == 1) {
@@ -215,31 +230,47 @@ T ring_sdpa(Ctx& c, const T& q, const T& k, const T& v, bool has_mask, double dr
                    dv_ = std::move(ndv);
                  }
                  if (i > 0) {
-                   // next_grad_kv = dkv_rotater.next_buffer(): the previous send is done and released;
-                   // grad_key/grad_value become views of the received buffer (the old ones are released);
-                   // for rank 0 every step i >= 1 adds in place (`i > rank`: grad_key += grad_key_)
-                   sent_g.reset();
-                   gk.reset();
-                   gv.reset();
-                   recv_held = std::move(recv);
+                   // next_grad_kv = dkv_rotater.next_buffer(): the previous send is done (_pending_input = None)
+                   // and the variable takes the received buffer: the sent cat is released
+                   rot_pending.reset();
+                   ngkv = rot_buf;
+                   // grad_key / grad_value = views of it (the old ones released: the f32 zeros, an earlier
+                   // received buffer, or their cats)
+                   gk = rot_buf;
+                   gv = rot_buf;
+                   if (i <= rank) {
+                     // grad_key = _partial_update(grad_key, grad_key_, idx=0, add=True): the first half added in
+                     // place, then torch.cat of the chunks, a new tensor (and grad_value likewise)
+                     T ngk = btmp(Shape{B, Hk, L, D}, DType::kF32, "cp grad_key (cat)");
+                     gk = std::move(ngk);
+                     T ngv = btmp(Shape{B, Hk, L, D}, DType::kF32, "cp grad_value (cat)");
+                     gv = std::move(ngv);
+                   }
+                   // else grad_key += grad_key_: in place
                  }
                  // next_grad_kv = torch.cat([grad_key.flatten(), grad_value.flatten()]) (float32);
-                 // dkv_rotater.exchange_buffers: ft_c.permute_tensor, a new buffer of the same size
-                 sent_g = btmp(Shape{kv_elems}, DType::kF32, "cp grad kv cat");
-                 recv = btmp(Shape{kv_elems}, DType::kF32, "cp grad kv all-to-all");
-                 if (i > 0) {
+                 // dkv_rotater.exchange_buffers: ft_c.permute_tensor, a new buffer of the same size, then the old
+                 // one released (kept by grad_key and grad_value when they are views of it)
+                 ngkv = btmp(Shape{kv_elems}, DType::kF32, "cp grad kv cat");
+                 T nb = btmp(Shape{kv_elems}, DType::kF32, "cp grad kv all-to-all");
+                 rot_buf = std::move(nb);
+                 rot_pending = ngkv;
+                 if (i > rank) {
                    // grad_query = _partial_update(grad_query, grad_query_, idx=1, add=True): torch.cat
                    T ngq = btmp(Shape{B, H, L, D}, DType::kF32, "cp grad_query (cat)");
                    gq = std::move(ngq);
                  }
+                 // else grad_query += grad_query_: in place
                }
-               // grad_query.to(query.dtype); dkv_rotater.next_buffer().to(key.dtype): grad_key and grad_value
-               // are views of that one buffer
+               // grad_query.to(query.dtype); next_grad_kv = dkv_rotater.next_buffer().to(key.dtype) (the sent cat
+               // released once the new buffer is made); grad_key and grad_value become views of that one buffer
                r[0] = eng.empty(Shape{B, H, L, D}, dt, Category::kBackward, lab);
                gq.reset();
-               sent_g.reset();
-               recv_held.reset();
+               rot_pending.reset();
                T dkv = eng.empty(Shape{kv_elems}, dt, Category::kBackward, lab);
+               ngkv.reset();
+               gk.reset();
+               gv.reset();
                r[1] = eng.view(dkv, Shape{B, Hk, L, D}, contiguous_strides(Shape{B, Hk, L, D}));
                r[2] = eng.view(dkv, Shape{B, Hk, L, D}, contiguous_strides(Shape{B, Hk, L, D}));
                return r;

@@ -2180,6 +2180,7 @@ SimResult simulate_once(const ModelSpec& m, const Inventory& inv, const TrainSet
   loop.c.liger_fused = s.loss == LossKind::kLigerFused;
   loop.c.logits_to_keep = s.logits_to_keep;
   loop.c.cp = s.cp;  // --cp: ring attention in sdpa() (the sequence is already the rank's: resolve_cp)
+  loop.c.cp_rank = s.cp_rank.value_or(0);
   loop.c.seed000_block_locals = o.loop == LoopKind::kSeed000;
   loop.opt_impl = resolve_optimizer_impl(s.optimizer, s.optimizer_impl, m.impl);
   // seed 003's layer-stack script runs no GradScaler

@@ -82,6 +82,7 @@ struct Ctx {
   // --cp N: torch's context_parallel over N ranks; the forward program runs at the rank's seq / N tokens and
   // sdpa() runs ring attention (cp.h, cp_attention.cc). 1: no context parallelism.
   uint64_t cp = 1;
+  uint64_t cp_rank = 0;  // the CP rank simulated (TrainSetup::cp_rank): which ring steps it runs (cp.h ring_steps)
   // The batch's other inputs, as a tokenizer and the Trainer's collator make them: token_type_ids (BERT's
   // encoders) and attention_mask (the encoders and T5), (B, T) int64 each, made with the batch. Null: not passed.
   const T* token_type_ids = nullptr;

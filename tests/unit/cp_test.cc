@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <tuple>
 
 #include "test_util.h"
 #include "trainmem/cp.h"
@@ -98,12 +99,52 @@ TEST(CpSim, ARankRunsTheModelAtSeqOverCpPlusOneOutputCopyPerLayer) {
   // output is a transposed (B, L, H, D) one; transformers' attn_output.transpose(1, 2).contiguous() is then a
   // copy, which o_proj saves: B x L x H x D x 2 bytes more per layer.
   const uint64_t layers = 2, B = 1, L = 64, H = 32, D = 64;
-  const Estimate cp = run(tiny(256, {{"cp", "4"}}));
+  const Estimate cp = run(tiny(256, {{"cp", "4"}, {"cp_rank", "0"}}));
   const Estimate local = run(tiny(64));
   EXPECT_EQ(cp.state.weights.value, local.state.weights.value);
   EXPECT_EQ(cp.state.gradients.value, local.state.gradients.value);
   EXPECT_EQ(cp.state.optimizer_state.value, local.state.optimizer_state.value);
   EXPECT_EQ(cp.peak.saved_activations.value, local.peak.saved_activations.value + layers * B * L * H * D * 2);
+  // The last rank's merges are all full ones (`i <= rank` for every step): `out - sigmoid(..) * (out - block_out)`
+  // takes its first operand's layout, the flash kernel's (B, L, H, D) from step 0 (torch 1.13 on CPU: the last
+  // rank's output has strides (L*H*D, D, H*D, 1), every other rank's are contiguous), so the transpose(1, 2)
+  // .contiguous() is a view and the rank saves what a T/N run saves.
+  EXPECT_EQ(run(tiny(256, {{"cp", "4"}, {"cp_rank", "3"}})).peak.saved_activations.value,
+            local.peak.saved_activations.value);
+  EXPECT_EQ(run(tiny(256, {{"cp", "4"}, {"cp_rank", "2"}})).peak.saved_activations.value,
+            cp.peak.saved_activations.value);
+}
+
+TEST(CpSim, EveryCpRankIsSimulatedAndTheWorstShown) {
+  // rank r's ring runs r steps of the whole query against half the received K/V and 3 - r of half the query
+  // against all of it: four different steps, each simulated; without a GPU the worst is the highest peak reserved
+  const Estimate e = run(tiny(256, {{"cp", "4"}, {"steps", "1"}}));
+  ASSERT_TRUE(e.cp.has_value());
+  ASSERT_EQ(e.cp->rows.size(), 4u);
+  uint64_t worst = 0;
+  for (uint64_t r = 0; r < 4; ++r) {
+    const CpFigures::Row& row = e.cp->rows[r];
+    EXPECT_EQ(row.rank, r);
+    const Estimate one = run(tiny(256, {{"cp", "4"}, {"steps", "1"}, {"cp_rank", std::to_string(r)}}));
+    EXPECT_FALSE(one.cp.has_value());  // a rank named: that rank alone
+    EXPECT_EQ(row.peak_allocated.value, one.memory.peak_allocated.value) << r;
+    EXPECT_EQ(row.peak_reserved.value, one.memory.peak_reserved.value) << r;
+    if (std::tie(row.peak_reserved.value, row.peak_allocated.value) >
+        std::tie(e.cp->rows[worst].peak_reserved.value, e.cp->rows[worst].peak_allocated.value)) {
+      worst = r;
+    }
+  }
+  EXPECT_EQ(e.cp->worst, worst);
+  EXPECT_EQ(e.setup.cp_rank.value_or(99), worst);  // the estimate around the rows is the worst rank's
+  EXPECT_EQ(e.memory.peak_reserved.value, e.cp->rows[worst].peak_reserved.value);
+}
+
+TEST(CpSim, TheCpRankIsTheInnerIndexOfFsdp2sFlattenedMesh) {
+  // accelerate's "dp_shard_cp" flattens (dp_shard, cp) row-major: data-parallel rank d's CP rank c is d x cp + c
+  const Estimate e = run(tiny(256, {{"cp", "2"}, {"dp", "2"}, {"sharding", "fsdp2"}, {"cp_rank", "1"}, {"steps", "1"}}));
+  ASSERT_TRUE(e.fsdp.has_value());
+  EXPECT_EQ(e.fsdp->options.ranks, 4u);
+  EXPECT_EQ(e.fsdp->options.rank, 1u);
 }
 
 TEST(CpSim, EachAttentionCallAllGathersTheWholeSequencesKeysAndValuesInForwardAndBackward) {
@@ -155,13 +196,15 @@ TEST(CpRefusals, WhatIsNotSimulatedIsRefusedWithTheField) {
       {tiny(100, {{"cp", "4"}}), "seq"},
       {tiny(256, {{"cp", "2"}, {"pp", "2"}}), "pp"},
       {tiny(256, {{"cp", "2"}, {"sharding", "fsdp1"}}), "sharding"},
-      // with FSDP2 over dp x cp (cpfsdp_test.cc): the other shardings, PP, CP ranks other than 0 (TP: cptp_test.cc)
+      // with FSDP2 over dp x cp (cpfsdp_test.cc): the other shardings, PP (TP: cptp_test.cc)
       {tiny(256, {{"cp", "4"}, {"dp", "2"}, {"sharding", "fsdp1"}}), "sharding"},  // accelerate: FSDP2 only
       {tiny(256, {{"cp", "4"}, {"dp", "2"}, {"sharding", "zero2"}}), "sharding"},
       {tiny(256, {{"cp", "4"}, {"dp", "2"}, {"sharding", "zero3"}}), "sharding"},
       {tiny(256, {{"cp", "4"}, {"dp", "2"}, {"sharding", "ddp"}}), "sharding"},    // pure replicate
       {tiny(256, {{"cp", "2"}, {"pp", "2"}, {"dp", "2"}, {"sharding", "fsdp2"}}), "pp"},
       {tiny(256, {{"cp", "2"}, {"sharding", "fsdp2"}, {"dp_rank", "1"}}), "dp_rank"},
+      {tiny(256, {{"cp", "4"}, {"cp_rank", "4"}}), "cp_rank"},  // ranks 0 to 3
+      {tiny(256, {{"cp_rank", "1"}}), "cp_rank"},               // without --cp
       {tiny(256, {{"cp", "4"}, {"gpus", "6xh100-80gb"}}), "gpus"},
       {testing::scenario_of("gpt2", {{"overrides", "n_layer=2"}, {"seq", "64"}, {"cp", "2"}}), "cp"},
   };

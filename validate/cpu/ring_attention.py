@@ -1,10 +1,11 @@
-"""The CPU oracle for trainmem --cp N: one ring-attention call on CP rank 0, forward and backward, in real PyTorch.
+"""The CPU oracle for trainmem --cp N: one ring-attention call on every CP rank, forward and backward, in real PyTorch.
 
 torch 1.13 cannot run torch 2.9's context_parallel (no DTensor SDPA dispatch, no flash kernel on CPU), but the
 rank-local computation can run: this file transliterates the forward of
 torch/distributed/tensor/experimental/_context_parallel/_attention.py `_templated_ring_attention` (load
 balancing on, is_causal=True, `_AllGatherRotater`, `_SDPAMerger` with convert_to_f32=True) line by line for
-rank 0, with two stand-ins:
+any rank (rank r runs r steps of the whole query against the first half of the received K/V, then the second
+half of the query against all of it), with two stand-ins:
   * the all-gather (ft_c.all_gather_tensor(curr_buffer, gather_dim=0)) is a torch.cat of `size` copies of the
     sent buffer: one new 1-D tensor of size x numel, as the collective's output. The sent buffer is kept alive
     until the first next_buffer() (the wait), as trainmem assumes the functional collective holds its input
@@ -17,7 +18,7 @@ measure.py's storage registry (a TorchDispatchMode holding C++ weak references) 
 
 Compared, exactly: the peak of live bytes during the call above the live bytes before it, and the bytes the
 call leaves alive (its output and logsumexp), against `trainmem timeline --by event --format json` over
-layer 0's ring-attention call. The backward (_templated_ring_attention_backward: float32 accumulators, the K/V
+layer 0's ring-attention call, for every rank of each row (`--cp-rank r`). The backward (_templated_ring_attention_backward: float32 accumulators, the K/V
 all-gather again, the K/V gradients by _AllToAllRotater, whose permute_tensor is a torch.empty_like stand-in)
 is transliterated the same way with the flash backward's stand-in returning empty_like(q, k, v); its peak is
 compared without the kernel-internal scratch trainmem adds inside each flash backward (softmax_d, dq_accum,
@@ -298,17 +299,19 @@ def oracle(B, H, Hk, L, D, size, rank=0):
     return max([base] + reg.samples) - base, end - base
 
 
-def _timeline_rows(exe, seq, cp, tp=1):
-    """trainmem's event rows for one step of a one-layer TinyLlama at --seq seq --cp cp (--tp tp: TP rank 0)."""
+def _timeline_rows(exe, seq, cp, tp=1, rank=0):
+    """trainmem's event rows for one step of a one-layer TinyLlama at --seq seq --cp cp --cp-rank rank (--tp tp:
+    TP rank 0)."""
     args = [exe, "timeline", "--model", "tinyllama-1.1b", "--set", "num_hidden_layers=1", "--batch", "1",
-            "--seq", str(seq), "--cp", str(cp), "--steps", "1", "--by", "event", "--format", "json"]
+            "--seq", str(seq), "--cp", str(cp), "--cp-rank", str(rank), "--steps", "1", "--by", "event",
+            "--format", "json"]
     if tp > 1:
         args += ["--tp", str(tp)]
     return json.loads(subprocess.run(args, check=True, capture_output=True, text=True).stdout)["rows"]
 
 
-def trainmem_call(exe, seq, cp, tp=1):
-    rows = _timeline_rows(exe, seq, cp, tp)
+def trainmem_call(exe, seq, cp, tp=1, rank=0):
+    rows = _timeline_rows(exe, seq, cp, tp, rank)
     # the call's first allocation: key.contiguous()'s copy, or with one KV head (tp 4: a (B, 1, L, D) transpose is
     # contiguous, torch returns it as it is) the first K/V cat
     first = next(i for i, r in enumerate(rows) if r["tensor"].startswith("model.layers.0 cp "))
@@ -325,10 +328,10 @@ def trainmem_call(exe, seq, cp, tp=1):
 KERNEL_INTERNAL = ("flash softmax_d", "flash dq_accum", "flash dk_expanded", "flash dv_expanded")
 
 
-def trainmem_backward_call(exe, seq, cp, tp=1):
+def trainmem_backward_call(exe, seq, cp, tp=1, rank=0):
     """The peak of live bytes over layer 0's ring-attention backward node above those before it, without the
     kernel-internal scratch: from the node's first allocation to its last (the returned dk/dv buffer)."""
-    rows = _timeline_rows(exe, seq, cp, tp)
+    rows = _timeline_rows(exe, seq, cp, tp, rank)
     first = next(i for i, r in enumerate(rows) if r["tensor"] == "model.layers.0 cp grad_query fp32")
     # the node's returned gradients come after its last named allocation: dq, then the one dk/dv buffer
     last = max(i for i, r in enumerate(rows) if r["phase"] == "backward" and r["tensor"].startswith("model.layers.0 cp "))
@@ -356,22 +359,25 @@ def main(argv=None):
     # the call's q, k, v are TP rank 0's plain local tensors of 32/T and 4/T heads (tp.h), so torch's ring runs on
     # those: the oracle is the same transliteration with the local head counts
     rows = ((256, 2, 1), (256, 4, 1), (512, 8, 1), (256, 2, 2), (512, 4, 4))
+    checks = 0
     for seq, cp, tp in rows:
         L = seq // cp
         H, Hk = 32 // tp, 4 // tp
-        tag = f"seq {seq} cp {cp}" + (f" tp {tp}" if tp > 1 else "")
-        want = oracle(1, H, Hk, L, 64, cp)
-        got = trainmem_call(a.trainmem, seq, cp, tp)
-        ok = want == got
-        failures += not ok
-        print(f"{'ok ' if ok else 'BAD'} {tag}: torch peak/left {want[0]:,}/{want[1]:,} B, "
-              f"trainmem {got[0]:,}/{got[1]:,} B")
-        want_b = oracle_backward(1, H, Hk, L, 64, cp)
-        got_b = trainmem_backward_call(a.trainmem, seq, cp, tp)
-        ok = want_b == got_b
-        failures += not ok
-        print(f"{'ok ' if ok else 'BAD'} {tag} backward: torch peak {want_b:,} B, trainmem {got_b:,} B")
-    print(f"{2 * len(rows) - failures} passed, {failures} failed")
+        for rank in range(cp):
+            tag = f"seq {seq} cp {cp}" + (f" tp {tp}" if tp > 1 else "") + f" rank {rank}"
+            want = oracle(1, H, Hk, L, 64, cp, rank)
+            got = trainmem_call(a.trainmem, seq, cp, tp, rank)
+            ok = want == got
+            failures += not ok
+            print(f"{'ok ' if ok else 'BAD'} {tag}: torch peak/left {want[0]:,}/{want[1]:,} B, "
+                  f"trainmem {got[0]:,}/{got[1]:,} B")
+            want_b = oracle_backward(1, H, Hk, L, 64, cp, rank)
+            got_b = trainmem_backward_call(a.trainmem, seq, cp, tp, rank)
+            ok = want_b == got_b
+            failures += not ok
+            print(f"{'ok ' if ok else 'BAD'} {tag} backward: torch peak {want_b:,} B, trainmem {got_b:,} B")
+            checks += 2
+    print(f"{checks - failures} passed, {failures} failed")
     return 1 if failures else 0
 
 

@@ -283,10 +283,12 @@ void validate_setup(const ModelSpec& m, const TrainSetup& s) {
   if (s.dp > 1 && s.dp_rank && *s.dp_rank >= s.dp) {
     throw FieldError("dp_rank", fmt::format("{}: the data-parallel group has ranks 0 to {}", *s.dp_rank, s.dp - 1));
   }
-  // --cp-rank (resolve() refuses it without --cp above 1)
-  if (s.cp_rank && *s.cp_rank >= std::max<uint64_t>(s.cp, 1)) {
-    throw FieldError("cp_rank", fmt::format("{}: the context-parallel group has ranks 0 to {}", *s.cp_rank,
-                                            std::max<uint64_t>(s.cp, 1) - 1));
+  // --cp-rank
+  if (s.cp_rank && s.cp <= 1) {
+    throw FieldError("cp_rank", fmt::format("{}: a context-parallel rank; it applies with --cp above 1", *s.cp_rank));
+  }
+  if (s.cp_rank && *s.cp_rank >= s.cp) {
+    throw FieldError("cp_rank", fmt::format("{}: the context-parallel group has ranks 0 to {}", *s.cp_rank, s.cp - 1));
   }
   if (s.optimizer == Optimizer::kNone && s.optimizer_impl != OptimizerImpl::kAuto) {
     throw FieldError("optimizer_impl", fmt::format("{}: there is no optimizer (the optimizer is none)",

@@ -1211,10 +1211,7 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
   }
   if (s.train.task == Task::kInference) resolve_inference(s, r);
   if (r.setup.cp > 1) resolve_cp(s, r);  // --cp N: the rank's sequence (cp.h)
-  if (s.train.cp_rank && r.setup.cp <= 1) {
-    throw FieldError("cp_rank", fmt::format("{}: a context-parallel rank; it applies with --cp above 1", *s.train.cp_rank));
-  }
-  // (its range: validate_setup)
+  // (--cp-rank: validate_setup)
   // The data-parallel settings shape a rank's buckets: with one process there are none, so a setting given
   // without --dp above 1 would change nothing (refused, not ignored)
   if (r.setup.dp <= 1) {

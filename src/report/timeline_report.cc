@@ -303,6 +303,10 @@ std::string render_timeline_table(const Estimate& e, const TimelineOptions& o, c
                         f->virtual_stages > 1 ? fmt::format(", {} stages per rank", f->virtual_stages) : "",
                         f->micro_batches, f->shown == f->worst ? ", the worst" : " (--rank)", f->worst);
   }
+  if (e.setup.cp > 1) {  // --cp: whose step this is (every CP rank simulated without --cp-rank: the worst)
+    head += fmt::format("CP rank {} of {} (seq {} of {}){}\n", e.setup.cp_rank.value_or(0), e.setup.cp, s.seq,
+                        e.setup.cp_seq, e.cp ? fmt::format(", the worst of the {} simulated", e.setup.cp) : " (--cp-rank)");
+  }
   if (e.device) {
     foot += '\n';
     foot += render_verdict(*e.device, nullptr);

@@ -149,7 +149,8 @@ uint64_t hsdp_shard_degree(const TrainSetup& s) {
 }
 
 bool torchtitan_fsdp2(const TrainSetup& s) {
-  return s.dp > 1 && s.sharding == Sharding::kFsdp2 && (s.pp > 1 || s.sequence_parallel);
+  // (the mesh is dp x cp: torchtitan shards over the CP ranks too, also with one data-parallel rank)
+  return fsdp2_mesh_ranks(s) > 1 && s.sharding == Sharding::kFsdp2 && (s.pp > 1 || s.sequence_parallel);
 }
 
 uint64_t hsdp_node_shard_degree(uint64_t dp, uint64_t tp, uint64_t cp, uint64_t gpus_per_node) {
@@ -424,7 +425,7 @@ std::vector<FsdpUnit> fsdp_units(const ModelSpec& m, const Inventory& inv, const
 // torchtitan/models/llama3/infra/parallelize.py parallelize_llama / apply_fsdp, torchtitan/config/job_config.py
 // Training.dtype / mixed_precision_param / mixed_precision_reduce and Parallelism.fsdp_reshard_after_forward.
 FsdpOptions fsdp_torchtitan_pp_options(uint64_t dp) {
-  if (dp < 2) throw Error("internal: torchtitan's FSDP2 policy needs a data-parallel mesh of 2 or more ranks");
+  if (dp < 2) throw Error("internal: torchtitan's FSDP2 policy needs a mesh of 2 or more ranks");
   FsdpOptions f;
   f.on = true;
   f.ranks = dp;
@@ -458,7 +459,7 @@ FsdpOptions torchtitan_policy_over(const FsdpOptions& mesh, uint64_t dp) {
 }  // namespace
 
 FsdpOptions resolve_pp_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop, TorchVersion torch) {
-  if (s.reshard_after_forward && s.dp > 1 && s.sharding == Sharding::kFsdp2) {
+  if (s.reshard_after_forward && fsdp2_mesh_ranks(s) > 1 && s.sharding == Sharding::kFsdp2) {
     // torchtitan's parallelism.fsdp_reshard_after_forward "always" / "never" are other programs under a pipeline
     // (an all-gather per micro-batch); its "default" (False under PP) is the one simulated
     throw FieldError("reshard_after_forward", "under --pp, FSDP2 is simulated with torchtitan's default policy only "
@@ -474,7 +475,7 @@ FsdpOptions resolve_pp_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind lo
                                               "\"float32\" with mixed_precision_param bfloat16 applied by "
                                               "fully_shard: use --precision fp32", precision_name(s.precision)));
   }
-  return torchtitan_policy_over(checked, s.dp);
+  return torchtitan_policy_over(checked, fsdp2_mesh_ranks(s));
 }
 
 namespace {
@@ -549,7 +550,7 @@ FsdpOptions resolve_sp_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind lo
                                               "mixed_precision_param bfloat16 applied by fully_shard: use --precision fp32",
                                               precision_name(s.precision)));
   }
-  FsdpOptions f = torchtitan_policy_over(checked, s.dp);  // the dtypes (the same policy)
+  FsdpOptions f = torchtitan_policy_over(checked, fsdp2_mesh_ranks(s));  // the dtypes (the same policy)
   // apply_fsdp: policy "default" -> reshard_after_forward = not pp_enabled (True) on the embedding and each block;
   // "never" (--reshard-after-forward false) -> False. The tail's `reshard_after_forward_policy == "always"` is
   // False under both (fsdp_units gives the tail False); "always" (the tail too) is not simulated

@@ -378,7 +378,7 @@ void check_pipeline(const ModelSpec& m, const TrainSetup& s, LoopKind loop, Torc
   // fsdp_stage_units), its hooks run per micro-batch in the schedule's order (src/sim/fsdp.cc pp_*)
   // interleaved-1f1b: pipeline_llm applies apply_fsdp to each model part, one FSDP root per stage module with its
   // own streams (loop.cc pp_fsdp, fsdp.h fsdp_stage_roots), each reduce-scattered after its own last backward
-  if (s.dp > 1 && s.sharding == Sharding::kFsdp2 && multi && s.pp_virtual_stages > kFsdpExtraRoots + 1) {
+  if (fsdp2_mesh_ranks(s) > 1 && s.sharding == Sharding::kFsdp2 && multi && s.pp_virtual_stages > kFsdpExtraRoots + 1) {
     throw FieldError("pp_virtual_stages",
                      fmt::format("{} with --sharding fsdp2: expected at most {} (each stage module is an FSDP root with "
                                  "its own streams' allocator pools, and {} are simulated per rank)",

@@ -686,6 +686,9 @@ PlanResult Planner::run() {
         // (70B on 64 GPUs: two fitting setups lost to it; under a pipeline, which resolve_cp refuses with CP, their
         // compute class's reference, simulated without the pipeline, would too)
         if (cp > 1 && tp > 1 && !(given("cp") && given("tp"))) continue;
+        // pipeline x context parallel layouts (torchtitan's, simulated under FSDP2: resolve_cp) likewise only when
+        // --cp and --pp are both given: each is every pipeline rank's every CP rank, without the pipeline's memo
+        if (cp > 1 && pp > 1 && !(given("cp") && given("pp"))) continue;
         const uint64_t dp = n / tp / pp / cp;
         std::vector<Sharding> shardings = {Sharding::kDdp};
         if (dp > 1 && given("sharding")) shardings = {user.train.sharding};
@@ -720,7 +723,9 @@ PlanResult Planner::run() {
           const bool zero = PlanSetup{.dp = dp, .sharding = sh}.deepspeed();
           // torchtitan's FSDP2 and its precision policy: under a pipeline (the only sharding there) and over the
           // TP + SP model (resolve_sp_fsdp)
-          const bool titan = dp > 1 && (pp > 1 || (user.train.sequence_parallel && sh == Sharding::kFsdp2));
+          // (with --cp, torchtitan's FSDP2 shards over the CP ranks also with one data-parallel rank)
+          const bool titan = (dp > 1 || (cp > 1 && sh == Sharding::kFsdp2)) &&
+                             (pp > 1 || (user.train.sequence_parallel && sh == Sharding::kFsdp2));
           for (Precision pr : given("precision") ? std::vector<Precision>{given_precision(user.train.precision, zero, titan)}
                                                  : precision_choices(zero, titan, pp)) {
             for (Checkpointing ck : ckpts) {

@@ -902,7 +902,23 @@ void resolve_cp(const Scenario& s, ResolvedScenario& r) {
     refuse("dp", "accelerate refuses context parallel with pure data parallelism (ParallelismConfig); FSDP2 "
                  "sharded over dp x cp is simulated: add --sharding fsdp2");
   }
-  if (r.setup.pp > 1) refuse("pp", "pipeline parallelism composed with context parallelism is not simulated yet");
+  // --pp P: torchtitan's 4-D layout. Its train step runs the pipeline schedule inside the context-parallel
+  // context (train.py: `with self.train_context(optional_context_parallel_ctx): ... self.pp_schedule.step(...)`,
+  // create_context_parallel_ctx sharding inputs and labels on the sequence dim), so every stage's SDPA is the ring
+  // (the same _templated_ring_attention) on the rank's seq / N tokens, micro-batch after micro-batch. torchtitan
+  // shards the model whenever CP is on (parallel_dims.py: `fsdp_enabled = dp_shard_enabled or cp_enabled`, FSDP2
+  // over the flattened dp_shard x cp mesh), and its TP is TP + SP (apply_tp's SequenceParallel norms), which CP does
+  // not compose with here.
+  if (r.setup.pp > 1) {
+    if (!fsdp2) {
+      refuse("pp", "torchtitan shards the model over dp_shard x cp whenever context parallel is on (ParallelDims."
+                   "fsdp_enabled: dp_shard_enabled or cp_enabled): add --sharding fsdp2");
+    }
+    if (r.setup.tp > 1) {
+      refuse("tp", "under --pp with context parallel, torchtitan's tensor parallelism is TP + SP (apply_tp), which is "
+                   "not simulated with context parallel");
+    }
+  }
   // --tp T (tp.h; check_tp_setup's rules, sequence parallelism refused by check_sp_setup): CP x TP as accelerate
   // runs it (16cb6eb examples/torch_native_parallelism/nd_parallel.py: ParallelismConfig(dp_shard_size, tp_size,
   // cp_size), from_pretrained(tp_plan="auto", device_mesh=accelerator.torch_device_mesh), whose "tp" dimension
@@ -947,6 +963,12 @@ void resolve_cp(const Scenario& s, ResolvedScenario& r) {
         n, r.setup.tp, r.setup.dp, n, r.setup.tp, r.setup.dp, n, r.setup.tp,
         checked_mul(checked_mul(r.setup.dp, n, "dp x cp"), r.setup.tp, "dp x cp x tp"),
         checked_mul(r.setup.dp, n, "dp x cp"), n, r.model.attn.heads));
+  } else if (fsdp2 && r.setup.pp > 1) {
+    r.warnings.push_back(fmt::format(
+        "--cp {} --pp {} --sharding fsdp2: simulated as torchtitan's layout of context_parallel around the pipeline "
+        "schedule (every stage's SDPA the ring, at --seq / {} tokens) and apply_fsdp on each stage over the "
+        "flattened dp_shard x cp mesh ({} x {} = {} ranks)",
+        n, r.setup.pp, n, r.setup.dp, n, checked_mul(r.setup.dp, n, "dp x cp")));
   } else if (fsdp2) {
     r.warnings.push_back(fmt::format(
         "--cp {} --sharding fsdp2: one rank of FSDP2 over the flattened dp_shard x cp mesh ({} x {} = {} ranks: "
@@ -1046,23 +1068,20 @@ void check_tp_setup(const Scenario& s, const ResolvedScenario& r) {
   // runs: accelerate's ParallelismConfig.__post_init__ raises "Tensor/Context parallelism (tp/cp_size > 1) cannot
   // be used with pure data parallelism (dp_replicate_size > 1 and dp_shard_size == 1)", torchtitan's
   // parallelize_llama "DDP has not supported > 1D parallelism". FSDP1 and ZeRO over it are not simulated.
-  if (r.setup.dp > 1 && t.sharding == Sharding::kDdp) {
-    const bool gpus = !s.gpus.empty();
-    throw FieldError(gpus ? "gpus" : "dp",
-                     fmt::format("{}: {} data-parallel ranks of --tp {} GPUs each, replicated by DDP: accelerate "
-                                 "refuses tensor parallelism with pure data parallelism (ParallelismConfig: \"cannot "
-                                 "be used with pure data parallelism\") and torchtitan DDP with any other parallelism "
-                                 "(\"DDP has not supported > 1D parallelism\"); both shard instead: --sharding fsdp2 ({})",
-                                 gpus ? s.gpus : std::to_string(r.setup.dp), r.setup.dp, t.tp,
-                                 t.sequence_parallel ? "torchtitan's apply_fsdp over its TP + SP plan"
-                                                     : "accelerate's ParallelismConfig(tp_size, dp_shard_size)"));
-  }
   if (r.setup.dp > 1 && t.sharding != Sharding::kFsdp2) {
     const bool gpus = !s.gpus.empty();
+    const std::string why =
+        t.sharding == Sharding::kDdp
+            ? "replicated by DDP: accelerate refuses tensor parallelism with pure data parallelism (ParallelismConfig: "
+              "\"cannot be used with pure data parallelism\") and torchtitan DDP with any other parallelism (\"DDP has "
+              "not supported > 1D parallelism\"); both shard instead"
+            : fmt::format("; tensor parallelism composed with data parallelism by {} over the TP-local model is not "
+                          "simulated yet; what is",
+                          name_of(t.sharding));
     throw FieldError(gpus ? "gpus" : "dp",
-                     fmt::format("{}: {} data-parallel ranks of --tp {} GPUs each; tensor parallelism composed with "
-                                 "data parallelism by {} over the TP-local model is not simulated yet; --sharding fsdp2 ({}) is",
-                                 gpus ? s.gpus : std::to_string(r.setup.dp), r.setup.dp, t.tp, name_of(t.sharding),
+                     fmt::format("{}: {} data-parallel ranks of --tp {} GPUs each{}{}: --sharding fsdp2 ({})",
+                                 gpus ? s.gpus : std::to_string(r.setup.dp), r.setup.dp, t.tp,
+                                 t.sharding == Sharding::kDdp ? ", " : "", why,
                                  t.sequence_parallel ? "torchtitan's apply_fsdp over its TP + SP plan"
                                                      : "accelerate's ParallelismConfig(tp_size, dp_shard_size)"));
   }

@@ -201,7 +201,8 @@ TEST(CpRefusals, WhatIsNotSimulatedIsRefusedWithTheField) {
       {tiny(256, {{"cp", "4"}, {"dp", "2"}, {"sharding", "zero2"}}), "sharding"},
       {tiny(256, {{"cp", "4"}, {"dp", "2"}, {"sharding", "zero3"}}), "sharding"},
       {tiny(256, {{"cp", "4"}, {"dp", "2"}, {"sharding", "ddp"}}), "sharding"},    // pure replicate
-      {tiny(256, {{"cp", "2"}, {"pp", "2"}, {"dp", "2"}, {"sharding", "fsdp2"}}), "pp"},
+      {tiny(256, {{"cp", "2"}, {"pp", "2"}, {"dp", "2"}, {"sharding", "fsdp2"}, {"tp", "2"}, {"precision", "fp32"}}),
+       "tp"},  // torchtitan's TP under a pipeline is TP + SP
       {tiny(256, {{"cp", "2"}, {"sharding", "fsdp2"}, {"dp_rank", "1"}}), "dp_rank"},
       {tiny(256, {{"cp", "4"}, {"cp_rank", "4"}}), "cp_rank"},  // ranks 0 to 3
       {tiny(256, {{"cp_rank", "1"}}), "cp_rank"},               // without --cp

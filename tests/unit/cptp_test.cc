@@ -30,8 +30,12 @@ using testing::run;
 
 // TinyLlama's shapes (hidden 2048, 32 heads and 4 KV heads of 64, intermediate 5632, vocabulary 32000), two
 // layers, batch 1, bf16 autocast (SDPA's flash kernel), as cp_test.cc runs them.
+// With --cp above 1, CP rank 0 (--cp-rank 0): the derivations here are rank 0's ring (the other ranks, and the
+// choice of the worst, are cp_test.cc's).
 Scenario tiny(uint64_t seq, std::initializer_list<std::pair<const char*, std::string>> extra = {}) {
-  return testing::tiny_llama(seq, extra);
+  Scenario s = testing::tiny_llama(seq, extra);
+  if (s.train.cp > 1 && !s.train.cp_rank) set_field(s, "cp_rank", "0");
+  return s;
 }
 
 using Ev = std::tuple<int, std::string, uint64_t>;  // (event kind, label, bytes)

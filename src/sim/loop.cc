@@ -1873,9 +1873,9 @@ struct Loop {
   // --- Memoized pipeline actions (memo.h): what the loop tells ActionMemo ---------------------------------
   std::unique_ptr<ActionMemo> memo;
   std::vector<uint64_t> memo_roles_all;  // every receive buffer's and every step's batch storages
-  // Memoization's argument (memo.h rule 1) covers the pipeline with or without FSDP2, tensor and sequence
+  // Memoization's argument (memo.h rule 1) covers the pipeline with or without FSDP2, tensor, sequence and context
   // parallelism, and checkpointing; not the gradient and module hooks of DDP, ZeRO, FSDP1 or the optimizer in
-  // backward, LoRA, 4-bit weights, context parallelism or the encoders' extra inputs: there every action runs.
+  // backward, LoRA, 4-bit weights or the encoders' extra inputs: there every action runs.
   // A later stage's input gradient goes to its chunk (PpChunk::input_grad) and then to pp_input_grads, a per-step
   // list, in the backward's own action (an escape, memo.h rule 3).
   // Not a later stage under PyTorch 2.10 and later: its backward hands the input gradient to PpLocal::sending, a
@@ -1885,7 +1885,7 @@ struct Loop {
     for (const PpStagePart& part : o.pp.parts) sends = sends || !part.embeddings;
     sends = sends && e.runtime().pp_stage_backward_releases_input_grads;
     return o.memo && o.pp.on && !sends && !ddp.on && !zopt.on && !z3 && !fsdp1 && !e.post_accumulate_grad &&
-           !e.pre_node && !c.module_done && !w.on_use && c.cp == 1 && c.lora.by_base_row.empty() &&
+           !e.pre_node && !c.module_done && !w.on_use && c.lora.by_base_row.empty() &&
            c.quant.dims_by_row.empty() && !c.kv && !c.position_ids && !c.token_type_ids && !c.attention_mask &&
            !s.optimizer_in_backward;
   }

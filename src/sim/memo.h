@@ -26,8 +26,9 @@
 //    and no template changes a handle).
 //    Not covered, so every action is simulated (Loop::memo_allowed): gradient hooks that read more (DDP's Reducer,
 //    DeepSpeed ZeRO's, FSDP1's, the optimizer in backward), ZeRO-3's parameter-use and pre-node hooks, LoRA,
-//    4-bit weights, context parallelism, the encoders' extra inputs, and a later stage under PyTorch 2.10 and
-//    later (its backward leaves its input's gradient in a per-stage handle, PpLocal::sending).
+//    4-bit weights, the encoders' extra inputs, and a later stage under PyTorch 2.10 and later (its backward
+//    leaves its input's gradient in a per-stage handle, PpLocal::sending). Context parallelism is covered: the
+//    ring's buffers are the SDPA call's own, allocated and freed inside it, and its node saves what flash's does.
 // 2. What an action writes, and how a replay writes the same. Events: the template's, read from the timeline
 //    (never changed once written), with their step and micro-batch set and each storage id renamed: an id the
 //    template's action allocated is its offset in that action's range of new ids (ids are handed out in order,

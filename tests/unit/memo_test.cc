@@ -188,6 +188,16 @@ TEST(Memo, TpPpFsdp2SelectiveCheckpointing) {
               2});
 }
 
+// Context parallel around the pipeline (torchtitan's): every SDPA the ring, whose buffers are the action's own;
+// the whole estimate simulates both CP ranks, the per-rank check runs CP rank 0.
+TEST(Memo, OneFOneBWithFsdp2AndContextParallel) {
+  check_case({"1f1b fsdp2 cp2", [](TrainSetup& s) {
+                pp_fsdp(s, 2, 6, 2);
+                s.cp = 2;
+                s.cp_seq = 2 * s.seq;  // the rank's seq / cp tokens are the setup's seq (resolve_cp)
+              }});
+}
+
 TEST(Memo, HsdpGradAccum) {
   check_case({"hsdp", [](TrainSetup& s) {
                 pp_fsdp(s, 2, 6, 4);

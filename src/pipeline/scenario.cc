@@ -929,9 +929,6 @@ void resolve_cp(const Scenario& s, ResolvedScenario& r) {
   // tensors (transformers' tensor_parallel.py collectives are autograd Functions on local tensors), so the ring runs
   // over the local heads (cp_attention.cc takes them from the shapes) and every other op is plain TP's at seq / cp
   // tokens. The rank simulated is TP rank 0, and each CP rank in turn (estimate_cp_ranks) or --cp-rank's.
-  if (r.setup.checkpointing == Checkpointing::kSelective) {
-    refuse("checkpointing", "selective checkpointing of the ring-attention op is not simulated (none and full are)");
-  }
   if (r.setup.loss == LossKind::kChunked) {
     refuse("loss", "torchtune's chunked loss is not a transformers/accelerate loss; use ce or liger-fused");
   }

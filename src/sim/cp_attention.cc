@@ -58,7 +58,12 @@ T ring_sdpa(Ctx& c, const T& q, const T& k, const T& v, bool has_mask, double dr
   for (size_t i = 0; i < steps.size(); ++i) ring_pairs = detail::sat_add(ring_pairs, step_pairs(i));
 
   T out, lse;
-  {
+  // Selective checkpointing (torchtitan's op-level SAC): context_parallel routes F.scaled_dot_product_attention's
+  // inputs to DTensors, so the op the policy's dispatch mode sees is aten._scaled_dot_product_flash_attention
+  // itself, on the save list; the ring runs inside it, under the DTensor handler, with the mode off (a mode's
+  // func runs with the mode popped). So the frame keeps the ring's merged output and logsumexp, and the recompute
+  // in backward takes them without running the ring again (Engine::sac_op, as sdpa()'s flash call).
+  c.e.sac_op(SacOp::kSdpa, {&out, &lse}, [&] {
     // key = key.contiguous(); value = value.contiguous()
     T kc = is_contiguous(k.shape(), k->strides) ? T() : tmp(k.shape(), dt, "cp key contiguous");
     T vc = is_contiguous(v.shape(), v->strides) ? T() : tmp(v.shape(), dt, "cp value contiguous");
@@ -156,7 +161,7 @@ T ring_sdpa(Ctx& c, const T& q, const T& k, const T& v, bool has_mask, double dr
     lse = std::move(acc_lse);
     // leaving _templated_ring_attention frees the merger's float32 output, the last step's out and
     // logsumexp, the gathered K/V (the rotater) and the contiguous copies
-  }
+  });
   const uint64_t gqa_heads = H;
   c.e.record("ScaledDotProductFlashAttentionBackward0 (ring)", {&q, &k, &v}, {&out}, Saved{q, k, v, out, lse},
              [n, rank, B, H, L, D, Hk, dt, kv_elems, gqa_heads, ring_pairs](Engine& eng, Node& nd, Grads& g) {

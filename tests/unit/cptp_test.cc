@@ -324,7 +324,6 @@ TEST(CpTpRefusals, TheOtherRefusalsStand) {
       {tiny(256, {{"cp", "2"}, {"tp", "2"}, {"sequence_parallel", "true"}}), "cp"},  // check_sp_setup
       {tiny(256, {{"cp", "2"}, {"tp", "2"}, {"pp", "2"}}), "pp"},
       {tiny(256, {{"cp", "2"}, {"tp", "2"}, {"dp", "2"}}), "dp"},  // check_tp_setup: DDP over TP
-      {tiny(256, {{"cp", "2"}, {"tp", "2"}, {"checkpointing", "selective"}}), "checkpointing"},
       {tiny(256, {{"cp", "2"}, {"tp", "2"}, {"attention", "eager"}}), "attention"},
       {tiny(256, {{"cp", "2"}, {"tp", "2"}, {"sharding", "zero2"}, {"dp", "2"}}), "dp"},
       {tiny(256, {{"cp", "2"}, {"tp", "2"}, {"task", "inference"}}), "task"},

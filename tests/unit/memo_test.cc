@@ -189,13 +189,17 @@ TEST(Memo, TpPpFsdp2SelectiveCheckpointing) {
 }
 
 // Context parallel around the pipeline (torchtitan's): every SDPA the ring, whose buffers are the action's own;
-// the whole estimate simulates both CP ranks, the per-rank check runs CP rank 0.
+// the whole estimate simulates both CP ranks, the per-rank check runs CP rank 0. With and without selective
+// checkpointing (whose frame keeps the ring's outputs).
 TEST(Memo, OneFOneBWithFsdp2AndContextParallel) {
-  check_case({"1f1b fsdp2 cp2", [](TrainSetup& s) {
-                pp_fsdp(s, 2, 6, 2);
-                s.cp = 2;
-                s.cp_seq = 2 * s.seq;  // the rank's seq / cp tokens are the setup's seq (resolve_cp)
-              }});
+  for (Checkpointing ck : {Checkpointing::kNone, Checkpointing::kSelective}) {
+    check_case({"1f1b fsdp2 cp2", [ck](TrainSetup& s) {
+                  pp_fsdp(s, 2, 6, 2);
+                  s.cp = 2;
+                  s.cp_seq = 2 * s.seq;  // the rank's seq / cp tokens are the setup's seq (resolve_cp)
+                  s.checkpointing = ck;
+                }});
+  }
 }
 
 TEST(Memo, HsdpGradAccum) {

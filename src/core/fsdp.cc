@@ -210,13 +210,13 @@ FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop,
                    "run lm_head outside the tail unit's hooks");
   }
   // PEFT LoRA (fsdp_units, fsdp_unit_buffers, src/sim/fsdp.cc): simulated as the Trainer runs it with accelerate's
-  // FSDP2 over the PeftModel; under a pipeline, the TP + SP model or context parallelism (torchtitan's policies, the
-  // flattened CP mesh) it is not. (--tp is refused with LoRA before this; --quantize by refuse_under_accelerate_fsdp.)
-  if (s.lora.on && (s.pp > 1 || s.sequence_parallel || s.cp > 1)) {
-    refuse("lora", fmt::format("LoRA under FSDP2 is simulated for accelerate's data-parallel mesh (--dp, HSDP's "
-                               "--dp-shard), not with {}", s.pp > 1 ? "--pp (torchtitan's policy)"
-                                                           : s.sequence_parallel ? "--sequence-parallel (torchtitan's policy)"
-                                                                                 : "--cp"));
+  // FSDP2 over the PeftModel, on the data-parallel mesh or, with --cp, the flattened dp_shard x cp one (accelerate
+  // shards the PeftModel over fsdp_dim_names as any model: the same units over more ranks); under a pipeline or
+  // the TP + SP model (torchtitan's policies, which wrap no PeftModel) it is not. (--tp is refused with LoRA before
+  // this; --quantize by refuse_under_accelerate_fsdp.)
+  if (s.lora.on && (s.pp > 1 || s.sequence_parallel)) {
+    refuse("lora", fmt::format("LoRA under FSDP2 is simulated for accelerate's mesh (--dp, HSDP's --dp-shard, --cp), "
+                               "not with {}", s.pp > 1 ? "--pp (torchtitan's policy)" : "--sequence-parallel (torchtitan's policy)"));
   }
   // --input-require-grads (enable_input_require_grads, PEFT's default with checkpointing): its forward hook on the
   // input embeddings, registered before fully_shard, runs before the embedding unit's _post_forward, so the

@@ -124,6 +124,26 @@ TEST(CpFsdpSim, StatesAreFsdpOverDpTimesCpAndActivationsTheCpRanks) {
   EXPECT_EQ(cf.peak.saved_activations.value, local.peak.saved_activations.value + 2ull * 1 * 64 * 32 * 64 * 2);
 }
 
+// PEFT LoRA under accelerate's FSDP2 with --cp: the PeftModel sharded over the flattened dp_shard x cp mesh like any
+// model. Its FSDP2 states and buffers are, byte for byte, those of LoRA under FSDP2 over as many data-parallel ranks,
+// and its steady state and saved activations that rank's at --seq / N: the ring's output copy is not saved here,
+// since o_proj is frozen (not a target) and a matmul saves its input only for its weight's gradient.
+TEST(CpFsdpSim, LoraIsShardedOverDpTimesCpAsOverDataParallelRanks) {
+  const char* lora = "r=16,alpha=32,targets=q_proj,v_proj";
+  const Estimate cf = run(tiny(256, {{"cp", "4"}, {"dp", "2"}, {"sharding", "fsdp2"}, {"lora", lora}}));
+  const Estimate dp8 = run(tiny(64, {{"dp", "8"}, {"sharding", "fsdp2"}, {"lora", lora}}));
+  ASSERT_TRUE(cf.fsdp.has_value());
+  EXPECT_EQ(cf.fsdp->options.ranks, 8u);
+  EXPECT_EQ(cf.fsdp->sharded_params.value, dp8.fsdp->sharded_params.value);
+  EXPECT_EQ(cf.fsdp->sharded_grads.value, dp8.fsdp->sharded_grads.value);
+  EXPECT_EQ(cf.fsdp->optimizer_state.value, dp8.fsdp->optimizer_state.value);
+  EXPECT_EQ(cf.state.trainable.value, dp8.state.trainable.value);
+  EXPECT_LT(cf.state.trainable.value, cf.state.parameters.value);  // the adapters only
+  EXPECT_EQ(fsdp_events(cf), fsdp_events(dp8));
+  EXPECT_EQ(cf.memory.steady_state.value, dp8.memory.steady_state.value);
+  EXPECT_EQ(cf.peak.saved_activations.value, dp8.peak.saved_activations.value);
+}
+
 // --dp-rank d under --cp N is the flattened mesh's rank d x N: the shards of FSDP2's rank d x N of dp x N ranks.
 TEST(CpFsdpSim, DpRankIsTheMeshRankOfItsCpRankZero) {
   const Estimate cf = run(tiny(256, {{"cp", "4"}, {"dp", "3"}, {"dp_rank", "2"}, {"sharding", "fsdp2"}}));

@@ -223,7 +223,7 @@ TEST(FsdpLoraSim, NoSyncKeepsOnlyTheAdaptersGradients) {
 
 TEST(FsdpLoraRefusals, WhatIsNotSimulated) {
   EXPECT_THROW(run(probe({{"quantize", "nf4"}})), Error);  // QLoRA: Params4bit under fully_shard, not simulated
-  EXPECT_THROW(run(probe({{"cp", "2"}})), Error);
+  // (--cp: simulated, FSDP2 over the flattened dp_shard x cp mesh: cpfsdp_test.cc)
   EXPECT_THROW(run(probe({{"pp", "2"}, {"precision", "fp32"}})), Error);
 }
 

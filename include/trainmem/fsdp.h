@@ -157,9 +157,10 @@ std::vector<FsdpUnit> fsdp_units(const ModelSpec& m, const Inventory& inv, const
 //   bf16 = training.mixed_precision_param, reduce_dtype fp32 = training.mixed_precision_reduce), no autocast, and
 //   reshard_after_forward False on every unit (fsdp_reshard_after_forward "default" = `not pp_enabled`).
 // - fsdp_stage_units: the units of one rank's stage modules (apply_fsdp on the pruned stage model).
-FsdpOptions fsdp_torchtitan_pp_options(uint64_t dp);
+FsdpOptions fsdp_torchtitan_pp_options(uint64_t ranks);
 // resolve_fsdp's refusals, then the policy above; refuses what it does not simulate (the settings torchtitan does
-// not take under a pipeline, training.dtype bfloat16). Off unless dp > 1 and --sharding fsdp2.
+// not take under a pipeline, training.dtype bfloat16). Off unless --sharding fsdp2 over a dp (x cp) mesh of 2 or
+// more ranks.
 FsdpOptions resolve_pp_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop, TorchVersion torch);
 std::vector<FsdpUnit> fsdp_stage_units(const Inventory& stage_inv, const std::vector<PpStagePart>& parts,
                                        const FsdpOptions& o);

@@ -232,8 +232,8 @@ FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop,
                                    "transformers 5.x's default)");
   }
   f.on = true;
-  // the mesh: dp ranks, or dp x cp under --cp (fsdp2_mesh_ranks; with --tp, of the TP-local model; resolve_cp
-  // refuses PP with CP), or the K-rank shard groups of HSDP (--dp-shard K); --dp-rank: the rank whose shards are simulated (validate_setup
+  // the mesh: dp ranks, or dp x cp under --cp (fsdp2_mesh_ranks; with --tp, of the TP-local model; under --pp,
+  // torchtitan's dp_shard_cp), or the K-rank shard groups of HSDP (--dp-shard K); --dp-rank: the rank whose shards are simulated (validate_setup
   // checked it; rank 0 unless given, since torch.chunk leaves the last ones short), under --cp its CP rank
   // (--cp-rank) in the flattened mesh (fsdp2_mesh_rank) (apply_hsdp_mesh)
   apply_hsdp_mesh(f, s);
@@ -424,11 +424,11 @@ std::vector<FsdpUnit> fsdp_units(const ModelSpec& m, const Inventory& inv, const
 // torchtitan v0.2.0 under a pipeline (fsdp.h). Sources: pytorch/torchtitan v0.2.0
 // torchtitan/models/llama3/infra/parallelize.py parallelize_llama / apply_fsdp, torchtitan/config/job_config.py
 // Training.dtype / mixed_precision_param / mixed_precision_reduce and Parallelism.fsdp_reshard_after_forward.
-FsdpOptions fsdp_torchtitan_pp_options(uint64_t dp) {
-  if (dp < 2) throw Error("internal: torchtitan's FSDP2 policy needs a mesh of 2 or more ranks");
+FsdpOptions fsdp_torchtitan_pp_options(uint64_t ranks) {
+  if (ranks < 2) throw Error("internal: torchtitan's FSDP2 policy needs a mesh of 2 or more ranks");
   FsdpOptions f;
   f.on = true;
-  f.ranks = dp;
+  f.ranks = ranks;
   f.rank = 0;
   // apply_fsdp, policy "default": `reshard_after_forward = not pp_enabled` ("For PP, by default do not reshard
   // after forward to avoid per-microbatch all-gathers"); the blocks and tok_embeddings get it, [norm, output]
@@ -448,9 +448,8 @@ namespace {
 // torchtitan's policy (fsdp_torchtitan_pp_options) over the mesh resolve_fsdp resolved: the shard group, the
 // replicate group (HSDP, --dp-shard K: torchtitan shards over ("dp_replicate", "dp_shard_cp") when dp_replicate is
 // enabled, the policy unchanged, apply_hsdp_mesh) and the rank's coordinates (--dp-rank, checked there)
-FsdpOptions torchtitan_policy_over(const FsdpOptions& mesh, uint64_t dp) {
-  FsdpOptions f = fsdp_torchtitan_pp_options(dp);
-  f.ranks = mesh.ranks;
+FsdpOptions torchtitan_policy_over(const FsdpOptions& mesh) {
+  FsdpOptions f = fsdp_torchtitan_pp_options(mesh.ranks);
   f.rank = mesh.rank;
   f.replicate = mesh.replicate;
   f.replicate_rank = mesh.replicate_rank;
@@ -475,7 +474,7 @@ FsdpOptions resolve_pp_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind lo
                                               "\"float32\" with mixed_precision_param bfloat16 applied by "
                                               "fully_shard: use --precision fp32", precision_name(s.precision)));
   }
-  return torchtitan_policy_over(checked, fsdp2_mesh_ranks(s));
+  return torchtitan_policy_over(checked);
 }
 
 namespace {
@@ -550,7 +549,7 @@ FsdpOptions resolve_sp_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind lo
                                               "mixed_precision_param bfloat16 applied by fully_shard: use --precision fp32",
                                               precision_name(s.precision)));
   }
-  FsdpOptions f = torchtitan_policy_over(checked, fsdp2_mesh_ranks(s));  // the dtypes (the same policy)
+  FsdpOptions f = torchtitan_policy_over(checked);  // the dtypes (the same policy)
   // apply_fsdp: policy "default" -> reshard_after_forward = not pp_enabled (True) on the embedding and each block;
   // "never" (--reshard-after-forward false) -> False. The tail's `reshard_after_forward_policy == "always"` is
   // False under both (fsdp_units gives the tail False); "always" (the tail too) is not simulated

@@ -683,11 +683,10 @@ PlanResult Planner::run() {
         if ((n / tp / pp) % cp != 0 || (!given("cp") && per_node % (tp * cp) != 0)) continue;
         // context x tensor parallel layouts (resolve_cp simulates them) are searched only when --cp and --tp are
         // both given: enumerated by default they would spend plan's bound on work that finds the other layouts
-        // (70B on 64 GPUs: two fitting setups lost to it; under a pipeline, which resolve_cp refuses with CP, their
-        // compute class's reference, simulated without the pipeline, would too)
+        // (70B on 64 GPUs: two fitting setups lost to it)
         if (cp > 1 && tp > 1 && !(given("cp") && given("tp"))) continue;
         // pipeline x context parallel layouts (torchtitan's, simulated under FSDP2: resolve_cp) likewise only when
-        // --cp and --pp are both given: each is every pipeline rank's every CP rank, without the pipeline's memo
+        // --cp and --pp are both given: each is every pipeline rank's every CP rank
         if (cp > 1 && pp > 1 && !(given("cp") && given("pp"))) continue;
         const uint64_t dp = n / tp / pp / cp;
         std::vector<Sharding> shardings = {Sharding::kDdp};

@@ -153,7 +153,7 @@ T ring_sdpa(Ctx& c, const T& q, const T& k, const T& v, bool has_mask, double dr
     // block_out)`, whose result takes its first operand's layout: the flash kernel's (B, L, H, D), from step 0's
     // output (TensorIterator's stride order; torch 1.13 on CPU gives the last rank's output strides (L*H*D, D,
     // H*D, 1) and every other rank's contiguous ones), so that copy is free.
-    const bool flash_layout = !steps.back().partial && steps.size() > 1;
+    const bool flash_layout = !steps.back().partial;
     Strides st = contiguous_strides(Shape{B, L, H, D});  // (B, L, H, D) dense, seen as (B, H, L, D)
     std::swap(st[1], st[2]);
     out = e.empty_strided(Shape{B, H, L, D}, flash_layout ? st : contiguous_strides(Shape{B, H, L, D}), dt,

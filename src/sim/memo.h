@@ -116,8 +116,8 @@ class ActionMemo {
   // The per-step roles: the batch's storages change every step (set before the step's first action).
   void set_roles(std::vector<uint64_t> all_role_ids) { all_roles_ = std::move(all_role_ids); }
 
-  // A forward: replays it when a pair or a recorded forward matches (true), else false and the caller simulates it between
-  // begin() and end(). `backward`: the static position of the same micro-batch's backward. `roles`: the storage
+  // A forward: replays it when a pair or a recorded forward matches (true), else false and the caller simulates it
+  // between begin() and end(). `backward`: the static position of the same micro-batch's backward. `roles`: the storage
   // of each role for this micro-batch (UINT64_MAX: none), the same roles in the same order for every action.
   bool replay_forward(const MemoAction& a, const MemoAction& backward, const std::vector<uint64_t>& roles);
   // A backward: replays it when its forward was replayed (throws MemoMismatch when the key differs from the

@@ -319,9 +319,9 @@ void suggest(const Candidate& base, const FitProbe& original, std::optional<uint
     all_changes.push_back({"checkpointing", "full"});
     // torchtitan's selective AC: between none and full, keeping the matmul and attention outputs. Not part
     // of "all of the above", which takes full; not with a 4-bit base, which resolve() refuses for selective,
-    // nor under sequence parallelism (sp.h), whose selective policy resolve() refuses too, nor under --cp
-    // (resolve_cp refuses it: the ring-attention op under the selective policy is not simulated).
-    if (base.setup.quant.type == Quantize::kNone && !base.model.sp && base.setup.cp <= 1) {
+    // nor under sequence parallelism (sp.h), whose selective policy resolve() refuses too. (Under --cp the policy
+    // keeps the ring's outputs: cp_attention.cc.)
+    if (base.setup.quant.type == Quantize::kNone && !base.model.sp) {
       Candidate sel = base;
       sel.setup.checkpointing = Checkpointing::kSelective;
       sel.setup.checkpoint_reentrant = false;

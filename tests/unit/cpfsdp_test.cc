@@ -191,24 +191,32 @@ TEST(CpFsdpSim, CommunicatorsAreTheFlattenedMeshAndTheCpGroup) {
   EXPECT_EQ(g[1].ranks, 4u);
 }
 
-// fit with --cp N and replicated weights offers FSDP2 over the CP ranks (and not selective checkpointing, which
-// resolve_cp refuses); its figure at micro-batch 1 is estimate's for --sharding fsdp2.
+// fit with --cp N and replicated weights offers FSDP2 over the CP ranks and selective checkpointing (its policy
+// keeps the ring's outputs); each figure at micro-batch 1 is estimate's for that change, over every CP rank (the
+// worst: testing::tiny_llama, without this file's CP rank 0).
 TEST(CpFsdpFit, FitOffersFsdp2OverTheCpRanks) {
   Scenario s = testing::scenario_of("tinyllama-1.1b", {{"overrides", "num_hidden_layers=2"}, {"seq", "256"},
                                                        {"precision", "bf16-amp"}, {"cp", "4"}, {"gpu", "h100-80gb"}});
   const FitResult r = fit(s, FitRequest{}, testing::MapFileReader());
-  bool offered = false;
+  bool offered = false, selective = false;
   for (const FitSuggestion& sug : r.suggestions) {
-    EXPECT_FALSE(sug.changes.front().field == "checkpointing" && sug.changes.front().value == "selective");
+    if (sug.changes.size() == 1 && sug.changes.front().field == "checkpointing" &&
+        sug.changes.front().value == "selective") {
+      ASSERT_TRUE(sug.at_one.has_value());
+      const Estimate e = run(testing::tiny_llama(256, {{"cp", "4"}, {"checkpointing", "selective"}, {"gpu", "h100-80gb"}}));
+      EXPECT_EQ(sug.at_one->peak_reserved.value, e.memory.peak_reserved.value);
+      selective = true;
+    }
     if (sug.changes.front().field != "sharding") continue;
     ASSERT_EQ(sug.changes.size(), 1u);
     EXPECT_EQ(sug.changes.front().value, "fsdp2");
     ASSERT_TRUE(sug.at_one.has_value());
-    const Estimate e = run(tiny(256, {{"cp", "4"}, {"sharding", "fsdp2"}, {"gpu", "h100-80gb"}}));
+    const Estimate e = run(testing::tiny_llama(256, {{"cp", "4"}, {"sharding", "fsdp2"}, {"gpu", "h100-80gb"}}));
     EXPECT_EQ(sug.at_one->peak_reserved.value, e.memory.peak_reserved.value);
     offered = true;
   }
   EXPECT_TRUE(offered);
+  EXPECT_TRUE(selective);
   EXPECT_EQ(r.smallest_sharding, "fsdp2");
 }
 

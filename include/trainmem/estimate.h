@@ -222,6 +222,8 @@ struct FsdpFigures {
   FsdpOptions options;         // the resolved settings (resolve_fsdp)
   std::vector<FsdpUnit> units;  // in forward order, with their padded shard sizes
   Bytes sharded_params;        // every _sharded_param_data (padded), orig dtype
+  Bytes ignored_params;        // fully_shard's ignored_params, whole on the rank (QLoRA's uint8 Params4bit)
+  uint64_t ignored_rows = 0;   // how many
   Bytes sharded_grads;         // every unit's reduce-scatter result (padded), orig dtype
   Bytes optimizer_state;       // AdamW over the local (unpadded) shards
   uint64_t padding_elems = 0;  // padded minus unpadded elements on this rank

@@ -43,6 +43,11 @@ struct FsdpOptions {
   // PEFT LoRA (--lora): the model fsdp2_prepare_model wraps is a PeftModel, whose base rows are frozen and whose
   // final norm accelerate's _find_final_norm does not find, so it stays in the root unit (fsdp_units)
   bool peft = false;
+  // QLoRA (--quantize nf4|fp4): bitsandbytes' default uint8 quant_storage makes every Params4bit a frozen
+  // non-floating parameter, which accelerate's fsdp2_prepare_model passes to fully_shard as ignored_params
+  // (accelerate 16cb6eb utils/fsdp_utils.py, PR #3987): left whole, where from_pretrained put it (bnb's
+  // update_device_map: the rank's GPU), on every rank; fsdp_units leaves those rows out of every unit
+  bool ignore_packed_4bit = false;
 };
 
 // What FSDP2 and FSDP1 (fsdp1.h) refuse alike under accelerate: other families (no unit hooks), other heads,

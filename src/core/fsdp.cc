@@ -34,14 +34,10 @@ void refuse_under_accelerate_fsdp(const TrainSetup& s, const ModelSpec& m, const
                                     name_of(s.optimizer), v));
   }
   if (s.optimizer_in_backward) refuse("optimizer_in_backward", fmt::format("true: not simulated under {}", v));
-  if (s.quant.type != Quantize::kNone) {
-    // (FSDP2, QLoRA: accelerate's fsdp2_prepare_model passes frozen non-floating Params4bit to fully_shard as
-    // ignored_params, left whole on every rank, and the Trainer's update_fsdp_plugin_peft, which sets the
-    // policy to bnb_4bit_quant_storage, does not run under FSDP2: neither is simulated)
-    refuse("quantize", fmt::format("quantized base weights are not simulated under {}{}", v,
-                                   std::string_view(v) == "FSDP2" ? " (QLoRA: accelerate leaves uint8 Params4bit "
-                                                                    "unsharded as ignored_params)"
-                                                                  : ""));
+  // (FSDP2 takes a 4-bit base: resolve_fsdp)
+  if (s.quant.type != Quantize::kNone && std::string_view(v) != "FSDP2") {
+    refuse("quantize", fmt::format("quantized base weights are not simulated under {} (they are under --sharding "
+                                   "fsdp2)", v));
   }
   if (!s.freeze.empty()) refuse("freeze", fmt::format("frozen parameters are not simulated under {}", v));
   const auto not_ddp = [&](const char* field) {
@@ -231,6 +227,20 @@ FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop,
     refuse("checkpoint_reentrant", "true: reentrant checkpointing under FSDP2 is not simulated (use_reentrant=False is "
                                    "transformers 5.x's default)");
   }
+  // QLoRA: fsdp2_prepare_model (accelerate 16cb6eb) collects every Params4bit that is frozen and not floating (bnb's
+  // default uint8 quant_storage) and, `if incompatible_params4bit and is_torch_version(">=", "2.7.0")`, passes
+  // them to fully_shard as ignored_params ("Excluding from FSDP2 sharding to prevent quant_state corruption"). On
+  // an older torch they reach fully_shard, whose _init_sharded_param makes nn.Parameter(uint8 shard) requiring
+  // grad: "only Tensors of floating point dtype can require gradients" (accelerate issue #3983).
+  if (s.quant.type != Quantize::kNone) {
+    if (torch < TorchVersion{2, 7}) {
+      refuse("torch", fmt::format("{}: a 4-bit base under FSDP2 needs PyTorch >= 2.7, where accelerate passes the "
+                                  "uint8 Params4bit to fully_shard as ignored_params (before 2.7 fully_shard fails on "
+                                  "them: only floating-point tensors can require gradients)",
+                                  torch_version_name(torch)));
+    }
+    f.ignore_packed_4bit = true;
+  }
   f.on = true;
   // the mesh: dp ranks, or dp x cp under --cp (fsdp2_mesh_ranks; with --tp, of the TP-local model; under --pp,
   // torchtitan's dp_shard_cp), or the K-rank shard groups of HSDP (--dp-shard K); --dp-rank: the rank whose shards are simulated (validate_setup
@@ -243,7 +253,10 @@ FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop,
   // the Trainer leaves the model on the CPU under FSDP (place_model_on_device), and fsdp2_prepare_model without
   // cpu_ram_efficient_loading (its default) shards it there; under --tp, from_pretrained's tp_plan has already put
   // the TP-local parameters on the device
-  f.move_then_shard = s.tp <= 1;
+  // (a 4-bit base is quantized onto the rank's GPU by from_pretrained, bnb's update_device_map {"": current
+  // device}, so fully_shard finds the model there, and fsdp2_prepare_model's `model_has_params4bit` also skips the
+  // float32 upcast: the parameters keep prepare_model_for_kbit_training's dtypes, float32 but for the Params4bit)
+  f.move_then_shard = s.tp <= 1 && s.quant.type == Quantize::kNone;
   const FsdpDtypes d = accelerate_fsdp_dtypes(s.precision, "FSDP2");
   f.orig_dtype = d.orig;
   f.mixed = d.mixed;
@@ -370,6 +383,8 @@ std::vector<FsdpUnit> fsdp_units(const ModelSpec& m, const Inventory& inv, const
   const std::string prefix = std::string(fd.layer_prefix) + ".";
   for (size_t i = 0; i < inv.parameters.size(); ++i) {
     const std::string& n = inv.parameters[i].name;
+    // fully_shard's ignored_params (QLoRA's uint8 Params4bit, FsdpOptions::ignore_packed_4bit): in no unit, whole
+    if (o.ignore_packed_4bit && inv.parameters[i].packed_4bit) continue;
     FsdpUnit* u = &root;
     if (n == fd.input_embedding) {
       u = &embed;

@@ -642,6 +642,11 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
     f.torchtitan_pp = o0.pp.on;
     f.torchtitan_sp = !o0.pp.on && s.sequence_parallel;
     for (const TensorRow& r : inv.parameters) {
+      if (fopt.ignore_packed_4bit && r.packed_4bit) {  // in no unit: whole on every rank (fsdp_units), frozen
+        f.ignored_params += stored_bytes(r, param_dtype(s.precision));
+        ++f.ignored_rows;
+        continue;
+      }
       const FsdpShard sh = fsdp_shard(r.shape, fopt.ranks, fopt.rank);
       const DType orig = fsdp_param_dtypes(r, fopt).orig;  // per row: PEFT's float32 adapters on a 16-bit base
       f.sharded_params += bytes_of(Elems(sh.padded_numel), orig);
@@ -661,7 +666,7 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
     // grad_output: one padded flat tensor per unit over its trainable rows (all of them without LoRA), in the
     // group's orig dtype (fsdp_unit_buffers)
     for (const FsdpUnit& u : f.units) f.sharded_grads += bytes_of(Elems(u.grad_numel), u.grad_orig_dtype);
-    set_sharded_states(f.sharded_params, f.sharded_grads, moments, steps);
+    set_sharded_states(f.sharded_params + f.ignored_params, f.sharded_grads, moments, steps);
     e.fsdp = std::move(f);
   }
   if (f1opt.on) {

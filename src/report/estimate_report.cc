@@ -570,12 +570,19 @@ std::string render_fsdp_note(const Estimate& e) {
     // PEFT LoRA under FSDP2 (fsdp.h FsdpOptions::peft; src/sim/fsdp.cc)
     uint64_t trainable = 0;
     for (const FsdpUnit& u : f.units) trainable = checked_add(trainable, u.trainable_params, "FSDP trainable");
-    out += fmt::format("  PEFT LoRA: {} of {} parameters trainable (the adapters, in their layer's unit); the frozen base "
-                       "rows are all-gathered with them and never reduce-scattered: gradients, reduce-scatters and "
+    out += fmt::format("  PEFT LoRA: {} of {} parameters trainable (the adapters, in their layer's unit); the frozen rows "
+                       "of each unit are all-gathered with them and never reduce-scattered: gradients, reduce-scatters and "
                        "optimizer state cover the adapters only. The model is the PeftModel, where accelerate's "
                        "_find_final_norm finds no norm: model.norm stays in the root unit, gathered at the forward's "
                        "start and kept to the final callback\n",
                        with_commas(trainable), with_commas(e.state.parameters.value));
+  }
+  if (f.ignored_rows > 0) {
+    // QLoRA (FsdpOptions::ignore_packed_4bit)
+    out += fmt::format("  bitsandbytes 4-bit base: {} Params4bit ({}) whole on every rank: uint8 quant_storage is not "
+                       "floating, so accelerate passes them to fully_shard as ignored_params (torch >= 2.7); a "
+                       "floating bnb_4bit_quant_storage would let FSDP shard them (not simulated)\n",
+                       f.ignored_rows, format_bytes(f.ignored_params));
   }
   const uint64_t p_all = e.state.parameters.value;
   out += fmt::format("  sharded states per rank: parameters {} + gradients {} + optimizer {} = {} ({} of {} elements "
@@ -985,6 +992,7 @@ std::string render_estimate_json(const Estimate& e, const GpuSpec* gpu) {
     // under a pipeline: the index in units of each FSDP root's first unit, one root per stage module the rank holds
     if (f->torchtitan_pp) j["root_first_units"] = f->root_begin;
     j["sharded_param_bytes"] = f->sharded_params.value;
+    if (f->ignored_rows > 0) j["ignored_4bit_param_bytes"] = f->ignored_params.value;  // whole on every rank
     j["sharded_grad_bytes"] = f->sharded_grads.value;
     j["optimizer_state_bytes"] = f->optimizer_state.value;
     j["local_elems"] = f->local_elems;

@@ -77,6 +77,10 @@ struct LoadedModel {
   mutable std::vector<std::vector<std::pair<const char*, int>>> layer_rows_;  // by layer: (suffix, row or -1)
 };
 
+// Parameter row i whole on the device in its stored dtype, as model.to(device) leaves it (load_model's own
+// parameters; FSDP2's ignored ones, FsdpOptions::ignore_packed_4bit).
+T whole_parameter(Engine& e, const Inventory& inv, size_t i, DType model_dtype);
+
 // model.to(device): parameters and buffers allocated in nn.Module._apply order. `make_param`, when given, makes
 // parameter row i instead (FSDP2's sharded parameters). `after_param`, when set, runs on each parameter as it is
 // created (DeepSpeed's zero.Init partitions it there). `make_buffer`, when given, makes buffer row b instead (FSDP1

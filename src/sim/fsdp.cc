@@ -77,18 +77,31 @@ void Fsdp2::load_roots(const std::vector<Fsdp2*>& roots, LoadedModel& w, DType b
       for (int32_t r : u.spec.rows) owner[static_cast<size_t>(r)] = {f, u.spec.layer};
     }
   }
+  // every row is in a unit but fully_shard's ignored ones (QLoRA's uint8 Params4bit), loaded whole
+  const auto ignored = [&](size_t i) {
+    return roots.front()->o_.ignore_packed_4bit && inv.parameters[i].packed_4bit;
+  };
   for (size_t i = 0; i < owner.size(); ++i) {
-    if (!owner[i].first) throw Error(fmt::format("internal: {} is in no FSDP unit", inv.parameters[i].name));
+    if (!owner[i].first && !ignored(i)) throw Error(fmt::format("internal: {} is in no FSDP unit", inv.parameters[i].name));
   }
   // (PEFT's adapters exist before fully_shard, which shards each unit's parameters in named_parameters() order,
   // the adapters beside their base weights: not after every base row)
   // Under accelerate the shards exist before load_model, which then takes them and loads the buffers (the root's
   // fully_shard moves them last); elsewhere load_model makes each shard as it goes.
+  // a 4-bit base (QLoRA) is on the GPU before fully_shard: its own sequence (shard_on_device)
+  if (roots.size() == 1 && roots.front()->o_.ignore_packed_4bit) {
+    roots.front()->shard_on_device(w, buffer_dtype);
+    roots.front()->w_ = &w;
+    return;
+  }
   const bool moved = roots.size() == 1 && roots.front()->o_.move_then_shard;
   std::vector<T> held = moved ? roots.front()->move_then_shard() : std::vector<T>{};
   w = load_model(
       roots.front()->e_, inv, buffer_dtype,
-      [&](size_t i) { return moved ? owner[i].first->sharded_[i] : owner[i].first->shard_row(i, owner[i].second); },
+      [&](size_t i) {
+        if (!owner[i].first) return whole_parameter(roots.front()->e_, inv, i, buffer_dtype);
+        return moved ? owner[i].first->sharded_[i] : owner[i].first->shard_row(i, owner[i].second);
+      },
       {}, {}, /*adapters_last=*/false);
   held.clear();  // fsdp2_prepare_model returns
   for (Fsdp2* f : roots) f->w_ = &w;
@@ -106,15 +119,19 @@ void Fsdp2::load_roots(const std::vector<Fsdp2*>& roots, LoadedModel& w, DType b
 // Measured under a fake process group (validate/measured/h200_hf_dist_fsdp2x8_*.json), allocation for allocation:
 // a layer's 9 whole parameters, its 9 shards, the 9 freed; the embedding, its shard; the norm, lm_head, their
 // shards; the two rotary buffers; then the embedding, lm_head and norm copies freed.
-std::vector<T> Fsdp2::move_then_shard() {
+std::vector<const Fsdp2::Unit*> Fsdp2::wrapping_order() const {
   std::vector<const Unit*> order;
   for (const FsdpUnit::Kind k : {FsdpUnit::kLayer, FsdpUnit::kEmbed, FsdpUnit::kTail, FsdpUnit::kRoot}) {
     for (const Unit& u : units_) {
       if (u.spec.kind == k) order.push_back(&u);
     }
   }
+  return order;
+}
+
+std::vector<T> Fsdp2::move_then_shard() {
   std::vector<T> held;
-  for (const Unit* u : order) {
+  for (const Unit* u : wrapping_order()) {
     std::vector<T> whole;
     for (int32_t r : u->spec.rows) {
       const TensorRow& row = inv_.parameters[static_cast<size_t>(r)];
@@ -132,6 +149,60 @@ std::vector<T> Fsdp2::move_then_shard() {
   // freed as the function's frame goes: the embeddings' Parameters (input_weight, output_weight) first
   std::stable_partition(held.begin(), held.end(), [](const T& t) { return t.shape().n == 2; });
   return held;
+}
+
+// QLoRA (FsdpOptions::ignore_packed_4bit). from_pretrained quantizes the model onto the rank's GPU (bnb's
+// update_device_map: {"": current device}) and get_peft_model adds the adapters there, as without FSDP: every row
+// whole, the buffers with them (load_model). accelerate 16cb6eb fsdp2_prepare_model then takes
+// `original_sd = model.state_dict()` (after the upcast it skips for a Params4bit model): detached tensors sharing
+// every parameter's storage, and per double-quantized Linear4bit one new tensor, QuantState.as_dict(packed=True)'s
+// `"nested_quant_map": self.state2.code.clone()` (bitsandbytes functional.py; its other entries share storage or
+// are CPU tensors). fully_shard then shards each unit in wrapping order (the Params4bit are ignored_params: left
+// as they are); _move_states_to_device finds everything on the device (`tensor.to(device)` returns it) and
+// _init_sharded_param allocates each padded shard. The whole tensors outlive fully_shard, held by original_sd, a
+// local of fsdp2_prepare_model until it returns: CPython clears the frame's locals in co_varnames order, so
+// original_sd's entries go first, in state_dict (insertion) order, then input_weight (the input embedding) and
+// output_weight (lm_head), whose Parameters those locals also hold.
+void Fsdp2::shard_on_device(LoadedModel& w, DType model_dtype) {
+  std::vector<T> whole(inv_.parameters.size());
+  w = load_model(e_, inv_, model_dtype, [&](size_t i) {
+    const TensorRow& r = inv_.parameters[i];
+    // a row that goes to a unit: a plain tensor here (its Parameter, replaced by fully_shard, is not simulated)
+    if (r.packed_4bit) return whole_parameter(e_, inv_, i, model_dtype);
+    whole[i] = e_.empty(Shape::of(r.shape), fsdp_param_dtypes(r, o_).orig, Category::kWeights,
+                        Label{intern_name(fmt::format("{} (whole, before fully_shard)", r.name)), -1, static_cast<int32_t>(i)});
+    return whole[i];
+  });
+  // original_sd: state_dict order is the inventory's (each Linear4bit's quant-state entries after its weight)
+  std::vector<T> sd;
+  for (size_t i = 0; i < inv_.parameters.size(); ++i) {
+    const TensorRow& r = inv_.parameters[i];
+    if (!r.packed_4bit) {
+      sd.push_back(whole[i]);
+      continue;
+    }
+    const auto code = w.buffer_row.find(r.name + ".quant_state.state2.code");
+    if (code == w.buffer_row.end()) continue;  // not double-quantized: no clone
+    const T& src = w.buffers[static_cast<size_t>(code->second)];
+    sd.push_back(e_.empty(src.shape(), src.dtype(), Category::kBuffers,
+                          Label{intern_name(fmt::format("{}.nested_quant_map (state_dict clone)", r.name)), -1, -1}));
+  }
+  for (const Unit* u : wrapping_order()) {
+    for (int32_t r : u->spec.rows) {
+      const auto i = static_cast<size_t>(r);
+      w.params[i] = shard_row(i, u->spec.layer);
+    }
+  }
+  // (the embedding unit's one row; lm_head, the tail's: untied, fsdp_units)
+  T input_weight = whole[static_cast<size_t>(units_[static_cast<size_t>(embed_)].spec.rows.at(0))];
+  T output_weight;
+  for (int32_t r : units_[static_cast<size_t>(tail_)].spec.rows) {
+    if (inv_.parameters[static_cast<size_t>(r)].name == "lm_head.weight") output_weight = whole[static_cast<size_t>(r)];
+  }
+  whole.clear();
+  for (T& t : sd) t.reset();
+  input_weight.reset();
+  output_weight.reset();
 }
 
 // fully_shard -> FSDPParam._init_sharded_param: the parameter on the device, chunked on dim 0; this rank's chunk

@@ -105,6 +105,8 @@ class Fsdp2 : public FsdpHooks {
   Unit& unit(int32_t id);
   T shard_row(size_t i, int32_t layer);  // load: row i's padded shard and its unsharded parameter
   std::vector<T> move_then_shard();      // load under accelerate: every unit's shards, in fully_shard's order
+  void shard_on_device(LoadedModel& w, DType model_dtype);  // load of a 4-bit base: whole on the GPU, then shards
+  std::vector<const Unit*> wrapping_order() const;  // fsdp2_prepare_model's fully_shard calls
   void unshard(Unit& u);
   void wait_for_unshard(Unit& u);
   void reshard(Unit& u);

@@ -38,6 +38,12 @@ Shape shape_of(const TensorRow& r) { return Shape::of(stored_shape(r)); }
 
 }  // namespace
 
+T whole_parameter(Engine& e, const Inventory& inv, size_t i, DType model_dtype) {
+  const TensorRow& r = inv.parameters[i];
+  return e.parameter(shape_of(r), stored_dtype(r, model_dtype), static_cast<int32_t>(i),
+                     Label{intern_name(r.name), -1, static_cast<int32_t>(i)}, r.trainable);
+}
+
 LoadedModel load_model(Engine& e, const Inventory& inv, DType model_dtype, const std::function<T(size_t)>& make_param,
                        const std::function<void(size_t, T&)>& after_param,
                        const std::function<T(size_t)>& make_buffer, bool adapters_last) {
@@ -62,8 +68,7 @@ LoadedModel load_model(Engine& e, const Inventory& inv, DType model_dtype, const
       w.param_row.emplace(r.name, static_cast<int>(i));
       return;
     }
-    w.params[i] = e.parameter(shape_of(r), stored_dtype(r, model_dtype), static_cast<int32_t>(i),
-                              Label{intern_name(r.name), -1, static_cast<int32_t>(i)}, r.trainable);
+    w.params[i] = whole_parameter(e, inv, i, model_dtype);
     w.param_row.emplace(r.name, static_cast<int>(i));
     if (after_param) after_param(i, w.params[i]);
   };

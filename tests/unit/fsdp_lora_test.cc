@@ -222,7 +222,7 @@ TEST(FsdpLoraSim, NoSyncKeepsOnlyTheAdaptersGradients) {
 }
 
 TEST(FsdpLoraRefusals, WhatIsNotSimulated) {
-  EXPECT_THROW(run(probe({{"quantize", "nf4"}})), Error);  // QLoRA: Params4bit under fully_shard, not simulated
+  // (QLoRA: simulated, the uint8 Params4bit left whole as fully_shard's ignored_params: fsdp_qlora_test.cc)
   // (--cp: simulated, FSDP2 over the flattened dp_shard x cp mesh: cpfsdp_test.cc)
   EXPECT_THROW(run(probe({{"pp", "2"}, {"precision", "fp32"}})), Error);
 }

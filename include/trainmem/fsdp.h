@@ -43,10 +43,14 @@ struct FsdpOptions {
   // PEFT LoRA (--lora): the model fsdp2_prepare_model wraps is a PeftModel, whose base rows are frozen and whose
   // final norm accelerate's _find_final_norm does not find, so it stays in the root unit (fsdp_units)
   bool peft = false;
-  // QLoRA (--quantize nf4|fp4): bitsandbytes' default uint8 quant_storage makes every Params4bit a frozen
-  // non-floating parameter, which accelerate's fsdp2_prepare_model passes to fully_shard as ignored_params
-  // (accelerate 16cb6eb utils/fsdp_utils.py, PR #3987): left whole, where from_pretrained put it (bnb's
-  // update_device_map: the rank's GPU), on every rank; fsdp_units leaves those rows out of every unit
+  // QLoRA (--quantize nf4|fp4): the model from_pretrained quantized onto the rank's GPU (bnb's
+  // update_device_map), which fully_shard shards there (Fsdp2::shard_on_device)
+  bool bnb_4bit = false;
+  // bitsandbytes' default uint8 quant_storage makes every Params4bit a frozen non-floating parameter, which
+  // accelerate's fsdp2_prepare_model passes to fully_shard as ignored_params (accelerate 16cb6eb
+  // utils/fsdp_utils.py, PR #3987): left whole on every rank; fsdp_units leaves those rows out of every unit. A
+  // floating quant_storage (--quant-storage bf16) is sharded like any frozen parameter, its packed shape
+  // (stored_shape) chunked on dim 0.
   bool ignore_packed_4bit = false;
 };
 

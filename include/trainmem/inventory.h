@@ -34,8 +34,10 @@ struct TensorRow {
   bool fp32 = false;
   int32_t adapts = -1;  // lora_A: the row of the base weight it adapts
   // A bitsandbytes 4-bit weight (Params4bit): `shape` stays the Linear's (out, in) and `elems` its element
-  // count, but the storage is the packed uint8 data, ((n + 1) / 2, 1) (functional.py quantize_4bit).
+  // count, but the storage is the packed data of dtype `packed_storage` (bnb_4bit_quant_storage), ((n + 1) /
+  // (2 x itemsize), 1) elements (functional.py quantize_4bit: uint8 by default, (n + 1) / 2 bytes).
   bool packed_4bit = false;
+  DType packed_storage = DType::kU8;
   // A 2-D nn.Parameter of a module that is not an nn.Linear (transformers 5.x MoE routers: MixtralTopKRouter's
   // `self.weight = nn.Parameter(...)`): PEFT's LoRA (all-linear or by name) and bitsandbytes leave it alone.
   bool not_linear = false;
@@ -82,7 +84,7 @@ Bytes stored_bytes(const TensorRow& r, DType model_dtype);
 // BitsAndBytesConfig, llm_int8_skip_modules defaulting to lm_head): each weight becomes packed data, with its
 // quantization state as extra rows (kept as buffers: device memory the module holds that is not a
 // parameter). Returns how many weights were quantized.
-size_t quantize_4bit_rows(Inventory& inv, bool double_quant);
+size_t quantize_4bit_rows(Inventory& inv, bool double_quant, DType storage = DType::kU8);
 
 // The dtype of a row after model.to(model_dtype): parameters and floating-point buffers take model_dtype,
 // other buffers (bool masks, int64 ids) keep theirs. A float32 model leaves every row as constructed.

@@ -106,6 +106,7 @@ struct QuantSetup {
   bool double_quant = false;             // bnb_4bit_use_double_quant (transformers' default False)
   DType compute = DType::kF32;           // bnb_4bit_compute_dtype (transformers' default None: float32)
   bool prepare = true;                   // peft's prepare_model_for_kbit_training (as QLoRA recipes call it)
+  DType storage = DType::kU8;            // bnb_4bit_quant_storage (transformers' default uint8; FSDP-QLoRA: bf16)
 };
 
 // How the loss is computed from the final hidden states (transformers models).

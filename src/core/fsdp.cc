@@ -232,7 +232,7 @@ FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop,
   // them to fully_shard as ignored_params ("Excluding from FSDP2 sharding to prevent quant_state corruption"). On
   // an older torch they reach fully_shard, whose _init_sharded_param makes nn.Parameter(uint8 shard) requiring
   // grad: "only Tensors of floating point dtype can require gradients" (accelerate issue #3983).
-  if (s.quant.type != Quantize::kNone) {
+  if (s.quant.type != Quantize::kNone && !is_floating(s.quant.storage)) {
     if (torch < TorchVersion{2, 7}) {
       refuse("torch", fmt::format("{}: a 4-bit base under FSDP2 needs PyTorch >= 2.7, where accelerate passes the "
                                   "uint8 Params4bit to fully_shard as ignored_params (before 2.7 fully_shard fails on "
@@ -241,6 +241,9 @@ FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop,
     }
     f.ignore_packed_4bit = true;
   }
+  // (a floating quant_storage equal to MixedPrecisionPolicy.param_dtype is not cast: init_dtype_attrs drops a
+  // param_dtype equal to the parameter's; --quant-storage offers bf16, which every policy here gathers as is)
+  f.bnb_4bit = s.quant.type != Quantize::kNone;
   f.on = true;
   // the mesh: dp ranks, or dp x cp under --cp (fsdp2_mesh_ranks; with --tp, of the TP-local model; under --pp,
   // torchtitan's dp_shard_cp), or the K-rank shard groups of HSDP (--dp-shard K); --dp-rank: the rank whose shards are simulated (validate_setup
@@ -292,7 +295,7 @@ void fsdp_unit_buffers(FsdpUnit& u, const Inventory& inv, const FsdpOptions& o) 
   for (int32_t row : u.rows) {
     const TensorRow& r = inv.parameters[static_cast<size_t>(row)];
     const FsdpParamDtypes d = fsdp_param_dtypes(r, o);
-    const uint64_t n = fsdp_shard(r.shape, o.ranks, o.rank).padded_numel;
+    const uint64_t n = fsdp_shard(stored_shape(r), o.ranks, o.rank).padded_numel;
     // _get_all_gather_input_metadatas: all_gather_dtype = the first input's; any other dtype -> torch.uint8, and
     // foreach_all_gather views every input as uint8 (all_gather_input_numel then counts bytes)
     if (first) u.gather_dtype = d.param;
@@ -404,7 +407,7 @@ std::vector<FsdpUnit> fsdp_units(const ModelSpec& m, const Inventory& inv, const
       u = &tail;
     }
     u->rows.push_back(static_cast<int32_t>(i));
-    const FsdpShard sh = fsdp_shard(inv.parameters[i].shape, o.ranks, o.rank);
+    const FsdpShard sh = fsdp_shard(stored_shape(inv.parameters[i]), o.ranks, o.rank);
     u->shard_numel = checked_add(u->shard_numel, sh.padded_numel, "FSDP unit");
     u->params = checked_add(u->params, inv.parameters[i].elems.value, "FSDP unit");
   }
@@ -509,7 +512,7 @@ std::vector<FsdpUnit> stage_units_of(const Inventory& stage_inv, const PpStagePa
     for (size_t i = 0; i < stage_inv.parameters.size(); ++i) {
       if (!member(stage_inv.parameters[i].name)) continue;
       u.rows.push_back(static_cast<int32_t>(i));
-      const FsdpShard sh = fsdp_shard(stage_inv.parameters[i].shape, o.ranks, o.rank);
+      const FsdpShard sh = fsdp_shard(stored_shape(stage_inv.parameters[i]), o.ranks, o.rank);
       u.shard_numel = checked_add(u.shard_numel, sh.padded_numel, "FSDP unit");
       u.params = checked_add(u.params, stage_inv.parameters[i].elems.value, "FSDP unit");
     }

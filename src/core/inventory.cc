@@ -85,18 +85,24 @@ Bytes parameter_bytes(const Inventory& inv, DType dtype) {
   return b;
 }
 
+namespace {
+// functional.py quantize_4bit: `mod = dtype2bytes[quant_storage] * 2; out = torch.zeros(((n + 1) // mod, 1),
+// dtype=quant_storage)`
+uint64_t packed_elems(const TensorRow& r) { return (r.elems.value + 1) / (2 * itemsize(r.packed_storage)); }
+}  // namespace
+
 std::vector<uint64_t> stored_shape(const TensorRow& r) {
   if (!r.packed_4bit) return r.shape;
-  return {ceil_div(r.elems.value, 2), 1};  // ((n + 1) // (itemsize * 2), 1) of uint8
+  return {packed_elems(r), 1};
 }
 
 Bytes stored_bytes(const TensorRow& r, DType model_dtype) {
-  if (r.packed_4bit) return Bytes(ceil_div(r.elems.value, 2));
+  if (r.packed_4bit) return bytes_of(Elems(packed_elems(r)), r.packed_storage);
   return bytes_of(r.elems, stored_dtype(r, model_dtype));
 }
 
 DType stored_dtype(const TensorRow& r, DType model_dtype) {
-  if (r.packed_4bit) return DType::kU8;
+  if (r.packed_4bit) return r.packed_storage;
   if (r.fp32 && (r.kind == RowKind::kParameter || is_floating(r.dtype))) return DType::kF32;
   if (r.kind == RowKind::kParameter) return model_dtype;
   // nn.Module.to(dtype) casts floating-point tensors only.
@@ -176,7 +182,7 @@ size_t add_lora_rows(Inventory& inv, uint64_t r, const std::vector<std::string>&
   return adapted;
 }
 
-size_t quantize_4bit_rows(Inventory& inv, bool double_quant) {
+size_t quantize_4bit_rows(Inventory& inv, bool double_quant, DType storage) {
   // bitsandbytes functional.py quantize_4bit (blocksize 64) and, with compress_statistics, quantize_blockwise
   // of the absmax (blocksize 256); nn/modules.py Params4bit. Every small tensor is its own allocation.
   constexpr uint64_t kBlock = 64, kNestedBlock = 256;
@@ -188,6 +194,7 @@ size_t quantize_4bit_rows(Inventory& inv, bool double_quant) {
     TensorRow& r = inv.parameters[i];
     if (r.adapter || !is_linear_weight(r)) continue;
     r.packed_4bit = true;
+    r.packed_storage = storage;  // Linear4bit(quant_storage=...): transformers' bnb_4bit_quant_storage
     r.trainable = false;  // Params4bit(requires_grad=False)
     ++quantized;
     const uint64_t blocks = ceil_div(r.elems.value, kBlock);

@@ -647,14 +647,14 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
         ++f.ignored_rows;
         continue;
       }
-      const FsdpShard sh = fsdp_shard(r.shape, fopt.ranks, fopt.rank);
+      const FsdpShard sh = fsdp_shard(stored_shape(r), fopt.ranks, fopt.rank);  // (4-bit: the packed storage's)
       const DType orig = fsdp_param_dtypes(r, fopt).orig;  // per row: PEFT's float32 adapters on a 16-bit base
       f.sharded_params += bytes_of(Elems(sh.padded_numel), orig);
       f.padding_elems = checked_add(f.padding_elems, sh.padded_numel - sh.local_numel, "FSDP padding");
       f.local_elems = checked_add(f.local_elems, sh.local_numel, "FSDP shard");
       // (torch.chunk: rank 0's chunk is the longest, the last rank's the shortest)
-      f.first_rank_elems = checked_add(f.first_rank_elems, fsdp_shard(r.shape, fopt.ranks, 0).local_numel, "FSDP shard");
-      f.last_rank_elems = checked_add(f.last_rank_elems, fsdp_shard(r.shape, fopt.ranks, fopt.ranks - 1).local_numel, "FSDP shard");
+      f.first_rank_elems = checked_add(f.first_rank_elems, fsdp_shard(stored_shape(r), fopt.ranks, 0).local_numel, "FSDP shard");
+      f.last_rank_elems = checked_add(f.last_rank_elems, fsdp_shard(stored_shape(r), fopt.ranks, fopt.ranks - 1).local_numel, "FSDP shard");
       if (!r.trainable) continue;  // frozen rows (LoRA's base) are in no optimizer group
       for (const StateTensor& t : optimizer_state_tensors(s.optimizer, e.setup.optimizer_impl, sh.local_shape,
                                                           orig, bnb_block_size(s.optimizer_version))) {

@@ -183,6 +183,8 @@ constexpr Field kFields[] = {
      FieldGroup::kModel},
     {"double_quant", "true | false: bnb_4bit_use_double_quant (default false, as transformers)", FieldGroup::kModel},
     {"compute_dtype", "fp32 | bf16 | fp16: bnb_4bit_compute_dtype (default fp32, as transformers)", FieldGroup::kModel},
+    {"quant_storage", "uint8 | bf16: bnb_4bit_quant_storage, the packed weights' dtype (default uint8, as "
+                      "transformers; bf16 lets FSDP2 shard them)", FieldGroup::kModel},
     {"kbit_prepare", "true | false: peft's prepare_model_for_kbit_training (float32 non-quantized parameters, "
                      "reentrant checkpointing, input grads; default true with --quantize)", FieldGroup::kModel},
     {"freeze", "freeze the parameters whose names match a glob (* matches anything): --freeze 'model.layers.0.*' "
@@ -474,6 +476,10 @@ void set_field(Scenario& s, std::string_view f, std::string_view v) {
     else if (v == "bf16") s.train.quant.compute = DType::kBF16;
     else if (v == "fp16") s.train.quant.compute = DType::kF16;
     else bad(f, v, "fp32, bf16 or fp16");
+  } else if (f == "quant_storage") {
+    if (v == "uint8") s.train.quant.storage = DType::kU8;
+    else if (v == "bf16") s.train.quant.storage = DType::kBF16;
+    else bad(f, v, "uint8 or bf16");
   } else if (f == "freeze") {
     if (v.empty()) bad(f, v, "a glob over parameter names, like 'model.layers.0.*'");
     s.train.freeze.emplace_back(v);
@@ -670,6 +676,7 @@ std::string field_text(const Scenario& s, std::string_view f) {
   if (f == "compute_dtype") {
     return s.train.quant.compute == DType::kBF16 ? "bf16" : s.train.quant.compute == DType::kF16 ? "fp16" : "fp32";
   }
+  if (f == "quant_storage") return s.train.quant.storage == DType::kBF16 ? "bf16" : "uint8";
   if (f == "input_require_grads") {
     return optional_boolean_text(s.train.input_require_grads);
   }
@@ -1282,7 +1289,7 @@ ResolvedScenario resolve(const Scenario& s, const FileReader& files) {
     if (input_kind(r.model) != InputKind::kTokenIds) {
       throw FieldError("quantize", fmt::format("{}: a layer stack is not a transformers model", name_of(s.train.quant.type)));
     }
-    quantize_4bit_rows(r.inventory, s.train.quant.double_quant);
+    quantize_4bit_rows(r.inventory, s.train.quant.double_quant, s.train.quant.storage);
     if (s.train.quant.prepare) {
       // prepare_model_for_kbit_training: every parameter frozen; each 16-bit one that is not Params4bit cast to
       // float32 (embeddings, norms, lm_head); gradient checkpointing, reentrant ({} kwargs: torch's default in

@@ -584,6 +584,12 @@ std::string render_fsdp_note(const Estimate& e) {
                        "floating bnb_4bit_quant_storage would let FSDP shard them (not simulated)\n",
                        f.ignored_rows, format_bytes(f.ignored_params));
   }
+  if (o.bnb_4bit && !o.ignore_packed_4bit) {
+    // --quant-storage bf16 (FsdpOptions::ignore_packed_4bit false)
+    out += "  bitsandbytes 4-bit base stored as bfloat16 (bnb_4bit_quant_storage): the Params4bit are frozen floating "
+           "parameters, sharded in their layers' units (the packed ((n + 1) / 4, 1) storage chunked on dim 0) and "
+           "all-gathered as they are, no cast\n";
+  }
   const uint64_t p_all = e.state.parameters.value;
   out += fmt::format("  sharded states per rank: parameters {} + gradients {} + optimizer {} = {} ({} of {} elements "
                      "local, {} padding)\n",

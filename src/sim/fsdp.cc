@@ -89,7 +89,7 @@ void Fsdp2::load_roots(const std::vector<Fsdp2*>& roots, LoadedModel& w, DType b
   // Under accelerate the shards exist before load_model, which then takes them and loads the buffers (the root's
   // fully_shard moves them last); elsewhere load_model makes each shard as it goes.
   // a 4-bit base (QLoRA) is on the GPU before fully_shard: its own sequence (shard_on_device)
-  if (roots.size() == 1 && roots.front()->o_.ignore_packed_4bit) {
+  if (roots.size() == 1 && roots.front()->o_.bnb_4bit) {
     roots.front()->shard_on_device(w, buffer_dtype);
     roots.front()->w_ = &w;
     return;
@@ -167,9 +167,10 @@ void Fsdp2::shard_on_device(LoadedModel& w, DType model_dtype) {
   std::vector<T> whole(inv_.parameters.size());
   w = load_model(e_, inv_, model_dtype, [&](size_t i) {
     const TensorRow& r = inv_.parameters[i];
-    // a row that goes to a unit: a plain tensor here (its Parameter, replaced by fully_shard, is not simulated)
-    if (r.packed_4bit) return whole_parameter(e_, inv_, i, model_dtype);
-    whole[i] = e_.empty(Shape::of(r.shape), fsdp_param_dtypes(r, o_).orig, Category::kWeights,
+    // fully_shard's ignored_params stay the model's; a row that goes to a unit is a plain tensor here (its
+    // Parameter, replaced by fully_shard, is not simulated)
+    if (r.packed_4bit && o_.ignore_packed_4bit) return whole_parameter(e_, inv_, i, model_dtype);
+    whole[i] = e_.empty(Shape::of(stored_shape(r)), fsdp_param_dtypes(r, o_).orig, Category::kWeights,
                         Label{intern_name(fmt::format("{} (whole, before fully_shard)", r.name)), -1, static_cast<int32_t>(i)});
     return whole[i];
   });
@@ -177,10 +178,8 @@ void Fsdp2::shard_on_device(LoadedModel& w, DType model_dtype) {
   std::vector<T> sd;
   for (size_t i = 0; i < inv_.parameters.size(); ++i) {
     const TensorRow& r = inv_.parameters[i];
-    if (!r.packed_4bit) {
-      sd.push_back(whole[i]);
-      continue;
-    }
+    if (whole[i]) sd.push_back(whole[i]);
+    if (!r.packed_4bit) continue;
     const auto code = w.buffer_row.find(r.name + ".quant_state.state2.code");
     if (code == w.buffer_row.end()) continue;  // not double-quantized: no clone
     const T& src = w.buffers[static_cast<size_t>(code->second)];
@@ -211,7 +210,7 @@ void Fsdp2::shard_on_device(LoadedModel& w, DType model_dtype) {
 // to the device, one module at a time: move_then_shard.)
 T Fsdp2::shard_row(size_t i, int32_t layer) {
   const TensorRow& r = inv_.parameters[i];
-  const FsdpShard sh = fsdp_shard(r.shape, o_.ranks, o_.rank);
+  const FsdpShard sh = fsdp_shard(stored_shape(r), o_.ranks, o_.rank);  // a packed 4-bit row: its storage's
   const FsdpParamDtypes dt = fsdp_param_dtypes(r, o_);  // per parameter: PEFT's float32 adapters on a 16-bit base
   const Label l{intern_name(r.name), layer, static_cast<int32_t>(i)};
   const T data = e_.empty(Shape{sh.padded_numel}, dt.orig, Category::kWeights, l);
@@ -220,7 +219,7 @@ T Fsdp2::shard_row(size_t i, int32_t layer) {
   // the unsharded parameter: a view of all_gather_outputs[0] (W x the padded shard, param_dtype), freed until
   // the first all-gather (init_unsharded_param after the first copy-out; free_storage on reshard)
   // (FSDPParam._init_unsharded_param: nn.Parameter(..., requires_grad=self.sharded_param.requires_grad))
-  unsharded_[i] = e_.parameter_unallocated(Shape::of(r.shape), dt.param, static_cast<int32_t>(i),
+  unsharded_[i] = e_.parameter_unallocated(Shape::of(stored_shape(r)), dt.param, static_cast<int32_t>(i),
                                            bytes_of(Elems(sh.unsharded_padded_numel), dt.param),
                                            Category::kFsdpBuffers,
                                            Label{intern_name(fmt::format("{} (FSDP unsharded)", r.name)), layer, -1},
@@ -437,7 +436,7 @@ void Fsdp2::post_backward(Unit& u) {
   uint64_t n = u.spec.shard_numel;
   if (with_grad.size() != u.spec.rows.size()) {
     n = 0;
-    for (int32_t r : with_grad) n = checked_add(n, fsdp_shard(inv_.parameters[static_cast<size_t>(r)].shape, o_.ranks, o_.rank).padded_numel, "FSDP RS");
+    for (int32_t r : with_grad) n = checked_add(n, fsdp_shard(stored_shape(inv_.parameters[static_cast<size_t>(r)]), o_.ranks, o_.rank).padded_numel, "FSDP RS");
   }
   T rs_input = e_.empty(Shape{checked_mul(n, o_.ranks, "FSDP reduce-scatter")}, reduce, Category::kFsdpBuffers,
                         Label{unit_label("reduce-scatter input", u.spec), u.spec.layer, -1});

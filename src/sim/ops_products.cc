@@ -111,10 +111,13 @@ T product_2d(Ctx& c, const T& x, const T& w, const T* b, uint64_t out_f, bool lt
 
 namespace {
 
+// The inventory row of the parameter `w`, or -1 (FSDP2's unsharded parameter is labelled apart from its row:
+// param_index).
+int32_t param_row(const T& w) { return !w->is_param ? -1 : w->label.row >= 0 ? w->label.row : w->param_index; }
+
 // The adapters of the Linear (or Conv1D) whose weight is `w`, or nullptr.
 const std::pair<T, T>* adapters_of(const Ctx& c, const T& w) {
-  // (FSDP2's unsharded parameter is labelled apart from its row: param_index)
-  const int32_t row = !w->is_param ? -1 : w->label.row >= 0 ? w->label.row : w->param_index;
+  const int32_t row = param_row(w);
   if (row < 0 || static_cast<size_t>(row) >= c.lora.by_base_row.size()) return nullptr;
   const auto& ab = c.lora.by_base_row[static_cast<size_t>(row)];
   return ab.first ? &ab : nullptr;
@@ -212,8 +215,9 @@ T linear_4bit(Ctx& c, const T& x0, const T& packed, const T* b0, uint64_t out_f,
 }
 
 T linear(Ctx& c, const T& x0, const T& w0, const T* b0, const char* what) {
-  if (w0->is_param && w0->label.row >= 0 && static_cast<size_t>(w0->label.row) < c.quant.dims_by_row.size()) {
-    const auto [out_f, in_f] = c.quant.dims_by_row[static_cast<size_t>(w0->label.row)];
+  // (a 4-bit weight: whole, or FSDP2's unsharded one when a floating quant_storage lets fully_shard shard it)
+  if (const int32_t row = param_row(w0); row >= 0 && static_cast<size_t>(row) < c.quant.dims_by_row.size()) {
+    const auto [out_f, in_f] = c.quant.dims_by_row[static_cast<size_t>(row)];
     if (out_f != 0) {
       // PEFT's bnb Linear4bit.forward: result = base_layer(x); result = result.clone() ("defensively clone"),
       // then the adapter path

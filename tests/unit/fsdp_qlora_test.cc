@@ -119,6 +119,44 @@ TEST(FsdpQloraSim, SavesWhatTheSingleGpuRunSaves) {
   }
 }
 
+// --quant-storage bf16 (bnb_4bit_quant_storage=torch.bfloat16, the FSDP-QLoRA recipe): the packed weights are
+// ((n + 1) // 4, 1) bfloat16, frozen and floating, so fully_shard shards them with the layer: per layer 724,992 / 4
+// = 181,248 elements, 45,312 per rank (q 4,096, k and v 2,048 each, o 4,096, gate, up and down 11,008 each), gathered
+// as they are (bfloat16 is param_dtype already: no copy-in) beside the norms' and adapters' 1,920.
+TEST(FsdpQloraUnits, Bf16StorageShardsThePackedWeightsWithTheirLayer) {
+  const Estimate e = run(qlora({{"quant_storage", "bf16"}}));
+  const FsdpFigures& f = *e.fsdp;
+  EXPECT_FALSE(f.options.ignore_packed_4bit);
+  EXPECT_EQ(f.ignored_rows, 0u);
+  constexpr uint64_t kPackedShard = 45312;
+  EXPECT_EQ(f.sharded_params.value, kShardedElems * 4 + 2 * kPackedShard * 2);
+  EXPECT_EQ(e.state.weights.value, f.sharded_params.value);
+  for (size_t i : {2u, 3u}) {
+    const FsdpUnit& u = f.units[i];
+    EXPECT_EQ(u.rows.size(), 13u);
+    EXPECT_EQ(u.gather_numel, kLayerUnitShard + kPackedShard);
+    EXPECT_EQ(u.gather_dtype, DType::kBF16);
+    EXPECT_EQ(u.copy_in_numel, kLayerUnitShard);
+    EXPECT_EQ(u.grad_numel, kAdapterShard);
+  }
+  int gathers = 0;
+  for (const Event& ev : e.sim->timeline.events) {
+    if (ev.kind == Event::kAlloc && ev.step == 2 && ev.label.layer >= 0 &&
+        std::string_view(ev.label.what).rfind("FSDP all-gather output", 0) == 0) {
+      EXPECT_EQ(ev.bytes.value, 4 * (kLayerUnitShard + kPackedShard) * 2);
+      ++gathers;
+    }
+  }
+  EXPECT_EQ(gathers, 2 * 2);  // each layer in the forward and (checkpointed) in the backward
+  // the same bytes as uint8 storage: the single-GPU run is unchanged, saving what the FSDP2 one saves
+  const Estimate single = run(qlora({{"quant_storage", "bf16"}, {"precision", "fp32"}}, false));
+  EXPECT_EQ(single.state.weights.value, run(qlora({{"precision", "fp32"}}, false)).state.weights.value);
+  EXPECT_EQ(run(qlora({{"quant_storage", "bf16"}, {"precision", "fp32"}})).peak.saved_activations.value,
+            single.peak.saved_activations.value);
+  // no ignored_params: PyTorch 2.6 (FSDP2's own floor under accelerate) runs it
+  EXPECT_NO_THROW(run(qlora({{"quant_storage", "bf16"}, {"torch", "2.6"}})));
+}
+
 TEST(FsdpQloraRefusals, OlderTorchAndFsdp1) {
   // torch 2.6: accelerate passes no ignored_params, and fully_shard fails on the uint8 Params4bit
   try {

@@ -2,6 +2,8 @@
 // bitsandbytes source, and what the simulated step does with it.
 #include <gtest/gtest.h>
 
+#include <vector>
+
 #include "test_util.h"
 #include "trainmem/estimate.h"
 #include "trainmem/fit.h"
@@ -54,6 +56,17 @@ TEST(Qlora, FourBitStorageFollowsBitsandbytesFormulas) {
   // absmax (one float32 per 256 blocks), its 256-entry dynamic map, and the float32 offset.
   const ResolvedScenario dq = qlora(true);
   EXPECT_EQ(quant_state_bytes(dq.inventory, q.name), n / 64 + 4 * (n / 64 / 256) + 256 * 4 + 4 + 16 * 4);
+  // bnb_4bit_quant_storage=bfloat16: `mod = dtype2bytes[quant_storage] * 2`, so ((n + 1) // 4, 1) bfloat16, the
+  // same bytes; a size not divisible by 4 loses the floor's remainder (n = 6: one bfloat16, 2 bytes)
+  ResolvedScenario bf = qlora(false);
+  quantize_4bit_rows(bf.inventory, false, DType::kBF16);  // (re-marks the base rows; appends quant-state rows)
+  const TensorRow& qb = row(bf.inventory, q.name);
+  EXPECT_EQ(stored_dtype(qb, DType::kF32), DType::kBF16);
+  EXPECT_EQ(stored_shape(qb), (std::vector<uint64_t>{n / 4, 1}));
+  EXPECT_EQ(stored_bytes(qb, DType::kF32).value, n / 2);
+  TensorRow six = qb;
+  six.elems = Elems(6);
+  EXPECT_EQ(stored_bytes(six, DType::kF32).value, 2u);
   // The head stays unquantized (llm_int8_skip_modules: lm_head), in float32 after prepare_model_for_kbit_training.
   const TensorRow& head = row(dq.inventory, "lm_head.weight");
   EXPECT_FALSE(head.packed_4bit);

@@ -39,7 +39,10 @@ void refuse_under_accelerate_fsdp(const TrainSetup& s, const ModelSpec& m, const
     refuse("quantize", fmt::format("quantized base weights are not simulated under {} (they are under --sharding "
                                    "fsdp2)", v));
   }
-  if (!s.freeze.empty()) refuse("freeze", fmt::format("frozen parameters are not simulated under {}", v));
+  // (FSDP2 takes frozen rows as it takes LoRA's frozen base: in their units, all-gathered, never reduce-scattered)
+  if (!s.freeze.empty() && std::string_view(v) != "FSDP2") {
+    refuse("freeze", fmt::format("frozen parameters are not simulated under {} (they are under --sharding fsdp2)", v));
+  }
   const auto not_ddp = [&](const char* field) {
     refuse(field, fmt::format("a DDP setting; --sharding {} runs {}, which builds no DDP Reducer", flag, wrapper));
   };

@@ -604,12 +604,38 @@ std::string render_fsdp_note(const Estimate& e) {
   // per distinct unit shape: the embedding, one decoder layer (they are alike), the tail (those the rank holds)
   // (per-parameter dtypes, fsdp_unit_buffers: under LoRA a uint8 all-gather when the inputs' dtypes differ, a copy-in
   // of the cast parameters only, a reduce-scatter of the trainable rows only)
-  for (size_t i : first_unit_of_each(f.units, {FsdpUnit::kRoot, FsdpUnit::kEmbed, FsdpUnit::kLayer, FsdpUnit::kTail})) {
+  // the decoder layers by their buffers: one line for all when they are alike, else one for the first of each
+  // kind (--freeze: a frozen layer gathers as the others and reduce-scatters nothing), with how many share it
+  const auto same_buffers = [](const FsdpUnit& a, const FsdpUnit& b) {
+    return a.gather_numel == b.gather_numel && a.gather_dtype == b.gather_dtype && a.copy_in_numel == b.copy_in_numel &&
+           a.grad_numel == b.grad_numel && a.params == b.params;
+  };
+  std::vector<std::pair<size_t, uint64_t>> shown;  // unit index, how many layers like it (0: not a layer)
+  for (size_t i : first_unit_of_each(f.units, {FsdpUnit::kRoot, FsdpUnit::kEmbed})) shown.emplace_back(i, 0);
+  for (size_t i = 0; i < f.units.size(); ++i) {
+    if (f.units[i].kind != FsdpUnit::kLayer) continue;
+    const auto like = std::find_if(shown.begin(), shown.end(), [&](const std::pair<size_t, uint64_t>& s) {
+      return s.second > 0 && same_buffers(f.units[s.first], f.units[i]);
+    });
+    if (like != shown.end()) {
+      ++like->second;
+    } else {
+      shown.emplace_back(i, 1);
+    }
+  }
+  for (size_t i : first_unit_of_each(f.units, {FsdpUnit::kTail})) shown.emplace_back(i, 0);
+  const uint64_t layer_kinds = static_cast<uint64_t>(
+      std::count_if(shown.begin(), shown.end(), [](const std::pair<size_t, uint64_t>& s) { return s.second > 0; }));
+  for (const auto& [i, alike] : shown) {
     const FsdpUnit& u = f.units[i];
     const Bytes gathered = bytes_of(Elems(checked_mul(u.gather_numel, o.ranks, "FSDP gathered")), u.gather_dtype);
     const uint64_t reduced = checked_mul(u.grad_numel, o.ranks, "FSDP reduced");
+    const std::string which = alike == 0        ? ""
+                              : layer_kinds == 1 ? " (each layer)"
+                              : alike == 1       ? " (this layer only)"
+                                                 : fmt::format(" (and {} more like it)", alike - 1);
     out += fmt::format("  {}{}: {} parameters; all-gather output {} ({}){}, unsharded parameters {}; {}\n",
-                       u.name, u.kind == FsdpUnit::kLayer ? " (each layer)" : "", with_commas(u.params),
+                       u.name, which, with_commas(u.params),
                        format_bytes(gathered), dt(u.gather_dtype),
                        u.copy_in_numel ? fmt::format(" with a {} copy-in", format_bytes(bytes_of(Elems(u.copy_in_numel), u.copy_in_dtype))) : "",
                        format_bytes(gathered),

@@ -23,11 +23,7 @@ namespace {
 using testing::run;
 
 Scenario tiny(std::initializer_list<std::pair<const char*, std::string>> more = {}) {
-  Scenario s = testing::scenario_of(
-      "llama-3-8b", {{"overrides", "num_hidden_layers=2"}, {"overrides", "hidden_size=256"},
-                     {"overrides", "intermediate_size=688"}, {"overrides", "num_attention_heads=4"},
-                     {"overrides", "num_key_value_heads=2"}, {"overrides", "head_dim=64"}, {"overrides", "vocab_size=1000"},
-                     {"batch", "1"}, {"seq", "64"}, {"dp", "4"}, {"sharding", "fsdp2"}});
+  Scenario s = testing::fsdp2_probe_model({{"dp", "4"}, {"sharding", "fsdp2"}});
   for (const auto& [f, v] : more) set_field(s, f, v);
   return s;
 }

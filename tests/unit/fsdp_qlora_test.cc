@@ -25,12 +25,8 @@ namespace {
 using testing::run;
 
 Scenario qlora(std::initializer_list<std::pair<const char*, std::string>> more = {}, bool sharded = true) {
-  Scenario s = testing::scenario_of(
-      "llama-3-8b", {{"overrides", "num_hidden_layers=2"}, {"overrides", "hidden_size=256"},
-                     {"overrides", "intermediate_size=688"}, {"overrides", "num_attention_heads=4"},
-                     {"overrides", "num_key_value_heads=2"}, {"overrides", "head_dim=64"}, {"overrides", "vocab_size=1000"},
-                     {"batch", "1"}, {"seq", "64"}, {"quantize", "nf4"}, {"lora", "r=8,targets=q_proj,v_proj"},
-                     {"compute_dtype", "bf16"}, {"checkpoint_reentrant", "false"}});
+  Scenario s = testing::fsdp2_probe_model({{"quantize", "nf4"}, {"lora", "r=8,targets=q_proj,v_proj"},
+                                           {"compute_dtype", "bf16"}, {"checkpoint_reentrant", "false"}});
   if (sharded) {
     set_field(s, "dp", "4");
     set_field(s, "sharding", "fsdp2");

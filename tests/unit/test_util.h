@@ -99,6 +99,18 @@ inline Scenario tiny_llama(uint64_t seq, std::initializer_list<std::pair<const c
   return s;
 }
 
+// The model of validate/cuda/fsdp2_lora_probe.py (fsdp_lora_test.cc, fsdp_qlora_test.cc, fsdp_freeze_test.cc): llama,
+// hidden 256, intermediate 688, 4 heads of 64, 2 KV heads, vocab 1000, 2 layers; batch 1 x seq 64; then `extra`.
+inline Scenario fsdp2_probe_model(std::initializer_list<std::pair<const char*, std::string>> extra = {}) {
+  Scenario s = scenario_of(
+      "llama-3-8b", {{"overrides", "num_hidden_layers=2"}, {"overrides", "hidden_size=256"},
+                     {"overrides", "intermediate_size=688"}, {"overrides", "num_attention_heads=4"},
+                     {"overrides", "num_key_value_heads=2"}, {"overrides", "head_dim=64"}, {"overrides", "vocab_size=1000"},
+                     {"batch", "1"}, {"seq", "64"}});
+  for (const auto& [k, v] : extra) set_field(s, k, v);
+  return s;
+}
+
 // One category's events in the order the step allocates and frees them: (event kind, label, bytes, stream)
 inline std::vector<std::tuple<int, std::string, uint64_t, int>> category_events(const Estimate& e, Category c) {
   std::vector<std::tuple<int, std::string, uint64_t, int>> out;

@@ -150,8 +150,7 @@ struct ZeroFigures {
   Bytes deepspeed_estimate;  // estimate_zero2_model_states_mem_needs (no offload): 2P + int(18P / N)
   ZeroFullestRank fullest;    // stages 1/2: the rank whose params_in_partition hold the most
   // Stages 1/2 without --dp-rank: each class of alike ranks (zero_rank_classes) simulated, fullest first, at most
-  // kZeroRanksSimulated of them; this estimate is the worst one's (the least headroom on the GPU, else the highest
-  // peak reserved). Empty when --dp-rank named the rank or dp is beyond kZeroRanksSearched (then the fullest).
+  // kZeroRanksSimulated of them; this estimate is the worst one's (as PpFigures::worst names it). Empty when --dp-rank named the rank or dp is beyond kZeroRanksSearched (then the fullest).
   struct RankRow {
     uint64_t rank = 0, ranks = 0, in_partition_numel = 0;
     Bytes peak_allocated, peak_reserved;
@@ -197,8 +196,9 @@ struct PpFigures {
   PpSchedule schedule = PpSchedule::k1f1b;
   uint64_t ranks = 1, micro_batches = 1, virtual_stages = 1;
   std::vector<PpRankFigures> rows;  // by rank
-  // the worst rank: with a GPU, the one with the least headroom there (the first of equals); without, the one
-  // with the highest peak reserved
+  // the worst rank: with a GPU, the one with the least headroom there; without one, or among equals, the one with
+  // the highest peak reserved, then peak allocated; the first of equals (estimate.cc worse_rank: ZeRO's and CP's
+  // rule too)
   uint64_t worst = 0;
   uint64_t shown = 0;               // the rank the estimate shows (--rank, else the worst)
 };
@@ -212,8 +212,7 @@ struct CpFigures {
     std::optional<bool> fits;  // with a GPU
   };
   std::vector<Row> rows;  // by CP rank
-  // the worst rank (the one shown): with a GPU, the one with the least headroom there (the first of equals);
-  // without, the one with the highest peak reserved, then peak allocated
+  // the worst rank (the one shown), as PpFigures::worst names it
   uint64_t worst = 0;
 };
 

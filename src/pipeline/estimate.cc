@@ -269,6 +269,15 @@ ZeroFigures zero3_figures(const Inventory& inv, const ZeroOptions& z, const Trai
 // --pp N (pp.h): each rank's stage simulated in turn, the worst named; the estimate is that rank's (or --rank's).
 namespace {
 
+// Whether rank estimate `a` is worse than `b`, for the pipeline's ranks, ZeRO's rank classes and the CP ranks
+// alike: with a GPU, less headroom (the NCCL buffers outside the allocator can differ by rank); without one, or on
+// equal headroom, the higher peak reserved, then the higher peak allocated. On equal figures `b`, the rank found
+// first, stays the worst.
+bool worse_rank(const Estimate& a, const Estimate& b, bool gpu) {
+  if (gpu && a.device->headroom != b.device->headroom) return a.device->headroom < b.device->headroom;
+  return std::tie(a.memory.peak_reserved, a.memory.peak_allocated) > std::tie(b.memory.peak_reserved, b.memory.peak_allocated);
+}
+
 // --sharding zero1/zero2 over dp ranks without --dp-rank: each class of alike ranks (zero_rank_classes) simulated,
 // the fullest partitions first, at most kZeroRanksSimulated; the worst one's estimate, with every class's row.
 // Beyond kZeroRanksSearched ranks the classes are not enumerated: the fullest partition's rank (zero_fullest_rank).
@@ -291,9 +300,7 @@ Estimate estimate_zero_ranks(const ModelSpec& m, const Inventory& inv, const Tra
     ZeroFigures::RankRow row{classes[i].rank, classes[i].ranks, classes[i].in_partition_numel,
                              e.memory.peak_allocated, e.memory.peak_reserved, e.device ? e.device->fits : true};
     rows.push_back(row);
-    const bool worse = !worst || (gpu ? e.device->headroom < worst->device->headroom
-                                      : row.peak_reserved > worst->memory.peak_reserved);
-    if (worse) {
+    if (!worst || worse_rank(e, *worst, gpu != nullptr)) {
       worst = std::move(e);
       worst_at = i;
     }
@@ -320,10 +327,7 @@ Estimate estimate_cp_ranks(const ModelSpec& m, const Inventory& inv, const Train
     CpFigures::Row row{r, e.memory.peak_allocated, e.memory.peak_reserved, std::nullopt};
     if (e.device) row.fits = e.device->fits;
     f.rows.push_back(row);
-    const bool worse = !worst || (gpu ? e.device->headroom < worst->device->headroom
-                                      : std::tie(row.peak_reserved, row.peak_allocated) >
-                                            std::tie(worst->memory.peak_reserved, worst->memory.peak_allocated));
-    if (worse) {
+    if (!worst || worse_rank(e, *worst, gpu != nullptr)) {
       worst = std::move(e);
       f.worst = r;
     }
@@ -469,10 +473,7 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
       row.peak_reserved = e.memory.peak_reserved;
       if (e.device) row.fits = e.device->fits;
       f.rows.push_back(row);
-      if (r > 0 && (gpu ? e.device->headroom < ranks[f.worst].device->headroom
-                        : row.peak_reserved > f.rows[f.worst].peak_reserved)) {
-        f.worst = r;
-      }
+      if (r > 0 && worse_rank(e, ranks[f.worst], gpu != nullptr)) f.worst = r;
       ranks.push_back(std::move(e));
     }
     f.shown = s.rank.value_or(f.worst);

@@ -150,7 +150,8 @@ struct ZeroFigures {
   Bytes deepspeed_estimate;  // estimate_zero2_model_states_mem_needs (no offload): 2P + int(18P / N)
   ZeroFullestRank fullest;    // stages 1/2: the rank whose params_in_partition hold the most
   // Stages 1/2 without --dp-rank: each class of alike ranks (zero_rank_classes) simulated, fullest first, at most
-  // kZeroRanksSimulated of them; this estimate is the worst one's (as PpFigures::worst names it). Empty when --dp-rank named the rank or dp is beyond kZeroRanksSearched (then the fullest).
+  // kZeroRanksSimulated of them; this estimate is the worst one's (as PpFigures::worst names it). Empty when
+  // --dp-rank named the rank or dp is beyond kZeroRanksSearched (then the fullest).
   struct RankRow {
     uint64_t rank = 0, ranks = 0, in_partition_numel = 0;
     Bytes peak_allocated, peak_reserved;

@@ -38,7 +38,8 @@ struct FsdpOptions {
   // parameters to the device whole before sharding them, unit by unit in wrapping order (Fsdp2::load_roots).
   // False where the parameters reach the device otherwise: torchtitan's meta-device init under PP or SP, and
   // from_pretrained's tp_plan under TP, whose whole TP-local parameters fully_shard then frees unit by unit (that
-  // transient, and accelerate's on-device float32 upcast of them under bf16-amp, is not simulated: the shards are).
+  // transient, and accelerate's on-device float32 upcast of them under bf16-amp, is not simulated: the shards are),
+  // and a 4-bit base, which bitsandbytes quantizes onto the GPU (bnb_4bit: that transient is simulated).
   bool move_then_shard = false;
   // PEFT LoRA (--lora): the model fsdp2_prepare_model wraps is a PeftModel, whose base rows are frozen and whose
   // final norm accelerate's _find_final_norm does not find, so it stays in the root unit (fsdp_units)

@@ -580,8 +580,8 @@ std::string render_fsdp_note(const Estimate& e) {
   if (f.ignored_rows > 0) {
     // QLoRA (FsdpOptions::ignore_packed_4bit)
     out += fmt::format("  bitsandbytes 4-bit base: {} Params4bit ({}) whole on every rank: uint8 quant_storage is not "
-                       "floating, so accelerate passes them to fully_shard as ignored_params (torch >= 2.7); a "
-                       "floating bnb_4bit_quant_storage would let FSDP shard them (not simulated)\n",
+                       "floating, so accelerate passes them to fully_shard as ignored_params (torch >= 2.7); "
+                       "--quant-storage bf16 lets FSDP2 shard them\n",
                        f.ignored_rows, format_bytes(f.ignored_params));
   }
   if (o.bnb_4bit && !o.ignore_packed_4bit) {

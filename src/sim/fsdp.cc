@@ -98,10 +98,7 @@ void Fsdp2::load_roots(const std::vector<Fsdp2*>& roots, LoadedModel& w, DType b
   std::vector<T> held = moved ? roots.front()->move_then_shard() : std::vector<T>{};
   w = load_model(
       roots.front()->e_, inv, buffer_dtype,
-      [&](size_t i) {
-        if (!owner[i].first) return whole_parameter(roots.front()->e_, inv, i, buffer_dtype);
-        return moved ? owner[i].first->sharded_[i] : owner[i].first->shard_row(i, owner[i].second);
-      },
+      [&](size_t i) { return moved ? owner[i].first->sharded_[i] : owner[i].first->shard_row(i, owner[i].second); },
       {}, {}, /*adapters_last=*/false);
   held.clear();  // fsdp2_prepare_model returns
   for (Fsdp2* f : roots) f->w_ = &w;
@@ -151,14 +148,14 @@ std::vector<T> Fsdp2::move_then_shard() {
   return held;
 }
 
-// QLoRA (FsdpOptions::ignore_packed_4bit). from_pretrained quantizes the model onto the rank's GPU (bnb's
+// QLoRA (FsdpOptions::bnb_4bit). from_pretrained quantizes the model onto the rank's GPU (bnb's
 // update_device_map: {"": current device}) and get_peft_model adds the adapters there, as without FSDP: every row
 // whole, the buffers with them (load_model). accelerate 16cb6eb fsdp2_prepare_model then takes
 // `original_sd = model.state_dict()` (after the upcast it skips for a Params4bit model): detached tensors sharing
 // every parameter's storage, and per double-quantized Linear4bit one new tensor, QuantState.as_dict(packed=True)'s
 // `"nested_quant_map": self.state2.code.clone()` (bitsandbytes functional.py; its other entries share storage or
-// are CPU tensors). fully_shard then shards each unit in wrapping order (the Params4bit are ignored_params: left
-// as they are); _move_states_to_device finds everything on the device (`tensor.to(device)` returns it) and
+// are CPU tensors). fully_shard then shards each unit in wrapping order (uint8 Params4bit are ignored_params, left
+// as they are; bf16-stored ones are in their layer's unit); _move_states_to_device finds everything on the device (`tensor.to(device)` returns it) and
 // _init_sharded_param allocates each padded shard. The whole tensors outlive fully_shard, held by original_sd, a
 // local of fsdp2_prepare_model until it returns: CPython clears the frame's locals in co_varnames order, so
 // original_sd's entries go first, in state_dict (insertion) order, then input_weight (the input embedding) and

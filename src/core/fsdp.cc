@@ -227,8 +227,13 @@ FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop,
   // PRE_BACKWARD); reentrant checkpointing runs the recompute inside CheckpointFunction.backward, outside the
   // hooks' bookkeeping as simulated here
   if (s.checkpointing != Checkpointing::kNone && s.checkpoint_reentrant.value_or(default_checkpoint_reentrant(m.impl))) {
-    refuse("checkpoint_reentrant", "true: reentrant checkpointing under FSDP2 is not simulated (use_reentrant=False is "
-                                   "transformers 5.x's default)");
+    refuse("checkpoint_reentrant",
+           fmt::format("true: reentrant checkpointing under FSDP2 is not simulated (use_reentrant=False is transformers "
+                       "5.x's default{})",
+                       s.quant.type != Quantize::kNone && s.quant.prepare
+                           ? "; --quantize's prepare_model_for_kbit_training turns reentrant on: pass "
+                             "--checkpoint-reentrant false, as gradient_checkpointing_kwargs={\"use_reentrant\": False}"
+                           : ""));
   }
   // QLoRA: fsdp2_prepare_model (accelerate 16cb6eb) collects every Params4bit that is frozen and not floating (bnb's
   // default uint8 quant_storage) and, `if incompatible_params4bit and is_torch_version(">=", "2.7.0")`, passes

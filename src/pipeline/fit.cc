@@ -361,6 +361,11 @@ void suggest(const Candidate& base, const FitProbe& original, std::optional<uint
       c.setup.bucket_cap_mb.reset();
       c.setup.gradient_as_bucket_view.reset();
       c.setup.find_unused_parameters.reset();
+      // FSDP2 is simulated with non-reentrant checkpointing (resolve_fsdp): a reentrant setup (QLoRA's
+      // prepare_model_for_kbit_training turns it on) takes use_reentrant=False with it, a change the row names
+      const bool to_non_reentrant = rung.sharding == Sharding::kFsdp2 && c.setup.checkpointing != Checkpointing::kNone &&
+                                    c.setup.checkpoint_reentrant.value_or(default_checkpoint_reentrant(c.model.impl));
+      if (to_non_reentrant) c.setup.checkpoint_reentrant = false;
       try {
         if (rung.sharding == Sharding::kFsdp2) {
           (void)resolve_fsdp(c.setup, c.model, c.options.loop, c.options.torch);
@@ -379,7 +384,9 @@ void suggest(const Candidate& base, const FitProbe& original, std::optional<uint
       if (rung.sharding == Sharding::kFsdp2 && k > 0) {
         Candidate h = c;
         h.setup.dp_shard = k;
-        add({{"sharding", "fsdp2"}, {"dp_shard", std::to_string(k)}},
+        std::vector<FieldChange> hsdp{{"sharding", "fsdp2"}, {"dp_shard", std::to_string(k)}};
+        if (to_non_reentrant) hsdp.push_back({"checkpoint_reentrant", "false"});
+        add(std::move(hsdp),
             fmt::format("HSDP (FSDP2 over a {} x {} dp_replicate x dp_shard mesh): parameters, gradients and optimizer "
                         "state sharded over a node's {} ranks, replicated across the {} nodes",
                         c.setup.dp / k, k, k, c.setup.dp / k),
@@ -387,6 +394,7 @@ void suggest(const Candidate& base, const FitProbe& original, std::optional<uint
       }
       std::vector<FieldChange> changes{{"sharding", rung.name}};
       if (rung.bf16 && base.setup.precision != Precision::kBf16) changes.push_back({"precision", "bf16"});
+      if (to_non_reentrant) changes.push_back({"checkpoint_reentrant", "false"});
       add(std::move(changes), rung.what, c);
     }
     for (const FitResult::ShardingTry& t : out.sharding_ladder) {

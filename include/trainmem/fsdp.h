@@ -55,6 +55,10 @@ struct FsdpOptions {
   bool ignore_packed_4bit = false;
 };
 
+// Whether row `r` is one of fully_shard's ignored_params under `o` (FsdpOptions::ignore_packed_4bit): in no unit,
+// whole on every rank.
+inline bool fsdp_ignored(const TensorRow& r, const FsdpOptions& o) { return o.ignore_packed_4bit && r.packed_4bit; }
+
 // What FSDP2 and FSDP1 (fsdp1.h) refuse alike under accelerate: other families (no unit hooks), other heads,
 // optimizers other than torch AdamW/Adam, quantized or frozen weights, DDP's settings. `v` "FSDP2"/"FSDP1", `flag`
 // "fsdp2"/"fsdp1", `wrapper` what the sharding runs ("fully_shard", "FullyShardedDataParallel").

@@ -231,6 +231,8 @@ bool uses_autocast(Precision p);
 // gradient_checkpointing_enable passes {"use_reentrant": False}, transformers PR #43203; nanoGPT and layer
 // stacks call torch.utils.checkpoint, whose own default is True).
 bool default_checkpoint_reentrant(Impl model_impl);
+// Whether the setup checkpoints layers with the reentrant kind (--checkpoint-reentrant, else the default above).
+bool reentrant_checkpointing(const TrainSetup& s, Impl model_impl);
 
 // AdamW, Adam, SGD: torch.optim's, with foreach/fused/for-loop code paths.
 bool is_torch_optim(Optimizer o);

@@ -226,7 +226,7 @@ FsdpOptions resolve_fsdp(const TrainSetup& s, const ModelSpec& m, LoopKind loop,
   // FSDP2's pre-backward hook does the unshard when a layer is recomputed (FSDPState._pre_forward returns early in
   // PRE_BACKWARD); reentrant checkpointing runs the recompute inside CheckpointFunction.backward, outside the
   // hooks' bookkeeping as simulated here
-  if (s.checkpointing != Checkpointing::kNone && s.checkpoint_reentrant.value_or(default_checkpoint_reentrant(m.impl))) {
+  if (reentrant_checkpointing(s, m.impl)) {
     refuse("checkpoint_reentrant",
            fmt::format("true: reentrant checkpointing under FSDP2 is not simulated (use_reentrant=False is transformers "
                        "5.x's default{})",
@@ -395,7 +395,7 @@ std::vector<FsdpUnit> fsdp_units(const ModelSpec& m, const Inventory& inv, const
   for (size_t i = 0; i < inv.parameters.size(); ++i) {
     const std::string& n = inv.parameters[i].name;
     // fully_shard's ignored_params (QLoRA's uint8 Params4bit, FsdpOptions::ignore_packed_4bit): in no unit, whole
-    if (o.ignore_packed_4bit && inv.parameters[i].packed_4bit) continue;
+    if (fsdp_ignored(inv.parameters[i], o)) continue;
     FsdpUnit* u = &root;
     if (n == fd.input_embedding) {
       u = &embed;

@@ -172,6 +172,10 @@ bool needs_shared_state(const std::vector<StateTensor>& param_state) {
 
 bool default_checkpoint_reentrant(Impl model_impl) { return model_impl != Impl::kHf; }
 
+bool reentrant_checkpointing(const TrainSetup& s, Impl model_impl) {
+  return s.checkpointing != Checkpointing::kNone && s.checkpoint_reentrant.value_or(default_checkpoint_reentrant(model_impl));
+}
+
 bool is_torch_optim(Optimizer o) {
   return o == Optimizer::kAdamW || o == Optimizer::kAdam || o == Optimizer::kSgd || o == Optimizer::kSgdMomentum;
 }

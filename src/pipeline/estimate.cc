@@ -643,7 +643,7 @@ Estimate estimate(const ModelSpec& m, const Inventory& inv, const TrainSetup& s,
     f.torchtitan_pp = o0.pp.on;
     f.torchtitan_sp = !o0.pp.on && s.sequence_parallel;
     for (const TensorRow& r : inv.parameters) {
-      if (fopt.ignore_packed_4bit && r.packed_4bit) {  // in no unit: whole on every rank (fsdp_units), frozen
+      if (fsdp_ignored(r, fopt)) {  // in no unit: whole on every rank (fsdp_units), frozen
         f.ignored_params += stored_bytes(r, param_dtype(s.precision));
         ++f.ignored_rows;
         continue;

@@ -363,8 +363,7 @@ void suggest(const Candidate& base, const FitProbe& original, std::optional<uint
       c.setup.find_unused_parameters.reset();
       // FSDP2 is simulated with non-reentrant checkpointing (resolve_fsdp): a reentrant setup (QLoRA's
       // prepare_model_for_kbit_training turns it on) takes use_reentrant=False with it, a change the row names
-      const bool to_non_reentrant = rung.sharding == Sharding::kFsdp2 && c.setup.checkpointing != Checkpointing::kNone &&
-                                    c.setup.checkpoint_reentrant.value_or(default_checkpoint_reentrant(c.model.impl));
+      const bool to_non_reentrant = rung.sharding == Sharding::kFsdp2 && reentrant_checkpointing(c.setup, c.model.impl);
       if (to_non_reentrant) c.setup.checkpoint_reentrant = false;
       try {
         if (rung.sharding == Sharding::kFsdp2) {

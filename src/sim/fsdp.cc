@@ -78,11 +78,8 @@ void Fsdp2::load_roots(const std::vector<Fsdp2*>& roots, LoadedModel& w, DType b
     }
   }
   // every row is in a unit but fully_shard's ignored ones (QLoRA's uint8 Params4bit), loaded whole
-  const auto ignored = [&](size_t i) {
-    return roots.front()->o_.ignore_packed_4bit && inv.parameters[i].packed_4bit;
-  };
   for (size_t i = 0; i < owner.size(); ++i) {
-    if (!owner[i].first && !ignored(i)) throw Error(fmt::format("internal: {} is in no FSDP unit", inv.parameters[i].name));
+    if (!owner[i].first && !fsdp_ignored(inv.parameters[i], roots.front()->o_)) throw Error(fmt::format("internal: {} is in no FSDP unit", inv.parameters[i].name));
   }
   // (PEFT's adapters exist before fully_shard, which shards each unit's parameters in named_parameters() order,
   // the adapters beside their base weights: not after every base row)
@@ -166,7 +163,7 @@ void Fsdp2::shard_on_device(LoadedModel& w, DType model_dtype) {
     const TensorRow& r = inv_.parameters[i];
     // fully_shard's ignored_params stay the model's; a row that goes to a unit is a plain tensor here (its
     // Parameter, replaced by fully_shard, is not simulated)
-    if (r.packed_4bit && o_.ignore_packed_4bit) return whole_parameter(e_, inv_, i, model_dtype);
+    if (fsdp_ignored(r, o_)) return whole_parameter(e_, inv_, i, model_dtype);
     whole[i] = e_.empty(Shape::of(stored_shape(r)), fsdp_param_dtypes(r, o_).orig, Category::kWeights,
                         Label{intern_name(fmt::format("{} (whole, before fully_shard)", r.name)), -1, static_cast<int32_t>(i)});
     return whole[i];
